@@ -1,0 +1,245 @@
+"""GradCache: the exact full-batch gradient of a contrastive loss, at the memory of a chunk.
+
+The algorithm's steps are the engine's methods:
+
+1. :meth:`GradCache.split` cuts each inputs dict into chunks;
+2. :meth:`GradCache.forward_no_grad` encodes every chunk without a graph, recording the RNG
+   state (CPU and each CUDA device in use) before each chunk;
+3. :meth:`GradCache.build_cache` computes the loss on the detached representations and
+   ``g = dloss/dreps`` (kept in fp32, or fp64 for fp64 reps);
+4. :meth:`GradCache.forward_backward` re-encodes each chunk with a graph under the replayed RNG
+   state and backpropagates the surrogate ``sum(reps * g_chunk)``.
+
+The parameter gradients then equal those of one backward over the whole batch. The engine fills
+``.grad`` and stops: optimizer, clipping and schedules belong to the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["GradCache", "RngState", "split_inputs", "batch_rows"]
+
+Inputs = Mapping[str, Tensor]
+Encoder = Callable[[Inputs], Tensor]
+
+
+def batch_rows(inputs: Inputs, name: str = "inputs") -> int:
+    """Rows shared by every tensor of ``inputs``; raises if they differ."""
+    if not isinstance(inputs, Mapping) or not inputs:
+        raise ValueError(f"{name} must be a non-empty dict of tensors")
+    rows = {key: t.shape[0] for key, t in inputs.items() if isinstance(t, Tensor)}
+    if len(rows) != len(inputs):
+        bad = [k for k, t in inputs.items() if not isinstance(t, Tensor)]
+        raise ValueError(f"{name}: values must be tensors, not for {bad}")
+    if len(set(rows.values())) != 1:
+        raise ValueError(f"{name}: tensors have different batch sizes {rows}")
+    return next(iter(rows.values()))
+
+
+def split_inputs(inputs: Inputs, chunk_size: int) -> list[dict[str, Tensor]]:
+    """Cut every tensor of ``inputs`` along dim 0 into chunks of ``chunk_size`` rows."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    pieces = {key: t.split(chunk_size) for key, t in inputs.items()}
+    n = len(next(iter(pieces.values())))
+    return [{key: parts[i] for key, parts in pieces.items()} for i in range(n)]
+
+
+def _cuda_devices(inputs: Inputs) -> list[int]:
+    return sorted({t.device.index or 0 for t in inputs.values() if t.device.type == "cuda"})
+
+
+@dataclass
+class RngState:
+    """The CPU and CUDA RNG states at one moment, to replay a chunk's dropout exactly."""
+
+    cpu: Tensor
+    cuda: dict[int, Tensor]
+
+    @classmethod
+    def capture(cls, cuda_devices: list[int]) -> RngState:
+        return cls(
+            cpu=torch.get_rng_state(),
+            cuda={d: torch.cuda.get_rng_state(d) for d in cuda_devices},
+        )
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        """Run the block from this state; the global RNG is restored afterwards."""
+        with torch.random.fork_rng(devices=list(self.cuda), enabled=True):
+            torch.set_rng_state(self.cpu)
+            for device, state in self.cuda.items():
+                torch.cuda.set_rng_state(state, device)
+            yield
+
+
+@dataclass(eq=False)
+class _Tower:
+    """One side (questions or passages) of a step: its chunks, reps and cached gradients."""
+
+    encode: Encoder
+    chunks: list[dict[str, Tensor]]
+    reps: list[Tensor] | None = None  # detached, one per chunk, [chunk, d]
+    rng: list[RngState] | None = None
+    last_reps: Tensor | None = None  # the last chunk's reps with their graph, if kept
+    grads: list[Tensor] | None = None  # dloss/dreps per chunk, fp32 (fp64 for fp64 reps)
+
+
+class GradCache:
+    """Exact large-batch gradients for ``loss_fn(encode_q(q), encode_p(p))`` in chunks.
+
+    Args:
+        encode_q: maps a dict of batched tensors (a chunk of questions) to reps [n, d].
+        encode_p: the same for passages.
+        loss_fn: ``loss_fn(q_reps, p_reps, **loss_kwargs) -> scalar`` on the whole batch.
+        chunk_size: question rows per chunk.
+        p_chunk_size: passage rows per chunk (default ``chunk_size``).
+        scaler: a ``torch.amp.GradScaler``: the surrogate is scaled, never the cache.
+        no_sync: a callable returning a context (e.g. ``ddp_model.no_sync``): every chunk's
+            forward and backward but the last runs inside it, so DDP syncs gradients once.
+        keep_last_graph: encode the last chunk of each tower with its graph in the first pass
+            and reuse it, saving its re-forward. Ignored when ``no_sync`` is given (DDP needs
+            the synced backward right after its forward).
+        replay_rng: replay each chunk's RNG state in the re-forward (turn off only to show
+            what breaks without it).
+    """
+
+    def __init__(
+        self,
+        encode_q: Encoder,
+        encode_p: Encoder,
+        loss_fn: Callable[..., Tensor],
+        chunk_size: int,
+        *,
+        p_chunk_size: int | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+        keep_last_graph: bool = True,
+        replay_rng: bool = True,
+    ) -> None:
+        for name, size in (("chunk_size", chunk_size), ("p_chunk_size", p_chunk_size)):
+            if size is not None and (not isinstance(size, int) or size < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
+        self.encode_q, self.encode_p, self.loss_fn = encode_q, encode_p, loss_fn
+        self.q_chunk_size = chunk_size
+        self.p_chunk_size = p_chunk_size or chunk_size
+        self.scaler = scaler
+        self.no_sync = no_sync
+        self.keep_last_graph = keep_last_graph and no_sync is None
+        self.replay_rng = replay_rng
+
+    # -- the algorithm's steps -------------------------------------------------------------
+
+    def split(self, q_inputs: Inputs, p_inputs: Inputs) -> tuple[_Tower, _Tower]:
+        """Check the inputs and cut them into question and passage chunks."""
+        n_q = batch_rows(q_inputs, "q_inputs")
+        n_p = batch_rows(p_inputs, "p_inputs")
+        if n_p % n_q != 0:
+            raise ValueError(
+                f"passage rows ({n_p}) must be a multiple of question rows ({n_q}): "
+                "each question brings its positive and the same number of hard negatives"
+            )
+        return (
+            _Tower(self.encode_q, split_inputs(q_inputs, self.q_chunk_size)),
+            _Tower(self.encode_p, split_inputs(p_inputs, self.p_chunk_size)),
+        )
+
+    def forward_no_grad(self, tower: _Tower) -> None:
+        """Encode every chunk without a graph (the last one with it, if kept); record RNG."""
+        tower.reps, tower.rng = [], []
+        last = len(tower.chunks) - 1
+        for i, chunk in enumerate(tower.chunks):
+            tower.rng.append(RngState.capture(_cuda_devices(chunk)))
+            if i == last and self.keep_last_graph:
+                tower.last_reps = tower.encode(chunk)
+                tower.reps.append(tower.last_reps.detach())
+            else:
+                with torch.no_grad():
+                    tower.reps.append(tower.encode(chunk))
+
+    def build_cache(self, q: _Tower, p: _Tower, **loss_kwargs) -> Tensor:
+        """Loss on the detached reps and its gradient per chunk; raises on a non-finite loss."""
+        q_all = _cache_leaf(q.reps)
+        p_all = _cache_leaf(p.reps)
+        with torch.enable_grad(), torch.autocast(q_all.device.type, enabled=False):
+            loss = self.loss_fn(q_all, p_all, **loss_kwargs)
+            if loss.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"non-finite loss ({loss.item()}); no gradient was written"
+                )
+            q_grad, p_grad = torch.autograd.grad(loss, [q_all, p_all], allow_unused=True)
+        q.grads = _split_like(q_grad, q_all, q.reps)
+        p.grads = _split_like(p_grad, p_all, p.reps)
+        return loss.detach()
+
+    def forward_backward(self, q: _Tower, p: _Tower) -> None:
+        """Re-encode each chunk with a graph under its RNG state; backprop the surrogate."""
+        keep = self.keep_last_graph
+        pieces = [
+            (tower, i)
+            for tower in (q, p)
+            for i in range(len(tower.chunks))
+            if not (keep and i == len(tower.chunks) - 1)
+        ]
+        for n, (tower, i) in enumerate(pieces):
+            is_last_backward = not keep and n == len(pieces) - 1
+            sync = (
+                contextlib.nullcontext()
+                if is_last_backward or self.no_sync is None
+                else (self.no_sync())
+            )
+            with sync:
+                replay = tower.rng[i].replay() if self.replay_rng else contextlib.nullcontext()
+                with replay:
+                    reps = tower.encode(tower.chunks[i])
+                self._backward(_surrogate(reps, tower.grads[i]))
+        if keep:
+            self._backward(sum(_surrogate(t.last_reps, t.grads[-1]) for t in (q, p)))
+            for t in (q, p):
+                t.last_reps = None
+
+    def step(self, q_inputs: Inputs, p_inputs: Inputs, **loss_kwargs) -> Tensor:
+        """Accumulate the exact full-batch gradient into ``.grad``; return the detached loss."""
+        q, p = self.split(q_inputs, p_inputs)
+        try:
+            self.forward_no_grad(q)
+            self.forward_no_grad(p)
+            loss = self.build_cache(q, p, **loss_kwargs)
+            self.forward_backward(q, p)
+        finally:
+            q.last_reps = p.last_reps = None  # free kept graphs even on error
+        return loss
+
+    __call__ = step
+
+    def _backward(self, surrogate: Tensor) -> None:
+        if self.scaler is not None:
+            surrogate = self.scaler.scale(surrogate)
+        surrogate.backward()
+
+
+def _cache_leaf(reps: list[Tensor]) -> Tensor:
+    """Concatenate chunk reps into a leaf in fp32 (fp64 stays fp64) that records its grad."""
+    joined = torch.cat(reps)
+    if joined.dtype in (torch.float16, torch.bfloat16):
+        joined = joined.float()
+    return joined.detach().requires_grad_(True)
+
+
+def _split_like(grad: Tensor | None, joined: Tensor, reps: list[Tensor]) -> list[Tensor]:
+    if grad is None:
+        grad = torch.zeros_like(joined)
+    return list(grad.split([r.shape[0] for r in reps]))
+
+
+def _surrogate(reps: Tensor, grad: Tensor) -> Tensor:
+    """``sum(reps * grad)`` computed in the cache's precision: its gradient wrt reps is grad."""
+    return (reps.to(grad.dtype) * grad).sum()
