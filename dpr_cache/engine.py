@@ -27,6 +27,7 @@ __all__ = ["GradCache", "RngState", "split_inputs", "batch_rows"]
 
 Inputs = Mapping[str, Tensor]
 Encoder = Callable[[Inputs], Tensor]
+SyncContext = Callable[[], contextlib.AbstractContextManager]
 
 
 def batch_rows(inputs: Inputs, name: str = "inputs") -> int:
@@ -102,7 +103,9 @@ class GradCache:
         p_chunk_size: passage rows per chunk (default ``chunk_size``).
         scaler: a ``torch.amp.GradScaler``: the surrogate is scaled, never the cache.
         no_sync: a callable returning a context (e.g. ``ddp_model.no_sync``): every chunk's
-            forward and backward but the last runs inside it, so DDP syncs gradients once.
+            forward and backward but the last runs inside it, so DDP syncs gradients once. A
+            pair ``(q_no_sync, p_no_sync)`` serves two DDP-wrapped towers: each tower's chunks
+            but its last run inside its own context (each parameter is still synced once).
         keep_last_graph: encode the last chunk of each tower with its graph in the first pass
             and reuse it, saving its re-forward. Ignored when ``no_sync`` is given (DDP needs
             the synced backward right after its forward).
@@ -119,7 +122,7 @@ class GradCache:
         *,
         p_chunk_size: int | None = None,
         scaler: torch.amp.GradScaler | None = None,
-        no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+        no_sync: SyncContext | tuple[SyncContext, SyncContext] | None = None,
         keep_last_graph: bool = True,
         replay_rng: bool = True,
     ) -> None:
@@ -190,13 +193,7 @@ class GradCache:
             if not (keep and i == len(tower.chunks) - 1)
         ]
         for n, (tower, i) in enumerate(pieces):
-            is_last_backward = not keep and n == len(pieces) - 1
-            sync = (
-                contextlib.nullcontext()
-                if is_last_backward or self.no_sync is None
-                else (self.no_sync())
-            )
-            with sync:
+            with self._sync_context(tower is q, i == len(tower.chunks) - 1, n == len(pieces) - 1):
                 replay = tower.rng[i].replay() if self.replay_rng else contextlib.nullcontext()
                 with replay:
                     reps = tower.encode(tower.chunks[i])
@@ -219,6 +216,18 @@ class GradCache:
         return loss
 
     __call__ = step
+
+    def _sync_context(
+        self, is_query: bool, last_of_tower: bool, last_overall: bool
+    ) -> contextlib.AbstractContextManager:
+        """DDP's no_sync for every backward but the one that must sync the gradients."""
+        if self.no_sync is None:
+            return contextlib.nullcontext()
+        if isinstance(self.no_sync, tuple):
+            return (
+                contextlib.nullcontext() if last_of_tower else self.no_sync[0 if is_query else 1]()
+            )
+        return contextlib.nullcontext() if last_overall else self.no_sync()
 
     def _backward(self, surrogate: Tensor) -> None:
         if self.scaler is not None:

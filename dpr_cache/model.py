@@ -151,11 +151,11 @@ class BiEncoder(nn.Module):
 
     def encode_query(self, inputs: Mapping[str, Tensor]) -> Tensor:
         """Question reps [n, hidden] from tokenized questions."""
-        return self._encode(self.query_encoder, inputs)
+        return self.encode_with(self.query_encoder, inputs)
 
     def encode_passage(self, inputs: Mapping[str, Tensor]) -> Tensor:
         """Passage reps [n, hidden] from tokenized (title, text) pairs."""
-        return self._encode(self.passage_encoder, inputs)
+        return self.encode_with(self.passage_encoder, inputs)
 
     def forward(
         self,
@@ -167,7 +167,8 @@ class BiEncoder(nn.Module):
         p_reps = self.encode_passage(passage) if passage is not None else None
         return q_reps, p_reps
 
-    def _encode(self, tower: nn.Module, inputs: Mapping[str, Tensor]) -> Tensor:
+    def encode_with(self, tower: nn.Module, inputs: Mapping[str, Tensor]) -> Tensor:
+        """Run ``tower`` (one of ours, possibly DDP-wrapped) and pool its last hidden state."""
         hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
         if self.pooling == "cls":
             return hidden[:, 0]

@@ -1,0 +1,202 @@
+"""Typed run configuration: YAML in, ``key=value`` overrides, loud errors, resolved YAML out.
+
+Every section forbids unknown keys, so a typo such as ``train.lrr`` is an error naming the key
+and the file, never a silently ignored setting. Relative paths are taken from the working
+directory, as the shell would.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dpr_cache.errors import InputError
+
+__all__ = ["Config", "load_config", "save_config", "parse_bytes"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    name_or_path: str = "data/toy/tiny-bert"
+    shared: bool = False
+    pooling: Literal["cls", "mean"] = "cls"
+    gradient_checkpointing: bool = False
+    max_query_length: int = Field(32, ge=4)
+    max_passage_length: int = Field(256, ge=8)
+    dropout: float | None = Field(None, ge=0.0, lt=1.0)
+
+
+class DataConfig(_Section):
+    train: str | None = None
+    passages: str | None = None
+    dev_qa: str | None = None
+    cache_dir: str | None = None  # Arrow caches of large files; default ~/.cache/dpr-cache
+
+
+class TrainConfig(_Section):
+    mode: Literal["gradcache", "full", "accumulate"] = "gradcache"
+    batch_size: int = Field(128, ge=1)  # global questions per step
+    chunk_size: int | Literal["auto"] = 16  # questions per chunk (gradcache, accumulate)
+    p_chunk_size: int | None = Field(None, ge=1)  # passages per chunk; default chunk_size
+    memory_budget: str | None = None  # e.g. "4GB", for chunk_size: auto
+    hard_negatives: int = Field(1, ge=0)
+    epochs: int = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1)  # stop early; the schedule still spans it
+    lr: float = Field(2e-5, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    adam_eps: float = Field(1e-8, gt=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    max_grad_norm: float | None = Field(2.0, gt=0.0)  # DPR clips at 2.0; null = no clipping
+    temperature: float = Field(1.0, gt=0.0)
+    loss_tile_size: int | None = Field(None, ge=1)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    seed: int = 42
+    checkpoint_every: int = Field(500, ge=1)  # steps
+    keep_checkpoints: int = Field(2, ge=1)
+    log_every: int = Field(1, ge=1)
+    keep_last_graph: bool = True
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_threads: int | None = Field(None, ge=1)
+
+    @field_validator("chunk_size")
+    @classmethod
+    def _chunk_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return value
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_bytes(value)
+        return value
+
+
+class IndexConfig(_Section):
+    type: Literal["flat", "hnsw", "ivfpq"] = "flat"
+    batch_size: int = Field(128, ge=1)  # passages per encoding batch
+    shard_size: int = Field(50_000, ge=1)  # passages per on-disk shard (resumable unit)
+    hnsw_m: int = Field(32, ge=4)
+    hnsw_ef_search: int = Field(128, ge=1)
+    ivf_nlist: int | None = Field(None, ge=1)  # default ~4*sqrt(N)
+    pq_m: int = Field(16, ge=1)
+    ivf_nprobe: int = Field(16, ge=1)
+
+
+class EvalConfig(_Section):
+    top_k: list[int] = Field(default_factory=lambda: [1, 5, 20, 100])
+    match: Literal["string", "regex"] = "string"
+    batch_size: int = Field(128, ge=1)
+
+    @field_validator("top_k")
+    @classmethod
+    def _ks_positive(cls, value: list[int]) -> list[int]:
+        if not value or any(k < 1 for k in value):
+            raise ValueError("must be a non-empty list of integers >= 1")
+        return sorted(set(value))
+
+
+class Config(_Section):
+    output_dir: str = "runs/toy"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        t = self.train
+        if t.chunk_size == "auto" and t.memory_budget is None:
+            raise ValueError("train.chunk_size: 'auto' needs train.memory_budget (e.g. '4GB')")
+        return self
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.output_dir)
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_bytes(text: str | int) -> int:
+    """'4GB' -> 4_000_000_000, '512MiB' -> 536_870_912, 1024 -> 1024."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (use e.g. '4GB' or '512MiB')")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _apply_override(raw: dict, item: str, where: str) -> None:
+    if "=" not in item:
+        raise InputError(f"{where}: override {item!r} is not KEY=VALUE")
+    key, _, text = item.partition("=")
+    parts = key.strip().split(".")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise InputError(f"{where}: override {key!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _one_line(error: ValidationError, source: str) -> str:
+    parts = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            parts.append(f"unknown key '{key}'")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            got = item.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            parts.append(f"{key}: {message}{shown}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read ``path`` (YAML), apply ``key=value`` overrides, validate; raise InputError."""
+    source = str(path) if path is not None else "config"
+    raw: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise InputError(f"{file}: no such config file")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise InputError(f"{file}:{where} not valid YAML") from None
+        if not isinstance(raw, dict):
+            raise InputError(f"{file}: the top level must be a mapping of sections")
+    for item in overrides or []:
+        _apply_override(raw, item, source)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError(_one_line(exc, source)) from None
+
+
+def save_config(config: Config, path: str | Path) -> Path:
+    """Write the resolved config (every key, defaults included) as YAML."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return path

@@ -1,0 +1,37 @@
+"""DPR data formats in and out, and training batches.
+
+- training.py: DPR training JSON / JSON Lines -> cached Arrow ``datasets.Dataset``
+- passages.py: DPR wiki passages TSV;  qas.py: DPR qas TSV/CSV for evaluation
+- batches.py: per-epoch seeded batch indices and rank slices
+- collate.py: tokenized question/passage batches with passage ids
+- squad.py: DPR-format files from SQuAD v1.1 dev;  download.py: DPR's NQ files
+
+Names below load their module on first use, so importing this package stays cheap.
+"""
+
+from typing import Any
+
+_LAZY = {
+    "load_training_set": "training",
+    "iter_training_examples": "training",
+    "read_passages": "passages",
+    "load_passages": "passages",
+    "read_qas": "qas",
+    "TrainBatches": "batches",
+    "Batch": "collate",
+    "build_batch": "collate",
+    "encode_questions": "collate",
+    "encode_passages": "collate",
+    "passage_hash": "ids",
+    "build_squad": "squad",
+    "download_nq": "download",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

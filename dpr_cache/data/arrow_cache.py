@@ -1,0 +1,81 @@
+"""Arrow files under a cache dir, keyed by a source file's path, size and mtime.
+
+A source is streamed once into ``<cache_dir>/<kind>-<name>-<key>.arrow`` (written to a temporary
+name, then renamed, so a reader never sees half a file); later loads memory-map it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from datasets import Dataset, Features
+
+# Bump when the cached layout or the parsing rules change: old cache files are then ignored.
+CACHE_VERSION = 1
+
+
+def cache_file(source: Path, cache_dir: Path, kind: str) -> Path:
+    """Where the Arrow copy of ``source`` lives; the name changes when the source changes."""
+    source = Path(source)
+    st = source.stat()
+    ident = f"{CACHE_VERSION}|{kind}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = hashlib.blake2b(ident.encode(), digest_size=8).hexdigest()
+    return Path(cache_dir) / f"{kind}-{source.name}-{key}.arrow"
+
+
+def meta_file(arrow_path: Path) -> Path:
+    """The JSON side file holding counts gathered while writing ``arrow_path``."""
+    return arrow_path.with_suffix(".json")
+
+
+def write_arrow(
+    rows: Iterable[dict[str, Any]],
+    features: Features,
+    dest: Path,
+    *,
+    batch_rows: int = 256,
+    meta: Callable[[], dict[str, Any]] | None = None,
+) -> int:
+    """Stream ``rows`` into an Arrow IPC stream at ``dest`` in record batches; return the count.
+
+    ``meta`` is called after the last row; its dict is saved next to the file (see meta_file).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+    schema = features.arrow_schema
+    n = 0
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            buf: list[dict[str, Any]] = []
+            for row in rows:
+                buf.append(row)
+                if len(buf) >= batch_rows:
+                    writer.write_batch(pa.RecordBatch.from_pylist(buf, schema=schema))
+                    n += len(buf)
+                    buf = []
+            if buf or n == 0:
+                writer.write_batch(pa.RecordBatch.from_pylist(buf, schema=schema))
+                n += len(buf)
+        info = {"rows": n, **(meta() if meta else {})}
+        meta_file(dest).write_text(json.dumps(info, indent=1) + "\n")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n
+
+
+def read_meta(arrow_path: Path) -> dict[str, Any]:
+    """The counts saved with an Arrow cache file ({} if the side file is missing)."""
+    path = meta_file(arrow_path)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def open_arrow(arrow_path: Path) -> Dataset:
+    """Memory-map a cache file as a ``datasets.Dataset``."""
+    return Dataset.from_file(str(arrow_path))

@@ -1,0 +1,179 @@
+"""Turn a batch of training examples into tokenized questions, passage groups and passage ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dpr_cache.data.ids import passage_hash
+
+_MASK63 = (1 << 63) - 1
+_FILL_TRIES = 20
+
+
+class ExamplePool(Protocol):
+    """Anything indexable by int giving examples with ``positive_ctxs`` (a list, a Dataset)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> Mapping[str, Any]: ...
+
+
+@dataclass
+class Batch:
+    """One (local) training batch.
+
+    Passage rows are grouped per question: row ``i * group_size`` is question i's positive and
+    the next ``group_size - 1`` rows are its hard negatives. ``p_ids[j]`` is a 63-bit hash of row
+    j's passage id, equal for two rows exactly when they hold the same passage.
+    """
+
+    q_inputs: dict[str, Tensor]
+    p_inputs: dict[str, Tensor]
+    p_ids: Tensor
+    n_questions: int
+    group_size: int
+
+    def to(self, device: torch.device | str) -> Batch:
+        """A copy with every tensor moved to ``device``."""
+        return Batch(
+            {k: v.to(device) for k, v in self.q_inputs.items()},
+            {k: v.to(device) for k, v in self.p_inputs.items()},
+            self.p_ids.to(device),
+            self.n_questions,
+            self.group_size,
+        )
+
+
+def _pad_multiple(max_length: int, multiple: int | None) -> int | None:
+    """``multiple`` if usable with ``max_length`` (transformers requires it to divide it)."""
+    return multiple if multiple and max_length % multiple == 0 else None
+
+
+def encode_questions(
+    tokenizer: Any, questions: list[str], max_length: int, pad_to_multiple_of: int | None = None
+) -> dict[str, Tensor]:
+    """Questions encoded alone, truncated to ``max_length``, padded to the longest."""
+    enc = tokenizer(
+        questions,
+        max_length=max_length,
+        truncation=True,
+        padding=True,
+        pad_to_multiple_of=_pad_multiple(max_length, pad_to_multiple_of),
+        return_tensors="pt",
+    )
+    return dict(enc)
+
+
+def encode_passages(
+    tokenizer: Any,
+    titles: list[str],
+    texts: list[str],
+    max_length: int,
+    pad_to_multiple_of: int | None = None,
+) -> dict[str, Tensor]:
+    """Passages as DPR encodes them: the pair ``(title, text)``, truncating the text.
+
+    If a title alone is too long for ``max_length`` the tokenizer cannot truncate only the text;
+    the batch is then encoded with ``truncation="longest_first"`` instead.
+    """
+    kwargs = dict(
+        max_length=max_length,
+        padding=True,
+        pad_to_multiple_of=_pad_multiple(max_length, pad_to_multiple_of),
+        return_tensors="pt",
+    )
+    try:
+        enc = tokenizer(titles, texts, truncation="only_second", **kwargs)
+    except Exception:  # fast tokenizers raise a bare Exception ("Truncation error: ...")
+        enc = tokenizer(titles, texts, truncation="longest_first", **kwargs)
+    return dict(enc)
+
+
+def _rng(seed: int, step: int, key: int) -> np.random.Generator:
+    return np.random.default_rng([seed & _MASK63, step & _MASK63, key & _MASK63])
+
+
+def _shuffled(ctxs: Sequence[Mapping[str, Any]], rng: np.random.Generator) -> list:
+    return [ctxs[int(j)] for j in rng.permutation(len(ctxs))]
+
+
+def pick_negatives(
+    example: Mapping[str, Any],
+    hard_negatives: int,
+    rng: np.random.Generator,
+    pool: ExamplePool,
+) -> list[Mapping[str, Any]]:
+    """The ``hard_negatives`` negatives of one question, as DPR picks them, plus a fill.
+
+    DPR's rule: shuffle ``hard_negative_ctxs`` and take the first H; if the question has none,
+    use its shuffled ``negative_ctxs`` instead. A fixed group size is needed for the loss, so if
+    fewer than H remain, the rest is filled with positives of other questions drawn at random
+    (from ``rng``) from ``pool``, avoiding passages already in the group where possible.
+    """
+    if hard_negatives <= 0:
+        return []
+    hard = example.get("hard_negative_ctxs") or []
+    chosen = _shuffled(hard or (example.get("negative_ctxs") or []), rng)[:hard_negatives]
+    seen = {example["positive_ctxs"][0]["passage_id"]} | {c["passage_id"] for c in chosen}
+    while len(chosen) < hard_negatives:
+        ctx = None
+        for _ in range(_FILL_TRIES):
+            ctx = pool[int(rng.integers(len(pool)))]["positive_ctxs"][0]
+            if ctx["passage_id"] not in seen:
+                break
+        seen.add(ctx["passage_id"])
+        chosen.append(ctx)
+    return chosen
+
+
+def build_batch(
+    examples: list[Mapping[str, Any]],
+    *,
+    tokenizer: Any,
+    hard_negatives: int,
+    max_query_length: int,
+    max_passage_length: int,
+    seed: int,
+    step: int,
+    pool_for_padding: ExamplePool | None = None,
+    indices: Sequence[int] | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> Batch:
+    """Tokenize questions and their passage groups (positive + ``hard_negatives`` negatives).
+
+    Each question's positive is its first ``positive_ctxs`` entry; negatives follow
+    :func:`pick_negatives`, with randomness drawn from ``(seed, step, key)`` where ``key`` is the
+    question's dataset index (``indices[i]``, default its position i). Pass the dataset indices
+    and the whole training set as ``pool_for_padding``: a rank then builds exactly its slice of
+    the global batch. Without a pool, the fill draws from the positives of this batch.
+    """
+    if indices is not None and len(indices) != len(examples):
+        raise ValueError("indices must match examples in length")
+    keys = list(indices) if indices is not None else list(range(len(examples)))
+    pool: ExamplePool = examples if pool_for_padding is None else pool_for_padding
+    if hasattr(pool, "select_columns"):  # a datasets.Dataset: decode only the column we need
+        pool = pool.select_columns(["positive_ctxs"])
+    titles: list[str] = []
+    texts: list[str] = []
+    pids: list[int] = []
+    for example, key in zip(examples, keys, strict=True):
+        group = [example["positive_ctxs"][0]]
+        group += pick_negatives(example, hard_negatives, _rng(seed, step, key), pool)
+        for ctx in group:
+            titles.append(ctx["title"])
+            texts.append(ctx["text"])
+            pids.append(passage_hash(ctx["passage_id"]))
+    questions = [example["question"] for example in examples]
+    return Batch(
+        q_inputs=encode_questions(tokenizer, questions, max_query_length, pad_to_multiple_of),
+        p_inputs=encode_passages(tokenizer, titles, texts, max_passage_length, pad_to_multiple_of),
+        p_ids=torch.tensor(pids, dtype=torch.long),
+        n_questions=len(examples),
+        group_size=1 + max(hard_negatives, 0),
+    )

@@ -1,0 +1,56 @@
+"""DPR's question files for evaluation: ``question<TAB>["answer", ...]`` per line, no header."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+from pathlib import Path
+
+from dpr_cache.data.files import open_text
+from dpr_cache.errors import InputError
+
+
+def parse_answers(field: str) -> list[str] | None:
+    """A JSON list, else a Python-literal list (as DPR's ``eval``), of strings; None if neither."""
+    try:
+        value = json.loads(field)
+    except ValueError:
+        try:
+            value = ast.literal_eval(field)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    if not isinstance(value, (list, tuple)):
+        return None
+    return [str(a) for a in value]
+
+
+def read_qas(path: Path) -> list[tuple[str, list[str]]]:
+    """Read a DPR qas file (``.tsv`` or DPR's tab-delimited ``.csv``, optionally gzipped)."""
+    path = Path(path)
+    out: list[tuple[str, list[str]]] = []
+    line = 0
+    try:
+        with open_text(path) as f:
+            reader = csv.reader(f, delimiter="\t")
+            for row in reader:
+                line = reader.line_num
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if len(row) != 2:
+                    raise InputError(
+                        f"{path} line {line}: expected 'question<TAB>[answers]', "
+                        f"got {len(row)} field(s)"
+                    )
+                answers = parse_answers(row[1])
+                if answers is None:
+                    raise InputError(
+                        f"{path} line {line}: answers are not a JSON or Python list: "
+                        f"{row[1][:60]!r}"
+                    )
+                out.append((row[0], answers))
+    except csv.Error as e:
+        raise InputError(f"{path} line {line + 1}: {e}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read ({' '.join(str(e).split())})") from None
+    return out

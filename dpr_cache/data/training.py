@@ -1,0 +1,192 @@
+"""DPR training files (a JSON array or JSON Lines, maybe gzipped) streamed into an Arrow cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+import pyarrow as pa
+from datasets import Dataset, Features
+
+from dpr_cache.data.arrow_cache import cache_file, open_arrow, read_meta, write_arrow
+from dpr_cache.data.files import open_binary
+from dpr_cache.data.ids import derived_passage_id
+from dpr_cache.errors import InputError
+
+log = logging.getLogger(__name__)
+
+CTX_KEYS = ("positive_ctxs", "hard_negative_ctxs", "negative_ctxs")
+# Keys that DPR-style files use for a passage's id, in order of preference.
+_ID_KEYS = ("passage_id", "psg_id", "id", "docid")
+_CTX = pa.struct([("title", pa.string()), ("text", pa.string()), ("passage_id", pa.string())])
+TRAIN_FEATURES = Features.from_arrow_schema(
+    pa.schema(
+        [("question", pa.string()), ("answers", pa.list_(pa.string()))]
+        + [(key, pa.list_(_CTX)) for key in CTX_KEYS]
+    )
+)
+
+
+@dataclass
+class ParseStats:
+    """Counts gathered while reading a training file."""
+
+    read: int = 0
+    kept: int = 0
+    dropped_no_positive: int = 0
+
+
+def _short(err: Exception) -> str:
+    """An exception message squeezed onto one short line."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _first_char(path: Path) -> str:
+    """The first non-whitespace character of the (decompressed) file, '' if there is none."""
+    with open_binary(path) as f:
+        while chunk := f.read(4096):
+            stripped = chunk.lstrip(b" \t\r\n\xef\xbb\xbf")
+            if stripped:
+                return chr(stripped[0])
+    return ""
+
+
+def _skip_bom(f: IO[bytes]) -> IO[bytes]:
+    if f.read(3) != b"\xef\xbb\xbf":
+        f.seek(0)
+    return f
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    with open_binary(path) as f:
+        for n, line in enumerate(f, start=1):
+            if n == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            if not line.strip():
+                continue
+            try:
+                yield f"line {n}", json.loads(line)
+            except (ValueError, UnicodeDecodeError) as e:
+                msg = e.msg if isinstance(e, json.JSONDecodeError) else _short(e)
+                raise InputError(f"{path} line {n}: not valid JSON ({msg})") from None
+
+
+def _iter_json_array(path: Path) -> Iterator[tuple[str, Any]]:
+    with open_binary(path) as f:
+        done = 0
+        try:
+            for obj in ijson.items(_skip_bom(f), "item", use_float=True):
+                yield f"item {done}", obj
+                done += 1
+        except ijson.JSONError as e:
+            raise InputError(f"{path} item {done}: not valid JSON ({_short(e)})") from None
+
+
+def iter_raw(path: Path) -> Iterator[tuple[str, Any]]:
+    """Yield ``(where, object)`` for each record; ``where`` is 'line N' (JSONL) or 'item I'."""
+    path = Path(path)
+    try:
+        first = _first_char(path)
+        if first == "[":
+            yield from _iter_json_array(path)
+        elif first == "{":
+            yield from _iter_jsonl(path)
+        elif not first:
+            raise InputError(f"{path}: empty file")
+        else:
+            raise InputError(f"{path}: not DPR JSON or JSON Lines (starts with {first!r})")
+    except (OSError, EOFError) as e:  # unreadable or truncated gzip, I/O errors
+        raise InputError(f"{path}: cannot read ({_short(e)})") from None
+
+
+def _ctxs(obj: dict, key: str, where: str) -> list[dict[str, str]]:
+    raw = obj.get(key) or []
+    if not isinstance(raw, list):
+        raise InputError(f"{where}: key '{key}' must be a list")
+    out = []
+    for j, ctx in enumerate(raw):
+        if not isinstance(ctx, dict) or "text" not in ctx:
+            raise InputError(f"{where}: {key}[{j}] must be an object with a 'text'")
+        title = "" if ctx.get("title") is None else str(ctx["title"])
+        text = str(ctx["text"])
+        pid = next((ctx[k] for k in _ID_KEYS if ctx.get(k) not in (None, "")), None)
+        out.append(
+            {
+                "title": title,
+                "text": text,
+                "passage_id": derived_passage_id(title, text) if pid is None else str(pid),
+            }
+        )
+    return out
+
+
+def clean_example(obj: Any, where: str) -> dict[str, Any]:
+    """Validate one record and keep only the fields training needs (``where`` names it)."""
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in ("question", "positive_ctxs"):
+        if key not in obj:
+            raise InputError(f"{where}: missing key '{key}'")
+    if not isinstance(obj["question"], str):
+        raise InputError(f"{where}: key 'question' must be a string")
+    answers = obj.get("answers") or []
+    if not isinstance(answers, list):
+        raise InputError(f"{where}: key 'answers' must be a list")
+    example: dict[str, Any] = {"question": obj["question"], "answers": [str(a) for a in answers]}
+    for key in CTX_KEYS:
+        example[key] = _ctxs(obj, key, where)
+    return example
+
+
+def iter_training_examples(path: Path, stats: ParseStats | None = None) -> Iterator[dict[str, Any]]:
+    """Stream cleaned examples from a training file, skipping (and counting) those without a
+    positive passage, as DPR does."""
+    stats = stats if stats is not None else ParseStats()
+    for where, obj in iter_raw(path):
+        example = clean_example(obj, f"{path} {where}")
+        stats.read += 1
+        if not example["positive_ctxs"]:
+            stats.dropped_no_positive += 1
+            continue
+        stats.kept += 1
+        yield example
+
+
+def load_training_set(
+    path: Path, cache_dir: Path, *, stats: dict[str, Any] | None = None
+) -> Dataset:
+    """Load a DPR training file as a memory-mapped ``datasets.Dataset``.
+
+    The file is parsed once into ``cache_dir`` (keyed by path, size and mtime); later calls reuse
+    that copy. Columns: question, answers, positive_ctxs, hard_negative_ctxs, negative_ctxs (each
+    ctx: title, text, passage_id as a string). If ``stats`` is given it is filled with
+    ``read``, ``kept``, ``dropped_no_positive``, ``cache_file`` and ``from_cache``.
+    """
+    path = Path(path)
+    open_binary(path).close()  # InputError if missing
+    arrow = cache_file(path, cache_dir, "train")
+    from_cache = arrow.exists()
+    if not from_cache:
+        parse = ParseStats()
+        write_arrow(
+            iter_training_examples(path, parse), TRAIN_FEATURES, arrow, meta=lambda: asdict(parse)
+        )
+    meta = read_meta(arrow)
+    if meta.get("kept", 0) == 0:
+        raise InputError(f"{path}: no question with a positive passage")
+    if meta.get("dropped_no_positive"):
+        log.warning(
+            "%s: dropped %d of %d questions without a positive passage",
+            path,
+            meta["dropped_no_positive"],
+            meta["read"],
+        )
+    if stats is not None:
+        stats.update(meta, cache_file=str(arrow), from_cache=from_cache)
+    return open_arrow(arrow)

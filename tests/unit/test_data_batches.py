@@ -1,0 +1,167 @@
+"""Batch indices per step and rank, and collation of passage groups with passage ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpr_cache.data.batches import TrainBatches
+from dpr_cache.data.collate import build_batch
+from dpr_cache.data.ids import passage_hash
+from dpr_cache.errors import InputError
+
+WORDS = "who what wrote paris france hamlet play city river is the a of in".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tok")
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (folder / "vocab.txt").write_text("\n".join(special + WORDS) + "\n")
+    return BertTokenizerFast.from_pretrained(str(folder))
+
+
+def ctx(pid: str, text: str = "the city") -> dict:
+    return {"title": f"title {pid}", "text": text, "passage_id": pid}
+
+
+def example(i: int, hard: int = 0, neg: int = 0, pos: str | None = None) -> dict:
+    return {
+        "question": f"who wrote {i}",
+        "answers": [],
+        "positive_ctxs": [ctx(pos or f"p{i}")],
+        "hard_negative_ctxs": [ctx(f"h{i}.{j}") for j in range(hard)],
+        "negative_ctxs": [ctx(f"n{i}.{j}") for j in range(neg)],
+    }
+
+
+def row_ids(batch) -> list[int]:
+    return batch.p_ids.tolist()
+
+
+def build(examples, tokenizer, **kw):
+    args = dict(
+        tokenizer=tokenizer,
+        hard_negatives=2,
+        max_query_length=16,
+        max_passage_length=16,
+        seed=0,
+        step=0,
+    )
+    return build_batch(examples, **{**args, **kw})
+
+
+def test_epochs_shuffle_differently_and_deterministically() -> None:
+    batches = TrainBatches(10, 3, seed=5)
+    assert batches.steps_per_epoch == 3
+    epoch0 = [batches.batch_indices(s) for s in range(3)]
+    epoch1 = [batches.batch_indices(s) for s in range(3, 6)]
+    assert epoch0 != epoch1
+    for epoch in (epoch0, epoch1):  # drop_last: 9 distinct indices per epoch
+        flat = [i for b in epoch for i in b]
+        assert len(set(flat)) == 9 and all(0 <= i < 10 for i in flat)
+    again = TrainBatches(10, 3, seed=5)
+    assert [again.batch_indices(s) for s in (4, 0, 5)] == [epoch1[1], epoch0[0], epoch1[2]]
+    assert TrainBatches(10, 3, seed=6).batch_indices(0) != epoch0[0]
+
+
+def test_batch_larger_than_dataset_is_an_input_error() -> None:
+    with pytest.raises(InputError, match=r"train\.batch_size=8 is larger than t\.jsonl \(5 q"):
+        TrainBatches(5, 8, seed=0, source="t.jsonl")
+
+
+def test_rank_slices_concatenate_to_the_global_batch() -> None:
+    indices = TrainBatches(100, 12, seed=1).batch_indices(7)
+    for world in (1, 2, 3, 4):
+        parts = [TrainBatches.rank_slice(indices, r, world) for r in range(world)]
+        assert sum(parts, []) == indices and {len(p) for p in parts} == {12 // world}
+    with pytest.raises(InputError, match="not divisible by the 5 ranks"):
+        TrainBatches.rank_slice(indices, 0, 5)
+
+
+def test_rows_are_positive_then_hard_negatives(tokenizer) -> None:
+    examples = [example(0, hard=3), example(1, hard=2)]
+    batch = build(examples, tokenizer)
+    assert (batch.n_questions, batch.group_size) == (2, 3)
+    assert batch.q_inputs["input_ids"].shape[0] == 2
+    assert batch.p_inputs["input_ids"].shape[0] == 6
+    ids = row_ids(batch)
+    assert ids[0] == passage_hash("p0") and ids[3] == passage_hash("p1")
+    assert {ids[1], ids[2]} < {passage_hash(f"h0.{j}") for j in range(3)}
+    assert {ids[4], ids[5]} == {passage_hash("h1.0"), passage_hash("h1.1")}
+    # deterministic for a (seed, step), and the shuffle depends on them
+    assert row_ids(build(examples, tokenizer)) == ids
+    picks = {tuple(row_ids(build(examples, tokenizer, step=s))[1:3]) for s in range(20)}
+    assert len(picks) > 1
+
+
+def test_passages_are_title_text_pairs(tokenizer) -> None:
+    batch = build([example(0)], tokenizer, hard_negatives=0)
+    tokens = tokenizer.convert_ids_to_tokens(batch.p_inputs["input_ids"][0])
+    assert tokens == ["[CLS]", "[UNK]", "[UNK]", "[SEP]", "the", "city", "[SEP]"]
+    assert batch.p_inputs["token_type_ids"][0].tolist() == [0, 0, 0, 0, 1, 1, 1]
+    long = build([example(0)], tokenizer, hard_negatives=0, max_passage_length=6)
+    assert long.p_inputs["input_ids"].shape[1] == 6  # text truncated, title kept
+    tiny = build([example(0)], tokenizer, hard_negatives=0, max_passage_length=4)
+    assert tiny.p_inputs["input_ids"].shape[1] == 4  # title too long: longest_first fallback
+    pad8 = build([example(0)], tokenizer, hard_negatives=0, pad_to_multiple_of=8)
+    assert pad8.p_inputs["input_ids"].shape[1] == 8
+
+
+def test_hard_negatives_fall_back_to_negative_ctxs(tokenizer) -> None:
+    batch = build([example(0, hard=0, neg=4)], tokenizer)
+    assert set(row_ids(batch)[1:]) < {passage_hash(f"n0.{j}") for j in range(4)}
+    batch = build([example(0, hard=1, neg=4)], tokenizer)  # hard ones exist: no fallback
+    negatives = row_ids(batch)[1:]
+    assert negatives[0] == passage_hash("h0.0")
+    assert passage_hash("n0.0") not in negatives
+
+
+def test_too_few_negatives_are_filled_with_other_positives(tokenizer) -> None:
+    pool = [example(i) for i in range(10)]
+    batch = build(
+        [example(0, hard=1)], tokenizer, hard_negatives=3, pool_for_padding=pool, indices=[0]
+    )
+    ids = row_ids(batch)
+    assert ids[1] == passage_hash("h0.0")
+    others = {passage_hash(f"p{i}") for i in range(1, 10)}
+    assert set(ids[2:]) <= others and len(set(ids[2:])) == 2  # not its own, no repeats
+    # without a pool the fill comes from the batch itself
+    batch = build([example(0), example(1)], tokenizer, hard_negatives=1)
+    assert row_ids(batch)[1] == passage_hash("p1") and row_ids(batch)[3] == passage_hash("p0")
+
+
+def test_rank_batches_are_slices_of_the_global_batch(tokenizer) -> None:
+    pool = [example(i, hard=i % 2, neg=3) for i in range(12)]
+    indices = TrainBatches(12, 4, seed=3).batch_indices(2)
+    kw = dict(pool_for_padding=pool, hard_negatives=2, seed=3, step=2)
+    whole = build([pool[i] for i in indices], tokenizer, indices=indices, **kw)
+    parts = []
+    for rank in range(2):
+        local = TrainBatches.rank_slice(indices, rank, 2)
+        parts += row_ids(build([pool[i] for i in local], tokenizer, indices=local, **kw))
+    assert parts == row_ids(whole)
+
+
+def test_duplicate_passages_share_an_id(tokenizer) -> None:
+    batch = build([example(0, pos="same"), example(1, pos="same")], tokenizer, hard_negatives=0)
+    assert row_ids(batch)[0] == row_ids(batch)[1]
+    assert batch.p_ids.dtype.is_signed and batch.p_ids.dtype.itemsize == 8
+    assert passage_hash("same") >= 0 and passage_hash("same") != passage_hash("same ")
+
+
+def test_works_on_a_cached_dataset(tokenizer, tmp_path: Path) -> None:
+    import json
+
+    from dpr_cache.data.training import load_training_set
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(example(i, neg=i % 3)) + "\n" for i in range(6)))
+    ds = load_training_set(path, tmp_path / "cache")
+    indices = TrainBatches(len(ds), 3, seed=0).batch_indices(0)
+    batch = build([ds[i] for i in indices], tokenizer, pool_for_padding=ds, indices=indices)
+    assert batch.p_inputs["input_ids"].shape[0] == 9
+    assert [row_ids(batch)[3 * k] for k in range(3)] == [passage_hash(f"p{i}") for i in indices]

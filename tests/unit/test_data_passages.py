@@ -1,0 +1,89 @@
+"""DPR passages TSV and qas files: csv quoting, gzip, errors with line numbers."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from pathlib import Path
+
+import pytest
+
+from dpr_cache.data.passages import load_passages, read_passages
+from dpr_cache.data.qas import read_qas
+from dpr_cache.errors import InputError
+
+PASSAGES = [
+    ("1", 'He said "hello"\tand left.', "Greeting"),
+    ("2", "Plain text, with a comma.", 'Title "quoted"'),
+    ("3", '"Starts with a quote', "Q"),
+    ("wiki:4", "multi\nline", "Lines"),
+]
+
+
+def write_tsv(path: Path, rows: list, header: tuple = ("id", "text", "title")) -> Path:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def test_quoted_fields_round_trip(tmp_path: Path) -> None:
+    path = write_tsv(tmp_path / "p.tsv", PASSAGES)
+    assert '"He said ""hello""' in path.read_text()  # really csv-quoted on disk
+    assert list(read_passages(path)) == PASSAGES
+
+
+def test_gzip_and_arrow_cache(tmp_path: Path) -> None:
+    plain = write_tsv(tmp_path / "p.tsv", PASSAGES)
+    gz = tmp_path / "p.tsv.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    assert list(read_passages(gz)) == PASSAGES
+    ds = load_passages(gz, tmp_path / "cache")
+    assert ds.column_names == ["id", "text", "title"]
+    assert [(r["id"], r["text"], r["title"]) for r in ds] == PASSAGES
+    again = load_passages(gz, tmp_path / "cache")
+    assert again.cache_files == ds.cache_files
+
+
+def test_wrong_field_count_names_the_line(tmp_path: Path) -> None:
+    path = write_tsv(tmp_path / "p.tsv", PASSAGES)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("5\tonly two fields\n")
+    # header + 4 rows, one of them quoted over two lines: the bad row is physical line 7
+    with pytest.raises(InputError, match=r"p\.tsv line 7: expected 3 tab-separated fields, got 2"):
+        list(read_passages(path))
+
+
+def test_bad_header_and_missing_file(tmp_path: Path) -> None:
+    path = write_tsv(tmp_path / "p.tsv", PASSAGES, header=("id", "title", "text"))
+    with pytest.raises(InputError, match=r"p\.tsv line 1: header must be"):
+        list(read_passages(path))
+    with pytest.raises(InputError, match=r"none\.tsv: no such file"):
+        list(read_passages(tmp_path / "none.tsv"))
+
+
+def test_qas_json_and_python_literal_lists(tmp_path: Path) -> None:
+    path = tmp_path / "nq-test.qa.csv"
+    path.write_text(
+        'who sang "thriller"\t["Michael Jackson"]\n'
+        "when was it released\t['1982', \"November 30, 1982\"]\n"
+        "\n"
+        "what is 2+2\t[4]\n",
+        encoding="utf-8",
+    )
+    assert read_qas(path) == [
+        ('who sang "thriller"', ["Michael Jackson"]),
+        ("when was it released", ["1982", "November 30, 1982"]),
+        ("what is 2+2", ["4"]),
+    ]
+
+
+def test_qas_errors_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "dev.qa.tsv"
+    path.write_text('q1\t["a"]\nq2\tnot a list\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"dev\.qa\.tsv line 2: answers are not a JSON or Python"):
+        read_qas(path)
+    path.write_text('q1\t["a"]\nq2\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"dev\.qa\.tsv line 2: expected 'question<TAB>"):
+        read_qas(path)

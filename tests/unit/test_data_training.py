@@ -1,0 +1,168 @@
+"""DPR training files: JSON array and JSON Lines, gzip, validation errors, the Arrow cache."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from dpr_cache.data import training
+from dpr_cache.data.ids import derived_passage_id
+from dpr_cache.data.training import load_training_set
+from dpr_cache.errors import InputError
+
+
+def ctx(pid: str | None, title: str = "T", text: str = "x") -> dict:
+    out = {"title": title, "text": text, "score": 1000, "title_score": 0}
+    if pid is not None:
+        out["passage_id"] = pid
+    return out
+
+
+RECORDS = [
+    {
+        "dataset": "nq",
+        "question": "who wrote hamlet?",
+        "answers": ["Shakespeare"],
+        "positive_ctxs": [ctx("7", "Hamlet", "Hamlet is a tragedy by Shakespeare.")],
+        "negative_ctxs": [ctx("9", "Paris", "Paris is in France.")],
+        "hard_negative_ctxs": [ctx(None, "Macbeth", "Macbeth is a play.")],
+    },
+    {
+        "question": "dropped: no positive",
+        "answers": ["x"],
+        "positive_ctxs": [],
+        "negative_ctxs": [],
+        "hard_negative_ctxs": [],
+    },
+    {
+        "question": "capital of france?",
+        "answers": ["Paris"],
+        "positive_ctxs": [ctx(12, "Paris", "Paris is the capital of France.")],
+        "negative_ctxs": [],
+        "hard_negative_ctxs": [],
+    },
+]
+EXPECTED = [
+    {
+        "question": "who wrote hamlet?",
+        "answers": ["Shakespeare"],
+        "positive_ctxs": [
+            {"title": "Hamlet", "text": "Hamlet is a tragedy by Shakespeare.", "passage_id": "7"}
+        ],
+        "hard_negative_ctxs": [
+            {
+                "title": "Macbeth",
+                "text": "Macbeth is a play.",
+                "passage_id": derived_passage_id("Macbeth", "Macbeth is a play."),
+            }
+        ],
+        "negative_ctxs": [{"title": "Paris", "text": "Paris is in France.", "passage_id": "9"}],
+    },
+    {
+        "question": "capital of france?",
+        "answers": ["Paris"],
+        "positive_ctxs": [
+            {"title": "Paris", "text": "Paris is the capital of France.", "passage_id": "12"}
+        ],
+        "hard_negative_ctxs": [],
+        "negative_ctxs": [],
+    },
+]
+
+
+def write_json(path: Path, records: list) -> Path:
+    path.write_text(json.dumps(records, indent=2))
+    return path
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def rows(ds) -> list[dict]:
+    return [ds[i] for i in range(len(ds))]
+
+
+def test_json_array_and_jsonl_load_the_same(tmp_path: Path) -> None:
+    stats: dict = {}
+    a = load_training_set(write_json(tmp_path / "t.json", RECORDS), tmp_path / "c", stats=stats)
+    b = load_training_set(write_jsonl(tmp_path / "t.jsonl", RECORDS), tmp_path / "c")
+    assert rows(a) == rows(b) == EXPECTED  # extra keys (dataset, score) are dropped
+    assert stats["read"] == 3 and stats["kept"] == 2 and stats["dropped_no_positive"] == 1
+
+
+def test_gzip_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(RECORDS).encode()))
+    assert rows(load_training_set(path, tmp_path / "c")) == EXPECTED
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in RECORDS).encode()))
+    assert rows(load_training_set(path, tmp_path / "c")) == EXPECTED
+
+
+def test_second_load_reuses_the_cache(tmp_path: Path, monkeypatch) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", RECORDS)
+    first: dict = {}
+    load_training_set(path, tmp_path / "c", stats=first)
+    arrow = Path(first["cache_file"])
+    mtime = arrow.stat().st_mtime_ns
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("the training file was parsed again")
+
+    monkeypatch.setattr(training, "iter_training_examples", no_parse)
+    second: dict = {}
+    ds = load_training_set(path, tmp_path / "c", stats=second)
+    assert second["from_cache"] and not first["from_cache"]
+    assert second["dropped_no_positive"] == 1 and rows(ds) == EXPECTED
+    assert arrow.stat().st_mtime_ns == mtime
+
+
+def test_changed_file_is_parsed_again(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", RECORDS)
+    assert len(load_training_set(path, tmp_path / "c")) == 2
+    write_jsonl(path, RECORDS + RECORDS)
+    assert len(load_training_set(path, tmp_path / "c")) == 4
+
+
+def test_malformed_jsonl_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = [json.dumps(r) for r in RECORDS]
+    lines.insert(2, '{"question": "q", "positive_ctxs": [] "answers": []}')
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"t\.jsonl line 3: not valid JSON \(Expecting ','"):
+        load_training_set(path, tmp_path / "c")
+
+
+def test_malformed_json_array_names_the_item(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(RECORDS[:1])[:-1] + ', {"question": "q",, }]')
+    with pytest.raises(InputError, match=r"t\.json item 1: not valid JSON"):
+        load_training_set(path, tmp_path / "c")
+
+
+@pytest.mark.parametrize("key", ["question", "positive_ctxs"])
+def test_missing_key_is_named_with_line_or_item(tmp_path: Path, key: str) -> None:
+    broken = [dict(r) for r in RECORDS]
+    del broken[2][key]
+    with pytest.raises(InputError, match=rf"t\.jsonl line 3: missing key '{key}'"):
+        load_training_set(write_jsonl(tmp_path / "t.jsonl", broken), tmp_path / "c")
+    with pytest.raises(InputError, match=rf"t\.json item 2: missing key '{key}'"):
+        load_training_set(write_json(tmp_path / "t.json", broken), tmp_path / "c")
+
+
+def test_ctx_without_text_and_bad_files(tmp_path: Path) -> None:
+    broken = [dict(RECORDS[0], positive_ctxs=[{"title": "no text"}])]
+    with pytest.raises(InputError, match=r"line 1: positive_ctxs\[0\] must be an object"):
+        load_training_set(write_jsonl(tmp_path / "t.jsonl", broken), tmp_path / "c")
+    with pytest.raises(InputError, match=r"nope\.json: no such file"):
+        load_training_set(tmp_path / "nope.json", tmp_path / "c")
+    (tmp_path / "e.json").write_text("  \n")
+    with pytest.raises(InputError, match="empty file"):
+        load_training_set(tmp_path / "e.json", tmp_path / "c")
+    with pytest.raises(InputError, match="no question with a positive passage"):
+        load_training_set(write_jsonl(tmp_path / "n.jsonl", RECORDS[1:2]), tmp_path / "c")
