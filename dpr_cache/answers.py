@@ -1,0 +1,82 @@
+"""Answer matching as DPR does it: NFD text, simple tokens, contiguous match; top-k hit rates.
+
+A token is a run of letters, digits and combining marks, or one other character that is neither a
+separator nor a control/format character; tokens are compared lower-cased. Accents are *not*
+stripped: NFD only decomposes them, so "Beyoncé" and "Beyonce" are different tokens.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+
+import regex
+
+MATCH_TYPES = ("string", "regex")
+
+_TOKEN = regex.compile(
+    r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])",
+    flags=regex.IGNORECASE | regex.UNICODE | regex.MULTILINE,
+)
+
+
+def normalize(text: str) -> str:
+    """Unicode NFD normalization (DPR's ``_normalize``)."""
+    return unicodedata.normalize("NFD", text)
+
+
+def tokenize(text: str) -> list[str]:
+    """DPR SimpleTokenizer words of the NFD-normalized text, lower-cased."""
+    return [m.group().lower() for m in _TOKEN.finditer(normalize(text))]
+
+
+def _contains(haystack: Sequence[str], needle: Sequence[str]) -> bool:
+    n = len(needle)
+    return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def _regex_search(pattern: str, text: str) -> bool:
+    try:
+        compiled = regex.compile(pattern, flags=regex.IGNORECASE | regex.UNICODE | regex.MULTILINE)
+    except (regex.error, ValueError, TypeError, OverflowError):
+        return False
+    return compiled.search(text) is not None
+
+
+def has_answer(answers: Sequence[str], text: str, match: str = "string") -> bool:
+    """Whether the passage ``text`` (never its title) holds one of ``answers``.
+
+    ``match="string"``: an answer's token sequence occurs contiguously in the text's tokens.
+    Answers with no tokens (empty or blank) never match; DPR would let them match anything.
+    ``match="regex"``: an answer is a case-insensitive pattern searched in the NFD text
+    (CuratedTREC); a pattern that does not compile matches nothing.
+    """
+    if match == "string":
+        words = tokenize(text)
+        for answer in answers:
+            answer_words = tokenize(answer)
+            if answer_words and _contains(words, answer_words):
+                return True
+        return False
+    if match == "regex":
+        text = normalize(text)
+        return any(_regex_search(normalize(answer), text) for answer in answers)
+    raise ValueError(f"match must be one of {MATCH_TYPES}, got {match!r}")
+
+
+def top_k_hits(hits_per_question: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict[str, float]:
+    """Percentage of questions with an answer-bearing passage among their first k, per k.
+
+    ``hits_per_question[i][r]`` says whether question i's rank-r passage has the answer.
+    Returns ``{"top{k}": percent, ..., "n_questions": n}``; percentages are 0.0 when n is 0.
+    """
+    for k in ks:
+        if k < 1:
+            raise ValueError(f"top-k values must be >= 1, got {k}")
+    n = len(hits_per_question)
+    result: dict[str, float] = {}
+    for k in ks:
+        found = sum(1 for hits in hits_per_question if any(hits[:k]))
+        result[f"top{k}"] = 100.0 * found / n if n else 0.0
+    result["n_questions"] = n
+    return result

@@ -1,0 +1,174 @@
+"""Retrieve passages for ``data.dev_qa`` questions from the built index and score the answers.
+
+Writes ``output_dir/eval/retrieval.json`` (DPR's results file: one entry a question, ``ctxs`` best
+first) and ``output_dir/eval/metrics.json`` (top-k hit rates in percent, ``n_questions``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from dpr_cache.answers import has_answer, top_k_hits
+from dpr_cache.config import Config
+from dpr_cache.data import encode_questions, load_passages, read_qas
+from dpr_cache.errors import InputError
+from dpr_cache.index import (
+    autocast_for,
+    cache_dir_of,
+    configure_search,
+    index_dir_of,
+    load_encoder,
+    load_index,
+    model_fingerprint,
+    resolve_device,
+    resolve_model_dir,
+    search,
+    write_atomic,
+    write_json_atomic,
+)
+
+__all__ = ["evaluate", "format_metrics_table", "metrics_from_retrieval"]
+
+RETRIEVAL_FILE = "retrieval.json"
+METRICS_FILE = "metrics.json"
+
+
+def _rounded(metrics: dict[str, float]) -> dict[str, Any]:
+    return {k: (int(v) if k == "n_questions" else round(v, 2)) for k, v in metrics.items()}
+
+
+def metrics_from_retrieval(path: str | Path, ks: Sequence[int]) -> dict[str, Any]:
+    """Top-k hit rates recomputed from a DPR results file's ``has_answer`` flags."""
+    entries = json.loads(Path(path).read_text(encoding="utf-8"))
+    hits = [[bool(ctx["has_answer"]) for ctx in entry["ctxs"]] for entry in entries]
+    return _rounded(top_k_hits(hits, ks))
+
+
+def format_metrics_table(metrics: dict[str, Any]) -> str:
+    """A small text table: one line per k with its hit rate, then the question count."""
+    ks = sorted(int(key[3:]) for key in metrics if key.startswith("top"))
+    lines = ["    k | hit rate %", "------+-----------"]
+    lines += [f"{k:>5} | {metrics[f'top{k}']:>10.2f}" for k in ks]
+    lines.append(f"questions: {metrics.get('n_questions', 0)}")
+    return "\n".join(lines)
+
+
+def _check_same_model(model_dir: Path, meta: dict, index_dir: Path) -> None:
+    if model_fingerprint(model_dir) != meta.get("fingerprint"):
+        raise InputError(
+            f"{model_dir}: not the model the index at {index_dir} was built with "
+            f"({meta.get('model_dir')}): pass that --model, or rerun `dpr-cache index`"
+        )
+
+
+def _open_passages(config: Config, meta: dict, index_dir: Path):
+    """The passages dataset the index rows point into; InputError if it is not that file."""
+    if not config.data.passages:
+        raise InputError("data.passages: not set (the passages TSV the index was built from)")
+    path = Path(config.data.passages)
+    dataset = load_passages(path, cache_dir_of(config))
+    built = meta.get("passages", {})
+    if len(dataset) != meta.get("n_passages") or path.stat().st_size != built.get("size"):
+        raise InputError(
+            f"{path}: not the passages file the index at {index_dir} was built from "
+            f"({built.get('path')}): rerun `dpr-cache index`"
+        )
+    return dataset
+
+
+def _entries(
+    questions: list[tuple[str, list[str]]],
+    scores: np.ndarray,
+    rows: np.ndarray,
+    dataset,
+    match: str,
+) -> Iterator[dict[str, Any]]:
+    """DPR results entries for a batch of questions and their search results."""
+    valid = np.unique(rows[rows >= 0])
+    found = dataset[valid.tolist()] if len(valid) else {"id": [], "title": [], "text": []}
+    where = {int(r): i for i, r in enumerate(valid)}
+    for (question, answers), q_scores, q_rows in zip(questions, scores, rows, strict=True):
+        ctxs = []
+        for score, row in zip(q_scores, q_rows, strict=True):
+            if row < 0:
+                continue
+            i = where[int(row)]
+            text = found["text"][i]
+            ctxs.append(
+                {
+                    "id": found["id"][i],
+                    "title": found["title"][i],
+                    "text": text,
+                    "score": float(score),
+                    "has_answer": has_answer(answers, text, match),
+                }
+            )
+        yield {"question": question, "answers": answers, "ctxs": ctxs}
+
+
+def evaluate(
+    config: Config,
+    model_dir: str | Path | None = None,
+    *,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+) -> dict[str, Any]:
+    """Search the index with the query tower, write retrieval.json and metrics.json; return
+    the metrics ``{"top{k}": percent, ..., "n_questions": n}``."""
+    index_dir = index_dir_of(config)
+    index, _, meta = load_index(index_dir, with_ids=False)
+    model_dir = resolve_model_dir(config, model_dir)
+    _check_same_model(model_dir, meta, index_dir)
+    if not config.data.dev_qa:
+        raise InputError("data.dev_qa: not set (a DPR qas TSV of questions and answers)")
+    qas = read_qas(Path(config.data.dev_qa))
+    if not qas:
+        raise InputError(f"{config.data.dev_qa}: no questions")
+    dataset = _open_passages(config, meta, index_dir)
+    dev = resolve_device(device if device is not None else config.train.device)
+    model = load_encoder(model_dir, config, query_only=True).to(dev)
+    if model.pooling != meta.get("pooling"):
+        raise InputError(
+            f"model.pooling: {model.pooling!r}, but the index was built with "
+            f"{meta.get('pooling')!r}: set it back or rerun `dpr-cache index`"
+        )
+    configure_search(index, config.index)
+    ks, k_max = config.eval.top_k, max(config.eval.top_k)
+    batch_size = config.eval.batch_size
+    out_dir = config.output_path / "eval"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hits: list[list[bool]] = []
+
+    def write_results(tmp: Path) -> None:
+        with (
+            open(tmp, "w", encoding="utf-8") as f,
+            tqdm(total=len(qas), unit="q", desc="eval", disable=not progress) as bar,
+            torch.inference_mode(),
+        ):
+            f.write("[")
+            for start in range(0, len(qas), batch_size):
+                batch = qas[start : start + batch_size]
+                inputs = encode_questions(
+                    model.tokenizer, [q for q, _ in batch], config.model.max_query_length
+                )
+                with autocast_for(dev, config.train.precision):
+                    reps = model.encode_query({k: v.to(dev) for k, v in inputs.items()})
+                scores, rows = search(index, reps.float().cpu().numpy(), k_max)
+                for entry in _entries(batch, scores, rows, dataset, config.eval.match):
+                    f.write(",\n" if hits else "\n")
+                    f.write(json.dumps(entry, ensure_ascii=False))
+                    hits.append([ctx["has_answer"] for ctx in entry["ctxs"]])
+                bar.update(len(batch))
+            f.write("\n]\n")
+
+    write_atomic(out_dir / RETRIEVAL_FILE, write_results)
+    metrics = _rounded(top_k_hits(hits, ks))
+    write_json_atomic(out_dir / METRICS_FILE, metrics)
+    return metrics

@@ -1,0 +1,175 @@
+"""Build a tiny random-init BERT and its WordPiece tokenizer, for offline tests and the toy demo.
+
+The tokenizer lower-cases and strips accents, like ``bert-base-uncased``. The folder loads with
+``AutoModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` and needs no network.
+
+The vocabulary is learned here rather than with ``tokenizers.trainers.WordPieceTrainer``: that
+trainer breaks ties through Rust hash-map order, so its vocabulary changes from run to run.
+The learner below is the same frequency-merge scheme with ties broken by the token strings.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from itertools import pairwise
+from pathlib import Path
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+PREFIX = "##"
+
+
+def _bert_pipeline():
+    """An empty ``tokenizers.Tokenizer`` with the BERT normalizer (lower-case, no accents)."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import WordPiece
+
+    tok = Tokenizer(WordPiece({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix=PREFIX)
+    return tok
+
+
+def learn_wordpiece_vocab(word_counts: Counter[str], vocab_size: int) -> list[str]:
+    """Learn WordPiece tokens by repeatedly merging the most frequent adjacent pair.
+
+    Starts from every character, word-initial and ``##``-continued; stops at ``vocab_size``
+    tokens (special tokens included) or when nothing is left to merge. Deterministic.
+    """
+    words = sorted(word_counts)
+    freq = [word_counts[w] for w in words]
+    pieces = [[w[0]] + [PREFIX + c for c in w[1:]] for w in words]
+    chars = sorted({c for w in words for c in w})
+    vocab = SPECIAL_TOKENS + chars + [PREFIX + c for c in chars]
+    seen = set(vocab)
+
+    pair_count: Counter[tuple[str, str]] = Counter()
+    holders: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
+    for i, syms in enumerate(pieces):
+        for pair in pairwise(syms):
+            pair_count[pair] += freq[i]
+            holders[pair].add(i)
+    heap = [(-n, pair) for pair, n in pair_count.items()]
+    heapq.heapify(heap)
+
+    while len(vocab) < vocab_size and heap:
+        neg, pair = heapq.heappop(heap)
+        if pair_count.get(pair, 0) != -neg or neg == 0:
+            continue  # stale entry
+        left, right = pair
+        merged = left + right[len(PREFIX) :]
+        if merged not in seen:
+            seen.add(merged)
+            vocab.append(merged)
+        touched: set[tuple[str, str]] = set()
+        for i in sorted(holders.pop(pair)):
+            syms = pieces[i]
+            for old in pairwise(syms):
+                pair_count[old] -= freq[i]
+                touched.add(old)
+            out: list[str] = []
+            j = 0
+            while j < len(syms):
+                if j + 1 < len(syms) and syms[j] == left and syms[j + 1] == right:
+                    out.append(merged)
+                    j += 2
+                else:
+                    out.append(syms[j])
+                    j += 1
+            pieces[i] = out
+            for new in pairwise(out):
+                pair_count[new] += freq[i]
+                holders[new].add(i)
+                touched.add(new)
+        for p in sorted(touched):
+            if pair_count[p] > 0:
+                heapq.heappush(heap, (-pair_count[p], p))
+            else:
+                pair_count.pop(p, None)
+                holders.pop(p, None)
+    return vocab
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int):
+    """A BERT WordPiece ``tokenizers.Tokenizer`` with a vocabulary learned on ``texts``."""
+    from tokenizers import processors
+    from tokenizers.models import WordPiece
+
+    tok = _bert_pipeline()
+    counts: Counter[str] = Counter()
+    for text in texts:
+        normalized = tok.normalizer.normalize_str(text)
+        counts.update(word for word, _ in tok.pre_tokenizer.pre_tokenize_str(normalized))
+    tokens = learn_wordpiece_vocab(counts, vocab_size)
+    tok.model = WordPiece(
+        {t: i for i, t in enumerate(tokens)}, unk_token="[UNK]", continuing_subword_prefix=PREFIX
+    )
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0",
+        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tokens.index("[CLS]")), ("[SEP]", tokens.index("[SEP]"))],
+    )
+    return tok
+
+
+def build_tiny_bert(
+    texts: Iterable[str],
+    out_dir: Path,
+    *,
+    vocab_size: int = 2000,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    intermediate: int = 128,
+    max_positions: int = 256,
+    seed: int = 0,
+) -> Path:
+    """Write a WordPiece tokenizer trained on ``texts`` and a random-init ``BertModel`` to out_dir.
+
+    The vocabulary may end up smaller than ``vocab_size`` on a small text set; the model's
+    embedding matrix matches it. The same texts, sizes and seed give byte-identical files.
+    """
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    backend = train_wordpiece(texts, vocab_size)
+    tokenizer = BertTokenizerFast(
+        tokenizer_object=backend,
+        do_lower_case=True,
+        strip_accents=True,
+        tokenize_chinese_chars=True,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        model_max_length=max_positions,
+    )
+    tokenizer.save_pretrained(str(out_dir))
+
+    config = BertConfig(
+        vocab_size=backend.get_vocab_size(),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_positions,
+        type_vocab_size=2,
+        pad_token_id=backend.token_to_id("[PAD]"),
+    )
+    rng = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = BertModel(config)
+    finally:
+        torch.random.set_rng_state(rng)
+    model.save_pretrained(str(out_dir))
+    return out_dir
