@@ -7,6 +7,7 @@ directory, as the shell would.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -122,6 +123,13 @@ class Config(_Section):
     @property
     def output_path(self) -> Path:
         return Path(self.output_dir)
+
+    @property
+    def cache_path(self) -> Path:
+        """``data.cache_dir``, else ``$XDG_CACHE_HOME/dpr-cache`` (``~/.cache/dpr-cache``)."""
+        if self.data.cache_dir:
+            return Path(self.data.cache_dir)
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpr-cache"
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

@@ -21,7 +21,6 @@ from dpr_cache.data import encode_questions, load_passages, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.index import (
     autocast_for,
-    cache_dir_of,
     configure_search,
     index_dir_of,
     load_encoder,
@@ -73,7 +72,7 @@ def _open_passages(config: Config, meta: dict, index_dir: Path):
     if not config.data.passages:
         raise InputError("data.passages: not set (the passages TSV the index was built from)")
     path = Path(config.data.passages)
-    dataset = load_passages(path, cache_dir_of(config))
+    dataset = load_passages(path, config.cache_path)
     built = meta.get("passages", {})
     if len(dataset) != meta.get("n_passages") or path.stat().st_size != built.get("size"):
         raise InputError(

@@ -74,13 +74,6 @@ def resolve_model_dir(config: Config, model_dir: str | Path | None) -> Path:
     return path.resolve()
 
 
-def cache_dir_of(config: Config) -> Path:
-    """``data.cache_dir``, else ``$XDG_CACHE_HOME/dpr-cache`` (``~/.cache/dpr-cache``)."""
-    if config.data.cache_dir:
-        return Path(config.data.cache_dir)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpr-cache"
-
-
 def resolve_device(preference: str | torch.device) -> torch.device:
     """``auto`` = cuda if available else cpu; plain ``cuda`` under torchrun = cuda:LOCAL_RANK."""
     if isinstance(preference, torch.device):
@@ -403,7 +396,7 @@ def build_index(
     if not config.data.passages:
         raise InputError("data.passages: not set (a DPR passages TSV)")
     passages = Path(config.data.passages)
-    dataset = load_passages(passages, cache_dir_of(config))
+    dataset = load_passages(passages, config.cache_path)
     n = len(dataset)
     if n == 0:
         raise InputError(f"{passages}: no passages")

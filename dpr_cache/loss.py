@@ -130,7 +130,9 @@ class _TiledLSE(torch.autograd.Function):
 
     Forward keeps only the [B] result; backward recomputes each [tile, tile] block of scores
     and accumulates ``dq = sum_j w_ij p_j`` and ``dp = sum_i w_ij q_i`` with
-    ``w_ij = grad_i * softmax_ij / temperature``.
+    ``w_ij = grad_i * softmax_ij / temperature``. Every block is written into one reused
+    ``tile * tile`` buffer and transformed in place, so no block-sized tensor is allocated per
+    block (on CPU each fresh allocation costs page faults comparable to the elementwise work).
     """
 
     @staticmethod
@@ -139,19 +141,19 @@ class _TiledLSE(torch.autograd.Function):
         n_q, n_p = q.shape[0], p.shape[0]
         lse = torch.empty(n_q, dtype=dtype, device=q.device)
         with torch.autocast(q.device.type, enabled=False):
-            qc, pc = q.to(dtype), p.to(dtype)
+            qs, pc = _scaled(q.to(dtype), temperature), p.to(dtype)
+            buf = _block_buffer(n_q, n_p, tile, qs)
             for r0 in range(0, n_q, tile):
                 rows = slice(r0, min(r0 + tile, n_q))
                 run_max = torch.full((rows.stop - r0,), float("-inf"), dtype=dtype, device=q.device)
                 run_sum = torch.zeros_like(run_max)
                 for c0 in range(0, n_p, tile):
                     cols = slice(c0, min(c0 + tile, n_p))
-                    block = _scores(qc, pc, rows, cols, temperature, p_ids, pos_idx)
+                    block = _scores(buf, qs, pc, rows, cols, p_ids, pos_idx)
                     new_max = torch.maximum(run_max, block.amax(dim=1))
                     shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
-                    run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(
-                        block - shift[:, None]
-                    ).sum(dim=1)
+                    run_sum.mul_(torch.exp(run_max - shift))
+                    run_sum.add_(block.sub_(shift[:, None]).exp_().sum(dim=1))
                     run_max = new_max
                 lse[rows] = run_max + torch.log(run_sum)
         ctx.save_for_backward(q, p, pos_idx, lse, *(() if p_ids is None else (p_ids,)))
@@ -167,22 +169,37 @@ class _TiledLSE(torch.autograd.Function):
         n_q, n_p = q.shape[0], p.shape[0]
         with torch.autocast(q.device.type, enabled=False):
             qc, pc = q.to(dtype), p.to(dtype)
+            qs = _scaled(qc, temperature)
             dq = torch.zeros_like(qc)
             dp = torch.zeros_like(pc)
             g = grad_lse.to(dtype) / temperature
+            buf = _block_buffer(n_q, n_p, tile, qc)
             for r0 in range(0, n_q, tile):
                 rows = slice(r0, min(r0 + tile, n_q))
                 for c0 in range(0, n_p, tile):
                     cols = slice(c0, min(c0 + tile, n_p))
-                    block = _scores(qc, pc, rows, cols, temperature, p_ids, pos_idx)
-                    weights = torch.exp(block - lse[rows, None]) * g[rows, None]  # [r, c]
-                    dq[rows] += weights @ pc[cols]
-                    dp[cols] += weights.T @ qc[rows]
+                    weights = _scores(buf, qs, pc, rows, cols, p_ids, pos_idx)
+                    weights.sub_(lse[rows, None]).exp_().mul_(g[rows, None])  # [r, c]
+                    dq[rows].addmm_(weights, pc[cols])
+                    dp[cols].addmm_(weights.T, qc[rows])
         return dq.to(q.dtype), dp.to(p.dtype), None, None, None, None
 
 
-def _scores(q, p, rows, cols, temperature, p_ids, pos_idx) -> Tensor:
-    block = q[rows] @ p[cols].T / temperature  # [r, c]
+def _scaled(q: Tensor, temperature: float) -> Tensor:
+    """``q / temperature`` once, so the blocks need no division (``q`` itself when it is 1)."""
+    return q if temperature == 1.0 else q / temperature
+
+
+def _block_buffer(n_q: int, n_p: int, tile: int, like: Tensor) -> Tensor:
+    """Flat storage for the largest block; ``_scores`` views a contiguous prefix of it."""
+    return torch.empty(min(tile, n_q) * min(tile, n_p), dtype=like.dtype, device=like.device)
+
+
+def _scores(buf, qs, p, rows, cols, p_ids, pos_idx) -> Tensor:
+    """Block ``qs[rows] @ p[cols].T`` written into ``buf``, false negatives set to -inf."""
+    block = buf[: (rows.stop - rows.start) * (cols.stop - cols.start)]
+    block = block.view(rows.stop - rows.start, cols.stop - cols.start)  # [r, c]
+    torch.mm(qs[rows], p[cols].T, out=block)
     if p_ids is not None:
-        block = block.masked_fill(_false_negative_mask(p_ids, pos_idx, cols, rows), float("-inf"))
+        block.masked_fill_(_false_negative_mask(p_ids, pos_idx, cols, rows), float("-inf"))
     return block

@@ -33,7 +33,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model import BiEncoder
 from dpr_cache.steppers import make_loss_fn, make_stepper, wrap_towers
 
-__all__ = ["train", "Interrupted", "default_cache_dir", "peak_memory_bytes"]
+__all__ = ["train", "Interrupted", "peak_memory_bytes"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,12 +44,6 @@ class Interrupted(Exception):
     def __init__(self, checkpoint: Path):
         super().__init__(f"interrupted: checkpoint saved at {checkpoint}")
         self.checkpoint = checkpoint
-
-
-def default_cache_dir(config: Config) -> Path:
-    if config.data.cache_dir:
-        return Path(config.data.cache_dir)
-    return Path(os.environ.get("DPR_CACHE_HOME", Path.home() / ".cache" / "dpr-cache"))
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -89,7 +83,7 @@ def _train(config: Config, env: DistEnv, *, resume: bool, progress: bool) -> Pat
     _seed_everything(cfg.seed)
 
     # -- data ------------------------------------------------------------------------------
-    cache_dir = default_cache_dir(config)
+    cache_dir = config.cache_path
     if env.is_main:
         dataset = load_training_set(Path(config.data.train), cache_dir)
     distributed.barrier()

@@ -16,7 +16,6 @@ from dpr_cache.distributed import DistEnv
 from dpr_cache.errors import InputError
 from dpr_cache.model import BiEncoder
 from dpr_cache.steppers import make_loss_fn, make_stepper, wrap_towers
-from dpr_cache.train import default_cache_dir
 
 __all__ = ["verify"]
 
@@ -31,7 +30,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     if not config.data.train:
         raise InputError("data.train: no training file given")
     chunk = 8 if cfg.chunk_size == "auto" else int(cfg.chunk_size)
-    dataset = load_training_set(Path(config.data.train), default_cache_dir(config))
+    dataset = load_training_set(Path(config.data.train), config.cache_path)
     batches = TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=str(config.data.train))
     model = BiEncoder.from_pretrained(
         config.model.name_or_path,

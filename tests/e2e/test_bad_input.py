@@ -1,0 +1,83 @@
+"""Bad input: one `error: ...` line on stderr naming the file, line or key; exit 2; no traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.cli_runner import run_cli, toy_overrides
+
+
+def expect_error(proc, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def bad_train_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    good = {"question": "q?", "answers": ["a"], "positive_ctxs": [{"title": "t", "text": "a"}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n{not json\n")
+    return path
+
+
+def train(tmp_path, *sets: str):
+    args = toy_overrides(tmp_path)
+    for item in sets:
+        args += ["--set", item]
+    return run_cli("train", "--config", "configs/toy.yaml", *args, "-q", check=False)
+
+
+def test_missing_config_file(tmp_path):
+    proc = run_cli("train", "--config", str(tmp_path / "nope.yaml"), check=False)
+    expect_error(proc, "nope.yaml", "no such config file")
+
+
+def test_unknown_key(tmp_path):
+    expect_error(train(tmp_path, "train.lrr=1"), "configs/toy.yaml", "unknown key 'train.lrr'")
+
+
+def test_mistyped_and_negative_values(tmp_path):
+    expect_error(train(tmp_path, "train.batch_size=many"), "train.batch_size")
+    expect_error(train(tmp_path, "train.lr=-1"), "train.lr", "greater than 0")
+
+
+def test_missing_training_file(tmp_path):
+    expect_error(train(tmp_path, f"data.train={tmp_path / 'absent.jsonl'}"), "absent.jsonl")
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path, bad_train_file):
+    expect_error(train(tmp_path, f"data.train={bad_train_file}"), "train.jsonl", "line 3")
+
+
+def test_batch_larger_than_the_data(tmp_path):
+    expect_error(train(tmp_path, "train.batch_size=4096"), "train.batch_size", "4096")
+
+
+def test_eval_before_index(tmp_path):
+    args = toy_overrides(tmp_path)
+    proc = run_cli("eval", "--config", "configs/toy.yaml", *args, "--model", "data/toy/tiny-bert",
+                   check=False)  # fmt: skip
+    expect_error(proc, "dpr-cache index")
+
+
+def test_index_without_a_model(tmp_path):
+    proc = run_cli("index", "--config", "configs/toy.yaml", *toy_overrides(tmp_path), check=False)
+    expect_error(proc, "model")
+
+
+def test_missing_passages_file_keeps_what_was_written(tmp_path):
+    args = toy_overrides(tmp_path, **{"train.max_steps": 2})
+    run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
+    model = tmp_path / "run" / "model" / "query_encoder" / "model.safetensors"
+    before = model.read_bytes()
+    proc = run_cli("index", "--config", "configs/toy.yaml", *args, "--set",
+                   f"data.passages={tmp_path / 'gone.tsv'}", check=False)  # fmt: skip
+    expect_error(proc, "gone.tsv")
+    assert model.read_bytes() == before
