@@ -27,10 +27,11 @@ from tqdm.auto import tqdm
 
 from dpr_cache import distributed
 from dpr_cache.config import Config, save_config
-from dpr_cache.data import TrainBatches, build_batch, load_training_set
+from dpr_cache.data import TrainBatches, load_training_set
 from dpr_cache.distributed import DistEnv
 from dpr_cache.errors import InputError
 from dpr_cache.model import BiEncoder
+from dpr_cache.recipe import load_model, step_batch
 from dpr_cache.steppers import make_loss_fn, make_stepper, wrap_towers
 
 __all__ = ["train", "Interrupted", "peak_memory_bytes"]
@@ -93,16 +94,8 @@ def _train(config: Config, env: DistEnv, *, resume: bool, progress: bool) -> Pat
     total_steps = cfg.max_steps or batches.steps_per_epoch * cfg.epochs
 
     # -- model, optimizer, schedule, precision -------------------------------------------------
-    model = BiEncoder.from_pretrained(
-        config.model.name_or_path,
-        shared=config.model.shared,
-        pooling=config.model.pooling,
-        gradient_checkpointing=config.model.gradient_checkpointing,
-        dropout=config.model.dropout,
-    ).to(env.device)
+    model = load_model(config).to(env.device)
     model.train()
-    if model.tokenizer is None:
-        raise InputError(f"model.name_or_path: no tokenizer files in {config.model.name_or_path}")
     optimizer = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps
     )
@@ -155,17 +148,14 @@ def _train(config: Config, env: DistEnv, *, resume: bool, progress: bool) -> Pat
     with stop.installed(), open(log_path, "a") if env.is_main else contextlib.nullcontext() as log:
         for step in range(start_step, total_steps):
             started = time.perf_counter()
-            indices = TrainBatches.rank_slice(batches.batch_indices(step), env.rank, env.world_size)
-            batch = build_batch(
-                [dataset[i] for i in indices],
-                tokenizer=model.tokenizer,
-                hard_negatives=cfg.hard_negatives,
-                max_query_length=config.model.max_query_length,
-                max_passage_length=config.model.max_passage_length,
-                seed=cfg.seed,
-                step=step,
-                pool_for_padding=dataset,
-                indices=indices,
+            batch = step_batch(
+                config,
+                dataset,
+                batches,
+                model.tokenizer,
+                step,
+                rank=env.rank,
+                world_size=env.world_size,
             ).to(env.device)
             optimizer.zero_grad(set_to_none=True)
             with autocast:

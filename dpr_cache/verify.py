@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 
 from dpr_cache.config import Config
-from dpr_cache.data import TrainBatches, build_batch, load_training_set
+from dpr_cache.data import TrainBatches, load_training_set
 from dpr_cache.distributed import DistEnv
 from dpr_cache.errors import InputError
-from dpr_cache.model import BiEncoder
+from dpr_cache.recipe import load_model, step_batch
 from dpr_cache.steppers import make_loss_fn, make_stepper, wrap_towers
 
 __all__ = ["verify"]
@@ -32,28 +32,11 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     chunk = 8 if cfg.chunk_size == "auto" else int(cfg.chunk_size)
     dataset = load_training_set(Path(config.data.train), config.cache_path)
     batches = TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=str(config.data.train))
-    model = BiEncoder.from_pretrained(
-        config.model.name_or_path,
-        shared=config.model.shared,
-        pooling=config.model.pooling,
-        gradient_checkpointing=config.model.gradient_checkpointing,
-        dropout=0.0,
-    )
+    model = load_model(config, dropout=0.0)
     if double:
         model = model.double()
     model.train()
-    indices = batches.batch_indices(step)
-    batch = build_batch(
-        [dataset[i] for i in indices],
-        tokenizer=model.tokenizer,
-        hard_negatives=cfg.hard_negatives,
-        max_query_length=config.model.max_query_length,
-        max_passage_length=config.model.max_passage_length,
-        seed=cfg.seed,
-        step=step,
-        pool_for_padding=dataset,
-        indices=indices,
-    )
+    batch = step_batch(config, dataset, batches, model.tokenizer, step)
     towers = wrap_towers(model, DistEnv())
     loss_fn = make_loss_fn(
         temperature=cfg.temperature, tile_size=cfg.loss_tile_size, group_size=batch.group_size
