@@ -110,7 +110,8 @@ def _train(config: Config, env: DistEnv, *, resume: bool, progress: bool) -> Pat
         else contextlib.nullcontext()
     )
     chunk_size = _resolve_chunk_size(config, model, env)
-    towers = wrap_towers(model, env)
+    towers = wrap_towers(model, env)  # DDP broadcasts rank 0's weights
+    torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout stream (rank 0 = 1 process)
     group_size = 1 + cfg.hard_negatives
     loss_fn = make_loss_fn(
         temperature=cfg.temperature, tile_size=cfg.loss_tile_size, group_size=group_size, env=env
