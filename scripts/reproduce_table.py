@@ -1,0 +1,194 @@
+"""The SQuAD batch-size study as a markdown table and a plot, from scripts/reproduce_squad.sh runs.
+
+Reads ``RUNS/*/run.json``, ``eval/metrics.json`` and ``train_log.jsonl``; one row per model and
+setting with the mean ± standard deviation over seeds; peak memory is the largest
+``peak_memory_bytes`` of the train log (peak RSS on CPU), time the sum of its step seconds.
+
+    .venv/bin/python scripts/reproduce_table.py [--runs runs/reproduce]
+        [--md docs/reproduce_squad.md] [--png docs/reproduce_squad.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+KS = (1, 5, 20, 100)
+# BM25 on the dev split: ../shared/data/squad1.1-dev/README.md (k1=0.9, b=0.4, title + text).
+BM25 = {"top1": 82.0, "top5": 94.1, "top20": 97.5, "top100": 99.5}
+MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "reinit": "MiniLM, layers re-initialised"}
+
+
+def _read_log(path: Path) -> dict[str, Any]:
+    """Peak memory, summed step seconds and step count of a train_log.jsonl (empty if none)."""
+    if not path.is_file():
+        return {}
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        return {}
+    return {
+        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in lines),
+        "train_seconds": sum(r["seconds"] for r in lines),
+        "steps": lines[-1]["step"],
+    }
+
+
+def collect(runs: Path) -> list[dict[str, Any]]:
+    """One record per finished run (run.json and eval/metrics.json present)."""
+    records = []
+    for run_json in sorted(runs.glob("*/run.json")):
+        metrics = run_json.parent / "eval" / "metrics.json"
+        if not metrics.is_file():
+            continue
+        record = json.loads(run_json.read_text())
+        record.update(json.loads(metrics.read_text()))
+        record.update(_read_log(run_json.parent / "train_log.jsonl"))
+        record["dir"] = run_json.parent.name
+        records.append(record)
+    return records
+
+
+def _order(key: tuple[str, str, int]) -> tuple:
+    model, setting, batch = key
+    models = list(MODEL_NAMES)
+    return (
+        models.index(model) if model in models else len(models),
+        model,
+        setting != "off-the-shelf",
+        batch,
+        setting,
+    )
+
+
+def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and standard deviation over seeds per (model, setting)."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["model"], r["setting"], r["batch_size"]), []).append(r)
+    rows = []
+    for key in sorted(groups, key=_order):
+        runs = groups[key]
+        row: dict[str, Any] = {"model": key[0], "setting": key[1], "batch_size": key[2]}
+        row["seeds"] = sorted(r["seed"] for r in runs)
+        for name in [f"top{k}" for k in KS] + ["peak_memory_bytes", "train_seconds", "steps"]:
+            values = [r[name] for r in runs if r.get(name) is not None]
+            row[name] = statistics.mean(values) if values else None
+            row[name + "_sd"] = statistics.stdev(values) if len(values) > 1 else None
+        rows.append(row)
+    return rows
+
+
+def _cell(row: dict[str, Any], name: str, scale: float = 1.0, digits: int = 1) -> str:
+    if row.get(name) is None:
+        return "–"
+    text = f"{row[name] / scale:.{digits}f}"
+    if row.get(name + "_sd") is not None:
+        text += f" ± {row[name + '_sd'] / scale:.{digits}f}"
+    return text
+
+
+def markdown(rows: list[dict[str, Any]], records: list[dict[str, Any]], png: str) -> str:
+    """The results page: settings, table, plot."""
+    first = next((r for r in records if r["setting"] != "off-the-shelf"), {})
+    lines = ["# SQuAD batch-size study: full batch vs GradCache", ""]
+    if any(r.get("dry_run") for r in records):
+        lines += ["**Dry run** (toy data, tiny BERT, 2 steps a run): the numbers mean nothing.", ""]
+    lines += [
+        "Written by `scripts/reproduce_table.py` from the runs of `scripts/reproduce_squad.sh`"
+        " (method: [reproduce_squad_method.md](reproduce_squad_method.md)).",
+        f"Training: {first.get('epochs', '?')} epochs, lr {first.get('lr', '?')} for every batch"
+        f" size, linear warmup over the first {first.get('warmup_pct', '?')}% of each run's steps"
+        " then linear decay, 1 BM25 hard negative, GradCache chunk"
+        f" {first.get('chunk_size', '?')}. {records[0].get('n_questions', '?')} dev questions."
+        " Cells: mean ± standard deviation over seeds; peak RSS is the trainer's peak resident"
+        " memory (CPU); train time sums the logged step times (no start-up).",
+        "",
+        "| model | setting | seeds | top-1 | top-5 | top-20 | top-100 | peak RSS (GB) "
+        "| train time (min) | steps |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| BM25 (shared README) | – | – | "
+        + " | ".join(f"{BM25[f'top{k}']:.1f}" for k in KS)
+        + " | – | – | – |",
+    ]
+    for row in rows:
+        seeds = ",".join(str(s) for s in row["seeds"]) if row["setting"] != "off-the-shelf" else "–"
+        cells = [MODEL_NAMES.get(row["model"], row["model"]), row["setting"], seeds]
+        cells += [_cell(row, f"top{k}") for k in KS]
+        cells += [
+            _cell(row, "peak_memory_bytes", 1e9, 2),
+            _cell(row, "train_seconds", 60.0),
+            _cell(row, "steps", digits=0),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"![top-20 and top-5 against the (simulated) batch size]({png})", ""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Top-20 and top-5 against the (simulated) batch size, a line per model, BM25 for scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    for ax, k in zip(axes, (20, 5), strict=True):
+        key = f"top{k}"
+        ax.axhline(BM25[key], color="black", linestyle="--", linewidth=1, label="BM25")
+        for i, model in enumerate(models):
+            color = colors[i % len(colors)]
+            name = MODEL_NAMES.get(model, model)
+            trained = [r for r in rows if r["model"] == model and r["setting"] != "off-the-shelf"]
+            trained.sort(key=lambda r: r["batch_size"])
+            if trained:
+                ax.errorbar(
+                    [r["batch_size"] for r in trained],
+                    [r[key] for r in trained],
+                    yerr=[r[key + "_sd"] or 0.0 for r in trained],
+                    marker="o",
+                    capsize=3,
+                    color=color,
+                    label=name,
+                )
+            for r in rows:
+                if r["model"] == model and r["setting"] == "off-the-shelf":
+                    ax.axhline(r[key], color=color, linestyle=":", linewidth=1,
+                               label=f"{name}, off the shelf")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        batches = sorted({r["batch_size"] for r in rows if r["setting"] != "off-the-shelf"})
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_xlabel("batch size (8: full batch; larger: GradCache, chunk 8)")
+        ax.set_ylabel(f"top-{k} hit rate (%)")
+        ax.set_title(f"SQuAD dev, top-{k}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="best")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=Path("runs/reproduce"))
+    parser.add_argument("--md", type=Path, default=Path("docs/reproduce_squad.md"))
+    parser.add_argument("--png", type=Path, default=Path("docs/reproduce_squad.png"))
+    args = parser.parse_args()
+    records = collect(args.runs)
+    if not records:
+        raise SystemExit(f"error: no finished runs under {args.runs}")
+    rows = group(records)
+    plot(rows, args.png)
+    png = args.png.name if args.png.parent == args.md.parent else str(args.png)
+    args.md.parent.mkdir(parents=True, exist_ok=True)
+    args.md.write_text(markdown(rows, records, png))
+    print(f"{len(records)} runs -> {args.md}, {args.png}")
+
+
+if __name__ == "__main__":
+    main()
