@@ -26,6 +26,7 @@ __all__ = ["BenchPlan", "plan_points", "run_bench", "machine_info"]
 
 POINTS_FILE = "points.jsonl"
 LOSS_FILE = "loss.jsonl"
+INDEX_FILE = "index.json"
 
 
 @dataclass
@@ -143,6 +144,7 @@ def machine_info(device: str, threads: int | None) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -185,6 +187,26 @@ def _loss_sweep(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], 
     return rows
 
 
+def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]):
+    """Sorted versus padded corpus encoding in a fresh process (reused if the same args)."""
+    args = dict(
+        model=plan.model, passages=plan.index_passages, pooling=plan.pooling,
+        max_length=plan.index_max_length, batch_size=plan.index_batch_size,
+        limit=plan.index_limit, threads=plan.threads,
+    )  # fmt: skip
+    if reuse and path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("args") == args:
+            return saved["result"]
+    index = _run_child("dpr_cache.bench_index", args)
+    if "error" in index:
+        echo(f"index: {index['error']}")
+        return None
+    path.write_text(json.dumps({"args": args, "result": index}, indent=2) + "\n")
+    echo(f"index: padded {index['padded_s']:.1f} s, sorted {index['sorted_s']:.1f} s")
+    return index
+
+
 def run_bench(
     plan: BenchPlan,
     out_dir: str | Path,
@@ -199,6 +221,7 @@ def run_bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
+    load_at_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     points_file = out / POINTS_FILE
     done = _load_done(points_file) if reuse else {}
     if not reuse:
@@ -217,22 +240,9 @@ def run_bench(
         )
         echo(f"{spec.mode:>16} B={spec.batch:<6} {figures}")
     loss = _loss_sweep(plan, out / LOSS_FILE, reuse, echo)
-    index = None
-    if plan.index_passages:
-        index = _run_child(
-            "dpr_cache.bench_index",
-            dict(
-                model=plan.model, passages=plan.index_passages, pooling=plan.pooling,
-                max_length=plan.index_max_length, batch_size=plan.index_batch_size,
-                limit=plan.index_limit, threads=plan.threads,
-            ),
-        )  # fmt: skip
-        if "error" in index:
-            echo(f"index: {index['error']}")
-            index = None
-        else:
-            echo(f"index: padded {index['padded_s']:.1f} s, sorted {index['sorted_s']:.1f} s")
+    index = _index_run(plan, out / INDEX_FILE, reuse, echo) if plan.index_passages else None
     result = {
+        "load_average_at_start": load_at_start,
         "started": started,
         "seconds": time.perf_counter() - t0,
         "command": command,

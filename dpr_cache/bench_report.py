@@ -111,6 +111,10 @@ def _targets_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _load(values) -> str:
+    return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
+
+
 def markdown(result: dict) -> str:
     """bench.md: machine, command, targets, the step sweep, the loss sweep, the index run."""
     from dpr_cache.bench_loss import sweep_table
@@ -121,7 +125,8 @@ def markdown(result: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM, torch {m['torch']} "
         f"({m['threads']} threads), {m['device']}. Started {result['started']}, "
-        f"{result['seconds'] / 60:.0f} min.",
+        f"{result['seconds'] / 60:.0f} min; load average (1, 5, 15 min) at start "
+        f"{_load(result.get('load_average_at_start'))}, at end {_load(m.get('load_average'))}.",
         "",
         f"Command: `{result['command']}`",
         "",

@@ -4,11 +4,18 @@ The algorithm's steps are the engine's methods:
 
 1. :meth:`GradCache.split` cuts each inputs dict into chunks;
 2. :meth:`GradCache.forward_no_grad` encodes every chunk without a graph, recording the RNG
-   state (CPU and each CUDA device in use) before each chunk;
+   state (CPU and each CUDA device in use) before each chunk (:meth:`GradCache.forward_last`
+   encodes the last chunk of each tower with its graph instead, when it is kept);
 3. :meth:`GradCache.build_cache` computes the loss on the detached representations and
    ``g = dloss/dreps`` (kept in fp32, or fp64 for fp64 reps);
 4. :meth:`GradCache.forward_backward` re-encodes each chunk with a graph under the replayed RNG
    state and backpropagates the surrogate ``sum(reps * g_chunk)``.
+
+Two savings keep the overhead near one extra graph-less forward of all chunks but the last: the
+last chunk of each tower is encoded with its graph in step 2 and backpropagated first in step 4
+(no re-forward; peak memory stays one question chunk plus one passage chunk), and each chunk is
+cut to its longest row (trailing columns that no row attends to are dropped), so a chunk of short
+rows is not encoded at the batch's padded width.
 
 The parameter gradients then equal those of one backward over the whole batch. The engine fills
 ``.grad`` and stops: optimizer, clipping and schedules belong to the caller.
@@ -23,7 +30,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["GradCache", "RngState", "split_inputs", "batch_rows"]
+__all__ = ["GradCache", "RngState", "split_inputs", "batch_rows", "trim_padding"]
+
+RELEASE_EVERY = 8
+"""Chunks encoded between two calls of ``release_memory`` (each call costs page faults)."""
 
 Inputs = Mapping[str, Tensor]
 Encoder = Callable[[Inputs], Tensor]
@@ -50,6 +60,26 @@ def split_inputs(inputs: Inputs, chunk_size: int) -> list[dict[str, Tensor]]:
     pieces = {key: t.split(chunk_size) for key, t in inputs.items()}
     n = len(next(iter(pieces.values())))
     return [{key: parts[i] for key, parts in pieces.items()} for i in range(n)]
+
+
+def trim_padding(chunk: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Drop trailing sequence columns that no row attends to (``attention_mask`` all zero).
+
+    Every 2-D-or-more tensor whose dim 1 has the mask's width is cut the same way; a chunk
+    without an ``attention_mask`` is returned unchanged. Exact for right-padded encoders: the
+    dropped positions are masked out of attention and pooling.
+    """
+    mask = chunk.get("attention_mask")
+    if mask is None or mask.dim() != 2 or mask.shape[1] < 2:
+        return chunk
+    width = mask.shape[1]
+    used = torch.nonzero(mask.any(dim=0))
+    keep = int(used[-1]) + 1 if used.numel() else 1
+    if keep == width:
+        return chunk
+    return {
+        key: t[:, :keep] if t.dim() >= 2 and t.shape[1] == width else t for key, t in chunk.items()
+    }
 
 
 def _cuda_devices(inputs: Inputs) -> list[int]:
@@ -86,7 +116,7 @@ class _Tower:
 
     encode: Encoder
     chunks: list[dict[str, Tensor]]
-    reps: list[Tensor] | None = None  # detached, one per chunk, [chunk, d]
+    reps: Tensor | None = None  # detached reps of every chunk, [rows, d], one buffer
     rng: list[RngState] | None = None
     last_reps: Tensor | None = None  # the last chunk's reps with their graph, if kept
     grads: list[Tensor] | None = None  # dloss/dreps per chunk, fp32 (fp64 for fp64 reps)
@@ -111,6 +141,12 @@ class GradCache:
             the synced backward right after its forward).
         replay_rng: replay each chunk's RNG state in the re-forward (turn off only to show
             what breaks without it).
+        trim_padding: cut each chunk to its longest row (see :func:`trim_padding`); turn off
+            for an encoder whose output depends on trailing padded positions.
+        release_memory: called after at least ``RELEASE_EVERY`` graph-less chunks, before
+            any graph is built, and every ``RELEASE_EVERY`` re-forwarded chunks (e.g.
+            :func:`dpr_cache.cpu_memory.trim`, which the trainer passes), so freed buffers of
+            earlier chunks do not count in the step's peak resident memory.
     """
 
     def __init__(
@@ -125,6 +161,8 @@ class GradCache:
         no_sync: SyncContext | tuple[SyncContext, SyncContext] | None = None,
         keep_last_graph: bool = True,
         replay_rng: bool = True,
+        trim_padding: bool = True,
+        release_memory: Callable[[], object] | None = None,
     ) -> None:
         for name, size in (("chunk_size", chunk_size), ("p_chunk_size", p_chunk_size)):
             if size is not None and (not isinstance(size, int) or size < 1):
@@ -136,6 +174,8 @@ class GradCache:
         self.no_sync = no_sync
         self.keep_last_graph = keep_last_graph and no_sync is None
         self.replay_rng = replay_rng
+        self.trim_padding = trim_padding
+        self.release_memory = release_memory
 
     # -- the algorithm's steps -------------------------------------------------------------
 
@@ -148,23 +188,31 @@ class GradCache:
                 f"passage rows ({n_p}) must be a multiple of question rows ({n_q}): "
                 "each question brings its positive and the same number of hard negatives"
             )
-        return (
-            _Tower(self.encode_q, split_inputs(q_inputs, self.q_chunk_size)),
-            _Tower(self.encode_p, split_inputs(p_inputs, self.p_chunk_size)),
-        )
+        q_chunks = split_inputs(q_inputs, self.q_chunk_size)
+        p_chunks = split_inputs(p_inputs, self.p_chunk_size)
+        if self.trim_padding:
+            q_chunks = [trim_padding(c) for c in q_chunks]
+            p_chunks = [trim_padding(c) for c in p_chunks]
+        return _Tower(self.encode_q, q_chunks), _Tower(self.encode_p, p_chunks)
 
     def forward_no_grad(self, tower: _Tower) -> None:
-        """Encode every chunk without a graph (the last one with it, if kept); record RNG."""
-        tower.reps, tower.rng = [], []
-        last = len(tower.chunks) - 1
-        for i, chunk in enumerate(tower.chunks):
+        """Encode every chunk (all but the last if kept) without a graph; record RNG states."""
+        tower.reps, tower.rng = None, []
+        n = len(tower.chunks) - (1 if self.keep_last_graph else 0)
+        for i, chunk in enumerate(tower.chunks[:n]):
             tower.rng.append(RngState.capture(_cuda_devices(chunk)))
-            if i == last and self.keep_last_graph:
-                tower.last_reps = tower.encode(chunk)
-                tower.reps.append(tower.last_reps.detach())
-            else:
-                with torch.no_grad():
-                    tower.reps.append(tower.encode(chunk))
+            with torch.no_grad():
+                _store(tower, i, tower.encode(chunk))
+
+    def forward_last(self, tower: _Tower) -> None:
+        """Encode the last chunk with its graph (``keep_last_graph``). Called once both towers'
+        graph-less chunks are done, so the kept graphs are allocated after the short-lived
+        buffers of those chunks (less allocator fragmentation on CPU)."""
+        chunk = tower.chunks[-1]
+        tower.rng.append(RngState.capture(_cuda_devices(chunk)))
+        tower.last_reps = tower.encode(chunk)
+        with torch.no_grad():
+            _store(tower, len(tower.chunks) - 1, tower.last_reps.detach())
 
     def build_cache(self, q: _Tower, p: _Tower, **loss_kwargs) -> Tensor:
         """Loss on the detached reps and its gradient per chunk; raises on a non-finite loss."""
@@ -179,13 +227,17 @@ class GradCache:
                     f"non-finite loss ({loss.item()}); no gradient was written"
                 )
             q_grad, p_grad = torch.autograd.grad(loss, [q_all, p_all], allow_unused=True)
-        q.grads = _split_like(q_grad, q_all, q.reps)
-        p.grads = _split_like(p_grad, p_all, p.reps)
+        q.grads = _split_like(q_grad, q_all, q.chunks)
+        p.grads = _split_like(p_grad, p_all, p.chunks)
         return loss.detach()
 
     def forward_backward(self, q: _Tower, p: _Tower) -> None:
         """Re-encode each chunk with a graph under its RNG state; backprop the surrogate."""
         keep = self.keep_last_graph
+        if keep:  # the kept graphs go first: afterwards one chunk's graph at most is alive
+            self._backward(sum(_surrogate(t.last_reps, t.grads[-1]) for t in (q, p)))
+            for t in (q, p):
+                t.last_reps = None
         pieces = [
             (tower, i)
             for tower in (q, p)
@@ -193,15 +245,13 @@ class GradCache:
             if not (keep and i == len(tower.chunks) - 1)
         ]
         for n, (tower, i) in enumerate(pieces):
+            if self.release_memory is not None and n and n % RELEASE_EVERY == 0:
+                self.release_memory()  # heap slack creeps up over many chunks
             with self._sync_context(tower is q, i == len(tower.chunks) - 1, n == len(pieces) - 1):
                 replay = tower.rng[i].replay() if self.replay_rng else contextlib.nullcontext()
                 with replay:
                     reps = tower.encode(tower.chunks[i])
                 self._backward(_surrogate(reps, tower.grads[i]))
-        if keep:
-            self._backward(sum(_surrogate(t.last_reps, t.grads[-1]) for t in (q, p)))
-            for t in (q, p):
-                t.last_reps = None
 
     def step(self, q_inputs: Inputs, p_inputs: Inputs, **loss_kwargs) -> Tensor:
         """Accumulate the exact full-batch gradient into ``.grad``; return the detached loss."""
@@ -209,6 +259,12 @@ class GradCache:
         try:
             self.forward_no_grad(q)
             self.forward_no_grad(p)
+            graph_less = sum(len(t.chunks) - (1 if self.keep_last_graph else 0) for t in (q, p))
+            if self.release_memory is not None and graph_less >= RELEASE_EVERY:
+                self.release_memory()  # worth its page faults only after many chunks
+            if self.keep_last_graph:
+                self.forward_last(q)
+                self.forward_last(p)
             loss = self.build_cache(q, p, **loss_kwargs)
             self.forward_backward(q, p)
         finally:
@@ -235,18 +291,31 @@ class GradCache:
         surrogate.backward()
 
 
-def _cache_leaf(reps: list[Tensor]) -> Tensor:
-    """Concatenate chunk reps into a leaf in fp32 (fp64 stays fp64) that records its grad."""
-    joined = torch.cat(reps)
+def _store(tower: _Tower, index: int, reps: Tensor) -> None:
+    """Copy chunk ``index``'s reps into the tower's buffer, allocated at the first chunk.
+
+    One buffer instead of a small tensor per chunk: no long-lived allocation lands between
+    the chunks' short-lived activations (which fragments the CPU heap and grows the peak
+    resident memory with the number of chunks), and no concatenation afterwards.
+    """
+    if tower.reps is None:
+        rows = sum(batch_rows(c) for c in tower.chunks)
+        tower.reps = reps.new_empty((rows, *reps.shape[1:]))
+    start = sum(batch_rows(c) for c in tower.chunks[:index])
+    tower.reps[start : start + reps.shape[0]].copy_(reps)
+
+
+def _cache_leaf(joined: Tensor) -> Tensor:
+    """The tower's reps as a leaf in fp32 (fp64 stays fp64) that records its grad."""
     if joined.dtype in (torch.float16, torch.bfloat16):
         joined = joined.float()
     return joined.detach().requires_grad_(True)
 
 
-def _split_like(grad: Tensor | None, joined: Tensor, reps: list[Tensor]) -> list[Tensor]:
+def _split_like(grad: Tensor | None, joined: Tensor, chunks: list[Inputs]) -> list[Tensor]:
     if grad is None:
         grad = torch.zeros_like(joined)
-    return list(grad.split([r.shape[0] for r in reps]))
+    return list(grad.split([batch_rows(c) for c in chunks]))
 
 
 def _surrogate(reps: Tensor, grad: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dpr_cache import cpu_memory
 from dpr_cache.accumulate import Accumulate, FullBatch
 from dpr_cache.distributed import DistEnv, gather_no_grad, gather_with_grad
 from dpr_cache.engine import GradCache
@@ -109,6 +110,7 @@ def make_stepper(
             scaler=scaler,
             no_sync=towers.no_sync,
             keep_last_graph=keep_last_graph,
+            release_memory=cpu_memory.trim,
         )
     if mode == "full":
         return FullBatch(towers.encode_q, towers.encode_p, loss_fn, scaler=scaler)

@@ -1,0 +1,34 @@
+"""Hand freed heap memory back to the operating system (glibc's ``malloc_trim``).
+
+On CPU, glibc keeps the pages of freed tensors that sit below live ones; GradCache's graph-less
+first pass frees many such buffers just before the kept graphs are built, so without a trim its
+peak resident memory carries that slack (about 10% on a 2-core run of all-MiniLM-L6-v2). A no-op
+where glibc is not the allocator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+
+__all__ = ["trim"]
+
+
+@functools.cache
+def _malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def trim() -> bool:
+    """Release free heap pages; True if glibc's ``malloc_trim`` ran."""
+    fn = _malloc_trim()
+    if fn is None:
+        return False
+    fn(0)
+    return True
