@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from dpr_cache.config import Config
+from dpr_cache.cpu_memory import peak_rss_bytes
 from dpr_cache.distributed import DistEnv
 from dpr_cache.errors import InputError
 from dpr_cache.model import BiEncoder
@@ -209,15 +210,11 @@ def pick_chunk_size(
 
 def main(argv: list[str] | None = None) -> None:
     """Child of the CPU probe: one chunk step, then ``{"peak_bytes": ...}`` on stdout."""
-    import resource
 
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
+    from dpr_cache.offline import offline_and_quiet
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    offline_and_quiet()
     payload = json.loads(argv[0])
     if payload.get("threads"):
         torch.set_num_threads(payload["threads"])
@@ -229,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         dropout=payload["dropout"],
     ).train()
     _chunk_step(model, payload, torch.device("cpu"))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     print(json.dumps({"peak_bytes": peak}), flush=True)
 
 

@@ -9,7 +9,6 @@ the same passages, model and batch size, in one process after a one-batch warm-u
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -66,12 +65,9 @@ def run_index_bench(
 def main(argv: list[str] | None = None) -> None:
     """Run with the keyword arguments given as a JSON object; print one JSON line."""
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
+    from dpr_cache.offline import offline_and_quiet
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    offline_and_quiet()
     kwargs = json.loads(argv[0])
     print(json.dumps(run_index_bench(**kwargs)), flush=True)
 

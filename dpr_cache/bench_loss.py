@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dpr_cache.cpu_memory import peak_rss_bytes, rss_bytes
+
 __all__ = ["DEFAULT_TILE", "SWEEP_BATCHES", "measure_loss_memory", "sweep", "sweep_table"]
 
 DEFAULT_TILE = 4096
@@ -28,22 +30,6 @@ DIRECT_MAX_BATCH = 16384
 """Largest batch the sweep runs untiled: B^2 fp32 scores and ~3 such temporaries fit in ~12 GB."""
 
 
-def _rss_now() -> int:
-    """Current resident set size in bytes (Linux ``/proc``); 0 where unavailable."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _peak_rss() -> int:
-    """Peak resident set size of this process in bytes (``ru_maxrss`` is KiB on Linux)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _run_child(batch: int, dim: int, tile: int | None, backward: bool, seed: int) -> dict:
     """Measure one loss in this process; meant to run in a fresh interpreter."""
     import time
@@ -52,12 +38,12 @@ def _run_child(batch: int, dim: int, tile: int | None, backward: bool, seed: int
 
     from dpr_cache.loss import contrastive_loss
 
-    rss_import, peak_import = _rss_now(), _peak_rss()
+    rss_import, peak_import = rss_bytes(), peak_rss_bytes()
     gen = torch.Generator().manual_seed(seed)
     scale = dim**-0.25  # scores q.p of unit-order spread, as with trained encoders
     q = torch.randn(batch, dim, generator=gen).mul_(scale).requires_grad_()
     p = torch.randn(batch, dim, generator=gen).mul_(scale).requires_grad_()
-    rss_inputs, peak_inputs = _rss_now(), _peak_rss()
+    rss_inputs, peak_inputs = rss_bytes(), peak_rss_bytes()
 
     t0, c0 = time.perf_counter(), time.process_time()
     loss = contrastive_loss(q, p, tile_size=tile)
@@ -67,7 +53,7 @@ def _run_child(batch: int, dim: int, tile: int | None, backward: bool, seed: int
         loss.backward()
         backward_s, backward_cpu_s = time.perf_counter() - t1, time.process_time() - c1
     forward_s = t1 - t0
-    peak = _peak_rss()
+    peak = peak_rss_bytes()
     baseline = rss_inputs or peak_inputs  # current RSS where /proc has it: conservative
     total_s = forward_s + (backward_s or 0.0)
     return {

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
+
+from dpr_cache.cpu_memory import peak_rss_bytes, rss_bytes
 
 __all__ = ["PointSpec", "MODES", "run_point"]
 
@@ -82,17 +83,7 @@ def _stepper(spec: PointSpec, model):
 def _peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _rss_now() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    return peak_rss_bytes()
 
 
 def run_point(spec: PointSpec) -> dict:
@@ -118,7 +109,7 @@ def run_point(spec: PointSpec) -> dict:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    ready_rss, ready_peak = _rss_now(), _peak_bytes(device)
+    ready_rss, ready_peak = rss_bytes(), _peak_bytes(device)
     times, losses = [], []
     for _ in range(spec.warmup + spec.repeats):
         model.zero_grad(set_to_none=True)
@@ -151,12 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python -m dpr_cache.bench_point '<json PointSpec>'")
-    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"):
-        os.environ.setdefault(key, "false" if key == "TOKENIZERS_PARALLELISM" else "1")
-    import transformers
+    from dpr_cache.offline import offline_and_quiet
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    offline_and_quiet()
     spec = PointSpec(**json.loads(argv[0]))
     print(json.dumps(run_point(spec)), flush=True)
 

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from dpr_cache.errors import InputError
+from dpr_cache.offline import offline_and_quiet
 
 app = typer.Typer(
     add_completion=False,
@@ -35,17 +36,6 @@ ModelOpt = Annotated[
 ]
 
 
-def _offline() -> None:
-    """Nothing is fetched from a model hub at run time unless the user asks for it."""
-    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        os.environ.setdefault(key, "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
-
-    transformers.logging.set_verbosity_error()  # e.g. "unused pooler weights" on every load
-    transformers.logging.disable_progress_bar()
-
-
 def _fail(message: str, code: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
@@ -56,7 +46,7 @@ def guarded(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        _offline()
+        offline_and_quiet()
         from dpr_cache.train import Interrupted
 
         try:

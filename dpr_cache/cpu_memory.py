@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 
-__all__ = ["trim"]
+__all__ = ["trim", "rss_bytes", "peak_rss_bytes"]
 
 
 @functools.cache
@@ -32,3 +33,19 @@ def trim() -> bool:
         return False
     fn(0)
     return True
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (Linux ``/proc``); 0 where unavailable."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (``ru_maxrss``, KiB on Linux)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import random
-import resource
 import shutil
 import signal
 import time
@@ -27,6 +26,7 @@ from tqdm.auto import tqdm
 
 from dpr_cache import distributed
 from dpr_cache.config import Config, save_config
+from dpr_cache.cpu_memory import peak_rss_bytes
 from dpr_cache.data import TrainBatches, load_training_set
 from dpr_cache.distributed import DistEnv
 from dpr_cache.errors import InputError
@@ -51,7 +51,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated CUDA memory, or this process's peak resident set size on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return peak_rss_bytes()
 
 
 def train(config: Config, *, resume: bool = False, progress: bool = True) -> Path:
