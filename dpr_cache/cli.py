@@ -182,7 +182,9 @@ def bench(
         bool, typer.Option("--peers", help="Also st-cmnrl and gradcache-lib (bench extra).")
     ] = False,
     loss_sweep: Annotated[bool, typer.Option("--loss-sweep", help="Loss only sweep.")] = False,
-    loss_batches: Annotated[str, typer.Option(help="Loss sweep sizes.")] = "1024,4096,16384,65536",
+    loss_batches: Annotated[
+        str, typer.Option(help="Loss sweep sizes (a size RAM cannot hold is skipped).")
+    ] = "1024,4096,16384,65536,262144",
     loss_dim: Annotated[int, typer.Option(help="Loss sweep rep dim.")] = 768,
     loss_direct_max: Annotated[int, typer.Option(help="Largest untiled loss B.")] = 16384,
     index_sweep: Annotated[

@@ -13,7 +13,7 @@ import functools
 import os
 import sys
 
-__all__ = ["trim", "rss_bytes", "peak_rss_bytes"]
+__all__ = ["trim", "rss_bytes", "peak_rss_bytes", "available_bytes"]
 
 
 @functools.cache
@@ -49,3 +49,15 @@ def peak_rss_bytes() -> int:
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def available_bytes() -> int | None:
+    """Memory the kernel could give a new process now (``MemAvailable``); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -16,22 +16,19 @@ import torch
 from tqdm.auto import tqdm
 
 from dpr_cache.answers import has_answer, top_k_hits
+from dpr_cache.atomic import write_atomic, write_json_atomic
 from dpr_cache.config import Config
 from dpr_cache.data import encode_questions, load_passages, read_qas
-from dpr_cache.errors import InputError
-from dpr_cache.index import (
+from dpr_cache.encoding import (
     autocast_for,
-    configure_search,
-    index_dir_of,
     load_encoder,
-    load_index,
     model_fingerprint,
     resolve_device,
     resolve_model_dir,
-    search,
-    write_atomic,
-    write_json_atomic,
 )
+from dpr_cache.errors import InputError
+from dpr_cache.faiss_index import configure_search, load_index, search
+from dpr_cache.index import index_dir_of
 
 __all__ = ["evaluate", "format_metrics_table", "metrics_from_retrieval"]
 

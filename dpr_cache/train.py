@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from dpr_cache import distributed
+from dpr_cache.atomic import write_atomic
 from dpr_cache.config import Config, save_config
 from dpr_cache.cpu_memory import peak_rss_bytes
 from dpr_cache.data import TrainBatches, load_training_set
@@ -402,6 +403,4 @@ def _truncate_log(log_path: Path, step: int) -> None:
         for line in log_path.read_text().splitlines()
         if line.strip() and json.loads(line)["step"] <= step
     ]
-    tmp = log_path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, log_path)
+    write_atomic(log_path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))

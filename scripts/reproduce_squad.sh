@@ -7,7 +7,7 @@
 # and tests/unit/test_numbers_check.py rechecks every run's numbers.
 # Method and expected time: docs/reproduce_squad_method.md.
 #
-#   scripts/reproduce_squad.sh                # SEEDS=1, EPOCHS=2: the real runs, in runs/reproduce
+#   scripts/reproduce_squad.sh                # SEEDS=1, EPOCHS=1: the real runs, in runs/reproduce
 #   SEEDS="1 2 3" scripts/reproduce_squad.sh  # more seeds; finished runs skipped, cut ones resumed
 #   DRY_RUN=1 scripts/reproduce_squad.sh      # toy data, tiny BERT, 2 steps a run (a few minutes)
 #
@@ -19,7 +19,7 @@ BIN=${BIN:-.venv/bin/dpr-cache}
 PY=${PY:-.venv/bin/python}
 DRY_RUN=${DRY_RUN:-0}
 SEEDS=${SEEDS:-1}
-EPOCHS=${EPOCHS:-2}
+EPOCHS=${EPOCHS:-1}
 LR=${LR:-2e-5}            # fixed across batch sizes, as DPR and GradCache did
 WARMUP_PCT=${WARMUP_PCT:-10}  # warmup = this % of each run's own steps (same fraction of data)
 CHUNK=${CHUNK:-8}
@@ -109,7 +109,8 @@ trained() {  # model mode batch seed
   local sets=(--set "output_dir=$dir" --set "model.name_or_path=$path" --set "data.train=$TRAIN"
     --set "train.mode=$mode" --set "train.batch_size=$batch" --set "train.chunk_size=$CHUNK"
     --set "train.hard_negatives=1" --set "train.epochs=$EPOCHS" --set "train.lr=$LR"
-    --set "train.warmup_steps=$warmup" --set "train.seed=$seed")
+    --set "train.warmup_steps=$warmup" --set "train.seed=$seed"
+    --set "train.checkpoint_every=$(( batch >= 1024 ? 1 : 1024 / batch ))")  # every ~4 min
   if [[ ! -d $dir/model ]]; then
     [[ -d $dir/checkpoints ]] && resume=(--resume)
     run_timed "$BIN" train -c "$CFG" -q "${sets[@]}" "${DATA[@]}" "${EXTRA[@]}" "${resume[@]}"
