@@ -111,7 +111,7 @@ def test_peer_computes_our_loss_and_gradient(peer):
 
 
 def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
-    """"Where memory allows": a size whose estimate exceeds the free memory is skipped, not run."""
+    """ "Where memory allows": a size whose estimate exceeds the free memory is skipped, not run."""
     from dpr_cache import bench, bench_loss, cpu_memory
 
     ran = []
