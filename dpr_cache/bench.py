@@ -142,10 +142,14 @@ def _load_done(path: Path) -> dict[str, dict]:
     return done
 
 
-def _loss_sweep(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]) -> list:
-    """Direct (up to ``loss_direct_max``) and tiled loss per batch, each in a fresh process."""
-    from dpr_cache.bench_loss import estimated_peak_bytes, measure_loss_memory
-    from dpr_cache.cpu_memory import available_bytes
+def _loss_sweep(
+    plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]
+) -> tuple[list[dict], list[dict]]:
+    """Direct (up to ``loss_direct_max``) and tiled loss per batch, each in a fresh process.
+
+    Returns (rows, skipped): a point the machine's free memory cannot hold is not run but listed
+    in ``skipped`` with the reason."""
+    from dpr_cache.bench_loss import measure_loss_memory, memory_shortfall
 
     def key(batch: int, tile: int | None) -> tuple:
         return (batch, plan.loss_dim, tile)
@@ -157,23 +161,23 @@ def _loss_sweep(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], 
             done[key(row["batch"], row["tile"])] = row
     elif not reuse:
         path.write_text("")
-    rows = []
+    rows, skipped = [], []
     for b in sorted(plan.loss_batches):
         for tile in ([None] if b <= plan.loss_direct_max else []) + [plan.tile]:
+            mode = "direct" if tile is None else "tiled"
             row = done.get(key(b, tile))
             if row is None:
-                need, free = estimated_peak_bytes(b, plan.loss_dim, tile), available_bytes()
-                if free is not None and need > 0.8 * free:  # "where memory allows"
-                    echo(f"{'loss':>16} B={b:<6} skipped: needs ~{need / 1e9:.1f} GB, "
-                         f"{free / 1e9:.1f} GB available")  # fmt: skip
+                if why := memory_shortfall(b, plan.loss_dim, tile):  # "where memory allows"
+                    skipped.append({"batch": b, "dim": plan.loss_dim, "tile": tile, "why": why})
+                    echo(f"{'loss ' + mode:>16} B={b:<6} skipped: {why}")
                     continue
                 row = measure_loss_memory(b, plan.loss_dim, tile)
                 with path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
             rows.append(row)
-            echo(f"{'loss ' + row['mode']:>16} B={b:<6} {row['ns_per_score']:.3f} ns/score, "
+            echo(f"{'loss ' + mode:>16} B={b:<6} {row['ns_per_score']:.3f} ns/score, "
                  f"peak {row['peak_rss'] / 1e9:.2f} GB")  # fmt: skip
-    return rows
+    return rows, skipped
 
 
 def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]):
@@ -228,7 +232,7 @@ def run_bench(
             f"peak {row['peak_bytes'] / 1e9:.2f} GB"
         )
         echo(f"{spec.mode:>16} B={spec.batch:<6} {figures}")
-    loss = _loss_sweep(plan, out / LOSS_FILE, reuse, echo)
+    loss, loss_skipped = _loss_sweep(plan, out / LOSS_FILE, reuse, echo)
     index = _index_run(plan, out / INDEX_FILE, reuse, echo) if plan.index_passages else None
     result = {
         "load_average_at_start": load_at_start,
@@ -239,6 +243,7 @@ def run_bench(
         "plan": dataclasses.asdict(plan),
         "points": points,
         "loss": loss,
+        "loss_skipped": loss_skipped,
         "index": index,
     }
     result["targets"] = bench_report.targets(result)

@@ -1,6 +1,6 @@
 """Corpus encoding speed: length-sorted dynamic batches against fixed-order padded batches.
 
-Both variants run :func:`dpr_cache.index.encode_passage_texts` (the ``index`` command's code) on
+Both variants run :func:`dpr_cache.encoding.encode_passage_texts` (the ``index`` command's code) on
 the same passages, model and batch size, in one process after a one-batch warm-up::
 
     python -m dpr_cache.bench_index '{"model": "...", "passages": "data/squad/passages.tsv"}'

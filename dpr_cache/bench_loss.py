@@ -17,12 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpr_cache.cpu_memory import peak_rss_bytes, rss_bytes
+from dpr_cache.cpu_memory import available_bytes, peak_rss_bytes, rss_bytes
 
 __all__ = [
     "DEFAULT_TILE",
     "SWEEP_BATCHES",
     "estimated_peak_bytes",
+    "memory_shortfall",
     "measure_loss_memory",
     "sweep",
     "sweep_table",
@@ -47,6 +48,18 @@ def estimated_peak_bytes(batch: int, dim: int, tile: int | None) -> int:
     if tile is None:
         return base + 5 * batch * batch * 4 + 8 * batch * dim * 4
     return base + 8 * batch * dim * 4 + 3 * tile * tile * 4
+
+
+def memory_shortfall(batch: int, dim: int, tile: int | None) -> str | None:
+    """Why this point should be skipped ("needs ~X GB, Y GB available"), or None if it fits.
+
+    A point fits if its estimate is at most 80% of the memory available now (Linux
+    ``MemAvailable``); where that is unknown every point is run.
+    """
+    need, free = estimated_peak_bytes(batch, dim, tile), available_bytes()
+    if free is None or need <= 0.8 * free:
+        return None
+    return f"needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"
 
 
 def _run_child(batch: int, dim: int, tile: int | None, backward: bool, seed: int) -> dict:
@@ -141,6 +154,10 @@ def sweep(
     rows = []
     for b in batches:
         for t in ([None] if b <= direct_max else []) + [tile]:
+            if why := memory_shortfall(b, dim, t):
+                mode = "direct" if t is None else "tiled"
+                print(f"B={b} {mode}: skipped, {why}", file=sys.stderr)
+                continue
             row = measure_loss_memory(b, dim, t)
             if echo:
                 print(json.dumps(row), flush=True)

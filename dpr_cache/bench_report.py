@@ -149,6 +149,10 @@ def markdown(result: dict) -> str:
     if result.get("loss"):
         parts += ["", "## Loss only (random fp32 reps, forward + backward)", ""]
         parts += [sweep_table(result["loss"])]
+    for skip in result.get("loss_skipped") or []:
+        mode = "direct" if skip["tile"] is None else f"tiled ({skip['tile']})"
+        parts += ["", f"Not run, too big for this machine's memory: B={skip['batch']} {mode}, "
+                  f"{skip['why']}."]  # fmt: skip
     if result.get("index"):
         i = result["index"]
         parts += [

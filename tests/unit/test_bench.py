@@ -112,7 +112,7 @@ def test_peer_computes_our_loss_and_gradient(peer):
 
 def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
     """ "Where memory allows": a size whose estimate exceeds the free memory is skipped, not run."""
-    from dpr_cache import bench, bench_loss, cpu_memory
+    from dpr_cache import bench, bench_loss
 
     ran = []
     monkeypatch.setattr(bench_loss, "measure_loss_memory", lambda b, d, t: ran.append(b) or {
@@ -121,10 +121,11 @@ def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
     small = bench_loss.estimated_peak_bytes(1024, 768, 4096)
     big = bench_loss.estimated_peak_bytes(262144, 768, 4096)
     assert big > 6e9 and small < 1e9
-    monkeypatch.setattr(cpu_memory, "available_bytes", lambda: 2 * small)
+    monkeypatch.setattr(bench_loss, "available_bytes", lambda: 2 * small)
     plan = BenchPlan(loss_batches=[1024, 262144], loss_direct_max=0, tile=4096)
-    rows = bench._loss_sweep(plan, tmp_path / "loss.jsonl", False, lambda line: None)
+    rows, skipped = bench._loss_sweep(plan, tmp_path / "loss.jsonl", False, lambda line: None)
     assert ran == [1024] and [r["batch"] for r in rows] == [1024]
-    monkeypatch.setattr(cpu_memory, "available_bytes", lambda: 2 * big)  # control: room for both
-    rows = bench._loss_sweep(plan, tmp_path / "loss2.jsonl", False, lambda line: None)
-    assert ran == [1024, 1024, 262144]
+    assert [s["batch"] for s in skipped] == [262144] and "GB available" in skipped[0]["why"]
+    monkeypatch.setattr(bench_loss, "available_bytes", lambda: 2 * big)  # control: room for both
+    rows, skipped = bench._loss_sweep(plan, tmp_path / "loss2.jsonl", False, lambda line: None)
+    assert ran == [1024, 1024, 262144] and skipped == []
