@@ -153,7 +153,7 @@ def markdown(
     lines += [
         "Written by `scripts/reproduce_table.py` from the runs of `scripts/reproduce_squad.sh`"
         " (method: [reproduce_squad_method.md](reproduce_squad_method.md)).",
-        f"Training: {first.get('epochs', '?')} epochs, lr {first.get('lr', '?')} for every batch"
+        f"Training: {first.get('epochs', '?')} epoch(s), lr {first.get('lr', '?')} for every batch"
         f" size, linear warmup over the first {first.get('warmup_pct', '?')}% of each run's steps"
         " then linear decay, 1 BM25 hard negative, GradCache chunk"
         f" {first.get('chunk_size', '?')}. {records[0].get('n_questions', '?')} dev questions."
