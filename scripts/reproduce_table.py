@@ -210,23 +210,29 @@ def markdown(
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Top-20 and top-5 against the (simulated) batch size, a line per model, BM25 for scale."""
+    """Top-20 and top-5 against the (simulated) batch size: a row of panels per model (each on
+    its own scale), the off-the-shelf encoder and BM25 as horizontal lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     models = list(dict.fromkeys(r["model"] for r in rows))
-    for ax, k in zip(axes, (20, 5), strict=True):
-        key = f"top{k}"
-        ax.axhline(BM25[key], color="black", linestyle="--", linewidth=1, label="BM25")
-        for i, model in enumerate(models):
-            color = colors[i % len(colors)]
-            name = MODEL_NAMES.get(model, model)
-            trained = [r for r in rows if r["model"] == model and r["setting"] != "off-the-shelf"]
-            trained.sort(key=lambda r: r["batch_size"])
+    fig, grid = plt.subplots(
+        len(models), 2, figsize=(10, 3.6 * len(models)), constrained_layout=True, squeeze=False
+    )
+    batches = sorted({r["batch_size"] for r in rows if r["setting"] != "off-the-shelf"})
+    for axes, model in zip(grid, models, strict=True):
+        name = MODEL_NAMES.get(model, model)
+        trained = [r for r in rows if r["model"] == model and r["setting"] != "off-the-shelf"]
+        trained.sort(key=lambda r: r["batch_size"])
+        shelf = [r for r in rows if r["model"] == model and r["setting"] == "off-the-shelf"]
+        for ax, k in zip(axes, (20, 5), strict=True):
+            key = f"top{k}"
+            ax.axhline(BM25[key], color="black", linestyle="--", linewidth=1, label="BM25")
+            for r in shelf:
+                ax.axhline(r[key], color="gray", linestyle=":", linewidth=1.5,
+                           label="off the shelf")  # fmt: skip
             if trained:
                 ax.errorbar(
                     [r["batch_size"] for r in trained],
@@ -234,24 +240,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                     yerr=[r[key + "_sd"] or 0.0 for r in trained],
                     marker="o",
                     capsize=3,
-                    color=color,
-                    label=name,
+                    label="trained",
                 )
-            for r in rows:
-                if r["model"] == model and r["setting"] == "off-the-shelf":
-                    ax.axhline(r[key], color=color, linestyle=":", linewidth=1,
-                               label=f"{name}, off the shelf")  # fmt: skip
-        ax.set_xscale("log", base=2)
-        batches = sorted({r["batch_size"] for r in rows if r["setting"] != "off-the-shelf"})
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.minorticks_off()
-        ax.set_xlabel("batch size (8: full batch; larger: GradCache, chunk 8)")
-        ax.set_ylabel(f"top-{k} hit rate (%)")
-        ax.set_title(f"SQuAD dev, top-{k}")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="best")
+            ax.set_xscale("log", base=2)
+            if batches:
+                ax.set_xticks(batches, [str(b) for b in batches])
+                ax.set_xlim(batches[0] / 1.5, batches[-1] * 1.5)
+            ax.minorticks_off()
+            ax.set_xlabel("batch size (smallest: full batch; larger: GradCache, same chunk)")
+            ax.set_ylabel(f"top-{k} hit rate (%)")
+            ax.set_title(f"{name}: SQuAD dev, top-{k}")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8, loc="best")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
