@@ -99,6 +99,11 @@ def run_point(spec: PointSpec) -> dict:
     return _run_child("dpr_cache.bench_point", dataclasses.asdict(spec))
 
 
+def _load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages (other jobs distort timings), where the OS has them."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
 def machine_info(device: str, threads: int | None) -> dict:
     """CPU model, cores, RAM, versions (for the report)."""
     import torch
@@ -127,7 +132,7 @@ def machine_info(device: str, threads: int | None) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "load_average": _load_average(),
     }
 
 
@@ -149,7 +154,12 @@ def _loss_sweep(
 
     Returns (rows, skipped): a point the machine's free memory cannot hold is not run but listed
     in ``skipped`` with the reason."""
-    from dpr_cache.bench_loss import measure_loss_memory, memory_shortfall
+    from dpr_cache.bench_loss import (
+        loss_mode,
+        measure_loss_memory,
+        memory_shortfall,
+        sweep_points,
+    )
 
     def key(batch: int, tile: int | None) -> tuple:
         return (batch, plan.loss_dim, tile)
@@ -162,21 +172,20 @@ def _loss_sweep(
     elif not reuse:
         path.write_text("")
     rows, skipped = [], []
-    for b in sorted(plan.loss_batches):
-        for tile in ([None] if b <= plan.loss_direct_max else []) + [plan.tile]:
-            mode = "direct" if tile is None else "tiled"
-            row = done.get(key(b, tile))
-            if row is None:
-                if why := memory_shortfall(b, plan.loss_dim, tile):  # "where memory allows"
-                    skipped.append({"batch": b, "dim": plan.loss_dim, "tile": tile, "why": why})
-                    echo(f"{'loss ' + mode:>16} B={b:<6} skipped: {why}")
-                    continue
-                row = measure_loss_memory(b, plan.loss_dim, tile)
-                with path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-            rows.append(row)
-            echo(f"{'loss ' + mode:>16} B={b:<6} {row['ns_per_score']:.3f} ns/score, "
-                 f"peak {row['peak_rss'] / 1e9:.2f} GB")  # fmt: skip
+    for b, tile in sweep_points(sorted(plan.loss_batches), plan.tile, plan.loss_direct_max):
+        mode = loss_mode(tile)
+        row = done.get(key(b, tile))
+        if row is None:
+            if why := memory_shortfall(b, plan.loss_dim, tile):  # "where memory allows"
+                skipped.append({"batch": b, "dim": plan.loss_dim, "tile": tile, "why": why})
+                echo(f"{'loss ' + mode:>16} B={b:<6} skipped: {why}")
+                continue
+            row = measure_loss_memory(b, plan.loss_dim, tile)
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        rows.append(row)
+        echo(f"{'loss ' + mode:>16} B={b:<6} {row['ns_per_score']:.3f} ns/score, "
+             f"peak {row['peak_rss'] / 1e9:.2f} GB")  # fmt: skip
     return rows, skipped
 
 
@@ -214,7 +223,7 @@ def run_bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
-    load_at_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_at_start = _load_average()
     points_file = out / POINTS_FILE
     done = _load_done(points_file) if reuse else {}
     if not reuse:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from dpr_cache.cpu_memory import available_bytes, peak_rss_bytes, rss_bytes
@@ -24,6 +25,8 @@ __all__ = [
     "SWEEP_BATCHES",
     "estimated_peak_bytes",
     "memory_shortfall",
+    "loss_mode",
+    "sweep_points",
     "measure_loss_memory",
     "sweep",
     "sweep_table",
@@ -48,6 +51,19 @@ def estimated_peak_bytes(batch: int, dim: int, tile: int | None) -> int:
     if tile is None:
         return base + 5 * batch * batch * 4 + 8 * batch * dim * 4
     return base + 8 * batch * dim * 4 + 3 * tile * tile * 4
+
+
+def loss_mode(tile: int | None) -> str:
+    """``direct`` for the untiled loss (``tile=None``), else ``tiled``."""
+    return "direct" if tile is None else "tiled"
+
+
+def sweep_points(
+    batches: Iterable[int], tile: int, direct_max: int
+) -> list[tuple[int, int | None]]:
+    """(batch, tile) in sweep order: per batch the direct loss (``None``, only up to
+    ``direct_max``) then the tiled one."""
+    return [(b, t) for b in batches for t in ([None] if b <= direct_max else []) + [tile]]
 
 
 def memory_shortfall(batch: int, dim: int, tile: int | None) -> str | None:
@@ -92,7 +108,7 @@ def _run_child(batch: int, dim: int, tile: int | None, backward: bool, seed: int
         "batch": batch,
         "dim": dim,
         "tile": tile,
-        "mode": "direct" if tile is None else "tiled",
+        "mode": loss_mode(tile),
         "backward": backward,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -152,16 +168,14 @@ def sweep(
 ) -> list[dict]:
     """Direct (up to ``direct_max``) and tiled loss at each batch size, one subprocess each."""
     rows = []
-    for b in batches:
-        for t in ([None] if b <= direct_max else []) + [tile]:
-            if why := memory_shortfall(b, dim, t):
-                mode = "direct" if t is None else "tiled"
-                print(f"B={b} {mode}: skipped, {why}", file=sys.stderr)
-                continue
-            row = measure_loss_memory(b, dim, t)
-            if echo:
-                print(json.dumps(row), flush=True)
-            rows.append(row)
+    for b, t in sweep_points(batches, tile, direct_max):
+        if why := memory_shortfall(b, dim, t):
+            print(f"B={b} {loss_mode(t)}: skipped, {why}", file=sys.stderr)
+            continue
+        row = measure_loss_memory(b, dim, t)
+        if echo:
+            print(json.dumps(row), flush=True)
+        rows.append(row)
     return rows
 
 

@@ -1,9 +1,12 @@
-"""Hand freed heap memory back to the operating system (glibc's ``malloc_trim``).
+"""This process's memory as the operating system sees it, and handing freed heap back to it.
 
-On CPU, glibc keeps the pages of freed tensors that sit below live ones; GradCache's graph-less
-first pass frees many such buffers just before the kept graphs are built, so without a trim its
-peak resident memory carries that slack (about 10% on a 2-core run of all-MiniLM-L6-v2). A no-op
-where glibc is not the allocator.
+``rss_bytes`` / ``peak_rss_bytes`` read the current and peak resident set size (benchmarks and
+the trainer's log); ``available_bytes`` is the memory a new process could get (the loss sweep
+skips what does not fit). ``trim`` calls glibc's ``malloc_trim``: on CPU, glibc keeps the pages
+of freed tensors that sit below live ones; GradCache's graph-less first pass frees many such
+buffers just before the kept graphs are built, so without a trim its peak resident memory
+carries that slack (about 10% on a 2-core run of all-MiniLM-L6-v2). A no-op where glibc is not
+the allocator.
 """
 
 from __future__ import annotations

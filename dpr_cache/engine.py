@@ -198,11 +198,14 @@ class GradCache:
     def forward_no_grad(self, tower: _Tower) -> None:
         """Encode every chunk (all but the last if kept) without a graph; record RNG states."""
         tower.reps, tower.rng = None, []
-        n = len(tower.chunks) - (1 if self.keep_last_graph else 0)
-        for i, chunk in enumerate(tower.chunks[:n]):
+        for i, chunk in enumerate(tower.chunks[: self._n_graph_less(tower)]):
             tower.rng.append(RngState.capture(_cuda_devices(chunk)))
             with torch.no_grad():
                 _store(tower, i, tower.encode(chunk))
+
+    def _n_graph_less(self, tower: _Tower) -> int:
+        """Chunks encoded without a graph in the first pass: all, or all but the kept last."""
+        return len(tower.chunks) - (1 if self.keep_last_graph else 0)
 
     def forward_last(self, tower: _Tower) -> None:
         """Encode the last chunk with its graph (``keep_last_graph``). Called once both towers'
@@ -259,7 +262,7 @@ class GradCache:
         try:
             self.forward_no_grad(q)
             self.forward_no_grad(p)
-            graph_less = sum(len(t.chunks) - (1 if self.keep_last_graph else 0) for t in (q, p))
+            graph_less = self._n_graph_less(q) + self._n_graph_less(p)
             if self.release_memory is not None and graph_less >= RELEASE_EVERY:
                 self.release_memory()  # worth its page faults only after many chunks
             if self.keep_last_graph:
