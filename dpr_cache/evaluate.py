@@ -1,7 +1,8 @@
 """Retrieve passages for ``data.dev_qa`` questions from the built index and score the answers.
 
 Writes ``output_dir/eval/retrieval.json`` (DPR's results file: one entry a question, ``ctxs`` best
-first) and ``output_dir/eval/metrics.json`` (top-k hit rates in percent, ``n_questions``).
+first), ``output_dir/eval/metrics.json`` (top-k hit rates in percent, ``n_questions``) and
+``output_dir/eval/config.yaml`` (the resolved config the evaluation ran with).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 
 from dpr_cache.answers import has_answer, top_k_hits
 from dpr_cache.atomic import write_atomic, write_json_atomic
-from dpr_cache.config import Config
+from dpr_cache.config import Config, save_config
 from dpr_cache.data import encode_questions, load_passages, read_qas
 from dpr_cache.encoding import (
     autocast_for,
@@ -34,6 +35,7 @@ __all__ = ["evaluate", "format_metrics_table", "metrics_from_retrieval"]
 
 RETRIEVAL_FILE = "retrieval.json"
 METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.yaml"
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, Any]:
@@ -167,4 +169,5 @@ def evaluate(
     write_atomic(out_dir / RETRIEVAL_FILE, write_results)
     metrics = _rounded(top_k_hits(hits, ks))
     write_json_atomic(out_dir / METRICS_FILE, metrics)
+    save_config(config, out_dir / CONFIG_FILE)
     return metrics
