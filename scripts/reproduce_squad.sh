@@ -2,9 +2,11 @@
 # DPR / GradCache's batch-size study on SQuAD (data/squad), on a CPU. For each model (MiniLM, and
 # MiniLM with re-initialised transformer layers) and seed: the off-the-shelf encoder; full-batch
 # training at B=8 (what the memory budget allows); GradCache at simulated B=128 and B=512 with
-# chunk 8 (the memory of B=8). Same epochs, lr and warmup fraction for all; 1 BM25 hard negative.
-# Each run is indexed and evaluated; scripts/reproduce_table.py writes docs/reproduce_squad.{md,png}
-# and tests/unit/test_numbers_check.py rechecks every run's numbers.
+# chunk 8 (8 questions and 8 passages a forward: no more memory than B=8, which encodes 16
+# passages at once). Same epochs, lr and warmup fraction for all; 1 BM25 hard negative.
+# Each run is indexed and evaluated, and BM25 is evaluated on the same questions;
+# tests/unit/test_numbers_check.py rechecks every run's numbers, then scripts/reproduce_table.py
+# writes docs/reproduce_squad.{md,png} and the README's table.
 # Method and expected time: docs/reproduce_squad_method.md.
 #
 #   scripts/reproduce_squad.sh                # SEEDS=1, EPOCHS=1: the real runs, in runs/reproduce
@@ -36,6 +38,7 @@ if [[ $DRY_RUN == 1 ]]; then
   INDEX_LEN=128
   EXTRA=(--set train.max_steps=2 --set "data.cache_dir=$OUT/.cache")
   TABLE=(--md "$OUT/reproduce_squad.md" --png "$OUT/reproduce_squad.png")
+  [[ $OUT == *-dry ]] || { echo "error: DRY_RUN=1 deletes OUT first; name it *-dry" >&2; exit 2; }
   rm -rf "$OUT"
 else
   OUT=${OUT:-runs/reproduce}
@@ -46,7 +49,7 @@ else
   GC_BATCHES=${GC_BATCHES:-"128 512"}
   INDEX_LEN=256  # training cuts passages at 128 tokens; the index sees 256, as squad_minilm does
   EXTRA=()
-  TABLE=()
+  TABLE=(--readme README.md)
 fi
 mkdir -p "$OUT"
 DATA=(--set "data.passages=$PASSAGES" --set "data.dev_qa=$DEV_QA")
@@ -77,6 +80,18 @@ write_run_json() {  # dir model setting mode batch chunk seed train_s index_s ev
 EOF
 }
 
+# A finished run made with another recipe must not be skipped into this one's table.
+check_recipe() {  # dir
+  "$PY" - "$1/run.json" "$EPOCHS" "$LR" "$WARMUP_PCT" "$CHUNK" <<'PYEOF'
+import json, sys
+run = json.load(open(sys.argv[1]))
+want = dict(zip(("epochs", "lr", "warmup_pct", "chunk_size"), map(float, sys.argv[2:])))
+diff = [f"{k} {run[k]} (asked {v:g})" for k, v in want.items() if float(run[k]) != v]
+if diff:
+    sys.exit(f"error: {sys.argv[1]}: made with {', '.join(diff)}; use another OUT=")
+PYEOF
+}
+
 index_and_eval() {  # dir, then extra arguments for both commands
   local dir=$1
   shift
@@ -90,7 +105,7 @@ index_and_eval() {  # dir, then extra arguments for both commands
 off_the_shelf() {  # model
   local dir=$OUT/$1-off-the-shelf path
   path=$(model_path "$1")
-  [[ -f $dir/eval/metrics.json ]] && { echo "== $dir: done, skipped"; return; }
+  [[ -f $dir/run.json ]] && { echo "== $dir: done, skipped"; return; }
   echo "== $dir"
   mkdir -p "$dir"
   index_and_eval "$dir" --model "$path"
@@ -102,7 +117,11 @@ trained() {  # model mode batch seed
   setting=$([[ $mode == full ]] && echo "full-b$batch" || echo "gradcache-b$batch")
   dir=$OUT/$model-$setting-s$seed
   path=$(model_path "$model")
-  [[ -f $dir/eval/metrics.json ]] && { echo "== $dir: done, skipped"; return; }
+  if [[ -f $dir/run.json ]]; then
+    check_recipe "$dir"
+    echo "== $dir: done, skipped"
+    return
+  fi
   echo "== $dir"
   steps=$(( N_TRAIN / batch * EPOCHS ))
   warmup=$(( (steps * WARMUP_PCT + 99) / 100 ))
@@ -114,7 +133,10 @@ trained() {  # model mode batch seed
   if [[ ! -d $dir/model ]]; then
     [[ -d $dir/checkpoints ]] && resume=(--resume)
     run_timed "$BIN" train -c "$CFG" -q "${sets[@]}" "${DATA[@]}" "${EXTRA[@]}" "${resume[@]}"
-    t_train=$ELAPSED
+    echo "$ELAPSED" >> "$dir/train_wall_seconds.txt"  # one line per call: a resumed run adds up
+  fi
+  if [[ -f $dir/train_wall_seconds.txt ]]; then
+    t_train=$(awk '{ s += $1 } END { printf "%.1f", s }' "$dir/train_wall_seconds.txt")
   fi
   index_and_eval "$dir" "${sets[@]}"
   write_run_json "$dir" "$model" "$setting" "$mode" "$batch" "$CHUNK" "$seed" "$t_train" \
@@ -129,7 +151,9 @@ if [[ ! -f $TRAIN ]]; then
 fi
 N_TRAIN=$(grep -c . "$TRAIN")
 if [[ " $MODELS " == *" reinit "* && ! -d $OUT/reinit-model ]]; then
-  "$PY" scripts/reinit_minilm.py --source "$BASE_MODEL" --out "$OUT/reinit-model" --seed 0
+  rm -rf "$OUT/reinit-model.tmp"  # a cut run leaves no half-written model behind
+  "$PY" scripts/reinit_minilm.py --source "$BASE_MODEL" --out "$OUT/reinit-model.tmp" --seed 0
+  mv "$OUT/reinit-model.tmp" "$OUT/reinit-model"
 fi
 
 # -- runs ---------------------------------------------------------------------------------------
@@ -142,7 +166,9 @@ for model in $MODELS; do
     done
   done
 done
-"$PY" scripts/reproduce_table.py --runs "$OUT" "${TABLE[@]}"
-# Independent check of the numbers: top-k recounted from retrieval.json texts, flat = brute force.
+[[ -f $OUT/bm25/run.json ]] || "$PY" scripts/bm25_eval.py -c "$CFG" --out "$OUT/bm25" "${DATA[@]}"
+# Independent check of the numbers (dev questions, answer rule, flat index = brute force), then
+# the table: a run that fails the check never reaches it.
 DPR_CACHE_CHECK_RUNS=$OUT "$PY" -m pytest -q -p no:cacheprovider -k real \
   tests/unit/test_numbers_check.py
+"$PY" scripts/reproduce_table.py --runs "$OUT" "${TABLE[@]}"

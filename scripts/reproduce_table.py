@@ -4,8 +4,12 @@ Reads ``RUNS/*/run.json``, ``eval/metrics.json`` and ``train_log.jsonl``; one ro
 setting with the mean ± standard deviation over seeds; peak memory is the largest
 ``peak_memory_bytes`` of the train log (peak RSS on CPU), time the sum of its step seconds.
 
+The BM25 row is the ``bm25`` run (scripts/bm25_eval.py). With ``--readme``, the results table is
+also written between the README's ``<!-- reproduce_table:begin -->`` and ``:end`` markers.
+Refuses to mix runs trained with different epochs, lr, warmup or chunk.
+
     .venv/bin/python scripts/reproduce_table.py [--runs runs/reproduce]
-        [--md docs/reproduce_squad.md] [--png docs/reproduce_squad.png]
+        [--md docs/reproduce_squad.md] [--png docs/reproduce_squad.png] [--readme README.md]
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 KS = (1, 5, 20, 100)
-# BM25 on the dev split: ../shared/data/squad1.1-dev/README.md (k1=0.9, b=0.4, title + text).
-BM25 = {"top1": 82.0, "top5": 94.1, "top20": 97.5, "top100": 99.5}
+# The data's own BM25 figures on the dev split (../shared/data/squad1.1-dev/README.md: k1=0.9,
+# b=0.4, title + text, its tokenizer undocumented), quoted beside ours.
+SHARED_README_BM25 = {"top1": 82.0, "top5": 94.1, "top20": 97.5, "top100": 99.5}
+RECIPE_KEYS = ("epochs", "lr", "warmup_pct", "chunk_size", "dry_run")
+README_BEGIN, README_END = "<!-- reproduce_table:begin -->", "<!-- reproduce_table:end -->"
 # The GradCache paper's NQ figures (Gao et al., 2021, "Scaling Deep Contrastive Learning Batch
 # Size under Memory Limited Setup"), top-20 on the NQ test set, BERT-base, one 11 GB GPU, as
 # issue 6 quotes them (the paper itself is not on this offline machine to re-check).
@@ -60,6 +67,19 @@ def collect(runs: Path) -> list[dict[str, Any]]:
     return records
 
 
+def check_same_recipe(records: list[dict[str, Any]]) -> None:
+    """SystemExit naming the key and two runs if trained runs differ in their recipe."""
+    trained = [r for r in records if r["mode"] in ("full", "gradcache")]
+    for key in RECIPE_KEYS:
+        values = {str(r.get(key)): r["dir"] for r in trained}
+        if len(values) > 1:
+            (a, run_a), (b, run_b) = list(values.items())[:2]
+            raise SystemExit(
+                f"error: runs differ in {key} ({run_a}: {a}, {run_b}: {b}); "
+                "give each recipe its own --runs folder (OUT=... scripts/reproduce_squad.sh)"
+            )
+
+
 def first_hit_ranks(retrieval_json: Path) -> list[float]:
     """Per dev question, the 0-based rank of the first passage holding an answer (inf if none)."""
     entries = json.loads(retrieval_json.read_text(encoding="utf-8"))
@@ -96,6 +116,27 @@ def paired_differences(
             boot = diff[idx].mean(axis=1) * 100
             row[f"top{k}"] = float(diff.mean() * 100)
             row[f"top{k}_ci"] = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))
+        out.append(row)
+    return out
+
+
+def seed_spread(diffs: list[dict[str, Any]], ks: tuple[int, ...] = (1, 5, 20)) -> list[dict]:
+    """Per model and GradCache setting: the mean and standard deviation over seeds of the paired
+    difference with the full batch (each seed compared with its own full-batch run)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for d in diffs:
+        groups.setdefault((d["model"], d["setting"]), []).append(d)
+    out = []
+    for (model, setting), ds in groups.items():
+        row: dict[str, Any] = {
+            "model": model,
+            "setting": setting,
+            "seeds": sorted(d["seed"] for d in ds),
+        }
+        for k in ks:
+            values = [d[f"top{k}"] for d in ds]
+            row[f"top{k}"] = statistics.mean(values)
+            row[f"top{k}_sd"] = statistics.stdev(values) if len(values) > 1 else None
         out.append(row)
     return out
 
@@ -139,14 +180,62 @@ def _cell(row: dict[str, Any], name: str, scale: float = 1.0, digits: int = 1) -
     return text
 
 
+def _cells(values: dict[str, Any]) -> list[str]:
+    return [_cell(values, f"top{k}") for k in KS]
+
+
+def results_table(rows: list[dict[str, Any]], bm25: dict[str, Any] | None) -> list[str]:
+    """The table of every (model, setting), BM25 first: markdown lines."""
+    lines = [
+        "| model | setting | seeds | updates | top-1 | top-5 | top-20 | top-100 | peak RSS (GB) "
+        "| train (min) |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    if bm25 is not None:
+        lines.append(
+            "| BM25 (bm25s, as mined) | – | – | – | " + " | ".join(_cells(bm25)) + " | – | – |"
+        )
+    lines.append(
+        "| BM25 (the data's README) | – | – | – | "
+        + " | ".join(f"{SHARED_README_BM25[f'top{k}']:.1f}" for k in KS)
+        + " | – | – |"
+    )
+    for row in rows:
+        seeds = ",".join(str(s) for s in row["seeds"]) if row["setting"] != "off-the-shelf" else "–"
+        cells = [MODEL_NAMES.get(row["model"], row["model"]), row["setting"], seeds]
+        cells += [_cell(row, "steps", digits=0), *_cells(row)]
+        cells += [_cell(row, "peak_memory_bytes", 1e9, 2), _cell(row, "train_seconds", 60.0)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _seed_mismatch(rows: list[dict[str, Any]]) -> list[str]:
+    """A warning line per model whose trained rows average different seeds."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        seed_sets = {
+            tuple(r["seeds"])
+            for r in rows
+            if r["model"] == model and r["setting"] != "off-the-shelf"
+        }
+        if len(seed_sets) > 1:
+            out.append(
+                f"Note: the {MODEL_NAMES.get(model, model)} rows average different seeds; compare"
+                " them through the paired differences below, which pair each run with the full"
+                " batch of its own seed."
+            )
+    return out
+
+
 def markdown(
     rows: list[dict[str, Any]],
     records: list[dict[str, Any]],
     png: str,
     diffs: list[dict[str, Any]] | None = None,
+    bm25: dict[str, Any] | None = None,
 ) -> str:
-    """The results page: settings, table, plot."""
-    first = next((r for r in records if r["setting"] != "off-the-shelf"), {})
+    """The results page: settings, table, paired differences, plot, the paper's figures."""
+    first = next((r for r in records if r["mode"] in ("full", "gradcache")), {})
     lines = ["# SQuAD batch-size study: full batch vs GradCache", ""]
     if any(r.get("dry_run") for r in records):
         lines += ["**Dry run** (toy data, tiny BERT, 2 steps a run): the numbers mean nothing.", ""]
@@ -157,26 +246,14 @@ def markdown(
         f" size, linear warmup over the first {first.get('warmup_pct', '?')}% of each run's steps"
         " then linear decay, 1 BM25 hard negative, GradCache chunk"
         f" {first.get('chunk_size', '?')}. {records[0].get('n_questions', '?')} dev questions."
-        " Cells: mean ± standard deviation over seeds; peak RSS is the trainer's peak resident"
-        " memory (CPU); train time sums the logged step times (no start-up).",
+        " Cells: mean ± standard deviation over seeds; updates are optimizer steps; peak RSS is"
+        " the trainer's peak resident memory (CPU); train time sums the logged step times.",
         "",
-        "| model | setting | seeds | top-1 | top-5 | top-20 | top-100 | peak RSS (GB) "
-        "| train time (min) | steps |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
-        "| BM25 (shared README) | – | – | "
-        + " | ".join(f"{BM25[f'top{k}']:.1f}" for k in KS)
-        + " | – | – | – |",
+        *results_table(rows, bm25),
     ]
-    for row in rows:
-        seeds = ",".join(str(s) for s in row["seeds"]) if row["setting"] != "off-the-shelf" else "–"
-        cells = [MODEL_NAMES.get(row["model"], row["model"]), row["setting"], seeds]
-        cells += [_cell(row, f"top{k}") for k in KS]
-        cells += [
-            _cell(row, "peak_memory_bytes", 1e9, 2),
-            _cell(row, "train_seconds", 60.0),
-            _cell(row, "steps", digits=0),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+    mismatch = _seed_mismatch(rows)
+    if mismatch:
+        lines += ["", *mismatch]
     if diffs:
         lines += [
             "",
@@ -195,6 +272,21 @@ def markdown(
                 for k in (1, 5, 20)
             ]
             lines.append("| " + " | ".join(cells) + " |")
+        spread = [s for s in seed_spread(diffs) if len(s["seeds"]) > 1]
+        if spread:
+            lines += [
+                "",
+                "Over seeds: the mean ± standard deviation of those differences (the spread a"
+                " new training seed would show).",
+                "",
+                "| model | setting | seeds | Δ top-1 | Δ top-5 | Δ top-20 |",
+                "|---|---|---|--:|--:|--:|",
+            ]
+            for d in spread:
+                cells = [MODEL_NAMES.get(d["model"], d["model"]), d["setting"]]
+                cells.append(",".join(str(x) for x in d["seeds"]))
+                cells += [f"{d[f'top{k}']:+.1f} ± {d[f'top{k}_sd']:.1f}" for k in (1, 5, 20)]
+                lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"![top-20 and top-5 against the (simulated) batch size]({png})", ""]
     lines += [
         "For reference, the shape this study looks for: the GradCache paper's NQ results"
@@ -209,9 +301,20 @@ def markdown(
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def write_readme_block(readme: Path, lines: list[str]) -> None:
+    """Replace what lies between the README's begin and end markers with ``lines``."""
+    text = readme.read_text(encoding="utf-8")
+    if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
+        raise SystemExit(f"error: {readme}: needs one {README_BEGIN} and one {README_END} line")
+    head, rest = text.split(README_BEGIN)
+    _, tail = rest.split(README_END)
+    readme.write_text(head + README_BEGIN + "\n" + "\n".join(lines) + "\n" + README_END + tail)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, bm25: dict[str, Any] | None = None) -> None:
     """Top-20 and top-5 against the (simulated) batch size: a row of panels per model (each on
-    its own scale), the off-the-shelf encoder and BM25 as horizontal lines."""
+    its own scale), the off-the-shelf encoder and BM25 as horizontal lines; error bars (the
+    standard deviation over seeds) only where a setting has two or more seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -229,19 +332,25 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         shelf = [r for r in rows if r["model"] == model and r["setting"] == "off-the-shelf"]
         for ax, k in zip(axes, (20, 5), strict=True):
             key = f"top{k}"
-            ax.axhline(BM25[key], color="black", linestyle="--", linewidth=1, label="BM25")
+            if bm25 is not None:
+                ax.axhline(bm25[key], color="black", linestyle="--", linewidth=1, label="BM25")
             for r in shelf:
                 ax.axhline(r[key], color="gray", linestyle=":", linewidth=1.5,
                            label="off the shelf")  # fmt: skip
             if trained:
-                ax.errorbar(
-                    [r["batch_size"] for r in trained],
-                    [r[key] for r in trained],
-                    yerr=[r[key + "_sd"] or 0.0 for r in trained],
-                    marker="o",
-                    capsize=3,
-                    label="trained",
-                )
+                xs = [r["batch_size"] for r in trained]
+                line = ax.plot(xs, [r[key] for r in trained], marker="o", label="trained")[0]
+                spread = [r for r in trained if r[key + "_sd"] is not None]  # 2+ seeds only
+                if spread:
+                    ax.errorbar(
+                        [r["batch_size"] for r in spread],
+                        [r[key] for r in spread],
+                        yerr=[r[key + "_sd"] for r in spread],
+                        fmt="none",
+                        capsize=3,
+                        color=line.get_color(),
+                        label="± sd over seeds",
+                    )
             ax.set_xscale("log", base=2)
             if batches:
                 ax.set_xticks(batches, [str(b) for b in batches])
@@ -262,17 +371,28 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs/reproduce"))
     parser.add_argument("--md", type=Path, default=Path("docs/reproduce_squad.md"))
     parser.add_argument("--png", type=Path, default=Path("docs/reproduce_squad.png"))
+    parser.add_argument("--readme", type=Path, default=None, help="also rewrite its table block")
     args = parser.parse_args()
     records = collect(args.runs)
+    bm25 = next((r for r in records if r["mode"] == "bm25"), None)
+    records = [r for r in records if r["mode"] != "bm25"]
     if not records:
         raise SystemExit(f"error: no finished runs under {args.runs}")
+    check_same_recipe(records)
     rows = group(records)
-    plot(rows, args.png)
+    plot(rows, args.png, bm25)
     png = args.png.name if args.png.parent == args.md.parent else str(args.png)
     args.md.parent.mkdir(parents=True, exist_ok=True)
     diffs = paired_differences(records, args.runs)
-    args.md.write_text(markdown(rows, records, png, diffs))
-    print(f"{len(records)} runs -> {args.md}, {args.png}")
+    args.md.write_text(markdown(rows, records, png, diffs, bm25))
+    if args.readme is not None:
+        mismatch = _seed_mismatch(rows)
+        block = results_table(rows, bm25) + (["", *mismatch] if mismatch else [])
+        write_readme_block(args.readme, block)
+    print(
+        f"{len(records)} runs -> {args.md}, {args.png}"
+        + (f", {args.readme}" if args.readme else "")
+    )
 
 
 if __name__ == "__main__":
