@@ -166,7 +166,8 @@ def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for name in [f"top{k}" for k in KS] + ["peak_memory_bytes", "train_seconds", "steps"]:
             values = [r[name] for r in runs if r.get(name) is not None]
             row[name] = statistics.mean(values) if values else None
-            row[name + "_sd"] = statistics.stdev(values) if len(values) > 1 else None
+            spread = len(values) > 1 and name != "steps"  # steps are fixed by B and epochs
+            row[name + "_sd"] = statistics.stdev(values) if spread else None
         rows.append(row)
     return rows
 
