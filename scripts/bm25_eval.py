@@ -15,10 +15,17 @@ import time
 from pathlib import Path
 
 from dpr_cache.answers import has_answer
+from dpr_cache.atomic import write_atomic, write_json_atomic
 from dpr_cache.config import load_config, save_config
 from dpr_cache.data import read_qas
 from dpr_cache.data.bm25 import Bm25Corpus
-from dpr_cache.evaluate import format_metrics_table, metrics_from_retrieval
+from dpr_cache.evaluate import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    RETRIEVAL_FILE,
+    format_metrics_table,
+    metrics_from_retrieval,
+)
 
 
 def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
@@ -45,13 +52,16 @@ def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
         entries.append({"question": question, "answers": answers, "ctxs": ctxs})
     eval_dir = out / "eval"
     eval_dir.mkdir(parents=True, exist_ok=True)
-    (eval_dir / "retrieval.json").write_text(json.dumps(entries, ensure_ascii=False, indent=0))
-    metrics = metrics_from_retrieval(eval_dir / "retrieval.json", config.eval.top_k)
-    (eval_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    save_config(config, eval_dir / "config.yaml")
+    write_atomic(
+        eval_dir / RETRIEVAL_FILE,
+        lambda tmp: tmp.write_text(json.dumps(entries, ensure_ascii=False, indent=0)),
+    )
+    metrics = metrics_from_retrieval(eval_dir / RETRIEVAL_FILE, config.eval.top_k)
+    write_json_atomic(eval_dir / METRICS_FILE, metrics)
+    save_config(config, eval_dir / CONFIG_FILE)
     run = {"model": "bm25", "setting": "bm25", "mode": "bm25", "batch_size": 0, "seed": 0,
            "eval_seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
-    (out / "run.json").write_text(json.dumps(run) + "\n")
+    write_json_atomic(out / "run.json", run)  # last: the script treats it as "done"
     return metrics
 
 

@@ -67,6 +67,12 @@ def collect(runs: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation; the sd is None below two values (not measured)."""
+    mean = statistics.mean(values) if values else None
+    return mean, statistics.stdev(values) if len(values) > 1 else None
+
+
 def check_same_recipe(records: list[dict[str, Any]]) -> None:
     """SystemExit naming the key and two runs if trained runs differ in their recipe."""
     trained = [r for r in records if r["mode"] in ("full", "gradcache")]
@@ -134,9 +140,7 @@ def seed_spread(diffs: list[dict[str, Any]], ks: tuple[int, ...] = (1, 5, 20)) -
             "seeds": sorted(d["seed"] for d in ds),
         }
         for k in ks:
-            values = [d[f"top{k}"] for d in ds]
-            row[f"top{k}"] = statistics.mean(values)
-            row[f"top{k}_sd"] = statistics.stdev(values) if len(values) > 1 else None
+            row[f"top{k}"], row[f"top{k}_sd"] = _mean_sd([d[f"top{k}"] for d in ds])
         out.append(row)
     return out
 
@@ -164,10 +168,10 @@ def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"model": key[0], "setting": key[1], "batch_size": key[2]}
         row["seeds"] = sorted(r["seed"] for r in runs)
         for name in [f"top{k}" for k in KS] + ["peak_memory_bytes", "train_seconds", "steps"]:
-            values = [r[name] for r in runs if r.get(name) is not None]
-            row[name] = statistics.mean(values) if values else None
-            spread = len(values) > 1 and name != "steps"  # steps are fixed by B and epochs
-            row[name + "_sd"] = statistics.stdev(values) if spread else None
+            row[name], row[name + "_sd"] = _mean_sd(
+                [r[name] for r in runs if r.get(name) is not None]
+            )
+        row["steps_sd"] = None  # steps are fixed by B and epochs: no spread to show
         rows.append(row)
     return rows
 
@@ -228,6 +232,12 @@ def _seed_mismatch(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def table_block(rows: list[dict[str, Any]], bm25: dict[str, Any] | None) -> list[str]:
+    """The results table, then a note per model whose rows average different seeds."""
+    mismatch = _seed_mismatch(rows)
+    return results_table(rows, bm25) + (["", *mismatch] if mismatch else [])
+
+
 def markdown(
     rows: list[dict[str, Any]],
     records: list[dict[str, Any]],
@@ -250,11 +260,8 @@ def markdown(
         " Cells: mean ± standard deviation over seeds; updates are optimizer steps; peak RSS is"
         " the trainer's peak resident memory (CPU); train time sums the logged step times.",
         "",
-        *results_table(rows, bm25),
+        *table_block(rows, bm25),
     ]
-    mismatch = _seed_mismatch(rows)
-    if mismatch:
-        lines += ["", *mismatch]
     if diffs:
         lines += [
             "",
@@ -387,9 +394,7 @@ def main() -> None:
     diffs = paired_differences(records, args.runs)
     args.md.write_text(markdown(rows, records, png, diffs, bm25))
     if args.readme is not None:
-        mismatch = _seed_mismatch(rows)
-        block = results_table(rows, bm25) + (["", *mismatch] if mismatch else [])
-        write_readme_block(args.readme, block)
+        write_readme_block(args.readme, table_block(rows, bm25))
     print(
         f"{len(records)} runs -> {args.md}, {args.png}"
         + (f", {args.readme}" if args.readme else "")

@@ -144,6 +144,23 @@ def check_ctx_texts(eval_dir: Path, passages: Path) -> None:
             assert (ctx["text"], ctx["title"]) == rows[ctx["id"]]
 
 
+def assert_exact_top_n(
+    got_rows: np.ndarray, got_scores: np.ndarray, exact: np.ndarray, tol: float
+) -> None:
+    """``got_rows`` (best first, with ``got_scores``) are the top-n of the exact scores of all rows:
+    the true scores, those of the best n, and the exact order wherever no near-tie (within
+    10 x ``tol`` of a neighbour, the one past the cut included) allows a swap."""
+    n = len(got_rows)
+    best = np.argsort(-exact, kind="stable")
+    np.testing.assert_allclose(got_scores, exact[got_rows], atol=tol)  # the true scores
+    np.testing.assert_allclose(got_scores, exact[best[:n]], atol=tol)  # of the best n
+    padded = np.concatenate([[np.inf], exact[best[: n + 1]], [-np.inf]])  # one past the cut
+    gap_above = padded[:n] - padded[1 : n + 1]
+    gap_below = padded[1 : n + 1] - padded[2 : n + 2]
+    clear = (gap_above > 10 * tol) & (gap_below > 10 * tol)  # no near-tie: position fixed
+    assert (got_rows[clear] == best[:n][clear]).all()
+
+
 def check_flat_top_k(index_dir: Path, k: int = 100, n_queries: int = 64) -> None:
     """FAISS flat search = exact inner-product top-k (ties within float error may swap)."""
     index, ids, meta = load_index(index_dir)
@@ -161,16 +178,8 @@ def check_flat_top_k(index_dir: Path, k: int = 100, n_queries: int = 64) -> None
     assert rows.shape == (n_queries, min(k, len(embs)))
     n = rows.shape[1]
     for q in range(n_queries):
-        best = np.argsort(-exact[q], kind="stable")
-        order = best[:n]
-        padded = np.concatenate([[np.inf], exact[q, best[: n + 1]], [-np.inf]])  # one past the cut
         assert len(set(rows[q].tolist())) == n and rows[q].min() >= 0
-        np.testing.assert_allclose(scores[q], exact[q, rows[q]], atol=tol)  # true scores
-        np.testing.assert_allclose(scores[q], padded[1 : n + 1], atol=tol)  # and the best ones
-        gap_above = padded[:n] - padded[1 : n + 1]
-        gap_below = padded[1 : n + 1] - padded[2 : n + 2]
-        clear = (gap_above > 10 * tol) & (gap_below > 10 * tol)  # no near-tie: position fixed
-        assert (rows[q][clear] == order[clear]).all()
+        assert_exact_top_n(rows[q], scores[q], exact[q], tol)
 
 
 def check_real_queries(eval_dir: Path, config: Config, n_queries: int = 32) -> None:
@@ -195,15 +204,7 @@ def check_real_queries(eval_dir: Path, config: Config, n_queries: int = 32) -> N
     for entry, exact in zip(picked, brute, strict=True):
         got_rows = np.array([row_of[ctx["id"]] for ctx in entry["ctxs"]])
         got_scores = np.array([ctx["score"] for ctx in entry["ctxs"]])
-        n = len(got_rows)
-        best = np.argsort(-exact, kind="stable")
-        np.testing.assert_allclose(got_scores, exact[got_rows], atol=tol)  # the true scores
-        np.testing.assert_allclose(got_scores, exact[best[:n]], atol=tol)  # of the best n
-        padded = np.concatenate([[np.inf], exact[best[: n + 1]], [-np.inf]])
-        clear = (padded[:n] - padded[1 : n + 1] > 10 * tol) & (
-            padded[1 : n + 1] - padded[2 : n + 2] > 10 * tol
-        )
-        assert (got_rows[clear] == best[:n][clear]).all()
+        assert_exact_top_n(got_rows, got_scores, exact, tol)
 
 
 # -- on the test corpora --------------------------------------------------------------------
