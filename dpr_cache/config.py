@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpr_cache.errors import InputError
+from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = ["Config", "load_config", "save_config", "parse_bytes"]
 
@@ -204,7 +205,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def save_config(config: Config, path: str | Path) -> Path:
     """Write the resolved config (every key, defaults included) as YAML."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    return path
+    return write_text_atomic(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,8 +1,20 @@
-"""The project's one exception for bad user input (files, config values)."""
+"""The project's own error types. The CLI maps each to one line on stderr and an exit code:
+:class:`InputError` exits 2, :class:`Interrupted` 130; anything else keeps its own message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["InputError", "Interrupted"]
 
 
 class InputError(ValueError):
-    """Bad input: the message is one line naming the file and, where relevant, line or key.
+    """Bad input: the message is one line naming the file and, where relevant, line or key."""
 
-    The CLI prints it as ``error: <message>`` on stderr and exits with code 2.
-    """
+
+class Interrupted(Exception):
+    """Raised after Ctrl-C / SIGTERM once a checkpoint of the last finished step is saved."""
+
+    def __init__(self, checkpoint: Path):
+        super().__init__(f"interrupted: checkpoint saved at {checkpoint}")
+        self.checkpoint = checkpoint

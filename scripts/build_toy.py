@@ -1,8 +1,10 @@
-"""Build data/toy/ from the shared SQuAD v1.1 dev data: corpus, DPR train file, dev qas, tiny BERT.
+"""Build data/toy/ from the SQuAD v1.1 dev split in DPR's formats: corpus, train file, dev qas,
+tiny BERT.
 
-Run from the repo root with the package installed (or PYTHONPATH=.):
-    python scripts/build_toy.py [--src DIR] [--out DIR]
-Re-running gives the same files.
+The source is what ``dpr-cache data squad`` writes to data/squad/ from the shipped
+``dev-v1.1.json.gz``. Run from the repo root with the package installed:
+    dpr-cache data squad && python scripts/build_toy.py [--src DIR] [--out DIR]
+Re-running gives the same files; the folder is replaced whole, never left half-written.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
-from dpr_cache.answers import has_answer, tokenize
-from dpr_cache.tiny_bert import build_tiny_bert
+from dpr_cache.data.answers import has_answer, tokenize
+from dpr_cache.runtime.atomic import write_dir_atomic
+from dpr_cache.testing.tiny_bert import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SRC = ROOT.parent / "shared" / "data" / "squad1.1-dev"
+DEFAULT_SRC = ROOT / "data" / "squad"
 DEFAULT_OUT = ROOT / "data" / "toy"
 
-# Whole articles of the shared *train* split with short paragraphs and distinct topics.
+# Whole articles of the source's *train* split with short paragraphs and distinct topics.
 ARTICLES = (
     "Super Bowl 50",
     "Normans",
@@ -172,8 +175,9 @@ files are shared under the same license (CC BY-SA 4.0). The text is unchanged.
 
 ## How it was built
 
-`python scripts/build_toy.py` (deterministic) reads the repackaged SQuAD dev set in
-`../shared/data/squad1.1-dev/` and writes this folder:
+`python scripts/build_toy.py` (deterministic) reads the SQuAD dev set in DPR's formats, as
+`dpr-cache data squad` writes it to `data/squad/` from the shipped `dev-v1.1.json.gz`, and writes
+this folder:
 
 - **Corpus**: every paragraph of {n_articles} whole articles, one passage per paragraph, with the
   original passage ids. All {n_articles} are from that set's train split:
@@ -190,7 +194,7 @@ files are shared under the same license (CC BY-SA 4.0). The text is unchanged.
   they contain divided by the square root of their number of distinct non-stopwords.
 - **tiny-bert/**: a random-init BERT (hidden 64, 2 layers, 2 heads, 256 positions, seed 0) with a
   lower-casing, accent-stripping WordPiece vocabulary (at most 2,000 tokens) learned on the corpus
-  passages, titles and train questions (`dpr_cache.tiny_bert.build_tiny_bert`).
+  passages, titles and train questions (`dpr_cache.testing.tiny_bert.build_tiny_bert`).
 
 ## Files
 
@@ -224,26 +228,32 @@ def main(argv: list[str] | None = None) -> None:
     )
     train, dev = split_questions(by_passage)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_passages(args.out / "passages.tsv", corpus)
-    n_full = write_train(args.out / "train.jsonl", train, articles)
-    write_dev_qa(args.out / "dev.qa.tsv", dev)
-    texts = [text for _, text, _ in corpus] + list(ARTICLES) + [q["question"] for q in train]
-    build_tiny_bert(texts, args.out / "tiny-bert")
-    (args.out / "README.md").write_text(
-        README.format(
-            n_articles=len(ARTICLES),
-            articles="\n".join(f"  - {a}" for a in ARTICLES),
-            n_questions=sum(len(qs) for qs in by_passage.values()),
-            budget=TRAIN_QUESTIONS,
-            hard=HARD_NEGATIVES,
-            n_passages=len(corpus),
-            n_train=len(train),
-            n_dev=len(dev),
-            n_full=n_full,
-        ),
-        encoding="utf-8",
-    )
+    counts = {}
+
+    def build(out: Path) -> None:
+        out.mkdir(parents=True)
+        write_passages(out / "passages.tsv", corpus)
+        counts["full"] = write_train(out / "train.jsonl", train, articles)
+        write_dev_qa(out / "dev.qa.tsv", dev)
+        texts = [text for _, text, _ in corpus] + list(ARTICLES) + [q["question"] for q in train]
+        build_tiny_bert(texts, out / "tiny-bert")
+        (out / "README.md").write_text(
+            README.format(
+                n_articles=len(ARTICLES),
+                articles="\n".join(f"  - {a}" for a in ARTICLES),
+                n_questions=sum(len(qs) for qs in by_passage.values()),
+                budget=TRAIN_QUESTIONS,
+                hard=HARD_NEGATIVES,
+                n_passages=len(corpus),
+                n_train=len(train),
+                n_dev=len(dev),
+                n_full=counts["full"],
+            ),
+            encoding="utf-8",
+        )
+
+    write_dir_atomic(args.out, build)
+    n_full = counts["full"]
     print(
         f"{len(corpus)} passages, {len(train)} train ({n_full} with {HARD_NEGATIVES} hard "
         f"negatives), {len(dev)} dev -> {args.out}"

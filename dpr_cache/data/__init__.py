@@ -1,11 +1,15 @@
-"""DPR data formats in and out, and training batches.
+"""DPR data formats in and out, the one tokenizer, and training batches.
 
 - training.py: DPR training JSON / JSON Lines -> cached Arrow ``datasets.Dataset``
 - passages.py: DPR wiki passages TSV;  qas.py: DPR qas TSV/CSV for evaluation
+- arrow_cache.py, files.py, ids.py: Arrow caches, (gzipped) input files, passage ids
+- tokenize.py: the tokenization of questions and (title, text) passages, used everywhere
 - batches.py: per-epoch seeded batch indices and rank slices
-- collate.py: tokenized question/passage batches with passage ids
+- collate.py: a step's tokenized questions, passage groups and passage ids
+- answers.py: DPR's answer matching and top-k hit rates
 - squad.py: DPR-format files from SQuAD v1.1 dev;  download.py: DPR's NQ files
 - bm25.py: BM25 over a passages TSV;  negatives.py: BM25 hard negatives for a training file
+- synthetic.py: random token batches of exact lengths (benchmarks, memory probes)
 
 Names below load their module on first use, so importing this package stays cheap.
 """
@@ -21,12 +25,17 @@ _LAZY = {
     "TrainBatches": "batches",
     "Batch": "collate",
     "build_batch": "collate",
-    "encode_questions": "collate",
-    "encode_passages": "collate",
+    "encode_questions": "tokenize",
+    "encode_passages": "tokenize",
+    "tokenize_questions": "tokenize",
+    "tokenize_passages": "tokenize",
+    "has_answer": "answers",
+    "top_k_hits": "answers",
     "passage_hash": "ids",
     "build_squad": "squad",
     "download_nq": "download",
     "mine_negatives": "negatives",
+    "synthetic_batch": "synthetic",
 }
 __all__ = sorted(_LAZY)
 

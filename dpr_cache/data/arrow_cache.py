@@ -1,20 +1,21 @@
 """Arrow files under a cache dir, keyed by a source file's path, size and mtime.
 
-A source is streamed once into ``<cache_dir>/<kind>-<name>-<key>.arrow`` (written to a temporary
-name, then renamed, so a reader never sees half a file); later loads memory-map it.
+A source is streamed once into ``<cache_dir>/<kind>-<name>-<key>.arrow`` (written atomically, so a
+reader never sees half a file) with its counts in a JSON side file; later loads memory-map it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from datasets import Dataset, Features
+
+from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
 
 # Bump when the cached layout or the parsing rules change: old cache files are then ignored.
 CACHE_VERSION = 1
@@ -46,28 +47,27 @@ def write_arrow(
 
     ``meta`` is called after the last row; its dict is saved next to the file (see meta_file).
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
     schema = features.arrow_schema
-    n = 0
-    try:
+    count = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal count
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             buf: list[dict[str, Any]] = []
             for row in rows:
                 buf.append(row)
                 if len(buf) >= batch_rows:
                     writer.write_batch(pa.RecordBatch.from_pylist(buf, schema=schema))
-                    n += len(buf)
+                    count += len(buf)
                     buf = []
-            if buf or n == 0:
+            if buf or count == 0:
                 writer.write_batch(pa.RecordBatch.from_pylist(buf, schema=schema))
-                n += len(buf)
-        info = {"rows": n, **(meta() if meta else {})}
-        meta_file(dest).write_text(json.dumps(info, indent=1) + "\n")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return n
+                count += len(buf)
+        # the side file first: a cache file that exists always has its counts
+        write_json_atomic(meta_file(dest), {"rows": count, **(meta() if meta else {})})
+
+    write_atomic(dest, write)
+    return count
 
 
 def read_meta(arrow_path: Path) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Turn a batch of training examples into tokenized questions, passage groups and passage ids."""
+"""A training step's batch: tokenized questions, their passage groups (positive + hard negatives)
+and passage ids."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor
 
 from dpr_cache.data.ids import passage_hash
+from dpr_cache.data.tokenize import encode_passages, encode_questions
 
 _MASK63 = (1 << 63) - 1
 _FILL_TRIES = 20
@@ -50,51 +52,6 @@ class Batch:
         )
 
 
-def _pad_multiple(max_length: int, multiple: int | None) -> int | None:
-    """``multiple`` if usable with ``max_length`` (transformers requires it to divide it)."""
-    return multiple if multiple and max_length % multiple == 0 else None
-
-
-def encode_questions(
-    tokenizer: Any, questions: list[str], max_length: int, pad_to_multiple_of: int | None = None
-) -> dict[str, Tensor]:
-    """Questions encoded alone, truncated to ``max_length``, padded to the longest."""
-    enc = tokenizer(
-        questions,
-        max_length=max_length,
-        truncation=True,
-        padding=True,
-        pad_to_multiple_of=_pad_multiple(max_length, pad_to_multiple_of),
-        return_tensors="pt",
-    )
-    return dict(enc)
-
-
-def encode_passages(
-    tokenizer: Any,
-    titles: list[str],
-    texts: list[str],
-    max_length: int,
-    pad_to_multiple_of: int | None = None,
-) -> dict[str, Tensor]:
-    """Passages as DPR encodes them: the pair ``(title, text)``, truncating the text.
-
-    If a title alone is too long for ``max_length`` the tokenizer cannot truncate only the text;
-    the batch is then encoded with ``truncation="longest_first"`` instead.
-    """
-    kwargs = dict(
-        max_length=max_length,
-        padding=True,
-        pad_to_multiple_of=_pad_multiple(max_length, pad_to_multiple_of),
-        return_tensors="pt",
-    )
-    try:
-        enc = tokenizer(titles, texts, truncation="only_second", **kwargs)
-    except Exception:  # fast tokenizers raise a bare Exception ("Truncation error: ...")
-        enc = tokenizer(titles, texts, truncation="longest_first", **kwargs)
-    return dict(enc)
-
-
 def _rng(seed: int, step: int, key: int) -> np.random.Generator:
     return np.random.default_rng([seed & _MASK63, step & _MASK63, key & _MASK63])
 
@@ -103,7 +60,7 @@ def _shuffled(ctxs: Sequence[Mapping[str, Any]], rng: np.random.Generator) -> li
     return [ctxs[int(j)] for j in rng.permutation(len(ctxs))]
 
 
-def pick_negatives(
+def choose_step_negatives(
     example: Mapping[str, Any],
     hard_negatives: int,
     rng: np.random.Generator,
@@ -148,10 +105,11 @@ def build_batch(
     """Tokenize questions and their passage groups (positive + ``hard_negatives`` negatives).
 
     Each question's positive is its first ``positive_ctxs`` entry; negatives follow
-    :func:`pick_negatives`, with randomness drawn from ``(seed, step, key)`` where ``key`` is the
-    question's dataset index (``indices[i]``, default its position i). Pass the dataset indices
-    and the whole training set as ``pool_for_padding``: a rank then builds exactly its slice of
-    the global batch. Without a pool, the fill draws from the positives of this batch.
+    :func:`choose_step_negatives`, with randomness drawn from ``(seed, step, key)`` where
+    ``key`` is the question's dataset index (``indices[i]``, default its position i). Pass the
+    dataset indices and the whole training set as ``pool_for_padding``: a rank then builds
+    exactly its slice of the global batch. Without a pool, the fill draws from the positives
+    of this batch.
     """
     if indices is not None and len(indices) != len(examples):
         raise ValueError("indices must match examples in length")
@@ -164,7 +122,7 @@ def build_batch(
     pids: list[int] = []
     for example, key in zip(examples, keys, strict=True):
         group = [example["positive_ctxs"][0]]
-        group += pick_negatives(example, hard_negatives, _rng(seed, step, key), pool)
+        group += choose_step_negatives(example, hard_negatives, _rng(seed, step, key), pool)
         for ctx in group:
             titles.append(ctx["title"])
             texts.append(ctx["text"])

@@ -7,11 +7,13 @@ import os
 import shutil
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 from tqdm import tqdm
 
 from dpr_cache.errors import InputError
+from dpr_cache.runtime.atomic import write_atomic
 
 DPR_URL_ROOT = "https://dl.fbaipublicfiles.com/dpr"
 # File name -> path under DPR_URL_ROOT (from DPR's dpr/data/download_data.py resource map).
@@ -118,17 +120,18 @@ def download_file(url: str, dest: Path, *, progress: bool = True, timeout: float
 
 
 def gunzip_file(src: Path, *, remove: bool = True) -> Path:
-    """Decompress ``name.gz`` to ``name`` (via ``name.part``); skip if ``name`` exists."""
+    """Decompress ``name.gz`` to ``name`` (atomically); skip if ``name`` exists."""
     dest = src.with_suffix("")
     if not dest.exists():
-        part = dest.with_name(dest.name + ".part")
-        try:
-            with gzip.open(src, "rb") as fin, open(part, "wb") as fout:
+
+        def write(tmp: Path) -> None:
+            with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
                 shutil.copyfileobj(fin, fout, _CHUNK)
-        except (OSError, EOFError) as e:
-            part.unlink(missing_ok=True)
+
+        try:
+            write_atomic(dest, write)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             raise InputError(f"{src}: cannot decompress ({e})") from None
-        os.replace(part, dest)
     if remove:
         src.unlink(missing_ok=True)
     return dest

@@ -10,7 +10,6 @@ hit rate of the training questions, a check on the index.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from dpr_cache.answers import has_answer
+from dpr_cache.data.answers import has_answer
 from dpr_cache.data.bm25 import Bm25Corpus
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
+from dpr_cache.runtime.atomic import write_atomic
 
 HIT_KS = (1, 5, 20, 100)
 
@@ -56,7 +56,7 @@ class MiningReport:
         )
 
 
-def pick_negatives(
+def select_bm25_negatives(
     example: dict[str, Any],
     rows: np.ndarray,
     scores: np.ndarray,
@@ -113,9 +113,8 @@ def mine_negatives(
         raise InputError(f"{out}: the output must not overwrite the training file")
     corpus = Bm25Corpus.from_tsv(passages)
     report = MiningReport(out=out, ks=tuple(k for k in HIT_KS if k <= depth) or (depth,))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with (
             open(tmp, "w", encoding="utf-8") as f,
             tqdm(unit="q", desc="mine negatives", disable=not progress, dynamic_ncols=True) as bar,
@@ -131,16 +130,15 @@ def mine_negatives(
             bar.update(len(pending))
         if report.questions == 0:
             raise InputError(f"{train}: no questions")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    write_atomic(out, write)
     return report
 
 
 def _write_batch(f, pending, corpus: Bm25Corpus, n: int, depth: int, report: MiningReport) -> None:
     ranked = corpus.search([example["question"] for _, example in pending], depth)
     for (obj, example), (rows, scores) in zip(pending, ranked, strict=True):
-        negatives, first_hit = pick_negatives(example, rows, scores, corpus, n)
+        negatives, first_hit = select_bm25_negatives(example, rows, scores, corpus, n)
         obj["hard_negative_ctxs"] = negatives
         f.write(json.dumps(obj, ensure_ascii=False) + "\n")
         report.questions += 1

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from dpr_cache.data.files import open_text
 from dpr_cache.errors import InputError
+from dpr_cache.runtime.atomic import write_many_atomic
 
 _TABS_NEWLINES = re.compile(r"[\t\r\n]")
 
@@ -50,38 +51,47 @@ def build_squad(source_json_gz: Path, out_dir: Path) -> dict[str, int]:
     """
     articles = _load(Path(source_json_gz))
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    names = ("passages.tsv", "train.jsonl", "dev.jsonl", "dev.qa.tsv")
     counts = {"articles": len(articles), "passages": 0, "train": 0, "dev": 0}
-    with (
-        open(out_dir / "passages.tsv", "w", encoding="utf-8", newline="") as psg_f,
-        open(out_dir / "train.jsonl", "w", encoding="utf-8", newline="\n") as train_f,
-        open(out_dir / "dev.jsonl", "w", encoding="utf-8", newline="\n") as dev_f,
-        open(out_dir / "dev.qa.tsv", "w", encoding="utf-8", newline="\n") as qa_f,
-    ):
-        passages = csv.writer(psg_f, delimiter="\t", lineterminator="\n")
-        passages.writerow(["id", "text", "title"])
-        for a, article in enumerate(articles):
-            title = article["title"].replace("_", " ")
-            dev = is_dev_article(a)
-            for paragraph in article["paragraphs"]:
-                counts["passages"] += 1
-                pid = str(counts["passages"])
-                text = _TABS_NEWLINES.sub(" ", paragraph["context"])
-                passages.writerow([pid, text, title])
-                ctx = {"passage_id": pid, "title": title, "text": text}
-                for qa in paragraph["qas"]:
-                    question = " ".join(qa["question"].split())
-                    answers = _distinct([ans["text"] for ans in qa["answers"]])
-                    example = {
-                        "id": qa["id"],
-                        "question": question,
-                        "answers": answers,
-                        "positive_ctxs": [ctx],
-                        "hard_negative_ctxs": [],
-                        "negative_ctxs": [],
-                    }
-                    _write_jsonl(dev_f if dev else train_f, example)
-                    counts["dev" if dev else "train"] += 1
-                    if dev:
-                        qa_f.write(f"{question}\t{json.dumps(answers, ensure_ascii=False)}\n")
+
+    def write(tmps: list[Path]) -> None:
+        with (
+            open(tmps[0], "w", encoding="utf-8", newline="") as psg_f,
+            open(tmps[1], "w", encoding="utf-8", newline="\n") as train_f,
+            open(tmps[2], "w", encoding="utf-8", newline="\n") as dev_f,
+            open(tmps[3], "w", encoding="utf-8", newline="\n") as qa_f,
+        ):
+            _write_splits(articles, counts, psg_f, train_f, dev_f, qa_f)
+
+    write_many_atomic([out_dir / name for name in names], write)
     return counts
+
+
+def _write_splits(articles, counts, psg_f, train_f, dev_f, qa_f) -> None:
+    """One passage per paragraph into ``psg_f``; each question into its split's files."""
+    passages = csv.writer(psg_f, delimiter="\t", lineterminator="\n")
+    passages.writerow(["id", "text", "title"])
+    for a, article in enumerate(articles):
+        title = article["title"].replace("_", " ")
+        dev = is_dev_article(a)
+        for paragraph in article["paragraphs"]:
+            counts["passages"] += 1
+            pid = str(counts["passages"])
+            text = _TABS_NEWLINES.sub(" ", paragraph["context"])
+            passages.writerow([pid, text, title])
+            ctx = {"passage_id": pid, "title": title, "text": text}
+            for qa in paragraph["qas"]:
+                question = " ".join(qa["question"].split())
+                answers = _distinct([ans["text"] for ans in qa["answers"]])
+                example = {
+                    "id": qa["id"],
+                    "question": question,
+                    "answers": answers,
+                    "positive_ctxs": [ctx],
+                    "hard_negative_ctxs": [],
+                    "negative_ctxs": [],
+                }
+                _write_jsonl(dev_f if dev else train_f, example)
+                counts["dev" if dev else "train"] += 1
+                if dev:
+                    qa_f.write(f"{question}\t{json.dumps(answers, ensure_ascii=False)}\n")

@@ -1,4 +1,5 @@
-"""Bad input: one `error: ...` line on stderr naming the file, line or key; exit 2; no traceback."""
+"""Bad input: one `error: ...` line on stderr naming the file, line or key; exit 2; no traceback.
+An operating-system error that is not bad input keeps its own message, errno and path: exit 1."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import json
 
 import pytest
 
-from tests.e2e.cli_runner import run_cli, toy_overrides
+from dpr_cache.testing.cli import run_cli, toy_overrides
 
 
-def expect_error(proc, *fragments: str) -> None:
-    assert proc.returncode == 2, proc.stderr
+def expect_error(proc, *fragments: str, code: int = 2) -> None:
+    assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ")
@@ -81,3 +82,18 @@ def test_missing_passages_file_keeps_what_was_written(tmp_path):
                    f"data.passages={tmp_path / 'gone.tsv'}", check=False)  # fmt: skip
     expect_error(proc, "gone.tsv")
     assert model.read_bytes() == before
+
+
+def test_a_missing_model_name_is_bad_input(tmp_path):
+    proc = train(tmp_path, f"model.name_or_path={tmp_path / 'no-model'}")
+    expect_error(proc, "model.name_or_path", "no-model")
+
+
+def test_an_os_error_keeps_its_errno_and_path_and_exits_1(tmp_path):
+    """The output folder cannot be made (its parent is a file): not bad input, a system error
+    reported as the system says it, and nothing half-written."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    proc = train(tmp_path, f"output_dir={blocker / 'run'}", "train.max_steps=1")
+    expect_error(proc, "[Errno 20]", "Not a directory", str(blocker), code=1)
+    assert blocker.read_text() == "not a folder"

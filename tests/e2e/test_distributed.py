@@ -1,6 +1,6 @@
 """Two gloo ranks on CPU against one process: gradients, gradient syncs, CLI runs, resume, index.
 
-The gradient tests spawn 2 processes once (``dist_worker.main``) that run every case in one
+The gradient tests spawn 2 processes once (``distributed_cases.main``) that run every case in one
 process group; the reference is one process encoding the whole global batch with the same
 float64 weights. The CLI tests run ``torchrun --nproc_per_node 2`` on the toy config.
 """
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +18,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpr_cache.accumulate import FullBatch
-from dpr_cache.loss import contrastive_loss
-from tests.conftest import REPO
-from tests.e2e import dist_worker as w
+from dpr_cache.core.accumulate import FullBatch
+from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.testing import distributed_cases as w
+from dpr_cache.testing.cli import free_port
+from dpr_cache.testing.cli import run_cli as run_dpr_cache
+from dpr_cache.testing.fixtures import REPO, saved_weights
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,12 +63,6 @@ SYNC_CONTROL = [
     {"name": "sync-every-chunk", "mode": "gradcache", "shared": True, "sync_every_chunk": True},
 ]
 SPAWN_TIMEOUT = 120
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -193,23 +185,9 @@ CLI_TIMEOUT = 180
 STEPS = 3
 
 
-def run_cli(args: list[str], world: int = 1) -> subprocess.CompletedProcess:
-    """``python -m dpr_cache ARGS``, under ``torchrun --nproc_per_node WORLD`` if WORLD > 1."""
-    launcher = [sys.executable]
-    if world > 1:
-        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={world}"]
-        launcher += ["--master_addr=127.0.0.1", f"--master_port={free_port()}"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(
-        [*launcher, "-m", "dpr_cache", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT,
-    )
-    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stderr[-4000:]}"
-    return proc
+def run_cli(args: list[str], world: int = 1):
+    """``dpr-cache ARGS``, under ``torchrun --nproc_per_node WORLD`` if WORLD > 1."""
+    return run_dpr_cache(*args, world=world, timeout=CLI_TIMEOUT)
 
 
 def train_args(out: Path, cache: Path, *extra: str) -> list[str]:
@@ -234,16 +212,6 @@ def train_args(out: Path, cache: Path, *extra: str) -> list[str]:
     return args + list(extra)
 
 
-def tower_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {
-        f"{tower}/{name}": tensor
-        for tower in ("query_encoder", "passage_encoder")
-        for name, tensor in load_file(model_dir / tower / "model.safetensors").items()
-    }
-
-
 def assert_same_weights(got: dict, want: dict, label: str) -> None:
     assert got.keys() == want.keys()
     worst = max((got[k] - want[k]).abs().max().item() for k in want)
@@ -264,8 +232,8 @@ def cli_runs(tmp_path_factory) -> dict[str, Path]:
 
 def test_torchrun_training_equals_single_process(cli_runs):
     assert_same_weights(
-        tower_weights(cli_runs["two"] / "model"),
-        tower_weights(cli_runs["single"] / "model"),
+        saved_weights(cli_runs["two"] / "model"),
+        saved_weights(cli_runs["single"] / "model"),
         "2 ranks vs 1 process",
     )
 
@@ -294,19 +262,17 @@ def test_torchrun_resume_reproduces_the_run(cli_runs):
     shutil.rmtree(out / "model")
     run_cli(train_args(out, cli_runs["cache"], "--resume"), world=WORLD)
     assert_same_weights(
-        tower_weights(out / "model"), tower_weights(cli_runs["two"] / "model"), "resumed"
+        saved_weights(out / "model"), saved_weights(cli_runs["two"] / "model"), "resumed"
     )
     lines = (out / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
 
 
-@pytest.mark.skipif(
-    not (REPO / "dpr_cache" / "index.py").is_file(), reason="dpr_cache/index.py not written yet"
-)
 def test_torchrun_index_equals_single_process(cli_runs, monkeypatch):
     """Shards go round-robin to 2 ranks; rank 0 builds the index over all of them."""
     from dpr_cache.config import load_config
-    from dpr_cache.index import build_index, load_shard_embeddings
+    from dpr_cache.retrieval.index import build_index
+    from dpr_cache.retrieval.shards import load_shard_embeddings
 
     model = cli_runs["two"] / "model"
     out = cli_runs["root"] / "index-two"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import torch
-from safetensors.torch import load_file
-from transformers import AutoModel
+from transformers import AutoModel, AutoTokenizer
 
-from dpr_cache.evaluate import metrics_from_retrieval
-from tests.e2e.cli_runner import run_cli, toy_overrides
+from dpr_cache.retrieval.evaluate import metrics_from_retrieval
+from dpr_cache.testing.cli import run_cli, toy_overrides
+from dpr_cache.testing.fixtures import TOY, saved_weights
 
 
 def test_train_index_eval(tmp_path):
@@ -45,24 +45,70 @@ def test_train_index_eval(tmp_path):
     assert scores == sorted(scores, reverse=True)
 
 
-def test_modes_full_and_accumulate_run(tmp_path):
-    for mode in ("full", "accumulate"):
-        args = toy_overrides(tmp_path / mode, **{"train.mode": mode, "train.max_steps": 2})
-        run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
+def _accumulate_loss_from_scratch(tmp_path, batch_size: int, micro: int) -> float:
+    """Step 1's loss of plain accumulation, computed here: the untrained tiny BERT run through
+    ``transformers`` (mean pooling, dropout off), each micro-batch of ``micro`` questions scored
+    against its own passages only, false negatives (same passage id) masked, temperature 0.05."""
+    from dpr_cache.data.batches import TrainBatches
+    from dpr_cache.data.training import load_training_set
+    from dpr_cache.train.recipe import BatchRecipe
+
+    dataset = load_training_set(TOY / "train.jsonl", tmp_path / "ref-cache")
+    tok = AutoTokenizer.from_pretrained(TOY / "tiny-bert")
+    recipe = BatchRecipe(hard_negatives=1, max_query_length=32, max_passage_length=128, seed=42)
+    batch = recipe.batch(dataset, TrainBatches(len(dataset), batch_size, 42), tok, 0)
+    bert = AutoModel.from_pretrained(TOY / "tiny-bert", hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0).eval()  # fmt: skip
+
+    def mean_pool(inputs):
+        hidden = bert(**inputs).last_hidden_state
+        mask = inputs["attention_mask"].unsqueeze(-1).float()
+        return (hidden * mask).sum(1) / mask.sum(1)
+
+    with torch.no_grad():
+        q, p = mean_pool(batch.q_inputs), mean_pool(batch.p_inputs)
+    losses = []
+    for start in range(0, batch_size, micro):
+        qs, ps = q[start : start + micro], p[2 * start : 2 * (start + micro)]
+        ids = batch.p_ids[2 * start : 2 * (start + micro)]
+        for i in range(len(qs)):
+            pos = 2 * i
+            keep = (ids != ids[pos]) | (torch.arange(len(ids)) == pos)
+            scores = ps[keep] @ qs[i] / 0.05
+            losses.append(float(torch.logsumexp(scores, 0) - ps[pos] @ qs[i] / 0.05))
+    return sum(losses) / len(losses)
+
+
+def test_modes_full_gradcache_and_accumulate(tmp_path):
+    """Dropout off, 2 steps of B=16 in chunks of 4: the full batch and GradCache train the same
+    weights; plain accumulation does not (each question meets 7 negatives, not 31), and its
+    first logged loss equals the one computed from scratch above."""
+    runs = {}
+    for mode in ("gradcache", "full", "accumulate"):
+        sets = {"train.mode": mode, "train.max_steps": 2, "model.dropout": 0.0}
+        sets["train.adam_eps"] = 1e-4  # Adam would blow rounding noise up to lr-sized steps
+        run_cli("train", "--config", "configs/toy.yaml", *toy_overrides(tmp_path / mode, **sets))
         log = (tmp_path / mode / "run" / "train_log.jsonl").read_text().splitlines()
-        expected = 16 * 2 - 1 if mode == "full" else 4 * 2 - 1
-        assert json.loads(log[0])["negatives_per_question"] == expected
+        runs[mode] = (
+            [json.loads(line) for line in log],
+            saved_weights(tmp_path / mode / "run" / "model"),
+        )
+    negatives = {mode: log[0]["negatives_per_question"] for mode, (log, _) in runs.items()}
+    assert negatives == {"gradcache": 16 * 2 - 1, "full": 16 * 2 - 1, "accumulate": 4 * 2 - 1}
+
+    def gap(a: str, b: str) -> float:
+        wa, wb = runs[a][1], runs[b][1]
+        return max((wa[k] - wb[k]).abs().max().item() for k in wa)
+
+    assert gap("full", "gradcache") < 1e-5
+    assert gap("full", "accumulate") > 100 * max(gap("full", "gradcache"), 1e-7)
+    assert abs(runs["full"][0][0]["loss"] - runs["gradcache"][0][0]["loss"]) < 1e-5
+    want = _accumulate_loss_from_scratch(tmp_path, 16, 4)
+    assert abs(runs["accumulate"][0][0]["loss"] - want) < 1e-4, (runs["accumulate"][0][0], want)
+    assert abs(runs["full"][0][0]["loss"] - want) > 0.1  # more negatives, a larger loss
 
 
 def test_verify_reports_a_tiny_gap(tmp_path):
     proc = run_cli("verify", "--config", "configs/toy.yaml", *toy_overrides(tmp_path), "--double")
     line = next(x for x in proc.stdout.splitlines() if "max relative grad difference" in x)
     assert float(line.split(":")[1]) < 1e-10
-
-
-def weights(model_dir) -> dict[str, torch.Tensor]:
-    out = {}
-    for tower in ("query_encoder", "passage_encoder"):
-        for key, value in load_file(model_dir / tower / "model.safetensors").items():
-            out[f"{tower}.{key}"] = value
-    return out

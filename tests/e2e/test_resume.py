@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from tests.e2e.cli_runner import popen_cli, run_cli, toy_overrides
-from tests.e2e.test_pipeline import weights
+from dpr_cache.testing.cli import popen_cli, run_cli, toy_overrides
+from dpr_cache.testing.fixtures import saved_weights as weights
 
 STEPS = 8
 

@@ -1,0 +1,79 @@
+"""Corpus encoding speed: length-sorted dynamic batches against fixed-order padded batches.
+
+Both variants run :func:`dpr_cache.retrieval.encode.encode_passage_texts` (the ``index``
+command's code) on the same passages, model and batch size, in one process after a one-batch
+warm-up::
+
+    python -m dpr_cache.bench.index '{"model": "...", "passages": "data/squad/passages.tsv"}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["run_index_bench"]
+
+
+def run_index_bench(
+    model: str,
+    passages: str | Path,
+    *,
+    pooling: str = "mean",
+    max_length: int = 256,
+    batch_size: int = 64,
+    limit: int | None = None,
+    threads: int | None = None,
+) -> dict:
+    """Seconds to encode the passages sorted by length and in file order padded to max_length."""
+    import numpy as np
+
+    from dpr_cache.data.passages import read_passages
+    from dpr_cache.data.tokenize import tokenize_passages
+    from dpr_cache.model.biencoder import BiEncoder
+    from dpr_cache.retrieval.encode import encode_passage_texts
+
+    if threads:
+        torch.set_num_threads(threads)
+    rows = list(read_passages(Path(passages)))[:limit]
+    texts = [text for _, text, _ in rows]
+    titles = [title for _, _, title in rows]
+    enc = BiEncoder.from_pretrained(model, shared=True, pooling=pooling).eval()
+    kwargs = dict(max_length=max_length, batch_size=batch_size, device=torch.device("cpu"))
+    encode_passage_texts(enc, titles[:batch_size], texts[:batch_size], **kwargs)  # warm-up
+    result: dict = {
+        "passages": len(texts),
+        "max_length": max_length,
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+    }
+    embs = {}
+    for name, sort in (("padded_s", False), ("sorted_s", True)):
+        start = time.perf_counter()
+        embs[name] = encode_passage_texts(enc, titles, texts, sort_by_length=sort, **kwargs)
+        result[name] = time.perf_counter() - start
+    result["speedup"] = result["padded_s"] / result["sorted_s"]
+    result["max_abs_diff"] = float(np.abs(embs["padded_s"] - embs["sorted_s"]).max())
+    lengths = [
+        len(ids) for ids in tokenize_passages(enc.tokenizer, titles, texts, max_length)["input_ids"]
+    ]
+    result["mean_tokens"] = sum(lengths) / len(lengths)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run with the keyword arguments given as a JSON object; print one JSON line."""
+    argv = sys.argv[1:] if argv is None else argv
+    from dpr_cache.runtime.offline import offline_and_quiet
+
+    offline_and_quiet()
+    kwargs = json.loads(argv[0])
+    print(json.dumps(run_index_bench(**kwargs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Peers run on our model, batch and mini-batch: sentence-transformers' cached MNRL loss and the
+original GradCache library. Each adapter has our steppers' ``.step(q, p, p_ids=...) -> loss``.
+
+Both peers get the very same Hugging Face module as our modes (no second copy of the weights), the
+same pooling, a dot product at temperature 1 and mean reduction, so the loss they compute is ours.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+from types import ModuleType
+
+from torch import Tensor, nn
+
+from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.model.biencoder import BiEncoder
+
+__all__ = ["PEERS", "peer_available", "import_gradcache_lib", "make_peer"]
+
+PEERS = ("st-cmnrl", "gradcache-lib")
+
+
+def import_gradcache_lib() -> ModuleType:
+    """The GradCache library as ``grad_cache``.
+
+    The PyPI package ``gradcache`` installs a folder named ``gradcache`` whose modules import
+    ``grad_cache.*``; loading that folder under the name ``grad_cache`` makes it importable.
+    """
+    if "grad_cache" in sys.modules:
+        return sys.modules["grad_cache"]
+    spec = importlib.util.find_spec("grad_cache") or importlib.util.find_spec("gradcache")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("the GradCache library is not installed (pip install gradcache)")
+    if spec.name != "grad_cache":
+        spec = importlib.util.spec_from_file_location(
+            "grad_cache", spec.origin, submodule_search_locations=spec.submodule_search_locations
+        )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["grad_cache"] = module
+    try:
+        spec.loader.exec_module(module)
+        importlib.import_module("grad_cache.grad_cache")
+    except Exception:
+        del sys.modules["grad_cache"]
+        raise
+    return module
+
+
+def peer_available(name: str) -> bool:
+    """Whether a peer's package imports in this environment."""
+    try:
+        if name == "st-cmnrl":
+            importlib.import_module("sentence_transformers")
+        elif name == "gradcache-lib":
+            import_gradcache_lib()
+        else:
+            return False
+    except Exception:
+        return False
+    return True
+
+
+class _Pooled(nn.Module):
+    """One tower of a BiEncoder as a module mapping tokenized inputs to pooled reps."""
+
+    def __init__(self, model: BiEncoder, tower: nn.Module) -> None:
+        super().__init__()
+        self.model, self.tower = model, tower
+
+    def forward(self, **inputs: Tensor) -> Tensor:
+        return self.model.encode_with(self.tower, inputs)
+
+
+class GradCacheLibStep:
+    """The GradCache library (``grad_cache.GradCache``) on both towers, chunk ``chunk_size``."""
+
+    def __init__(self, model: BiEncoder, chunk_size: int, tile_size: int | None = None) -> None:
+        lib = importlib.import_module("grad_cache.grad_cache")
+        q = _Pooled(model, model.query_encoder)
+        p = q if model.shared else _Pooled(model, model.passage_encoder)
+        self.loss_kwargs: dict = {}
+        loss = functools.partial(self._loss, tile_size=tile_size, kwargs=self.loss_kwargs)
+        self.engine = lib.GradCache(models=[q, p], chunk_sizes=chunk_size, loss_fn=loss)
+
+    @staticmethod
+    def _loss(q: Tensor, p: Tensor, *, tile_size: int | None, kwargs: dict) -> Tensor:
+        return contrastive_loss(q, p, tile_size=tile_size, **kwargs)
+
+    def step(self, q_inputs: dict, p_inputs: dict, p_ids: Tensor | None = None) -> Tensor:
+        self.loss_kwargs.clear()
+        self.loss_kwargs["p_ids"] = p_ids
+        return self.engine(q_inputs, p_inputs)
+
+
+class CachedMNRLStep:
+    """sentence-transformers' ``CachedMultipleNegativesRankingLoss`` (dot product, scale 1).
+
+    It encodes questions and passages with one SentenceTransformer, so it needs shared towers.
+    Its loss takes the first passage of each group as the positive and every passage row as a
+    candidate, as ours does; it knows no passage ids (no false-negative mask).
+    """
+
+    def __init__(self, model: BiEncoder, chunk_size: int) -> None:
+        if not model.shared:
+            raise ValueError("st-cmnrl encodes both sides with one model: needs model.shared")
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.losses import (
+            CachedMultipleNegativesRankingLoss,
+        )
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+        from sentence_transformers.util import dot_score
+
+        path = model.query_encoder.config._name_or_path
+        transformer = Transformer(path)
+        transformer.model = model.query_encoder  # the very module our modes train
+        pooling = Pooling(model.dim, pooling_mode=model.pooling)
+        self.st = SentenceTransformer(modules=[transformer, pooling], device=str(model.device))
+        self.st.train()
+        self.loss = CachedMultipleNegativesRankingLoss(
+            self.st, scale=1.0, similarity_fct=dot_score, mini_batch_size=chunk_size
+        )
+
+    def step(self, q_inputs: dict, p_inputs: dict, p_ids: Tensor | None = None) -> Tensor:
+        n_q, n_p = len(q_inputs["input_ids"]), len(p_inputs["input_ids"])
+        group = n_p // n_q
+        features = [dict(q_inputs), {k: v[::group] for k, v in p_inputs.items()}]
+        features += [{k: v[h::group] for k, v in p_inputs.items()} for h in range(1, group)]
+        loss = self.loss(features, None)
+        loss.backward()
+        return loss.detach()
+
+
+def make_peer(name: str, model: BiEncoder, chunk_size: int, tile_size: int | None = None):
+    """A step object for peer ``name`` (one of :data:`PEERS`) on ``model``."""
+    if name == "st-cmnrl":
+        return CachedMNRLStep(model, chunk_size)
+    if name == "gradcache-lib":
+        import_gradcache_lib()
+        return GradCacheLibStep(model, chunk_size, tile_size)
+    raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")

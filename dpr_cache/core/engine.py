@@ -1,0 +1,285 @@
+"""GradCache: the exact full-batch gradient of a contrastive loss, at the memory of a chunk.
+
+The algorithm's steps are the engine's methods:
+
+1. :meth:`GradCache.split` cuts each inputs dict into chunks;
+2. :meth:`GradCache.forward_no_grad` encodes every chunk without a graph, recording the RNG
+   state (CPU and each CUDA device in use) before each chunk (:meth:`GradCache.forward_last`
+   encodes the last chunk of each tower with its graph instead, when it is kept);
+3. :meth:`GradCache.build_cache` computes the loss on the detached representations and
+   ``g = dloss/dreps`` (kept in fp32, or fp64 for fp64 reps);
+4. :meth:`GradCache.forward_backward` re-encodes each chunk with a graph under the replayed RNG
+   state and backpropagates the surrogate ``sum(reps * g_chunk)``.
+
+Two savings keep the overhead near one extra graph-less forward of all chunks but the last: the
+last chunk of each tower is encoded with its graph in step 2 and backpropagated first in step 4
+(no re-forward; peak memory stays one question chunk plus one passage chunk), and each chunk is
+cut to its longest row (trailing columns that no row attends to are dropped), so a chunk of short
+rows is not encoded at the batch's padded width.
+
+The parameter gradients then equal those of one backward over the whole batch. The engine fills
+``.grad`` and stops: optimizer, clipping and schedules belong to the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dpr_cache.core.inputs import Inputs, batch_rows, split_inputs, trim_padding
+
+__all__ = ["GradCache", "RngState", "RELEASE_EVERY"]
+
+RELEASE_EVERY = 8
+"""Chunks encoded between two calls of ``release_memory`` (each call costs page faults)."""
+
+Encoder = Callable[[Inputs], Tensor]
+SyncContext = Callable[[], contextlib.AbstractContextManager]
+
+
+def _cuda_devices(inputs: Inputs) -> list[int]:
+    return sorted({t.device.index or 0 for t in inputs.values() if t.device.type == "cuda"})
+
+
+@dataclass
+class RngState:
+    """The CPU and CUDA RNG states at one moment, to replay a chunk's dropout exactly."""
+
+    cpu: Tensor
+    cuda: dict[int, Tensor]
+
+    @classmethod
+    def capture(cls, cuda_devices: list[int]) -> RngState:
+        return cls(
+            cpu=torch.get_rng_state(),
+            cuda={d: torch.cuda.get_rng_state(d) for d in cuda_devices},
+        )
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        """Run the block from this state; the global RNG is restored afterwards."""
+        with torch.random.fork_rng(devices=list(self.cuda), enabled=True):
+            torch.set_rng_state(self.cpu)
+            for device, state in self.cuda.items():
+                torch.cuda.set_rng_state(state, device)
+            yield
+
+
+@dataclass(eq=False)
+class _Tower:
+    """One side (questions or passages) of a step: its chunks, reps and cached gradients."""
+
+    encode: Encoder
+    chunks: list[dict[str, Tensor]]
+    reps: Tensor | None = None  # detached reps of every chunk, [rows, d], one buffer
+    rng: list[RngState] | None = None
+    last_reps: Tensor | None = None  # the last chunk's reps with their graph, if kept
+    grads: list[Tensor] | None = None  # dloss/dreps per chunk, fp32 (fp64 for fp64 reps)
+
+
+class GradCache:
+    """Exact large-batch gradients for ``loss_fn(encode_q(q), encode_p(p))`` in chunks.
+
+    Args:
+        encode_q: maps a dict of batched tensors (a chunk of questions) to reps [n, d].
+        encode_p: the same for passages.
+        loss_fn: ``loss_fn(q_reps, p_reps, **loss_kwargs) -> scalar`` on the whole batch.
+        chunk_size: question rows per chunk.
+        p_chunk_size: passage rows per chunk (default ``chunk_size``).
+        scaler: a ``torch.amp.GradScaler``: the surrogate is scaled, never the cache.
+        no_sync: a callable returning a context (e.g. ``ddp_model.no_sync``): every chunk's
+            forward and backward but the last runs inside it, so DDP syncs gradients once. A
+            pair ``(q_no_sync, p_no_sync)`` serves two DDP-wrapped towers: each tower's chunks
+            but its last run inside its own context (each parameter is still synced once).
+        keep_last_graph: encode the last chunk of each tower with its graph in the first pass
+            and reuse it, saving its re-forward. Ignored when ``no_sync`` is given (DDP needs
+            the synced backward right after its forward).
+        replay_rng: replay each chunk's RNG state in the re-forward (turn off only to show
+            what breaks without it).
+        trim_padding: cut each chunk to its longest row (see :func:`trim_padding`); turn off
+            for an encoder whose output depends on trailing padded positions.
+        release_memory: called after at least ``RELEASE_EVERY`` graph-less chunks, before
+            any graph is built, and every ``RELEASE_EVERY`` re-forwarded chunks (e.g.
+            :func:`dpr_cache.runtime.memory.trim`, which the trainer passes), so freed buffers of
+            earlier chunks do not count in the step's peak resident memory.
+    """
+
+    def __init__(
+        self,
+        encode_q: Encoder,
+        encode_p: Encoder,
+        loss_fn: Callable[..., Tensor],
+        chunk_size: int,
+        *,
+        p_chunk_size: int | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        no_sync: SyncContext | tuple[SyncContext, SyncContext] | None = None,
+        keep_last_graph: bool = True,
+        replay_rng: bool = True,
+        trim_padding: bool = True,
+        release_memory: Callable[[], object] | None = None,
+    ) -> None:
+        for name, size in (("chunk_size", chunk_size), ("p_chunk_size", p_chunk_size)):
+            if size is not None and (not isinstance(size, int) or size < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
+        self.encode_q, self.encode_p, self.loss_fn = encode_q, encode_p, loss_fn
+        self.q_chunk_size = chunk_size
+        self.p_chunk_size = p_chunk_size or chunk_size
+        self.scaler = scaler
+        self.no_sync = no_sync
+        self.keep_last_graph = keep_last_graph and no_sync is None
+        self.replay_rng = replay_rng
+        self.trim_padding = trim_padding
+        self.release_memory = release_memory
+
+    # -- the algorithm's steps -------------------------------------------------------------
+
+    def split(self, q_inputs: Inputs, p_inputs: Inputs) -> tuple[_Tower, _Tower]:
+        """Check the inputs and cut them into question and passage chunks."""
+        n_q = batch_rows(q_inputs, "q_inputs")
+        n_p = batch_rows(p_inputs, "p_inputs")
+        if n_p % n_q != 0:
+            raise ValueError(
+                f"passage rows ({n_p}) must be a multiple of question rows ({n_q}): "
+                "each question brings its positive and the same number of hard negatives"
+            )
+        q_chunks = split_inputs(q_inputs, self.q_chunk_size)
+        p_chunks = split_inputs(p_inputs, self.p_chunk_size)
+        if self.trim_padding:
+            q_chunks = [trim_padding(c) for c in q_chunks]
+            p_chunks = [trim_padding(c) for c in p_chunks]
+        return _Tower(self.encode_q, q_chunks), _Tower(self.encode_p, p_chunks)
+
+    def forward_no_grad(self, tower: _Tower) -> None:
+        """Encode every chunk (all but the last if kept) without a graph; record RNG states."""
+        tower.reps, tower.rng = None, []
+        for i, chunk in enumerate(tower.chunks[: self._n_graph_less(tower)]):
+            tower.rng.append(RngState.capture(_cuda_devices(chunk)))
+            with torch.no_grad():
+                _store(tower, i, tower.encode(chunk))
+
+    def _n_graph_less(self, tower: _Tower) -> int:
+        """Chunks encoded without a graph in the first pass: all, or all but the kept last."""
+        return len(tower.chunks) - (1 if self.keep_last_graph else 0)
+
+    def forward_last(self, tower: _Tower) -> None:
+        """Encode the last chunk with its graph (``keep_last_graph``). Called once both towers'
+        graph-less chunks are done, so the kept graphs are allocated after the short-lived
+        buffers of those chunks (less allocator fragmentation on CPU)."""
+        chunk = tower.chunks[-1]
+        tower.rng.append(RngState.capture(_cuda_devices(chunk)))
+        tower.last_reps = tower.encode(chunk)
+        with torch.no_grad():
+            _store(tower, len(tower.chunks) - 1, tower.last_reps.detach())
+
+    def build_cache(self, q: _Tower, p: _Tower, **loss_kwargs) -> Tensor:
+        """Loss on the detached reps and its gradient per chunk; raises on a non-finite loss."""
+        q_all = _cache_leaf(q.reps)
+        p_all = _cache_leaf(p.reps)
+        with torch.enable_grad(), torch.autocast(q_all.device.type, enabled=False):
+            loss = self.loss_fn(q_all, p_all, **loss_kwargs)
+            if loss.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"non-finite loss ({loss.item()}); no gradient was written"
+                )
+            q_grad, p_grad = torch.autograd.grad(loss, [q_all, p_all], allow_unused=True)
+        q.grads = _split_like(q_grad, q_all, q.chunks)
+        p.grads = _split_like(p_grad, p_all, p.chunks)
+        return loss.detach()
+
+    def forward_backward(self, q: _Tower, p: _Tower) -> None:
+        """Re-encode each chunk with a graph under its RNG state; backprop the surrogate."""
+        keep = self.keep_last_graph
+        if keep:  # the kept graphs go first: afterwards one chunk's graph at most is alive
+            self._backward(sum(_surrogate(t.last_reps, t.grads[-1]) for t in (q, p)))
+            for t in (q, p):
+                t.last_reps = None
+        pieces = [
+            (tower, i)
+            for tower in (q, p)
+            for i in range(len(tower.chunks))
+            if not (keep and i == len(tower.chunks) - 1)
+        ]
+        for n, (tower, i) in enumerate(pieces):
+            if self.release_memory is not None and n and n % RELEASE_EVERY == 0:
+                self.release_memory()  # heap slack creeps up over many chunks
+            with self._sync_context(tower is q, i == len(tower.chunks) - 1, n == len(pieces) - 1):
+                replay = tower.rng[i].replay() if self.replay_rng else contextlib.nullcontext()
+                with replay:
+                    reps = tower.encode(tower.chunks[i])
+                self._backward(_surrogate(reps, tower.grads[i]))
+
+    def step(self, q_inputs: Inputs, p_inputs: Inputs, **loss_kwargs) -> Tensor:
+        """Accumulate the exact full-batch gradient into ``.grad``; return the detached loss."""
+        q, p = self.split(q_inputs, p_inputs)
+        try:
+            self.forward_no_grad(q)
+            self.forward_no_grad(p)
+            graph_less = self._n_graph_less(q) + self._n_graph_less(p)
+            if self.release_memory is not None and graph_less >= RELEASE_EVERY:
+                self.release_memory()  # worth its page faults only after many chunks
+            if self.keep_last_graph:
+                self.forward_last(q)
+                self.forward_last(p)
+            loss = self.build_cache(q, p, **loss_kwargs)
+            self.forward_backward(q, p)
+        finally:
+            q.last_reps = p.last_reps = None  # free kept graphs even on error
+        return loss
+
+    __call__ = step
+
+    def _sync_context(
+        self, is_query: bool, last_of_tower: bool, last_overall: bool
+    ) -> contextlib.AbstractContextManager:
+        """DDP's no_sync for every backward but the one that must sync the gradients."""
+        if self.no_sync is None:
+            return contextlib.nullcontext()
+        if isinstance(self.no_sync, tuple):
+            return (
+                contextlib.nullcontext() if last_of_tower else self.no_sync[0 if is_query else 1]()
+            )
+        return contextlib.nullcontext() if last_overall else self.no_sync()
+
+    def _backward(self, surrogate: Tensor) -> None:
+        if self.scaler is not None:
+            surrogate = self.scaler.scale(surrogate)
+        surrogate.backward()
+
+
+def _store(tower: _Tower, index: int, reps: Tensor) -> None:
+    """Copy chunk ``index``'s reps into the tower's buffer, allocated at the first chunk.
+
+    One buffer instead of a small tensor per chunk: no long-lived allocation lands between
+    the chunks' short-lived activations (which fragments the CPU heap and grows the peak
+    resident memory with the number of chunks), and no concatenation afterwards.
+    """
+    if tower.reps is None:
+        rows = sum(batch_rows(c) for c in tower.chunks)
+        tower.reps = reps.new_empty((rows, *reps.shape[1:]))
+    start = sum(batch_rows(c) for c in tower.chunks[:index])
+    tower.reps[start : start + reps.shape[0]].copy_(reps)
+
+
+def _cache_leaf(joined: Tensor) -> Tensor:
+    """The tower's reps as a leaf in fp32 (fp64 stays fp64) that records its grad."""
+    if joined.dtype in (torch.float16, torch.bfloat16):
+        joined = joined.float()
+    return joined.detach().requires_grad_(True)
+
+
+def _split_like(grad: Tensor | None, joined: Tensor, chunks: list[Inputs]) -> list[Tensor]:
+    if grad is None:
+        grad = torch.zeros_like(joined)
+    return list(grad.split([batch_rows(c) for c in chunks]))
+
+
+def _surrogate(reps: Tensor, grad: Tensor) -> Tensor:
+    """``sum(reps * grad)`` computed in the cache's precision: its gradient wrt reps is grad."""
+    return (reps.to(grad.dtype) * grad).sum()

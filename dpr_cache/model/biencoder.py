@@ -1,0 +1,155 @@
+"""BiEncoder: a question tower and a passage tower (Hugging Face encoders), shared or separate.
+
+Saved layout (``save_pretrained(dir)``)::
+
+    dir/query_encoder/      a Hugging Face model folder (AutoModel loads it)
+    dir/passage_encoder/    the same for passages (a copy of the query tower when shared)
+    dir/biencoder.json      {"shared": ..., "pooling": ...}
+    dir/tokenizer files     when the BiEncoder carries a tokenizer
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from transformers import PretrainedConfig
+
+from dpr_cache.model.pooling import POOLINGS, pool
+from dpr_cache.model.towers import load_tokenizer, load_tower, resolve_model_path, tower_from_config
+
+__all__ = ["BiEncoder"]
+
+_META = "biencoder.json"
+
+
+class BiEncoder(nn.Module):
+    """DPR's two encoders; ``encode_query`` / ``encode_passage`` map tokenized inputs to reps.
+
+    Args:
+        query_encoder: a Hugging Face encoder (``last_hidden_state`` output).
+        passage_encoder: the passage tower; ``None`` shares the query tower.
+        pooling: ``"cls"`` (DPR) or ``"mean"`` (masked mean, sentence-transformers).
+        tokenizer: optional, saved beside the towers.
+    """
+
+    def __init__(
+        self,
+        query_encoder: nn.Module,
+        passage_encoder: nn.Module | None = None,
+        *,
+        pooling: str = "cls",
+        tokenizer=None,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        self.query_encoder = query_encoder
+        self.shared = passage_encoder is None or passage_encoder is query_encoder
+        self.passage_encoder = query_encoder if self.shared else passage_encoder
+        self.pooling = pooling
+        self.tokenizer = tokenizer
+
+    # -- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        shared: bool = False,
+        pooling: str = "cls",
+        gradient_checkpointing: bool = False,
+        dropout: float | None = None,
+    ) -> BiEncoder:
+        """Load a saved BiEncoder folder, or any Hugging Face model folder for both towers."""
+        path = Path(resolve_model_path(path))
+        if not path.is_dir():
+            raise FileNotFoundError(2, "no such model folder", str(path))
+        if (path / "query_encoder").is_dir():
+            meta = json.loads((path / _META).read_text()) if (path / _META).is_file() else {}
+            query = load_tower(path / "query_encoder", dropout)
+            passage = None if shared else load_tower(path / "passage_encoder", dropout)
+            pooling = meta.get("pooling", pooling)
+        else:
+            query = load_tower(path, dropout)
+            passage = None if shared else copy.deepcopy(query)
+        model = cls(query, passage, pooling=pooling, tokenizer=load_tokenizer(path))
+        if gradient_checkpointing:
+            model.enable_gradient_checkpointing()
+        return model
+
+    @classmethod
+    def from_config(
+        cls,
+        config: PretrainedConfig,
+        shared: bool = False,
+        pooling: str = "cls",
+        gradient_checkpointing: bool = False,
+        dropout: float | None = None,
+        tokenizer=None,
+    ) -> BiEncoder:
+        """Random-init towers from a Hugging Face config (separate towers start equal)."""
+        query = tower_from_config(config, dropout)
+        passage = None if shared else copy.deepcopy(query)
+        model = cls(query, passage, pooling=pooling, tokenizer=tokenizer)
+        if gradient_checkpointing:
+            model.enable_gradient_checkpointing()
+        return model
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute each layer's activations in the backward (non-reentrant checkpoints)."""
+        towers = [self.query_encoder] + ([] if self.shared else [self.passage_encoder])
+        for tower in towers:
+            if hasattr(tower, "activation_checkpointing_enable"):  # transformers >= 5.x
+                tower.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                tower.gradient_checkpointing_enable({"use_reentrant": False})
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write both towers in Hugging Face format, the pooling, and the tokenizer."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.query_encoder.save_pretrained(out_dir / "query_encoder")
+        self.passage_encoder.save_pretrained(out_dir / "passage_encoder")
+        meta = {"shared": self.shared, "pooling": self.pooling}
+        (out_dir / _META).write_text(json.dumps(meta, indent=2) + "\n")
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(out_dir)
+        return out_dir
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def encode_query(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        """Question reps [n, hidden] from tokenized questions."""
+        return self.encode_with(self.query_encoder, inputs)
+
+    def encode_passage(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        """Passage reps [n, hidden] from tokenized (title, text) pairs."""
+        return self.encode_with(self.passage_encoder, inputs)
+
+    def forward(
+        self,
+        query: Mapping[str, Tensor] | None = None,
+        passage: Mapping[str, Tensor] | None = None,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Either or both towers, so one ``DistributedDataParallel`` wrapper serves both."""
+        q_reps = self.encode_query(query) if query is not None else None
+        p_reps = self.encode_passage(passage) if passage is not None else None
+        return q_reps, p_reps
+
+    def encode_with(self, tower: nn.Module, inputs: Mapping[str, Tensor]) -> Tensor:
+        """Run ``tower`` (one of ours, possibly DDP-wrapped) and pool its last hidden state."""
+        hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
+        return pool(hidden, inputs["attention_mask"], self.pooling)  # [n, hidden]
+
+    @property
+    def dim(self) -> int:
+        return int(self.query_encoder.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device

@@ -1,0 +1,75 @@
+"""Load a model the user named, for training or for encoding, with one-line errors; fingerprint
+a saved model folder (so an index is never searched with another model's vectors)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from dpr_cache.errors import InputError
+from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.model.towers import resolve_model_path
+
+__all__ = ["resolve_model_dir", "load_biencoder", "load_encoder", "model_fingerprint"]
+
+
+def resolve_model_dir(model_dir: str | Path | None, default: Path) -> Path:
+    """``model_dir`` (or ``default``, e.g. ``output_dir/model``), absolute; InputError if absent."""
+    path = Path(resolve_model_path(model_dir)) if model_dir is not None else Path(default)
+    if not path.is_dir():
+        raise InputError(f"{path}: no model folder: run `dpr-cache train` first or pass --model")
+    return path.resolve()
+
+
+def load_biencoder(
+    path: str | Path,
+    *,
+    shared: bool = False,
+    pooling: str = "cls",
+    gradient_checkpointing: bool = False,
+    dropout: float | None = None,
+    source: str = "--model",
+) -> BiEncoder:
+    """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming ``source`` (the
+    flag or config key the path came from) and what went wrong."""
+    try:
+        model = BiEncoder.from_pretrained(
+            path,
+            shared=shared,
+            pooling=pooling,
+            gradient_checkpointing=gradient_checkpointing,
+            dropout=dropout,
+        )
+    except ModuleNotFoundError as e:  # python:PACKAGE that is not installed
+        raise InputError(f"{source}: {path}: {e}") from None
+    except (OSError, ValueError) as e:  # no folder, no config.json, unreadable weights
+        msg = " ".join(str(e).split())[:200]
+        raise InputError(f"{source}: {path}: cannot load a model ({msg})") from None
+    if model.tokenizer is None:
+        raise InputError(f"{source}: {path}: no tokenizer files in the model folder")
+    return model
+
+
+def load_encoder(model_dir: Path, *, pooling: str = "cls", query_only: bool = False) -> BiEncoder:
+    """A saved BiEncoder (both towers, or only the query tower), or a plain HF folder serving
+    both towers, in eval mode."""
+    saved = (Path(model_dir) / "query_encoder").is_dir()
+    model = load_biencoder(model_dir, shared=query_only or not saved, pooling=pooling)
+    return model.eval()
+
+
+def model_fingerprint(model_dir: str | Path) -> str:
+    """sha256 over every file of the folder (relative path, size, bytes); hidden files skipped."""
+    root = Path(model_dir)
+    digest = hashlib.sha256()
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    for file in files:
+        digest.update(f"{file.relative_to(root).as_posix()}\0{file.stat().st_size}\0".encode())
+        with open(file, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()

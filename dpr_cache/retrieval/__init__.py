@@ -1,0 +1,1 @@
+"""Retrieval: encode a corpus into embedding shards, FAISS indexes, search and evaluation."""

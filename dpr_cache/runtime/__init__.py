@@ -1,0 +1,3 @@
+"""What every layer needs from the machine, each written once: device and precision, the
+distributed set-up, memory readings, atomic writes, child processes and the offline environment.
+Nothing here imports the rest of the package (but :mod:`dpr_cache.errors`)."""

@@ -1,0 +1,62 @@
+"""Devices and numeric precision: which device a process runs on and what ``fp32 | bf16 | fp16``
+mean for autocast. The one place that maps a device preference or a precision name."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from dpr_cache.errors import InputError
+
+__all__ = ["PRECISIONS", "resolve_device", "precision_dtype", "autocast", "inference_precision"]
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(preference: str | torch.device = "auto", local_rank: int | None = None):
+    """``auto`` = cuda if available, else cpu; a bare ``cuda`` is ``cuda:LOCAL_RANK``.
+
+    ``local_rank`` defaults to the ``LOCAL_RANK`` that ``torchrun`` sets (0 without it).
+    Raises InputError for a device that does not parse or a CUDA device without CUDA.
+    """
+    if isinstance(preference, torch.device):
+        return preference
+    if preference == "auto":
+        preference = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(preference)
+    except RuntimeError:
+        raise InputError(f"train.device: not a device: {preference!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"train.device: {preference!r} asked for but CUDA is not available")
+        if device.index is None:
+            rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+            device = torch.device("cuda", rank)
+    return device
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype of ``fp32``, ``bf16`` or ``fp16``."""
+    try:
+        return PRECISIONS[precision]
+    except KeyError:
+        raise ValueError(
+            f"precision must be one of {list(PRECISIONS)}, got {precision!r}"
+        ) from None
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Autocast to ``precision`` on ``device`` (a no-op for fp32)."""
+    dtype = precision_dtype(precision)
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def inference_precision(device: torch.device, precision: str) -> str:
+    """The precision corpus and question encoding use: the training precision on CUDA, fp32 on
+    CPU (CPU autocast saves little at inference and would change the stored vectors)."""
+    return precision if device.type == "cuda" else "fp32"

@@ -1,0 +1,169 @@
+"""Per-rank worker of the 2-rank tests (launched with torch.multiprocessing.spawn).
+
+Each case builds the same float64 tiny BERT on every rank, wraps it with the trainer's own
+``wrap_towers`` / ``make_loss_fn`` / ``make_stepper``, runs a few steps on this rank's slice of a
+global batch and saves, per step, the ``.grad`` every parameter holds after DDP's averaging and
+how many times a DDP comm hook saw each parameter.
+"""
+
+# No ``from __future__ import annotations``: DDP checks the comm hook's annotations as objects.
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from dpr_cache.core.gather import gather_no_grad
+from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.core.steppers import make_loss_fn, make_stepper
+from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.model.ddp import wrap_towers
+from dpr_cache.runtime import distributed
+from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.testing.fixtures import bert_config, random_inputs
+
+N_Q = 8  # global questions: 4 per rank; chunk 3 leaves uneven last chunks (3+1, 3+3+2)
+HARD = 1
+GROUP = 1 + HARD
+CHUNK = 3
+TEMPERATURE = 0.5
+STEPS = 2
+
+
+def make_model(shared: bool, checkpointing: bool = False) -> BiEncoder:
+    """The same float64 weights in every process (separate towers start different)."""
+    torch.manual_seed(0)
+    model = BiEncoder.from_config(
+        bert_config(), shared=shared, pooling="mean", gradient_checkpointing=checkpointing
+    )
+    if not shared:
+        with torch.no_grad():
+            for param in model.passage_encoder.parameters():
+                param.add_(0.02 * torch.randn_like(param))
+    return model.double().train()
+
+
+def global_batch(step: int) -> tuple[dict, dict, Tensor]:
+    """A global batch whose passages repeat across the rank boundary (rows 0..7 | 8..15).
+
+    Row 9 (rank 1, question 4's hard negative) is question 0's positive (row 0, rank 0); row 1
+    (rank 0, question 0's hard negative) is question 5's positive (row 10, rank 1).
+    """
+    q_inputs = random_inputs(N_Q, 9, seed=10 + step)
+    p_inputs = random_inputs(N_Q * GROUP, 12, seed=20 + step)
+    p_ids = torch.arange(N_Q * GROUP) + 100
+    for dup, orig in ((9, 0), (1, 10)):
+        p_ids[dup] = p_ids[orig]
+        for key in p_inputs:
+            p_inputs[key][dup] = p_inputs[key][orig]
+    return q_inputs, p_inputs, p_ids
+
+
+def rank_rows(inputs: dict, rank: int, world: int) -> dict:
+    rows = next(iter(inputs.values())).shape[0] // world
+    return {k: v[rank * rows : (rank + 1) * rows] for k, v in inputs.items()}
+
+
+def naive_loss_fn(env: DistEnv, tile_size: int | None):
+    """The negative control: other ranks' passages enter as constants (no gradient back)."""
+
+    def loss_fn(q_reps: Tensor, p_reps: Tensor, p_ids: Tensor | None = None) -> Tensor:
+        parts = [torch.empty_like(p_reps) for _ in range(env.world_size)]
+        dist.all_gather(parts, p_reps.detach().contiguous())
+        parts[env.rank] = p_reps
+        return contrastive_loss(
+            q_reps,
+            torch.cat(parts),
+            temperature=TEMPERATURE,
+            tile_size=tile_size,
+            p_ids=gather_no_grad(p_ids),
+            group_size=GROUP,
+            positive_offset=env.rank * p_reps.shape[0],
+        )
+
+    return loss_fn
+
+
+class SyncCounter:
+    """A DDP comm hook that all-reduces as usual and counts the parameters each bucket covers."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.calls = 0
+        self.seen: dict[str, int] = {}
+
+    def reset(self) -> dict[str, Any]:
+        out = {"calls": self.calls, "params": dict(self.seen)}
+        self.calls, self.seen = 0, {}
+        return out
+
+    def hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+        self.calls += 1
+        for param in bucket.parameters():
+            name = self.names[id(param)]
+            self.seen[name] = self.seen.get(name, 0) + 1
+        return allreduce_hook(None, bucket)
+
+
+def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
+    model = make_model(case["shared"], case.get("checkpointing", False))
+    names = {id(p): n for n, p in model.named_parameters()}
+    towers = wrap_towers(model, env)
+    counters = []
+    for wrapper in towers.wrappers:
+        counter = SyncCounter(names)
+        wrapper.register_comm_hook(None, counter.hook)
+        counters.append(counter)
+    if case.get("naive"):
+        loss_fn = naive_loss_fn(env, case.get("tile"))
+    else:
+        loss_fn = make_loss_fn(
+            temperature=TEMPERATURE, tile_size=case.get("tile"), group_size=GROUP,
+            rank=env.rank, world_size=env.world_size,
+        )  # fmt: skip
+    if case.get("sync_every_chunk"):  # the counter's own control: no no_sync at all
+        towers.no_sync = None
+    stepper = make_stepper(case["mode"], towers, loss_fn, chunk_size=CHUNK, keep_last_graph=False)
+    steps = []
+    for step in range(STEPS):
+        q_inputs, p_inputs, p_ids = global_batch(step)
+        model.zero_grad(set_to_none=True)
+        loss = stepper.step(
+            rank_rows(q_inputs, env.rank, env.world_size),
+            rank_rows(p_inputs, env.rank, env.world_size),
+            p_ids=rank_rows({"ids": p_ids}, env.rank, env.world_size)["ids"],
+        )
+        steps.append(
+            {
+                "loss": float(loss),
+                "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                "syncs": [c.reset() for c in counters],
+                "n_params": [len(list(w.parameters())) for w in towers.wrappers],
+            }
+        )
+    return {"steps": steps}
+
+
+def main(rank: int, world: int, port: int, out_dir: str, cases: list[dict[str, Any]]) -> None:
+    """Entry point for ``torch.multiprocessing.spawn``: run every case, save one file each."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
+    torch.set_num_threads(1)
+    env = distributed.setup("cpu")
+    try:
+        for case in cases:
+            try:
+                result = run_case(case, env)
+            except Exception as exc:  # reported by the test; both ranks fail alike under DDP
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            torch.save(result, Path(out_dir) / f"{case['name']}-rank{rank}.pt")
+    finally:
+        distributed.teardown()

@@ -1,0 +1,53 @@
+"""Small random models and inputs for the tests: a tiny BERT config and ragged token batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+__all__ = ["REPO", "TOY", "SQUAD_SOURCE", "bert_config", "random_inputs", "saved_weights"]
+
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout holding this package (configs/, data/ and tests/ beside it)."""
+TOY = REPO / "data" / "toy"
+SQUAD_SOURCE = REPO / "data" / "squad" / "dev-v1.1.json.gz"
+"""The official SQuAD v1.1 dev file, shipped (``dpr-cache data squad`` builds from it)."""
+
+
+def bert_config(dropout: float = 0.0, vocab: int = 97, hidden: int = 32, layers: int = 2):
+    """A two-layer BERT config small enough for float64 gradient checks."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+
+
+def random_inputs(rows: int, length: int, vocab: int = 97, seed: int = 0) -> dict:
+    """Token ids with ragged padding (attention_mask zeros at the end of some rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (rows, length), generator=gen)
+    lengths = torch.randint(max(2, length // 2), length + 1, (rows,), generator=gen)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    ids = ids * mask
+    ids[:, 0] = 2  # [CLS]-like first token
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def saved_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved BiEncoder folder, keyed ``tower/name``."""
+    from safetensors.torch import load_file
+
+    return {
+        f"{tower}/{name}": tensor
+        for tower in ("query_encoder", "passage_encoder")
+        for name, tensor in load_file(Path(model_dir) / tower / "model.safetensors").items()
+    }

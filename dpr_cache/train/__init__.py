@@ -1,0 +1,1 @@
+"""Training: the loop, checkpoints, the automatic chunk size, and ``verify``."""

@@ -1,0 +1,102 @@
+"""Checkpoints that resume bit-exactly: weights, optimizer, schedule, scaler and every rank's RNG.
+
+``checkpoints/step-N/state.pt`` is written by rank 0 under a temporary name, flushed to disk and
+swapped into place; the oldest are removed beyond ``keep``. Resuming refuses another world size
+(the ranks' RNG streams and data slices would not line up).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dpr_cache.errors import InputError
+from dpr_cache.runtime import distributed
+from dpr_cache.runtime.atomic import write_dir_atomic
+from dpr_cache.runtime.distributed import DistEnv
+
+__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_states"]
+
+STATE_FILE = "state.pt"
+
+
+def rng_states() -> dict[str, Any]:
+    """The Python, NumPy, torch CPU and CUDA RNG states of this process."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"].cpu())
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEnv, keep) -> Path:
+    """Rank 0 writes ``root/step-N`` atomically; every rank's RNG state goes with it."""
+    rng = rng_states()
+    if env.enabled:
+        gathered: list[Any] = [None] * env.world_size
+        dist.all_gather_object(gathered, rng)
+    else:
+        gathered = [rng]
+    final = Path(root) / f"step-{step:08d}"
+    if env.is_main:
+        state = {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": gathered,
+            "world_size": env.world_size,
+        }
+
+        def write(tmp: Path) -> None:
+            tmp.mkdir(parents=True)
+            with open(tmp / STATE_FILE, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+
+        write_dir_atomic(final, write)
+        for old in sorted(Path(root).glob("step-*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint folder under ``root``, or None."""
+    done = sorted(p for p in Path(root).glob("step-*") if (p / STATE_FILE).is_file())
+    return done[-1] if done else None
+
+
+def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> int:
+    """Restore every state from ``path``; return the number of steps it had finished."""
+    state = torch.load(path / STATE_FILE, map_location=env.device, weights_only=False)
+    if state["world_size"] != env.world_size:
+        raise InputError(
+            f"{path}: saved with {state['world_size']} ranks, resumed with {env.world_size}; "
+            "resume with the same world size"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    _set_rng_states(state["rng"][env.rank])
+    return int(state["step"])

@@ -1,0 +1,132 @@
+"""``dpr-cache bench``: a tiny smoke run, the plan, the target ratios, and the peer adapters."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from dpr_cache.bench.peers import make_peer, peer_available
+from dpr_cache.bench.report import targets
+from dpr_cache.bench.sweep import BenchPlan, plan_points
+from dpr_cache.core.engine import GradCache
+from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.data.synthetic import synthetic_batch
+from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.testing.cli import run_cli
+from dpr_cache.testing.fixtures import TOY
+
+TINY = str(TOY / "tiny-bert")
+PEERS = [name for name in ("st-cmnrl", "gradcache-lib") if peer_available(name)]
+
+
+def test_smoke_run_writes_json_markdown_and_plots(tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "--model", TINY, "--pooling", "cls", "--dropout", "0", "--batches", "4"]
+    args += ["--modes", "full,gradcache", "--chunk", "2", "--focus-batch", "4"]
+    args += ["--memory-batches", "8", "--q-len", "8", "--p-len", "16", "--repeats", "2"]
+    args += ["--loss-sweep", "--loss-batches", "64", "--loss-dim", "16", "--tile", "16"]
+    args += ["--loss-direct-max", "64", "--index-sweep", "--passages", str(TOY / "passages.tsv")]
+    args += ["--index-limit", "12", "--index-batch-size", "4", "--index-length", "32"]
+    args += ["--out", str(out)] + (["--peers"] if len(PEERS) == 2 else [])
+    proc = run_cli(*args)
+    assert "written to" in proc.stdout
+    for name in ("bench.json", "bench.md", "memory_vs_batch.png", "time_vs_batch.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    result = json.loads((out / "bench.json").read_text())
+    assert {"machine", "plan", "points", "loss", "index", "targets", "command"} <= set(result)
+    modes = {(p["mode"], p["batch"]) for p in result["points"]}
+    assert {("full", 4), ("gradcache", 4), ("gradcache-tiled", 4), ("gradcache", 8)} <= modes
+    for p in result["points"]:
+        assert "error" not in p, p
+        assert len(p["times_s"]) == p["warmup"] + p["repeats"]
+        assert p["step_s"] > 0 and p["pairs_per_s"] > 0 and p["peak_bytes"] > 0
+    losses = {p["loss"] for p in result["points"] if p["batch"] == 4}
+    assert max(losses) - min(losses) < 1e-4  # dropout off: every mode computes the same loss
+    assert {r["mode"] for r in result["loss"]} == {"direct", "tiled"}
+    assert result["index"]["passages"] == 12 and result["index"]["max_abs_diff"] < 1e-4
+    names = [t["target"] for t in result["targets"]]
+    assert any("best full batch" in n for n in names) and any("peak vs full" in n for n in names)
+    assert "## Targets" in (out / "bench.md").read_text()
+
+
+def test_plan_points_sweep_focus_and_memory():
+    plan = BenchPlan(batches=[8, 32, 64], modes=["full", "gradcache"], chunk=32, focus_batch=64)
+    plan.memory_batches, plan.peers = [2048], True
+    got = [(s.mode, s.batch, s.repeats) for s in plan_points(plan)]
+    assert ("full", 8, 3) in got and ("gradcache", 8, 3) not in got  # chunked modes: B >= chunk
+    assert {("st-cmnrl", 64, 3), ("gradcache-lib", 64, 3), ("gradcache-naive", 64, 3)} <= set(got)
+    assert got[-1] == ("gradcache", 2048, 1)
+    assert len(got) == len(set(got))
+
+
+def test_targets_are_ratios_of_points():
+    def point(mode, batch, pairs, peak):
+        return {"mode": mode, "batch": batch, "pairs_per_s": pairs, "peak_bytes": peak}
+
+    result = {
+        "plan": {"focus_batch": 128, "chunk": 32},
+        "points": [
+            point("full", 16, 9.0, 1.0e9),
+            point("full", 32, 10.0, 1.2e9),
+            point("gradcache", 128, 8.5, 1.25e9),
+            point("st-cmnrl", 128, 5.0, 1.3e9),
+            point("gradcache", 2048, 8.0, 1.3e9),
+        ],
+        "loss": [],
+        "index": {"padded_s": 30.0, "sorted_s": 20.0, "speedup": 1.5, "passages": 9,
+                  "max_length": 256},
+    }  # fmt: skip
+    got = {t["target"]: t for t in targets(result)}
+    assert got["gradcache B=128 vs best full batch"]["value"] == 0.85
+    assert got["gradcache B=128 vs best full batch"]["met"] is True
+    assert got["gradcache vs st-cmnrl, B=128"]["value"] == 1.7
+    assert got["gradcache vs gradcache-lib, B=128"]["met"] is None  # not measured
+    assert got["gradcache B=2048 peak vs full B=32"]["value"] == pytest.approx(1.083, abs=1e-3)
+    assert got["index: sorted vs padded batches"]["met"] is True
+
+
+@pytest.mark.parametrize("peer", PEERS or [pytest.param("none", marks=pytest.mark.skip)])
+def test_peer_computes_our_loss_and_gradient(peer):
+    """Dropout off: a peer's loss and gradients equal our GradCache's on the same module."""
+    torch.manual_seed(0)
+    model = BiEncoder.from_pretrained(TINY, shared=True, pooling="mean", dropout=0.0).train()
+    vocab = model.query_encoder.config.vocab_size
+    q, p, ids = synthetic_batch(model.tokenizer, vocab, 6, 12, 8, 16, seed=3)
+    ours = GradCache(
+        model.encode_query, model.encode_passage, functools.partial(contrastive_loss), 2
+    )
+    model.zero_grad()
+    loss_ours = ours.step(q, p, p_ids=ids)
+    grads_ours = [x.grad.clone() for x in model.parameters() if x.grad is not None]
+    model.zero_grad()
+    loss_peer = make_peer(peer, model, 2).step(q, p, p_ids=ids)
+    grads_peer = [x.grad.clone() for x in model.parameters() if x.grad is not None]
+    assert float(loss_peer) == pytest.approx(float(loss_ours), rel=1e-5)
+    assert len(grads_peer) == len(grads_ours)
+    for a, b in zip(grads_ours, grads_peer, strict=True):  # key biases: 0 up to rounding
+        assert (a - b).norm() <= 1e-4 * a.norm() + 1e-8
+
+
+def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
+    """ "Where memory allows": a size whose estimate exceeds the free memory is skipped, not run."""
+    from dpr_cache.bench import loss as bench_loss
+    from dpr_cache.bench import sweep as bench
+
+    ran = []
+    monkeypatch.setattr(bench_loss, "measure_loss_memory", lambda b, d, t: ran.append(b) or {
+        "batch": b, "dim": d, "tile": t, "mode": "tiled", "ns_per_score": 1.0, "peak_rss": 1,
+    })  # fmt: skip
+    small = bench_loss.estimated_peak_bytes(1024, 768, 4096)
+    big = bench_loss.estimated_peak_bytes(262144, 768, 4096)
+    assert big > 6e9 and small < 1e9
+    monkeypatch.setattr(bench_loss, "available_bytes", lambda: 2 * small)
+    plan = BenchPlan(loss_batches=[1024, 262144], loss_direct_max=0, tile=4096)
+    rows, skipped = bench._loss_sweep(plan, tmp_path / "loss.jsonl", False, lambda line: None)
+    assert ran == [1024] and [r["batch"] for r in rows] == [1024]
+    assert [s["batch"] for s in skipped] == [262144] and "GB available" in skipped[0]["why"]
+    monkeypatch.setattr(bench_loss, "available_bytes", lambda: 2 * big)  # control: room for both
+    rows, skipped = bench._loss_sweep(plan, tmp_path / "loss2.jsonl", False, lambda line: None)
+    assert ran == [1024, 1024, 262144] and skipped == []

@@ -1,0 +1,197 @@
+"""BM25 hard negatives: DPR's exclusion rules, BM25 order (checked by hand), determinism."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bm25s.stopwords import STOPWORDS_EN
+from typer.testing import CliRunner
+
+from dpr_cache.cli import app
+from dpr_cache.data.answers import has_answer
+from dpr_cache.data.bm25 import K1, B, top_rows
+from dpr_cache.data.negatives import mine_negatives
+from dpr_cache.errors import InputError
+
+PASSAGES = [  # id, text, title
+    ("p1", "The Seine flows through Paris and into the English Channel.", "Seine"),
+    ("p2", "River cruises on the Seine start in central Paris.", "Paris"),
+    ("p3", "Paris is the capital of France, a city on a river with many bridges.", "Paris"),
+    ("p4", "The Danube is a long river in central Europe.", "Danube"),
+    ("p5", "Paris has many museums, bridges and parks along the river.", "Paris sights"),
+    ("p6", "Paris has many museums, bridges and parks along the river.", "Paris sights"),
+    ("p7", "The tower in Paris was finished in the year of the world fair.", "Eiffel Tower"),
+    ("p8", "The tower in Paris was finished in the year of the world fair.", "Eiffel Tower"),
+    ("p9", "Gustave Eiffel built the tower for the 1889 fair in Paris.", "Eiffel Tower"),
+    ("p10", "Bread and cheese are common foods in France.", "French food"),
+]
+RECORDS = [
+    {
+        "id": "q1",
+        "question": "Which river flows through Paris?",
+        "answers": ["Seine", "the Seine"],
+        "positive_ctxs": [{"passage_id": "p1", "title": "Seine", "text": PASSAGES[0][1]}],
+        "hard_negative_ctxs": [{"title": "old", "text": "replaced"}],
+        "negative_ctxs": [{"title": "kept", "text": "as is"}],
+        "extra": {"nested": [1, 2.5, None], "unicode": "Beyoncé"},
+    },
+    {  # the positive holds no answer token: it must be excluded by id (p7) and by text (p8)
+        "question": "When was the tower in Paris finished?",
+        "extra_first": True,
+        "answers": ["1889"],
+        "positive_ctxs": [{"passage_id": "p7", "title": "Eiffel Tower", "text": PASSAGES[6][1]}],
+    },
+    {  # no positive: mined too, as every record is
+        "question": "Which bridges and parks does Paris have?",
+        "answers": ["nothing here"],
+        "positive_ctxs": [],
+    },
+]
+
+
+def _write_passages(path: Path, rows=PASSAGES) -> Path:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(["id", "text", "title"])
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def files(tmp_path) -> dict[str, Path]:
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in RECORDS))
+    return {"train": train, "passages": _write_passages(tmp_path / "passages.tsv")}
+
+
+def _mine(files, out: Path, **kw):
+    kw.setdefault("progress", False)
+    report = mine_negatives(files["train"], files["passages"], out, **kw)
+    return report, [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+
+
+def _tokens(text: str) -> list[str]:
+    """The documented tokenization, written out independently of bm25s."""
+    return [w for w in re.findall(r"\b\w\w+\b", text.lower()) if w not in STOPWORDS_EN]
+
+
+def _lucene_bm25(question: str) -> dict[str, float]:
+    """Lucene BM25 (k1=0.9, b=0.4) of every passage's title + text, computed by hand."""
+    docs = {pid: Counter(_tokens(f"{title} {text}")) for pid, text, title in PASSAGES}
+    avgdl = sum(sum(c.values()) for c in docs.values()) / len(docs)
+    out = {}
+    for pid, tf in docs.items():
+        dl, score = sum(tf.values()), 0.0
+        for word in _tokens(question):
+            df = sum(1 for c in docs.values() if word in c)
+            if tf[word]:
+                idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+                score += idf * tf[word] / (tf[word] + K1 * (1 - B + B * dl / avgdl))
+        out[pid] = score
+    return out
+
+
+def test_negatives_follow_dpr_rules_and_bm25_order(files, tmp_path) -> None:
+    report, out = _mine(files, tmp_path / "out.jsonl", n=30)
+    assert len(out) == len(RECORDS) == report.questions
+    texts = {pid: text for pid, text, _ in PASSAGES}
+    order = [pid for pid, _, _ in PASSAGES]
+    for record, mined in zip(RECORDS, out, strict=True):
+        negs = mined["hard_negative_ctxs"]
+        assert negs and all(set(c) == {"passage_id", "title", "text", "score"} for c in negs)
+        pos_ids = {c["passage_id"] for c in record["positive_ctxs"]}
+        pos_texts = {c["text"] for c in record["positive_ctxs"]}
+        for ctx in negs:
+            assert not has_answer(record["answers"], ctx["text"])
+            assert ctx["passage_id"] not in pos_ids and ctx["text"] not in pos_texts
+            assert ctx["text"] == texts[ctx["passage_id"]]
+        # exactly the eligible passages that share a word with the question, by BM25 score, ties
+        # in file order
+        bm25 = _lucene_bm25(record["question"])
+        eligible = [
+            pid
+            for pid in order
+            if not has_answer(record["answers"], texts[pid])
+            and pid not in pos_ids
+            and texts[pid] not in pos_texts
+            and bm25[pid] > 0.0
+        ]
+        expected = sorted(eligible, key=lambda p: (-round(bm25[p], 4), order.index(p)))
+        got = [c["passage_id"] for c in negs]
+        assert got == expected
+        np.testing.assert_allclose([c["score"] for c in negs], [bm25[p] for p in got], atol=2e-4)
+
+    q1, q2, _ = (m["hard_negative_ctxs"] for m in out)
+    assert {"p1", "p2"}.isdisjoint(c["passage_id"] for c in q1)  # answer-bearing
+    assert {"p7", "p8"}.isdisjoint(c["passage_id"] for c in q2)  # the positive and its copy
+    assert "p10" not in {c["passage_id"] for c in q1}  # no word in common: not retrieved
+    assert [c["passage_id"] for c in q1].index("p5") < [c["passage_id"] for c in q1].index("p6")
+
+
+def test_other_keys_are_kept_unchanged(files, tmp_path) -> None:
+    _, out = _mine(files, tmp_path / "out.jsonl")
+    for record, mined in zip(RECORDS, out, strict=True):
+        expected = {k: v for k, v in record.items() if k != "hard_negative_ctxs"}
+        assert {k: v for k, v in mined.items() if k != "hard_negative_ctxs"} == expected
+        keys = [k for k in record if k != "hard_negative_ctxs"]
+        assert [k for k in mined if k != "hard_negative_ctxs"] == keys  # order kept too
+    assert list(out[0]).index("hard_negative_ctxs") == list(RECORDS[0]).index("hard_negative_ctxs")
+
+
+def test_n_caps_the_list_and_hit_rates_use_the_ranking(files, tmp_path) -> None:
+    report, out = _mine(files, tmp_path / "out.jsonl", n=1)
+    assert all(len(m["hard_negative_ctxs"]) == 1 for m in out)
+    # q1: p1 (its positive, with the answer) ranks first; q2: p9 (with 1889) is below the tower
+    # copies; q3: no passage has "nothing here".
+    assert report.first_hits[0] == 0 and report.first_hits[1] > 0 and report.first_hits[2] is None
+    rates = report.hit_rates()
+    assert rates["top1"] == pytest.approx(100 / 3) and rates["top100"] == pytest.approx(200 / 3)
+    assert "3 training questions" in report.summary()
+
+
+def test_deterministic_and_json_array_input(files, tmp_path) -> None:
+    _mine(files, tmp_path / "a.jsonl", batch=1)
+    _mine(files, tmp_path / "b.jsonl", batch=2)
+    array = tmp_path / "train.json"
+    array.write_text(json.dumps(RECORDS, ensure_ascii=False, indent=1), encoding="utf-8")
+    _mine({**files, "train": array}, tmp_path / "c.jsonl")
+    first = (tmp_path / "a.jsonl").read_bytes()
+    assert first == (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "c.jsonl").read_bytes()
+
+
+def test_top_rows_breaks_ties_by_position() -> None:
+    scores = np.array([1.0, 3.0, 3.0, 2.0, 3.0, 0.0])
+    assert top_rows(scores, 2).tolist() == [1, 2]
+    assert top_rows(scores, 4).tolist() == [1, 2, 4, 3]
+    assert top_rows(scores, 99).tolist() == [1, 2, 4, 3, 0, 5]
+
+
+def test_bad_input_names_file_and_line(files, tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(RECORDS[0]) + "\n" + json.dumps({"answers": []}) + "\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(InputError, match=r"bad.jsonl line 2: missing key 'question'"):
+        _mine({**files, "train": bad}, out)
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(InputError, match="must not overwrite"):
+        _mine(files, files["train"])
+    empty = _write_passages(tmp_path / "empty.tsv", rows=[])
+    with pytest.raises(InputError, match="empty.tsv: no passages"):
+        _mine({**files, "passages": empty}, out)
+
+
+def test_cli_prints_summary_and_one_line_errors(files, tmp_path) -> None:
+    args = ["data", "mine-negatives", "--train", str(files["train"])]
+    args += ["--passages", str(files["passages"]), "-q"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o.jsonl"), "--n", "2"])
+    assert result.exit_code == 0, result.output
+    assert "BM25 top-1/5/20/100 hit rate on 3 training questions" in result.output
+    result = CliRunner().invoke(app, [*args, "--out", str(files["train"])])
+    assert result.exit_code == 2

@@ -1,0 +1,73 @@
+"""Config: typed YAML, key=value overrides, errors that name the key and the file."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dpr_cache.config import load_config, parse_bytes, save_config
+from dpr_cache.errors import InputError
+from dpr_cache.testing.fixtures import REPO
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_configs_load():
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+def test_overrides_are_typed(tmp_path):
+    cfg = load_config(
+        write(tmp_path, "train:\n  lr: 1.0e-4\n"),
+        ["train.lr=3e-5", "train.batch_size=8", "model.shared=true", "eval.top_k=[1, 3]"],
+    )
+    assert cfg.train.lr == pytest.approx(3e-5)
+    assert cfg.train.batch_size == 8 and cfg.model.shared is True and cfg.eval.top_k == [1, 3]
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("train:\n  lrr: 1\n", [], "unknown key 'train.lrr'"),
+        ("colour: red\n", [], "unknown key 'colour'"),
+        ("train:\n  lr: -1\n", [], "train.lr: Input should be greater than 0"),
+        ("train:\n  batch_size: many\n", [], "train.batch_size"),
+        ("", ["train.precision=fp8"], "train.precision"),
+        ("", ["train.chunk_size=0"], "train.chunk_size"),
+        ("", ["train.chunk_size=auto"], "memory_budget"),
+        ("", ["train.memory_budget=lots"], "not a size"),
+        ("", ["trainlr"], "not KEY=VALUE"),
+        ("train: [1, 2\n", [], "not valid YAML"),
+    ],
+)
+def test_errors_name_the_key_and_file(tmp_path, text, overrides, message):
+    path = write(tmp_path, text)
+    with pytest.raises(InputError) as err:
+        load_config(path, overrides)
+    assert message in str(err.value)
+    assert str(path) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="no such config file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(REPO / "configs" / "toy.yaml", ["train.seed=7"])
+    path = save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(path)
+    assert again == cfg
+    assert yaml.safe_load(path.read_text())["train"]["seed"] == 7
+
+
+def test_parse_bytes():
+    assert parse_bytes("4GB") == 4 * 10**9
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes(1024) == 1024

@@ -1,0 +1,101 @@
+"""The tiny offline BERT: vocabulary learning, Hugging Face loading, pair encoding, determinism."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dpr_cache.testing.tiny_bert import SPECIAL_TOKENS, build_tiny_bert, learn_wordpiece_vocab
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TOY_BERT = Path(__file__).resolve().parents[2] / "data" / "toy" / "tiny-bert"
+SENTENCES = [
+    "Super Bowl 50 was an American football game.",
+    "The Denver Broncos defeated the Carolina Panthers.",
+    "Beyoncé was born in Houston, Texas.",
+    "The Normans were the people who gave their name to Normandy.",
+] * 2
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_bert(SENTENCES, tmp_path_factory.mktemp("tiny") / "bert", vocab_size=120)
+
+
+def test_vocab_starts_with_specials_and_merges_frequent_pairs() -> None:
+    vocab = learn_wordpiece_vocab(Counter({"abab": 10, "ab": 5, "c": 1}), vocab_size=12)
+    assert vocab[:5] == SPECIAL_TOKENS
+    assert {"a", "b", "c", "##a", "##b", "##c"} <= set(vocab)
+    assert vocab[11] == "ab"  # the most frequent pair (a, ##b) is merged first
+    assert len(vocab) == 12
+
+
+def test_loads_with_auto_classes(built: Path) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(built)
+    model = transformers.AutoModel.from_pretrained(built)
+    assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 2
+    assert model.config.vocab_size == len(tok) <= 120
+    assert tok.convert_tokens_to_ids(SPECIAL_TOKENS) == [0, 1, 2, 3, 4]
+    assert tok.tokenize("BEYONCÉ Broncos") == tok.tokenize("beyonce broncos")  # lower, no accents
+
+
+def test_pair_encoding_marks_the_second_segment(built: Path) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(built)
+    enc = tok(
+        ["Super Bowl 50", "Normans"],
+        ["The Denver Broncos defeated the Carolina Panthers. " * 10, "Normandy"],
+        truncation="only_second",
+        max_length=24,
+        padding=True,
+        return_tensors="pt",
+    )
+    ids, types = enc["input_ids"], enc["token_type_ids"]
+    assert ids.shape == (2, 24)
+    sep = tok.sep_token_id
+    for row in range(2):
+        seps = (ids[row] == sep).nonzero().flatten().tolist()
+        assert ids[row, 0] == tok.cls_token_id and len(seps) == 2
+        assert types[row, : seps[0] + 1].eq(0).all()  # [CLS] title [SEP]
+        assert types[row, seps[0] + 1 : seps[1] + 1].eq(1).all()  # text [SEP]
+    title_len = len(tok.tokenize("Super Bowl 50"))
+    assert ids[0, 1 : 1 + title_len].tolist() == tok.convert_tokens_to_ids(
+        tok.tokenize("Super Bowl 50")
+    )  # the title survives; only the text is truncated
+
+
+def test_same_texts_and_seed_give_identical_files(built: Path, tmp_path: Path) -> None:
+    again = build_tiny_bert(SENTENCES, tmp_path / "again", vocab_size=120)
+    names = sorted(p.name for p in built.iterdir())
+    assert names == sorted(p.name for p in again.iterdir())
+    assert "model.safetensors" in names
+    for name in names:
+        assert (built / name).read_bytes() == (again / name).read_bytes(), name
+
+
+def test_seed_changes_weights_but_not_vocab(built: Path, tmp_path: Path) -> None:
+    other = build_tiny_bert(SENTENCES, tmp_path / "other", vocab_size=120, seed=1)
+    assert (built / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()
+    assert (built / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
+
+
+@pytest.mark.skipif(not TOY_BERT.is_dir(), reason="data/toy/tiny-bert not built")
+def test_committed_tiny_bert_encodes_to_64_dims() -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(TOY_BERT)
+    model = transformers.AutoModel.from_pretrained(TOY_BERT).eval()
+    enc = tok(
+        ["Super Bowl 50"],
+        ["Super Bowl 50 was an American football game."],
+        truncation="only_second",
+        max_length=256,
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        hidden = model(**enc).last_hidden_state
+    assert hidden.shape == (1, enc["input_ids"].shape[1], 64)
+    assert torch.isfinite(hidden).all()
+    assert model.config.max_position_embeddings == 256
+    assert tok.unk_token_id not in enc["input_ids"][0].tolist()
