@@ -1,0 +1,69 @@
+"""Device and precision resolution, memory readings, and the project's child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import pytest
+import torch
+
+from dpr_cache.errors import InputError
+from dpr_cache.runtime.device import autocast, inference_precision, precision_dtype, resolve_device
+from dpr_cache.runtime.memory import peak_memory_bytes, peak_rss_bytes, rss_bytes
+from dpr_cache.runtime.offline import OFFLINE_ENV, offline_env
+from dpr_cache.runtime.processes import ChildFailed, child_env, run_json_child
+from dpr_cache.testing.fixtures import REPO
+
+
+def test_devices_resolve_and_bad_ones_are_input_errors(monkeypatch) -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(InputError, match="CUDA is not available"):
+            resolve_device("cuda")
+    with pytest.raises(InputError, match="not a device"):
+        resolve_device("tpu:banana")
+
+
+def test_precisions_map_to_dtypes_and_autocast() -> None:
+    assert precision_dtype("bf16") is torch.bfloat16 and precision_dtype("fp32") is torch.float32
+    with pytest.raises(ValueError, match="precision"):
+        precision_dtype("fp8")
+    cpu = torch.device("cpu")
+    assert isinstance(autocast(cpu, "fp32"), contextlib.nullcontext)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with autocast(cpu, "bf16"):
+        assert (a @ b).dtype is torch.bfloat16
+    assert inference_precision(cpu, "bf16") == "fp32"  # CPU encodes in fp32
+
+
+def test_memory_readings_see_a_new_block() -> None:
+    before = rss_bytes()
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, every page touched
+    assert rss_bytes() - before > 60 * 2**20
+    assert peak_rss_bytes() >= 64 * 2**20 and peak_memory_bytes("cpu") == peak_rss_bytes()
+    del block
+
+
+def test_offline_defaults_do_not_override_the_user() -> None:
+    env = offline_env({"HF_HUB_OFFLINE": "0"})
+    assert env["HF_HUB_OFFLINE"] == "0"
+    assert {k: env[k] for k in OFFLINE_ENV if k != "HF_HUB_OFFLINE"} == {
+        k: v for k, v in OFFLINE_ENV.items() if k != "HF_HUB_OFFLINE"
+    }
+    assert child_env()["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)  # this checkout first
+
+
+def test_a_child_returns_its_last_json_line() -> None:
+    row = run_json_child("dpr_cache.bench.loss", ["--child", "--batch", "8", "--dim", "4"])
+    assert row["batch"] == 8 and row["dim"] == 4 and row["mode"] == "tiled"
+    assert json.loads(json.dumps(row)) == row
+
+
+def test_a_failing_child_reports_its_last_stderr_line() -> None:
+    with pytest.raises(ChildFailed) as info:
+        run_json_child("dpr_cache.bench.loss", ["--child", "--batch", "not-a-number"])
+    assert info.value.returncode == 2 and "invalid int value" in info.value.tail

@@ -1,0 +1,102 @@
+"""The package's layers, read from the source: imports point one way, and ``Config`` stays at
+the edge. A module's imports are every ``import`` / ``from`` statement in it (lazy ones too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from dpr_cache.testing.fixtures import REPO
+
+PACKAGE = REPO / "dpr_cache"
+# layer -> the layers it may import (itself included); errors.py is below everything
+ALLOWED = {
+    "runtime": {"runtime", "errors"},
+    "core": {"core"},
+    "model": {"model", "core", "runtime", "errors"},
+    "data": {"data", "runtime", "errors"},
+    "train": {"train", "model", "data", "core", "runtime", "errors", "config"},
+    "retrieval": {"retrieval", "model", "data", "core", "runtime", "errors", "config"},
+    "bench": {"bench", "train", "retrieval", "model", "data", "core", "runtime", "errors"},
+    "testing": {"testing", "model", "data", "core", "runtime", "errors"},
+    "config": {"runtime", "errors"},
+    "errors": set(),
+    "cli": {"train", "retrieval", "bench", "data", "runtime", "errors", "config"},
+}
+# the entry points that turn a Config into plain arguments
+CONFIG_EDGE = {
+    "cli.py",
+    "train/loop.py",
+    "train/verify.py",
+    "retrieval/index.py",
+    "retrieval/evaluate.py",
+}
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+
+
+def _layer(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports, lazily or not (``from x import y`` gives x.y too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def _project_layers(names: set[str]) -> set[str]:
+    """The layers of the dpr_cache modules among ``names``."""
+    layers = set()
+    for name in names:
+        parts = name.split(".")
+        if parts[0] == "dpr_cache" and len(parts) > 1 and (PACKAGE / parts[1]).exists():
+            layers.add(parts[1])
+        elif parts[0] == "dpr_cache" and len(parts) > 1 and (PACKAGE / f"{parts[1]}.py").exists():
+            layers.add(parts[1])
+    return layers
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path: Path) -> None:
+    layer = _layer(path)
+    wrong = _project_layers(_imports(path)) - ALLOWED[layer]
+    assert not wrong, f"{path.relative_to(REPO)} ({layer}) imports {sorted(wrong)}"
+
+
+def test_core_is_torch_only() -> None:
+    for path in (PACKAGE / "core").glob("*.py"):
+        third_party = {n.split(".")[0] for n in _imports(path)} - {"dpr_cache", "torch"}
+        stdlib = {"__future__", "collections", "contextlib", "dataclasses", "functools", "math"}
+        assert third_party <= stdlib, f"{path.name} imports {sorted(third_party - stdlib)}"
+
+
+def test_config_stays_at_the_edge() -> None:
+    users = {
+        str(p.relative_to(PACKAGE))
+        for p in _modules()
+        if "dpr_cache.config" in _imports(p) and p.name != "config.py"
+    }
+    assert users == CONFIG_EDGE
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
+    """Negative control: an upward import in a core module is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from dpr_cache.train.loop import train\n")
+    assert _project_layers(_imports(bad)) - ALLOWED["core"] == {"train"}
+
+
+def test_top_level_holds_at_most_eight_modules() -> None:
+    assert len(list(PACKAGE.glob("*.py"))) <= 8
