@@ -14,17 +14,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["gather_with_grad", "gather_no_grad", "world_size", "rank"]
+__all__ = ["gather_with_grad", "gather_no_grad", "world_size"]
 
 
 def world_size() -> int:
     """Ranks in the process group (1 without one)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def rank() -> int:
-    """This process's rank (0 without a process group)."""
-    return dist.get_rank() if world_size() > 1 else 0
 
 
 class _GatherWithGrad(torch.autograd.Function):

@@ -1,4 +1,8 @@
-"""Resumable downloads of DPR's public Natural Questions files."""
+"""Resumable downloads of DPR's public Natural Questions files.
+
+A download grows ``name.part`` (kept between runs, so a cut download resumes with a Range request)
+and is renamed to ``name`` once whole; decompression goes through the atomic writer.
+"""
 
 from __future__ import annotations
 

@@ -110,7 +110,9 @@ class BiEncoder(nn.Module):
                 tower.gradient_checkpointing_enable({"use_reentrant": False})
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write both towers in Hugging Face format, the pooling, and the tokenizer."""
+        """Write both towers in Hugging Face format, the pooling, and the tokenizer into
+        ``out_dir`` (the trainer passes it to :func:`~dpr_cache.runtime.atomic.write_dir_atomic`,
+        so a finished run's folder is swapped in whole)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.query_encoder.save_pretrained(out_dir / "query_encoder")

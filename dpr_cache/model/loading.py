@@ -28,10 +28,11 @@ def load_biencoder(
     pooling: str = "cls",
     gradient_checkpointing: bool = False,
     dropout: float | None = None,
-    source: str = "--model",
+    source: str | None = None,
 ) -> BiEncoder:
-    """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming ``source`` (the
-    flag or config key the path came from) and what went wrong."""
+    """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming the path, the
+    ``source`` it came from (a flag or config key) when given, and what went wrong."""
+    where = f"{source}: {path}" if source else str(path)
     try:
         model = BiEncoder.from_pretrained(
             path,
@@ -41,12 +42,12 @@ def load_biencoder(
             dropout=dropout,
         )
     except ModuleNotFoundError as e:  # python:PACKAGE that is not installed
-        raise InputError(f"{source}: {path}: {e}") from None
+        raise InputError(f"{where}: {e}") from None
     except (OSError, ValueError) as e:  # no folder, no config.json, unreadable weights
         msg = " ".join(str(e).split())[:200]
-        raise InputError(f"{source}: {path}: cannot load a model ({msg})") from None
+        raise InputError(f"{where}: cannot load a model ({msg})") from None
     if model.tokenizer is None:
-        raise InputError(f"{source}: {path}: no tokenizer files in the model folder")
+        raise InputError(f"{where}: no tokenizer files in the model folder")
     return model
 
 

@@ -12,7 +12,7 @@ import torch
 
 from dpr_cache.data.tokenize import encode_questions, pad, tokenize_passages
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.runtime.device import autocast
+from dpr_cache.runtime.device import autocast, inference_precision
 
 __all__ = ["encode_passage_texts", "encode_question_texts"]
 
@@ -32,14 +32,15 @@ def encode_passage_texts(
     """Passage embeddings [n, dim] (float32, input order) from the passage tower.
 
     ``sort_by_length``: batches of similar length (longest first), each padded to its longest;
-    otherwise batches in input order padded to ``max_length``, as DPR does.
+    otherwise batches in input order padded to ``max_length``, as DPR does. ``precision``
+    applies on CUDA; the CPU encodes in fp32.
     """
     n = len(texts)
     feats = tokenize_passages(model.tokenizer, titles, texts, max_length)
     lengths = np.fromiter((len(s) for s in feats["input_ids"]), dtype=np.int64, count=n)
     order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(n)
     out = np.empty((n, model.dim), dtype=np.float32)  # [n, dim]
-    with torch.inference_mode(), autocast(device, precision):
+    with torch.inference_mode(), autocast(device, inference_precision(device, precision)):
         for start in range(0, n, batch_size):
             rows = order[start : start + batch_size]
             width = int(lengths[rows].max()) if sort_by_length else max_length
@@ -63,8 +64,9 @@ def encode_question_texts(
     device: torch.device,
     precision: str = "fp32",
 ) -> np.ndarray:
-    """Question embeddings [n, dim] (float32) from the query tower, one padded batch."""
+    """Question embeddings [n, dim] (float32) from the query tower, one padded batch
+    (``precision`` on CUDA, fp32 on the CPU)."""
     inputs = encode_questions(model.tokenizer, questions, max_length)
-    with torch.inference_mode(), autocast(device, precision):
+    with torch.inference_mode(), autocast(device, inference_precision(device, precision)):
         reps = model.encode_query({k: v.to(device) for k, v in inputs.items()})
     return reps.float().cpu().numpy()

@@ -81,12 +81,13 @@ def build_index(
 ) -> Path:
     """``dpr-cache index --config``: encode ``data.passages`` with the passage tower of
     ``model_dir`` (default ``output_dir/model``) and build ``index.type``; returns the folder."""
+    model_dir = resolve_model_dir(model_dir, config.output_path / "model")
     if not config.data.passages:
         raise InputError("data.passages: not set (a DPR passages TSV)")
     dev = resolve_device(device if device is not None else config.train.device)
     return index_passages(
         Path(config.data.passages),
-        resolve_model_dir(model_dir, config.output_path / "model"),
+        model_dir,
         index_dir_of(config.output_path),
         cache_dir=config.cache_path,
         spec=index_spec(config),

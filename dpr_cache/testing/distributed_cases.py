@@ -7,6 +7,7 @@ how many times a DDP comm hook saw each parameter.
 """
 
 # No ``from __future__ import annotations``: DDP checks the comm hook's annotations as objects.
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from dpr_cache.core.steppers import make_loss_fn, make_stepper
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.ddp import wrap_towers
 from dpr_cache.runtime import distributed
+from dpr_cache.runtime.atomic import write_atomic
 from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.runtime.memory import trim
 from dpr_cache.testing.fixtures import bert_config, random_inputs
 
 N_Q = 8  # global questions: 4 per rank; chunk 3 leaves uneven last chunks (3+1, 3+3+2)
@@ -126,7 +129,9 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
         )  # fmt: skip
     if case.get("sync_every_chunk"):  # the counter's own control: no no_sync at all
         towers.no_sync = None
-    stepper = make_stepper(case["mode"], towers, loss_fn, chunk_size=CHUNK, keep_last_graph=False)
+    stepper = make_stepper(
+        case["mode"], towers, loss_fn, chunk_size=CHUNK, keep_last_graph=False, release_memory=trim
+    )
     steps = []
     for step in range(STEPS):
         q_inputs, p_inputs, p_ids = global_batch(step)
@@ -164,6 +169,7 @@ def main(rank: int, world: int, port: int, out_dir: str, cases: list[dict[str, A
                 result = run_case(case, env)
             except Exception as exc:  # reported by the test; both ranks fail alike under DDP
                 result = {"error": f"{type(exc).__name__}: {exc}"}
-            torch.save(result, Path(out_dir) / f"{case['name']}-rank{rank}.pt")
+            path = Path(out_dir) / f"{case['name']}-rank{rank}.pt"
+            write_atomic(path, functools.partial(torch.save, result))
     finally:
         distributed.teardown()

@@ -68,7 +68,7 @@ class ProbeSpec:
     p_len: int = 256
     p_chunk_size: int | None = None  # passages per chunk; default the question chunk
     threads: int | None = None
-    precision: str = "fp32"
+    precision: str = "fp32"  # the CUDA probe runs under its autocast; the CPU probe in fp32
 
     def payload(self, chunk: int) -> dict:
         """The child's arguments for a question chunk of ``chunk`` rows."""
@@ -109,10 +109,9 @@ def _chunk_step(model: BiEncoder, payload: dict, device: torch.device) -> None:
     )  # fmt: skip
     q = {k: v.to(device) for k, v in q.items()}
     p = {k: v.to(device) for k, v in p.items()}
-    with autocast(device, payload["precision"]):
-        q_reps, p_reps = model.encode_query(q), model.encode_passage(p)
+    q_reps, p_reps = model.encode_query(q), model.encode_passage(p)
     n = min(len(q_reps), len(p_reps))  # the loss only needs to reach both graphs
-    contrastive_loss(q_reps[:n].float(), p_reps[:n].float()).backward()
+    contrastive_loss(q_reps[:n], p_reps[:n]).backward()
 
 
 def probe_cpu(payload: dict) -> int:
@@ -131,7 +130,8 @@ def _probe_cuda(model: BiEncoder, payload: dict) -> int:
     model.zero_grad(set_to_none=True)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    _chunk_step(model, payload, device)
+    with autocast(device, payload["precision"]):
+        _chunk_step(model, payload, device)
     peak = peak_memory_bytes(device)
     model.zero_grad(set_to_none=True)
     return peak

@@ -7,7 +7,7 @@ swapped into place; the oldest are removed beyond ``keep``. Resuming refuses ano
 
 from __future__ import annotations
 
-import os
+import functools
 import random
 import shutil
 from pathlib import Path
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import write_dir_atomic
+from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic
 from dpr_cache.runtime.distributed import DistEnv
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_states"]
@@ -67,10 +67,7 @@ def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEn
 
         def write(tmp: Path) -> None:
             tmp.mkdir(parents=True)
-            with open(tmp / STATE_FILE, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
+            write_atomic(tmp / STATE_FILE, functools.partial(torch.save, state), fsync=True)
 
         write_dir_atomic(final, write)
         for old in sorted(Path(root).glob("step-*"))[:-keep]:

@@ -16,6 +16,7 @@ from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.training import load_training_set
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_biencoder
+from dpr_cache.runtime.memory import trim
 from dpr_cache.train.recipe import BatchRecipe
 
 __all__ = ["verify", "compare_steps"]
@@ -33,7 +34,9 @@ def compare_steps(model, batch, *, chunk: int, p_chunk: int | None, temperature:
     results = {}
     for mode in ("full", "gradcache"):
         model.zero_grad(set_to_none=True)
-        stepper = make_stepper(mode, towers, loss_fn, chunk_size=chunk, p_chunk_size=p_chunk)
+        stepper = make_stepper(
+            mode, towers, loss_fn, chunk_size=chunk, p_chunk_size=p_chunk, release_memory=trim
+        )
         loss = stepper.step(batch.q_inputs, batch.p_inputs, p_ids=batch.p_ids)
         results[mode] = (float(loss), _grads(model))
     return results

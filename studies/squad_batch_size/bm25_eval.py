@@ -26,7 +26,7 @@ from dpr_cache.retrieval.evaluate import (
     format_metrics_table,
     metrics_from_retrieval,
 )
-from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
+from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
 
 
 def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
@@ -52,11 +52,7 @@ def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
         ]
         entries.append({"question": question, "answers": answers, "ctxs": ctxs})
     eval_dir = out / "eval"
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(
-        eval_dir / RETRIEVAL_FILE,
-        lambda tmp: tmp.write_text(json.dumps(entries, ensure_ascii=False, indent=0)),
-    )
+    write_text_atomic(eval_dir / RETRIEVAL_FILE, json.dumps(entries, ensure_ascii=False, indent=0))
     metrics = metrics_from_retrieval(eval_dir / RETRIEVAL_FILE, config.eval.top_k)
     write_json_atomic(eval_dir / METRICS_FILE, metrics)
     save_config(config, eval_dir / CONFIG_FILE)

@@ -69,14 +69,16 @@ model_path() {
   esac
 }
 
-# run.json: what the table needs besides eval/metrics.json and train_log.jsonl.
+# run.json: what the table needs besides eval/metrics.json and train_log.jsonl. It marks a run as
+# done, so it is written under a temporary name and renamed: never half there.
 write_run_json() {  # dir model setting mode batch chunk seed train_s index_s eval_s warmup
-  cat > "$1/run.json" <<EOF
+  cat > "$1/run.json.tmp" <<EOF
 {"model": "$2", "setting": "$3", "mode": "$4", "batch_size": $5, "chunk_size": $6, "seed": $7,
  "epochs": $EPOCHS, "lr": $LR, "warmup_pct": $WARMUP_PCT, "warmup_steps": ${11},
  "train_wall_seconds": $8,
  "index_seconds": $9, "eval_seconds": ${10}, "dry_run": $DRY_RUN}
 EOF
+  mv "$1/run.json.tmp" "$1/run.json"
 }
 
 # A finished run made with another recipe must not be skipped into this one's table.

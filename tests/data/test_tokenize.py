@@ -48,6 +48,29 @@ def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
     assert max(len(r) for r in ref) == 48  # the limit was reached, so truncation was exercised
 
 
+def test_a_training_batch_equals_the_tokenizers_padded_batch(tok, examples) -> None:
+    """Every tensor of a step's passages, padding included, as the tokenizer pads them."""
+    batch = build_batch(
+        examples, tokenizer=tok, hard_negatives=1, max_query_length=32, max_passage_length=48,
+        seed=0, step=0,
+    )  # fmt: skip
+    ids = batch.p_inputs["input_ids"].tolist()
+    ctxs = []
+    for e in examples:  # recover the chosen contexts by their encodings
+        group = [e["positive_ctxs"][0], *e["hard_negative_ctxs"]]
+        ctxs += [group[0]]
+        for c in group[1:]:
+            enc = tok(c["title"], c["text"], truncation="only_second", max_length=48)["input_ids"]
+            if enc == [t for t in ids[len(ctxs)] if t != tok.pad_token_id]:
+                ctxs.append(c)
+                break
+    assert len(ctxs) == len(ids)
+    want = tok([c["title"] for c in ctxs], [c["text"] for c in ctxs], truncation="only_second",
+               max_length=48, padding=True, return_tensors="pt")  # fmt: skip
+    for key in want:
+        assert torch.equal(batch.p_inputs[key], want[key]), key
+
+
 def test_questions_match_the_tokenizer_padded_batch(tok, examples) -> None:
     questions = [e["question"] for e in examples]
     want = tok(questions, max_length=12, truncation=True, padding=True, return_tensors="pt")
@@ -65,8 +88,13 @@ def test_a_title_longer_than_the_limit_falls_back_for_its_own_pair_only(tok) -> 
     texts = ["a text " * 20] * 3
     ids = tokenize_passages(tok, titles, texts, 16)["input_ids"]
     assert [len(r) for r in ids] == [16, 16, 16]
-    alone = tok(titles[0], texts[0], truncation="only_second", max_length=16)["input_ids"]
-    assert ids[0] == alone  # its neighbours keep DPR's rule: the title whole, the text cut
+    for i in (0, 2):  # its neighbours keep DPR's rule: the title whole, the text cut
+        assert (
+            ids[i] == tok(titles[i], texts[i], truncation="only_second", max_length=16)["input_ids"]
+        )
+    assert (
+        ids[1] == tok(titles[1], texts[1], truncation="longest_first", max_length=16)["input_ids"]
+    )
     with pytest.raises(Exception, match="(?i)truncat"):  # only_second cannot cut this pair
         tok(titles[1], texts[1], truncation="only_second", max_length=16)
     padded = encode_passages(tok, titles, texts, 16)

@@ -97,3 +97,4 @@ def test_an_os_error_keeps_its_errno_and_path_and_exits_1(tmp_path):
     proc = train(tmp_path, f"output_dir={blocker / 'run'}", "train.max_steps=1")
     expect_error(proc, "[Errno 20]", "Not a directory", str(blocker), code=1)
     assert blocker.read_text() == "not a folder"
+    assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("config.yaml"))

@@ -20,7 +20,7 @@ from dpr_cache.config import Config
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.retrieval.encode import encode_passage_texts
+from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
 from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table, metrics_from_retrieval
 from dpr_cache.retrieval.faiss_index import (
     IndexSpec,
@@ -30,7 +30,7 @@ from dpr_cache.retrieval.faiss_index import (
     search,
 )
 from dpr_cache.retrieval.index import build_index
-from dpr_cache.retrieval.shards import load_shard_embeddings
+from dpr_cache.retrieval.shards import load_shard_embeddings, shard_key
 
 
 def test_files_follow_the_contract(corpus, built: Config) -> None:
@@ -105,6 +105,31 @@ def test_sorted_and_fixed_order_encodings_agree(corpus) -> None:
     alone = encode_passage_texts(model, titles, texts, batch_size=1, **kw)
     np.testing.assert_allclose(fast, fixed, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(fast, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_question_vectors_equal_the_query_tower_run_directly(corpus) -> None:
+    model = BiEncoder.from_pretrained(corpus["saved"]).eval()
+    assert model.pooling == "cls"  # as saved
+    questions = ["where is code4 near the river?", "code8"]
+    got = encode_question_texts(model, questions, max_length=16, device=torch.device("cpu"),
+                                precision="bf16")  # fmt: skip
+    bert = AutoModel.from_pretrained(corpus["saved"] / "query_encoder").eval()
+    tok = AutoTokenizer.from_pretrained(corpus["tiny"])
+    with torch.inference_mode():
+        inputs = tok(questions, max_length=16, truncation=True, padding=True, return_tensors="pt")
+        want = bert(**inputs).last_hidden_state[:, 0].numpy()
+    assert got.dtype == np.float32  # bf16 asked for, but the CPU encodes in fp32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_shard_key_is_stable() -> None:
+    """Shards written by earlier versions stay valid: the key of fixed inputs is pinned."""
+    signature = {"path": "/x/p.tsv", "size": 10, "mtime_ns": 5}
+    key = shard_key("f" * 64, signature, shard_size=50_000, max_length=256, pooling="cls",
+                    precision="fp32")  # fmt: skip
+    assert key == "65b4927c4733dc26"
+    assert shard_key("e" * 64, signature, shard_size=50_000, max_length=256, pooling="cls",
+                     precision="fp32") != key  # fmt: skip
 
 
 def _shard_files(out: Path) -> dict[str, int]:

@@ -6,7 +6,7 @@ For an evaluated run folder (``eval/`` with its ``config.yaml``, ``index/``):
 - each question has ``max(eval.top_k)`` ctxs (or the whole corpus), scores not increasing, and
   each ctx's text and title are the corpus's;
 - top-k recomputed from each ctx's *text* with DPR's answer rule, written out again below from
-  DPR's description (the stored has_answer flags and dpr_cache.answers are not used), equals
+  DPR's description (the stored has_answer flags and dpr_cache.data.answers are not used), equals
   metrics.json;
 - the FAISS flat index's top-100 equals a brute-force numpy search over the same embeddings, for
   made-up queries and for real dev questions re-encoded with the run's model, whose brute-force
@@ -14,7 +14,7 @@ For an evaluated run folder (``eval/`` with its ``config.yaml``, ``index/``):
 
 test_index_eval.py checks metrics.json against the stored flags and the top-20 on the test corpus.
 Set ``DPR_CACHE_CHECK_RUNS=runs/reproduce`` (a folder of run folders) to run every check on real
-outputs too (scripts/reproduce_squad.sh does).
+outputs too (studies/squad_batch_size/run.sh does).
 """
 
 from __future__ import annotations

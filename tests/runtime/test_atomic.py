@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -35,14 +34,6 @@ def test_a_crash_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
         write_atomic(target, half_then_crash)
     assert json.loads(target.read_text()) == {"v": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
-
-
-def test_negative_control_a_plain_write_would_leave_half(tmp_path: Path) -> None:
-    target = tmp_path / "out.txt"
-    target.write_text("old")
-    with pytest.raises(Crash):
-        half_then_crash(target)  # what writing in place does
-    assert target.read_text() == "half of a new"
 
 
 def test_text_json_and_fsync(tmp_path: Path) -> None:
@@ -100,4 +91,3 @@ def test_log_lines_and_a_torn_tail(tmp_path: Path) -> None:
         f.write('{"step": 3, "lo')  # a crash mid-line
     assert [json.loads(line)["step"] for line in read_lines(log)] == [1, 2]
     assert read_lines(tmp_path / "missing.jsonl") == []
-    assert os.path.getsize(log) > 0

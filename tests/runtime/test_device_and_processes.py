@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 
 import pytest
@@ -60,7 +59,7 @@ def test_offline_defaults_do_not_override_the_user() -> None:
 def test_a_child_returns_its_last_json_line() -> None:
     row = run_json_child("dpr_cache.bench.loss", ["--child", "--batch", "8", "--dim", "4"])
     assert row["batch"] == 8 and row["dim"] == 4 and row["mode"] == "tiled"
-    assert json.loads(json.dumps(row)) == row
+    assert row["loss"] > 0 and row["backward_s"] is not None
 
 
 def test_a_failing_child_reports_its_last_stderr_line() -> None:

@@ -1,0 +1,90 @@
+"""Checkpoints restore every state a step depends on; the optimizer groups and the schedule are
+DPR's."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dpr_cache.errors import InputError
+from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.runtime.distributed import DistEnv, all_mean
+from dpr_cache.testing.fixtures import bert_config
+from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dpr_cache.train.recipe import linear_warmup_decay, param_groups
+
+
+def _trainer(seed: int = 0):
+    torch.manual_seed(seed)
+    model = BiEncoder.from_config(bert_config())
+    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(2, 10))
+    return model, optimizer, scheduler
+
+
+def _one_step(model, optimizer, scheduler) -> None:
+    ids = torch.randint(5, 97, (4, 6))
+    loss = model.encode_query({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).sum()
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+
+
+def _draws() -> tuple:
+    return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+
+def test_save_then_load_resumes_the_same_stream(tmp_path) -> None:
+    """Two more steps after a reload equal two more steps of the run that saved, RNG included."""
+    model, optimizer, scheduler = _trainer()
+    _one_step(model, optimizer, scheduler)
+    path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, None, DistEnv(), keep=2)
+    assert latest_checkpoint(tmp_path) == path
+    draws = _draws()
+    _one_step(model, optimizer, scheduler)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+
+    fresh, fresh_opt, fresh_sched = _trainer(seed=7)  # other weights, other RNG
+    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv()) == 1
+    assert _draws() == draws
+    _one_step(fresh, fresh_opt, fresh_sched)
+    got = fresh.state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert fresh_sched.get_last_lr() == scheduler.get_last_lr()
+
+
+def test_old_checkpoints_are_pruned_and_another_world_size_refused(tmp_path) -> None:
+    model, optimizer, scheduler = _trainer()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, model, optimizer, scheduler, None, DistEnv(), keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000003"]
+    with pytest.raises(InputError, match="saved with 1 ranks, resumed with 2"):
+        load_checkpoint(latest_checkpoint(tmp_path), model, optimizer, scheduler, None,
+                        DistEnv(world_size=2))  # fmt: skip
+
+
+def test_no_decay_on_biases_and_layer_norms() -> None:
+    model = BiEncoder.from_config(bert_config(), shared=True)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)]
+               for p in no_decay["params"])  # fmt: skip
+    assert all(p.dim() == 2 for p in decay["params"])  # weights of linear layers and embeddings
+    total = len(decay["params"]) + len(no_decay["params"])
+    assert total == len({id(p) for p in model.parameters()})  # each once, shared towers too
+
+
+def test_schedule_warms_up_then_decays_to_zero() -> None:
+    factor = linear_warmup_decay(warmup=4, total=12)
+    assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert [round(factor(s), 3) for s in (4, 8, 12, 20)] == [1.0, 0.5, 0.0, 0.0]
+    assert linear_warmup_decay(0, 4)(0) == 1.0
+
+
+def test_all_mean_on_one_process_is_the_value() -> None:
+    assert all_mean(torch.tensor(2.5, dtype=torch.bfloat16), DistEnv()) == 2.5
