@@ -7,7 +7,6 @@ directory, as the shell would.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +39,7 @@ class DataConfig(_Section):
     passages: str | None = None
     dev_qa: str | None = None
     cache_dir: str | None = None  # Arrow caches of large files; default ~/.cache/dpr-cache
+    num_workers: int = Field(1, ge=0)  # tokenizing processes ahead of train and encode; 0: inline
 
 
 class TrainConfig(_Section):
@@ -83,9 +83,11 @@ class TrainConfig(_Section):
 
 
 class IndexConfig(_Section):
-    type: Literal["flat", "hnsw", "ivfpq"] = "flat"
+    type: Literal["flat", "ivf", "ivfpq", "hnsw"] = "flat"
     batch_size: int = Field(128, ge=1)  # passages per encoding batch
     shard_size: int = Field(50_000, ge=1)  # passages per on-disk shard (resumable unit)
+    store_dtype: Literal["float16", "float32"] = "float16"  # stored vectors; scores in float32
+    memory_gb: float = Field(4.0, gt=0)  # peak memory of a search or an index build
     hnsw_m: int = Field(32, ge=4)
     hnsw_ef_search: int = Field(128, ge=1)
     ivf_nlist: int | None = Field(None, ge=1)  # default ~4*sqrt(N)
@@ -128,9 +130,9 @@ class Config(_Section):
     @property
     def cache_path(self) -> Path:
         """``data.cache_dir``, else ``$XDG_CACHE_HOME/dpr-cache`` (``~/.cache/dpr-cache``)."""
-        if self.data.cache_dir:
-            return Path(self.data.cache_dir)
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpr-cache"
+        from dpr_cache.data.arrow_cache import default_cache_dir
+
+        return Path(self.data.cache_dir) if self.data.cache_dir else default_cache_dir()
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

@@ -11,19 +11,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpr_cache.bench.machine import load_average, machine_info
 from dpr_cache.bench.point import OWN_MODES, PointSpec, StepSettings
 from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
 from dpr_cache.runtime.processes import ChildFailed, run_json_child
 
-__all__ = ["BenchPlan", "plan_points", "run_bench", "machine_info"]
+__all__ = ["BenchPlan", "plan_points", "run_bench"]
 
 POINTS_FILE = "points.jsonl"
 LOSS_FILE = "loss.jsonl"
@@ -87,43 +86,6 @@ def _run_child(module: str, payload: dict) -> dict:
 def run_point(spec: PointSpec) -> dict:
     """One point in a fresh process; ``{"error": ...}`` added instead of figures on failure."""
     return _run_child("dpr_cache.bench.point", dataclasses.asdict(spec))
-
-
-def _load_average() -> tuple[float, float, float] | None:
-    """The 1, 5 and 15 minute load averages (other jobs distort timings), where the OS has them."""
-    return os.getloadavg() if hasattr(os, "getloadavg") else None
-
-
-def machine_info(device: str, threads: int | None) -> dict:
-    """CPU model, cores, RAM, versions (for the report)."""
-    import torch
-    import transformers
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem_kb = next(
-            int(line.split()[1])
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal")
-        )
-    except (OSError, StopIteration, ValueError):
-        mem_kb = 0
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "ram_gb": mem_kb * 1024 / 1e9,
-        "threads": threads or torch.get_num_threads(),
-        "device": device,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average": _load_average(),
-    }
 
 
 def _load_done(path: Path) -> dict[str, dict]:
@@ -212,7 +174,7 @@ def run_bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
-    load_at_start = _load_average()
+    load_at_start = load_average()
     points_file = out / POINTS_FILE
     done = _load_done(points_file) if reuse else {}
     if not reuse:

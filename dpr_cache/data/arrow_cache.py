@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,11 @@ from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
 
 # Bump when the cached layout or the parsing rules change: old cache files are then ignored.
 CACHE_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/dpr-cache`` (``~/.cache/dpr-cache``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpr-cache"
 
 
 def cache_file(source: Path, cache_dir: Path, kind: str) -> Path:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from datasets import Dataset, Features
 
 from dpr_cache.data.arrow_cache import cache_file, open_arrow, write_arrow
 from dpr_cache.data.files import open_text
+from dpr_cache.data.ids import passage_hash
 from dpr_cache.errors import InputError
+from dpr_cache.runtime.atomic import write_atomic
 
 HEADER = ["id", "text", "title"]
 PASSAGE_FEATURES = Features.from_arrow_schema(
@@ -67,3 +70,44 @@ def load_passages(path: Path, cache_dir: Path) -> Dataset:
         rows = ({"id": i, "text": text, "title": title} for i, text, title in read_passages(path))
         write_arrow(rows, PASSAGE_FEATURES, arrow, batch_rows=10_000)
     return open_arrow(arrow)
+
+
+def passage_rows(dataset: Dataset, ids: Sequence[str]) -> np.ndarray:
+    """The dataset rows holding the given passage ids (-1 for an id it lacks).
+
+    Looks the ids up in a table of 64-bit id hashes sorted once and cached beside the Arrow file
+    (16 bytes a passage: 336 MB for 21M, never 21M Python strings); each hit is confirmed by
+    comparing the stored id.
+    """
+    hashes, rows = _id_table(dataset)
+    wanted = np.fromiter((passage_hash(pid) for pid in ids), dtype=np.uint64, count=len(ids))
+    at = np.minimum(np.searchsorted(hashes, wanted), len(hashes) - 1)
+    found = np.where(hashes[at] == wanted, rows[at], -1).astype(np.int64)
+    hit = np.flatnonzero(found >= 0)
+    if len(hit):  # a hash match is a hit only if the stored id is the one asked for
+        stored = dataset.select_columns(["id"])[found[hit].tolist()]["id"]
+        found[[i for i, pid in zip(hit.tolist(), stored, strict=True) if pid != ids[i]]] = -1
+    return found
+
+
+def _id_table(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted id hashes uint64, their rows int64), built in blocks and cached as .npy."""
+    arrow = Path(dataset.cache_files[0]["filename"])
+    path = arrow.with_suffix(".idhash.npy")
+    if not path.is_file():
+        n = len(dataset)
+        table = np.empty(n, dtype=[("hash", np.uint64), ("row", np.int64)])
+        ids = dataset.select_columns(["id"])
+        for start in range(0, n, 100_000):
+            block = ids[start : start + 100_000]["id"]
+            table["hash"][start : start + len(block)] = [passage_hash(pid) for pid in block]
+        table["row"] = np.arange(n)
+        table.sort(order="hash", kind="stable")
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, table)
+
+        write_atomic(path, write)
+    table = np.load(path)
+    return table["hash"], table["row"]

@@ -4,7 +4,8 @@ Saved layout (``save_pretrained(dir)``)::
 
     dir/query_encoder/      a Hugging Face model folder (AutoModel loads it)
     dir/passage_encoder/    the same for passages (a copy of the query tower when shared)
-    dir/biencoder.json      {"shared": ..., "pooling": ...}
+    dir/biencoder.json      {"shared", "pooling", "normalize", "max_query_length",
+                             "max_passage_length"}
     dir/tokenizer files     when the BiEncoder carries a tokenizer
 """
 
@@ -35,6 +36,8 @@ class BiEncoder(nn.Module):
         passage_encoder: the passage tower; ``None`` shares the query tower.
         pooling: ``"cls"`` (DPR) or ``"mean"`` (masked mean, sentence-transformers).
         tokenizer: optional, saved beside the towers.
+        max_query_length, max_passage_length: the token limits it was trained with, saved so
+            that ``dpr-cache encode`` needs no config (None: not known).
     """
 
     def __init__(
@@ -44,6 +47,8 @@ class BiEncoder(nn.Module):
         *,
         pooling: str = "cls",
         tokenizer=None,
+        max_query_length: int | None = None,
+        max_passage_length: int | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -53,6 +58,8 @@ class BiEncoder(nn.Module):
         self.passage_encoder = query_encoder if self.shared else passage_encoder
         self.pooling = pooling
         self.tokenizer = tokenizer
+        self.max_query_length = max_query_length
+        self.max_passage_length = max_passage_length
 
     # -- construction -----------------------------------------------------------------------
 
@@ -69,6 +76,7 @@ class BiEncoder(nn.Module):
         path = Path(resolve_model_path(path))
         if not path.is_dir():
             raise FileNotFoundError(2, "no such model folder", str(path))
+        meta = {}
         if (path / "query_encoder").is_dir():
             meta = json.loads((path / _META).read_text()) if (path / _META).is_file() else {}
             query = load_tower(path / "query_encoder", dropout)
@@ -77,7 +85,14 @@ class BiEncoder(nn.Module):
         else:
             query = load_tower(path, dropout)
             passage = None if shared else copy.deepcopy(query)
-        model = cls(query, passage, pooling=pooling, tokenizer=load_tokenizer(path))
+        model = cls(
+            query,
+            passage,
+            pooling=pooling,
+            tokenizer=load_tokenizer(path),
+            max_query_length=meta.get("max_query_length"),
+            max_passage_length=meta.get("max_passage_length"),
+        )
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
         return model
@@ -117,7 +132,13 @@ class BiEncoder(nn.Module):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.query_encoder.save_pretrained(out_dir / "query_encoder")
         self.passage_encoder.save_pretrained(out_dir / "passage_encoder")
-        meta = {"shared": self.shared, "pooling": self.pooling}
+        meta = {
+            "shared": self.shared,
+            "pooling": self.pooling,
+            "normalize": False,
+            "max_query_length": self.max_query_length,
+            "max_passage_length": self.max_passage_length,
+        }
         (out_dir / _META).write_text(json.dumps(meta, indent=2) + "\n")
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(out_dir)

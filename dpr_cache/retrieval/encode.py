@@ -1,26 +1,37 @@
 """Texts to vectors with a loaded BiEncoder, in inference mode: passages in length-sorted batches
 (each padded to its longest), questions in order. Tokenization is :mod:`dpr_cache.data.tokenize`'s,
-the same as training's."""
+the same as training's; a corpus is tokenized in ``DataLoader`` workers, a chunk ahead of the
+model, and written as store shards."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from dpr_cache.data.tokenize import encode_questions, pad, tokenize_passages
+from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_passages
 from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.retrieval.store import write_shard
 from dpr_cache.runtime.device import autocast, inference_precision
 
-__all__ = ["encode_passage_texts", "encode_question_texts"]
+__all__ = [
+    "encode_passage_texts",
+    "encode_tokenized",
+    "encode_question_texts",
+    "encode_corpus",
+    "CHUNK_ROWS",
+]
+
+CHUNK_ROWS = 8192
+"""Passages tokenized together (in a worker) and sorted by length into batches."""
 
 
-def encode_passage_texts(
+def encode_tokenized(
     model: BiEncoder,
-    titles: Sequence[str],
-    texts: Sequence[str],
+    feats: Features,
     *,
     max_length: int,
     batch_size: int,
@@ -29,14 +40,13 @@ def encode_passage_texts(
     sort_by_length: bool = True,
     on_batch: Callable[[int], Any] | None = None,
 ) -> np.ndarray:
-    """Passage embeddings [n, dim] (float32, input order) from the passage tower.
+    """Passage embeddings [n, dim] (float32, input order) of tokenized (title, text) pairs.
 
     ``sort_by_length``: batches of similar length (longest first), each padded to its longest;
     otherwise batches in input order padded to ``max_length``, as DPR does. ``precision``
     applies on CUDA; the CPU encodes in fp32.
     """
-    n = len(texts)
-    feats = tokenize_passages(model.tokenizer, titles, texts, max_length)
+    n = len(feats["input_ids"])
     lengths = np.fromiter((len(s) for s in feats["input_ids"]), dtype=np.int64, count=n)
     order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(n)
     out = np.empty((n, model.dim), dtype=np.float32)  # [n, dim]
@@ -45,15 +55,19 @@ def encode_passage_texts(
             rows = order[start : start + batch_size]
             width = int(lengths[rows].max()) if sort_by_length else max_length
             inputs = pad(model.tokenizer, feats, rows, width=width)
-            out[rows] = (
-                model.encode_passage({k: v.to(device) for k, v in inputs.items()})
-                .float()
-                .cpu()
-                .numpy()
-            )
+            reps = model.encode_passage({k: v.to(device) for k, v in inputs.items()})
+            out[rows] = reps.float().cpu().numpy()
             if on_batch is not None:
                 on_batch(len(rows))
     return out
+
+
+def encode_passage_texts(
+    model: BiEncoder, titles: Sequence[str], texts: Sequence[str], *, max_length: int, **kwargs
+) -> np.ndarray:
+    """Passage embeddings [n, dim] of (title, text) pairs; see :func:`encode_tokenized`."""
+    feats = tokenize_passages(model.tokenizer, titles, texts, max_length)
+    return encode_tokenized(model, feats, max_length=max_length, **kwargs)
 
 
 def encode_question_texts(
@@ -63,10 +77,77 @@ def encode_question_texts(
     max_length: int,
     device: torch.device,
     precision: str = "fp32",
+    batch_size: int = 128,
 ) -> np.ndarray:
-    """Question embeddings [n, dim] (float32) from the query tower, one padded batch
-    (``precision`` on CUDA, fp32 on the CPU)."""
-    inputs = encode_questions(model.tokenizer, questions, max_length)
-    with torch.inference_mode(), autocast(device, inference_precision(device, precision)):
-        reps = model.encode_query({k: v.to(device) for k, v in inputs.items()})
-    return reps.float().cpu().numpy()
+    """Question embeddings [n, dim] (float32) from the query tower, in batches of
+    ``batch_size`` (``precision`` on CUDA, fp32 on the CPU)."""
+    out = np.empty((len(questions), model.dim), dtype=np.float32)
+    for start in range(0, len(questions), batch_size):
+        inputs = encode_questions(
+            model.tokenizer, questions[start : start + batch_size], max_length
+        )
+        with torch.inference_mode(), autocast(device, inference_precision(device, precision)):
+            reps = model.encode_query({k: v.to(device) for k, v in inputs.items()})
+        out[start : start + len(reps)] = reps.float().cpu().numpy()
+    return out
+
+
+class _TokenizedChunks(torch.utils.data.Dataset):
+    """Item i: (start row, ids, tokenized pairs) of the i-th chunk of the rows to encode."""
+
+    def __init__(self, dataset, chunks: list[tuple[int, int]], tokenizer, max_length: int):
+        self.dataset, self.chunks = dataset, chunks
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, i: int):
+        start, stop = self.chunks[i]
+        rows = self.dataset[start:stop]
+        feats = tokenize_passages(self.tokenizer, rows["title"], rows["text"], self.max_length)
+        return start, rows["id"], feats
+
+
+def encode_corpus(
+    model: BiEncoder,
+    dataset,
+    shards: Sequence[tuple[Path, int, int]],
+    *,
+    max_length: int,
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+    store_dtype: str = "float16",
+    num_workers: int = 1,
+    sort_by_length: bool = True,
+    on_batch: Callable[[int], Any] | None = None,
+) -> None:
+    """Encode rows ``[start, start + rows)`` of a passages dataset (columns id, title, text) into
+    each shard ``(path, start, rows)``; tokenization runs ``num_workers`` processes ahead."""
+    chunks = [
+        (s, min(s + CHUNK_ROWS, start + rows))
+        for _, start, rows in shards
+        for s in range(start, start + rows, CHUNK_ROWS)
+    ]
+    loader = torch.utils.data.DataLoader(
+        _TokenizedChunks(dataset, chunks, model.tokenizer, max_length),
+        batch_size=None,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(0),  # leave the global RNG alone
+    )
+    items = iter(loader)
+    for path, start, rows in shards:
+        embs = np.empty((rows, model.dim), np.float32)
+        ids: list[str] = []
+        done = 0
+        while done < rows:
+            chunk_start, chunk_ids, feats = next(items)
+            assert chunk_start == start + done  # chunks arrive in order
+            embs[done : done + len(chunk_ids)] = encode_tokenized(
+                model, feats, max_length=max_length, batch_size=batch_size, device=device,
+                precision=precision, sort_by_length=sort_by_length, on_batch=on_batch,
+            )  # fmt: skip
+            ids += chunk_ids
+            done += len(chunk_ids)
+        write_shard(path, embs, ids, store_dtype)

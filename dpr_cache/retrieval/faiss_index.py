@@ -1,11 +1,20 @@
-"""The FAISS side of the index: build flat / HNSW / IVF-PQ from embedding shards, load it back,
-configure and run inner-product search. Files under ``output_dir/index/``: faiss.index (row i is
-passage row i of the passages file), passage_ids.txt (one id a line), meta.json."""
+"""Approximate FAISS indexes over an embedding store, built without holding all vectors.
+
+- ``ivf`` (IVF-Flat) and ``ivfpq`` (IVF-PQ): the coarse quantizer (and PQ) are trained on a sample
+  of at most ``MAX_TRAIN_ROWS`` rows; the store is then added block by block, each block into its
+  own copy of the trained index written to disk, and the parts are merged into on-disk inverted
+  lists (``faiss.ivfdata``, FAISS's ``OnDiskInvertedLists``) that search reads memory-mapped.
+- ``hnsw``: the graph and its vectors must sit in RAM (FAISS cannot map them); refused with a
+  clear error when its estimated size is over the memory budget.
+
+Every index stores global store rows as ids, so results map to passages as the exact search's do.
+Files: ``faiss.index`` (and ``faiss.ivfdata``) beside the index folder's ``meta.json``.
+"""
 
 from __future__ import annotations
 
-import json
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,33 +23,36 @@ import faiss
 import numpy as np
 
 from dpr_cache.errors import InputError
+from dpr_cache.retrieval.store import EmbeddingStore
+from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = [
     "IndexSpec",
+    "INDEX_TYPES",
     "INDEX_FILE",
-    "IDS_FILE",
-    "META_FILE",
+    "IVF_DATA_FILE",
+    "MAX_TRAIN_ROWS",
     "check_index_spec",
-    "new_index",
+    "build_faiss_index",
+    "open_faiss_index",
     "configure_search",
-    "search",
-    "load_index",
+    "hnsw_bytes",
 ]
 
+INDEX_TYPES = ("flat", "ivf", "ivfpq", "hnsw")
 INDEX_FILE = "faiss.index"
-IDS_FILE = "passage_ids.txt"
-META_FILE = "meta.json"
-_MAX_TRAIN_ROWS = 1_000_000  # IVF-PQ training sample cap (rows held in memory)
+IVF_DATA_FILE = "faiss.ivfdata"
+MAX_TRAIN_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
 class IndexSpec:
-    """The kind of FAISS index and its knobs (build time and search time)."""
+    """The kind of index and its knobs (build time and search time)."""
 
-    type: str = "flat"  # flat | hnsw | ivfpq
+    type: str = "flat"  # flat | ivf | ivfpq | hnsw
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
-    ivf_nlist: int | None = None  # default ~4*sqrt(N)
+    ivf_nlist: int | None = None  # default ~4 sqrt(N)
     pq_m: int = 16
     ivf_nprobe: int = 16
 
@@ -49,45 +61,91 @@ def _default_nlist(n: int) -> int:
     return max(1, min(int(round(4 * math.sqrt(n))), n // 39))
 
 
-def check_index_spec(spec: IndexSpec, n: int, dim: int) -> None:
-    if spec.type != "ivfpq":
-        return
-    if dim % spec.pq_m:
+def hnsw_bytes(rows: int, dim: int, m: int) -> int:
+    """What an HNSW index of float32 vectors holds in RAM: the vectors and ~2M links a row."""
+    return rows * (4 * dim + 2 * m * 4 + 16)
+
+
+def check_index_spec(spec: IndexSpec, rows: int, dim: int, memory_bytes: int | None = None) -> None:
+    """InputError for a spec that cannot be built on these vectors (or in this memory)."""
+    if spec.type not in INDEX_TYPES:
+        raise InputError(f"index.type: {spec.type!r} is not one of {', '.join(INDEX_TYPES)}")
+    if spec.type == "ivfpq" and dim % spec.pq_m:
         raise InputError(f"index.pq_m: {spec.pq_m} does not divide the embedding size {dim}")
-    if spec.ivf_nlist is not None and spec.ivf_nlist > n:
-        raise InputError(f"index.ivf_nlist: {spec.ivf_nlist} is more than the {n} passages")
+    if spec.type in ("ivf", "ivfpq") and spec.ivf_nlist is not None and spec.ivf_nlist > rows:
+        raise InputError(f"index.ivf_nlist: {spec.ivf_nlist} is more than the {rows} passages")
+    if spec.type == "hnsw" and memory_bytes is not None:
+        need = hnsw_bytes(rows, dim, spec.hnsw_m)
+        if need > memory_bytes:
+            raise InputError(
+                f"index.type hnsw: {rows} vectors of {dim} need about {need / 1e9:.1f} GB in RAM "
+                f"(HNSW cannot be memory-mapped), over --memory-gb {memory_bytes / 1e9:.1f}: use "
+                "flat (exact, streamed) or ivfpq (on disk), or a larger budget"
+            )
 
 
-def _gather_rows(shards: list[np.ndarray], shard_size: int, rows: np.ndarray) -> np.ndarray:
-    parts = []
-    for k, emb in enumerate(shards):
-        lo = k * shard_size
-        sel = rows[(rows >= lo) & (rows < lo + len(emb))] - lo
-        if len(sel):
-            parts.append(np.asarray(emb[sel]))
-    return np.concatenate(parts)
+def _train_sample(store: EmbeddingStore, n_train: int) -> np.ndarray:
+    rows = np.sort(np.random.default_rng(0).choice(store.rows, size=n_train, replace=False))
+    return store.take(rows)
 
 
-def new_index(
-    spec: IndexSpec, shards: list[np.ndarray], shard_size: int, n: int, dim: int
-) -> tuple[faiss.Index, dict[str, Any]]:
-    """An empty (trained, for IVF-PQ) index of ``spec.type`` and the parameters it was given."""
-    if spec.type == "flat":
-        return faiss.IndexFlatIP(dim), {}
-    if spec.type == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efSearch = spec.hnsw_ef_search
-        return index, {"hnsw_m": spec.hnsw_m, "ef_construction": int(index.hnsw.efConstruction)}
-    nlist = spec.ivf_nlist or _default_nlist(n)
-    n_train = min(n, max(50 * nlist, 65_536), _MAX_TRAIN_ROWS)
-    rows = np.sort(np.random.default_rng(0).choice(n, size=n_train, replace=False))
-    train = np.ascontiguousarray(_gather_rows(shards, shard_size, rows), dtype=np.float32)
-    nbits = 8 if n_train >= 256 else max(1, int(math.log2(n_train)))
-    quantizer = faiss.IndexFlatIP(dim)
-    index = faiss.IndexIVFPQ(quantizer, dim, nlist, spec.pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
-    index.train(train)  # faiss's Python wrapper keeps ``quantizer`` alive with ``index``
-    params = {"nlist": nlist, "pq_m": spec.pq_m, "pq_nbits": nbits, "train_rows": n_train}
+def _trained_ivf(spec: IndexSpec, store: EmbeddingStore) -> tuple[faiss.Index, dict[str, Any]]:
+    nlist = spec.ivf_nlist or _default_nlist(store.rows)
+    n_train = min(store.rows, max(50 * nlist, 65_536), MAX_TRAIN_ROWS)
+    sample = _train_sample(store, n_train)
+    quantizer = faiss.IndexFlatIP(store.dim)
+    params: dict[str, Any] = {"nlist": nlist, "train_rows": n_train}
+    if spec.type == "ivf":
+        index = faiss.IndexIVFFlat(quantizer, store.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+    else:
+        nbits = 8 if n_train >= 256 else max(1, int(math.log2(n_train)))
+        index = faiss.IndexIVFPQ(
+            quantizer, store.dim, nlist, spec.pq_m, nbits, faiss.METRIC_INNER_PRODUCT
+        )
+        params.update(pq_m=spec.pq_m, pq_nbits=nbits)
+    index.train(sample)  # FAISS's Python wrapper keeps ``quantizer`` alive with ``index``
     return index, params
+
+
+def build_faiss_index(
+    spec: IndexSpec, store: EmbeddingStore, out: Path, block_rows: int
+) -> dict[str, Any]:
+    """Build ``spec.type`` over ``store`` into ``out`` (faiss.index, faiss.ivfdata); return the
+    parameters it was given. Ids are global store rows."""
+    out = Path(out)
+    if spec.type == "hnsw":  # rows are added in order: HNSW's own ids are the global rows
+        index = faiss.IndexHNSWFlat(store.dim, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        for _, block in store.blocks(block_rows):
+            index.add(block)
+        write_atomic(out / INDEX_FILE, lambda tmp: faiss.write_index(index, str(tmp)))
+        return {"hnsw_m": spec.hnsw_m, "ef_construction": int(index.hnsw.efConstruction)}
+    trained, params = _trained_ivf(spec, store)
+    parts = out / "parts"
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    names = []
+    for n, (start, block) in enumerate(store.blocks(block_rows)):
+        part = faiss.clone_index(trained)
+        part.add_with_ids(block, np.arange(start, start + len(block), dtype=np.int64))
+        names.append(str(parts / f"part-{n:05d}.index"))
+        faiss.write_index(part, names[-1])
+        del part
+    from faiss.contrib.ondisk import merge_ondisk
+
+    (out / IVF_DATA_FILE).unlink(missing_ok=True)
+    merge_ondisk(trained, names, str(out / IVF_DATA_FILE))
+    write_atomic(out / INDEX_FILE, lambda tmp: faiss.write_index(trained, str(tmp)))
+    shutil.rmtree(parts, ignore_errors=True)
+    return params
+
+
+def open_faiss_index(index_dir: Path, spec: IndexSpec) -> faiss.Index:
+    """The index of ``index_dir`` with its inverted lists memory-mapped, search knobs applied."""
+    path = Path(index_dir) / INDEX_FILE
+    if not path.is_file():
+        raise InputError(f"{path}: missing: rebuild the index")
+    index = faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR)
+    return configure_search(index, spec)
 
 
 def configure_search(index: faiss.Index, spec: IndexSpec) -> faiss.Index:
@@ -98,24 +156,3 @@ def configure_search(index: faiss.Index, spec: IndexSpec) -> faiss.Index:
     if hasattr(index, "hnsw"):
         index.hnsw.efSearch = spec.hnsw_ef_search
     return index
-
-
-def search(index: faiss.Index, q_embs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k inner-product search: (scores [n, k'], rows [n, k']), k' = min(k, index size);
-    a row of -1 means no result (approximate indexes)."""
-    q = np.ascontiguousarray(q_embs, dtype=np.float32)
-    return index.search(q, max(1, min(k, index.ntotal)))
-
-
-def load_index(index_dir: str | Path, *, with_ids: bool = True) -> tuple[faiss.Index, list, dict]:
-    """(index, passage ids by row, meta); ids are [] when ``with_ids`` is False."""
-    index_dir = Path(index_dir)
-    files = [index_dir / name for name in (META_FILE, INDEX_FILE, IDS_FILE)]
-    if not all(f.is_file() for f in files):
-        raise InputError(f"no index at {index_dir}: run `dpr-cache index` first")
-    meta = json.loads(files[0].read_text())
-    index = faiss.read_index(str(files[1]))
-    ids = files[2].read_text(encoding="utf-8").splitlines() if with_ids else []
-    if index.ntotal != meta.get("n_passages") or (with_ids and len(ids) != index.ntotal):
-        raise InputError(f"{index_dir}: index files disagree: rerun `dpr-cache index`")
-    return index, ids, meta

@@ -1,28 +1,31 @@
-"""Encode the passage corpus into resumable on-disk shards, then build a FAISS index over them.
+"""Build an index folder: encode a passages TSV into resumable shards (``index --config``), or take
+precomputed shards (``index --embeddings``: ours, or DPR's ``generate_dense_embeddings`` pickles),
+then finish the index type asked for (see :mod:`dpr_cache.retrieval.index_dir`).
 
-Layout under ``output_dir/index/``::
+Layout of ``output_dir/index/`` when encoding::
 
-    shards/<key>-00000.npy      float32 embeddings of passages [0, shard_size), file order
+    shards/<key>-00000.npy      embeddings of passages [0, shard_size), file order (float16 default)
     shards/<key>-00000.ids.txt  their passage ids, one a line
-    faiss.index                 the index: row i is passage row i of the passages file
-    passage_ids.txt             the passage id of every index row, one a line
-    meta.json                   model, weights fingerprint, sizes, index type, timings
+    meta.json                   type, shards, model fingerprint, passages file, timings
+    faiss.index, faiss.ivfdata  approximate types only
 
-``<key>`` hashes all an embedding depends on (weights, passages file, lengths, pooling, precision,
-shard size), so a shard of another model or corpus is never reused. A finished shard is skipped on
-a rerun; shard k belongs to rank ``k % world_size``. The final index is rebuilt from the shards on
-every run, so switching ``index.type`` costs no re-encoding. :func:`build_index` is the entry point
-(it reads the config); :func:`index_passages` does the work from plain arguments.
+``<key>`` hashes all an embedding depends on (see :func:`~dpr_cache.retrieval.shards.shard_key`).
+The index type is rebuilt from the shards on every run, so switching it costs no re-encoding.
+:func:`build_index` is the entry point that reads the config; the others take plain arguments.
 """
 
 from __future__ import annotations
 
+import glob
 import math
+import os
+import pickle
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -31,27 +34,30 @@ from dpr_cache.config import Config
 from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
-from dpr_cache.retrieval.encode import encode_passage_texts
-from dpr_cache.retrieval.faiss_index import (
-    IDS_FILE,
-    INDEX_FILE,
-    META_FILE,
-    IndexSpec,
-    check_index_spec,
-    new_index,
-)
+from dpr_cache.retrieval.encode import encode_corpus
+from dpr_cache.retrieval.faiss_index import IndexSpec, check_index_spec
+from dpr_cache.retrieval.index_dir import finish_index
 from dpr_cache.retrieval.shards import (
     remove_stale,
-    save_shard,
     shard_done,
-    shard_files,
     shard_key,
+    shard_path,
     wait_for_shards,
 )
-from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
+from dpr_cache.retrieval.store import EmbeddingStore, write_shard
 from dpr_cache.runtime.device import inference_precision, resolve_device
 
-__all__ = ["build_index", "index_passages", "index_dir_of", "index_spec", "passages_signature"]
+__all__ = [
+    "build_index",
+    "encode_passage_shards",
+    "EncodedShards",
+    "index_passages",
+    "index_embeddings",
+    "index_dir_of",
+    "index_spec",
+    "passages_signature",
+    "memory_bytes_of",
+]
 
 
 def index_dir_of(output_dir: Path) -> Path:
@@ -59,9 +65,15 @@ def index_dir_of(output_dir: Path) -> Path:
     return Path(output_dir) / "index"
 
 
-def index_spec(config: Config) -> IndexSpec:
-    """The FAISS settings of ``index.*``."""
-    return IndexSpec(**config.index.model_dump(exclude={"batch_size", "shard_size"}))
+def index_spec(config: Config, type_: str | None = None) -> IndexSpec:
+    """The FAISS settings of ``index.*`` (``type_`` overrides ``index.type``)."""
+    keep = {"type", "hnsw_m", "hnsw_ef_search", "ivf_nlist", "pq_m", "ivf_nprobe"}
+    spec = IndexSpec(**config.index.model_dump(include=keep))
+    return spec if type_ is None else IndexSpec(**{**spec.__dict__, "type": type_})
+
+
+def memory_bytes_of(memory_gb: float) -> int:
+    return int(memory_gb * 1e9)
 
 
 def passages_signature(path: Path) -> dict[str, Any]:
@@ -91,16 +103,97 @@ def build_index(
         index_dir_of(config.output_path),
         cache_dir=config.cache_path,
         spec=index_spec(config),
+        memory_bytes=memory_bytes_of(config.index.memory_gb),
+        store_dtype=config.index.store_dtype,
         pooling=config.model.pooling,
         max_length=config.model.max_passage_length,
         batch_size=config.index.batch_size,
         shard_size=config.index.shard_size,
+        num_workers=config.data.num_workers,
         device=dev,
-        precision=inference_precision(dev, config.train.precision),
+        precision=config.train.precision,
         rank=rank,
         world_size=world_size,
         progress=progress,
         sort_by_length=sort_by_length,
+    )
+
+
+@dataclass
+class EncodedShards:
+    """What :func:`encode_passage_shards` wrote: the shards of a corpus and how long it took."""
+
+    paths: list[Path]  # every shard of the corpus, in order
+    key: str
+    fingerprint: str
+    signature: dict[str, Any]
+    pooling: str
+    precision: str
+    encoded: int  # passages encoded by this call (the rest were on disk already)
+    seconds: float
+
+
+def encode_passage_shards(
+    passages: Path,
+    model_dir: Path,
+    shard_dir: Path,
+    *,
+    cache_dir: Path,
+    pooling: str,
+    max_length: int,
+    batch_size: int,
+    shard_size: int,
+    store_dtype: str,
+    device: torch.device,
+    precision: str = "fp32",
+    num_workers: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+    sort_by_length: bool = True,
+    check: Callable[[int, int], None] | None = None,
+) -> EncodedShards:
+    """Encode this rank's missing shards of ``passages`` (shard k is rank ``k % world_size``'s)
+    into ``shard_dir``; rank 0 then waits for every shard. ``check(rows, dim)`` runs before
+    any encoding (e.g. that the index type suits the corpus)."""
+    dataset = load_passages(passages, cache_dir)
+    n = len(dataset)
+    if n == 0:
+        raise InputError(f"{passages}: no passages")
+    model = load_encoder(model_dir, pooling=pooling).to(device)
+    if check is not None:
+        check(n, model.dim)
+    precision = inference_precision(device, precision)
+    fingerprint = model_fingerprint(model_dir)
+    signature = passages_signature(passages)
+    key = shard_key(
+        fingerprint, signature, shard_size=shard_size, max_length=max_length,
+        pooling=model.pooling, precision=precision, store_dtype=store_dtype,
+    )  # fmt: skip
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # other ranks only write this key's files; their tmp files must survive
+        remove_stale(shard_dir, key, temporary=world_size == 1)
+    sizes = [min(shard_size, n - k * shard_size) for k in range(math.ceil(n / shard_size))]
+    mine = [
+        (shard_path(shard_dir, key, k), k * shard_size, sizes[k])
+        for k in range(rank, len(sizes), world_size)
+        if not shard_done(shard_dir, key, k, sizes[k])
+    ]
+    todo = sum(rows for _, _, rows in mine)
+    bar = tqdm(total=todo, unit="psg", desc=f"encode passages (rank {rank})", disable=not progress)
+    start = time.perf_counter()
+    with bar:
+        encode_corpus(
+            model, dataset, mine, max_length=max_length, batch_size=batch_size, device=device,
+            precision=precision, store_dtype=store_dtype, num_workers=num_workers,
+            sort_by_length=sort_by_length, on_batch=bar.update,
+        )  # fmt: skip
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        wait_for_shards(shard_dir, key, sizes)
+    paths = [shard_path(shard_dir, key, k) for k in range(len(sizes))]
+    return EncodedShards(
+        paths, key, fingerprint, signature, model.pooling, precision, todo, seconds
     )
 
 
@@ -109,102 +202,82 @@ def index_passages(
     model_dir: Path,
     out: Path,
     *,
-    cache_dir: Path,
     spec: IndexSpec,
-    pooling: str,
+    memory_bytes: int,
     max_length: int,
-    batch_size: int,
-    shard_size: int,
-    device: torch.device,
-    precision: str = "fp32",
     rank: int = 0,
-    world_size: int = 1,
-    progress: bool = True,
-    sort_by_length: bool = True,
+    **encode: Any,
 ) -> Path:
-    """Encode ``passages`` into shards (this rank's share) and, on rank 0, build the index.
-
-    Rank 0 waits for the other ranks' shards by watching the shard folder (a long encode never
-    hits a collective time-out); the other ranks return as soon as their shards are written.
-    """
-    dataset = load_passages(passages, cache_dir)
-    n = len(dataset)
-    if n == 0:
-        raise InputError(f"{passages}: no passages")
-    model = load_encoder(model_dir, pooling=pooling).to(device)
-    check_index_spec(spec, n, model.dim)
-    fingerprint = model_fingerprint(model_dir)
-    signature = passages_signature(passages)
-    key = shard_key(
-        fingerprint, signature, shard_size=shard_size, max_length=max_length,
-        pooling=model.pooling, precision=precision,
+    """Encode ``passages`` into ``out/shards`` (see :func:`encode_passage_shards`, which takes
+    ``encode``'s keywords) and, on rank 0, finish the index."""
+    encoded = encode_passage_shards(
+        passages, model_dir, out / "shards", max_length=max_length, rank=rank,
+        check=lambda n, dim: check_index_spec(spec, n, dim, memory_bytes), **encode,
     )  # fmt: skip
-    shard_dir = out / "shards"
-    shard_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0:  # other ranks only write this key's files; their tmp files must survive
-        remove_stale(shard_dir, key, temporary=world_size == 1)
-    sizes = [min(shard_size, n - k * shard_size) for k in range(math.ceil(n / shard_size))]
-    mine = [
-        k
-        for k in range(rank, len(sizes), world_size)
-        if not shard_done(shard_dir, key, k, sizes[k])
-    ]
-    todo = sum(sizes[k] for k in mine)
-    bar = tqdm(total=todo, unit="psg", desc=f"encode passages (rank {rank})", disable=not progress)
-    start = time.perf_counter()
-    with bar:
-        for k in mine:
-            chunk = dataset[k * shard_size : k * shard_size + sizes[k]]
-            embs = encode_passage_texts(
-                model, chunk["title"], chunk["text"], max_length=max_length,
-                batch_size=batch_size, device=device, precision=precision,
-                sort_by_length=sort_by_length, on_batch=bar.update,
-            )  # fmt: skip
-            save_shard(shard_dir, key, k, embs, chunk["id"])
-    encode_seconds = time.perf_counter() - start
-    dim, pooling = model.dim, model.pooling
-    del model
     if rank != 0:
         return out
-    wait_for_shards(shard_dir, key, sizes)
-
-    start = time.perf_counter()
-    shard_embs = [
-        np.load(shard_files(shard_dir, key, k)[0], mmap_mode="r") for k in range(len(sizes))
-    ]
-    index, params = new_index(spec, shard_embs, shard_size, n, dim)
-    for emb in shard_embs:
-        index.add(np.ascontiguousarray(emb, dtype=np.float32))
-    (out / META_FILE).unlink(missing_ok=True)  # no meta = no index, until all files are new
-    write_atomic(out / INDEX_FILE, lambda tmp: faiss.write_index(index, str(tmp)))
-
-    def write_ids(tmp: Path) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for k in range(len(sizes)):
-                f.write(shard_files(shard_dir, key, k)[1].read_text(encoding="utf-8"))
-
-    write_atomic(out / IDS_FILE, write_ids)
-    meta = {
-        "model_dir": str(model_dir),
-        "fingerprint": fingerprint,
-        "passages": signature,
-        "n_passages": n,
-        "dim": dim,
-        "index_type": spec.type,
-        "index_params": params,
-        "pooling": pooling,
-        "max_passage_length": max_length,
-        "precision": precision,
-        "shard_size": shard_size,
-        "n_shards": len(sizes),
-        "shard_key": key,
-        "sort_by_length": sort_by_length,
+    extra = {
+        "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
+                  "pooling": encoded.pooling, "max_passage_length": max_length,
+                  "precision": encoded.precision},
+        "passages": encoded.signature,
+        "shard_key": encoded.key,
+        "sort_by_length": encode.get("sort_by_length", True),
         "timings": {  # this run, rank 0
-            "encoded_passages": todo,
-            "encode_seconds": round(encode_seconds, 3),
-            "passages_per_second": round(todo / encode_seconds, 1) if todo else None,
-            "build_seconds": round(time.perf_counter() - start, 3),
+            "encoded_passages": encoded.encoded,
+            "encode_seconds": round(encoded.seconds, 3),
+            "passages_per_second": round(encoded.encoded / encoded.seconds, 1)
+            if encoded.encoded else None,
         },
-    }
-    write_json_atomic(out / META_FILE, meta)
+    }  # fmt: skip
+    finish_index(out, EmbeddingStore.open(encoded.paths), spec, memory_bytes, extra)
     return out
+
+
+def index_embeddings(
+    pattern: str,
+    out: Path,
+    *,
+    spec: IndexSpec,
+    memory_bytes: int,
+    store_dtype: str = "float16",
+) -> Path:
+    """``dpr-cache index --embeddings``: an index over precomputed shards. Our ``.npy`` shards
+    are validated and recorded in place; DPR's pickles (``.pkl``/``.pickle``: trusted input only,
+    pickle runs code) are converted once into shards under ``out/shards``."""
+    paths = sorted(glob.glob(os.path.expanduser(pattern)))
+    if not paths:
+        raise InputError(f"{pattern}: matches no file")
+    pickles = [p for p in paths if p.endswith((".pkl", ".pickle"))]
+    if pickles and len(pickles) != len(paths):
+        raise InputError(f"{pattern}: mixes DPR pickles and .npy shards; give one kind")
+    out = Path(out)
+    if pickles:
+        npys = [
+            _dpr_pickle_to_shard(Path(p), out / "shards" / f"dpr-{i:05d}.npy", store_dtype)
+            for i, p in enumerate(pickles)
+        ]
+    else:
+        npys = [Path(p) for p in paths if p.endswith(".npy")]
+        if not npys:
+            raise InputError(f"{pattern}: matches no .npy shard")
+    finish_index(out, EmbeddingStore.open(npys), spec, memory_bytes, {"source": pattern})
+    return out
+
+
+def _dpr_pickle_to_shard(path: Path, npy: Path, dtype: str) -> Path:
+    """One of DPR's embedding pickles (a list of ``(passage id, float32 vector)``) as a shard."""
+    if npy.is_file():
+        return npy  # converted by an earlier run
+    try:
+        with open(path, "rb") as f:
+            pairs = pickle.load(f)  # noqa: S301 - trusted input, as the docs say
+        ids = [str(pid) for pid, _ in pairs]
+        embs = np.stack([np.asarray(vec, dtype=np.float32) for _, vec in pairs])
+    except (pickle.UnpicklingError, EOFError, TypeError, ValueError) as e:
+        msg = " ".join(str(e).split())[:120]
+        raise InputError(f"{path}: not a DPR embeddings pickle ({msg})") from None
+    if embs.ndim != 2:
+        raise InputError(f"{path}: vectors of shape {embs.shape[1:]}, expected one dimension")
+    write_shard(npy, embs, ids, dtype)
+    return npy

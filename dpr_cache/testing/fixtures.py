@@ -6,7 +6,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["REPO", "TOY", "SQUAD_SOURCE", "bert_config", "random_inputs", "saved_weights"]
+__all__ = [
+    "REPO",
+    "TOY",
+    "SQUAD_SOURCE",
+    "bert_config",
+    "random_inputs",
+    "saved_weights",
+    "index_vectors",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 """The checkout holding this package (configs/, data/ and tests/ beside it)."""
@@ -51,3 +59,14 @@ def saved_weights(model_dir: Path) -> dict[str, torch.Tensor]:
         for tower in ("query_encoder", "passage_encoder")
         for name, tensor in load_file(Path(model_dir) / tower / "model.safetensors").items()
     }
+
+
+def index_vectors(index_dir: Path):
+    """(every vector of an index folder as float32 [rows, dim], their ids): small indexes only."""
+    import numpy as np
+
+    from dpr_cache.retrieval.index_dir import open_index
+
+    store = open_index(index_dir).store
+    vectors = np.concatenate([block.copy() for _, block in store.blocks(4096)])
+    return vectors, store.ids_of(np.arange(store.rows)).tolist()

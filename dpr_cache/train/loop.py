@@ -35,7 +35,12 @@ from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
 from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from dpr_cache.train.recipe import BatchRecipe, linear_warmup_decay, param_groups
+from dpr_cache.train.recipe import (
+    BatchRecipe,
+    linear_warmup_decay,
+    param_groups,
+    step_batches,
+)
 
 __all__ = ["train"]
 
@@ -123,12 +128,14 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         )
         params = [p for p in model.parameters() if p.requires_grad]
         log = open(log_path, "a", encoding="utf-8") if env.is_main else contextlib.nullcontext()
+        loader = step_batches(
+            recipe, dataset, batches, model.tokenizer, start_step, total_steps,
+            rank=env.rank, world_size=env.world_size, num_workers=config.data.num_workers,
+        )  # fmt: skip
         with stop.installed(), log, bar:
-            for step in range(start_step, total_steps):
+            for step, batch in enumerate(loader, start=start_step):
                 started = time.perf_counter()
-                batch = recipe.batch(
-                    dataset, batches, model.tokenizer, step, env.rank, env.world_size
-                ).to(env.device)
+                batch = batch.to(env.device)
                 optimizer.zero_grad(set_to_none=True)
                 with autocast(env.device, cfg.precision):
                     loss = stepper.step(batch.q_inputs, batch.p_inputs, p_ids=batch.p_ids)
@@ -180,6 +187,10 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
                         raise Interrupted(path)
         model_dir = out / "model"
         if env.is_main:
+            model.max_query_length, model.max_passage_length = (
+                m.max_query_length,
+                m.max_passage_length,
+            )
             write_dir_atomic(model_dir, model.save_pretrained)
         distributed.barrier()
         return model_dir

@@ -3,6 +3,7 @@ the optimizer and schedule DPR uses."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch, build_batch
 
-__all__ = ["BatchRecipe", "param_groups", "linear_warmup_decay"]
+__all__ = ["BatchRecipe", "step_batches", "param_groups", "linear_warmup_decay"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,53 @@ class BatchRecipe:
             pool_for_padding=dataset,
             indices=indices,
         )
+
+
+class _StepBatches(torch.utils.data.Dataset):
+    """Item i: this rank's batch of step ``start + i``, tokenized (in a DataLoader worker)."""
+
+    def __init__(self, recipe: BatchRecipe, dataset, batches, tokenizer, start, stop, rank, world):
+        self.args = (recipe, dataset, batches, tokenizer)
+        self.start, self.stop, self.rank, self.world = start, stop, rank, world
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> Batch:
+        recipe, dataset, batches, tokenizer = self.args
+        return recipe.batch(dataset, batches, tokenizer, self.start + i, self.rank, self.world)
+
+
+def _quiet_worker(_: int) -> None:
+    """Ctrl-C and SIGTERM are the main process's: it checkpoints, then stops the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def step_batches(
+    recipe: BatchRecipe,
+    dataset,
+    batches: TrainBatches,
+    tokenizer,
+    start: int,
+    stop: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int = 1,
+):
+    """The batches of steps ``start .. stop - 1`` in order, built ``num_workers`` processes
+    ahead of the training step (0: in this process). A batch depends on its step alone, and the
+    loader draws from its own generator, so workers change nothing but the time (a resumed run
+    stays bit-identical)."""
+    return torch.utils.data.DataLoader(
+        _StepBatches(recipe, dataset, batches, tokenizer, start, stop, rank, world_size),
+        batch_size=None,
+        num_workers=num_workers,
+        worker_init_fn=_quiet_worker if num_workers else None,
+        prefetch_factor=2 if num_workers else None,
+        generator=torch.Generator().manual_seed(0),  # its seed draw must not touch the global RNG
+    )
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

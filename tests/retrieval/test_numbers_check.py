@@ -8,7 +8,7 @@ For an evaluated run folder (``eval/`` with its ``config.yaml``, ``index/``):
 - top-k recomputed from each ctx's *text* with DPR's answer rule, written out again below from
   DPR's description (the stored has_answer flags and dpr_cache.data.answers are not used), equals
   metrics.json;
-- the FAISS flat index's top-100 equals a brute-force numpy search over the same embeddings, for
+- the streamed flat search's top-100 equals a brute-force numpy search over the stored vectors, for
   made-up queries and for real dev questions re-encoded with the run's model, whose brute-force
   top-100 must be retrieval.json's.
 
@@ -36,9 +36,10 @@ from dpr_cache.config import Config, load_config
 from dpr_cache.data.passages import read_passages
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.model.loading import load_encoder
-from dpr_cache.retrieval.faiss_index import load_index, search
 from dpr_cache.retrieval.index import build_index
-from dpr_cache.retrieval.shards import load_shard_embeddings
+from dpr_cache.retrieval.index_dir import open_index, search_index
+from dpr_cache.runtime.memory import rss_bytes
+from dpr_cache.testing.fixtures import index_vectors
 
 N_LARGE = 300
 
@@ -161,36 +162,38 @@ def assert_exact_top_n(
 
 
 def check_flat_top_k(index_dir: Path, k: int = 100, n_queries: int = 64) -> None:
-    """FAISS flat search = exact inner-product top-k (ties within float error may swap)."""
-    index, ids, meta = load_index(index_dir)
-    assert meta["index_type"] == "flat"
-    embs = load_shard_embeddings(index_dir)
-    assert embs.shape == (index.ntotal, meta["dim"]) == (len(ids), meta["dim"])
+    """The streamed flat search = exact inner-product top-k over the stored vectors, computed
+    here in float64 (ties within float error may swap)."""
+    opened = open_index(index_dir)
+    assert opened.type == "flat"
+    embs, ids = index_vectors(index_dir)
+    assert embs.shape == (opened.meta["rows"], opened.meta["dim"]) and len(ids) == len(embs)
     rng = np.random.default_rng(0)
     scale = float(np.linalg.norm(embs, axis=1).mean())
     picks = embs[rng.choice(len(embs), n_queries // 2)]
     noise = rng.normal(size=(n_queries - len(picks), embs.shape[1])) / np.sqrt(embs.shape[1])
     queries = np.concatenate([picks, noise * scale]).astype(np.float32)
-    scores, rows = search(index, queries, k)
+    hits = search_index(opened, queries, k, rss_bytes() + 2 * 10**9)
     exact = queries.astype(np.float64) @ embs.astype(np.float64).T
     tol = 1e-5 * scale * scale + 1e-6
-    assert rows.shape == (n_queries, min(k, len(embs)))
-    n = rows.shape[1]
+    assert hits.rows.shape == (n_queries, min(k, len(embs)))
+    n = hits.rows.shape[1]
     for q in range(n_queries):
-        assert len(set(rows[q].tolist())) == n and rows[q].min() >= 0
-        assert_exact_top_n(rows[q], scores[q], exact[q], tol)
+        assert len(set(hits.rows[q].tolist())) == n and hits.rows[q].min() >= 0
+        assert_exact_top_n(hits.rows[q], hits.scores[q], exact[q], tol)
 
 
 def check_real_queries(eval_dir: Path, config: Config, n_queries: int = 32) -> None:
     """Dev questions re-encoded with the index's model: their brute-force top-k over the stored
     embeddings is retrieval.json's (same scores; same order wherever no near-tie allows a swap)."""
     index_dir = eval_dir.parent / "index"
-    _, ids, meta = load_index(index_dir)
-    p_embs = load_shard_embeddings(index_dir).astype(np.float64)  # [n_passages, dim]
+    meta = open_index(index_dir).meta
+    p_embs, ids = index_vectors(index_dir)
+    p_embs = p_embs.astype(np.float64)  # [n_passages, dim], the stored vectors
     entries = json.loads((eval_dir / "retrieval.json").read_text(encoding="utf-8"))
     picks = np.linspace(0, len(entries) - 1, min(n_queries, len(entries))).round().astype(int)
     picked = [entries[i] for i in sorted(set(picks.tolist()))]
-    model = load_encoder(Path(meta["model_dir"]), pooling=config.model.pooling, query_only=True)
+    model = load_encoder(Path(meta["model"]["dir"]), pooling=config.model.pooling, query_only=True)
     with torch.inference_mode():
         inputs = encode_questions(
             model.tokenizer, [e["question"] for e in picked], config.model.max_query_length
@@ -310,12 +313,12 @@ def test_real_metrics_recomputed(eval_dir: Path) -> None:
     check_questions(eval_dir, config, sum(1 for _ in read_passages(passages)))
     check_ctx_texts(eval_dir, passages)
     meta = eval_dir.parent / "index" / "meta.json"  # none for a BM25 run
-    if meta.is_file() and json.loads(meta.read_text())["index_type"] == "flat":
+    if meta.is_file() and json.loads(meta.read_text())["type"] == "flat":
         check_real_queries(eval_dir, config)
 
 
 @pytest.mark.parametrize("index_dir", _run_dirs("index/meta.json"))
 def test_real_flat_top100(index_dir: Path) -> None:
-    if json.loads((index_dir / "meta.json").read_text())["index_type"] != "flat":
+    if json.loads((index_dir / "meta.json").read_text())["type"] != "flat":
         pytest.skip("not a flat index")
     check_flat_top_k(index_dir, k=100)

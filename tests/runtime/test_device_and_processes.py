@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.runtime.device import autocast, inference_precision, precision_dtype, resolve_device
 from dpr_cache.runtime.memory import peak_memory_bytes, peak_rss_bytes, rss_bytes
 from dpr_cache.runtime.offline import OFFLINE_ENV, offline_env
-from dpr_cache.runtime.processes import ChildFailed, child_env, run_json_child
+from dpr_cache.runtime.processes import ChildFailed, child_env, run_json_child, run_measured
 from dpr_cache.testing.fixtures import REPO
 
 
@@ -66,3 +67,12 @@ def test_a_failing_child_reports_its_last_stderr_line() -> None:
     with pytest.raises(ChildFailed) as info:
         run_json_child("dpr_cache.bench.loss", ["--child", "--batch", "not-a-number"])
     assert info.value.returncode == 2 and "invalid int value" in info.value.tail
+
+
+def test_a_measured_child_reports_its_own_peak() -> None:
+    """The peak is the child's (128 MiB touched), not the largest of this process's children."""
+    big = run_measured([sys.executable, "-c", "import numpy as n; n.ones(2**27 // 8).sum()"])
+    small = run_measured([sys.executable, "-c", "print('hi')"])
+    assert big.returncode == small.returncode == 0 and small.stdout == "hi\n"
+    assert big.peak_rss > small.peak_rss + 100 * 2**20
+    assert run_measured([sys.executable, "-c", "import sys; sys.exit(3)"]).returncode == 3

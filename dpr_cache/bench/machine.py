@@ -1,0 +1,72 @@
+"""What a benchmark ran on: the CPU (model and vector flags: machines here differ), cores, RAM,
+the load, library versions, and this machine's plain float32 matmul rate."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["cpu_info", "machine_info", "load_average", "matmul_gflops"]
+
+_FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
+
+
+def _proc_field(path: str, key: str) -> str | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_info() -> dict:
+    """CPU model, its vector-instruction flags, cores and RAM (Linux ``/proc``)."""
+    flags = (_proc_field("/proc/cpuinfo", "flags") or "").split()
+    mem = _proc_field("/proc/meminfo", "MemTotal")
+    return {
+        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+        "flags": [f for f in flags if f.startswith(_FLAG_PREFIXES)],
+        "cores": os.cpu_count(),
+        "ram_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
+    }
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages (other jobs distort timings), where the OS has them."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
+def machine_info(device: str, threads: int | None) -> dict:
+    """:func:`cpu_info` with the torch threads, device, versions and load (training benches)."""
+    import torch
+    import transformers
+
+    return {
+        **cpu_info(),
+        "threads": threads or torch.get_num_threads(),
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": load_average(),
+    }
+
+
+def matmul_gflops(rows: int, dim: int, cols: int = 65_536, seconds: float = 20.0) -> float:
+    """Plain float32 ``[rows, dim] @ [dim, cols]`` GFLOP/s with numpy's BLAS, over ``seconds``."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((rows, dim)).astype(np.float32)
+    b = rng.standard_normal((dim, cols)).astype(np.float32)
+    a @ b  # warm-up
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        runs += 1
+    return 2 * rows * dim * cols * runs / (time.perf_counter() - start) / 1e9

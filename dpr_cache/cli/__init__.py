@@ -1,0 +1,14 @@
+"""The ``dpr-cache`` command line (Typer): each command a thin wrapper around a plain function.
+
+``app.py`` holds the app and the error mapping; the command modules register on import, in the
+order ``--help`` lists them.
+"""
+
+import importlib
+
+from dpr_cache.cli.app import app, main
+
+for _module in ("run", "vectors", "bench", "data"):
+    importlib.import_module(f"dpr_cache.cli.{_module}")
+
+__all__ = ["app", "main"]

@@ -1,0 +1,91 @@
+"""The ``dpr-cache`` command line: each command is a thin wrapper around a plain function.
+
+Bad input (:class:`~dpr_cache.errors.InputError`) prints one ``error: ...`` line on stderr and
+exits with code 2; an interrupted run exits 130 once its checkpoint is saved; an unexpected
+operating-system error (a full disk, a permission denied) prints its own message, errno and path
+on one line and exits 1. None of them prints a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpr_cache.errors import InputError, Interrupted
+from dpr_cache.runtime.offline import offline_and_quiet
+
+__all__ = [
+    "app",
+    "data_app",
+    "guarded",
+    "load",
+    "rank_and_world",
+    "ConfigOpt",
+    "SetOpt",
+    "ModelOpt",
+    "main",
+]
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Dense Passage Retrieval with huge simulated batches (GradCache) on small hardware.",
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(no_args_is_help=True, help="Build or fetch data in DPR's formats.")
+app.add_typer(data_app, name="data")
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable)."),
+]
+ModelOpt = Annotated[
+    Path | None,
+    typer.Option("--model", help="Model folder (default: output_dir/model); any HF model works."),
+]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def guarded(func):
+    """Map the project's errors and unexpected OS errors to one line and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        offline_and_quiet()
+        try:
+            return func(*args, **kwargs)
+        except InputError as exc:
+            _fail(str(exc), 2)
+        except Interrupted as exc:
+            print(str(exc), file=sys.stderr)
+            raise typer.Exit(130) from None
+        except OSError as exc:  # not bad input: the message keeps its errno and path
+            _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
+
+    return wrapper
+
+
+def load(config: Path | None, overrides: list[str] | None):
+    """The config file (defaults without one) with ``--set`` overrides, validated."""
+    from dpr_cache.config import load_config
+
+    return load_config(config, overrides or [])
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and world size under torchrun (0, 1 otherwise), without torch."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()

@@ -1,0 +1,68 @@
+"""`dpr-cache data ...`: build or fetch data in DPR's formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpr_cache.cli.app import data_app, guarded
+
+
+@data_app.command("squad")
+@guarded
+def data_squad(
+    source: Annotated[Path, typer.Option(help="SQuAD v1.1 dev JSON (.gz ok).")] = Path(
+        "data/squad/dev-v1.1.json.gz"
+    ),
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("data/squad"),
+) -> None:
+    """DPR-format files (passages.tsv, train/dev.jsonl, dev.qa.tsv) from SQuAD v1.1 dev."""
+    from dpr_cache.data.squad import build_squad
+
+    counts = build_squad(source, out)
+    for key, value in counts.items():
+        print(f"{key}: {value}")
+    print(f"written to {out}")
+
+
+@data_app.command("nq")
+@guarded
+def data_nq(
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("data/nq"),
+    files: Annotated[
+        list[str] | None, typer.Option("--file", help="Only these files (repeatable).")
+    ] = None,
+    base_url: Annotated[str | None, typer.Option(help="Mirror of DPR's files.")] = None,
+    gunzip: Annotated[bool, typer.Option(help="Decompress .gz files after download.")] = False,
+) -> None:
+    """Download DPR's NQ files (train/dev JSON, nq-test.qa.csv, psgs_w100.tsv); resumable."""
+    from dpr_cache.data.download import download_nq
+
+    kwargs = {"base_url": base_url} if base_url else {}
+    for path in download_nq(out, files=files, gunzip=gunzip, **kwargs):
+        print(path)
+
+
+@data_app.command("mine-negatives")
+@guarded
+def data_mine_negatives(
+    train: Annotated[Path, typer.Option(help="DPR training file (JSON or JSONL).")] = Path(
+        "data/squad/train.jsonl"
+    ),
+    passages: Annotated[Path, typer.Option(help="Passages TSV to search.")] = Path(
+        "data/squad/passages.tsv"
+    ),
+    out: Annotated[Path, typer.Option(help="Output JSONL.")] = Path("data/squad/train.bm25.jsonl"),
+    n: Annotated[int, typer.Option("--n", help="Hard negatives kept per question.")] = 30,
+    batch: Annotated[int, typer.Option(help="Questions ranked per batch.")] = 256,
+    depth: Annotated[int, typer.Option(help="BM25 passages ranked per question.")] = 100,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """BM25 hard negatives (top passages without an answer, not the positive), as DPR mined them."""
+    from dpr_cache.data.negatives import mine_negatives
+
+    report = mine_negatives(train, passages, out, n=n, batch=batch, depth=depth, progress=not quiet)
+    print(report.summary())
+    print(f"written to {report.out}")

@@ -1,0 +1,128 @@
+"""The pipeline commands that read a run config: train, index, eval, verify."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpr_cache.cli.app import ConfigOpt, ModelOpt, SetOpt, app, guarded, load, rank_and_world
+from dpr_cache.errors import InputError
+
+
+@app.command()
+@guarded
+def train(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the last checkpoint.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Train a DPR bi-encoder (gradcache | full | accumulate); writes output_dir/model."""
+    from dpr_cache.train.loop import train as run
+
+    model_dir = run(load(config, set_), resume=resume, progress=not quiet)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"model saved to {model_dir}")
+
+
+MemoryOpt = Annotated[
+    float | None,
+    typer.Option("--memory-gb", help="Peak memory of the whole process (default index.memory_gb)."),
+]
+TypeOpt = Annotated[
+    str | None, typer.Option("--type", help="flat | ivf | ivfpq | hnsw (default index.type).")
+]
+
+
+@app.command()
+@guarded
+def index(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML run config.")] = None,
+    set_: SetOpt = None,
+    model: ModelOpt = None,
+    embeddings: Annotated[
+        str | None,
+        typer.Option(help="Precomputed shards: a glob of .npy (ours) or DPR's .pkl files."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Index folder (with --embeddings).")] = None,
+    memory_gb: MemoryOpt = None,
+    type_: TypeOpt = None,
+    nlist: Annotated[int | None, typer.Option(help="IVF lists (default index.ivf_nlist).")] = None,
+    pq_m: Annotated[int | None, typer.Option(help="PQ sub-vectors (default index.pq_m).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Index data.passages (--config) or precomputed shards (--embeddings GLOB --out DIR).
+
+    flat searches the shards exactly in bounded memory; ivf and ivfpq build on-disk inverted
+    lists; hnsw needs its whole graph in RAM. DPR's embedding pickles are trusted input only.
+    """
+    from dpr_cache.retrieval.index import build_index, index_embeddings, index_spec
+
+    options = {"index.type": type_, "index.memory_gb": memory_gb, "index.ivf_nlist": nlist,
+               "index.pq_m": pq_m}  # fmt: skip
+    extra = [f"{key}={value}" for key, value in options.items() if value is not None]
+    cfg = load(config, [*(set_ or []), *extra])  # validated like --set: one-line errors
+    if embeddings is not None:
+        if out is None:
+            raise InputError("index --embeddings: --out DIR is needed")
+        if rank_and_world()[0] == 0:
+            path = index_embeddings(
+                embeddings, out, spec=index_spec(cfg), memory_bytes=int(cfg.index.memory_gb * 1e9),
+                store_dtype=cfg.index.store_dtype,
+            )  # fmt: skip
+            print(f"index written to {path}")
+        return
+    if config is None:
+        raise InputError("index: give --config FILE (to encode data.passages) or --embeddings")
+    from dpr_cache.runtime import distributed
+
+    env = distributed.setup(cfg.train.device)
+    try:
+        path = build_index(cfg, model, rank=env.rank, world_size=env.world_size, progress=not quiet)
+    finally:
+        distributed.teardown()
+    if env.is_main:
+        print(f"index written to {path}")
+
+
+@app.command("eval")
+@guarded
+def eval_(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    model: ModelOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Search data.dev_qa questions, match answers (DPR rules), print top-k hit rates."""
+    from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
+    from dpr_cache.runtime import distributed
+
+    cfg = load(config, set_)
+    env = distributed.setup(cfg.train.device)
+    try:
+        metrics = evaluate(cfg, model, progress=not quiet, rank=env.rank, world_size=env.world_size)
+    finally:
+        distributed.teardown()
+    if metrics is not None:
+        print(format_metrics_table(metrics))
+        print(f"results in {cfg.output_path / 'eval'}")
+
+
+@app.command()
+@guarded
+def verify(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    double: Annotated[bool, typer.Option("--double", help="Run both in float64.")] = False,
+) -> None:
+    """One step on a real batch, full batch versus GradCache (dropout off): the gradient gap."""
+    from dpr_cache.train.verify import verify as run
+
+    report = run(load(config, set_), double=double)
+    for key, value in report.items():
+        print(f"{key:>28}: {value}")

@@ -1,0 +1,118 @@
+"""The config-free vector commands: encode texts into shards, search an index into a TREC run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpr_cache.cli.app import app, guarded, rank_and_world
+from dpr_cache.errors import InputError
+
+
+@app.command()
+@guarded
+def encode(
+    model: Annotated[str, typer.Option("--model", help="Model folder (or python:PKG).")],
+    out: Annotated[Path, typer.Option(help="Output folder of the shards.")],
+    passages: Annotated[Path | None, typer.Option(help="A DPR passages TSV.")] = None,
+    questions: Annotated[Path | None, typer.Option(help="A DPR qas file.")] = None,
+    pooling: Annotated[str | None, typer.Option(help="Default: as the model saved it.")] = None,
+    max_length: Annotated[int | None, typer.Option(help="Default: as the model saved it.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Texts per forward.")] = 128,
+    shard_size: Annotated[int, typer.Option(help="Passages per shard.")] = 50_000,
+    store_dtype: Annotated[str, typer.Option(help="float16 | float32.")] = "float16",
+    num_workers: Annotated[int, typer.Option(help="Tokenizing processes.")] = 1,
+    cache_dir: Annotated[Path | None, typer.Option(help="Arrow caches.")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Embedding shards (X.npy + X.ids.txt) of a passages TSV or a questions file.
+
+    Question ids are the file's row numbers from 0. No config: the model folder says how.
+    """
+    from dpr_cache.data.arrow_cache import default_cache_dir
+    from dpr_cache.retrieval.commands import encode_file
+    from dpr_cache.retrieval.store import STORE_DTYPES
+
+    if store_dtype not in STORE_DTYPES:
+        raise InputError(f"--store-dtype: {store_dtype!r} is not one of {', '.join(STORE_DTYPES)}")
+    paths = encode_file(
+        model, out, passages=passages, questions=questions,
+        cache_dir=cache_dir or default_cache_dir(), pooling=pooling, max_length=max_length,
+        batch_size=batch_size, shard_size=shard_size, store_dtype=store_dtype,
+        num_workers=num_workers, device=device, progress=not quiet,
+    )  # fmt: skip
+    print(f"{len(paths)} shard(s) written to {out}")
+
+
+@app.command()
+@guarded
+def search(
+    index: Annotated[Path, typer.Option("--index", help="An index folder.")],
+    out: Annotated[Path, typer.Option(help="The TREC run file to write.")],
+    k: Annotated[int, typer.Option("--k", help="Passages per query.")] = 100,
+    query_embeddings: Annotated[
+        Path | None, typer.Option(help="Q.npy (ids from Q.ids.txt beside it, else row numbers).")
+    ] = None,
+    questions: Annotated[Path | None, typer.Option(help="A DPR qas file (with --model).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model folder for --questions.")] = None,
+    memory_gb: Annotated[float, typer.Option("--memory-gb", help="Peak memory, in GB.")] = 4.0,
+    nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = 16,
+    ef_search: Annotated[int, typer.Option(help="HNSW search breadth.")] = 128,
+    tag: Annotated[str, typer.Option(help="The run's name in its last column.")] = "dpr-cache",
+) -> None:
+    """Top-k passages of each query as a TREC run (qid Q0 pid rank score tag).
+
+    Searched in bounded memory; under torchrun each rank scans its share of a flat index.
+    """
+    import json
+
+    from dpr_cache.retrieval.commands import read_queries, search_to_run
+    from dpr_cache.retrieval.faiss_index import IndexSpec
+
+    if (query_embeddings is None) == (questions is None):
+        raise InputError("search: give --query-embeddings Q.npy or --questions FILE --model DIR")
+    if query_embeddings is not None:
+        queries, qids = read_queries(query_embeddings)
+    else:
+        if model is None:
+            raise InputError("search --questions: --model DIR is needed to encode them")
+        queries, qids = _encode_questions(model, questions)
+    meta_file = index / "meta.json"
+    kind = json.loads(meta_file.read_text()).get("type", "flat") if meta_file.is_file() else "flat"
+    spec = IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
+    rank, world = rank_and_world()
+    if world > 1:
+        from dpr_cache.runtime import distributed
+
+        env = distributed.setup("cpu")
+        rank, world = env.rank, env.world_size
+    try:
+        path = search_to_run(
+            index, queries, qids, out, k=k, memory_bytes=int(memory_gb * 1e9), spec=spec,
+            tag=tag, rank=rank, world_size=world,
+        )  # fmt: skip
+    finally:
+        if world > 1:
+            distributed.teardown()
+    if path is not None:
+        print(f"run written to {path}")
+
+
+def _encode_questions(model: str, questions: Path):
+    """Question vectors of a qas file with a model's query tower, ids its row numbers."""
+    from dpr_cache.data.qas import read_qas
+    from dpr_cache.model.loading import load_encoder, resolve_model_dir
+    from dpr_cache.retrieval.commands import DEFAULT_QUERY_LENGTH
+    from dpr_cache.retrieval.encode import encode_question_texts
+    from dpr_cache.runtime.device import resolve_device
+
+    encoder = load_encoder(resolve_model_dir(model, Path(".")), query_only=True)
+    qas = read_qas(questions)
+    length = encoder.max_query_length or DEFAULT_QUERY_LENGTH
+    vectors = encode_question_texts(
+        encoder, [q for q, _ in qas], max_length=length, device=resolve_device("cpu")
+    )
+    return vectors, [str(i) for i in range(len(qas))]

@@ -1,0 +1,154 @@
+"""An index folder: ``meta.json`` naming its embedding shards (and, for approximate types, the
+FAISS files beside it); opened for search, exact or approximate, on one rank or several.
+
+``meta.json``: ``{"format": 2, "type", "dim", "rows", "store_dtype", "shards": [{"path",
+"rows"}], "index_params", ...}``; a shard path is relative to the folder when it lies inside it.
+A ``flat`` index is its shards: nothing is copied, the search streams them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from dpr_cache.errors import InputError
+from dpr_cache.retrieval.faiss_index import (
+    IndexSpec,
+    build_faiss_index,
+    check_index_spec,
+    hnsw_bytes,
+    open_faiss_index,
+)
+from dpr_cache.retrieval.search import Hits, exact_search, index_search, merge_hits, plan_blocks
+from dpr_cache.retrieval.store import EmbeddingStore, Shard
+from dpr_cache.runtime.atomic import write_json_atomic
+
+__all__ = ["META_FILE", "FORMAT", "OpenIndex", "finish_index", "open_index", "search_index"]
+
+META_FILE = "meta.json"
+FORMAT = 2
+
+
+@dataclass
+class OpenIndex:
+    """An index folder ready to search."""
+
+    path: Path
+    meta: dict[str, Any]
+    store: EmbeddingStore
+    faiss: faiss.Index | None  # None for flat
+
+    @property
+    def type(self) -> str:
+        return self.meta["type"]
+
+
+def _shard_entry(path: Path, out: Path, rows: int) -> dict[str, Any]:
+    path, out = path.resolve(), out.resolve()
+    shown = path.relative_to(out) if path.is_relative_to(out) else path
+    return {"path": str(shown), "rows": rows}
+
+
+def finish_index(
+    out: Path,
+    store: EmbeddingStore,
+    spec: IndexSpec,
+    memory_bytes: int,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build what ``spec.type`` needs over ``store`` into ``out`` and write ``meta.json`` last
+    (an index folder without its meta is not an index). Returns the meta."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_index_spec(spec, store.rows, store.dim, memory_bytes)
+    held = 0  # what the index itself holds while it is built: blocks get the rest
+    if spec.type == "hnsw":
+        held = hnsw_bytes(store.rows, store.dim, spec.hnsw_m)
+    elif spec.type == "ivf":  # each block is copied into its part index
+        held = memory_bytes // 2
+    plan = plan_blocks(memory_bytes - held, store.dim, store.dtype.itemsize, 1, 1)
+    start = time.perf_counter()
+    (out / META_FILE).unlink(missing_ok=True)
+    params: dict[str, Any] = {}
+    if spec.type != "flat":
+        params = build_faiss_index(spec, store, out, plan.block_rows)
+    extra = dict(extra or {})
+    extra["timings"] = {
+        **extra.get("timings", {}),
+        "build_seconds": round(time.perf_counter() - start, 3),
+    }
+    meta = {
+        "format": FORMAT,
+        "type": spec.type,
+        "dim": store.dim,
+        "rows": store.rows,
+        "store_dtype": str(store.dtype),
+        "shards": [_shard_entry(s.path, out, s.rows) for s in store.shards],
+        "index_params": params,
+        **extra,
+    }
+    write_json_atomic(out / META_FILE, meta)
+    return meta
+
+
+def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenIndex:
+    """The index at ``index_dir``; InputError when it is missing, of an older format, or its
+    shards changed since it was built. ``spec`` sets the search knobs (nprobe, efSearch)."""
+    index_dir = Path(index_dir)
+    meta_path = index_dir / META_FILE
+    if not meta_path.is_file():
+        raise InputError(f"no index at {index_dir}: run `dpr-cache index` first")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise InputError(f"{index_dir}: built by an older dpr-cache: rerun `dpr-cache index`")
+    shards = []
+    for entry in meta["shards"]:
+        shard = Shard.open(index_dir / entry["path"])  # absolute paths stay absolute
+        if shard.rows != entry["rows"]:
+            raise InputError(
+                f"{shard.path}: {shard.rows} rows, but the index at {index_dir} recorded "
+                f"{entry['rows']}: rerun `dpr-cache index`"
+            )
+        shards.append(shard)
+    store = EmbeddingStore(shards)
+    index = None
+    if meta["type"] != "flat":
+        index = open_faiss_index(index_dir, spec or IndexSpec(type=meta["type"]))
+    return OpenIndex(index_dir, meta, store, index)
+
+
+def search_index(
+    opened: OpenIndex,
+    queries: np.ndarray,
+    k: int,
+    memory_bytes: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Hits | None:
+    """Each query's top ``k``. Flat on several ranks: each rank scans the shards
+    ``i % world_size == rank`` and rank 0 merges (the other ranks get None)."""
+    if opened.faiss is not None:
+        return index_search(opened.faiss, queries, k) if rank == 0 else None
+    if world_size == 1:
+        return exact_search(opened.store, queries, k, memory_bytes)
+    n_shards = len(opened.store.shards)
+    mine = [i for i in range(n_shards) if i % world_size == rank]
+    k = max(1, min(k, opened.store.rows))
+    if mine:
+        part = exact_search(opened.store, queries, k, memory_bytes, shards=mine)
+    else:
+        part = Hits(np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1))
+    import torch.distributed as dist
+
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object((part.scores, part.rows), gathered, dst=0)
+    if rank != 0:
+        return None
+    return merge_hits([Hits(s, r) for s, r in gathered], k)

@@ -1,0 +1,33 @@
+"""The scale benchmark rehearsed at toy size (every step, in its order, resumable): the figures
+it records and the page it writes, so a multi-hour run never fails on its last step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from dpr_cache.runtime.processes import child_env
+
+
+def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path) -> None:
+    env = {**child_env(), "DPR_CACHE_SCALE_TINY": "1"}
+    cmd = [sys.executable, "-m", "dpr_cache.bench.scale", "--work", str(tmp_path / "w"),
+           "--out", str(tmp_path / "out")]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "scale.json").read_text())
+    for step in ("vectors", "exact", "ivfpq", "hnsw", "tsv", "eval", "cleanup", "json", "tokenize"):
+        assert step in results, step
+    exact = results["exact"]["sizes"]
+    assert [s["rows"] for s in exact.values()] == [5000, 20000, 20000]
+    assert all(0 < s["peak_rss_gb"] < results["exact"]["memory_gb"] for s in exact.values())
+    assert results["hnsw"]["4M"]["recall_at_100"] > 0.9  # approximate, yet near the exact run
+    assert 0 < results["ivfpq"]["21M"]["recall_at_100"] < 1
+    page = (tmp_path / "out" / "scale.md").read_text()
+    assert "## Targets (exact search)" in page and "Machine:" in page
+    assert not (tmp_path / "w" / "vectors").exists()  # cleaned up for the JSON steps
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("done, skipped") == 9
+    assert os.environ.get("DPR_CACHE_SCALE_TINY") is None  # the parent stays at full size

@@ -1,0 +1,173 @@
+"""``encode``, ``index --embeddings`` and ``search`` through the real CLI on the toy corpus:
+the TREC run equals a numpy brute-force search over the same stored vectors, DPR's pickles index
+like our shards, an index of precomputed vectors evaluates like an encoded one, and bad input is
+one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.testing.cli import run_cli, toy_overrides
+from dpr_cache.testing.fixtures import TOY
+
+TINY = str(TOY / "tiny-bert")
+
+
+def _run(path: Path) -> dict[str, list[tuple[str, float]]]:
+    """qid -> [(pid, score)] in rank order, checking the TREC columns on the way."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in path.read_text().splitlines():
+        qid, q0, pid, rank, score, tag = line.split()
+        assert q0 == "Q0" and tag == "dpr-cache"
+        out.setdefault(qid, []).append((pid, float(score)))
+        assert int(rank) == len(out[qid])
+    return out
+
+
+@pytest.fixture(scope="module")
+def encoded(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("vectors")
+    run_cli(
+        "encode",
+        "--model",
+        TINY,
+        "--passages",
+        str(TOY / "passages.tsv"),
+        "--out",
+        str(root / "p"),
+        "--cache-dir",
+        str(root / "cache"),
+        "--shard-size",
+        "100",
+        "-q",
+    )
+    run_cli("encode", "--model", TINY, "--questions", str(TOY / "dev.qa.tsv"), "--out",
+            str(root / "q"))  # fmt: skip
+    return root
+
+
+def test_search_run_equals_brute_force(encoded: Path) -> None:
+    p, q = encoded / "p", encoded / "q"
+    assert len(list(p.glob("*.npy"))) == 3 and (q / "questions.ids.txt").read_text().startswith(
+        "0\n1\n"
+    )
+    run_cli("index", "--embeddings", f"{p}/*.npy", "--out", str(encoded / "flat"))
+    run_cli("search", "--index", str(encoded / "flat"), "--query-embeddings",
+            str(q / "questions.npy"), "--k", "10", "--out", str(encoded / "run.trec"))  # fmt: skip
+    run = _run(encoded / "run.trec")
+    store = EmbeddingStore.from_glob(f"{p}/*.npy")
+    vectors = np.concatenate([b.copy() for _, b in store.blocks(1000)])
+    ids = store.ids_of(np.arange(store.rows))
+    queries = np.load(q / "questions.npy")
+    scores = queries @ vectors.T
+    assert sorted(run, key=int) == [str(i) for i in range(len(queries))]
+    for qid, ranked in run.items():
+        exact = scores[int(qid)]
+        want = np.sort(exact)[::-1][:10]
+        np.testing.assert_allclose([s for _, s in ranked], want, rtol=1e-5, atol=1e-5)
+        rows = [int(np.flatnonzero(ids == pid)[0]) for pid, _ in ranked]
+        np.testing.assert_allclose(exact[rows], want, rtol=1e-5, atol=1e-5)
+
+
+def test_dpr_pickles_index_like_our_shards(encoded: Path) -> None:
+    """DPR's generate_dense_embeddings output (pickled (id, vector) lists) gives the same run."""
+    store = EmbeddingStore.from_glob(f"{encoded / 'p'}/*.npy")
+    pkl = encoded / "dpr"
+    pkl.mkdir(exist_ok=True)
+    for i, shard in enumerate(store.shards):
+        block = next(store.blocks(shard.rows, shards=[i]))[1]
+        ids = store.ids_of(np.arange(store.starts[i], store.starts[i + 1]))
+        with open(pkl / f"wiki_passages_{i}.pkl", "wb") as f:
+            pickle.dump([(pid, vec.copy()) for pid, vec in zip(ids, block, strict=True)], f)
+    run_cli("index", "--embeddings", f"{pkl}/*.pkl", "--out", str(encoded / "from-dpr"))
+    run_cli(
+        "search",
+        "--index",
+        str(encoded / "from-dpr"),
+        "--query-embeddings",
+        str(encoded / "q" / "questions.npy"),
+        "--k",
+        "10",
+        "--out",
+        str(encoded / "dpr.trec"),
+    )
+    if not (encoded / "run.trec").is_file():
+        run_cli("index", "--embeddings", f"{encoded / 'p'}/*.npy", "--out", str(encoded / "flat"))
+        run_cli("search", "--index", str(encoded / "flat"), "--query-embeddings",
+                str(encoded / "q" / "questions.npy"), "--k", "10", "--out",
+                str(encoded / "run.trec"))  # fmt: skip
+    assert (encoded / "dpr.trec").read_text() == (encoded / "run.trec").read_text()
+
+
+def test_an_index_of_precomputed_vectors_evaluates_like_an_encoded_one(encoded, tmp_path) -> None:
+    """eval maps the retrieved ids to passages by id when the index did not encode the file."""
+    args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
+    run_cli("index", *args)
+    run_cli("eval", *args)
+    encoded_metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    shutil.rmtree(tmp_path / "run" / "index")
+    # the same vectors, written by `encode` (as toy.yaml encodes) with no record of the TSV
+    run_cli("encode", "--model", TINY, "--passages", str(TOY / "passages.tsv"), "--out",
+            str(tmp_path / "p"), "--cache-dir", str(encoded / "cache"), "--pooling", "mean",
+            "--max-length", "128", "-q")  # fmt: skip
+    run_cli(
+        "index", "--embeddings", f"{tmp_path / 'p'}/*.npy", "--out", str(tmp_path / "run" / "index")
+    )
+    proc = run_cli("eval", *args)
+    assert "precomputed embeddings" in proc.stderr
+    assert json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text()) == encoded_metrics
+
+
+def _expect_error(proc, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_bad_input_is_one_line(encoded: Path, tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed"
+    shutil.copytree(encoded / "p", mixed)
+    write_shard(mixed / "zz-wide.npy", np.zeros((2, 65)), ["a", "b"])
+    _expect_error(run_cli("index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "i"),
+                          check=False), "zz-wide.npy", "65 x float16")  # fmt: skip
+    (mixed / "zz-wide.npy").unlink()
+    (mixed / "zz-wide.ids.txt").unlink()
+    run_cli("index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "i"))
+    write_shard(tmp_path / "q.npy", np.zeros((3, 7)), ["a", "b", "c"], "float32")
+    _expect_error(run_cli("search", "--index", str(tmp_path / "i"), "--query-embeddings",
+                          str(tmp_path / "q.npy"), "--out", str(tmp_path / "r.trec"),
+                          check=False), "(3, 7)", "64-d")  # fmt: skip
+    _expect_error(
+        run_cli(
+            "search",
+            "--index",
+            str(tmp_path / "i"),
+            "--query-embeddings",
+            str(encoded / "q" / "questions.npy"),
+            "--memory-gb",
+            "0.05",
+            "--out",
+            str(tmp_path / "r.trec"),
+            check=False,
+        ),
+        "--memory-gb 0.05",
+        "too small",
+    )
+    assert not (tmp_path / "r.trec").exists()
+    _expect_error(run_cli("index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "h"),
+                          "--type", "hnsw", "--memory-gb", "0.00001", check=False),
+                  "hnsw", "cannot be memory-mapped")  # fmt: skip
+    shard = next(mixed.glob("*-00001.npy"))
+    shard.unlink()  # a shard the index recorded is gone
+    _expect_error(run_cli("search", "--index", str(tmp_path / "i"), "--query-embeddings",
+                          str(encoded / "q" / "questions.npy"), "--out", str(tmp_path / "r.trec"),
+                          check=False), shard.name, "no such shard")  # fmt: skip
