@@ -72,6 +72,16 @@ def load_passages(path: Path, cache_dir: Path) -> Dataset:
     return open_arrow(arrow)
 
 
+def passage_columns(dataset: Dataset, rows: Sequence[int]) -> dict[str, list[str]]:
+    """Columns id, title, text of the given dataset rows, read through a memory map opened for
+    this call and closed after it: the pages a read touches do not stay counted in the
+    process's resident memory (a dataset's own map keeps every page it ever touched)."""
+    with pa.memory_map(dataset.cache_files[0]["filename"]) as source:
+        table = pa.ipc.open_stream(source).read_all()  # metadata only; the data stays mapped
+        taken = table.take(pa.array(rows, type=pa.int64()))
+        return {name: taken.column(name).to_pylist() for name in ("id", "title", "text")}
+
+
 def passage_rows(dataset: Dataset, ids: Sequence[str]) -> np.ndarray:
     """The dataset rows holding the given passage ids (-1 for an id it lacks).
 
@@ -85,29 +95,29 @@ def passage_rows(dataset: Dataset, ids: Sequence[str]) -> np.ndarray:
     found = np.where(hashes[at] == wanted, rows[at], -1).astype(np.int64)
     hit = np.flatnonzero(found >= 0)
     if len(hit):  # a hash match is a hit only if the stored id is the one asked for
-        stored = dataset.select_columns(["id"])[found[hit].tolist()]["id"]
+        stored = passage_columns(dataset, found[hit].tolist())["id"]
         found[[i for i, pid in zip(hit.tolist(), stored, strict=True) if pid != ids[i]]] = -1
     return found
 
 
 def _id_table(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted id hashes uint64, their rows int64), built in blocks and cached as .npy."""
+    """(sorted id hashes uint64, their rows int64), built in blocks and cached beside the Arrow
+    file."""
     arrow = Path(dataset.cache_files[0]["filename"])
-    path = arrow.with_suffix(".idhash.npy")
+    path = arrow.with_suffix(".idhash.npz")
     if not path.is_file():
         n = len(dataset)
-        table = np.empty(n, dtype=[("hash", np.uint64), ("row", np.int64)])
-        ids = dataset.select_columns(["id"])
+        hashes = np.empty(n, dtype=np.uint64)
         for start in range(0, n, 100_000):
-            block = ids[start : start + 100_000]["id"]
-            table["hash"][start : start + len(block)] = [passage_hash(pid) for pid in block]
-        table["row"] = np.arange(n)
-        table.sort(order="hash", kind="stable")
+            block = passage_columns(dataset, range(start, min(n, start + 100_000)))["id"]
+            hashes[start : start + len(block)] = [passage_hash(pid) for pid in block]
+        rows = np.argsort(hashes, kind="stable")
+        hashes = hashes[rows]
 
         def write(tmp: Path) -> None:
             with open(tmp, "wb") as f:
-                np.save(f, table)
+                np.savez(f, hashes=hashes, rows=rows)
 
         write_atomic(path, write)
-    table = np.load(path)
-    return table["hash"], table["row"]
+    with np.load(path) as table:
+        return table["hashes"], table["rows"]

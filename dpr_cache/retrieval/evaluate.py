@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from dpr_cache.config import Config, save_config
 from dpr_cache.data.answers import has_answer, top_k_hits
-from dpr_cache.data.passages import load_passages, passage_rows
+from dpr_cache.data.passages import load_passages, passage_columns, passage_rows
 from dpr_cache.data.qas import read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
@@ -114,7 +114,7 @@ def _passage_rows_of(opened: OpenIndex, dataset, path: Path, hits: Hits) -> np.n
 def _entries(questions, scores, rows, dataset, match: str) -> Iterator[dict[str, Any]]:
     """DPR results entries for a batch of questions, their scores and passage rows."""
     valid = np.unique(rows[rows >= 0])
-    found = dataset[valid.tolist()] if len(valid) else {"id": [], "title": [], "text": []}
+    found = passage_columns(dataset, valid.tolist())
     where = {int(r): i for i, r in enumerate(valid)}
     for (question, answers), q_scores, q_rows in zip(questions, scores, rows, strict=True):
         ctxs = []

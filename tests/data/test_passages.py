@@ -87,3 +87,23 @@ def test_qas_errors_name_the_line(tmp_path: Path) -> None:
     path.write_text('q1\t["a"]\nq2\n', encoding="utf-8")
     with pytest.raises(InputError, match=r"dev\.qa\.tsv line 2: expected 'question<TAB>"):
         read_qas(path)
+
+
+def test_rows_of_ids_and_columns_of_rows(tmp_path: Path) -> None:
+    """Ids map to their rows through the cached hash table (an unknown id to -1), and the
+    columns read through a short-lived map equal the dataset's own rows."""
+    from dpr_cache.data.passages import passage_columns, passage_rows
+
+    tsv = tmp_path / "p.tsv"
+    with open(tsv, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(["id", "text", "title"])
+        writer.writerows([f"doc{i}", f"text {i}", f"title {i}"] for i in range(250))
+    dataset = load_passages(tsv, tmp_path / "cache")
+    rows = passage_rows(dataset, ["doc7", "nope", "doc249", "doc0", "doc7"])
+    assert rows.tolist() == [7, -1, 249, 0, 7]
+    assert list((tmp_path / "cache").glob("*.idhash.npz"))  # cached for the next call
+    assert passage_rows(dataset, ["doc249"]).tolist() == [249]
+    columns = passage_columns(dataset, [249, 3, 3])
+    want = dataset[[249, 3, 3]]
+    assert columns == {k: want[k] for k in ("id", "title", "text")}
