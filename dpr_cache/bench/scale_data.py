@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from dpr_cache.bench import synth
+from dpr_cache.bench import nq_like
 from dpr_cache.bench.scale_common import (
     DIM,
     GB,
@@ -44,7 +44,7 @@ def step_tsv(work: Path) -> dict:
     full = work / "passages-21M.tsv"
     start = time.perf_counter()
     if not full.is_file():
-        synth.write_passages_tsv(full, N_FULL)
+        nq_like.write_passages_tsv(full, N_FULL)
     written = round(time.perf_counter() - start, 1)
     out = {"write_seconds": written, "sizes": {}}
     for name, rows in TSV_ROWS.items():
@@ -68,8 +68,8 @@ def step_eval(work: Path) -> dict:
     encoding of a random 768-d BERT (the model encodes the questions), DPR's answer matching."""
     model = work / "model768"
     if not model.is_dir():
-        synth.write_random_bert(model, hidden=DIM)
-    synth.write_qas(work / "nq-test.qa.tsv", N_QUERIES, N_FULL)
+        nq_like.write_random_bert(model, hidden=DIM)
+    nq_like.write_qas(work / "nq-test.qa.tsv", N_QUERIES, N_FULL)
     run = work / "eval-run"
     index = measured(
         cli(
@@ -124,7 +124,7 @@ def step_json(work: Path) -> dict:
     out = {}
     for gb in JSON_GB:
         path = work / f"train-{gb}GB.json"
-        questions = synth.write_train_json(path, int(gb * GB))
+        questions = nq_like.write_train_json(path, int(gb * GB))
         code = (
             "from pathlib import Path; from dpr_cache.data.training import load_training_set; "
             f"cache = Path({str(work / 'json-cache')!r}); "
@@ -146,7 +146,7 @@ def step_tokenize(work: Path) -> dict:
     """Passages/s of (title, text) tokenization at 256 tokens, in 0, 1 and 2 loader workers."""
     tsv = work / "passages-tok.tsv"
     if not tsv.is_file():
-        synth.write_passages_tsv(tsv, TOKENIZE_ROWS, words=220)  # ~256 tokens after truncation
+        nq_like.write_passages_tsv(tsv, TOKENIZE_ROWS, words=220)  # ~256 tokens after truncation
     out = {}
     for workers in (0, 1, 2):
         code = (

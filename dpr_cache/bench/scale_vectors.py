@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpr_cache.bench import synth
+from dpr_cache.bench import nq_like
 from dpr_cache.bench.machine import matmul_gflops
 from dpr_cache.bench.scale_common import (
     DIM,
@@ -32,8 +32,8 @@ from dpr_cache.bench.scale_common import (
 
 def step_vectors(work: Path) -> dict:
     start = time.perf_counter()
-    paths = synth.write_vectors(work / "vectors", N_FULL, DIM, SHARD_ROWS)
-    synth.write_queries(work / "queries.npy", N_QUERIES, DIM)
+    paths = nq_like.write_vectors(work / "vectors", N_FULL, DIM, SHARD_ROWS)
+    nq_like.write_queries(work / "queries.npy", N_QUERIES, DIM)
     size = sum(p.stat().st_size for p in paths)
     return {
         "rows": N_FULL,
