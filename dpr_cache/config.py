@@ -7,6 +7,7 @@ directory, as the shell would.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -32,12 +33,14 @@ class ModelConfig(_Section):
     max_query_length: int = Field(32, ge=4)
     max_passage_length: int = Field(256, ge=8)
     dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    normalize: bool | None = None  # unit vectors (cosine); null = as the model ships
 
 
 class DataConfig(_Section):
     train: str | None = None
     passages: str | None = None
     dev_qa: str | None = None
+    qrels: str | None = None  # TREC qrels judging dev_qa's questions (BEIR); null = answer match
     cache_dir: str | None = None  # Arrow caches of large files; default ~/.cache/dpr-cache
     num_workers: int = Field(1, ge=0)  # tokenizing processes ahead of train and encode; 0: inline
 
@@ -66,6 +69,10 @@ class TrainConfig(_Section):
     keep_last_graph: bool = True
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int | None = Field(None, ge=1)
+    log_to: Literal["tensorboard", "none"] | None = None  # null = tensorboard when installed
+    eval_every: int | None = Field(None, ge=1)  # validate (and keep the best model) every N steps
+    eval_passages: int = Field(10_000, ge=1)  # corpus sample validation searches
+    eval_questions: int = Field(500, ge=1)  # first dev questions validation asks
 
     @field_validator("chunk_size")
     @classmethod
@@ -167,12 +174,25 @@ def _apply_override(raw: dict, item: str, where: str) -> None:
     node[parts[-1]] = value
 
 
+def _did_you_mean(loc: tuple) -> str:
+    """`` (did you mean 'train.lr'?)`` for the closest valid key of the same section, if any."""
+    model: type[BaseModel] = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type):
+            return ""
+        model = field.annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    prefix = ".".join(str(p) for p in loc[:-1])
+    return f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
+
+
 def _one_line(error: ValidationError, source: str) -> str:
     parts = []
     for item in error.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
         if item["type"] == "extra_forbidden":
-            parts.append(f"unknown key '{key}'")
+            parts.append(f"unknown key '{key}'{_did_you_mean(item['loc'])}")
         else:
             message = item["msg"].removeprefix("Value error, ")
             got = item.get("input")

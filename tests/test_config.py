@@ -71,3 +71,12 @@ def test_parse_bytes():
     assert parse_bytes("4GB") == 4 * 10**9
     assert parse_bytes("512MiB") == 512 * 2**20
     assert parse_bytes(1024) == 1024
+
+
+def test_an_unknown_key_suggests_the_closest_one():
+    with pytest.raises(InputError, match=r"unknown key 'train.lrr' \(did you mean 'train.lr'\?\)"):
+        load_config(None, ["train.lrr=1"])
+    with pytest.raises(InputError, match=r"unknown key 'trian' \(did you mean 'train'\?\)"):
+        load_config(None, ["trian.lr=1"])
+    with pytest.raises(InputError, match=r"unknown key 'zzz'$"):  # nothing close: no guess
+        load_config(None, ["zzz=1"])

@@ -18,7 +18,7 @@ ALLOWED = {
     "core": {"core"},
     "model": {"model", "core", "runtime", "errors"},
     "data": {"data", "runtime", "errors"},
-    "train": {"train", "model", "data", "core", "runtime", "errors", "config"},
+    "train": {"train", "retrieval", "model", "data", "core", "runtime", "errors", "config"},
     "retrieval": {"retrieval", "model", "data", "core", "runtime", "errors", "config"},
     "bench": {"bench", "train", "retrieval", "model", "data", "core", "runtime", "errors"},
     "testing": {"testing", "train", "retrieval", "model", "data", "core", "runtime", "errors"},
@@ -43,6 +43,7 @@ CONFIG_EDGE = {
     "cli/app.py",
     "train/loop.py",
     "train/verify.py",
+    "train/watch_setup.py",
     "retrieval/index.py",
     "retrieval/evaluate.py",
 }

@@ -66,3 +66,25 @@ def data_mine_negatives(
     report = mine_negatives(train, passages, out, n=n, batch=batch, depth=depth, progress=not quiet)
     print(report.summary())
     print(f"written to {report.out}")
+
+
+@data_app.command("beir")
+@guarded
+def data_beir(
+    folder: Annotated[
+        Path, typer.Argument(help="A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
+    ],
+    out: Annotated[Path, typer.Option(help="Output folder.")],
+    split: Annotated[str, typer.Option(help="The qrels split to judge with.")] = "test",
+) -> None:
+    """A BEIR set in the project's formats: passages.tsv, questions.tsv (+ .ids.txt), qrels.trec.
+
+    Example: dpr-cache data beir scifact --out data/scifact, then eval with
+    --set data.passages=data/scifact/passages.tsv --set data.dev_qa=data/scifact/questions.tsv
+    --set data.qrels=data/scifact/qrels.trec
+    """
+    from dpr_cache.data.beir import read_beir
+
+    for key, value in read_beir(folder, out, split).items():
+        print(f"{key}: {value}")
+    print(f"written to {out}")

@@ -22,7 +22,10 @@ def train(
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Train a DPR bi-encoder (gradcache | full | accumulate); writes output_dir/model."""
+    """Train a DPR bi-encoder (gradcache | full | accumulate); writes output_dir/model.
+
+    Example: dpr-cache train -c configs/toy.yaml --set train.batch_size=512 --resume
+    """
     from dpr_cache.train.loop import train as run
 
     model_dir = run(load(config, set_), resume=resume, progress=not quiet)
@@ -60,6 +63,9 @@ def index(
 
     flat searches the shards exactly in bounded memory; ivf and ivfpq build on-disk inverted
     lists; hnsw needs its whole graph in RAM. DPR's embedding pickles are trusted input only.
+
+    Examples: dpr-cache index -c configs/toy.yaml;
+    dpr-cache index --embeddings 'vecs/*.npy' --out vecs/index --type ivfpq --memory-gb 8
     """
     from dpr_cache.retrieval.index import build_index, index_embeddings, index_spec
 
@@ -96,21 +102,35 @@ def eval_(
     config: ConfigOpt,
     set_: SetOpt = None,
     model: ModelOpt = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Where the results go (default output_dir/eval).")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
-    """Search data.dev_qa questions, match answers (DPR rules), print top-k hit rates."""
+    """Search data.dev_qa questions, judge them (DPR's answer match, or data.qrels), print the
+    metrics; writes retrieval.json, run.trec, metrics.json.
+
+    Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
+    """
+    import shlex
+    import sys
+
     from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
     from dpr_cache.runtime import distributed
 
     cfg = load(config, set_)
     env = distributed.setup(cfg.train.device)
     try:
-        metrics = evaluate(cfg, model, progress=not quiet, rank=env.rank, world_size=env.world_size)
+        metrics = evaluate(
+            cfg, model, out_dir=out, progress=not quiet, rank=env.rank,
+            world_size=env.world_size, overridden=[s.split("=", 1)[0].strip() for s in set_ or []],
+            command=shlex.join(["dpr-cache", *sys.argv[1:]]),
+        )  # fmt: skip
     finally:
         distributed.teardown()
     if metrics is not None:
         print(format_metrics_table(metrics))
-        print(f"results in {cfg.output_path / 'eval'}")
+        print(f"results in {out or cfg.output_path / 'eval'}")
 
 
 @app.command()

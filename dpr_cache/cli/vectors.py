@@ -31,6 +31,8 @@ def encode(
     """Embedding shards (X.npy + X.ids.txt) of a passages TSV or a questions file.
 
     Question ids are the file's row numbers from 0. No config: the model folder says how.
+
+    Example: dpr-cache encode --model runs/toy/model --passages data/toy/passages.tsv --out vecs
     """
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands import encode_file
@@ -66,6 +68,8 @@ def search(
     """Top-k passages of each query as a TREC run (qid Q0 pid rank score tag).
 
     Searched in bounded memory; under torchrun each rank scans its share of a flat index.
+
+    Example: dpr-cache search --index vecs/index --query-embeddings q/questions.npy --out run.trec
     """
     import json
 
@@ -116,3 +120,26 @@ def _encode_questions(model: str, questions: Path):
         encoder, [q for q, _ in qas], max_length=length, device=resolve_device("cpu")
     )
     return vectors, [str(i) for i in range(len(qas))]
+
+
+@app.command()
+@guarded
+def export(
+    model: Annotated[str, typer.Option("--model", help="A saved dpr-cache model folder.")],
+    out: Annotated[Path, typer.Option(help="Output folder.")],
+    format_: Annotated[str, typer.Option("--format", help="dpr-hf: HF's DPR classes.")] = "dpr-hf",
+) -> None:
+    """Write the model for another tool (dpr-hf: HF's DPRQuestionEncoder / DPRContextEncoder).
+
+    OUT/question_encoder and OUT/ctx_encoder, with their tokenizers; CLS pooling only.
+    Example: dpr-cache export --format dpr-hf --model runs/toy/model --out runs/toy/dpr-hf
+    """
+    from dpr_cache.model.dpr_formats import export_dpr_hf
+    from dpr_cache.model.loading import load_encoder, resolve_model_dir
+    from dpr_cache.runtime.atomic import write_dir_atomic
+
+    if format_ != "dpr-hf":
+        raise InputError(f"--format: {format_!r} is not a known format (dpr-hf)")
+    encoder = load_encoder(resolve_model_dir(model, Path(".")))
+    write_dir_atomic(out, lambda tmp: export_dpr_hf(encoder, tmp))
+    print(f"exported to {out}")

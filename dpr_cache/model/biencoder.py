@@ -2,7 +2,8 @@
 
 Saved layout (``save_pretrained(dir)``)::
 
-    dir/query_encoder/      a Hugging Face model folder (AutoModel loads it)
+    dir/query_encoder/      a complete transformers and sentence-transformers folder (see
+                            :mod:`dpr_cache.model.tower_files`)
     dir/passage_encoder/    the same for passages (a copy of the query tower when shared)
     dir/biencoder.json      {"shared", "pooling", "normalize", "max_query_length",
                              "max_passage_length"}
@@ -20,8 +21,16 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
+from dpr_cache.model.dpr_formats import dpr_kind, load_dpr_towers
 from dpr_cache.model.pooling import POOLINGS, pool
-from dpr_cache.model.towers import load_tokenizer, load_tower, resolve_model_path, tower_from_config
+from dpr_cache.model.tower_files import clean_tokenizer, write_tower
+from dpr_cache.model.towers import (
+    load_tokenizer,
+    load_tower,
+    resolve_model_path,
+    shipped_normalize,
+    tower_from_config,
+)
 
 __all__ = ["BiEncoder"]
 
@@ -38,6 +47,7 @@ class BiEncoder(nn.Module):
         tokenizer: optional, saved beside the towers.
         max_query_length, max_passage_length: the token limits it was trained with, saved so
             that ``dpr-cache encode`` needs no config (None: not known).
+        normalize: scale every vector to unit length (cosine similarity), after pooling.
     """
 
     def __init__(
@@ -49,6 +59,7 @@ class BiEncoder(nn.Module):
         tokenizer=None,
         max_query_length: int | None = None,
         max_passage_length: int | None = None,
+        normalize: bool = False,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -60,6 +71,7 @@ class BiEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.max_query_length = max_query_length
         self.max_passage_length = max_passage_length
+        self.normalize = normalize
 
     # -- construction -----------------------------------------------------------------------
 
@@ -71,9 +83,19 @@ class BiEncoder(nn.Module):
         pooling: str = "cls",
         gradient_checkpointing: bool = False,
         dropout: float | None = None,
+        normalize: bool | None = None,
     ) -> BiEncoder:
-        """Load a saved BiEncoder folder, or any Hugging Face model folder for both towers."""
+        """Load a saved BiEncoder folder, or any Hugging Face model folder for both towers.
+
+        ``normalize=None`` keeps what the model ships: the saved BiEncoder's setting, or a
+        sentence-transformers Normalize module."""
         path = Path(resolve_model_path(path))
+        if dpr_kind(path) is not None:  # HF DPR pair or DPR's .cp: two BERTs, [CLS], no norm
+            query, passage, tokenizer = load_dpr_towers(path, dropout)
+            model = cls(query, None if shared else passage, pooling="cls", tokenizer=tokenizer)
+            if gradient_checkpointing:
+                model.enable_gradient_checkpointing()
+            return model
         if not path.is_dir():
             raise FileNotFoundError(2, "no such model folder", str(path))
         meta = {}
@@ -85,6 +107,7 @@ class BiEncoder(nn.Module):
         else:
             query = load_tower(path, dropout)
             passage = None if shared else copy.deepcopy(query)
+            meta = {"normalize": shipped_normalize(path)}
         model = cls(
             query,
             passage,
@@ -92,6 +115,7 @@ class BiEncoder(nn.Module):
             tokenizer=load_tokenizer(path),
             max_query_length=meta.get("max_query_length"),
             max_passage_length=meta.get("max_passage_length"),
+            normalize=bool(meta.get("normalize", False)) if normalize is None else normalize,
         )
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
@@ -106,11 +130,12 @@ class BiEncoder(nn.Module):
         gradient_checkpointing: bool = False,
         dropout: float | None = None,
         tokenizer=None,
+        normalize: bool = False,
     ) -> BiEncoder:
         """Random-init towers from a Hugging Face config (separate towers start equal)."""
         query = tower_from_config(config, dropout)
         passage = None if shared else copy.deepcopy(query)
-        model = cls(query, passage, pooling=pooling, tokenizer=tokenizer)
+        model = cls(query, passage, pooling=pooling, tokenizer=tokenizer, normalize=normalize)
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
         return model
@@ -125,23 +150,28 @@ class BiEncoder(nn.Module):
                 tower.gradient_checkpointing_enable({"use_reentrant": False})
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write both towers in Hugging Face format, the pooling, and the tokenizer into
-        ``out_dir`` (the trainer passes it to :func:`~dpr_cache.runtime.atomic.write_dir_atomic`,
-        so a finished run's folder is swapped in whole)."""
+        """Write both towers (each a complete transformers and sentence-transformers folder),
+        the pooling and normalization, and the tokenizer into ``out_dir`` (the trainer passes it
+        to :func:`~dpr_cache.runtime.atomic.write_dir_atomic`, so a finished run's folder is
+        swapped in whole)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.query_encoder.save_pretrained(out_dir / "query_encoder")
-        self.passage_encoder.save_pretrained(out_dir / "passage_encoder")
+        for name, tower, length in (
+            ("query_encoder", self.query_encoder, self.max_query_length),
+            ("passage_encoder", self.passage_encoder, self.max_passage_length),
+        ):
+            write_tower(tower, out_dir / name, tokenizer=self.tokenizer, pooling=self.pooling,
+                        normalize=self.normalize, max_length=length)  # fmt: skip
         meta = {
             "shared": self.shared,
             "pooling": self.pooling,
-            "normalize": False,
+            "normalize": self.normalize,
             "max_query_length": self.max_query_length,
             "max_passage_length": self.max_passage_length,
         }
         (out_dir / _META).write_text(json.dumps(meta, indent=2) + "\n")
         if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(out_dir)
+            clean_tokenizer(self.tokenizer).save_pretrained(out_dir)
         return out_dir
 
     # -- encoding ---------------------------------------------------------------------------
@@ -167,7 +197,8 @@ class BiEncoder(nn.Module):
     def encode_with(self, tower: nn.Module, inputs: Mapping[str, Tensor]) -> Tensor:
         """Run ``tower`` (one of ours, possibly DDP-wrapped) and pool its last hidden state."""
         hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
-        return pool(hidden, inputs["attention_mask"], self.pooling)  # [n, hidden]
+        reps = pool(hidden, inputs["attention_mask"], self.pooling)  # [n, hidden]
+        return torch.nn.functional.normalize(reps, dim=-1) if self.normalize else reps
 
     @property
     def dim(self) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.model.dpr_formats import dpr_kind
 from dpr_cache.model.towers import resolve_model_path
 
 __all__ = ["resolve_model_dir", "load_biencoder", "load_encoder", "model_fingerprint"]
@@ -16,7 +17,7 @@ __all__ = ["resolve_model_dir", "load_biencoder", "load_encoder", "model_fingerp
 def resolve_model_dir(model_dir: str | Path | None, default: Path) -> Path:
     """``model_dir`` (or ``default``, e.g. ``output_dir/model``), absolute; InputError if absent."""
     path = Path(resolve_model_path(model_dir)) if model_dir is not None else Path(default)
-    if not path.is_dir():
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".cp")):
         raise InputError(f"{path}: no model folder: run `dpr-cache train` first or pass --model")
     return path.resolve()
 
@@ -28,6 +29,7 @@ def load_biencoder(
     pooling: str = "cls",
     gradient_checkpointing: bool = False,
     dropout: float | None = None,
+    normalize: bool | None = None,
     source: str | None = None,
 ) -> BiEncoder:
     """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming the path, the
@@ -40,6 +42,7 @@ def load_biencoder(
             pooling=pooling,
             gradient_checkpointing=gradient_checkpointing,
             dropout=dropout,
+            normalize=normalize,
         )
     except ModuleNotFoundError as e:  # python:PACKAGE that is not installed
         raise InputError(f"{where}: {e}") from None
@@ -51,23 +54,35 @@ def load_biencoder(
     return model
 
 
-def load_encoder(model_dir: Path, *, pooling: str = "cls", query_only: bool = False) -> BiEncoder:
+def load_encoder(
+    model_dir: Path,
+    *,
+    pooling: str = "cls",
+    normalize: bool | None = None,
+    query_only: bool = False,
+) -> BiEncoder:
     """A saved BiEncoder (both towers, or only the query tower), or a plain HF folder serving
     both towers, in eval mode."""
-    saved = (Path(model_dir) / "query_encoder").is_dir()
-    model = load_biencoder(model_dir, shared=query_only or not saved, pooling=pooling)
+    saved = (Path(model_dir) / "query_encoder").is_dir() or dpr_kind(Path(model_dir)) is not None
+    model = load_biencoder(
+        model_dir, shared=query_only or not saved, pooling=pooling, normalize=normalize
+    )
     return model.eval()
 
 
 def model_fingerprint(model_dir: str | Path) -> str:
-    """sha256 over every file of the folder (relative path, size, bytes); hidden files skipped."""
+    """sha256 over every file of the folder (relative path, size, bytes; hidden files skipped),
+    or over the one file a model is (a DPR ``.cp``)."""
     root = Path(model_dir)
     digest = hashlib.sha256()
-    files = sorted(
-        p
-        for p in root.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    )
+    if root.is_file():
+        files, root = [root], root.parent
+    else:
+        files = sorted(
+            p
+            for p in root.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        )
     for file in files:
         digest.update(f"{file.relative_to(root).as_posix()}\0{file.stat().st_size}\0".encode())
         with open(file, "rb") as f:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 from pathlib import Path
 
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig
 
-__all__ = ["resolve_model_path", "load_tower", "tower_from_config", "load_tokenizer"]
+__all__ = [
+    "resolve_model_path",
+    "load_tower",
+    "tower_from_config",
+    "load_tokenizer",
+    "shipped_normalize",
+]
 
 _DROPOUT_KEYS = (
     "hidden_dropout_prob",
@@ -38,22 +45,33 @@ def _set_dropout(config: PretrainedConfig, dropout: float | None) -> PretrainedC
     return config
 
 
+def _freeze_pooler(tower: nn.Module) -> nn.Module:
+    """Keep BERT's pooler (saved, so ``pooler_output`` means what the checkpoint meant) but out
+    of training: DPR pools from the last hidden state, and DDP ignores frozen parameters."""
+    pooler = getattr(tower, "pooler", None)
+    if isinstance(pooler, nn.Module):
+        pooler.requires_grad_(False)
+    return tower
+
+
 def load_tower(path: str | Path, dropout: float | None = None) -> nn.Module:
     """A pretrained encoder (``dropout`` overrides its dropout probabilities when given)."""
     config = _set_dropout(AutoConfig.from_pretrained(path), dropout)
-    try:  # DPR pools from the last hidden state: BERT's pooler would be dead weight
-        return AutoModel.from_pretrained(path, config=config, add_pooling_layer=False)
-    except TypeError:
-        return AutoModel.from_pretrained(path, config=config)
+    return _freeze_pooler(AutoModel.from_pretrained(path, config=config))
 
 
 def tower_from_config(config: PretrainedConfig, dropout: float | None = None) -> nn.Module:
     """A randomly initialised encoder of ``config``."""
     config = _set_dropout(copy.deepcopy(config), dropout)
-    try:
-        return AutoModel.from_config(config, add_pooling_layer=False)
-    except TypeError:
-        return AutoModel.from_config(config)
+    return _freeze_pooler(AutoModel.from_config(config))
+
+
+def shipped_normalize(path: Path) -> bool:
+    """Whether a sentence-transformers folder ends in a Normalize module."""
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return False
+    return any(m.get("type", "").endswith("Normalize") for m in json.loads(modules.read_text()))
 
 
 def load_tokenizer(path: Path):

@@ -93,12 +93,12 @@ def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
     return vectors, ids
 
 
-def write_trec_run(
-    path: Path, qids: list[str], pids: np.ndarray, scores: np.ndarray, tag: str
-) -> None:
+def write_trec_run(path: Path, qids: list[str], pids, scores, tag: str) -> None:
     """A TREC run: ``qid Q0 pid rank score tag`` a line, ranks from 1, best first (trec_eval,
-    ranx and pyserini read it); rows without a hit are left out."""
-    for name, values in (("query id", qids), ("passage id", pids.reshape(-1)), ("tag", [tag])):
+    ranx and pyserini read it). ``pids`` and ``scores`` hold a row per query (best first);
+    an empty passage id marks a missing hit and is left out."""
+    flat = [pid for row in pids for pid in row]
+    for name, values in (("query id", qids), ("passage id", flat), ("tag", [tag])):
         bad = next((v for v in values if any(c.isspace() for c in str(v))), None)
         if bad is not None or (name != "passage id" and "" in values):
             raise InputError(f"{path}: {name} {bad!r} is empty or holds white space")

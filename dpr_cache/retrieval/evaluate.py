@@ -1,68 +1,55 @@
-"""Retrieve passages for ``data.dev_qa`` questions from the built index and score the answers.
+"""``dpr-cache eval``: retrieve passages for ``data.dev_qa`` questions from the built index,
+judge them, and write what a user can check and reuse.
 
-The questions are encoded once, searched together (the exact search scans the shards once for all
-of them, in the memory ``index.memory_gb`` allows), and only the retrieved passages are read from
-the Arrow cache of ``data.passages``. Writes ``output_dir/eval/retrieval.json`` (DPR's results
-file: one entry a question, ``ctxs`` best first), ``metrics.json`` (top-k hit rates in percent,
-``n_questions``), ``config.yaml`` (the resolved config the evaluation ran with) and
-``timings.json`` (seconds per stage).
+The questions are encoded once and searched together (the exact search scans the shards once for
+all of them, in the memory ``index.memory_gb`` allows); only the retrieved passages are read from
+the Arrow cache of ``data.passages``. Relevance is DPR's answer match, or ``data.qrels`` (TREC
+qrels, e.g. a BEIR set's) when given. Writes into ``--out`` (default ``output_dir/eval``):
+``retrieval.json`` (DPR's results file), ``run.trec`` (trec_eval, ranx, pyserini read it),
+``metrics.json`` (``top{k}``, ``mrr@10``, ``recall@{k}``, ``ndcg@10`` in percent,
+``n_questions``, and what was measured: model fingerprint, index, data files, command line),
+``config.yaml`` (the resolved config) and ``timings.json`` (seconds per stage).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from dpr_cache.config import Config, save_config
-from dpr_cache.data.answers import has_answer, top_k_hits
-from dpr_cache.data.passages import load_passages, passage_columns, passage_rows
+from dpr_cache.data.passages import load_passages, passage_rows
 from dpr_cache.data.qas import read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
+from dpr_cache.retrieval.commands import write_trec_run
 from dpr_cache.retrieval.encode import encode_question_texts
 from dpr_cache.retrieval.index import index_dir_of, index_spec, memory_bytes_of
 from dpr_cache.retrieval.index_dir import OpenIndex, open_index, search_index
+from dpr_cache.retrieval.metrics import answer_qrels, ranking_metrics, read_qrels
+from dpr_cache.retrieval.results import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    RETRIEVAL_FILE,
+    RUN_FILE,
+    TIMINGS_FILE,
+    format_metrics_table,
+    metrics_from_retrieval,
+    rounded,
+    write_retrieval,
+)
 from dpr_cache.retrieval.search import Hits
-from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
+from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.device import resolve_device
 
-__all__ = ["evaluate", "format_metrics_table", "metrics_from_retrieval", "write_retrieval"]
+__all__ = ["evaluate", "format_metrics_table", "metrics_from_retrieval", "check_overrides"]
 
 log = logging.getLogger(__name__)
-
-RETRIEVAL_FILE = "retrieval.json"
-METRICS_FILE = "metrics.json"
-CONFIG_FILE = "config.yaml"
-TIMINGS_FILE = "timings.json"
-_WRITE_BATCH = 64  # questions whose passages are read from the Arrow cache together
-
-
-def _rounded(metrics: dict[str, float]) -> dict[str, Any]:
-    return {k: (int(v) if k == "n_questions" else round(v, 2)) for k, v in metrics.items()}
-
-
-def metrics_from_retrieval(path: str | Path, ks: Sequence[int]) -> dict[str, Any]:
-    """Top-k hit rates recomputed from a DPR results file's ``has_answer`` flags."""
-    entries = json.loads(Path(path).read_text(encoding="utf-8"))
-    hits = [[bool(ctx["has_answer"]) for ctx in entry["ctxs"]] for entry in entries]
-    return _rounded(top_k_hits(hits, ks))
-
-
-def format_metrics_table(metrics: dict[str, Any]) -> str:
-    """A small text table: one line per k with its hit rate, then the question count."""
-    ks = sorted(int(key[3:]) for key in metrics if key.startswith("top"))
-    lines = ["    k | hit rate %", "------+-----------"]
-    lines += [f"{k:>5} | {metrics[f'top{k}']:>10.2f}" for k in ks]
-    lines.append(f"questions: {metrics.get('n_questions', 0)}")
-    return "\n".join(lines)
 
 
 def _check_model(model_dir: Path, model, opened: OpenIndex) -> None:
@@ -82,11 +69,12 @@ def _check_model(model_dir: Path, model, opened: OpenIndex) -> None:
             f"{model_dir}: not the model the index at {opened.path} was built with "
             f"({built['dir']}): pass that --model, or rerun `dpr-cache index`"
         )
-    if model.pooling != built["pooling"]:
-        raise InputError(
-            f"model.pooling: {model.pooling!r}, but the index was built with "
-            f"{built['pooling']!r}: set it back or rerun `dpr-cache index`"
-        )
+    for key in ("pooling", "normalize"):
+        if key in built and getattr(model, key) != built[key]:
+            raise InputError(
+                f"model.{key}: {getattr(model, key)!r}, but the index was built with "
+                f"{built[key]!r}: set it back or rerun `dpr-cache index`"
+            )
 
 
 def _passage_rows_of(opened: OpenIndex, dataset, path: Path, hits: Hits) -> np.ndarray:
@@ -111,67 +99,69 @@ def _passage_rows_of(opened: OpenIndex, dataset, path: Path, hits: Hits) -> np.n
     return rows
 
 
-def _entries(questions, scores, rows, dataset, match: str) -> Iterator[dict[str, Any]]:
-    """DPR results entries for a batch of questions, their scores and passage rows."""
-    valid = np.unique(rows[rows >= 0])
-    found = passage_columns(dataset, valid.tolist())
-    where = {int(r): i for i, r in enumerate(valid)}
-    for (question, answers), q_scores, q_rows in zip(questions, scores, rows, strict=True):
-        ctxs = []
-        for score, row in zip(q_scores, q_rows, strict=True):
-            if row < 0:
-                continue
-            i = where[int(row)]
-            text = found["text"][i]
-            ctxs.append(
-                {
-                    "id": found["id"][i],
-                    "title": found["title"][i],
-                    "text": text,
-                    "score": float(score),
-                    "has_answer": has_answer(answers, text, match),
-                }
+def _passage_rows_of(opened: OpenIndex, dataset, path: Path, hits: Hits) -> np.ndarray:
+    """Rows of the passages dataset for the hits: the store rows themselves when the index was
+    encoded from this very file, else looked up by passage id."""
+    built = opened.meta.get("passages")
+    if built is not None:
+        if len(dataset) != opened.store.rows or path.stat().st_size != built["size"]:
+            raise InputError(
+                f"{path}: not the passages file the index at {opened.path} was built from "
+                f"({built['path']}): rerun `dpr-cache index`"
             )
-        yield {"question": question, "answers": answers, "ctxs": ctxs}
+        return hits.rows
+    ids = opened.store.ids_of(hits.rows)
+    rows = np.full(hits.rows.shape, -1, np.int64)
+    valid = hits.rows >= 0
+    rows[valid] = passage_rows(dataset, ids[valid].tolist())
+    missing = valid & (rows < 0)
+    if missing.any():
+        first = ids[missing][0]
+        raise InputError(f"{path}: has no passage {first!r} (an id of the index at {opened.path})")
+    return rows
 
 
-def write_retrieval(
-    path: Path, qas, scores: np.ndarray, rows: np.ndarray, dataset, match: str, progress: bool
-) -> list[list[bool]]:
-    """DPR's results file for the questions' hits; returns each question's answer flags."""
-    flags: list[list[bool]] = []
+def question_ids(qas_path: Path, n: int) -> list[str]:
+    """The questions' ids: ``X.ids.txt`` beside a qas file ``X.tsv`` (BEIR's query ids, one a
+    line), else the row numbers from 0."""
+    ids_file = qas_path.with_suffix(".ids.txt")
+    if not ids_file.is_file():
+        return [str(i) for i in range(n)]
+    ids = ids_file.read_text(encoding="utf-8").splitlines()
+    if len(ids) != n:
+        raise InputError(f"{ids_file}: {len(ids)} ids for the {n} questions of {qas_path}")
+    return ids
 
-    def write(tmp: Path) -> None:
-        with (
-            open(tmp, "w", encoding="utf-8") as f,
-            tqdm(total=len(qas), unit="q", desc="answers", disable=not progress) as bar,
-        ):
-            f.write("[")
-            for start in range(0, len(qas), _WRITE_BATCH):
-                part = slice(start, start + _WRITE_BATCH)
-                for entry in _entries(qas[part], scores[part], rows[part], dataset, match):
-                    f.write(",\n" if flags else "\n")
-                    f.write(json.dumps(entry, ensure_ascii=False))
-                    flags.append([ctx["has_answer"] for ctx in entry["ctxs"]])
-                bar.update(len(qas[part]))
-            f.write("\n]\n")
 
-    write_atomic(path, write)
-    return flags
+def check_overrides(overridden: Sequence[str], opened: OpenIndex, config: Config) -> None:
+    """An ``index.*`` override that contradicts the index evaluated is an error; a ``train.*``
+    one, which eval does not use, a warning."""
+    for key in overridden:
+        if key.startswith("train.") and key not in ("train.device", "train.precision"):
+            log.warning("%s: eval does not use it (the override is ignored)", key)
+    built = {"index.type": opened.type, "index.store_dtype": opened.meta["store_dtype"]}
+    for key, value in built.items():
+        if key in overridden and getattr(config.index, key.split(".")[1]) != value:
+            raise InputError(
+                f"{key}: {getattr(config.index, key.split('.')[1])!r}, but the index at "
+                f"{opened.path} is {value!r}: rebuild it with `dpr-cache index`"
+            )
 
 
 def evaluate(
     config: Config,
     model_dir: str | Path | None = None,
     *,
+    out_dir: Path | None = None,
     progress: bool = True,
     device: str | torch.device | None = None,
     rank: int = 0,
     world_size: int = 1,
+    overridden: Sequence[str] = (),
+    command: str = "",
 ) -> dict[str, Any] | None:
-    """``dpr-cache eval``: search the index with the query tower, write retrieval.json,
-    metrics.json and the resolved config; return ``{"top{k}": percent, ..., "n_questions": n}``
-    (None on ranks other than 0, which only scan their share of the shards)."""
+    """Search, judge and write the evaluation files (see the module docstring); return the
+    metrics (None on ranks other than 0, which only scan their share of the shards)."""
     stages: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -181,21 +171,35 @@ def evaluate(
         stages[name] = round(now - clock, 3)
         clock = now
 
-    opened = open_index(index_dir_of(config.output_path), index_spec(config))
+    index_dir = index_dir_of(config.output_path)
+    opened = open_index(index_dir, index_spec(config, opened_type(index_dir)))
+    check_overrides(overridden, opened, config)
     model_dir = resolve_model_dir(model_dir, config.output_path / "model")
     if not config.data.dev_qa:
         raise InputError("data.dev_qa: not set (a DPR qas TSV of questions and answers)")
-    qas = read_qas(Path(config.data.dev_qa))
+    qas_path = Path(config.data.dev_qa)
+    qas = read_qas(qas_path)
     if not qas:
-        raise InputError(f"{config.data.dev_qa}: no questions")
+        raise InputError(f"{qas_path}: no questions")
+    qids = question_ids(qas_path, len(qas))
+    qrels = read_qrels(config.data.qrels) if config.data.qrels else None
     if not config.data.passages:
         raise InputError("data.passages: not set (the passages TSV the index was built from)")
     passages = Path(config.data.passages)
     dataset = load_passages(passages, config.cache_path)
     lap("open index, questions and passages")
     dev = resolve_device(device if device is not None else config.train.device)
-    model = load_encoder(model_dir, pooling=config.model.pooling, query_only=True).to(dev)
+    model = load_encoder(
+        model_dir, pooling=config.model.pooling, normalize=config.model.normalize, query_only=True
+    ).to(dev)
     _check_model(model_dir, model, opened)
+    for key in ("pooling", "normalize"):  # a saved model keeps its own: say so, do not ignore
+        asked = getattr(config.model, key)
+        if f"model.{key}" in overridden and asked is not None and asked != getattr(model, key):
+            raise InputError(
+                f"model.{key}: {asked!r}, but {model_dir} was saved with "
+                f"{getattr(model, key)!r} (and its index encoded so)"
+            )
     lap("load the model")
     q_embs = encode_question_texts(
         model, [q for q, _ in qas], max_length=config.model.max_query_length, device=dev,
@@ -212,13 +216,38 @@ def evaluate(
         return None
     rows = _passage_rows_of(opened, dataset, passages, hits)
     lap("map hits to passages")
-    out_dir = config.output_path / "eval"
-    flags = write_retrieval(
-        out_dir / RETRIEVAL_FILE, qas, hits.scores, rows, dataset, config.eval.match, progress
+    out = Path(out_dir) if out_dir is not None else config.output_path / "eval"
+    pids, flags = write_retrieval(
+        out / RETRIEVAL_FILE, qas, hits.scores, rows, dataset, config.eval.match, progress
     )
     lap("read passages, match answers, write retrieval.json")
-    metrics = _rounded(top_k_hits(flags, config.eval.top_k))
-    write_json_atomic(out_dir / METRICS_FILE, metrics)
-    write_json_atomic(out_dir / TIMINGS_FILE, {"seconds": stages})
-    save_config(config, out_dir / CONFIG_FILE)
+    scores = [row[: len(p)] for row, p in zip(hits.scores, pids, strict=True)]
+    write_trec_run(out / RUN_FILE, qids, pids, scores, "dpr-cache")
+    judged = qrels if qrels is not None else answer_qrels(qids, pids, flags)
+    metrics = rounded(
+        ranking_metrics(dict(zip(qids, pids, strict=True)), judged, config.eval.top_k)
+    )
+    metrics["n_questions"] = len(qas)
+    metrics["measured"] = {
+        "relevance": f"qrels {config.data.qrels}" if qrels is not None
+        else f"answers in the passage text (DPR's has_answer, {config.eval.match} match)",
+        "judged_questions": len(judged),
+        "model": {"dir": str(model_dir), "fingerprint": model_fingerprint(model_dir)},
+        "index": {"dir": str(opened.path.resolve()), **{k: opened.meta[k] for k in
+                  ("type", "rows", "dim", "store_dtype", "index_params")},
+                  "shards": len(opened.meta["shards"])},
+        "data": {"dev_qa": str(qas_path.resolve()), "passages": str(passages.resolve())},
+        "command": command,
+    }  # fmt: skip
+    write_json_atomic(out / METRICS_FILE, metrics)
+    write_json_atomic(out / TIMINGS_FILE, {"seconds": stages})
+    save_config(config, out / CONFIG_FILE)
     return metrics
+
+
+def opened_type(index_dir: Path) -> str | None:
+    """The type recorded in an index folder's meta (None when there is none yet)."""
+    import json
+
+    meta = Path(index_dir) / "meta.json"
+    return json.loads(meta.read_text()).get("type") if meta.is_file() else None

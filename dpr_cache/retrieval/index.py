@@ -106,6 +106,7 @@ def build_index(
         memory_bytes=memory_bytes_of(config.index.memory_gb),
         store_dtype=config.index.store_dtype,
         pooling=config.model.pooling,
+        normalize=config.model.normalize,
         max_length=config.model.max_passage_length,
         batch_size=config.index.batch_size,
         shard_size=config.index.shard_size,
@@ -128,6 +129,7 @@ class EncodedShards:
     fingerprint: str
     signature: dict[str, Any]
     pooling: str
+    normalize: bool
     precision: str
     encoded: int  # passages encoded by this call (the rest were on disk already)
     seconds: float
@@ -145,6 +147,7 @@ def encode_passage_shards(
     shard_size: int,
     store_dtype: str,
     device: torch.device,
+    normalize: bool | None = None,
     precision: str = "fp32",
     num_workers: int = 1,
     rank: int = 0,
@@ -160,7 +163,7 @@ def encode_passage_shards(
     n = len(dataset)
     if n == 0:
         raise InputError(f"{passages}: no passages")
-    model = load_encoder(model_dir, pooling=pooling).to(device)
+    model = load_encoder(model_dir, pooling=pooling, normalize=normalize).to(device)
     if check is not None:
         check(n, model.dim)
     precision = inference_precision(device, precision)
@@ -169,6 +172,7 @@ def encode_passage_shards(
     key = shard_key(
         fingerprint, signature, shard_size=shard_size, max_length=max_length,
         pooling=model.pooling, precision=precision, store_dtype=store_dtype,
+        normalize=model.normalize,
     )  # fmt: skip
     shard_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # other ranks only write this key's files; their tmp files must survive
@@ -193,8 +197,9 @@ def encode_passage_shards(
         wait_for_shards(shard_dir, key, sizes)
     paths = [shard_path(shard_dir, key, k) for k in range(len(sizes))]
     return EncodedShards(
-        paths, key, fingerprint, signature, model.pooling, precision, todo, seconds
-    )
+        paths, key, fingerprint, signature, model.pooling, model.normalize, precision, todo,
+        seconds,
+    )  # fmt: skip
 
 
 def index_passages(
@@ -218,7 +223,8 @@ def index_passages(
         return out
     extra = {
         "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
-                  "pooling": encoded.pooling, "max_passage_length": max_length,
+                  "pooling": encoded.pooling, "normalize": encoded.normalize,
+                  "max_passage_length": max_length,
                   "precision": encoded.precision},
         "passages": encoded.signature,
         "shard_key": encoded.key,

@@ -54,9 +54,12 @@ def shard_key(
     pooling: str,
     precision: str,
     store_dtype: str,
+    normalize: bool = False,
 ) -> str:
-    """A hash of all an embedding depends on: weights, passages file, sizes, pooling, dtypes."""
+    """A hash of all an embedding depends on: weights, passages file, sizes, pooling and
+    normalization, dtypes."""
     ident = [fingerprint, passages, shard_size, max_length, pooling, precision, store_dtype]
+    ident += ["normalize"] if normalize else []  # keys of unnormalized shards stay as they were
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -2,8 +2,8 @@
 
 Each case builds the same float64 tiny BERT on every rank, wraps it with the trainer's own
 ``wrap_towers`` / ``make_loss_fn`` / ``make_stepper``, runs a few steps on this rank's slice of a
-global batch and saves, per step, the ``.grad`` every parameter holds after DDP's averaging and
-how many times a DDP comm hook saw each parameter.
+global batch and saves, per step, the ``.grad`` every trainable parameter holds after DDP's
+averaging and how many times a DDP comm hook saw each parameter.
 """
 
 # No ``from __future__ import annotations``: DDP checks the comm hook's annotations as objects.
@@ -144,9 +144,11 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
         steps.append(
             {
                 "loss": float(loss),
-                "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                "grads": {
+                    n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad
+                },
                 "syncs": [c.reset() for c in counters],
-                "n_params": [len(list(w.parameters())) for w in towers.wrappers],
+                "n_params": [sum(p.requires_grad for p in w.parameters()) for w in towers.wrappers],
             }
         )
     return {"steps": steps}

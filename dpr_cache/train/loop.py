@@ -41,6 +41,7 @@ from dpr_cache.train.recipe import (
     param_groups,
     step_batches,
 )
+from dpr_cache.train.watch_setup import make_watcher
 
 __all__ = ["train"]
 
@@ -82,8 +83,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
 
         # -- model, optimizer, schedule, precision ---------------------------------------------
         model = load_biencoder(
-            m.name_or_path, shared=m.shared, pooling=m.pooling,
-            gradient_checkpointing=m.gradient_checkpointing, dropout=m.dropout,
+            m.name_or_path, shared=m.shared, pooling=m.pooling, dropout=m.dropout,
+            gradient_checkpointing=m.gradient_checkpointing, normalize=m.normalize,
             source="model.name_or_path",
         ).to(env.device)  # fmt: skip
         model.train()
@@ -118,6 +119,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
             _truncate_log(log_path, start_step)
 
         negatives = _negatives_per_question(cfg.mode, cfg.batch_size, chunk_size, env, group_size)
+        watcher = make_watcher(config, env.device) if env.is_main else None
         stop = _StopFlag()
         bar = tqdm(
             total=total_steps,
@@ -151,19 +153,28 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
                 scheduler.step()
                 loss_value = all_mean(loss, env)
                 seconds = time.perf_counter() - started
-                if env.is_main and (step + 1) % cfg.log_every == 0:
-                    record = {
-                        "step": step + 1,
-                        "epoch": batches.epoch_of(step),
-                        "loss": loss_value,
-                        "lr": lr,
-                        "grad_norm": float(grad_norm),
-                        "batch_size": cfg.batch_size,
-                        "negatives_per_question": negatives,
-                        "seconds": round(seconds, 4),
-                        "peak_memory_bytes": memory.peak_memory_bytes(env.device),
-                    }
-                    append_line(log, json.dumps(record))
+                if env.is_main:
+                    record = watcher.step(
+                        {
+                            "step": step + 1,
+                            "epoch": batches.epoch_of(step),
+                            "loss": loss_value,
+                            "lr": lr,
+                            "grad_norm": float(grad_norm),
+                            "batch_size": cfg.batch_size,
+                            "negatives_per_question": negatives,
+                            "seconds": round(seconds, 4),
+                            "pairs_per_second": round(cfg.batch_size / seconds, 2),
+                            "peak_memory_bytes": memory.peak_memory_bytes(env.device),
+                        },
+                        model, step + 1, last=step + 1 == total_steps,
+                    )  # fmt: skip
+                    if (
+                        (step + 1) % cfg.log_every == 0
+                        or "loss" not in record
+                        or any(key.startswith("val_") for key in record)
+                    ):
+                        append_line(log, json.dumps(record))
                 bar.update(1)
                 bar.set_postfix(
                     loss=f"{loss_value:.4f}",
@@ -185,6 +196,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
                     )
                     if interrupted:
                         raise Interrupted(path)
+        if env.is_main:
+            watcher.close(log_path)
         model_dir = out / "model"
         if env.is_main:
             model.max_query_length, model.max_passage_length = (

@@ -52,7 +52,8 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     batches = TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=config.data.train)
     model = load_biencoder(
         m.name_or_path, shared=m.shared, pooling=m.pooling,
-        gradient_checkpointing=m.gradient_checkpointing, dropout=0.0, source="model.name_or_path",
+        gradient_checkpointing=m.gradient_checkpointing, dropout=0.0, normalize=m.normalize,
+        source="model.name_or_path",
     )  # fmt: skip
     if double:
         model = model.double()

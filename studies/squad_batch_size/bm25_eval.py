@@ -19,7 +19,7 @@ from dpr_cache.config import load_config, save_config
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.bm25 import Bm25Corpus
 from dpr_cache.data.qas import read_qas
-from dpr_cache.retrieval.evaluate import (
+from dpr_cache.retrieval.results import (
     CONFIG_FILE,
     METRICS_FILE,
     RETRIEVAL_FILE,

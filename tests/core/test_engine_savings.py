@@ -65,5 +65,6 @@ def test_release_hook_follows_its_schedule_and_gradients_stay_exact(
     got = [x.grad for x in model.parameters() if x.grad is not None]
     n_chunks = -(-6 // chunk)
     assert len(seen) == expected_releases(n_chunks, n_chunks, every)
+    scale = max(a.abs().max() for a in ref)  # relative to the largest gradient, as elsewhere
     for a, b in zip(ref, got, strict=True):
-        assert (a - b).norm() <= 1e-10 * a.norm() + 1e-14
+        assert (a - b).abs().max() <= 1e-10 * scale

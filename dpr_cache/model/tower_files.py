@@ -1,0 +1,75 @@
+"""One saved tower folder that every tool reads the same way: a complete ``transformers`` folder
+(config, weights with BERT's pooler, tokenizer files without stored truncation or padding) and a
+complete sentence-transformers folder (``modules.json``, ``config_sentence_transformers.json``,
+``sentence_bert_config.json``, ``1_Pooling/config.json``, Normalize when the vectors are
+normalized), so ``SentenceTransformer(tower)`` pools and normalizes as dpr-cache does."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from torch import nn
+
+__all__ = ["write_tower", "clean_tokenizer"]
+
+_MODULES = "sentence_transformers.models"
+
+
+def clean_tokenizer(tokenizer):
+    """A copy without the truncation / padding a fast tokenizer keeps from its last call (saved,
+    it breaks plain ``tokenizers`` use and changes the folder's bytes from run to run)."""
+    tokenizer = copy.deepcopy(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+    return tokenizer
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def write_tower(
+    tower: nn.Module,
+    out: Path,
+    *,
+    tokenizer,
+    pooling: str,
+    normalize: bool,
+    max_length: int | None,
+) -> Path:
+    """Write ``tower`` with its tokenizer and the sentence-transformers modules into ``out``."""
+    out = Path(out)
+    tower.save_pretrained(out)
+    length = max_length or getattr(tokenizer, "model_max_length", 512)
+    if tokenizer is not None:
+        clean_tokenizer(tokenizer).save_pretrained(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": f"{_MODULES}.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": f"{_MODULES}.Pooling"},
+    ]
+    if normalize:
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": f"{_MODULES}.Normalize"}
+        )
+        (out / "2_Normalize").mkdir(exist_ok=True)
+    _write_json(out / "modules.json", modules)
+    _write_json(
+        out / "sentence_bert_config.json", {"max_seq_length": int(length), "do_lower_case": False}
+    )
+    _write_json(
+        out / "config_sentence_transformers.json",
+        {"similarity_fn_name": "cosine" if normalize else "dot"},
+    )
+    _write_json(out / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": int(tower.config.hidden_size),
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    })  # fmt: skip
+    return out

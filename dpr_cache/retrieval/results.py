@@ -1,0 +1,114 @@
+"""What an evaluation writes: DPR's results file (``retrieval.json``: one entry a question, its
+``ctxs`` best first, with ``has_answer``), and the metrics table printed at the end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dpr_cache.data.answers import has_answer, top_k_hits
+from dpr_cache.data.passages import passage_columns
+from dpr_cache.runtime.atomic import write_atomic
+
+__all__ = [
+    "RETRIEVAL_FILE",
+    "METRICS_FILE",
+    "CONFIG_FILE",
+    "TIMINGS_FILE",
+    "RUN_FILE",
+    "rounded",
+    "metrics_from_retrieval",
+    "format_metrics_table",
+    "write_retrieval",
+]
+
+RETRIEVAL_FILE = "retrieval.json"
+METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.yaml"
+TIMINGS_FILE = "timings.json"
+RUN_FILE = "run.trec"
+_WRITE_BATCH = 64  # questions whose passages are read from the Arrow cache together
+
+
+def rounded(metrics: dict[str, float]) -> dict[str, Any]:
+    """Percentages to 2 decimals, the count as an int."""
+    return {k: (int(v) if k == "n_questions" else round(v, 2)) for k, v in metrics.items()}
+
+
+def metrics_from_retrieval(path: str | Path, ks: Sequence[int]) -> dict[str, Any]:
+    """Top-k hit rates recomputed from a DPR results file's ``has_answer`` flags."""
+    entries = json.loads(Path(path).read_text(encoding="utf-8"))
+    hits = [[bool(ctx["has_answer"]) for ctx in entry["ctxs"]] for entry in entries]
+    return rounded(top_k_hits(hits, ks))
+
+
+def format_metrics_table(metrics: dict[str, Any]) -> str:
+    """A small text table: a line per k (hit rate, recall), MRR@10 and nDCG@10, the count."""
+    ks = sorted(int(key[3:]) for key in metrics if key.startswith("top"))
+    lines = ["    k | hit rate % | recall %", "------+------------+---------"]
+    for k in ks:
+        recall = metrics.get(f"recall@{k}")
+        shown = f"{recall:>8.2f}" if recall is not None else "       -"
+        lines.append(f"{k:>5} | {metrics[f'top{k}']:>10.2f} | {shown}")
+    for key in ("mrr@10", "ndcg@10"):
+        if key in metrics:
+            lines.append(f"{key}: {metrics[key]:.2f}")
+    lines.append(f"questions: {metrics.get('n_questions', 0)}")
+    return "\n".join(lines)
+
+
+def _entries(questions, scores, rows, dataset, match: str) -> Iterator[dict[str, Any]]:
+    """DPR results entries for a batch of questions, their scores and passage rows."""
+    valid = np.unique(rows[rows >= 0])
+    found = passage_columns(dataset, valid.tolist())
+    where = {int(r): i for i, r in enumerate(valid)}
+    for (question, answers), q_scores, q_rows in zip(questions, scores, rows, strict=True):
+        ctxs = []
+        for score, row in zip(q_scores, q_rows, strict=True):
+            if row < 0:
+                continue
+            i = where[int(row)]
+            text = found["text"][i]
+            ctxs.append(
+                {
+                    "id": found["id"][i],
+                    "title": found["title"][i],
+                    "text": text,
+                    "score": float(score),
+                    "has_answer": has_answer(answers, text, match),
+                }
+            )
+        yield {"question": question, "answers": answers, "ctxs": ctxs}
+
+
+def write_retrieval(
+    path: Path, qas, scores: np.ndarray, rows: np.ndarray, dataset, match: str, progress: bool
+) -> tuple[list[list[str]], list[list[bool]]]:
+    """DPR's results file for the questions' hits; returns each question's passage ids and
+    answer flags, best first."""
+    flags: list[list[bool]] = []
+    pids: list[list[str]] = []
+
+    def write(tmp: Path) -> None:
+        with (
+            open(tmp, "w", encoding="utf-8") as f,
+            tqdm(total=len(qas), unit="q", desc="answers", disable=not progress) as bar,
+        ):
+            f.write("[")
+            for start in range(0, len(qas), _WRITE_BATCH):
+                part = slice(start, start + _WRITE_BATCH)
+                for entry in _entries(qas[part], scores[part], rows[part], dataset, match):
+                    f.write(",\n" if flags else "\n")
+                    f.write(json.dumps(entry, ensure_ascii=False))
+                    flags.append([ctx["has_answer"] for ctx in entry["ctxs"]])
+                    pids.append([ctx["id"] for ctx in entry["ctxs"]])
+                bar.update(len(qas[part]))
+            f.write("\n]\n")
+
+    write_atomic(path, write)
+    return pids, flags

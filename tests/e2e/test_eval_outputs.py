@@ -1,0 +1,88 @@
+"""What eval writes, read by other tools, and eval on BEIR data: metrics.json says what it measured
+and its figures equal ir-measures on run.trec; overrides that contradict the index are errors;
+the SQuAD dev set evaluated directly and through a BEIR folder gives the same numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpr_cache.data.beir import read_beir, write_beir
+from dpr_cache.data.squad import build_squad
+from dpr_cache.retrieval.metrics import read_qrels, write_qrels
+from dpr_cache.testing.cli import run_cli, toy_overrides
+from dpr_cache.testing.fixtures import SQUAD_SOURCE, TOY
+
+ir_measures = pytest.importorskip("ir_measures")
+TINY = str(TOY / "tiny-bert")
+
+
+def _metrics(path: Path) -> dict:
+    return {k: v for k, v in json.loads(path.read_text()).items() if k != "measured"}
+
+
+def test_metrics_say_what_they_measured_and_equal_ir_measures(tmp_path: Path) -> None:
+    args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
+    run_cli("index", *args)
+    run_cli("eval", *args, "--out", str(tmp_path / "ev"))
+    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    measured = metrics["measured"]
+    assert len(measured["model"]["fingerprint"]) == 64 and measured["index"]["type"] == "flat"
+    assert measured["data"]["dev_qa"].endswith("dev.qa.tsv") and "eval" in measured["command"]
+    assert measured["relevance"].startswith("answers") and measured["judged_questions"] == 263
+    assert not any(k.startswith("top") for k in measured)
+    # the run file and the answer-match judgments, read by ir-measures (trec_eval's code)
+    run = list(ir_measures.read_trec_run(str(tmp_path / "ev" / "run.trec")))
+    entries = json.loads((tmp_path / "ev" / "retrieval.json").read_text())
+    qrels = {
+        str(i): {c["id"]: int(c["has_answer"]) for c in e["ctxs"]} for i, e in enumerate(entries)
+    }
+    write_qrels(tmp_path / "answers.qrels", qrels)
+    ir_qrels = list(ir_measures.read_trec_qrels(str(tmp_path / "answers.qrels")))
+    names = {ir_measures.RR @ 10: "mrr@10", ir_measures.nDCG @ 10: "ndcg@10"}
+    names |= {ir_measures.Success @ k: f"top{k}" for k in (1, 5, 20, 100)}
+    names |= {ir_measures.R @ k: f"recall@{k}" for k in (1, 5, 20, 100)}
+    want = ir_measures.calc_aggregate(list(names), ir_qrels, run)
+    for measure, name in names.items():
+        assert metrics[name] == pytest.approx(100 * want[measure], abs=0.006), name
+    assert len(run) == 263 * 100 and {r.query_id for r in run} == {str(i) for i in range(263)}
+
+
+def test_overrides_that_contradict_the_index(tmp_path: Path) -> None:
+    args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
+    run_cli("index", *args)
+    proc = run_cli("eval", *args, "--set", "index.type=hnsw", check=False)
+    assert proc.returncode == 2 and "index.type: 'hnsw', but the index" in proc.stderr
+    proc = run_cli("eval", *args, "--set", "model.pooling=cls", check=False)  # toy.yaml: mean
+    assert proc.returncode == 2 and "model.pooling" in proc.stderr
+    proc = run_cli("eval", *args, "--set", "train.lr=0.5")
+    assert "train.lr: eval does not use it" in proc.stderr
+
+
+def test_squad_directly_and_through_beir_give_the_same_numbers(tmp_path: Path) -> None:
+    squad = tmp_path / "squad"
+    build_squad(SQUAD_SOURCE, squad)
+    dev = [json.loads(line) for line in (squad / "dev.jsonl").read_text().splitlines()]
+    write_qrels(squad / "dev.qrels", {str(i): {e["positive_ctxs"][0]["passage_id"]: 1}
+                                      for i, e in enumerate(dev)})  # fmt: skip
+    write_beir(squad / "passages.tsv", squad / "dev.jsonl", tmp_path / "beir")
+    read_beir(tmp_path / "beir", tmp_path / "back")
+    assert read_qrels(tmp_path / "back" / "qrels.trec") == read_qrels(squad / "dev.qrels")
+    results = []
+    for name, data in (
+        ("direct", {"passages": squad / "passages.tsv", "dev_qa": squad / "dev.qa.tsv",
+                    "qrels": squad / "dev.qrels"}),
+        ("beir", {"passages": tmp_path / "back" / "passages.tsv",
+                  "dev_qa": tmp_path / "back" / "questions.tsv",
+                  "qrels": tmp_path / "back" / "qrels.trec"}),
+    ):  # fmt: skip
+        sets = toy_overrides(tmp_path / name, **{f"data.{k}": v for k, v in data.items()})
+        args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *sets,
+                "--set", "model.max_passage_length=64"]  # fmt: skip
+        run_cli("index", *args)
+        run_cli("eval", *args)
+        results.append(_metrics(tmp_path / name / "run" / "eval" / "metrics.json"))
+    assert results[0] == results[1]
+    assert results[0]["n_questions"] == 2777
