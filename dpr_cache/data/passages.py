@@ -72,14 +72,38 @@ def load_passages(path: Path, cache_dir: Path) -> Dataset:
     return open_arrow(arrow)
 
 
-def passage_columns(dataset: Dataset, rows: Sequence[int]) -> dict[str, list[str]]:
-    """Columns id, title, text of the given dataset rows, read through a memory map opened for
-    this call and closed after it: the pages a read touches do not stay counted in the
-    process's resident memory (a dataset's own map keeps every page it ever touched)."""
+def _batches(dataset: Dataset):
+    """The Arrow cache's record batches, through a memory map opened for this call: the pages a
+    read touches do not stay counted in the process's resident memory (a dataset's own map keeps
+    every page it ever touched)."""
     with pa.memory_map(dataset.cache_files[0]["filename"]) as source:
-        table = pa.ipc.open_stream(source).read_all()  # metadata only; the data stays mapped
-        taken = table.take(pa.array(rows, type=pa.int64()))
-        return {name: taken.column(name).to_pylist() for name in ("id", "title", "text")}
+        yield from pa.ipc.open_stream(source)  # batch by batch, zero-copy from the map
+
+
+def passage_columns(dataset: Dataset, rows: Sequence[int]) -> dict[str, list[str]]:
+    """Columns id, title, text of the given dataset rows, in their order. Each record batch
+    holding a row is read on its own (a take over the whole table would concatenate a 21M-row
+    text column first)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out: dict[str, list] = {name: [None] * len(rows) for name in ("id", "title", "text")}
+    order = np.argsort(rows, kind="stable")
+    done, start = 0, 0
+    for batch in _batches(dataset) if len(rows) else ():
+        stop = start + batch.num_rows
+        end = done + int(np.searchsorted(rows[order[done:]], stop))
+        if end > done:
+            picked = order[done:end]
+            taken = batch.take(pa.array(rows[picked] - start))
+            for name in out:
+                for i, value in zip(picked.tolist(), taken.column(name).to_pylist(), strict=True):
+                    out[name][i] = value
+            done = end
+        if done == len(rows):
+            break
+        start = stop
+    if done != len(rows):
+        raise IndexError(f"row {int(rows[order[done]])} is past the {start} passages")
+    return out
 
 
 def passage_rows(dataset: Dataset, ids: Sequence[str]) -> np.ndarray:
@@ -106,11 +130,12 @@ def _id_table(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
     arrow = Path(dataset.cache_files[0]["filename"])
     path = arrow.with_suffix(".idhash.npz")
     if not path.is_file():
-        n = len(dataset)
-        hashes = np.empty(n, dtype=np.uint64)
-        for start in range(0, n, 100_000):
-            block = passage_columns(dataset, range(start, min(n, start + 100_000)))["id"]
-            hashes[start : start + len(block)] = [passage_hash(pid) for pid in block]
+        hashes = np.empty(len(dataset), dtype=np.uint64)
+        start = 0
+        for batch in _batches(dataset):  # the id column only, batch by batch
+            ids = batch.column("id").to_pylist()
+            hashes[start : start + len(ids)] = [passage_hash(pid) for pid in ids]
+            start += len(ids)
         rows = np.argsort(hashes, kind="stable")
         hashes = hashes[rows]
 

@@ -104,8 +104,11 @@ def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenInde
     meta_path = index_dir / META_FILE
     if not meta_path.is_file():
         raise InputError(f"no index at {index_dir}: run `dpr-cache index` first")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
+    try:
+        meta = json.loads(meta_path.read_text())
+    except ValueError:
+        raise InputError(f"{meta_path}: not valid JSON: rerun `dpr-cache index`") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise InputError(f"{index_dir}: built by an older dpr-cache: rerun `dpr-cache index`")
     shards = []
     for entry in meta["shards"]:

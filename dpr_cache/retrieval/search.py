@@ -77,7 +77,13 @@ def merge_hits(parts: Sequence[Hits], k: int) -> Hits:
     for part in parts:
         heap.add_result(np.ascontiguousarray(part.scores), np.ascontiguousarray(part.rows))
     heap.finalize()
-    return Hits(heap.D, heap.I)
+    return _marked(Hits(heap.D, heap.I))
+
+
+def _marked(hits: Hits) -> Hits:
+    """``hits`` with -inf as the score of every missing hit (FAISS leaves -FLT_MAX there)."""
+    hits.scores[hits.rows < 0] = -np.inf
+    return hits
 
 
 def exact_search(
@@ -124,4 +130,4 @@ def index_search(index: faiss.Index, queries: np.ndarray, k: int) -> Hits:
             f"query vectors of shape {tuple(queries.shape)} against a {index.d}-d index"
         )
     scores, rows = index.search(queries, max(1, min(k, index.ntotal)))
-    return Hits(scores, rows.astype(np.int64))
+    return _marked(Hits(scores, rows.astype(np.int64)))

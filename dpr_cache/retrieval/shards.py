@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -37,11 +38,16 @@ def shard_done(shard_dir: Path, key: str, k: int, rows: int) -> bool:
         return False
 
 
+_SHARD_NAME = re.compile(r"[0-9a-f]{16}-\d{5}(\.npy|\.ids\.txt)(\.tmp\d+)?")
+
+
 def remove_stale(shard_dir: Path, key: str, temporary: bool) -> None:
-    """Drop shards of another key (model or corpus) and, if ``temporary``, leftover tmp files."""
+    """Drop shards of another key (model or corpus) and, if ``temporary``, leftover tmp files.
+    Only files named like shards are touched: the folder may hold the user's other files."""
     for path in Path(shard_dir).iterdir():
-        stale = not path.name.startswith(f"{key}-") or (temporary and ".tmp" in path.name)
-        if path.is_file() and stale:
+        if not (path.is_file() and _SHARD_NAME.fullmatch(path.name)):
+            continue
+        if not path.name.startswith(f"{key}-") or (temporary and ".tmp" in path.name):
             path.unlink(missing_ok=True)
 
 

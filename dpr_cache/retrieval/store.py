@@ -155,10 +155,18 @@ class EmbeddingStore:
         """float32 vectors of the given global rows [len(rows), dim] (a sample, not a scan)."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), self.dim), np.float32)
-        one = np.empty((1, self.dim), self.dtype)
+        one = np.empty(self.dim, self.dtype)
         shard_of = np.searchsorted(self.starts, rows, side="right") - 1
-        for i, (row, k) in enumerate(zip(rows.tolist(), shard_of.tolist(), strict=True)):
-            out[i] = self.shards[k].read(row - int(self.starts[k]), one)[0]
+        for k in np.unique(shard_of).tolist():  # each shard opened once, its rows in file order
+            shard, picked = self.shards[k], np.flatnonzero(shard_of == k)
+            picked = picked[np.argsort(rows[picked], kind="stable")]
+            with open(shard.path, "rb") as f:
+                for i in picked.tolist():
+                    local = int(rows[i] - self.starts[k])
+                    f.seek(shard.offset + local * shard.row_bytes)
+                    if f.readinto(memoryview(one.view(np.uint8))) != one.nbytes:
+                        raise InputError(f"{shard.path}: truncated (row {local} missing)")
+                    out[i] = one
         return out
 
     def ids_of(self, rows: np.ndarray) -> np.ndarray:

@@ -107,3 +107,26 @@ def test_rows_of_ids_and_columns_of_rows(tmp_path: Path) -> None:
     columns = passage_columns(dataset, [249, 3, 3])
     want = dataset[[249, 3, 3]]
     assert columns == {k: want[k] for k in ("id", "title", "text")}
+
+
+def test_columns_and_rows_across_record_batches(tmp_path: Path) -> None:
+    """25,001 passages make three record batches (10,000 rows each) in the cache: rows from
+    every batch, unsorted and repeated, come back in the order asked, equal to the dataset's."""
+    from dpr_cache.data.passages import passage_columns, passage_rows
+
+    n = 25_001
+    tsv = write_tsv(tmp_path / "p.tsv", [(f"d{i}", f"text {i}", f"t{i}") for i in range(n)])
+    dataset = load_passages(tsv, tmp_path / "cache")
+    import pyarrow as pa
+
+    with pa.memory_map(dataset.cache_files[0]["filename"]) as source:
+        assert sum(1 for _ in pa.ipc.open_stream(source)) >= 3  # the case under test
+    asked = [25_000, 3, 19_999, 10_000, 3, 9_999, 20_000]
+    columns = passage_columns(dataset, asked)
+    want = dataset[asked]
+    assert columns == {k: want[k] for k in ("id", "title", "text")}
+    assert passage_columns(dataset, []) == {"id": [], "title": [], "text": []}
+    with pytest.raises(IndexError):
+        passage_columns(dataset, [n])
+    rows = passage_rows(dataset, ["d25000", "d10000", "d0", "x"])
+    assert rows.tolist() == [25_000, 10_000, 0, -1]
