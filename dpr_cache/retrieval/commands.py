@@ -39,7 +39,8 @@ def encode_file(
     ``questions.npy``, float32, ids = row numbers from 0) into ``out``; returns the .npy files.
 
     The model's saved settings (pooling, max lengths) apply unless ``pooling`` / ``max_length``
-    are given; a plain Hugging Face folder gets CLS pooling and DPR's lengths.
+    are given; a sentence-transformers folder its Pooling module's, any other folder CLS pooling
+    and DPR's lengths.
     """
     from dpr_cache.data.qas import read_qas
     from dpr_cache.model.loading import load_encoder, resolve_model_dir
@@ -51,7 +52,7 @@ def encode_file(
         raise InputError("encode: give one of --passages or --questions")
     model_dir = resolve_model_dir(model_path, Path("."))
     dev = resolve_device(device)
-    probe = load_encoder(model_dir, pooling=pooling or "cls", query_only=True)
+    probe = load_encoder(model_dir, pooling=pooling, query_only=True)
     pooling = pooling or probe.pooling
     out = Path(out)
     if questions is not None:
@@ -96,7 +97,8 @@ def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
 def write_trec_run(path: Path, qids: list[str], pids, scores, tag: str) -> None:
     """A TREC run: ``qid Q0 pid rank score tag`` a line, ranks from 1, best first (trec_eval,
     ranx and pyserini read it). ``pids`` and ``scores`` hold a row per query (best first);
-    an empty passage id marks a missing hit and is left out."""
+    an empty passage id marks a missing hit and is left out. Scores keep float32's precision
+    (``.9g``), so trec_eval's sort by score agrees with our ranks."""
     flat = [pid for row in pids for pid in row]
     for name, values in (("query id", qids), ("passage id", flat), ("tag", [tag])):
         bad = next((v for v in values if any(c.isspace() for c in str(v))), None)
@@ -111,7 +113,7 @@ def write_trec_run(path: Path, qids: list[str], pids, scores, tag: str) -> None:
                     if pid == "":
                         continue
                     rank += 1
-                    f.write(f"{qid} Q0 {pid} {rank} {float(score):.6f} {tag}\n")
+                    f.write(f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n")
 
     write_atomic(path, write)
 

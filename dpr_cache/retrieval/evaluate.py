@@ -31,7 +31,7 @@ from dpr_cache.retrieval.commands import write_trec_run
 from dpr_cache.retrieval.encode import encode_question_texts
 from dpr_cache.retrieval.index import index_dir_of, index_spec, memory_bytes_of
 from dpr_cache.retrieval.index_dir import OpenIndex, open_index, search_index
-from dpr_cache.retrieval.metrics import answer_qrels, ranking_metrics, read_qrels
+from dpr_cache.retrieval.metrics import Qrels, answer_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -93,28 +93,10 @@ def _passage_rows_of(opened: OpenIndex, dataset, path: Path, hits: Hits) -> np.n
     valid = hits.rows >= 0
     rows[valid] = passage_rows(dataset, ids[valid].tolist())
     missing = valid & (rows < 0)
-    if missing.any():
-        first = ids[missing][0]
-        raise InputError(f"{path}: has no passage {first!r} (an id of the index at {opened.path})")
-    return rows
-
-
-def _passage_rows_of(opened: OpenIndex, dataset, path: Path, hits: Hits) -> np.ndarray:
-    """Rows of the passages dataset for the hits: the store rows themselves when the index was
-    encoded from this very file, else looked up by passage id."""
-    built = opened.meta.get("passages")
-    if built is not None:
-        if len(dataset) != opened.store.rows or path.stat().st_size != built["size"]:
-            raise InputError(
-                f"{path}: not the passages file the index at {opened.path} was built from "
-                f"({built['path']}): rerun `dpr-cache index`"
-            )
-        return hits.rows
-    ids = opened.store.ids_of(hits.rows)
-    rows = np.full(hits.rows.shape, -1, np.int64)
-    valid = hits.rows >= 0
-    rows[valid] = passage_rows(dataset, ids[valid].tolist())
-    missing = valid & (rows < 0)
+    if missing.any():  # DPR's own embeddings name passages "wiki:123" where the TSV says "123"
+        bare = [pid.split(":", 1)[-1] for pid in ids[missing].tolist()]
+        rows[missing] = passage_rows(dataset, bare)
+        missing = valid & (rows < 0)
     if missing.any():
         first = ids[missing][0]
         raise InputError(f"{path}: has no passage {first!r} (an id of the index at {opened.path})")
@@ -131,6 +113,23 @@ def question_ids(qas_path: Path, n: int) -> list[str]:
     if len(ids) != n:
         raise InputError(f"{ids_file}: {len(ids)} ids for the {n} questions of {qas_path}")
     return ids
+
+
+def judged_qrels(qrels: Qrels, qids: Sequence[str], path: str) -> Qrels:
+    """The qrels of the questions evaluated. As trec_eval, a question without judgments is left
+    out of the means, and judgments of other questions are dropped; none in common is an error."""
+    judged = {qid: qrels[qid] for qid in qids if qid in qrels}
+    if not judged:
+        raise InputError(
+            f"{path}: judges none of the {len(qids)} questions (first qrels id "
+            f"{next(iter(qrels), None)!r}, first question id {qids[0]!r})"
+        )
+    if len(judged) < len(qids) or len(judged) < len(qrels):
+        log.warning(
+            "%s: %d of %d questions judged (%d qrels questions not evaluated)",
+            path, len(judged), len(qids), len(qrels) - len(judged),
+        )  # fmt: skip
+    return judged
 
 
 def check_overrides(overridden: Sequence[str], opened: OpenIndex, config: Config) -> None:
@@ -223,7 +222,10 @@ def evaluate(
     lap("read passages, match answers, write retrieval.json")
     scores = [row[: len(p)] for row, p in zip(hits.scores, pids, strict=True)]
     write_trec_run(out / RUN_FILE, qids, pids, scores, "dpr-cache")
-    judged = qrels if qrels is not None else answer_qrels(qids, pids, flags)
+    if qrels is not None:
+        judged = judged_qrels(qrels, qids, config.data.qrels)
+    else:
+        judged = answer_qrels(qids, pids, flags)
     metrics = rounded(
         ranking_metrics(dict(zip(qids, pids, strict=True)), judged, config.eval.top_k)
     )
@@ -232,6 +234,7 @@ def evaluate(
         "relevance": f"qrels {config.data.qrels}" if qrels is not None
         else f"answers in the passage text (DPR's has_answer, {config.eval.match} match)",
         "judged_questions": len(judged),
+        "unjudged_questions": len(qids) - len(judged),
         "model": {"dir": str(model_dir), "fingerprint": model_fingerprint(model_dir)},
         "index": {"dir": str(opened.path.resolve()), **{k: opened.meta[k] for k in
                   ("type", "rows", "dim", "store_dtype", "index_params")},

@@ -61,6 +61,33 @@ def test_overrides_that_contradict_the_index(tmp_path: Path) -> None:
     assert "train.lr: eval does not use it" in proc.stderr
 
 
+def test_qrels_judge_only_the_questions_evaluated(tmp_path: Path) -> None:
+    """Judgments of other questions are dropped and unjudged questions left out of the means
+    (trec_eval's way); qrels that judge none of the questions are a one-line error."""
+    args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
+    run_cli("index", *args)
+    run_cli("eval", *args, "--out", str(tmp_path / "all"))
+    run = {}
+    for line in (tmp_path / "all" / "run.trec").read_text().splitlines():
+        qid, _, pid, rank, *_ = line.split()
+        run.setdefault(qid, []).append(pid)
+    # questions 0-9 judged by their own top passage, plus 5 questions that do not exist
+    qrels = {str(i): {run[str(i)][0]: 1} for i in range(10)}
+    qrels |= {f"other{i}": {"x": 1} for i in range(5)}
+    write_qrels(tmp_path / "some.qrels", qrels)
+    proc = run_cli("eval", *args, "--set", f"data.qrels={tmp_path / 'some.qrels'}",
+                   "--out", str(tmp_path / "some"))  # fmt: skip
+    assert "10 of 263 questions judged (5 qrels questions not evaluated)" in proc.stderr
+    metrics = json.loads((tmp_path / "some" / "metrics.json").read_text())
+    assert metrics["measured"]["judged_questions"] == 10
+    assert metrics["measured"]["unjudged_questions"] == 253
+    assert metrics["top1"] == 100.0 and metrics["mrr@10"] == 100.0
+    write_qrels(tmp_path / "none.qrels", {f"other{i}": {"x": 1} for i in range(5)})
+    proc = run_cli("eval", *args, "--set", f"data.qrels={tmp_path / 'none.qrels'}", check=False)
+    assert proc.returncode == 2 and "judges none of the 263 questions" in proc.stderr
+    assert "judges none" in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr
+
+
 def test_squad_directly_and_through_beir_give_the_same_numbers(tmp_path: Path) -> None:
     squad = tmp_path / "squad"
     build_squad(SQUAD_SOURCE, squad)

@@ -112,6 +112,7 @@ def test_an_index_of_precomputed_vectors_evaluates_like_an_encoded_one(encoded, 
     run_cli("index", *args)
     run_cli("eval", *args)
     encoded_metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    encoded_pids = _run_pids(tmp_path / "run" / "eval" / "run.trec")
     shutil.rmtree(tmp_path / "run" / "index")
     # the same vectors, written by `encode` (as toy.yaml encodes) with no record of the TSV
     run_cli("encode", "--model", TINY, "--passages", str(TOY / "passages.tsv"), "--out",
@@ -123,6 +124,27 @@ def test_an_index_of_precomputed_vectors_evaluates_like_an_encoded_one(encoded, 
     proc = run_cli("eval", *args)
     assert "precomputed embeddings" in proc.stderr
     assert json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text()) == encoded_metrics
+    # DPR's own pickles name the passages "wiki:<id>" where the TSV says "<id>"
+    store = EmbeddingStore.from_glob(f"{tmp_path / 'p'}/*.npy")
+    vectors = next(store.blocks(store.rows))[1].astype(np.float32)
+    ids = [f"wiki:{pid}" for pid in store.ids_of(np.arange(store.rows))]
+    with open(tmp_path / "wiki_passages_0.pkl", "wb") as f:
+        pickle.dump(list(zip(ids, vectors, strict=True)), f)
+    shutil.rmtree(tmp_path / "run" / "index")
+    run_cli("index", "--embeddings", str(tmp_path / "wiki_passages_0.pkl"), "--out",
+            str(tmp_path / "run" / "index"))  # fmt: skip
+    run_cli("eval", *args)
+    prefixed = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    assert {k: v for k, v in prefixed.items() if k != "measured"} == {
+        k: v for k, v in encoded_metrics.items() if k != "measured"
+    }
+    # the run names each passage as the TSV (and so any qrels) does
+    assert _run_pids(tmp_path / "run" / "eval" / "run.trec") == encoded_pids
+    assert not any(pid.startswith("wiki:") for pid in encoded_pids)
+
+
+def _run_pids(run: Path) -> list[str]:
+    return [line.split()[2] for line in run.read_text().splitlines()]
 
 
 def _expect_error(proc, *fragments: str) -> None:

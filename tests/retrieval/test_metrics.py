@@ -67,3 +67,17 @@ def test_answer_match_as_qrels_judges_every_question(tmp_path) -> None:
     assert read_qrels(tmp_path / "q.trec") == qrels
     want = _reference(dict(zip(["0", "1", "2"], pids, strict=True)), qrels)
     assert metrics["mrr@10"] == pytest.approx(want["mrr@10"])
+
+
+def test_a_judged_question_missing_from_the_run_counts_as_a_miss() -> None:
+    """As trec_eval -c: a judged question the run lacks scores 0 (ir-measures, which skips it,
+    agrees once the question has a run of only an unjudged passage)."""
+    run, qrels = _random_case(1)
+    relevant = next(q for q, docs in qrels.items()  # a question the run answers in its top 1
+                    if docs.get(run.get(q, [""])[0], 0) > 0)  # fmt: skip
+    partial = {q: docs for q, docs in run.items() if q != relevant}
+    got = ranking_metrics(partial, qrels, KS)
+    want = _reference({**partial, relevant: ["not-judged"]}, qrels)
+    for name in want:
+        assert got[name] == pytest.approx(want[name], abs=1e-9), name
+    assert got != ranking_metrics(run, qrels, KS)  # the question did count before
