@@ -47,10 +47,15 @@ def read_beir(folder: Path, out: Path, split: str = "test") -> dict[str, int]:
                 continue
             if len(row) != 3:
                 raise InputError(f"{qrels_path} line {n}: expected query-id, corpus-id, score")
-            qrels.setdefault(row[0], []).append((row[1], int(float(row[2]))))
+            try:
+                qrels.setdefault(row[0], []).append((row[1], int(float(row[2]))))
+            except ValueError:
+                raise InputError(
+                    f"{qrels_path} line {n}: score {row[2]!r} is not a number"
+                ) from None
     queries: dict[str, str] = {}
     for _, obj in _jsonl(folder / "queries.jsonl"):
-        if obj.get("_id") in qrels:
+        if str(obj.get("_id")) in qrels:
             queries[str(obj["_id"])] = str(obj.get("text", "")).translate(_CLEAN)
     missing = [q for q in qrels if q not in queries]
     if missing:
@@ -68,7 +73,10 @@ def read_beir(folder: Path, out: Path, split: str = "test") -> dict[str, int]:
                 text = str(obj.get("text", "")).translate(_CLEAN)
                 passages.writerow([obj["_id"], text, str(obj.get("title", "")).translate(_CLEAN)])
                 counts["passages"] += 1
-        tmps[1].write_text("".join(f"{queries[q]}\t[]\n" for q in qrels), encoding="utf-8")
+        with open(tmps[1], "w", encoding="utf-8", newline="") as f:  # csv quoting, as read_qas
+            csv.writer(f, delimiter="\t", lineterminator="\n").writerows(
+                [queries[q], "[]"] for q in qrels
+            )
         tmps[2].write_text("".join(f"{q}\n" for q in qrels), encoding="utf-8")
         lines = [f"{q} 0 {p} {g}\n" for q, docs in qrels.items() for p, g in docs]
         tmps[3].write_text("".join(lines), encoding="utf-8")

@@ -29,6 +29,7 @@ from dpr_cache.model.towers import (
     load_tower,
     resolve_model_path,
     shipped_normalize,
+    shipped_pooling,
     tower_from_config,
 )
 
@@ -80,15 +81,16 @@ class BiEncoder(nn.Module):
         cls,
         path: str | Path,
         shared: bool = False,
-        pooling: str = "cls",
+        pooling: str | None = None,
         gradient_checkpointing: bool = False,
         dropout: float | None = None,
         normalize: bool | None = None,
     ) -> BiEncoder:
         """Load a saved BiEncoder folder, or any Hugging Face model folder for both towers.
 
-        ``normalize=None`` keeps what the model ships: the saved BiEncoder's setting, or a
-        sentence-transformers Normalize module."""
+        ``pooling=None`` and ``normalize=None`` keep what the model ships: a saved BiEncoder's
+        settings (which always win for pooling), or a sentence-transformers folder's Pooling and
+        Normalize modules; else CLS pooling (DPR's) without normalization."""
         path = Path(resolve_model_path(path))
         if dpr_kind(path) is not None:  # HF DPR pair or DPR's .cp: two BERTs, [CLS], no norm
             query, passage, tokenizer = load_dpr_towers(path, dropout)
@@ -108,10 +110,11 @@ class BiEncoder(nn.Module):
             query = load_tower(path, dropout)
             passage = None if shared else copy.deepcopy(query)
             meta = {"normalize": shipped_normalize(path)}
+            pooling = pooling or shipped_pooling(path)
         model = cls(
             query,
             passage,
-            pooling=pooling,
+            pooling=pooling or "cls",
             tokenizer=load_tokenizer(path),
             max_query_length=meta.get("max_query_length"),
             max_passage_length=meta.get("max_passage_length"),

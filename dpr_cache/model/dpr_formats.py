@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -53,6 +54,8 @@ def dpr_kind(path: Path) -> str | None:
 
 def export_dpr_hf(model, out: Path) -> Path:
     """Write ``out/question_encoder`` and ``out/ctx_encoder`` for HF's DPR classes."""
+    if getattr(model.query_encoder.config, "model_type", None) != "bert":
+        raise InputError("export --format dpr-hf: HF's DPR classes hold BERT towers only")
     if model.pooling != "cls" or model.normalize:
         raise InputError(
             f"export --format dpr-hf: DPR's pooler_output is the raw [CLS] vector; this model "
@@ -118,15 +121,28 @@ def load_dpr_towers(path: Path, dropout: float | None = None):
 
         q = DPRQuestionEncoder.from_pretrained(path / "question_encoder")
         c = DPRContextEncoder.from_pretrained(path / "ctx_encoder")
+        if q.config.projection_dim or c.config.projection_dim:
+            raise InputError(f"{path}: a DPR model with a projection layer (projection_dim > 0) "
+                             "is not supported: its vectors are not the [CLS] state")  # fmt: skip
         towers = []
         for dpr, inner in ((q, q.question_encoder), (c, c.ctx_encoder)):
             towers.append(
                 _bert_from(_bert_fields(dpr.config), inner.bert_model.state_dict(), dropout)
             )
         return towers[0], towers[1], AutoTokenizer.from_pretrained(path / "question_encoder")
-    state = torch.load(path, map_location="cpu", weights_only=False)  # a pickle: trusted input
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)  # a pickle: trusted input
+    except ModuleNotFoundError as e:  # e.g. Hydra-era checkpoints pickle omegaconf objects
+        raise InputError(f"{path}: unpickling needs {e.name} (pip install {e.name})") from None
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as e:
+        raise InputError(
+            f"{path}: not a readable checkpoint ({' '.join(str(e).split())[:120]})"
+        ) from None
     weights = state.get("model_dict", state) if isinstance(state, dict) else None
     names = [str(k) for k in weights] if isinstance(weights, dict) else []
+    if any(k.startswith(("question_model.encode_proj", "ctx_model.encode_proj")) for k in names):
+        raise InputError(f"{path}: a DPR model with a projection layer (encode_proj) is not "
+                         "supported: its vectors are not the [CLS] state")  # fmt: skip
     if not any(k.startswith("question_model.") for k in names):
         raise InputError(f"{path}: not a DPR biencoder checkpoint (no question_model.* weights)")
     beside = path.parent / "config.json"  # a BERT config beside it, else read off the shapes
@@ -134,7 +150,10 @@ def load_dpr_towers(path: Path, dropout: float | None = None):
     for prefix in ("question_model.", "ctx_model."):
         part = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
         part = {k: v for k, v in part.items() if not k.startswith(("pooler.", "encode_proj."))}
-        fields = _config_from_weights(part)
+        try:
+            fields = _config_from_weights(part)
+        except (KeyError, ValueError):
+            raise InputError(f"{path}: {prefix}* weights are not a BERT's") from None
         if beside.is_file():
             fields = {**fields, **_bert_fields(BertConfig.from_pretrained(path.parent))}
         towers.append(_bert_from(fields, part, dropout))

@@ -26,7 +26,7 @@ def load_biencoder(
     path: str | Path,
     *,
     shared: bool = False,
-    pooling: str = "cls",
+    pooling: str | None = None,
     gradient_checkpointing: bool = False,
     dropout: float | None = None,
     normalize: bool | None = None,
@@ -57,7 +57,7 @@ def load_biencoder(
 def load_encoder(
     model_dir: Path,
     *,
-    pooling: str = "cls",
+    pooling: str | None = None,
     normalize: bool | None = None,
     query_only: bool = False,
 ) -> BiEncoder:

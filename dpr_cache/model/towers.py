@@ -74,6 +74,23 @@ def shipped_normalize(path: Path) -> bool:
     return any(m.get("type", "").endswith("Normalize") for m in json.loads(modules.read_text()))
 
 
+def shipped_pooling(path: Path) -> str | None:
+    """The pooling a sentence-transformers folder's Pooling module does (``"cls"`` or
+    ``"mean"``), or None when it has none (or one of another kind)."""
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return None
+    for module in json.loads(modules.read_text()):
+        config = Path(path) / module.get("path", "") / "config.json"
+        if module.get("type", "").endswith("Pooling") and config.is_file():
+            modes = json.loads(config.read_text())
+            if modes.get("pooling_mode_cls_token"):
+                return "cls"
+            if modes.get("pooling_mode_mean_tokens"):
+                return "mean"
+    return None
+
+
 def load_tokenizer(path: Path):
     """The tokenizer saved in ``path``, or None when the folder holds no tokenizer files."""
     names = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")

@@ -90,7 +90,15 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
             f"{path}: saved with {state['world_size']} ranks, resumed with {env.world_size}; "
             "resume with the same world size"
         )
-    model.load_state_dict(state["model"])
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    # checkpoints from before the frozen pooler was kept lack it; it takes no part in training
+    missing = [key for key in missing if ".pooler." not in key]
+    if missing or unexpected:
+        raise InputError(
+            f"{path}: does not fit this model ({len(missing)} weights missing, e.g. "
+            f"{(missing or [None])[0]!r}; {len(unexpected)} unexpected, e.g. "
+            f"{(unexpected or [None])[0]!r}): resume with the run's own config"
+        )
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state["scaler"] is not None:
