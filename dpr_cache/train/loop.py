@@ -119,7 +119,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
             _truncate_log(log_path, start_step)
 
         negatives = _negatives_per_question(cfg.mode, cfg.batch_size, chunk_size, env, group_size)
-        watcher = make_watcher(config, env.device) if env.is_main else None
+        watcher = make_watcher(config, env.device, start_step) if env.is_main else None
         stop = _StopFlag()
         bar = tqdm(
             total=total_steps,
@@ -169,11 +169,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
                         },
                         model, step + 1, last=step + 1 == total_steps,
                     )  # fmt: skip
-                    if (
-                        (step + 1) % cfg.log_every == 0
-                        or "loss" not in record
-                        or any(key.startswith("val_") for key in record)
-                    ):
+                    validated = any(key.startswith("val_") for key in record)
+                    if (step + 1) % cfg.log_every == 0 or validated:
                         append_line(log, json.dumps(record))
                 bar.update(1)
                 bar.set_postfix(

@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -89,22 +90,29 @@ class Watcher:
         validator: Validator | None,
         eval_every: int | None,
         device: torch.device,
+        start_step: int = 0,
     ) -> None:
         self.out, self.validator, self.eval_every, self.device = out, validator, eval_every, device
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+            # a resumed run drops the events logged after its checkpoint (they are replayed)
+            self.writer = SummaryWriter(
+                log_dir=str(out / "tensorboard"), purge_step=start_step or None
+            )
         best = out / BEST_FILE
-        self.best = json.loads(best.read_text()) if best.is_file() else None
+        self.best = json.loads(best.read_text()) if start_step and best.is_file() else None
+        if self.best is None:  # a new run: an earlier run's best model is not this run's
+            best.unlink(missing_ok=True)
+            shutil.rmtree(out / BEST_DIR, ignore_errors=True)
 
     def step(self, record: dict[str, Any], model, done: int, last: bool) -> dict[str, Any]:
         """Log ``record``; validate when due (every ``eval_every`` steps and at the end)."""
         if self.validator is not None and (last or done % self.eval_every == 0):
             record.update(self.validator(model, self.device))
             key = f"val_top{self.validator.ks[-1]}"
-            if self.best is None or record[key] > self.best[key]:
+            if self.best is None or record[key] > self.best.get(key, -1.0):
                 model.max_query_length, model.max_passage_length = self.validator.lengths
                 write_dir_atomic(self.out / BEST_DIR, model.save_pretrained)
                 self.best = {"step": done, key: record[key]}

@@ -21,7 +21,7 @@ __all__ = ["make_watcher"]
 log = logging.getLogger(__name__)
 
 
-def make_watcher(config: Config, device: torch.device) -> Watcher:
+def make_watcher(config: Config, device: torch.device, start_step: int = 0) -> Watcher:
     cfg = config.train
     tensorboard = cfg.log_to == "tensorboard" or (cfg.log_to is None and tensorboard_available())
     if cfg.log_to == "tensorboard" and not tensorboard_available():
@@ -42,5 +42,5 @@ def make_watcher(config: Config, device: torch.device) -> Watcher:
         )  # fmt: skip
     return Watcher(
         config.output_path, tensorboard=tensorboard, validator=validator,
-        eval_every=cfg.eval_every, device=device,
+        eval_every=cfg.eval_every, device=device, start_step=start_step,
     )  # fmt: skip
