@@ -96,7 +96,7 @@ def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
 
 def write_trec_run(path: Path, qids: list[str], pids, scores, tag: str) -> None:
     """A TREC run: ``qid Q0 pid rank score tag`` a line, ranks from 1, best first (trec_eval,
-    ranx and pyserini read it). ``pids`` and ``scores`` hold a row per query (best first);
+    ir-measures and ranx read it). ``pids`` and ``scores`` hold a row per query (best first);
     an empty passage id marks a missing hit and is left out. Scores keep float32's precision
     (``.9g``), so trec_eval's sort by score agrees with our ranks."""
     flat = [pid for row in pids for pid in row]

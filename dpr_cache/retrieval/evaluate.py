@@ -5,7 +5,8 @@ The questions are encoded once and searched together (the exact search scans the
 all of them, in the memory ``index.memory_gb`` allows); only the retrieved passages are read from
 the Arrow cache of ``data.passages``. Relevance is DPR's answer match, or ``data.qrels`` (TREC
 qrels, e.g. a BEIR set's) when given. Writes into ``--out`` (default ``output_dir/eval``):
-``retrieval.json`` (DPR's results file), ``run.trec`` (trec_eval, ranx, pyserini read it),
+``retrieval.json`` (DPR's results file), ``retrieval.pyserini.json`` (the same for pyserini's
+DPR evaluator), ``run.trec`` (trec_eval, ranx and ir-measures read it),
 ``metrics.json`` (``top{k}``, ``mrr@10``, ``recall@{k}``, ``ndcg@10`` in percent,
 ``n_questions``, and what was measured: model fingerprint, index, data files, command line),
 ``config.yaml`` (the resolved config) and ``timings.json`` (seconds per stage).
@@ -35,12 +36,14 @@ from dpr_cache.retrieval.metrics import Qrels, answer_qrels, ranking_metrics, re
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
     METRICS_FILE,
+    PYSERINI_FILE,
     RETRIEVAL_FILE,
     RUN_FILE,
     TIMINGS_FILE,
     format_metrics_table,
     metrics_from_retrieval,
     rounded,
+    write_pyserini_retrieval,
     write_retrieval,
 )
 from dpr_cache.retrieval.search import Hits
@@ -222,6 +225,7 @@ def evaluate(
     lap("read passages, match answers, write retrieval.json")
     scores = [row[: len(p)] for row, p in zip(hits.scores, pids, strict=True)]
     write_trec_run(out / RUN_FILE, qids, pids, scores, "dpr-cache")
+    write_pyserini_retrieval(out / PYSERINI_FILE, qids, qas, pids, scores, flags)
     if qrels is not None:
         judged = judged_qrels(qrels, qids, config.data.qrels)
     else:
@@ -232,7 +236,9 @@ def evaluate(
     metrics["n_questions"] = len(qas)
     metrics["measured"] = {
         "relevance": f"qrels {config.data.qrels}" if qrels is not None
-        else f"answers in the passage text (DPR's has_answer, {config.eval.match} match)",
+        else f"answers in the passage text (DPR's has_answer, {config.eval.match} match) of "
+        f"the retrieved top {max(config.eval.top_k)} only: recall@k and ndcg@10 are relative to "
+        "that pool",
         "judged_questions": len(judged),
         "unjudged_questions": len(qids) - len(judged),
         "model": {"dir": str(model_dir), "fingerprint": model_fingerprint(model_dir)},

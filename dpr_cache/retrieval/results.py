@@ -1,5 +1,6 @@
 """What an evaluation writes: DPR's results file (``retrieval.json``: one entry a question, its
-``ctxs`` best first, with ``has_answer``), and the metrics table printed at the end."""
+``ctxs`` best first, with ``has_answer``), the same results in pyserini's form
+(``retrieval.pyserini.json``), and the metrics table printed at the end."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ __all__ = [
     "metrics_from_retrieval",
     "format_metrics_table",
     "write_retrieval",
+    "write_pyserini_retrieval",
+    "PYSERINI_FILE",
 ]
 
 RETRIEVAL_FILE = "retrieval.json"
@@ -32,6 +35,7 @@ METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.yaml"
 TIMINGS_FILE = "timings.json"
 RUN_FILE = "run.trec"
+PYSERINI_FILE = "retrieval.pyserini.json"
 _WRITE_BATCH = 64  # questions whose passages are read from the Arrow cache together
 
 
@@ -112,3 +116,32 @@ def write_retrieval(
 
     write_atomic(path, write)
     return pids, flags
+
+
+def write_pyserini_retrieval(
+    path: Path,
+    qids: Sequence[str],
+    qas: Sequence[tuple[str, list[str]]],
+    pids: Sequence[Sequence[str]],
+    scores: Sequence[Sequence[float]],
+    flags: Sequence[Sequence[bool]],
+) -> None:
+    """pyserini's DPR results file (``python -m pyserini.eval.evaluate_dpr_retrieval
+    --retrieval FILE --topk 20 100`` reads it): per question id its question, answers and
+    ``contexts`` best first, each with ``docid``, ``score`` and DPR's ``has_answer``."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("{")
+            rows = zip(qids, qas, pids, scores, flags, strict=True)
+            for i, (qid, (question, answers), q_pids, q_scores, q_flags) in enumerate(rows):
+                contexts = [
+                    {"docid": pid, "score": float(score), "has_answer": flag}
+                    for pid, score, flag in zip(q_pids, q_scores, q_flags, strict=True)
+                ]
+                entry = {"question": question, "answers": answers, "contexts": contexts}
+                f.write(",\n" if i else "\n")
+                f.write(f"{json.dumps(qid)}: {json.dumps(entry, ensure_ascii=False)}")
+            f.write("\n}\n")
+
+    write_atomic(path, write)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dpr_cache.data.beir import read_beir, write_beir
@@ -23,24 +24,32 @@ def _metrics(path: Path) -> dict:
     return {k: v for k, v in json.loads(path.read_text()).items() if k != "measured"}
 
 
-def test_metrics_say_what_they_measured_and_equal_ir_measures(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory) -> Path:
+    """The toy index evaluated once: its eval folder, and the answer judgments as TREC qrels
+    (``answers.qrels`` beside it) for the other tools."""
+    tmp_path = tmp_path_factory.mktemp("evaluated")
     args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
     run_cli("index", *args)
     run_cli("eval", *args, "--out", str(tmp_path / "ev"))
-    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    entries = json.loads((tmp_path / "ev" / "retrieval.json").read_text())
+    qrels = {
+        str(i): {c["id"]: int(c["has_answer"]) for c in e["ctxs"]} for i, e in enumerate(entries)
+    }
+    write_qrels(tmp_path / "answers.qrels", qrels)
+    return tmp_path / "ev"
+
+
+def test_metrics_say_what_they_measured_and_equal_ir_measures(evaluated: Path) -> None:
+    metrics = json.loads((evaluated / "metrics.json").read_text())
     measured = metrics["measured"]
     assert len(measured["model"]["fingerprint"]) == 64 and measured["index"]["type"] == "flat"
     assert measured["data"]["dev_qa"].endswith("dev.qa.tsv") and "eval" in measured["command"]
     assert measured["relevance"].startswith("answers") and measured["judged_questions"] == 263
     assert not any(k.startswith("top") for k in measured)
     # the run file and the answer-match judgments, read by ir-measures (trec_eval's code)
-    run = list(ir_measures.read_trec_run(str(tmp_path / "ev" / "run.trec")))
-    entries = json.loads((tmp_path / "ev" / "retrieval.json").read_text())
-    qrels = {
-        str(i): {c["id"]: int(c["has_answer"]) for c in e["ctxs"]} for i, e in enumerate(entries)
-    }
-    write_qrels(tmp_path / "answers.qrels", qrels)
-    ir_qrels = list(ir_measures.read_trec_qrels(str(tmp_path / "answers.qrels")))
+    run = list(ir_measures.read_trec_run(str(evaluated / "run.trec")))
+    ir_qrels = list(ir_measures.read_trec_qrels(str(evaluated.parent / "answers.qrels")))
     names = {ir_measures.RR @ 10: "mrr@10", ir_measures.nDCG @ 10: "ndcg@10"}
     names |= {ir_measures.Success @ k: f"top{k}" for k in (1, 5, 20, 100)}
     names |= {ir_measures.R @ k: f"recall@{k}" for k in (1, 5, 20, 100)}
@@ -48,6 +57,59 @@ def test_metrics_say_what_they_measured_and_equal_ir_measures(tmp_path: Path) ->
     for measure, name in names.items():
         assert metrics[name] == pytest.approx(100 * want[measure], abs=0.006), name
     assert len(run) == 263 * 100 and {r.query_id for r in run} == {str(i) for i in range(263)}
+
+
+def test_ranx_reads_the_run(evaluated: Path) -> None:
+    ranx = pytest.importorskip("ranx")
+    metrics = json.loads((evaluated / "metrics.json").read_text())
+    run = ranx.Run.from_file(str(evaluated / "run.trec"), kind="trec")
+    qrels = ranx.Qrels.from_file(str(evaluated.parent / "answers.qrels"), kind="trec")
+    names = {"mrr@10": "mrr@10", "ndcg@10": "ndcg@10"}
+    names |= {f"hit_rate@{k}": f"top{k}" for k in (1, 5, 20, 100)}
+    names |= {f"recall@{k}": f"recall@{k}" for k in (1, 5, 20, 100)}
+    got = ranx.evaluate(qrels, run, list(names), make_comparable=True)
+    for theirs, ours in names.items():
+        assert metrics[ours] == pytest.approx(100 * got[theirs], abs=0.006), ours
+    assert 0 < metrics["top100"] < 100 and metrics["top1"] < metrics["top100"]  # not degenerate
+
+
+def test_pyserini_form_holds_the_run_and_dpr_judgments(evaluated: Path) -> None:
+    """retrieval.pyserini.json is pyserini's DPR results form (question id -> question, answers,
+    contexts best first with docid, score, has_answer): the same passages as the run, the same
+    judgments as retrieval.json, and the top-k hit rates that pyserini's evaluator counts."""
+    metrics = json.loads((evaluated / "metrics.json").read_text())
+    theirs = json.loads((evaluated / "retrieval.pyserini.json").read_text())
+    dpr = json.loads((evaluated / "retrieval.json").read_text())
+    run: dict[str, list[tuple[str, float]]] = {}
+    for line in (evaluated / "run.trec").read_text().splitlines():
+        qid, _, pid, _, score, _ = line.split()
+        run.setdefault(qid, []).append((pid, float(score)))
+    assert list(theirs) == [str(i) for i in range(len(dpr))]
+    for qid, entry in theirs.items():
+        e = dpr[int(qid)]
+        assert (entry["question"], entry["answers"]) == (e["question"], e["answers"])
+        assert [(c["docid"], c["has_answer"]) for c in entry["contexts"]] == [
+            (c["id"], c["has_answer"]) for c in e["ctxs"]
+        ]
+        ranked = [(c["docid"], c["score"]) for c in entry["contexts"]]
+        assert [p for p, _ in ranked] == [p for p, _ in run[qid]]
+        np.testing.assert_allclose([s for _, s in ranked], [s for _, s in run[qid]], rtol=1e-6)
+    for k in (1, 5, 20, 100):
+        hits = [any(c["has_answer"] for c in e["contexts"][:k]) for e in theirs.values()]
+        assert 100 * np.mean(hits) == pytest.approx(metrics[f"top{k}"], abs=0.006)
+    try:  # pyserini itself, when installed
+        from pyserini.eval.evaluate_dpr_retrieval import evaluate_retrieval
+    except ImportError:
+        return
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        evaluate_retrieval(str(evaluated / "retrieval.pyserini.json"), [20, 100])
+    for line in printed.getvalue().splitlines():
+        k, value = line.split("\taccuracy: ")
+        assert 100 * float(value) == pytest.approx(metrics[k.lower()], abs=0.006)
 
 
 def test_overrides_that_contradict_the_index(tmp_path: Path) -> None:
