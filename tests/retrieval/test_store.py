@@ -38,7 +38,8 @@ def test_blocks_cover_every_row_once_across_shards(tmp_path, dtype, block) -> No
     assert seen == list(range(20))
     want = vectors.astype(np.float16).astype(np.float32) if dtype == "float16" else vectors
     np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(store.take(np.array([19, 0, 7, 8])), want[[19, 0, 7, 8]])
+    sample = np.array([19, 0, 7, 8, 3, 19, 12, 1])  # unsorted, repeated, across every shard
+    np.testing.assert_array_equal(store.take(sample), want[sample])
 
 
 def test_a_shard_subset_and_the_ids_of_given_rows(tmp_path) -> None:

@@ -13,7 +13,12 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.testing.fixtures import bert_config
-from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dpr_cache.train.checkpoint import (
+    STATE_FILE,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from dpr_cache.train.recipe import linear_warmup_decay, param_groups
 
 
@@ -65,6 +70,27 @@ def test_old_checkpoints_are_pruned_and_another_world_size_refused(tmp_path) -> 
     with pytest.raises(InputError, match="saved with 1 ranks, resumed with 2"):
         load_checkpoint(latest_checkpoint(tmp_path), model, optimizer, scheduler, None,
                         DistEnv(world_size=2))  # fmt: skip
+
+
+def test_a_checkpoint_without_the_pooler_loads_and_one_of_another_model_does_not(tmp_path) -> None:
+    """Checkpoints written before the frozen pooler was kept lack it: they resume with the pooler
+    as initialised; any other missing or unexpected weight is a one-line error."""
+    model, optimizer, scheduler = _trainer()
+    path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, None, DistEnv(), keep=2)
+    state = torch.load(path / STATE_FILE, weights_only=False)
+    assert any(".pooler." in k for k in state["model"])
+    state["model"] = {k: v for k, v in state["model"].items() if ".pooler." not in k}
+    torch.save(state, path / STATE_FILE)
+    fresh, fresh_opt, fresh_sched = _trainer(seed=7)
+    pooler = {k: v.clone() for k, v in fresh.state_dict().items() if ".pooler." in k}
+    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv()) == 1
+    got = fresh.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in pooler.items())  # kept as initialised
+    assert all(torch.equal(got[k], v) for k, v in state["model"].items())
+    del state["model"][next(k for k in state["model"] if "encoder.layer.0." in k)]
+    torch.save(state, path / STATE_FILE)
+    with pytest.raises(InputError, match="1 weights missing"):
+        load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv())
 
 
 def test_no_decay_on_biases_and_layer_norms() -> None:

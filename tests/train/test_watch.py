@@ -46,3 +46,24 @@ def test_no_validation_without_dev_questions(tmp_path: Path) -> None:
     sets = toy_overrides(tmp_path, **{"train.eval_every": 2, "data.dev_qa": "null"})
     proc = run_cli("train", "--config", "configs/toy.yaml", *sets, "-q", check=False)
     assert proc.returncode == 2 and "train.eval_every: needs data.dev_qa" in proc.stderr
+
+
+def test_a_new_run_clears_an_earlier_best_model_and_a_resumed_run_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    from dpr_cache.train.watch import BEST_DIR, BEST_FILE, Watcher
+
+    def earlier_best() -> None:
+        (tmp_path / BEST_DIR / "query_encoder").mkdir(parents=True, exist_ok=True)
+        (tmp_path / BEST_FILE).write_text(json.dumps({"step": 4, "val_top100": 50.0}))
+
+    cpu = torch.device("cpu")
+    kw = {"tensorboard": False, "validator": None, "eval_every": None, "device": cpu}
+    earlier_best()
+    resumed = Watcher(tmp_path, start_step=6, **kw)
+    assert resumed.best == {"step": 4, "val_top100": 50.0} and (tmp_path / BEST_DIR).is_dir()
+    fresh = Watcher(tmp_path, start_step=0, **kw)
+    assert fresh.best is None
+    assert not (tmp_path / BEST_FILE).exists() and not (tmp_path / BEST_DIR).exists()
