@@ -44,7 +44,12 @@ def main(argv: list[str] | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     path = args.out / "scale.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
-    results["machine"] = cpu_info()
+    machine = cpu_info()  # steps may run in different sessions, on different machines
+    machines = results.setdefault("machines", {})
+    for step in STEPS:
+        if step in results and step not in machines:
+            machines[step] = results.get("machine", machine)
+    results["machine"] = machine
     for step in args.steps:
         if step == "report":
             from dpr_cache.bench.scale_report import write_report
@@ -56,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         print(f"{step}: running", flush=True)
         results[step] = STEPS[step](args.work)
+        machines[step] = machine
         write_json_atomic(path, results)
         print(f"{step}: {json.dumps(results[step])}", flush=True)
 

@@ -34,6 +34,11 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
+def _machine(m: dict) -> str:
+    return (f"{m.get('cpu')}, {m.get('cores')} cores, {m.get('ram_gb')} GB RAM; vector flags: "
+            f"{' '.join(m.get('flags', []))}")  # fmt: skip
+
+
 def _table(header: list[str], rows: list[list]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -74,9 +79,12 @@ def write_report(results: dict, out: Path) -> Path:
         " the kernel counts it, memory-mapped pages included). All data is **synthetic**, in NQ's"
         " structure and size: no NQ file can be downloaded here.",
         "",
-        f"Machine: {m.get('cpu')}, {m.get('cores')} cores, {m.get('ram_gb')} GB RAM; vector"
-        f" flags: {' '.join(m.get('flags', []))}.",
+        f"Machine: {_machine(m)}.",
     ]
+    machines = results.get("machines", {})
+    if len({_machine(v) for v in machines.values()}) > 1:
+        lines += ["", "The steps ran on different machines:", ""]
+        lines += _table(["step", "machine"], [[k, _machine(v)] for k, v in machines.items()])
     if targets(results):
         lines += ["", "## Targets (exact search)", ""]
         lines += _table(["target", "measured", "goal", "met"],

@@ -4,7 +4,6 @@ it records and the page it writes, so a multi-hour run never fails on its last s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -28,6 +27,12 @@ def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path) -> None:
     page = (tmp_path / "out" / "scale.md").read_text()
     assert "## Targets (exact search)" in page and "Machine:" in page
     assert not (tmp_path / "w" / "vectors").exists()  # cleaned up for the JSON steps
+    assert set(results["machines"]) == set(results) - {"machine", "machines"}
+    assert "ran on different machines" not in page
+    # a step measured in another session, on another machine: the page says which ran where
+    results["machines"]["exact"] = {**results["machine"], "cpu": "Other CPU"}
+    (tmp_path / "out" / "scale.json").write_text(json.dumps(results))
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 9
-    assert os.environ.get("DPR_CACHE_SCALE_TINY") is None  # the parent stays at full size
+    page = (tmp_path / "out" / "scale.md").read_text()
+    assert "ran on different machines" in page and "| exact | Other CPU" in page
