@@ -69,7 +69,7 @@ def finish_index(
     check_index_spec(spec, store.rows, store.dim, memory_bytes)
     held = 0  # what the index itself holds while it is built: blocks get the rest
     if spec.type == "hnsw":
-        held = hnsw_bytes(store.rows, store.dim, spec.hnsw_m)
+        held = hnsw_bytes(store.rows, store.dim, spec.hnsw_m, building=True)
     elif spec.type == "ivf":  # each block is copied into its part index
         held = memory_bytes // 2
     plan = plan_blocks(memory_bytes - held, store.dim, store.dtype.itemsize, 1, 1)

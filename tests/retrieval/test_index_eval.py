@@ -22,7 +22,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
 from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table, metrics_from_retrieval
-from dpr_cache.retrieval.faiss_index import IndexSpec
+from dpr_cache.retrieval.faiss_index import IndexSpec, check_index_spec, hnsw_bytes
 from dpr_cache.retrieval.index import build_index
 from dpr_cache.retrieval.index_dir import finish_index, open_index, search_index
 from dpr_cache.retrieval.shards import shard_key
@@ -273,3 +273,14 @@ def test_plain_hf_folder_serves_both_towers(corpus, make_config, tmp_path) -> No
             [c["score"] for c in entry["ctxs"]], row[got], rtol=1e-4, atol=1e-4
         )
         np.testing.assert_allclose(row[got], np.sort(row)[::-1][:20], rtol=1e-4, atol=1e-4)
+
+
+def test_hnsw_is_refused_when_its_build_peak_is_over_the_budget() -> None:
+    """The budget covers the build's peak, not only the finished graph (FAISS's storage grows by
+    doubling while rows are added)."""
+    rows, dim, spec = 4_000_000, 768, IndexSpec(type="hnsw")
+    finished = hnsw_bytes(rows, dim, spec.hnsw_m)
+    assert abs(finished / 1e9 - 13.38) < 0.01  # the 4M x 768 index measured at 13.38 GB on disk
+    check_index_spec(spec, rows, dim, int(finished * 1.3) + 1)
+    with pytest.raises(InputError, match="to build .13.4 GB to search"):
+        check_index_spec(spec, rows, dim, finished + 1)
