@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
         if step in results and step not in machines:
             machines[step] = results.get("machine", machine)
     results["machine"] = machine
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, results)
     for step in args.steps:
         if step == "report":
             from dpr_cache.bench.scale_report import write_report
