@@ -12,7 +12,7 @@ tiny model; this reports the figures on a trained one.
 from __future__ import annotations
 
 import argparse
-import csv
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpr_cache.data.passages import read_passages
 from dpr_cache.data.qas import read_qas
 from dpr_cache.model.dpr_formats import export_dpr_hf
 from dpr_cache.model.loading import load_biencoder
@@ -29,16 +30,8 @@ CPU = torch.device("cpu")
 
 
 def _passages(path: Path, n: int) -> tuple[list[str], list[str]]:
-    titles, texts = [], []
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.reader(f, delimiter="\t"):
-            if row[0] == "id":
-                continue
-            texts.append(row[1])
-            titles.append(row[2])
-            if len(texts) == n:
-                break
-    return titles, texts
+    rows = list(itertools.islice(read_passages(path), n))  # (id, text, title)
+    return [title for _, _, title in rows], [text for _, text, _ in rows]
 
 
 def _gap(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:

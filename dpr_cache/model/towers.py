@@ -66,21 +66,21 @@ def tower_from_config(config: PretrainedConfig, dropout: float | None = None) ->
     return _freeze_pooler(AutoModel.from_config(config))
 
 
+def _shipped_modules(path: Path) -> list[dict]:
+    """A sentence-transformers folder's ``modules.json`` entries (none for other folders)."""
+    modules = Path(path) / "modules.json"
+    return json.loads(modules.read_text()) if modules.is_file() else []
+
+
 def shipped_normalize(path: Path) -> bool:
     """Whether a sentence-transformers folder ends in a Normalize module."""
-    modules = Path(path) / "modules.json"
-    if not modules.is_file():
-        return False
-    return any(m.get("type", "").endswith("Normalize") for m in json.loads(modules.read_text()))
+    return any(m.get("type", "").endswith("Normalize") for m in _shipped_modules(path))
 
 
 def shipped_pooling(path: Path) -> str | None:
     """The pooling a sentence-transformers folder's Pooling module does (``"cls"`` or
     ``"mean"``), or None when it has none (or one of another kind)."""
-    modules = Path(path) / "modules.json"
-    if not modules.is_file():
-        return None
-    for module in json.loads(modules.read_text()):
+    for module in _shipped_modules(path):
         config = Path(path) / module.get("path", "") / "config.json"
         if module.get("type", "").endswith("Pooling") and config.is_file():
             modes = json.loads(config.read_text())
