@@ -3,6 +3,7 @@ and passage ids."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,6 +51,14 @@ class Batch:
             self.n_questions,
             self.group_size,
         )
+
+    def digest(self) -> str:
+        """16 hex digits identifying the batch's contents: question tokens and passage ids, in
+        order. Two runs whose logs agree on it trained on the same examples at that step."""
+        h = hashlib.blake2b(digest_size=8)
+        for tensor in (self.q_inputs["input_ids"], self.p_ids):
+            h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
 
 
 def _rng(seed: int, step: int, key: int) -> np.random.Generator:

@@ -137,6 +137,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         with stop.installed(), log, bar:
             for step, batch in enumerate(loader, start=start_step):
                 started = time.perf_counter()
+                digest = batch.digest() if env.is_main else None
                 batch = batch.to(env.device)
                 optimizer.zero_grad(set_to_none=True)
                 with autocast(env.device, cfg.precision):
@@ -163,6 +164,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
                             "grad_norm": float(grad_norm),
                             "batch_size": cfg.batch_size,
                             "negatives_per_question": negatives,
+                            "batch_digest": digest,  # rank 0's slice
                             "seconds": round(seconds, 4),
                             "pairs_per_second": round(cfg.batch_size / seconds, 2),
                             "peak_memory_bytes": memory.peak_memory_bytes(env.device),

@@ -1,4 +1,4 @@
-"""The batch-size study's plot: top-20 and top-5 against the (simulated) batch size."""
+"""The batch-size study's plot: each metric per arm, every seed a point, the pairs joined."""
 
 from __future__ import annotations
 
@@ -6,58 +6,49 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.runtime.atomic import write_atomic
-from studies.squad_batch_size.runs import MODEL_NAMES
+
+PANELS = (("top1", "top-1"), ("top5", "top-5"), ("top20", "top-20"), ("mrr@10", "MRR@10"))
 
 
-def plot(rows: list[dict[str, Any]], path: Path, bm25: dict[str, Any] | None = None) -> None:
-    """Top-20 and top-5 against the (simulated) batch size: a row of panels per model (each on
-    its own scale), the off-the-shelf encoder and BM25 as horizontal lines; error bars (the
-    standard deviation over seeds) only where a setting has two or more seeds."""
+def plot(
+    rows: list[dict[str, Any]],
+    labels: list[str],
+    path: Path,
+) -> None:
+    """One panel per metric; x: the trained arms (``rows`` in order, ``labels`` their tick
+    text); a dot per seed, a bar at the mean; a thin line joins the accumulation and GradCache
+    runs of one seed and lr (a pair). BM25 and the untrained encoder stay in the table: drawn
+    here they would squeeze the seeds' spread into a few pixels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, grid = plt.subplots(
-        len(models), 2, figsize=(10, 3.6 * len(models)), constrained_layout=True, squeeze=False
+    fig, grid = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    xs = {id(r): i for i, r in enumerate(rows)}
+    for ax, (key, title) in zip(grid.flat, PANELS, strict=True):
+        for r in rows:
+            x, values = xs[id(r)], r["per_seed"][key]
+            color = f"C{['full', 'accumulate', 'gradcache'].index(r['mode'])}"
+            ax.scatter([x] * len(values), values, color=color, s=22, zorder=3)
+            ax.hlines(r[key], x - 0.25, x + 0.25, color=color, linewidth=2)
+        for a in rows:  # join each seed's accumulation and GradCache runs
+            for b in rows:
+                if (a["mode"], b["mode"]) != ("accumulate", "gradcache"):
+                    continue
+                if (a["batch_size"], a["lr"]) != (b["batch_size"], b["lr"]):
+                    continue
+                for seed, va in zip(a["seeds"], a["per_seed"][key], strict=True):
+                    if seed in b["seeds"]:
+                        vb = b["per_seed"][key][b["seeds"].index(seed)]
+                        ax.plot([xs[id(a)], xs[id(b)]], [va, vb], color="gray", lw=0.7, zorder=2)
+        ax.set_xticks(range(len(rows)), labels, fontsize=8)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        ax.set_ylabel(f"{title} (%)")
+        ax.set_title(f"SQuAD dev, {title}")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(
+        "all-MiniLM-L6-v2 trained on SQuAD: a dot per seed, a bar at the mean, pairs joined"
     )
-    batches = sorted({r["batch_size"] for r in rows if r["setting"] != "off-the-shelf"})
-    for axes, model in zip(grid, models, strict=True):
-        name = MODEL_NAMES.get(model, model)
-        trained = [r for r in rows if r["model"] == model and r["setting"] != "off-the-shelf"]
-        trained.sort(key=lambda r: r["batch_size"])
-        shelf = [r for r in rows if r["model"] == model and r["setting"] == "off-the-shelf"]
-        for ax, k in zip(axes, (20, 5), strict=True):
-            key = f"top{k}"
-            if bm25 is not None:
-                ax.axhline(bm25[key], color="black", linestyle="--", linewidth=1, label="BM25")
-            for r in shelf:
-                ax.axhline(r[key], color="gray", linestyle=":", linewidth=1.5,
-                           label="off the shelf")  # fmt: skip
-            if trained:
-                xs = [r["batch_size"] for r in trained]
-                line = ax.plot(xs, [r[key] for r in trained], marker="o", label="trained")[0]
-                spread = [r for r in trained if r[key + "_sd"] is not None]  # 2+ seeds only
-                if spread:
-                    ax.errorbar(
-                        [r["batch_size"] for r in spread],
-                        [r[key] for r in spread],
-                        yerr=[r[key + "_sd"] for r in spread],
-                        fmt="none",
-                        capsize=3,
-                        color=line.get_color(),
-                        label="± sd over seeds",
-                    )
-            ax.set_xscale("log", base=2)
-            if batches:
-                ax.set_xticks(batches, [str(b) for b in batches])
-                ax.set_xlim(batches[0] / 1.5, batches[-1] * 1.5)
-            ax.minorticks_off()
-            ax.set_xlabel("batch size (smallest: full batch; larger: GradCache, same chunk)")
-            ax.set_ylabel(f"top-{k} hit rate (%)")
-            ax.set_title(f"{name}: SQuAD dev, top-{k}")
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8, loc="best")
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)

@@ -1,5 +1,5 @@
-"""The batch-size study's runs read back: records, recipe check, groups over seeds and the paired
-differences of each GradCache run with the full batch of its model and seed."""
+"""The batch-size study's runs read back: records, recipe check, arms averaged over seeds, and
+the paired difference of each GradCache run with the accumulation run of its seed and lr."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dpr_cache.runtime.atomic import read_lines
 
 KS = (1, 5, 20, 100)
-RECIPE_KEYS = ("epochs", "lr", "warmup_pct", "chunk_size", "dry_run")
-MODEL_NAMES = {"minilm": "all-MiniLM-L6-v2", "reinit": "MiniLM, layers re-initialised"}
+METRICS = (*(f"top{k}" for k in KS), "mrr@10")
+RECIPE_KEYS = ("epochs", "warmup_pct", "chunk_size", "max_passage_length", "dry_run")
+TRAINED = ("full", "accumulate", "gradcache")
 
 
 def _read_log(path: Path) -> dict[str, Any]:
-    """Peak memory, summed step seconds and step count of a train_log.jsonl (empty if none)."""
+    """Peak memory, summed step seconds, step count and per-step batch digests of a
+    train_log.jsonl (empty if none)."""
     lines = [json.loads(line) for line in read_lines(path)]
     if not lines:
         return {}
@@ -24,6 +28,8 @@ def _read_log(path: Path) -> dict[str, Any]:
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in lines),
         "train_seconds": sum(r["seconds"] for r in lines),
         "steps": lines[-1]["step"],
+        "negatives_per_question": lines[-1]["negatives_per_question"],
+        "digests": [r.get("batch_digest") for r in lines],
     }
 
 
@@ -42,6 +48,27 @@ def collect(runs: Path) -> list[dict[str, Any]]:
     return records
 
 
+def arm_key(record: dict[str, Any]) -> tuple[str, int, float]:
+    """What a run trained with, seeds aside: (mode, batch size, lr)."""
+    return record["mode"], int(record["batch_size"]), float(record["lr"])
+
+
+def arm_label(mode: str, batch: int, lr: float, chunk: int, base_lr: float) -> str:
+    """The paper's name for an arm: sequential B=8, accumulation 16 x 8, GradCache B=128."""
+    name = {
+        "full": f"sequential B={batch}",
+        "accumulate": f"accumulation {batch // chunk} x {chunk}",
+        "gradcache": f"GradCache B={batch}",
+    }.get(mode, mode)
+    return name if lr == base_lr else f"{name}, lr {format_lr(lr)}"
+
+
+def format_lr(lr: float) -> str:
+    """2e-5, 1e-4: the way papers write learning rates."""
+    mantissa, exponent = f"{lr:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation; the sd is None below two values (not measured)."""
     mean = statistics.mean(values) if values else None
@@ -49,8 +76,8 @@ def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def check_same_recipe(records: list[dict[str, Any]]) -> None:
-    """SystemExit naming the key and two runs if trained runs differ in their recipe."""
-    trained = [r for r in records if r["mode"] in ("full", "gradcache")]
+    """SystemExit naming the key and two runs if trained runs differ in anything but the arm."""
+    trained = [r for r in records if r["mode"] in TRAINED]
     for key in RECIPE_KEYS:
         values = {str(r.get(key)): r["dir"] for r in trained}
         if len(values) > 1:
@@ -61,91 +88,95 @@ def check_same_recipe(records: list[dict[str, Any]]) -> None:
             )
 
 
-def first_hit_ranks(retrieval_json: Path) -> list[float]:
+def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm: the metrics' mean and sample sd over seeds, and each seed's values."""
+    groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(arm_key(r), []).append(r)
+    order = {"off-the-shelf": 0, "none": 0, "full": 1, "accumulate": 2, "gradcache": 3}
+    rows = []
+    for key in sorted(groups, key=lambda k: (k[2], order.get(k[0], 9), k[1])):
+        runs = sorted(groups[key], key=lambda r: r["seed"])
+        row: dict[str, Any] = {"mode": key[0], "batch_size": key[1], "lr": key[2]}
+        row["seeds"] = [r["seed"] for r in runs]
+        row["per_seed"] = {m: [r[m] for r in runs] for m in METRICS}
+        for name in (*METRICS, "peak_memory_bytes", "train_seconds", "train_wall_seconds"):
+            row[name], row[name + "_sd"] = _mean_sd(
+                [r[name] for r in runs if r.get(name) is not None]
+            )
+        row["steps"] = runs[0].get("steps")
+        row["negatives_per_question"] = runs[0].get("negatives_per_question")
+        rows.append(row)
+    return rows
+
+
+def first_hit_ranks(retrieval_json: Path) -> np.ndarray:
     """Per dev question, the 0-based rank of the first passage holding an answer (inf if none)."""
     entries = json.loads(retrieval_json.read_text(encoding="utf-8"))
     ranks = []
     for entry in entries:
         flags = [bool(ctx["has_answer"]) for ctx in entry["ctxs"]]
         ranks.append(flags.index(True) if True in flags else float("inf"))
-    return ranks
+    return np.array(ranks, dtype=float)
+
+
+def per_question(ranks: np.ndarray) -> dict[str, np.ndarray]:
+    """Each metric per question (top-k as 0/1 in points, MRR@10 in points) from first-hit ranks."""
+    out = {f"top{k}": (ranks < k) * 100.0 for k in KS}
+    out["mrr@10"] = np.where(ranks < 10, 100.0 / (ranks + 1), 0.0)
+    return out
+
+
+def check_paired(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """SystemExit unless the two runs logged the same batch at every step."""
+    da, db = a.get("digests"), b.get("digests")
+    if not da or None in da or da != db:
+        raise SystemExit(
+            f"error: {a['dir']} and {b['dir']} did not train on the same batches step by step "
+            "(train_log.jsonl batch_digest); they cannot be compared as a pair"
+        )
+
+
+def _bootstrap_ci(diffs: list[np.ndarray], idx: np.ndarray) -> tuple[float, float]:
+    """2.5 and 97.5 percentiles over resamples ``idx`` [n_boot, questions] of the mean over
+    seeds of each seed's mean per-question difference (the same questions for every seed)."""
+    boot = np.mean([d[idx].mean(axis=1) for d in diffs], axis=0)  # [n_boot]
+    return float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
 
 
 def paired_differences(
-    records: list[dict[str, Any]], runs: Path, ks: tuple[int, ...] = (1, 5, 20), n_boot: int = 10000
+    records: list[dict[str, Any]], runs: Path, n_boot: int = 10000
 ) -> list[dict[str, Any]]:
-    """Each trained setting minus the full batch of the same model and seed, in top-k points,
-    with a 95% paired bootstrap interval over the dev questions (resampling questions, seed 0).
-
-    The interval covers the test-set sampling only; the spread over training seeds is the
-    table's standard deviation (one seed: not measured)."""
-    import numpy as np
-
-    full = {(r["model"], r["seed"]): r for r in records if r["mode"] == "full"}
-    out = []
-    for r in records:
-        base = full.get((r["model"], r["seed"]))
+    """GradCache minus accumulation at the same batch, lr and seed, per metric in points, with
+    a 95% bootstrap interval over the dev questions (questions resampled, seed 0). Then, per
+    (batch, lr) with two or more seeds, a row over all seeds: the mean difference, its interval
+    over questions (each resample applied to every seed) and the sample sd over seeds."""
+    accum = {(r["batch_size"], r["lr"], r["seed"]): r for r in records if r["mode"] == "accumulate"}
+    rows, per_arm = [], {}
+    for r in sorted(records, key=lambda r: (r["lr"], r["batch_size"], r["seed"])):
+        base = accum.get((r["batch_size"], r["lr"], r["seed"]))
         if r["mode"] != "gradcache" or base is None:
             continue
-        a = np.array(first_hit_ranks(runs / r["dir"] / "eval" / "retrieval.json"))
-        b = np.array(first_hit_ranks(runs / base["dir"] / "eval" / "retrieval.json"))
-        rng = np.random.default_rng(0)
-        idx = rng.integers(0, len(a), size=(n_boot, len(a)))
-        row = {"model": r["model"], "setting": r["setting"], "seed": r["seed"]}
-        for k in ks:
-            diff = (a < k).astype(float) - (b < k).astype(float)  # per question: -1, 0 or 1
-            boot = diff[idx].mean(axis=1) * 100
-            row[f"top{k}"] = float(diff.mean() * 100)
-            row[f"top{k}_ci"] = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))
-        out.append(row)
-    return out
-
-
-def seed_spread(diffs: list[dict[str, Any]], ks: tuple[int, ...] = (1, 5, 20)) -> list[dict]:
-    """Per model and GradCache setting: the mean and standard deviation over seeds of the paired
-    difference with the full batch (each seed compared with its own full-batch run)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for d in diffs:
-        groups.setdefault((d["model"], d["setting"]), []).append(d)
-    out = []
-    for (model, setting), ds in groups.items():
-        row: dict[str, Any] = {
-            "model": model,
-            "setting": setting,
-            "seeds": sorted(d["seed"] for d in ds),
-        }
-        for k in ks:
-            row[f"top{k}"], row[f"top{k}_sd"] = _mean_sd([d[f"top{k}"] for d in ds])
-        out.append(row)
-    return out
-
-
-def _order(key: tuple[str, str, int]) -> tuple:
-    model, setting, batch = key
-    models = list(MODEL_NAMES)
-    return (
-        models.index(model) if model in models else len(models),
-        model,
-        setting != "off-the-shelf",
-        batch,
-        setting,
-    )
-
-
-def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and standard deviation over seeds per (model, setting)."""
-    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((r["model"], r["setting"], r["batch_size"]), []).append(r)
-    rows = []
-    for key in sorted(groups, key=_order):
-        runs = groups[key]
-        row: dict[str, Any] = {"model": key[0], "setting": key[1], "batch_size": key[2]}
-        row["seeds"] = sorted(r["seed"] for r in runs)
-        for name in [f"top{k}" for k in KS] + ["peak_memory_bytes", "train_seconds", "steps"]:
-            row[name], row[name + "_sd"] = _mean_sd(
-                [r[name] for r in runs if r.get(name) is not None]
-            )
-        row["steps_sd"] = None  # steps are fixed by B and epochs: no spread to show
+        check_paired(r, base)
+        ours = per_question(first_hit_ranks(runs / r["dir"] / "eval" / "retrieval.json"))
+        theirs = per_question(first_hit_ranks(runs / base["dir"] / "eval" / "retrieval.json"))
+        diff = {m: ours[m] - theirs[m] for m in METRICS}
+        n = len(diff["top1"])
+        idx = np.random.default_rng(0).integers(0, n, size=(n_boot, n))
+        row = {"batch_size": r["batch_size"], "lr": r["lr"], "seed": r["seed"], "questions": n}
+        for m in METRICS:
+            row[m], row[m + "_ci"] = float(diff[m].mean()), _bootstrap_ci([diff[m]], idx)
+        rows.append(row)
+        per_arm.setdefault((r["batch_size"], r["lr"]), []).append((row, diff, idx))
+    for (batch, lr), items in per_arm.items():
+        if len(items) < 2:
+            continue
+        row = {"batch_size": batch, "lr": lr, "seed": "all", "seeds": [i[0]["seed"] for i in items]}
+        idx = items[0][2]
+        for m in METRICS:
+            seed_diffs = [i[1][m] for i in items]  # each [questions]
+            row[m] = float(np.mean(seed_diffs))
+            row[m + "_ci"] = _bootstrap_ci(seed_diffs, idx)
+            row[m + "_sd"] = statistics.stdev(i[0][m] for i in items)
         rows.append(row)
     return rows

@@ -1,14 +1,14 @@
-"""The SQuAD batch-size study as a markdown table and a plot, from the runs of ``run.sh``.
+"""The SQuAD batch-size study as a results page and a plot, from the runs of ``run.sh``.
 
-Reads ``RUNS/*/run.json``, ``eval/metrics.json`` and ``train_log.jsonl``; one row per model and
-setting with the mean ± standard deviation over seeds; peak memory is the largest
-``peak_memory_bytes`` of the train log (peak RSS on CPU), time the sum of its step seconds.
+Reads ``RUNS/*/run.json``, ``eval/metrics.json`` and ``train_log.jsonl``: one row per arm (mode,
+batch size, lr) with the mean ± sample sd over seeds; then each GradCache run minus the
+accumulation run of its seed and lr, with a bootstrap interval over the dev questions, after
+checking from the train logs that the two trained on the same batches. The hand-written
+``reading.md`` beside this script, if present, closes the page. With ``--readme``, the arms and
+the pooled difference also go between the README's ``<!-- reproduce_table:begin -->`` and
+``:end`` markers. Refuses to mix runs of different epochs, warmup, chunk or passage length.
 
-The BM25 row is the ``bm25`` run (``bm25_eval.py``). With ``--readme``, the results table is
-also written between the README's ``<!-- reproduce_table:begin -->`` and ``:end`` markers.
-Refuses to mix runs trained with different epochs, lr, warmup or chunk.
-
-    .venv/bin/python -m studies.squad_batch_size.table [--runs runs/reproduce]
+    .venv/bin/python -m studies.squad_batch_size.table [--runs runs/squad_batch_size]
         [--md studies/squad_batch_size/results.md] [--png studies/squad_batch_size/plot.png]
         [--readme README.md]
 """
@@ -22,16 +22,19 @@ from typing import Any
 from dpr_cache.runtime.atomic import write_text_atomic
 from studies.squad_batch_size.plot import plot
 from studies.squad_batch_size.runs import (
-    KS,
-    MODEL_NAMES,
+    METRICS,
+    TRAINED,
+    arm_label,
     check_same_recipe,
     collect,
+    format_lr,
     group,
     paired_differences,
-    seed_spread,
 )
 
 HERE = Path(__file__).resolve().parent
+NAMES = {"top1": "top-1", "top5": "top-5", "top20": "top-20", "top100": "top-100"}
+NAMES["mrr@10"] = "MRR@10"
 
 # The BM25 figures published with the SQuAD dev split in DPR's formats (k1=0.9, b=0.4, title +
 # text, tokenizer undocumented), quoted beside ours.
@@ -40,13 +43,19 @@ README_BEGIN, README_END = "<!-- reproduce_table:begin -->", "<!-- reproduce_tab
 # The GradCache paper's Table 1 (Gao et al., 2021, "Scaling Deep Contrastive Learning Batch Size
 # under Memory Limited Setup"): NQ test top-5 / top-20 / top-100, BERT-base, DPR's recipe (lr 2e-5,
 # 40 epochs, one BM25 negative); the 8-GPU DPR row is DPR's own paper (no top-5 reported).
+# Keys: the (mode, batch) of our arm that matches the row, if we ran one.
 PAPER_NQ = [
-    ("DPR, B=128 on 8 GPUs (DPR's paper)", None, 78.4, 85.4),
-    ("one GPU, sequential B=8 (what fits)", 59.3, 71.9, 80.9),
-    ("one GPU, accumulation 16 x 8 (128 examples an update, 8 in a batch)", 64.3, 77.2, 84.9),
-    ("one GPU, GradCache B=128", 68.6, 79.3, 86.0),
-    ("one GPU, GradCache B=512", 68.3, 79.9, 86.6),
-]
+    ("sequential B=8 (what fits one GPU)", ("full", 8), 59.3, 71.9, 80.9),
+    ("accumulation 16 x 8 (128 examples an update, 8 in a batch)", ("accumulate", 128), 64.3,
+     77.2, 84.9),
+    ("GradCache B=128", ("gradcache", 128), 68.6, 79.3, 86.0),
+    ("GradCache B=512", ("gradcache", 512), 68.3, 79.9, 86.6),
+    ("DPR, B=128 on 8 GPUs (DPR's paper)", None, None, 78.4, 85.4),
+]  # fmt: skip
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
 
 
 def _cell(row: dict[str, Any], name: str, scale: float = 1.0, digits: int = 1) -> str:
@@ -58,130 +67,131 @@ def _cell(row: dict[str, Any], name: str, scale: float = 1.0, digits: int = 1) -
     return text
 
 
-def _cells(values: dict[str, Any]) -> list[str]:
-    return [_cell(values, f"top{k}") for k in KS]
+def _label(row: dict[str, Any], chunk: int, base_lr: float) -> str:
+    return arm_label(row["mode"], row["batch_size"], row["lr"], chunk, base_lr)
 
 
-def results_table(rows: list[dict[str, Any]], bm25: dict[str, Any] | None) -> list[str]:
-    """The table of every (model, setting), BM25 first: markdown lines."""
+def arms_table(
+    rows: list[dict[str, Any]], chunk: int, base_lr: float, refs: list[tuple[str, dict]]
+) -> list[str]:
+    """Reference rows (BM25, the untrained encoder), then one row per trained arm."""
     lines = [
-        "| model | setting | seeds | updates | top-1 | top-5 | top-20 | top-100 | peak RSS (GB) "
-        "| train (min) |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| arm | seeds | updates | negatives a question | "
+        + " | ".join(NAMES[m] for m in METRICS)
+        + " | peak RSS (GB) | train (h a run) |",
+        "|---|---|--:|--:|" + "--:|" * len(METRICS) + "--:|--:|",
     ]
-    if bm25 is not None:
-        lines.append(
-            "| BM25 (bm25s, as mined) | – | – | – | " + " | ".join(_cells(bm25)) + " | – | – |"
-        )
-    lines.append(
-        "| BM25 (the data's README) | – | – | – | "
-        + " | ".join(f"{SHARED_README_BM25[f'top{k}']:.1f}" for k in KS)
-        + " | – | – |"
-    )
+    for name, ref in refs:
+        cells = [name, "–", "–", "–", *(_num(ref.get(m)) for m in METRICS), "–", "–"]
+        lines.append("| " + " | ".join(cells) + " |")
     for row in rows:
-        seeds = ",".join(str(s) for s in row["seeds"]) if row["setting"] != "off-the-shelf" else "–"
-        cells = [MODEL_NAMES.get(row["model"], row["model"]), row["setting"], seeds]
-        cells += [_cell(row, "steps", digits=0), *_cells(row)]
-        cells += [_cell(row, "peak_memory_bytes", 1e9, 2), _cell(row, "train_seconds", 60.0)]
+        cells = [_label(row, chunk, base_lr), ",".join(str(s) for s in row["seeds"])]
+        cells += [f"{row['steps']:,}", str(row["negatives_per_question"])]
+        cells += [_cell(row, m) for m in METRICS]
+        cells += [
+            _cell(row, "peak_memory_bytes", 1e9, 2),
+            _cell(row, "train_wall_seconds", 3600, 2),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def _seed_mismatch(rows: list[dict[str, Any]]) -> list[str]:
-    """A warning line per model whose trained rows average different seeds."""
-    out = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        seed_sets = {
-            tuple(r["seeds"])
-            for r in rows
-            if r["model"] == model and r["setting"] != "off-the-shelf"
-        }
-        if len(seed_sets) > 1:
-            out.append(
-                f"Note: the {MODEL_NAMES.get(model, model)} rows average different seeds; compare"
-                " them through the paired differences below, which pair each run with the full"
-                " batch of its own seed."
-            )
-    return out
+def _diff_cell(d: dict[str, Any], m: str) -> str:
+    lo, hi = d[m + "_ci"]
+    text = f"{d[m]:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+    return text + (f" ± {d[m + '_sd']:.1f}" if d.get(m + "_sd") is not None else "")
 
 
-def table_block(rows: list[dict[str, Any]], bm25: dict[str, Any] | None) -> list[str]:
-    """The results table, then a note per model whose rows average different seeds."""
-    mismatch = _seed_mismatch(rows)
-    return results_table(rows, bm25) + (["", *mismatch] if mismatch else [])
+def diffs_table(diffs: list[dict[str, Any]], chunk: int, base_lr: float) -> list[str]:
+    """GradCache minus accumulation, per seed and over all seeds."""
+    lines = [
+        "| pair | seed | " + " | ".join(f"Δ {NAMES[m]}" for m in METRICS) + " |",
+        "|---|---|" + "--:|" * len(METRICS),
+    ]
+    for d in diffs:
+        pair = (
+            f"{arm_label('gradcache', d['batch_size'], d['lr'], chunk, base_lr)} − "
+            f"{arm_label('accumulate', d['batch_size'], d['lr'], chunk, base_lr)}"
+        )
+        seed = "all: " + ",".join(map(str, d["seeds"])) if d["seed"] == "all" else str(d["seed"])
+        lines.append("| " + " | ".join([pair, seed, *(_diff_cell(d, m) for m in METRICS)]) + " |")
+    return lines
+
+
+def paper_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The paper's NQ rows beside our SQuAD arm of the same name (at the base lr)."""
+    ours = {(r["mode"], r["batch_size"]): r for r in reversed(rows)}  # first lr in order wins
+    lines = [
+        "| arm | paper, NQ top-5 | top-20 | top-100 | ours, SQuAD top-5 | top-20 | top-100 |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, key, t5, t20, t100 in PAPER_NQ:
+        row = ours.get(key) if key is not None else None
+        mine = [_cell(row, m) for m in ("top5", "top20", "top100")] if row else ["not run"] * 3
+        lines.append(
+            f"| {name} | {_num(t5)} | {_num(t20)} | {_num(t100)} | " + " | ".join(mine) + " |"
+        )
+    return lines
+
+
+def machine_hours(records: list[dict[str, Any]]) -> float:
+    """Wall hours of every train, index and eval command behind the page."""
+    keys = ("train_wall_seconds", "index_seconds", "eval_seconds")
+    return sum(r.get(k) or 0.0 for r in records for k in keys) / 3600
 
 
 def markdown(
-    rows: list[dict[str, Any]],
     records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    diffs: list[dict[str, Any]],
+    refs: list[tuple[str, dict]],
     png: str,
-    diffs: list[dict[str, Any]] | None = None,
-    bm25: dict[str, Any] | None = None,
+    reading: str | None,
 ) -> str:
-    """The results page: settings, table, paired differences, plot, the paper's figures."""
-    first = next((r for r in records if r["mode"] in ("full", "gradcache")), {})
-    lines = ["# SQuAD batch-size study: full batch vs GradCache", ""]
+    """The results page: recipe, arms, paired differences, plot, the paper's rows, reading."""
+    first = next(r for r in records if r["mode"] in TRAINED)
+    chunk, base_lr = int(first["chunk_size"]), min(r["lr"] for r in rows)
+    lines = ["# SQuAD: accumulation against GradCache at the same updates", ""]
     if any(r.get("dry_run") for r in records):
         lines += ["**Dry run** (toy data, tiny BERT, 2 steps a run): the numbers mean nothing.", ""]
     lines += [
         "Written by `studies/squad_batch_size/table.py` from the runs of"
         " `studies/squad_batch_size/run.sh` (method: [README.md](README.md)).",
-        f"Training: {first.get('epochs', '?')} epoch(s), lr {first.get('lr', '?')} for every batch"
-        f" size, linear warmup over the first {first.get('warmup_pct', '?')}% of each run's steps"
-        " then linear decay, 1 BM25 hard negative, GradCache chunk"
-        f" {first.get('chunk_size', '?')}. {records[0].get('n_questions', '?')} dev questions."
-        " Cells: mean ± standard deviation over seeds; updates are optimizer steps; peak RSS is"
-        " the trainer's peak resident memory (CPU); train time sums the logged step times.",
+        f"all-MiniLM-L6-v2, {first['epochs']} epochs of the training questions, lr"
+        f" {format_lr(base_lr)} unless the arm says otherwise, linear warmup over the first"
+        f" {first['warmup_pct']}% of each run's updates then linear decay, 1 BM25 hard negative,"
+        f" passages cut at {first['max_passage_length']} tokens in training (256 in the index),"
+        f" micro-batch and chunk {chunk}. {first.get('n_questions', '?')} dev questions, all"
+        f" 2,067 passages as the corpus. Cells: mean ± sample sd over seeds; peak RSS is the"
+        f" trainer's peak resident memory; train time is the wall time of a run's training."
+        f" Machine time behind this page: {machine_hours(records):.1f} h.",
         "",
-        *table_block(rows, bm25),
+        *arms_table(rows, chunk, base_lr, refs),
     ]
     if diffs:
         lines += [
             "",
-            "Each GradCache run minus the full-batch run of the same model and seed,"
-            " in points, with a 95% paired bootstrap interval over the dev questions (10,000"
-            " resamples of the questions): how sure the difference is given this test set, not"
-            " given another training seed.",
+            "GradCache minus accumulation: the same seed, hence the same 128 examples in every"
+            " update (checked against the batch digests of both train logs); only the negatives"
+            " a question meets and the dropout draws differ. In points, with a 95% bootstrap"
+            " interval over the dev questions (10,000 resamples), which covers the test set's"
+            " sampling only. The `all` row averages the seeds (one resample applied to every"
+            " seed) and adds ± the sample sd of the per-seed differences: the spread a new"
+            " training seed shows.",
             "",
-            "| model | setting | seed | Δ top-1 | Δ top-5 | Δ top-20 |",
-            "|---|---|---|--:|--:|--:|",
+            *diffs_table(diffs, chunk, base_lr),
         ]
-        for d in diffs:
-            cells = [MODEL_NAMES.get(d["model"], d["model"]), d["setting"], str(d["seed"])]
-            cells += [
-                f"{d[f'top{k}']:+.1f} [{d[f'top{k}_ci'][0]:+.1f}, {d[f'top{k}_ci'][1]:+.1f}]"
-                for k in (1, 5, 20)
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-        spread = [s for s in seed_spread(diffs) if len(s["seeds"]) > 1]
-        if spread:
-            lines += [
-                "",
-                "Over seeds: the mean ± standard deviation of those differences (the spread a"
-                " new training seed would show).",
-                "",
-                "| model | setting | seeds | Δ top-1 | Δ top-5 | Δ top-20 |",
-                "|---|---|---|--:|--:|--:|",
-            ]
-            for d in spread:
-                cells = [MODEL_NAMES.get(d["model"], d["model"]), d["setting"]]
-                cells.append(",".join(str(x) for x in d["seeds"]))
-                cells += [f"{d[f'top{k}']:+.1f} ± {d[f'top{k}_sd']:.1f}" for k in (1, 5, 20)]
-                lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"![top-20 and top-5 against the (simulated) batch size]({png})", ""]
+    lines += ["", f"![each metric per arm, a dot per seed]({png})", ""]
     lines += [
-        "For reference, the shape this study looks for: the GradCache paper's Table 1 (NQ test,"
-        " BERT-base; a different corpus, model and training length, so compare the direction,"
-        " not the level).",
+        "The GradCache paper's Table 1 beside our arms of the same name. NQ test with"
+        " BERT-base for 40 epochs there, SQuAD dev with MiniLM for"
+        f" {first['epochs']} epochs here: compare the order of the rows, not their level.",
         "",
-        "| GradCache paper, NQ | top-5 | top-20 | top-100 |",
-        "|---|--:|--:|--:|",
-        *[
-            f"| {name} | {'–' if t5 is None else t5} | {t20} | {t100} |"
-            for name, t5, t20, t100 in PAPER_NQ
-        ],
+        *paper_table(rows),
         "",
     ]
+    if reading:
+        lines += [reading.strip(), ""]
     return "\n".join(lines)
 
 
@@ -199,24 +209,35 @@ def write_readme_block(readme: Path, lines: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, default=Path("runs/reproduce"))
+    parser.add_argument("--runs", type=Path, default=Path("runs/squad_batch_size"))
     parser.add_argument("--md", type=Path, default=HERE / "results.md")
     parser.add_argument("--png", type=Path, default=HERE / "plot.png")
+    parser.add_argument("--reading", type=Path, default=HERE / "reading.md")
     parser.add_argument("--readme", type=Path, default=None, help="also rewrite its table block")
     args = parser.parse_args()
     records = collect(args.runs)
-    bm25 = next((r for r in records if r["mode"] == "bm25"), None)
-    records = [r for r in records if r["mode"] != "bm25"]
-    if not records:
-        raise SystemExit(f"error: no finished runs under {args.runs}")
-    check_same_recipe(records)
-    rows = group(records)
-    plot(rows, args.png, bm25)
+    trained = [r for r in records if r["mode"] in TRAINED]
+    if not trained:
+        raise SystemExit(f"error: no finished training runs under {args.runs}")
+    check_same_recipe(trained)
+    refs = [(name, r) for r in records for mode, name in
+            (("bm25", "BM25 (bm25s, as mined)"), ("none", "all-MiniLM-L6-v2 off the shelf"))
+            if r["mode"] == mode]  # fmt: skip
+    refs.insert(1 if refs and refs[0][0].startswith("BM25") else 0,
+                ("BM25 (the data's README)", SHARED_README_BM25))  # fmt: skip
+    rows = group(trained)
+    diffs = paired_differences(trained, args.runs)
+    chunk, base_lr = int(trained[0]["chunk_size"]), min(r["lr"] for r in rows)
+    plot(rows, [_label(r, chunk, base_lr).replace(", ", "\n") for r in rows], args.png)
     png = args.png.name if args.png.parent == args.md.parent else str(args.png)
-    diffs = paired_differences(records, args.runs)
-    write_text_atomic(args.md, markdown(rows, records, png, diffs, bm25))
+    reading = args.reading.read_text(encoding="utf-8") if args.reading.is_file() else None
+    write_text_atomic(args.md, markdown(records, rows, diffs, refs, png, reading))
     if args.readme is not None:
-        write_readme_block(args.readme, table_block(rows, bm25))
+        pooled = [d for d in diffs if d["seed"] == "all"] or diffs
+        block = arms_table(rows, chunk, base_lr, refs)
+        if pooled:
+            block += ["", *diffs_table(pooled, chunk, base_lr)]
+        write_readme_block(args.readme, block)
     print(
         f"{len(records)} runs -> {args.md}, {args.png}"
         + (f", {args.readme}" if args.readme else "")
