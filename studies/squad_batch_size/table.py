@@ -71,6 +71,13 @@ def _label(row: dict[str, Any], chunk: int, base_lr: float) -> str:
     return arm_label(row["mode"], row["batch_size"], row["lr"], chunk, base_lr)
 
 
+def _tick(row: dict[str, Any], chunk: int, base_lr: float) -> str:
+    """The arm's name over a few short lines, then its updates and negatives."""
+    name = _label(row, chunk, base_lr).replace(", ", "\n").replace("ion ", "ion\n")
+    name = name.replace(" B=", "\nB=")
+    return f"{name}\n{row['steps']:,} updates\n{row['negatives_per_question']} negatives"
+
+
 def arms_table(
     rows: list[dict[str, Any]], chunk: int, base_lr: float, refs: list[tuple[str, dict]]
 ) -> list[str]:
@@ -228,7 +235,7 @@ def main() -> None:
     rows = group(trained)
     diffs = paired_differences(trained, args.runs)
     chunk, base_lr = int(trained[0]["chunk_size"]), min(r["lr"] for r in rows)
-    plot(rows, [_label(r, chunk, base_lr).replace(", ", "\n") for r in rows], args.png)
+    plot(rows, [_tick(r, chunk, base_lr) for r in rows], args.png)
     png = args.png.name if args.png.parent == args.md.parent else str(args.png)
     reading = args.reading.read_text(encoding="utf-8") if args.reading.is_file() else None
     write_text_atomic(args.md, markdown(records, rows, diffs, refs, png, reading))

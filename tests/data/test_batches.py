@@ -153,6 +153,17 @@ def test_duplicate_passages_share_an_id(tokenizer) -> None:
     assert passage_hash("same") >= 0 and passage_hash("same") != passage_hash("same ")
 
 
+def test_digest_names_the_examples_and_their_order(tokenizer) -> None:
+    pool = [example(i, hard=1) for i in range(4)]
+    digest = build(pool, tokenizer, hard_negatives=1).digest()
+    assert len(digest) == 16 and build(pool, tokenizer, hard_negatives=1).digest() == digest
+    assert build(pool[::-1], tokenizer, hard_negatives=1).digest() != digest  # order counts
+    other_positive = [*pool[:3], example(3, hard=1, pos="p9")]
+    assert build(other_positive, tokenizer, hard_negatives=1).digest() != digest
+    other_question = [*pool[:3], {**pool[3], "question": "who wrote hamlet"}]
+    assert build(other_question, tokenizer, hard_negatives=1).digest() != digest
+
+
 def test_works_on_a_cached_dataset(tokenizer, tmp_path: Path) -> None:
     import json
 

@@ -1,97 +1,125 @@
-"""The batch-size study's table: the paired comparison of a GradCache run with the full batch."""
+"""The batch-size study's table: arms over seeds, the paired comparison of GradCache with
+accumulation (checked against hand counts), the pairing check and the paper's labels."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from studies.squad_batch_size import runs, table
 
+DIGESTS = ["a1", "b2", "c3"]
 
-def _run(runs: Path, name: str, mode: str, first_hits: list[int | None]) -> dict:
-    """A run folder whose question i has its first answer at rank first_hits[i] (None: never)."""
+
+def _run(
+    root: Path, mode: str, seed: int, first_hits: list[int | None], lr: float = 2e-5, **extra
+) -> dict:
+    """A run folder whose question i has its first answer at rank first_hits[i] (None: never),
+    and its record as runs.collect gives it."""
+    name = f"{mode}-b128-lr{lr:g}-s{seed}"
     entries = []
     for hit in first_hits:
         ctxs = [{"id": str(r), "has_answer": r == hit} for r in range(30)]
         entries.append({"question": "q", "answers": ["a"], "ctxs": ctxs})
-    (runs / name / "eval").mkdir(parents=True)
-    (runs / name / "eval" / "retrieval.json").write_text(json.dumps(entries))
-    return {"model": "m", "setting": name, "mode": mode, "seed": 1, "dir": name}
+    (root / name / "eval").mkdir(parents=True)
+    (root / name / "eval" / "retrieval.json").write_text(json.dumps(entries))
+    return {"mode": mode, "batch_size": 128, "lr": lr, "seed": seed, "dir": name,
+            "digests": DIGESTS, **extra}  # fmt: skip
 
 
-def test_first_hit_ranks(tmp_path):
-    _run(tmp_path, "r", "full", [0, 4, None, 19])
-    ranks = runs.first_hit_ranks(tmp_path / "r" / "eval" / "retrieval.json")
-    assert ranks == [0, 4, float("inf"), 19]
+def test_first_hit_ranks_and_per_question_metrics(tmp_path):
+    _run(tmp_path, "full", 1, [0, 4, None, 19])
+    ranks = runs.first_hit_ranks(tmp_path / "full-b128-lr2e-05-s1" / "eval" / "retrieval.json")
+    assert ranks.tolist() == [0, 4, float("inf"), 19]
+    got = runs.per_question(ranks)
+    assert got["top1"].tolist() == [100, 0, 0, 0] and got["top5"].tolist() == [100, 100, 0, 0]
+    assert got["top20"].tolist() == [100, 100, 0, 100]
+    assert got["mrr@10"].tolist() == pytest.approx([100, 20, 0, 0])  # rank 19 is past 10
 
 
 def test_paired_differences_against_a_hand_count(tmp_path):
-    full = _run(tmp_path, "full-b8", "full", [0, 3, 10, None, 0, 25])
-    same = _run(tmp_path, "gc-same", "gradcache", [0, 3, 10, None, 0, 25])
-    better = _run(tmp_path, "gc-better", "gradcache", [0, 0, 0, 0, 0, 0])
-    mixed = _run(tmp_path, "gc-mixed", "gradcache", [2, 0, 10, 4, 0, 25])
-    got = {d["setting"]: d for d in runs.paired_differences([full, same, better, mixed], tmp_path)}
-    assert set(got) == {"gc-same", "gc-better", "gc-mixed"}  # the full run is the baseline only
-    assert got["gc-same"]["top5"] == 0 and got["gc-same"]["top5_ci"] == (0.0, 0.0)
-    # top-1: full hits questions 0 and 4 (2 of 6); "better" hits all 6: +4/6 = +66.7 points
-    assert got["gc-better"]["top1"] == pytest.approx(100 * 4 / 6)
-    # mixed, top-1: loses q0, gains q1 -> 0; top-5: gains q3 -> +1/6; top-20: the same +1/6
-    assert got["gc-mixed"]["top1"] == pytest.approx(0.0)
-    assert got["gc-mixed"]["top5"] == pytest.approx(100 / 6)
-    lo, hi = got["gc-mixed"]["top1_ci"]
+    acc = _run(tmp_path, "accumulate", 1, [0, 3, 10, None, 0, 25])
+    same = _run(tmp_path, "gradcache", 1, [0, 3, 10, None, 0, 25])
+    [d] = runs.paired_differences([acc, same], tmp_path)
+    assert d["top5"] == 0 and d["top5_ci"] == (0.0, 0.0) and d["seed"] == 1
+    mixed = _run(tmp_path, "gradcache", 2, [2, 0, 10, 4, 0, 25])
+    acc2 = _run(tmp_path, "accumulate", 2, [0, 3, 10, None, 0, 25])
+    got = {d["seed"]: d for d in runs.paired_differences([acc, same, acc2, mixed], tmp_path)}
+    # seed 2, top-1: loses q0, gains q1 -> 0; top-5: gains q3 -> +1/6; MRR@10: q0 1 -> 1/3,
+    # q1 1/4 -> 1, q3 0 -> 1/5
+    assert got[2]["top1"] == pytest.approx(0.0)
+    assert got[2]["top5"] == pytest.approx(100 / 6)
+    assert got[2]["mrr@10"] == pytest.approx(100 * (-2 / 3 + 3 / 4 + 1 / 5) / 6)
+    lo, hi = got[2]["top1_ci"]
     assert lo < 0 < hi  # one loss and one gain: the interval straddles zero
-    lo, hi = got["gc-mixed"]["top5_ci"]
+    lo, hi = got[2]["top5_ci"]
     assert lo == 0.0 and hi > 0  # only gains: never below zero
+    # over both seeds: the mean of the two differences, their sd, an interval between
+    pooled = got["all"]
+    assert pooled["seeds"] == [1, 2]
+    assert pooled["top5"] == pytest.approx(100 / 12)
+    assert pooled["top5_sd"] == pytest.approx(np.std([0, 100 / 6], ddof=1))
+    assert pooled["top5_ci"][0] == 0.0 and pooled["top5_ci"][1] < got[2]["top5_ci"][1]
 
 
-def _record(model: str, setting: str, seed: int, top1: float, **extra) -> dict:
-    mode = "full" if setting.startswith("full") else "gradcache"
-    batch = int(setting.split("-b")[1])
-    base = {"epochs": 1, "lr": 2e-5, "warmup_pct": 10, "chunk_size": 8, "dry_run": 0}
-    return {"model": model, "setting": setting, "mode": mode, "batch_size": batch, "seed": seed,
-            "dir": f"{model}-{setting}-s{seed}", "top1": top1, "top5": top1, "top20": top1,
-            "top100": top1, **base, **extra}  # fmt: skip
+def test_a_pair_must_have_trained_on_the_same_batches(tmp_path):
+    acc = _run(tmp_path, "accumulate", 1, [0, 1])
+    other = _run(tmp_path, "gradcache", 1, [0, 1], digests=["a1", "b2", "zz"])
+    with pytest.raises(SystemExit, match="same batches"):
+        runs.paired_differences([acc, other], tmp_path)
+    unlogged = {**other, "digests": [None, None, None]}  # a log written before digests
+    with pytest.raises(SystemExit, match="same batches"):
+        runs.paired_differences([acc, unlogged], tmp_path)
+    other_lr = _run(tmp_path, "gradcache", 1, [0, 1], lr=1e-4)  # no accumulation at its lr
+    assert runs.paired_differences([acc, other_lr], tmp_path) == []
 
 
-def test_group_averages_seeds_and_flags_a_mismatch():
+def _record(mode: str, seed: int, top1: float, lr: float = 2e-5, batch: int = 128, **extra):
+    base = {"epochs": 3, "warmup_pct": 10, "chunk_size": 8, "max_passage_length": 96,
+            "dry_run": 0, "steps": 180, "negatives_per_question": 15}  # fmt: skip
+    metrics = {m: top1 for m in runs.METRICS}
+    return {"mode": mode, "batch_size": batch, "lr": lr, "seed": seed,
+            "dir": f"{mode}-{lr}-s{seed}", **metrics, **base, **extra}  # fmt: skip
+
+
+def test_group_averages_seeds_per_arm_in_the_papers_order():
     records = [
-        _record("m", "full-b8", 1, 60.0),
-        _record("m", "full-b8", 2, 64.0),
-        _record("m", "gradcache-b128", 1, 70.0),
+        _record("gradcache", 1, 70.0),
+        _record("accumulate", 2, 64.0),
+        _record("accumulate", 1, 60.0),
+        _record("gradcache", 1, 71.0, lr=1e-4),
+        _record("full", 1, 55.0, batch=8),
     ]
-    rows = {r["setting"]: r for r in runs.group(records)}
-    assert rows["full-b8"]["seeds"] == [1, 2] and rows["full-b8"]["top1"] == 62.0
-    assert rows["full-b8"]["top1_sd"] == pytest.approx(2**0.5 * 2)  # sample sd of 60, 64
-    assert rows["gradcache-b128"]["top1_sd"] is None  # one seed: no spread, not zero
-    note = table._seed_mismatch(runs.group(records))
-    assert len(note) == 1 and "different seeds" in note[0]
-    assert table._seed_mismatch(runs.group(records[:2])) == []
+    rows = runs.group(records)
+    assert [(r["mode"], r["lr"]) for r in rows] == [
+        ("full", 2e-5), ("accumulate", 2e-5), ("gradcache", 2e-5), ("gradcache", 1e-4)
+    ]  # fmt: skip
+    acc = rows[1]
+    assert acc["seeds"] == [1, 2] and acc["per_seed"]["top1"] == [60.0, 64.0]
+    assert acc["top1"] == 62.0 and acc["top1_sd"] == pytest.approx(2**0.5 * 2)
+    assert rows[2]["top1_sd"] is None  # one seed: no spread, not zero
 
 
-def test_seed_spread_of_the_paired_differences():
-    def diff(setting: str, seed: int, top1: float, top5: float, top20: float) -> dict:
-        return {"model": "m", "setting": setting, "seed": seed, "top1": top1, "top5": top5,
-                "top20": top20}  # fmt: skip
-
-    diffs = [
-        diff("gradcache-b128", 1, 1.0, 0.0, 2.0),
-        diff("gradcache-b128", 2, 3.0, 0.0, 2.0),
-        diff("gradcache-b512", 1, -5.0, 1.0, 0.0),
-    ]
-    got = {s["setting"]: s for s in runs.seed_spread(diffs)}
-    assert got["gradcache-b128"]["seeds"] == [1, 2]
-    assert got["gradcache-b128"]["top1"] == 2.0
-    assert got["gradcache-b128"]["top1_sd"] == pytest.approx(2**0.5)
-    assert got["gradcache-b128"]["top5_sd"] == 0.0
-    assert got["gradcache-b512"]["top1_sd"] is None
+def test_labels_follow_the_paper():
+    assert runs.arm_label("full", 8, 2e-5, 8, 2e-5) == "sequential B=8"
+    assert runs.arm_label("accumulate", 128, 2e-5, 8, 2e-5) == "accumulation 16 x 8"
+    assert runs.arm_label("gradcache", 128, 1e-4, 8, 2e-5) == "GradCache B=128, lr 1e-4"
+    assert runs.format_lr(2e-5) == "2e-5" and runs.format_lr(3e-4) == "3e-4"
+    rows = runs.group([_record("accumulate", 1, 60.0), _record("gradcache", 1, 70.0)])
+    lines = table.paper_table(rows)
+    assert "| accumulation 16 x 8 (128 examples an update, 8 in a batch) | 64.3 | 77.2 | 84.9 " \
+        "| 60.0 | 60.0 | 60.0 |" in lines  # fmt: skip
+    assert "| GradCache B=128 | 68.6 | 79.3 | 86.0 | 70.0 | 70.0 | 70.0 |" in lines
+    assert "| sequential B=8 (what fits one GPU) | 59.3 | 71.9 | 80.9 | not run" in lines[2]
 
 
-def test_runs_with_different_recipes_are_refused():
-    same = [_record("m", "full-b8", 1, 60.0), _record("m", "gradcache-b128", 1, 61.0)]
+def test_runs_of_different_recipes_are_refused_but_lr_is_an_arm():
+    same = [_record("accumulate", 1, 60.0), _record("gradcache", 1, 61.0, lr=1e-4)]
     runs.check_same_recipe(same)
-    mixed = [*same, _record("m", "gradcache-b512", 1, 58.0, epochs=2)]
+    mixed = [*same, _record("gradcache", 2, 58.0, epochs=2)]
     with pytest.raises(SystemExit, match="epochs"):
         runs.check_same_recipe(mixed)
 
