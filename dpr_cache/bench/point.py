@@ -83,6 +83,7 @@ def _stepper(spec: PointSpec, model):
         loss_fn,
         chunk_size=spec.chunk,
         keep_last_graph=spec.mode != "gradcache-naive",
+        length_order=spec.mode != "gradcache-naive",
         release_memory=trim,  # as the trainer runs it
     )
 

@@ -2,7 +2,8 @@
 
 The algorithm's steps are the engine's methods:
 
-1. :meth:`GradCache.split` cuts each inputs dict into chunks;
+1. :meth:`GradCache.split` orders each tower's rows by length (longest first) and cuts them
+   into chunks;
 2. :meth:`GradCache.forward_no_grad` encodes every chunk without a graph, recording the RNG
    state (CPU and each CUDA device in use) before each chunk (:meth:`GradCache.forward_last`
    encodes the last chunk of each tower with its graph instead, when it is kept);
@@ -11,11 +12,15 @@ The algorithm's steps are the engine's methods:
 4. :meth:`GradCache.forward_backward` re-encodes each chunk with a graph under the replayed RNG
    state and backpropagates the surrogate ``sum(reps * g_chunk)``.
 
-Two savings keep the overhead near one extra graph-less forward of all chunks but the last: the
-last chunk of each tower is encoded with its graph in step 2 and backpropagated first in step 4
-(no re-forward; peak memory stays one question chunk plus one passage chunk), and each chunk is
-cut to its longest row (trailing columns that no row attends to are dropped), so a chunk of short
-rows is not encoded at the batch's padded width.
+Three savings keep the overhead near one extra graph-less forward of all chunks but the last:
+the last chunk of each tower is encoded with its graph in step 2 and backpropagated first in
+step 4 (no re-forward; peak memory stays one question chunk plus one passage chunk); rows are
+grouped by length, so each chunk holds rows of similar length; and each chunk is cut to its
+longest row (trailing columns that no row attends to are dropped), so a chunk of short rows is
+not encoded at the batch's padded width. The loss always sees the representations in batch
+order: each chunk's rows are scattered back to their places, and the cached gradient gathered
+from them. Ordered longest first, the kept last chunk is the shortest: its graph is the
+smallest one to hold.
 
 The parameter gradients then equal those of one backward over the whole batch. The engine fills
 ``.grad`` and stops: optimizer, clipping and schedules belong to the caller.
@@ -75,7 +80,8 @@ class _Tower:
 
     encode: Encoder
     chunks: list[dict[str, Tensor]]
-    reps: Tensor | None = None  # detached reps of every chunk, [rows, d], one buffer
+    rows: list[Tensor] | None = None  # each chunk's batch rows; None: consecutive, in order
+    reps: Tensor | None = None  # detached reps in batch order, [rows, d], one buffer
     rng: list[RngState] | None = None
     last_reps: Tensor | None = None  # the last chunk's reps with their graph, if kept
     grads: list[Tensor] | None = None  # dloss/dreps per chunk, fp32 (fp64 for fp64 reps)
@@ -102,6 +108,9 @@ class GradCache:
             what breaks without it).
         trim_padding: cut each chunk to its longest row (see :func:`trim_padding`); turn off
             for an encoder whose output depends on trailing padded positions.
+        length_order: chunk each tower's rows longest first (by ``attention_mask``), so rows
+            of similar length share a chunk and less padding is encoded; exact for the same
+            encoders as ``trim_padding``. Off: rows are chunked in batch order.
         release_memory: called after at least ``RELEASE_EVERY`` graph-less chunks, before
             any graph is built, and every ``RELEASE_EVERY`` re-forwarded chunks (e.g.
             :func:`dpr_cache.runtime.memory.trim`, which the trainer passes), so freed buffers of
@@ -121,6 +130,7 @@ class GradCache:
         keep_last_graph: bool = True,
         replay_rng: bool = True,
         trim_padding: bool = True,
+        length_order: bool = True,
         release_memory: Callable[[], object] | None = None,
     ) -> None:
         for name, size in (("chunk_size", chunk_size), ("p_chunk_size", p_chunk_size)):
@@ -134,12 +144,13 @@ class GradCache:
         self.keep_last_graph = keep_last_graph and no_sync is None
         self.replay_rng = replay_rng
         self.trim_padding = trim_padding
+        self.length_order = length_order
         self.release_memory = release_memory
 
     # -- the algorithm's steps -------------------------------------------------------------
 
     def split(self, q_inputs: Inputs, p_inputs: Inputs) -> tuple[_Tower, _Tower]:
-        """Check the inputs and cut them into question and passage chunks."""
+        """Check the inputs; order each tower's rows by length and cut them into chunks."""
         n_q = batch_rows(q_inputs, "q_inputs")
         n_p = batch_rows(p_inputs, "p_inputs")
         if n_p % n_q != 0:
@@ -147,12 +158,23 @@ class GradCache:
                 f"passage rows ({n_p}) must be a multiple of question rows ({n_q}): "
                 "each question brings its positive and the same number of hard negatives"
             )
-        q_chunks = split_inputs(q_inputs, self.q_chunk_size)
-        p_chunks = split_inputs(p_inputs, self.p_chunk_size)
+        return (
+            self._tower(self.encode_q, q_inputs, self.q_chunk_size),
+            self._tower(self.encode_p, p_inputs, self.p_chunk_size),
+        )
+
+    def _tower(self, encode: Encoder, inputs: Inputs, chunk_size: int) -> _Tower:
+        order = longest_first(inputs) if self.length_order else None
+        if order is None:
+            chunks, rows = split_inputs(inputs, chunk_size), None
+        else:
+            rows = list(order.split(chunk_size))
+            chunks = [
+                {k: t.index_select(0, r.to(t.device)) for k, t in inputs.items()} for r in rows
+            ]
         if self.trim_padding:
-            q_chunks = [trim_padding(c) for c in q_chunks]
-            p_chunks = [trim_padding(c) for c in p_chunks]
-        return _Tower(self.encode_q, q_chunks), _Tower(self.encode_p, p_chunks)
+            chunks = [trim_padding(c) for c in chunks]
+        return _Tower(encode, chunks, rows)
 
     def forward_no_grad(self, tower: _Tower) -> None:
         """Encode every chunk (all but the last if kept) without a graph; record RNG states."""
@@ -177,7 +199,8 @@ class GradCache:
             _store(tower, len(tower.chunks) - 1, tower.last_reps.detach())
 
     def build_cache(self, q: _Tower, p: _Tower, **loss_kwargs) -> Tensor:
-        """Loss on the detached reps and its gradient per chunk; raises on a non-finite loss."""
+        """Loss on the detached reps (batch order) and its gradient per chunk (chunk order);
+        raises on a non-finite loss."""
         q_all = _cache_leaf(q.reps)
         p_all = _cache_leaf(p.reps)
         with torch.enable_grad(), torch.autocast(q_all.device.type, enabled=False):
@@ -189,8 +212,8 @@ class GradCache:
                     f"non-finite loss ({loss.item()}); no gradient was written"
                 )
             q_grad, p_grad = torch.autograd.grad(loss, [q_all, p_all], allow_unused=True)
-        q.grads = _split_like(q_grad, q_all, q.chunks)
-        p.grads = _split_like(p_grad, p_all, p.chunks)
+        q.grads = _split_like(q_grad, q_all, q)
+        p.grads = _split_like(p_grad, p_all, p)
         return loss.detach()
 
     def forward_backward(self, q: _Tower, p: _Tower) -> None:
@@ -253,8 +276,21 @@ class GradCache:
         surrogate.backward()
 
 
+def longest_first(inputs: Inputs) -> Tensor | None:
+    """Row order by decreasing ``attention_mask`` length (ties in batch order) [rows]; None
+    when there is no mask or the rows are already in that order (nothing to gain)."""
+    mask = inputs.get("attention_mask")
+    if mask is None or mask.dim() != 2:
+        return None
+    lengths = mask.sum(dim=1).cpu()
+    if bool((lengths[:-1] >= lengths[1:]).all()):
+        return None
+    return torch.sort(lengths, descending=True, stable=True).indices
+
+
 def _store(tower: _Tower, index: int, reps: Tensor) -> None:
-    """Copy chunk ``index``'s reps into the tower's buffer, allocated at the first chunk.
+    """Copy chunk ``index``'s reps to their batch rows of the tower's buffer, allocated at the
+    first chunk.
 
     One buffer instead of a small tensor per chunk: no long-lived allocation lands between
     the chunks' short-lived activations (which fragments the CPU heap and grows the peak
@@ -263,6 +299,9 @@ def _store(tower: _Tower, index: int, reps: Tensor) -> None:
     if tower.reps is None:
         rows = sum(batch_rows(c) for c in tower.chunks)
         tower.reps = reps.new_empty((rows, *reps.shape[1:]))
+    if tower.rows is not None:
+        tower.reps.index_copy_(0, tower.rows[index].to(reps.device), reps)
+        return
     start = sum(batch_rows(c) for c in tower.chunks[:index])
     tower.reps[start : start + reps.shape[0]].copy_(reps)
 
@@ -274,10 +313,13 @@ def _cache_leaf(joined: Tensor) -> Tensor:
     return joined.detach().requires_grad_(True)
 
 
-def _split_like(grad: Tensor | None, joined: Tensor, chunks: list[Inputs]) -> list[Tensor]:
+def _split_like(grad: Tensor | None, joined: Tensor, tower: _Tower) -> list[Tensor]:
+    """The gradient [rows, d] (batch order) cut into the tower's chunks, rows as encoded."""
     if grad is None:
         grad = torch.zeros_like(joined)
-    return list(grad.split([batch_rows(c) for c in chunks]))
+    if tower.rows is not None:
+        return [grad.index_select(0, rows.to(grad.device)) for rows in tower.rows]
+    return list(grad.split([batch_rows(c) for c in tower.chunks]))
 
 
 def _surrogate(reps: Tensor, grad: Tensor) -> Tensor:

@@ -75,6 +75,7 @@ def make_stepper(
     p_chunk_size: int | None = None,
     scaler: torch.amp.GradScaler | None = None,
     keep_last_graph: bool = True,
+    length_order: bool = True,
     release_memory: Callable[[], object] | None = None,
 ):
     """The step object of ``mode`` over ``towers`` (see :data:`MODES`)."""
@@ -88,6 +89,7 @@ def make_stepper(
             scaler=scaler,
             no_sync=towers.no_sync,
             keep_last_graph=keep_last_graph,
+            length_order=length_order,
             release_memory=release_memory,
         )
     if mode == "full":

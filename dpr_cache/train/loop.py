@@ -106,7 +106,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         )  # fmt: skip
         stepper = make_stepper(
             cfg.mode, towers, loss_fn, chunk_size=chunk_size, p_chunk_size=cfg.p_chunk_size,
-            scaler=scaler, keep_last_graph=cfg.keep_last_graph, release_memory=memory.trim,
+            scaler=scaler, keep_last_graph=cfg.keep_last_graph, length_order=cfg.length_order,
+            release_memory=memory.trim,
         )  # fmt: skip
 
         # -- resume or start -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The engine's speed and memory savings: padding trimmed per chunk, the memory release hook."""
+"""The engine's speed and memory savings: rows chunked by length, padding trimmed per chunk, the
+memory release hook."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from dpr_cache.core.engine import GradCache
+from dpr_cache.core.engine import GradCache, longest_first
 from dpr_cache.core.inputs import trim_padding
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
@@ -68,3 +69,50 @@ def test_release_hook_follows_its_schedule_and_gradients_stay_exact(
     scale = max(a.abs().max() for a in ref)  # relative to the largest gradient, as elsewhere
     for a, b in zip(ref, got, strict=True):
         assert (a - b).abs().max() <= 1e-10 * scale
+
+
+def test_longest_first_orders_rows_by_mask_length_ties_in_batch_order():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    assert longest_first({"attention_mask": mask}).tolist() == [1, 3, 0, 4, 2]
+    assert longest_first({"attention_mask": mask[[1, 3, 0, 4, 2]]}) is None  # already ordered
+    assert longest_first({"input_ids": mask}) is None  # no mask: nothing to order by
+
+
+def _padded_tokens(tower) -> int:
+    return sum(c["input_ids"].numel() for c in tower.chunks)
+
+
+@pytest.mark.parametrize("chunk", [2, 3])  # 3: an uneven last chunk of each tower
+def test_length_order_pads_less_and_changes_no_gradient(float64, chunk):
+    """Chunked longest first, each chunk is at most as wide as the one before and the step
+    encodes fewer padded tokens; the gradient equals the batch-order chunks' and plain
+    autograd's. Lengths are spread wide (2..24 tokens) so the order matters."""
+    torch.manual_seed(0)
+    model = BiEncoder.from_config(bert_config(), shared=False).double().train()
+    q, p = random_inputs(7, 24, seed=3), random_inputs(14, 24, seed=4)
+    q["attention_mask"][1, 3:] = 0  # a short question in the first chunk of batch order
+    q["input_ids"] *= q["attention_mask"]
+    model.zero_grad()
+    contrastive_loss(model.encode_query(q), model.encode_passage(p)).backward()
+    want = [x.grad.clone() for x in model.parameters() if x.grad is not None]
+    result = {}
+    for ordered in (True, False):
+        engine = GradCache(
+            model.encode_query, model.encode_passage, contrastive_loss, chunk,
+            length_order=ordered,
+        )  # fmt: skip
+        towers = engine.split(q, p)
+        widths = [c["input_ids"].shape[1] for c in towers[0].chunks]
+        model.zero_grad()
+        loss = engine.step(q, p)
+        grads = [x.grad.clone() for x in model.parameters() if x.grad is not None]
+        result[ordered] = (widths, sum(_padded_tokens(t) for t in towers), loss, grads)
+    widths, tokens, loss, got = result[True]
+    assert widths == sorted(widths, reverse=True)
+    assert tokens < result[False][1]  # the saving is real on ragged rows
+    assert result[False][0] != sorted(result[False][0], reverse=True)  # batch order is not sorted
+    assert loss.item() == pytest.approx(result[False][2].item(), rel=1e-12)
+    scale = max(a.abs().max() for a in want)
+    for grads in (got, result[False][3]):
+        for a, b in zip(want, grads, strict=True):
+            assert (a - b).abs().max() <= 1e-10 * scale
