@@ -68,6 +68,7 @@ class TrainConfig(_Section):
     log_every: int = Field(1, ge=1)
     keep_last_graph: bool = True
     length_order: bool = True  # gradcache: chunk rows longest first (less padding; exact)
+    fast_dropout: bool = True  # CPU: dropout masks four to a 64-bit draw (model/fast_dropout)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int | None = Field(None, ge=1)
     log_to: Literal["tensorboard", "none"] | None = None  # null = tensorboard when installed

@@ -1,8 +1,12 @@
 """One benchmark point, meant to run in a fresh process: a model, a mode, a batch size.
 
-Inputs are synthetic: random token ids (the tokenizer's [CLS] first and [SEP] last) with every
-row exactly ``q_len`` (questions) or ``p_len`` (passages) tokens long and no padding, so every mode
-encodes the same number of tokens. The model is in train mode (its own dropout) and every mode
+Inputs are synthetic by default: random token ids (the tokenizer's [CLS] first and [SEP] last)
+with every row exactly ``q_len`` (questions) or ``p_len`` (passages) tokens long and no padding,
+so every mode encodes the same number of tokens. With ``text`` a DPR training file, they are real:
+the trainer's batch of step 0 (seed ``seed``), tokenized as the trainer does, questions cut at
+``q_len`` and passages at ``p_len``, padded to the batch's longest row; the point then also
+reports the collate time, the batch's real (unpadded) tokens and the tokens each mode encodes,
+padding and repeated passes included. The model is in train mode (its own dropout) and every mode
 goes through the trainer's code path (:func:`dpr_cache.core.steppers.make_stepper`); peers go
 through :mod:`dpr_cache.bench.peers`. A step is ``zero_grad`` plus the stepper's ``.step`` (forward,
 loss, backward); the optimizer is left out (it costs the same in every mode).
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.memory import peak_memory_bytes, rss_bytes
 
 __all__ = ["PointSpec", "StepSettings", "MODES", "run_point"]
@@ -49,6 +54,11 @@ class StepSettings:
     warmup: int = 1
     threads: int | None = None
     device: str = "cpu"
+    text: str = "synthetic"  # or a DPR training file (JSON / JSONL): real, ragged text
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast around the step
+    length_order: bool = True  # gradcache: chunk rows longest first
+    fast_dropout: bool = True  # our modes on CPU, as the trainer (peers keep PyTorch's dropout)
+    cache_dir: str | None = None  # Arrow cache of ``text``; default ~/.cache/dpr-cache
 
 
 @dataclass(kw_only=True)
@@ -64,7 +74,7 @@ class PointSpec(StepSettings):
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
-def _stepper(spec: PointSpec, model):
+def point_stepper(spec: PointSpec, model):
     from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
     from dpr_cache.runtime.memory import trim
 
@@ -83,31 +93,50 @@ def _stepper(spec: PointSpec, model):
         loss_fn,
         chunk_size=spec.chunk,
         keep_last_graph=spec.mode != "gradcache-naive",
-        length_order=spec.mode != "gradcache-naive",
+        length_order=spec.length_order and spec.mode != "gradcache-naive",
         release_memory=trim,  # as the trainer runs it
     )
 
 
-def run_point(spec: PointSpec) -> dict:
-    """Load the model, build the batch and the stepper, time ``warmup + repeats`` steps."""
+def load_point(spec: PointSpec):
+    """(model in train mode, question inputs, passage inputs, passage ids, collate seconds or
+    None) of ``spec``, on its device."""
     from dpr_cache.data.synthetic import synthetic_batch
     from dpr_cache.model.biencoder import BiEncoder
 
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
     model = BiEncoder.from_pretrained(
         spec.model, shared=spec.shared, pooling=spec.pooling, dropout=spec.dropout
     )
     model = model.to(device).train()
-    vocab = int(model.query_encoder.config.vocab_size)
-    n_p = spec.batch * (1 + spec.hard_negatives)
-    q, p, ids = synthetic_batch(model.tokenizer, vocab, spec.batch, n_p, spec.q_len, spec.p_len, 1)
+    if spec.fast_dropout and spec.mode in OWN_MODES and device.type == "cpu":
+        from dpr_cache.model.fast_dropout import use_fast_dropout
+
+        use_fast_dropout([model.query_encoder, model.passage_encoder])
+    collate_s = None
+    if spec.text == "synthetic":
+        vocab = int(model.query_encoder.config.vocab_size)
+        n_p = spec.batch * (1 + spec.hard_negatives)
+        q, p, ids = synthetic_batch(
+            model.tokenizer, vocab, spec.batch, n_p, spec.q_len, spec.p_len, 1
+        )
+    else:
+        q, p, ids, collate_s = _real_batch(spec, model.tokenizer)
     q = {k: v.to(device) for k, v in q.items()}
     p = {k: v.to(device) for k, v in p.items()}
-    ids = ids.to(device)
-    stepper = _stepper(spec, model)
+    return model, q, p, ids.to(device), collate_s
+
+
+def run_point(spec: PointSpec) -> dict:
+    """Load the model, build the batch and the stepper, time ``warmup + repeats`` steps."""
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.seed)
+    model, q, p, ids, collate_s = load_point(spec)
+    device = torch.device(spec.device)
+    real_tokens = int(q["attention_mask"].sum() + p["attention_mask"].sum())
+    counter = _TokenCounter(model)
+    stepper = point_stepper(spec, model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -115,9 +144,11 @@ def run_point(spec: PointSpec) -> dict:
     times, losses = [], []
     for _ in range(spec.warmup + spec.repeats):
         model.zero_grad(set_to_none=True)
+        counter.count = 0
         sync()
         start = time.perf_counter()
-        loss = stepper.step(q, p, p_ids=ids)
+        with autocast(device, spec.precision):
+            loss = stepper.step(q, p, p_ids=ids)
         sync()
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
@@ -134,9 +165,51 @@ def run_point(spec: PointSpec) -> dict:
         "ready_peak_bytes": ready_peak,
         "step_peak_over_ready_bytes": peak - (ready_rss or ready_peak),
         "loss": losses[-1],
+        "collate_s": collate_s,
+        "real_tokens": real_tokens,
+        "encoded_tokens": counter.count,  # of the last step, padding and every pass included
+        "real_tokens_per_s": real_tokens / step_s,
         "threads_used": torch.get_num_threads(),
         "torch": torch.__version__,
     }
+
+
+def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, float]:
+    """The trainer's step-0 batch of ``spec.text`` (seed ``spec.seed``) and its collate time."""
+    from pathlib import Path
+
+    from dpr_cache.data.arrow_cache import default_cache_dir
+    from dpr_cache.data.batches import TrainBatches
+    from dpr_cache.data.collate import build_batch
+    from dpr_cache.data.training import load_training_set
+
+    cache = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
+    dataset = load_training_set(Path(spec.text), cache)
+    indices = TrainBatches(len(dataset), spec.batch, spec.seed, source=spec.text).batch_indices(0)
+    start = time.perf_counter()
+    batch = build_batch(
+        [dataset[i] for i in indices], tokenizer=tokenizer, hard_negatives=spec.hard_negatives,
+        max_query_length=spec.q_len, max_passage_length=spec.p_len, seed=spec.seed, step=0,
+        pool_for_padding=dataset, indices=indices,
+    )  # fmt: skip
+    return batch.q_inputs, batch.p_inputs, batch.p_ids, time.perf_counter() - start
+
+
+class _TokenCounter:
+    """Counts the token positions (padding included) every forward of the model's encoders is
+    given, whoever calls them: our steppers and the peers alike."""
+
+    def __init__(self, model) -> None:
+        self.count = 0
+        towers = {id(t): t for t in (model.query_encoder, model.passage_encoder)}
+        for tower in towers.values():  # its embeddings: a peer may call tower.forward directly
+            embeddings = getattr(tower, "embeddings", tower)
+            embeddings.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.count += ids.numel()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -75,7 +75,7 @@ def plan_points(plan: BenchPlan) -> list[PointSpec]:
     return specs
 
 
-def _run_child(module: str, payload: dict) -> dict:
+def run_child_or_error(module: str, payload: dict) -> dict:
     """The child's result, or the payload with ``error`` (exit code and last stderr line)."""
     try:
         return run_json_child(module, [json.dumps(payload)])
@@ -85,7 +85,7 @@ def _run_child(module: str, payload: dict) -> dict:
 
 def run_point(spec: PointSpec) -> dict:
     """One point in a fresh process; ``{"error": ...}`` added instead of figures on failure."""
-    return _run_child("dpr_cache.bench.point", dataclasses.asdict(spec))
+    return run_child_or_error("dpr_cache.bench.point", dataclasses.asdict(spec))
 
 
 def _load_done(path: Path) -> dict[str, dict]:
@@ -94,7 +94,8 @@ def _load_done(path: Path) -> dict[str, dict]:
         row = json.loads(line)
         if "error" not in row:
             keys = {f.name for f in dataclasses.fields(PointSpec)}
-            done[PointSpec(**{k: row[k] for k in keys}).key()] = row
+            spec = PointSpec(**{k: row[k] for k in keys if k in row})  # older rows: defaults
+            done[spec.key()] = row
     return done
 
 
@@ -151,7 +152,7 @@ def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], N
         saved = json.loads(path.read_text())
         if saved.get("args") == args:
             return saved["result"]
-    index = _run_child("dpr_cache.bench.index", args)
+    index = run_child_or_error("dpr_cache.bench.index", args)
     if "error" in index:
         echo(f"index: {index['error']}")
         return None

