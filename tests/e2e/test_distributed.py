@@ -196,6 +196,10 @@ def train_args(out: Path, cache: Path, *extra: str) -> list[str]:
     # LayerNorm bias shifts every passage rep alike, so the loss ignores it) into a +-lr step;
     # with the default 1e-8 even two single-process runs with other chunk sizes differ by ~lr
     # there. A larger eps keeps the comparison about the gradients, not about that noise.
+    # length_order off: each rank orders its own rows by length, so its chunks would differ from
+    # the single process's and so would that noise (the bias then differs by ~1.4e-6); ordered
+    # chunks across ranks are compared in float64 above (two ranks give the single-process
+    # gradient, with length_order on by default).
     sets = {
         "output_dir": out,
         "data.cache_dir": cache,
@@ -206,6 +210,7 @@ def train_args(out: Path, cache: Path, *extra: str) -> list[str]:
         "train.checkpoint_every": 2,
         "train.num_threads": 1,
         "train.adam_eps": 1e-4,
+        "train.length_order": "false",
     }
     args = ["train", "--config", "configs/toy.yaml", "--quiet"]
     for key, value in sets.items():
