@@ -5,13 +5,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from dpr_cache.bench.report import load_text, targets_table
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = ["markdown", "plot"]
-
-
-def _load(values) -> str:
-    return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
 
 
 def _configs_table(configs: list[dict]) -> list[str]:
@@ -32,15 +29,6 @@ def _configs_table(configs: list[dict]) -> list[str]:
             f" ({c['encoded_tokens'] / c['real_tokens']:.2f} x real) | {c['real_tokens']:,}"
             f" | {c['peak_gb']:.2f}{over} |"
         )
-    return lines
-
-
-def _targets_table(targets: list[dict]) -> list[str]:
-    lines = ["| target | measured | goal | met | detail |", "|---|--:|---|---|---|"]
-    for t in targets:
-        met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
-        value = "-" if t["value"] is None else t["value"]
-        lines.append(f"| {t['target']} | {value} | {t['goal']} | {met} | {t['detail']} |")
     return lines
 
 
@@ -90,7 +78,8 @@ def markdown(result: dict) -> str:
         f" {' '.join(m['flags']) or 'none listed'}; torch {m['torch']} ({m['threads']} threads),"
         f" transformers {m['transformers']}. Started {result['started']},"
         f" {result['seconds'] / 60:.0f} min; load average (1, 5, 15 min) at start"
-        f" {_load(result.get('load_average_at_start'))}, at end {_load(m.get('load_average'))}.",
+        f" {load_text(result.get('load_average_at_start'))},"
+        f" at end {load_text(m.get('load_average'))}.",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -110,7 +99,7 @@ def markdown(result: dict) -> str:
         "",
         "## Targets",
         "",
-        *_targets_table(result["targets"]),
+        targets_table(result["targets"]),
         "",
         "## Configurations",
         "",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dpr_cache.runtime.atomic import write_atomic
 
-__all__ = ["targets", "markdown", "plot"]
+__all__ = ["targets", "markdown", "plot", "targets_table", "load_text"]
 
 GB = 1e9
 
@@ -105,7 +105,8 @@ def _points_table(points: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _targets_table(rows: list[dict]) -> str:
+def targets_table(rows: list[dict]) -> str:
+    """The targets as a markdown table."""
     lines = ["| target | measured | goal | met | detail |", "|---|---:|---|---|---|"]
     for t in rows:
         met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
@@ -114,7 +115,8 @@ def _targets_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _load(values) -> str:
+def load_text(values) -> str:
+    """Load averages as "1.0/2.0/3.0" ("n/a" where the OS has none)."""
     return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
 
 
@@ -129,7 +131,8 @@ def markdown(result: dict) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM, torch {m['torch']} "
         f"({m['threads']} threads), {m['device']}. Started {result['started']}, "
         f"{result['seconds'] / 60:.0f} min; load average (1, 5, 15 min) at start "
-        f"{_load(result.get('load_average_at_start'))}, at end {_load(m.get('load_average'))}.",
+        f"{load_text(result.get('load_average_at_start'))}, "
+        f"at end {load_text(m.get('load_average'))}.",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -143,7 +146,7 @@ def markdown(result: dict) -> str:
         "",
         "## Targets",
         "",
-        _targets_table(result["targets"]),
+        targets_table(result["targets"]),
         "",
         "## Encoder steps",
         "",
