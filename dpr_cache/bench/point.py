@@ -61,6 +61,10 @@ class StepSettings:
     cache_dir: str | None = None  # Arrow cache of ``text``; default ~/.cache/dpr-cache
 
 
+# What the bench did before each later field existed (rows saved then lack the field).
+FIELDS_BEFORE_ADDED = {"length_order": False, "fast_dropout": False}
+
+
 @dataclass(kw_only=True)
 class PointSpec(StepSettings):
     """Everything one point depends on (JSON-serialisable): the shared settings, mode and batch."""
@@ -68,6 +72,15 @@ class PointSpec(StepSettings):
     mode: str
     batch: int
     seed: int = 0
+
+    @classmethod
+    def from_row(cls, row: dict) -> PointSpec:
+        """The spec a saved result row was measured with.
+
+        A field the row lacks was added after it was measured: it takes the value that
+        reproduces the code of that time, so the row is never mistaken for the new default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**FIELDS_BEFORE_ADDED, **{k: v for k, v in row.items() if k in names}})
 
     def key(self) -> str:
         """A stable id of the point, to reuse earlier results of the same spec."""

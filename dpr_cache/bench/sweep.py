@@ -93,9 +93,7 @@ def _load_done(path: Path) -> dict[str, dict]:
     for line in read_lines(path):
         row = json.loads(line)
         if "error" not in row:
-            keys = {f.name for f in dataclasses.fields(PointSpec)}
-            spec = PointSpec(**{k: row[k] for k in keys if k in row})  # older rows: defaults
-            done[spec.key()] = row
+            done[PointSpec.from_row(row).key()] = row
     return done
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -130,3 +131,20 @@ def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_loss, "available_bytes", lambda: 2 * big)  # control: room for both
     rows, skipped = bench._loss_sweep(plan, tmp_path / "loss2.jsonl", False, lambda line: None)
     assert ran == [1024, 1024, 262144] and skipped == []
+
+
+def test_reuse_never_takes_a_row_measured_before_a_field_existed(tmp_path):
+    from dpr_cache.bench.point import PointSpec
+    from dpr_cache.bench.sweep import _load_done
+
+    spec = PointSpec(mode="gradcache", batch=128)  # today's defaults: length order, fast dropout
+    current = {**dataclasses.asdict(spec), "step_s": 1.0}
+    older = {k: v for k, v in current.items() if k not in ("length_order", "fast_dropout")}
+    path = tmp_path / "points.jsonl"
+    path.write_text(json.dumps(older) + "\n")
+    assert spec.key() not in _load_done(path)  # measured before the savings: not reused
+    assert PointSpec.from_row(older) == PointSpec(
+        mode="gradcache", batch=128, length_order=False, fast_dropout=False
+    )
+    path.write_text(json.dumps(current) + "\n")
+    assert _load_done(path)[spec.key()]["step_s"] == 1.0  # a row of the same spec is reused
