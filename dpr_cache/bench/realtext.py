@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dpr_cache.bench.machine import load_average, machine_info
 from dpr_cache.bench.point import PointSpec
-from dpr_cache.bench.sweep import run_child_or_error, run_point
+from dpr_cache.bench.sweep import cached_child_result, run_point
 from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
 
 __all__ = ["RealTextPlan", "plan_configs", "summarize", "run_realtext"]
@@ -189,20 +189,14 @@ def _done(path: Path) -> set[tuple[str, int]]:
     return {(json.loads(line)["key"], json.loads(line)["round"]) for line in read_lines(path)}
 
 
-def _profile(spec: PointSpec, path: Path, echo: Callable[[str], None]) -> dict | None:
-    """The phase profile of ``spec`` in a fresh process (reused if ``path`` holds the same)."""
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("key") == spec.key():
-            return saved
-    result = run_child_or_error("dpr_cache.bench.profile", dataclasses.asdict(spec))
-    if "error" in result:
-        echo(f"profile: {result['error']}")
-        return None
-    result["key"] = spec.key()
-    write_json_atomic(path, result)
-    echo(f"profile: step {result['dropout_on']['step']:.2f} s with dropout, "
-         f"{result['dropout_off']['step']:.2f} s without")  # fmt: skip
+def _profile(spec: PointSpec, path: Path, reuse: bool, echo: Callable[[str], None]) -> dict | None:
+    """The phase profile of ``spec`` in a fresh process (with ``reuse``, kept if already in
+    ``path``)."""
+    args = dataclasses.asdict(spec)
+    result = cached_child_result("dpr_cache.bench.profile", args, path, reuse, echo)
+    if result is not None:
+        echo(f"profile: step {result['dropout_on']['step']:.2f} s with dropout, "
+             f"{result['dropout_off']['step']:.2f} s without")  # fmt: skip
     return result
 
 
@@ -227,9 +221,11 @@ def run_realtext(
     load_at_start = load_average()
     timed, memory = plan_configs(plan)
     schedule = [(r, s) for r in range(1, plan.rounds + 1) for s in timed] + [(1, s) for s in memory]
+    measured = 0
     for round_, spec in schedule:
         if (spec.key(), round_) in done:
             continue
+        measured += 1
         row = {**run_point(spec), "key": spec.key(), "round": round_}
         with points_file.open("a", encoding="utf-8") as f:
             append_line(f, json.dumps(row))
@@ -238,7 +234,7 @@ def run_realtext(
             f"{row['encoded_tokens']:,} tokens encoded, peak {row['peak_bytes'] / 1e9:.2f} GB"
         )
         echo(f"round {round_} {label(dataclasses.asdict(spec)):>40}: {figures}")
-    profile = _profile(timed[0], out / PROFILE_FILE, echo) if plan.profile else None
+    profile = _profile(timed[0], out / PROFILE_FILE, reuse, echo) if plan.profile else None
     rows = [json.loads(line) for line in read_lines(points_file)]
     summaries = summarize(rows, plan.budget_gb)
     result = {
@@ -246,6 +242,8 @@ def run_realtext(
         "seconds": time.perf_counter() - t0,
         "load_average_at_start": load_at_start,
         "command": command,
+        "rows_measured": measured,  # by this run; the rest were kept from earlier runs (reuse)
+        "rows_kept": len(rows) - measured,
         "machine": machine_info("cpu", plan.threads),
         "plan": dataclasses.asdict(plan),
         "configs": summaries,

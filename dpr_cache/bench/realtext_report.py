@@ -68,6 +68,17 @@ def _profile_table(profile: dict) -> list[str]:
     return lines
 
 
+def _provenance(result: dict) -> str:
+    """How many rows this run measured, when some were kept from earlier runs."""
+    measured, kept = result.get("rows_measured", 0), result.get("rows_kept", 0)
+    if not kept:
+        return ""
+    return (
+        f" (this run measured {measured} of the {measured + kept} rows; the other {kept} were"
+        " kept from earlier runs of the same command)"
+    )
+
+
 def markdown(result: dict) -> str:
     """realtext.md: machine (CPU model and flags), command, recipe, targets, every config."""
     m, plan = result["machine"], result["plan"]
@@ -81,7 +92,7 @@ def markdown(result: dict) -> str:
         f" {load_text(result.get('load_average_at_start'))},"
         f" at end {load_text(m.get('load_average'))}.",
         "",
-        f"Command: `{result['command']}`",
+        f"Command: `{result['command']}`{_provenance(result)}",
         "",
         f"Text: the trainer's first batch of `{plan['text']}` (its questions and passages as"
         f" they are, cut at {plan['q_len']} and {plan['p_len']} tokens, padded to the batch's"

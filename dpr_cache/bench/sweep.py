@@ -139,6 +139,25 @@ def _loss_sweep(
     return rows, skipped
 
 
+def cached_child_result(
+    module: str, args: dict, path: Path, reuse: bool, echo: Callable[[str], None]
+) -> dict | None:
+    """``module``'s result for ``args`` in a fresh process, saved in ``path`` with its args.
+
+    With ``reuse``, a result saved for the same args is returned without running the child.
+    A failed child is echoed and gives None (nothing is saved)."""
+    if reuse and path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("args") == args:
+            return saved["result"]
+    result = run_child_or_error(module, args)
+    if "error" in result:
+        echo(f"{module}: {result['error']}")
+        return None
+    write_json_atomic(path, {"args": args, "result": result})
+    return result
+
+
 def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]):
     """Sorted versus padded corpus encoding in a fresh process (reused if the same args)."""
     args = dict(
@@ -146,16 +165,9 @@ def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], N
         max_length=plan.index_max_length, batch_size=plan.index_batch_size,
         limit=plan.index_limit, threads=plan.threads,
     )  # fmt: skip
-    if reuse and path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("args") == args:
-            return saved["result"]
-    index = run_child_or_error("dpr_cache.bench.index", args)
-    if "error" in index:
-        echo(f"index: {index['error']}")
-        return None
-    write_json_atomic(path, {"args": args, "result": index})
-    echo(f"index: padded {index['padded_s']:.1f} s, sorted {index['sorted_s']:.1f} s")
+    index = cached_child_result("dpr_cache.bench.index", args, path, reuse, echo)
+    if index is not None:
+        echo(f"index: padded {index['padded_s']:.1f} s, sorted {index['sorted_s']:.1f} s")
     return index
 
 

@@ -116,6 +116,10 @@ def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path):
     page = (out / "realtext.md").read_text()
     assert "| ours (gradcache) B=8 chunk 4 | 2 |" in page and "## Where the time goes" in page
     assert json.loads((out / "realtext.json").read_text())["machine"]["flags"] is not None
-    again = run_cli(*args, "--reuse")  # every round done: nothing re-run
+    assert "kept from earlier runs" not in page
+    profile = (out / realtext.PROFILE_FILE).read_text()
+    again = run_cli(*args, "--reuse")  # every round and the profile done: nothing re-run
     assert again.returncode == 0
     assert (out / realtext.POINTS_FILE).read_text().splitlines() == lines
+    assert (out / realtext.PROFILE_FILE).read_text() == profile
+    assert "this run measured 0 of the 6 rows" in (out / "realtext.md").read_text()
