@@ -137,7 +137,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    """Pairs per second (every round a dot, the median a bar) and tokens encoded per step."""
+    """Pairs per second (every round a dot, the median a bar) and tokens encoded per pair."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,12 +151,13 @@ def plot(result: dict, path: Path) -> Path:
         left.barh(y, c["pairs_per_s"], color=color, alpha=0.6)
         left.scatter([c["batch"] / s for s in c["step_s_each"]], [y] * len(c["step_s_each"]),
                      color="black", s=10, zorder=3)  # fmt: skip
-        right.barh(y, c["encoded_tokens"] / 1e3, color=color, alpha=0.6)
-        right.scatter([c["real_tokens"] / 1e3], [y], marker="|", s=200, color="black", zorder=3)
+        right.barh(y, c["encoded_tokens"] / c["batch"], color=color, alpha=0.6)
+        right.scatter([c["real_tokens"] / c["batch"]], [y], marker="|", s=200, color="black",
+                      zorder=3)  # fmt: skip
     left.set_yticks(ys, [c["label"] for c in configs], fontsize=8)
     left.set_xlabel("question-passage pairs per second (dots: each round)")
     right.set_yticks(ys, ["" for _ in configs])
-    right.set_xlabel("thousand tokens encoded a step, padding and passes included (|: real tokens)")
+    right.set_xlabel("tokens encoded a pair, padding and passes included (|: real tokens)")
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(f"{result['machine']['cpu']}: training step on real text")
