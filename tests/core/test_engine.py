@@ -11,6 +11,7 @@ from dpr_cache.core.accumulate import Accumulate, FullBatch
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.testing.finite_difference import directional_error
 from dpr_cache.testing.fixtures import bert_config, random_inputs
 
 N_Q = 7  # questions; chunk 3 leaves an uneven last chunk
@@ -130,23 +131,7 @@ def directional_check(replay_rng: bool, chunk: int = 2) -> float:
         model.zero_grad(set_to_none=True)
         return engine.step(q_inputs, p_inputs, p_ids=p_ids)
 
-    loss_at_seed()
-    params = [p for p in model.parameters() if p.requires_grad]
-    gen = torch.Generator().manual_seed(5)
-    direction = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params]
-    analytic = sum((p.grad * d).sum() for p, d in zip(params, direction, strict=True)).item()
-    eps = 1e-6  # truncation error is O(eps^2): 1e-5 gives ~1e-6 here, 1e-6 gives ~1e-8
-    values = []
-    for sign in (1, -1):
-        with torch.no_grad():
-            for p, d in zip(params, direction, strict=True):
-                p.add_(sign * eps * d)
-        values.append(loss_at_seed().item())
-        with torch.no_grad():
-            for p, d in zip(params, direction, strict=True):
-                p.sub_(sign * eps * d)
-    numeric = (values[0] - values[1]) / (2 * eps)
-    return abs(numeric - analytic) / abs(analytic)
+    return directional_error(model, loss_at_seed)
 
 
 @pytest.mark.parametrize("chunk", [2, 4])  # 4: uneven last chunks (6 questions, 12 passages)

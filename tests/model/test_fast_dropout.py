@@ -22,6 +22,7 @@ from dpr_cache.model.fast_dropout import (
     keep_mask,
     use_fast_dropout,
 )
+from dpr_cache.testing.finite_difference import directional_error
 from dpr_cache.testing.fixtures import TOY, bert_config, random_inputs
 
 
@@ -126,21 +127,7 @@ def _directional_error(replay_rng: bool) -> float:
         model.zero_grad(set_to_none=True)
         return engine.step(q, p)
 
-    loss()
-    params = [x for x in model.parameters() if x.requires_grad]
-    gen = torch.Generator().manual_seed(5)
-    direction = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in params]
-    analytic = sum((x.grad * d).sum() for x, d in zip(params, direction, strict=True)).item()
-    eps, values = 1e-6, []
-    for sign in (1, -1):
-        with torch.no_grad():
-            for x, d in zip(params, direction, strict=True):
-                x.add_(sign * eps * d)
-        values.append(loss().item())
-        with torch.no_grad():
-            for x, d in zip(params, direction, strict=True):
-                x.sub_(sign * eps * d)
-    return abs((values[0] - values[1]) / (2 * eps) - analytic) / abs(analytic)
+    return directional_error(model, loss)
 
 
 def test_gradcache_gradient_is_exact_with_fast_dropout():
