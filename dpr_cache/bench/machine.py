@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["cpu_info", "machine_info", "load_average", "matmul_gflops"]
+__all__ = ["cpu_info", "cpu_text", "machine_info", "load_average", "matmul_gflops"]
 
 _FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
 
@@ -35,6 +35,13 @@ def cpu_info() -> dict:
         "cores": os.cpu_count(),
         "ram_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
     }
+
+
+def cpu_text(info: dict) -> str:
+    """One line for a report: CPU model, cores, RAM and vector flags, from :func:`cpu_info`."""
+    ram = f"{info['ram_gb']:g} GB" if info.get("ram_gb") else "unknown"
+    flags = " ".join(info.get("flags") or []) or "none listed"
+    return f"{info.get('cpu')}, {info.get('cores')} cores, {ram} RAM; vector flags: {flags}"
 
 
 def load_average() -> tuple[float, float, float] | None:

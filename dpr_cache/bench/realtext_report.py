@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from dpr_cache.bench.machine import cpu_text
 from dpr_cache.bench.report import load_text, targets_table
 from dpr_cache.runtime.atomic import write_atomic
 
@@ -85,8 +86,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# dpr-cache bench: the training step on real text",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM; vector flags:"
-        f" {' '.join(m['flags']) or 'none listed'}; torch {m['torch']} ({m['threads']} threads),"
+        f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads),"
         f" transformers {m['transformers']}. Started {result['started']},"
         f" {result['seconds'] / 60:.0f} min; load average (1, 5, 15 min) at start"
         f" {load_text(result.get('load_average_at_start'))},"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from dpr_cache.bench.machine import cpu_text
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = ["targets", "markdown", "plot", "targets_table", "load_text"]
@@ -128,8 +129,8 @@ def markdown(result: dict) -> str:
     parts = [
         "# dpr-cache bench",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM, torch {m['torch']} "
-        f"({m['threads']} threads), {m['device']}. Started {result['started']}, "
+        f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads), {m['device']}."
+        f" Started {result['started']}, "
         f"{result['seconds'] / 60:.0f} min; load average (1, 5, 15 min) at start "
         f"{load_text(result.get('load_average_at_start'))}, "
         f"at end {load_text(m.get('load_average'))}.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from dpr_cache.bench.machine import cpu_text
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 
 __all__ = ["write_report", "targets"]
@@ -32,11 +33,6 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
          rate >= 0.5 if rate else None),
     ]  # fmt: skip
     return out
-
-
-def _machine(m: dict) -> str:
-    return (f"{m.get('cpu')}, {m.get('cores')} cores, {m.get('ram_gb')} GB RAM; vector flags: "
-            f"{' '.join(m.get('flags', []))}")  # fmt: skip
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -79,12 +75,12 @@ def write_report(results: dict, out: Path) -> Path:
         " the kernel counts it, memory-mapped pages included). All data is **synthetic**, in NQ's"
         " structure and size: no NQ file can be downloaded here.",
         "",
-        f"Machine: {_machine(m)}.",
+        f"Machine: {cpu_text(m)}.",
     ]
     machines = results.get("machines", {})
-    if len({_machine(v) for v in machines.values()}) > 1:
+    if len({cpu_text(v) for v in machines.values()}) > 1:
         lines += ["", "The steps ran on different machines:", ""]
-        lines += _table(["step", "machine"], [[k, _machine(v)] for k, v in machines.items()])
+        lines += _table(["step", "machine"], [[k, cpu_text(v)] for k, v in machines.items()])
     if targets(results):
         lines += ["", "## Targets (exact search)", ""]
         lines += _table(["target", "measured", "goal", "met"],

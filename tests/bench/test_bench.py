@@ -50,7 +50,8 @@ def test_smoke_run_writes_json_markdown_and_plots(tmp_path):
     assert result["index"]["passages"] == 12 and result["index"]["max_abs_diff"] < 1e-4
     names = [t["target"] for t in result["targets"]]
     assert any("best full batch" in n for n in names) and any("peak vs full" in n for n in names)
-    assert "## Targets" in (out / "bench.md").read_text()
+    page = (out / "bench.md").read_text()
+    assert "## Targets" in page and "vector flags:" in page
 
 
 def test_plan_points_sweep_focus_and_memory():
@@ -148,3 +149,13 @@ def test_reuse_never_takes_a_row_measured_before_a_field_existed(tmp_path):
     )
     path.write_text(json.dumps(current) + "\n")
     assert _load_done(path)[spec.key()]["step_s"] == 1.0  # a row of the same spec is reused
+
+
+def test_machine_line_names_the_cpu_its_flags_and_ram():
+    from dpr_cache.bench.machine import cpu_text
+
+    info = {"cpu": "AMD EPYC", "cores": 2, "ram_gb": 25.3, "flags": ["avx2", "avx512f"]}
+    assert cpu_text(info) == "AMD EPYC, 2 cores, 25.3 GB RAM; vector flags: avx2 avx512f"
+    assert cpu_text({**info, "flags": [], "ram_gb": None}).endswith(
+        "unknown RAM; vector flags: none listed"
+    )
