@@ -61,7 +61,10 @@ class StepSettings:
     cache_dir: str | None = None  # Arrow cache of ``text``; default ~/.cache/dpr-cache
 
 
-# What the bench did before each later field existed (rows saved then lack the field).
+# Fields that change what a point measures, added after rows were first saved, with the
+# behaviour from before the saving they switch on. A row lacking one is keyed with that value, so
+# it is never taken for a measurement with the saving on (at worst it is measured again). A new
+# field of that kind needs an entry here (tests/bench/test_bench.py pins the field set).
 FIELDS_BEFORE_ADDED = {"length_order": False, "fast_dropout": False}
 
 
@@ -75,12 +78,10 @@ class PointSpec(StepSettings):
 
     @classmethod
     def from_row(cls, row: dict) -> PointSpec:
-        """The spec a saved result row was measured with.
-
-        A field the row lacks was added after it was measured: it takes the value that
-        reproduces the code of that time, so the row is never mistaken for the new default."""
+        """The spec a saved result row was measured with (a missing field: see
+        ``FIELDS_BEFORE_ADDED``, else its default)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{**FIELDS_BEFORE_ADDED, **{k: v for k, v in row.items() if k in names}})
+        return cls(**{k: v for k, v in {**FIELDS_BEFORE_ADDED, **row}.items() if k in names})
 
     def key(self) -> str:
         """A stable id of the point, to reuse earlier results of the same spec."""

@@ -36,7 +36,8 @@ PROFILE_FILE = "realtext_profile.json"
 class RealTextPlan:
     """What to measure. At each of ``batches``: our GradCache and the peers (``peers``); at the
     first batch also GradCache with rows in batch order (the length order's saving) and in bf16
-    (``bf16``). Full batches at ``full_batches`` (fp32; the smallest also bf16).
+    (``bf16``). Full batches at ``full_batches`` (fp32; the one of ``chunk`` rows, else the
+    smallest, also bf16).
     ``memory_batch``: one untimed GradCache step, for its peak memory."""
 
     text: str = "data/squad/train.bm25.jsonl"
@@ -46,7 +47,7 @@ class RealTextPlan:
     hard_negatives: int = 1
     chunk: int = 32
     batches: list[int] = field(default_factory=lambda: [128, 512])
-    full_batches: list[int] = field(default_factory=lambda: [32, 64, 128])
+    full_batches: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
     memory_batch: int | None = 2048
     budget_gb: float = 8.0
     rounds: int = 3
@@ -84,7 +85,8 @@ def plan_configs(plan: RealTextPlan) -> tuple[list[PointSpec], list[PointSpec]]:
     for batch in sorted(plan.full_batches):
         timed.append(spec(mode="full", batch=batch))
     if plan.bf16 and plan.full_batches:
-        timed.append(spec(mode="full", batch=min(plan.full_batches), precision="bf16"))
+        bf16_batch = plan.chunk if plan.chunk in plan.full_batches else min(plan.full_batches)
+        timed.append(spec(mode="full", batch=bf16_batch, precision="bf16"))
     memory = []
     if plan.memory_batch:
         memory.append(
@@ -149,7 +151,8 @@ def _find(summaries: list[dict], **want) -> dict | None:
 
 
 def targets(summaries: list[dict], plan: RealTextPlan) -> list[dict]:
-    """The issue's ratios at the first batch, fp32, and the memory of the memory point."""
+    """Ours over the best full batch and each peer at the first batch (fp32), and the memory
+    point's peak over the full batch of one chunk."""
     batch = plan.batches[0]
     ours = _find(summaries, mode="gradcache", batch=batch, precision="fp32", length_order=True)
     fulls = [
@@ -185,8 +188,15 @@ def targets(summaries: list[dict], plan: RealTextPlan) -> list[dict]:
     return out
 
 
-def _done(path: Path) -> set[tuple[str, int]]:
-    return {(json.loads(line)["key"], json.loads(line)["round"]) for line in read_lines(path)}
+def _latest_rows(path: Path, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], dict]:
+    """The last row saved for each wanted (configuration key, round); other plans' rows are
+    left in the file but not read."""
+    rows = {}
+    for line in read_lines(path):
+        row = json.loads(line)
+        if (row["key"], row["round"]) in wanted:
+            rows[(row["key"], row["round"])] = row
+    return rows
 
 
 def _profile(spec: PointSpec, path: Path, reuse: bool, echo: Callable[[str], None]) -> dict | None:
@@ -216,14 +226,15 @@ def run_realtext(
     points_file = out / POINTS_FILE
     if not reuse:
         write_text_atomic(points_file, "")
-    done = _done(points_file)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
     load_at_start = load_average()
     timed, memory = plan_configs(plan)
     schedule = [(r, s) for r in range(1, plan.rounds + 1) for s in timed] + [(1, s) for s in memory]
+    wanted = {(spec.key(), round_) for round_, spec in schedule}
+    kept = {k for k, row in _latest_rows(points_file, wanted).items() if "error" not in row}
     measured = 0
     for round_, spec in schedule:
-        if (spec.key(), round_) in done:
+        if (spec.key(), round_) in kept:
             continue
         measured += 1
         row = {**run_point(spec), "key": spec.key(), "round": round_}
@@ -235,7 +246,7 @@ def run_realtext(
         )
         echo(f"round {round_} {label(dataclasses.asdict(spec)):>40}: {figures}")
     profile = _profile(timed[0], out / PROFILE_FILE, reuse, echo) if plan.profile else None
-    rows = [json.loads(line) for line in read_lines(points_file)]
+    rows = list(_latest_rows(points_file, wanted).values())
     summaries = summarize(rows, plan.budget_gb)
     result = {
         "started": started,
@@ -243,7 +254,7 @@ def run_realtext(
         "load_average_at_start": load_at_start,
         "command": command,
         "rows_measured": measured,  # by this run; the rest were kept from earlier runs (reuse)
-        "rows_kept": len(rows) - measured,
+        "rows_kept": len(kept),
         "machine": machine_info("cpu", plan.threads),
         "plan": dataclasses.asdict(plan),
         "configs": summaries,

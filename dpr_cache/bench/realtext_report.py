@@ -69,6 +69,17 @@ def _profile_table(profile: dict) -> list[str]:
     return lines
 
 
+def _when(result: dict) -> str:
+    """When this run measured, and the load then; or that it only rewrote the page."""
+    if result.get("rows_kept") and not result.get("rows_measured"):
+        return f"Page written {result['started']} from kept rows (this run measured none)."
+    return (
+        f"Started {result['started']}, {result['seconds'] / 60:.0f} min; load average (1, 5, 15"
+        f" min) at start {load_text(result.get('load_average_at_start'))}, at end"
+        f" {load_text(result['machine'].get('load_average'))}."
+    )
+
+
 def _provenance(result: dict) -> str:
     """How many rows this run measured, when some were kept from earlier runs."""
     measured, kept = result.get("rows_measured", 0), result.get("rows_kept", 0)
@@ -76,7 +87,7 @@ def _provenance(result: dict) -> str:
         return ""
     return (
         f" (this run measured {measured} of the {measured + kept} rows; the other {kept} were"
-        " kept from earlier runs of the same command)"
+        " kept from earlier runs with the same settings)"
     )
 
 
@@ -87,10 +98,7 @@ def markdown(result: dict) -> str:
         "# dpr-cache bench: the training step on real text",
         "",
         f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads),"
-        f" transformers {m['transformers']}. Started {result['started']},"
-        f" {result['seconds'] / 60:.0f} min; load average (1, 5, 15 min) at start"
-        f" {load_text(result.get('load_average_at_start'))},"
-        f" at end {load_text(m.get('load_average'))}.",
+        f" transformers {m['transformers']}. {_when(result)}",
         "",
         f"Command: `{result['command']}`{_provenance(result)}",
         "",

@@ -147,9 +147,13 @@ def cached_child_result(
     With ``reuse``, a result saved for the same args is returned without running the child.
     A failed child is echoed and gives None (nothing is saved)."""
     if reuse and path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("args") == args:
-            return saved["result"]
+        try:
+            saved = json.loads(path.read_text())
+            if saved["args"] == args:
+                echo(f"{module}: kept from {path}")
+                return saved["result"]
+        except (ValueError, KeyError, TypeError):
+            echo(f"{path}: not a saved result of this command; measuring again")
     result = run_child_or_error(module, args)
     if "error" in result:
         echo(f"{module}: {result['error']}")

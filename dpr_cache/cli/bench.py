@@ -110,7 +110,7 @@ def bench_realtext(
     hard_negatives: Annotated[int, typer.Option(help="Hard negatives per question.")] = 1,
     chunk: Annotated[int, typer.Option(help="GradCache chunk (and peers' mini-batch).")] = 32,
     batches: Annotated[str, typer.Option(help="GradCache and peer batch sizes.")] = "128,512",
-    full_batches: Annotated[str, typer.Option(help="Full-batch sizes.")] = "32,64,128",
+    full_batches: Annotated[str, typer.Option(help="Full-batch sizes.")] = "8,16,32,64",
     memory_batch: Annotated[int, typer.Option(help="One untimed GradCache step; 0: none.")] = 2048,
     budget_gb: Annotated[float, typer.Option(help="Memory budget of the full batch.")] = 8.0,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds (median over them).")] = 3,

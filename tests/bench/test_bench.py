@@ -147,8 +147,24 @@ def test_reuse_never_takes_a_row_measured_before_a_field_existed(tmp_path):
     assert PointSpec.from_row(older) == PointSpec(
         mode="gradcache", batch=128, length_order=False, fast_dropout=False
     )
+    only_order = {k: v for k, v in current.items() if k != "fast_dropout"}
+    assert PointSpec.from_row(only_order).fast_dropout is False
     path.write_text(json.dumps(current) + "\n")
     assert _load_done(path)[spec.key()]["step_s"] == 1.0  # a row of the same spec is reused
+
+
+def test_every_point_field_is_known_to_the_reuse_keys():
+    from dpr_cache.bench.point import FIELDS_BEFORE_ADDED, PointSpec
+
+    # A new PointSpec field must say, in FIELDS_BEFORE_ADDED, what rows saved before it
+    # measured, unless its default is that (then it joins this set).
+    default_is_old_behaviour = {
+        "mode", "batch", "seed", "chunk", "model", "shared", "pooling", "dropout", "q_len",
+        "p_len", "hard_negatives", "tile", "repeats", "warmup", "threads", "device", "text",
+        "precision", "cache_dir",
+    }  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(PointSpec)}
+    assert fields == default_is_old_behaviour | set(FIELDS_BEFORE_ADDED)
 
 
 def test_machine_line_names_the_cpu_its_flags_and_ram():
@@ -159,3 +175,23 @@ def test_machine_line_names_the_cpu_its_flags_and_ram():
     assert cpu_text({**info, "flags": [], "ram_gb": None}).endswith(
         "unknown RAM; vector flags: none listed"
     )
+
+
+def test_cached_child_result_keeps_same_args_and_remeasures_otherwise(tmp_path, monkeypatch):
+    from dpr_cache.bench import sweep
+
+    calls = []
+    monkeypatch.setattr(sweep, "run_child_or_error", lambda m, a: calls.append(a) or {"v": 1})
+    path, said = tmp_path / "r.json", []
+    run = functools.partial(sweep.cached_child_result, "m", path=path, echo=said.append)
+    assert run({"a": 1}, reuse=True) == {"v": 1} and len(calls) == 1  # nothing saved yet
+    assert run({"a": 1}, reuse=True) == {"v": 1} and len(calls) == 1  # kept
+    assert run({"a": 1}, reuse=False) == {"v": 1} and len(calls) == 2  # not asked to reuse
+    assert run({"a": 2}, reuse=True) == {"v": 1} and len(calls) == 3  # other args
+    for text in ("{not json", '{"key": "an older format"}'):
+        path.write_text(text)
+        assert run({"a": 2}, reuse=True) == {"v": 1}
+    assert len(calls) == 5 and sum("measuring again" in line for line in said) == 2
+    monkeypatch.setattr(sweep, "run_child_or_error", lambda m, a: {"error": "exit 1: boom"})
+    path.unlink()
+    assert run({"a": 3}, reuse=True) is None and not path.exists()  # a failure is not saved

@@ -123,3 +123,37 @@ def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path):
     assert (out / realtext.POINTS_FILE).read_text().splitlines() == lines
     assert (out / realtext.PROFILE_FILE).read_text() == profile
     assert "this run measured 0 of the 6 rows" in (out / "realtext.md").read_text()
+
+
+def test_reuse_reads_only_this_plan_rows_and_retries_failed_rounds(tmp_path, monkeypatch):
+    plan = realtext.RealTextPlan(batches=[8], full_batches=[4], chunk=4, memory_batch=None,
+                                 rounds=2, bf16=False, peers=False, profile=False)  # fmt: skip
+    timed, _ = realtext.plan_configs(plan)  # ours, ours in batch order, full B=4
+
+    def row(spec: PointSpec, round_: int, step_s: float) -> dict:
+        return {**dataclasses.asdict(spec), "key": spec.key(), "round": round_, "step_s": step_s,
+                "peak_bytes": 1e9, "real_tokens": 100, "encoded_tokens": 150,
+                "collate_s": 0.1}  # fmt: skip
+
+    stale = dataclasses.replace(timed[2], batch=64)  # a full batch an earlier plan measured
+    saved = [row(stale, 1, 0.1), row(timed[1], 1, 3.0)]
+    saved.append({**row(timed[0], 1, 0.0), "error": "exit 1: killed"})
+    out = tmp_path / "rt"
+    out.mkdir()
+    (out / realtext.POINTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in saved))
+    calls = []
+
+    def fake_run_point(spec: PointSpec) -> dict:
+        calls.append(spec)
+        return {k: v for k, v in row(spec, 0, 2.0).items() if k not in ("key", "round")}
+
+    monkeypatch.setattr(realtext, "run_point", fake_run_point)
+    result = realtext.run_realtext(plan, out, reuse=True, echo=lambda line: None)
+    ours, order, full = timed
+    assert calls == [ours, full, ours, order, full]  # round 1 of ours failed: run again
+    assert (result["rows_measured"], result["rows_kept"]) == (5, 1)
+    labels = [c["label"] for c in result["configs"]]
+    assert "full B=64" not in labels and len(labels) == 3  # the earlier plan's row is not read
+    mine = next(c for c in result["configs"] if c["label"] == "ours (gradcache) B=8 chunk 4")
+    assert mine["rounds"] == 2 and mine["errors"] == []  # the retried round replaced the failure
+    assert "this run measured 5 of the 6 rows" in (out / "realtext.md").read_text()
