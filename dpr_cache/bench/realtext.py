@@ -55,6 +55,7 @@ class RealTextPlan:
     warmup_max_batch: int = 128  # larger batches are timed from their first step
     repeats: int = 1
     bf16: bool = True
+    batch_order: bool = True  # also ours with rows in batch order, at the first batch
     peers: bool = True
     profile: bool = True  # phase times of ours at the first batch (dropout on and off)
     threads: int | None = None
@@ -76,7 +77,7 @@ def plan_configs(plan: RealTextPlan) -> tuple[list[PointSpec], list[PointSpec]]:
 
     for i, batch in enumerate(plan.batches):
         timed.append(spec(mode="gradcache", batch=batch))
-        if i == 0:
+        if plan.batch_order and i == 0:
             timed.append(spec(mode="gradcache", batch=batch, length_order=False))
         if plan.bf16 and i == 0:
             timed.append(spec(mode="gradcache", batch=batch, precision="bf16"))

@@ -120,6 +120,12 @@ def bench_realtext(
     peers: Annotated[bool, typer.Option("--peers/--no-peers", help="st-cmnrl, gradcache-lib.")] = (
         True
     ),
+    batch_order: Annotated[
+        bool, typer.Option("--batch-order/--no-batch-order", help="Also ours in batch order.")
+    ] = True,
+    profile: Annotated[
+        bool, typer.Option("--profile/--no-profile", help="Phase times of ours (dropout on, off).")
+    ] = True,
     threads: Annotated[int | None, typer.Option(help="torch threads.")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow cache of --text.")] = None,
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("docs/bench"),
@@ -142,7 +148,8 @@ def bench_realtext(
         chunk=chunk, batches=_ints(batches, "--batches"),
         full_batches=_ints(full_batches, "--full-batches"), memory_batch=memory_batch or None,
         budget_gb=budget_gb, rounds=rounds, warmup=warmup, repeats=repeats, bf16=bf16,
-        peers=peers, threads=threads, cache_dir=str(cache_dir) if cache_dir else None,
+        peers=peers, batch_order=batch_order, profile=profile, threads=threads,
+        cache_dir=str(cache_dir) if cache_dir else None,
     )  # fmt: skip
     command = shlex.join(["dpr-cache", *sys.argv[1:]])
     result = run_realtext(plan, out, command=command, reuse=reuse)

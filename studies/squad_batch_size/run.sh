@@ -15,6 +15,10 @@
 # Knobs (environment): SEEDS, EPOCHS, LR, HIGH_LR, WARMUP_PCT, CHUNK, BATCH, FULL_BATCH, P_LEN,
 # OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the whole study).
 set -euo pipefail
+# SIGTERM / SIGINT to the study's process group: the train call checkpoints and exits, then this
+# script records that call's wall time and stops (without the trap, bash would die first).
+CUT=0
+trap 'CUT=1' TERM INT
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 DRY_RUN=${DRY_RUN:-0}
@@ -147,7 +151,7 @@ trained() {  # mode batch seed lr
     run_timed "${BIN[@]}" train -c "$CFG" -q "${sets[@]}" --set "model.max_passage_length=$P_LEN" \
       "${DATA[@]}" "${EXTRA[@]}" "${resume[@]}" || status=$?
     echo "$ELAPSED" >> "$dir/train_wall_seconds.txt"  # one line per call: a cut run adds up
-    (( status == 0 )) || exit "$status"  # cut (Ctrl-C, SIGTERM: checkpointed) or failed
+    (( status == 0 && CUT == 0 )) || exit $(( status ? status : 143 ))  # cut (checkpointed) or failed
   fi
   if [[ -f $dir/train_wall_seconds.txt ]]; then
     t_train=$(awk '{ s += $1 } END { printf "%.1f", s }' "$dir/train_wall_seconds.txt")

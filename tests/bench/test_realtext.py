@@ -55,6 +55,11 @@ def test_plan_summaries_and_targets():
     assert "ours (gradcache) B=512 chunk 32, batch order" not in labels  # first batch only
     assert labels[-3:] == ["full B=32", "full B=64", "full B=32, bf16"]
     assert [(m.batch, m.warmup, m.repeats) for m in memory] == [(2048, 0, 1)]
+    only = realtext.RealTextPlan(batches=[128], full_batches=[8, 16], memory_batch=None,
+                                 bf16=False, peers=False, batch_order=False)  # fmt: skip
+    assert [realtext.label(dataclasses.asdict(s)) for s in realtext.plan_configs(only)[0]] == [
+        "ours (gradcache) B=128 chunk 32", "full B=8", "full B=16"
+    ]  # fmt: skip
 
     def row(spec: PointSpec, round_: int, step_s: float, peak_gb: float) -> dict:
         return {**dataclasses.asdict(spec), "key": spec.key(), "round": round_, "step_s": step_s,
