@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import random
 import signal
@@ -38,6 +39,7 @@ from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
 from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dpr_cache.train.recipe import (
     BatchRecipe,
+    flat_softmax_warning,
     linear_warmup_decay,
     param_groups,
     step_batches,
@@ -45,6 +47,8 @@ from dpr_cache.train.recipe import (
 from dpr_cache.train.watch_setup import make_watcher
 
 __all__ = ["train"]
+
+logger = logging.getLogger(__name__)
 
 LOG_FILE = "train_log.jsonl"
 
@@ -88,6 +92,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
             gradient_checkpointing=m.gradient_checkpointing, normalize=m.normalize,
             source="model.name_or_path",
         ).to(env.device)  # fmt: skip
+        if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
+            logger.warning("%s", warning)
         if cfg.fast_dropout and env.device.type == "cpu":  # CUDA keeps its fused kernels
             use_fast_dropout([model.query_encoder, model.passage_encoder])
         model.train()

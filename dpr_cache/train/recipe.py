@@ -12,7 +12,9 @@ import torch
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch, build_batch
 
-__all__ = ["BatchRecipe", "step_batches", "param_groups", "linear_warmup_decay"]
+__all__ = [
+    "BatchRecipe", "step_batches", "param_groups", "linear_warmup_decay", "flat_softmax_warning"
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -121,3 +123,15 @@ def linear_warmup_decay(warmup: int, total: int):
         return max(0.0, (total - step) / max(1, total - warmup))
 
     return factor
+
+
+def flat_softmax_warning(normalize: bool, temperature: float) -> str | None:
+    """A warning when unit-length vectors meet a temperature near DPR's 1: the scores are cosines
+    in [-1, 1], so the softmax over them is nearly flat and the negatives barely count."""
+    if not normalize or temperature < 0.5:
+        return None
+    return (
+        f"train.temperature is {temperature:g} but the model's vectors are unit length (cosine"
+        " scores in [-1, 1]): the softmax is nearly flat and the negatives barely count; models"
+        " trained on cosines use about 0.05 (sentence-transformers' scale of 20)"
+    )

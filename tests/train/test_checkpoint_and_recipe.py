@@ -19,7 +19,7 @@ from dpr_cache.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from dpr_cache.train.recipe import linear_warmup_decay, param_groups
+from dpr_cache.train.recipe import flat_softmax_warning, linear_warmup_decay, param_groups
 
 
 def _trainer(seed: int = 0):
@@ -115,3 +115,9 @@ def test_schedule_warms_up_then_decays_to_zero() -> None:
 
 def test_all_mean_on_one_process_is_the_value() -> None:
     assert all_mean(torch.tensor(2.5, dtype=torch.bfloat16), DistEnv()) == 2.5
+
+
+def test_unit_length_vectors_at_temperature_one_are_warned_about() -> None:
+    assert "nearly flat" in flat_softmax_warning(normalize=True, temperature=1.0)
+    assert flat_softmax_warning(normalize=True, temperature=0.05) is None  # cosine, scale 20
+    assert flat_softmax_warning(normalize=False, temperature=1.0) is None  # DPR's dot products
