@@ -12,8 +12,9 @@
 #
 # Runs go in this order, so a cut study loses the last ones: the pair at seed 1, the sequential
 # batch, the pair at seeds 2 and 3, the larger-lr pair. ONLY="name ..." runs just those folders.
-# Knobs (environment): SEEDS, EPOCHS, LR, HIGH_LR, WARMUP_PCT, CHUNK, BATCH, FULL_BATCH, P_LEN,
-# OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the whole study).
+# Knobs (environment): SEEDS, EPOCHS, LR, HIGH_LR, TEMPERATURE, WARMUP_PCT, CHUNK, BATCH,
+# FULL_BATCH, P_LEN, OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the
+# whole study).
 set -euo pipefail
 # SIGTERM / SIGINT to the study's process group: the train call checkpoints and exits, then this
 # script records that call's wall time and stops (without the trap, bash would die first).
@@ -25,6 +26,7 @@ DRY_RUN=${DRY_RUN:-0}
 SEEDS=${SEEDS:-"1 2 3"}
 EPOCHS=${EPOCHS:-3}        # 3 x floor(7793 / 128) = 180 updates for the pair
 LR=${LR:-2e-5}             # DPR's and GradCache's, at every batch size
+TEMPERATURE=${TEMPERATURE:-0.05}  # the model ships unit-length vectors: scale 20, as it was trained
 HIGH_LR=${HIGH_LR:-1e-4}   # the largest of BERT's small-model fine-tuning grid (README.md)
 WARMUP_PCT=${WARMUP_PCT:-10}  # warmup = this % of each run's own steps
 CHUNK=${CHUNK:-8}          # accumulation's micro-batch and GradCache's chunk: 8 questions
@@ -83,18 +85,18 @@ write_run_json() {  # dir setting mode batch seed lr warmup train_s index_s eval
   cat > "$1/run.json.tmp" <<EOF
 {"model": "minilm", "setting": "$2", "mode": "$3", "batch_size": $4, "chunk_size": $CHUNK,
  "seed": $5, "epochs": $EPOCHS, "lr": $6, "warmup_pct": $WARMUP_PCT, "warmup_steps": $7,
- "max_passage_length": $P_LEN, "train_wall_seconds": $8, "index_seconds": $9,
- "eval_seconds": ${10}, "code": "$COMMIT", "dry_run": $DRY_RUN}
+ "max_passage_length": $P_LEN, "temperature": $TEMPERATURE, "train_wall_seconds": $8,
+ "index_seconds": $9, "eval_seconds": ${10}, "code": "$COMMIT", "dry_run": $DRY_RUN}
 EOF
   mv "$1/run.json.tmp" "$1/run.json"
 }
 
 # A finished run made with another recipe must not be skipped into this one's table.
 check_recipe() {  # dir lr
-  "$PY" - "$1/run.json" "$EPOCHS" "$2" "$WARMUP_PCT" "$CHUNK" "$P_LEN" <<'PYEOF'
+  "$PY" - "$1/run.json" "$EPOCHS" "$2" "$WARMUP_PCT" "$CHUNK" "$P_LEN" "$TEMPERATURE" <<'PYEOF'
 import json, sys
 run = json.load(open(sys.argv[1]))
-keys = ("epochs", "lr", "warmup_pct", "chunk_size", "max_passage_length")
+keys = ("epochs", "lr", "warmup_pct", "chunk_size", "max_passage_length", "temperature")
 want = dict(zip(keys, map(float, sys.argv[2:])))
 diff = [f"{k} {run.get(k)} (asked {v:g})" for k, v in want.items() if float(run.get(k, -1)) != v]
 if diff:
@@ -143,6 +145,7 @@ trained() {  # mode batch seed lr
     --set "data.train=$TRAIN"
     --set "train.mode=$mode" --set "train.batch_size=$batch" --set "train.chunk_size=$CHUNK"
     --set "train.hard_negatives=1" --set "train.epochs=$EPOCHS" --set "train.lr=$lr"
+    --set "train.temperature=$TEMPERATURE"
     --set "train.warmup_steps=$warmup" --set "train.seed=$seed"
     --set "train.checkpoint_every=$(( batch >= 1024 ? 1 : 1024 / batch ))")  # every ~3 min
   if [[ ! -d $dir/model ]]; then

@@ -14,7 +14,7 @@ from dpr_cache.runtime.atomic import read_lines
 
 KS = (1, 5, 20, 100)
 METRICS = (*(f"top{k}" for k in KS), "mrr@10")
-RECIPE_KEYS = ("epochs", "warmup_pct", "chunk_size", "max_passage_length", "dry_run")
+RECIPE_KEYS = ("epochs", "warmup_pct", "chunk_size", "max_passage_length", "temperature", "dry_run")
 TRAINED = ("full", "accumulate", "gradcache")
 
 

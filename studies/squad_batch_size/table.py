@@ -168,7 +168,8 @@ def markdown(
         f" {format_lr(base_lr)} unless the arm says otherwise, linear warmup over the first"
         f" {first['warmup_pct']}% of each run's updates then linear decay, 1 BM25 hard negative,"
         f" passages cut at {first['max_passage_length']} tokens in training (256 in the index),"
-        f" micro-batch and chunk {chunk}. {first.get('n_questions', '?')} dev questions, all"
+        f" micro-batch and chunk {chunk}, cosine scores at temperature"
+        f" {first.get('temperature', 1)}. {first.get('n_questions', '?')} dev questions, all"
         f" 2,067 passages as the corpus. Cells: mean ± sample sd over seeds; peak RSS is the"
         f" trainer's peak resident memory; train time is the wall time of a run's training."
         f" Machine time behind this page: {machine_hours(records):.1f} h.",
