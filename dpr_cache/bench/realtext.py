@@ -232,13 +232,13 @@ def run_realtext(
     timed, memory = plan_configs(plan)
     schedule = [(r, s) for r in range(1, plan.rounds + 1) for s in timed] + [(1, s) for s in memory]
     wanted = {(spec.key(), round_) for round_, spec in schedule}
-    kept = {k for k, row in _latest_rows(points_file, wanted).items() if "error" not in row}
-    measured = 0
+    latest = _latest_rows(points_file, wanted)  # updated below as rows are measured
+    kept = {k for k, row in latest.items() if "error" not in row}
     for round_, spec in schedule:
         if (spec.key(), round_) in kept:
             continue
-        measured += 1
         row = {**run_point(spec), "key": spec.key(), "round": round_}
+        latest[(spec.key(), round_)] = row
         with points_file.open("a", encoding="utf-8") as f:
             append_line(f, json.dumps(row))
         figures = row.get("error") or (
@@ -247,14 +247,13 @@ def run_realtext(
         )
         echo(f"round {round_} {label(dataclasses.asdict(spec)):>40}: {figures}")
     profile = _profile(timed[0], out / PROFILE_FILE, reuse, echo) if plan.profile else None
-    rows = list(_latest_rows(points_file, wanted).values())
-    summaries = summarize(rows, plan.budget_gb)
+    summaries = summarize(list(latest.values()), plan.budget_gb)
     result = {
         "started": started,
         "seconds": time.perf_counter() - t0,
         "load_average_at_start": load_at_start,
         "command": command,
-        "rows_measured": measured,  # by this run; the rest were kept from earlier runs (reuse)
+        "rows_measured": len(schedule) - len(kept),  # the rest were kept from earlier runs
         "rows_kept": len(kept),
         "machine": machine_info("cpu", plan.threads),
         "plan": dataclasses.asdict(plan),

@@ -6,7 +6,7 @@ import functools
 from pathlib import Path
 
 from dpr_cache.bench.machine import cpu_text
-from dpr_cache.bench.report import load_text, targets_table
+from dpr_cache.bench.report import run_text, targets_table
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = ["markdown", "plot"]
@@ -73,11 +73,7 @@ def _when(result: dict) -> str:
     """When this run measured, and the load then; or that it only rewrote the page."""
     if result.get("rows_kept") and not result.get("rows_measured"):
         return f"Page written {result['started']} from kept rows (this run measured none)."
-    return (
-        f"Started {result['started']}, {result['seconds'] / 60:.0f} min; load average (1, 5, 15"
-        f" min) at start {load_text(result.get('load_average_at_start'))}, at end"
-        f" {load_text(result['machine'].get('load_average'))}."
-    )
+    return run_text(result)
 
 
 def _provenance(result: dict) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from dpr_cache.bench.machine import cpu_text
 from dpr_cache.runtime.atomic import write_atomic
 
-__all__ = ["targets", "markdown", "plot", "targets_table", "load_text"]
+__all__ = ["targets", "markdown", "plot", "targets_table", "run_text"]
 
 GB = 1e9
 
@@ -121,6 +121,15 @@ def load_text(values) -> str:
     return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
 
 
+def run_text(result: dict) -> str:
+    """When the run started, how long it took, and the load average at its start and end."""
+    return (
+        f"Started {result['started']}, {result['seconds'] / 60:.0f} min; load average (1, 5, 15"
+        f" min) at start {load_text(result.get('load_average_at_start'))}, at end"
+        f" {load_text(result['machine'].get('load_average'))}."
+    )
+
+
 def markdown(result: dict) -> str:
     """bench.md: machine, command, targets, the step sweep, the loss sweep, the index run."""
     from dpr_cache.bench.loss import sweep_table
@@ -130,10 +139,7 @@ def markdown(result: dict) -> str:
         "# dpr-cache bench",
         "",
         f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads), {m['device']}."
-        f" Started {result['started']}, "
-        f"{result['seconds'] / 60:.0f} min; load average (1, 5, 15 min) at start "
-        f"{load_text(result.get('load_average_at_start'))}, "
-        f"at end {load_text(m.get('load_average'))}.",
+        f" {run_text(result)}",
         "",
         f"Command: `{result['command']}`",
         "",
