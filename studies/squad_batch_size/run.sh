@@ -27,7 +27,7 @@ SEEDS=${SEEDS:-"1 2 3"}
 EPOCHS=${EPOCHS:-3}        # 3 x floor(7793 / 128) = 180 updates for the pair
 LR=${LR:-2e-5}             # DPR's and GradCache's, at every batch size
 TEMPERATURE=${TEMPERATURE:-0.05}  # the model ships unit-length vectors: scale 20, as it was trained
-HIGH_LR=${HIGH_LR:-1e-4}   # the largest of BERT's small-model fine-tuning grid (README.md)
+HIGH_LR=${HIGH_LR:-1e-4}   # 5x DPR's; in BERT's small-model fine-tuning grid (README.md: why)
 WARMUP_PCT=${WARMUP_PCT:-10}  # warmup = this % of each run's own steps
 CHUNK=${CHUNK:-8}          # accumulation's micro-batch and GradCache's chunk: 8 questions
 BATCH=${BATCH:-128}

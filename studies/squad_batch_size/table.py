@@ -6,7 +6,8 @@ accumulation run of its seed and lr, with a bootstrap interval over the dev ques
 checking from the train logs that the two trained on the same batches. The hand-written
 ``reading.md`` beside this script, if present, closes the page. With ``--readme``, the arms and
 the pooled difference also go between the README's ``<!-- reproduce_table:begin -->`` and
-``:end`` markers. Refuses to mix runs of different epochs, warmup, chunk or passage length.
+``:end`` markers. Refuses to mix runs of different epochs, warmup, chunk, passage length or
+temperature.
 
     .venv/bin/python -m studies.squad_batch_size.table [--runs runs/squad_batch_size]
         [--md studies/squad_batch_size/results.md] [--png studies/squad_batch_size/plot.png]
