@@ -14,8 +14,8 @@ from torch import Tensor
 
 from dpr_cache.data.ids import passage_hash
 from dpr_cache.data.tokenize import encode_passages, encode_questions
+from dpr_cache.runtime.seeds import stream_entropy
 
-_MASK63 = (1 << 63) - 1
 _FILL_TRIES = 20
 
 
@@ -62,7 +62,7 @@ class Batch:
 
 
 def _rng(seed: int, step: int, key: int) -> np.random.Generator:
-    return np.random.default_rng([seed & _MASK63, step & _MASK63, key & _MASK63])
+    return np.random.default_rng(stream_entropy(seed, step, key))
 
 
 def _shuffled(ctxs: Sequence[Mapping[str, Any]], rng: np.random.Generator) -> list:

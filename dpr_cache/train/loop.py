@@ -35,6 +35,7 @@ from dpr_cache.runtime import distributed, memory
 from dpr_cache.runtime.atomic import append_line, read_lines, write_dir_atomic, write_text_atomic
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.distributed import DistEnv, all_mean
+from dpr_cache.runtime.seeds import stream_seed
 from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
 from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dpr_cache.train.recipe import (
@@ -107,7 +108,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         scaler = torch.amp.GradScaler(env.device.type) if use_fp16 else None
         chunk_size = _chunk_size(config, model, env)
         towers = wrap_towers(model, env)  # DDP broadcasts rank 0's weights
-        torch.manual_seed(cfg.seed + env.rank)  # each rank its dropout stream (rank 0 = 1 process)
+        # Each rank its dropout stream; rank 0's is a single process's.
+        torch.manual_seed(stream_seed(cfg.seed, env.rank))
         group_size = 1 + cfg.hard_negatives
         loss_fn = make_loss_fn(
             temperature=cfg.temperature, tile_size=cfg.loss_tile_size, group_size=group_size,

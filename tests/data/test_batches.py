@@ -68,6 +68,13 @@ def test_epochs_shuffle_differently_and_deterministically() -> None:
     assert TrainBatches(10, 3, seed=6).batch_indices(0) != epoch0[0]
 
 
+def test_seeds_do_not_share_epoch_orders() -> None:
+    # ``seed + epoch`` would give seed 2's epoch 0 the order of seed 1's epoch 1
+    one, two = TrainBatches(100, 10, seed=1), TrainBatches(100, 10, seed=2)
+    assert two.permutation(0) != one.permutation(1)
+    assert sorted(two.permutation(0)) == list(range(100))
+
+
 def test_batch_larger_than_dataset_is_an_input_error() -> None:
     with pytest.raises(InputError, match=r"train\.batch_size=8 is larger than t\.jsonl \(5 q"):
         TrainBatches(5, 8, seed=0, source="t.jsonl")
