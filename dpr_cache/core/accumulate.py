@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from dpr_cache.core.engine import Encoder
-from dpr_cache.core.inputs import Inputs, batch_rows, split_inputs
+from dpr_cache.core.inputs import Inputs, batch_rows, split_inputs, trim_padding
 
 __all__ = ["FullBatch", "Accumulate"]
 
@@ -60,7 +60,9 @@ class FullBatch:
 class Accumulate:
     """``k`` micro-batches of ``micro_batch`` questions (with their passage groups), each with
     its own in-batch negatives; losses weighted by micro-batch size so that for a loss that is
-    a mean of per-question terms (separable) the gradient equals the big batch's.
+    a mean of per-question terms (separable) the gradient equals the big batch's. Each
+    micro-batch is cut to its own longest row (``trim_padding``, exact as in :class:`GradCache`),
+    so it costs what a batch of its size alone would.
     """
 
     def __init__(
@@ -72,12 +74,14 @@ class Accumulate:
         *,
         scaler: torch.amp.GradScaler | None = None,
         no_sync: Callable | None = None,
+        trim_padding: bool = True,
     ) -> None:
         if not isinstance(micro_batch, int) or micro_batch < 1:
             raise ValueError(f"micro_batch must be an integer >= 1, got {micro_batch!r}")
         self.full = FullBatch(encode_q, encode_p, loss_fn, scaler=scaler)
         self.micro_batch = micro_batch
         self.no_sync = no_sync
+        self.trim_padding = trim_padding
 
     def step(self, q_inputs: Inputs, p_inputs: Inputs, **loss_kwargs) -> Tensor:
         """Accumulate the micro-batches' weighted gradients; return the weighted mean loss."""
@@ -90,6 +94,8 @@ class Accumulate:
         losses = []
         for i, (q_chunk, p_chunk) in enumerate(zip(q_chunks, p_chunks, strict=True)):
             kwargs = dict(loss_kwargs, p_ids=id_chunks[i]) if id_chunks is not None else loss_kwargs
+            if self.trim_padding:
+                q_chunk, p_chunk = trim_padding(q_chunk), trim_padding(p_chunk)
             weight = batch_rows(q_chunk) / n_q
             last = i == len(q_chunks) - 1
             sync = self.no_sync() if self.no_sync is not None and not last else nullcontext()

@@ -8,6 +8,7 @@ import functools
 import pytest
 import torch
 
+from dpr_cache.core.accumulate import Accumulate
 from dpr_cache.core.engine import GradCache, longest_first
 from dpr_cache.core.inputs import trim_padding
 from dpr_cache.core.loss import contrastive_loss
@@ -116,3 +117,36 @@ def test_length_order_pads_less_and_changes_no_gradient(float64, chunk):
     for grads in (got, result[False][3]):
         for a, b in zip(want, grads, strict=True):
             assert (a - b).abs().max() <= 1e-10 * scale
+
+
+def test_accumulate_trims_each_micro_batch_and_changes_no_gradient(float64):
+    """Accumulation 3 x 3 (an uneven last micro-batch): each micro-batch is encoded at its own
+    longest row, not the batch's, and the gradient and loss equal the untrimmed run's."""
+    torch.manual_seed(0)
+    model = BiEncoder.from_config(bert_config(), shared=False).double().train()
+    q, p = random_inputs(7, 16, seed=5), random_inputs(14, 20, seed=6)
+    for inputs, rows, width in ((q, slice(0, 3), 5), (p, slice(0, 6), 7)):
+        inputs["attention_mask"][rows, width:] = 0  # the first micro-batch is short
+        inputs["input_ids"] *= inputs["attention_mask"]
+    result = {}
+    for trim in (True, False):
+        seen: list[int] = []
+
+        def encoder(encode, seen=seen):
+            return lambda inputs: (seen.append(inputs["input_ids"].shape[1]), encode(inputs))[1]
+
+        step = Accumulate(
+            encoder(model.encode_query), encoder(model.encode_passage), contrastive_loss, 3,
+            trim_padding=trim,
+        )  # fmt: skip
+        model.zero_grad()
+        loss = step.step(q, p)
+        grads = [x.grad.clone() for x in model.parameters() if x.grad is not None]
+        result[trim] = (seen, loss, grads)
+    (trimmed, loss, got), (untrimmed, want_loss, want) = result[True], result[False]
+    assert untrimmed == [16, 20] * 3  # negative control: every micro-batch at the batch's width
+    assert trimmed[:2] == [5, 7] and all(a <= b for a, b in zip(trimmed, untrimmed, strict=True))
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-12)
+    scale = max(a.abs().max() for a in want)
+    for a, b in zip(want, got, strict=True):
+        assert (a - b).abs().max() <= 1e-10 * scale
