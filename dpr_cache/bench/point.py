@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.memory import peak_memory_bytes, rss_bytes
 
@@ -59,13 +60,15 @@ class StepSettings:
     length_order: bool = True  # gradcache: chunk rows longest first
     fast_dropout: bool = True  # our modes on CPU, as the trainer (peers keep PyTorch's dropout)
     cache_dir: str | None = None  # Arrow cache of ``text``; default ~/.cache/dpr-cache
+    epoch_order: str = EPOCH_ORDER  # how the trainer draws ``text``'s step-0 batch (not settable)
 
 
 # Fields that change what a point measures, added after rows were first saved, with the
-# behaviour from before the saving they switch on. A row lacking one is keyed with that value, so
+# behaviour from before the saving they switch on (or, for ``epoch_order``, the real-text batch
+# drawn before). A row lacking one is keyed with that value, so
 # it is never taken for a measurement with the saving on (at worst it is measured again). A new
 # field of that kind needs an entry here (tests/bench/test_bench.py pins the field set).
-FIELDS_BEFORE_ADDED = {"length_order": False, "fast_dropout": False}
+FIELDS_BEFORE_ADDED = {"length_order": False, "fast_dropout": False, "epoch_order": "seed + epoch"}
 
 
 @dataclass(kw_only=True)

@@ -61,8 +61,9 @@ class Accumulate:
     """``k`` micro-batches of ``micro_batch`` questions (with their passage groups), each with
     its own in-batch negatives; losses weighted by micro-batch size so that for a loss that is
     a mean of per-question terms (separable) the gradient equals the big batch's. Each
-    micro-batch is cut to its own longest row (``trim_padding``, exact as in :class:`GradCache`),
-    so it costs what a batch of its size alone would.
+    micro-batch is cut to its own longest row (``trim_padding``, exact as in :class:`GradCache`:
+    with dropout, the masks are drawn at the trimmed width), so it costs what a batch of its size
+    alone would.
     """
 
     def __init__(

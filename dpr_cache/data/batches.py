@@ -7,15 +7,19 @@ import torch
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.seeds import stream_seed
 
+# How epoch orders are drawn, saved in checkpoints: a run resumes only under the order it began
+# with. Before it: "seed + epoch" (a generator seeded with the sum).
+EPOCH_ORDER = 'stream_seed("order", seed, epoch)'
+
 
 class TrainBatches:
     """Global batches of ``batch_size`` question indices over a dataset of ``n`` questions.
 
     Epoch ``e`` uses the permutation ``torch.randperm(n)`` drawn from a generator seeded with
-    ``stream_seed(seed, e)``, so no two seeds share an epoch's order; the last incomplete batch
-    is dropped, so ``steps_per_epoch = n // batch_size``. Steps are global: step ``s`` is batch
-    ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``, so a resumed run picks up exactly
-    where it stopped.
+    ``stream_seed("order", seed, e)`` (:data:`EPOCH_ORDER`), so no two seeds share an epoch's
+    order; the last incomplete batch is dropped, so ``steps_per_epoch = n // batch_size``.
+    Steps are global: step ``s`` is batch ``s % steps_per_epoch`` of epoch
+    ``s // steps_per_epoch``, so a resumed run picks up exactly where it stopped.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, *, source: str = "the training set"):
@@ -39,7 +43,7 @@ class TrainBatches:
     def permutation(self, epoch: int) -> list[int]:
         """The question order of an epoch."""
         if epoch != self._epoch:
-            gen = torch.Generator().manual_seed(stream_seed(self.seed, epoch))
+            gen = torch.Generator().manual_seed(stream_seed("order", self.seed, epoch))
             self._perm = torch.randperm(self.n, generator=gen).tolist()
             self._epoch = epoch
         return self._perm

@@ -2,7 +2,8 @@
 
 ``checkpoints/step-N/state.pt`` is written by rank 0 under a temporary name, flushed to disk and
 swapped into place; the oldest are removed beyond ``keep``. Resuming refuses another world size
-(the ranks' RNG streams and data slices would not line up).
+(the ranks' RNG streams and data slices would not line up) and another way of drawing the epochs'
+batch orders (:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would differ).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic
@@ -63,6 +65,7 @@ def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEn
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": gathered,
             "world_size": env.world_size,
+            "epoch_order": EPOCH_ORDER,
         }
 
         def write(tmp: Path) -> None:
@@ -89,6 +92,12 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
         raise InputError(
             f"{path}: saved with {state['world_size']} ranks, resumed with {env.world_size}; "
             "resume with the same world size"
+        )
+    order = state.get("epoch_order", "seed + epoch")  # checkpoints before the field: the sum
+    if order != EPOCH_ORDER:
+        raise InputError(
+            f"{path}: its run draws batch orders as {order}, this dpr-cache as {EPOCH_ORDER}; "
+            "finish it with the dpr-cache that started it, or train afresh"
         )
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     # checkpoints from before the frozen pooler was kept lack it; it takes no part in training

@@ -109,7 +109,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         chunk_size = _chunk_size(config, model, env)
         towers = wrap_towers(model, env)  # DDP broadcasts rank 0's weights
         # Each rank its dropout stream; rank 0's is a single process's.
-        torch.manual_seed(stream_seed(cfg.seed, env.rank))
+        torch.manual_seed(stream_seed("dropout", cfg.seed, env.rank))
         group_size = 1 + cfg.hard_negatives
         loss_fn = make_loss_fn(
             temperature=cfg.temperature, tile_size=cfg.loss_tile_size, group_size=group_size,

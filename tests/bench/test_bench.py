@@ -140,15 +140,20 @@ def test_reuse_never_takes_a_row_measured_before_a_field_existed(tmp_path):
 
     spec = PointSpec(mode="gradcache", batch=128)  # today's defaults: length order, fast dropout
     current = {**dataclasses.asdict(spec), "step_s": 1.0}
-    older = {k: v for k, v in current.items() if k not in ("length_order", "fast_dropout")}
+    added = ("length_order", "fast_dropout", "epoch_order")
+    older = {k: v for k, v in current.items() if k not in added}
     path = tmp_path / "points.jsonl"
     path.write_text(json.dumps(older) + "\n")
     assert spec.key() not in _load_done(path)  # measured before the savings: not reused
     assert PointSpec.from_row(older) == PointSpec(
-        mode="gradcache", batch=128, length_order=False, fast_dropout=False
-    )
+        mode="gradcache", batch=128, length_order=False, fast_dropout=False,
+        epoch_order="seed + epoch",
+    )  # fmt: skip
     only_order = {k: v for k, v in current.items() if k != "fast_dropout"}
     assert PointSpec.from_row(only_order).fast_dropout is False
+    old_batch = {k: v for k, v in current.items() if k != "epoch_order"}  # real text's old batch
+    path.write_text(json.dumps(old_batch) + "\n")
+    assert spec.key() not in _load_done(path)
     path.write_text(json.dumps(current) + "\n")
     assert _load_done(path)[spec.key()]["step_s"] == 1.0  # a row of the same spec is reused
 

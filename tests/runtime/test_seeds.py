@@ -10,20 +10,32 @@ import torch
 from dpr_cache.runtime.seeds import stream_entropy, stream_seed
 
 
-def test_streams_of_shifted_keys_differ_where_sums_collide() -> None:
+def test_shifted_keys_name_different_streams_where_sums_collide() -> None:
     names = list(itertools.product(range(4), range(4)))
-    seeds = [stream_seed(*name) for name in names]
+    seeds = [stream_seed("order", *name) for name in names]
     assert len(set(seeds)) == len(names)
-    sums = [a + b for a, b in names]  # negative control: ``seed + key`` collides
-    assert len(set(sums)) < len(names)
-    assert stream_seed(1, 1) != stream_seed(2, 0) != stream_seed(1, 1, 0)
+    assert len({a + b for a, b in names}) < len(names)  # negative control: ``seed + key`` collides
 
 
-def test_stream_seed_is_deterministic_and_fits_torch() -> None:
-    assert stream_seed(7, 3) == stream_seed(7, 3)
-    a = torch.randperm(50, generator=torch.Generator().manual_seed(stream_seed(7, 3)))
-    b = torch.randperm(50, generator=torch.Generator().manual_seed(stream_seed(7, 3)))
-    assert a.tolist() == b.tolist() and 0 <= stream_seed(7, 3) < 2**64
+def test_no_two_names_meet_through_padding_splitting_or_purpose() -> None:
+    names = [
+        ("order", (1, 1)), ("order", (1, 1, 0)), ("order", (1,)), ("order", (1, 0)),
+        ("order", (1, 2**32)), ("order", (1, 0, 1)), ("dropout", (1, 1)), ("order", (1, -1)),
+    ]  # fmt: skip
+    seeds = [stream_seed(purpose, *keys) for purpose, keys in names]
+    for (a, sa), (b, sb) in itertools.combinations(zip(names, seeds, strict=True), 2):
+        assert sa != sb, (a, b)
+    # negative control: plain SeedSequence entropy lets zero padding and large keys meet
+    state = [np.random.SeedSequence(e).generate_state(1)[0] for e in ([1, 1], [1, 1, 0])]
+    assert state[0] == state[1]
+
+
+def test_stream_seed_is_deterministic_and_accepted_by_torch() -> None:
+    seed = stream_seed("order", 7, 3)
+    assert seed == stream_seed("order", 7, 3) and 0 <= seed < 2**64
+    a = torch.randperm(50, generator=torch.Generator().manual_seed(seed))
+    b = torch.randperm(50, generator=torch.Generator().manual_seed(seed))
+    assert a.tolist() == b.tolist()
 
 
 def test_entropy_masks_negative_keys_and_matches_numpy_lists() -> None:

@@ -72,6 +72,19 @@ def test_old_checkpoints_are_pruned_and_another_world_size_refused(tmp_path) -> 
                         DistEnv(world_size=2))  # fmt: skip
 
 
+def test_a_checkpoint_of_another_epoch_order_is_refused(tmp_path) -> None:
+    """A checkpoint from before the order was recorded (drawn from seed + epoch) would resume
+    into other batches mid-epoch: a one-line error; the current order loads."""
+    model, optimizer, scheduler = _trainer()
+    path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, None, DistEnv(), keep=2)
+    assert load_checkpoint(path, model, optimizer, scheduler, None, DistEnv()) == 1
+    state = torch.load(path / STATE_FILE, weights_only=False)
+    del state["epoch_order"]
+    torch.save(state, path / STATE_FILE)
+    with pytest.raises(InputError, match=r"draws batch orders as seed \+ epoch, this dpr-cache"):
+        load_checkpoint(path, model, optimizer, scheduler, None, DistEnv())
+
+
 def test_a_checkpoint_without_the_pooler_loads_and_one_of_another_model_does_not(tmp_path) -> None:
     """Checkpoints written before the frozen pooler was kept lack it: they resume with the pooler
     as initialised; any other missing or unexpected weight is a one-line error."""
