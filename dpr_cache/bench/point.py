@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpr_cache.data.batches import EPOCH_ORDER
+from dpr_cache.data.batches import EPOCH_ORDER, EPOCH_ORDER_BEFORE
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.memory import peak_memory_bytes, rss_bytes
 
@@ -64,11 +64,13 @@ class StepSettings:
 
 
 # Fields that change what a point measures, added after rows were first saved, with the
-# behaviour from before the saving they switch on (or, for ``epoch_order``, the real-text batch
-# drawn before). A row lacking one is keyed with that value, so
-# it is never taken for a measurement with the saving on (at worst it is measured again). A new
-# field of that kind needs an entry here (tests/bench/test_bench.py pins the field set).
-FIELDS_BEFORE_ADDED = {"length_order": False, "fast_dropout": False, "epoch_order": "seed + epoch"}
+# behaviour from before the saving they switch on (for ``epoch_order``: the real-text batch drawn
+# before). A row lacking one is keyed with that value, so it is never taken for a measurement
+# with the saving on (at worst it is measured again). A new field of that kind needs an entry
+# here (tests/bench/test_bench.py pins the field set).
+FIELDS_BEFORE_ADDED = {
+    "length_order": False, "fast_dropout": False, "epoch_order": EPOCH_ORDER_BEFORE,
+}  # fmt: skip
 
 
 @dataclass(kw_only=True)

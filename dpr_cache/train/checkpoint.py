@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpr_cache.data.batches import EPOCH_ORDER
+from dpr_cache.data.batches import EPOCH_ORDER, EPOCH_ORDER_BEFORE
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic
@@ -93,7 +93,7 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
             f"{path}: saved with {state['world_size']} ranks, resumed with {env.world_size}; "
             "resume with the same world size"
         )
-    order = state.get("epoch_order", "seed + epoch")  # checkpoints before the field: the sum
+    order = state.get("epoch_order", EPOCH_ORDER_BEFORE)
     if order != EPOCH_ORDER:
         raise InputError(
             f"{path}: its run draws batch orders as {order}, this dpr-cache as {EPOCH_ORDER}; "
