@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
 
 from dpr_cache.core.accumulate import FullBatch
 from dpr_cache.core.loss import contrastive_loss
@@ -258,6 +259,30 @@ def test_rank_zero_alone_writes_log_and_checkpoints(cli_runs):
     state = torch.load(out / "checkpoints/step-00000003/state.pt", weights_only=False)
     assert state["world_size"] == WORLD and len(state["rng"]) == WORLD
     assert not [p.name for p in out.rglob("*") if p.name.startswith((".tmp-", ".old-"))]
+
+
+def _initial_seed(torch_rng_state: torch.Tensor) -> bytes:
+    """The seed a CPU generator was last seeded with, as its state stores it (the first 8
+    bytes), whatever has been drawn since."""
+    return bytes(torch_rng_state[:8].tolist())
+
+
+def test_each_rank_draws_dropout_from_its_own_stream(cli_runs):
+    """Rank r seeds torch with the ("dropout", seed, r) stream; a single process is rank 0."""
+    from dpr_cache.runtime.seeds import stream_seed
+
+    def seeded(seed: int, draws: int = 0) -> bytes:
+        gen = torch.Generator().manual_seed(seed)
+        torch.rand(draws, generator=gen)
+        return _initial_seed(gen.get_state())
+
+    assert seeded(7, draws=1000) == seeded(7) != seeded(8)  # the stored seed survives draws
+    two = torch.load(cli_runs["two"] / "checkpoints/step-00000003/state.pt", weights_only=False)
+    one = torch.load(cli_runs["single"] / "checkpoints/step-00000003/state.pt", weights_only=False)
+    seed = yaml.safe_load((REPO / "configs/toy.yaml").read_text())["train"]["seed"]
+    got = [_initial_seed(rng["torch"]) for rng in two["rng"]]
+    assert got == [seeded(stream_seed("dropout", seed, rank)) for rank in range(WORLD)]
+    assert got[0] != got[1] and _initial_seed(one["rng"][0]["torch"]) == got[0]
 
 
 def test_torchrun_resume_reproduces_the_run(cli_runs):
