@@ -4,7 +4,8 @@
 # examples per update (only the in-batch negatives differ: 15 against 255 a question), the
 # sequential B=8 batch, and the pair again at a larger learning rate. Each run is indexed and
 # evaluated; BM25 is evaluated on the same questions; tests/retrieval/test_numbers_check.py
-# rechecks every run's numbers, then table.py writes results.md, plot.png and the README's table.
+# rechecks every run's numbers, then table.py writes results.md, results.json, plot.png and the
+# README's table.
 # Method, choices and expected time: README.md beside this script.
 #
 #   studies/squad_batch_size/run.sh            # every arm, in order; done runs skipped, cut ones resumed
@@ -64,6 +65,9 @@ else
   INDEX_LEN=256
   EXTRA=()
   TABLE=(--readme README.md)
+  # the page's kept data: arms whose run folders are gone (another machine) stay on the page
+  KEPT=studies/squad_batch_size/results.json
+  [[ -f $KEPT ]] && TABLE+=(--kept "$KEPT")
 fi
 mkdir -p "$OUT"
 DATA=(--set "data.passages=$PASSAGES" --set "data.dev_qa=$DEV_QA")

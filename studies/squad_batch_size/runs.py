@@ -53,6 +53,14 @@ def arm_key(record: dict[str, Any]) -> tuple[str, int, float]:
     return record["mode"], int(record["batch_size"]), float(record["lr"])
 
 
+ARM_ORDER = {"off-the-shelf": 0, "none": 0, "full": 1, "accumulate": 2, "gradcache": 3}
+
+
+def arm_order(row: dict[str, Any]) -> tuple[float, int, int]:
+    """Where an arm sits in the tables: by lr, then sequential, accumulation, GradCache."""
+    return float(row["lr"]), ARM_ORDER.get(row["mode"], 9), int(row["batch_size"])
+
+
 def arm_label(mode: str, batch: int, lr: float, chunk: int, base_lr: float) -> str:
     """The paper's name for an arm: sequential B=8, accumulation 16 x 8, GradCache B=128."""
     name = {
@@ -93,10 +101,9 @@ def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault(arm_key(r), []).append(r)
-    order = {"off-the-shelf": 0, "none": 0, "full": 1, "accumulate": 2, "gradcache": 3}
     rows = []
-    for key in sorted(groups, key=lambda k: (k[2], order.get(k[0], 9), k[1])):
-        runs = sorted(groups[key], key=lambda r: r["seed"])
+    for key, members in groups.items():
+        runs = sorted(members, key=lambda r: r["seed"])
         row: dict[str, Any] = {"mode": key[0], "batch_size": key[1], "lr": key[2]}
         row["seeds"] = [r["seed"] for r in runs]
         row["per_seed"] = {m: [r[m] for r in runs] for m in METRICS}
@@ -107,7 +114,7 @@ def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["steps"] = runs[0].get("steps")
         row["negatives_per_question"] = runs[0].get("negatives_per_question")
         rows.append(row)
-    return rows
+    return sorted(rows, key=arm_order)
 
 
 def first_hit_ranks(retrieval_json: Path) -> np.ndarray:

@@ -3,15 +3,17 @@
 Reads ``RUNS/*/run.json``, ``eval/metrics.json`` and ``train_log.jsonl``: one row per arm (mode,
 batch size, lr) with the mean ± sample sd over seeds; then each GradCache run minus the
 accumulation run of its seed and lr, with a bootstrap interval over the dev questions, after
-checking from the train logs that the two trained on the same batches. The hand-written
-``reading.md`` beside this script, if present, closes the page. With ``--readme``, the arms and
-the pooled difference also go between the README's ``<!-- reproduce_table:begin -->`` and
-``:end`` markers. Refuses to mix runs of different epochs, warmup, chunk, passage length or
-temperature.
+checking from the train logs that the two trained on the same batches. With ``--kept``, starts
+from an earlier build's ``results.json`` (kept.py): arms whose runs are gone stay, fresh runs
+replace what they redo. The page's data goes to ``results.json`` beside the page. The
+hand-written ``reading.md`` beside this script, if present, closes the page. With ``--readme``,
+the arms and the pooled difference also go between the README's
+``<!-- reproduce_table:begin -->`` and ``:end`` markers. Refuses to mix runs of different
+epochs, warmup, chunk, passage length or temperature.
 
     .venv/bin/python -m studies.squad_batch_size.table [--runs runs/squad_batch_size]
-        [--md studies/squad_batch_size/results.md] [--png studies/squad_batch_size/plot.png]
-        [--readme README.md]
+        [--kept studies/squad_batch_size/results.json] [--md studies/squad_batch_size/results.md]
+        [--png studies/squad_batch_size/plot.png] [--readme README.md]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.runtime.atomic import write_text_atomic
+from studies.squad_batch_size import kept
 from studies.squad_batch_size.plot import plot
 from studies.squad_batch_size.runs import (
     METRICS,
@@ -143,39 +146,53 @@ def paper_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def machine_hours(records: list[dict[str, Any]]) -> float:
-    """Wall hours of every train, index and eval command behind the page."""
+    """Wall hours of every train, index and eval command behind the records."""
     keys = ("train_wall_seconds", "index_seconds", "eval_seconds")
     return sum(r.get(k) or 0.0 for r in records for k in keys) / 3600
 
 
-def markdown(
-    records: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
-    diffs: list[dict[str, Any]],
-    refs: list[tuple[str, dict]],
-    png: str,
-    reading: str | None,
-) -> str:
+def references(records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """The untrained rows among the records (BM25 as mined, the encoder off the shelf), their
+    metrics only."""
+    names = {"bm25": "BM25 (bm25s, as mined)", "none": "all-MiniLM-L6-v2 off the shelf"}
+    return [
+        (names[r["mode"]], {m: r[m] for m in METRICS if m in r})
+        for r in records
+        if r["mode"] in names
+    ]
+
+
+def _page_refs(stored: list[list]) -> list[tuple[str, dict[str, Any]]]:
+    """Stored reference rows plus the data's published BM25, BM25 rows first."""
+    refs = [("BM25 (the data's README)", SHARED_README_BM25), *map(tuple, stored)]
+    return sorted(refs, key=lambda ref: (not ref[0].startswith("BM25"), "README" in ref[0]))
+
+
+def markdown(results: dict[str, Any], png: str, reading: str | None) -> str:
     """The results page: recipe, arms, paired differences, plot, the paper's rows, reading."""
-    first = next(r for r in records if r["mode"] in TRAINED)
-    chunk, base_lr = int(first["chunk_size"]), min(r["lr"] for r in rows)
+    recipe, rows, diffs = results["recipe"], results["arms"], results["diffs"]
+    chunk, base_lr = int(recipe["chunk_size"]), min(r["lr"] for r in rows)
     lines = ["# SQuAD: accumulation against GradCache at the same updates", ""]
-    if any(r.get("dry_run") for r in records):
+    if recipe.get("dry_run"):
         lines += ["**Dry run** (toy data, tiny BERT, 2 steps a run): the numbers mean nothing.", ""]
     lines += [
         "Written by `studies/squad_batch_size/table.py` from the runs of"
-        " `studies/squad_batch_size/run.sh` (method: [README.md](README.md)).",
-        f"all-MiniLM-L6-v2, {first['epochs']} epochs of the training questions, lr"
+        " `studies/squad_batch_size/run.sh` (method: [README.md](README.md)), and kept as data"
+        " in `results.json` beside this page. Where the rows come from:",
+        "",
+        *(f"- {source}" for source in results["sources"]),
+        "",
+        f"all-MiniLM-L6-v2, {recipe['epochs']} epochs of the training questions, lr"
         f" {format_lr(base_lr)} unless the arm says otherwise, linear warmup over the first"
-        f" {first['warmup_pct']}% of each run's updates then linear decay, 1 BM25 hard negative,"
-        f" passages cut at {first['max_passage_length']} tokens in training (256 in the index),"
+        f" {recipe['warmup_pct']}% of each run's updates then linear decay, 1 BM25 hard negative,"
+        f" passages cut at {recipe['max_passage_length']} tokens in training (256 in the index),"
         f" micro-batch and chunk {chunk}, cosine scores at temperature"
-        f" {first.get('temperature', 1)}. {first.get('n_questions', '?')} dev questions, all"
+        f" {recipe.get('temperature') or 1}. {recipe.get('n_questions') or '?'} dev questions, all"
         f" 2,067 passages as the corpus. Cells: mean ± sample sd over seeds; peak RSS is the"
         f" trainer's peak resident memory; train time is the wall time of a run's training."
-        f" Machine time behind this page: {machine_hours(records):.1f} h.",
+        f" Machine time of the runs behind this page: {results['machine_hours']:.1f} h.",
         "",
-        *arms_table(rows, chunk, base_lr, refs),
+        *arms_table(rows, chunk, base_lr, _page_refs(results["refs"])),
     ]
     if diffs:
         lines += [
@@ -194,7 +211,7 @@ def markdown(
     lines += [
         "The GradCache paper's Table 1 beside our arms of the same name. NQ test with"
         " BERT-base for 40 epochs there, SQuAD dev with MiniLM for"
-        f" {first['epochs']} epochs here: compare the order of the rows, not their level.",
+        f" {recipe['epochs']} epochs here: compare the order of the rows, not their level.",
         "",
         *paper_table(rows),
         "",
@@ -216,39 +233,57 @@ def write_readme_block(readme: Path, lines: list[str]) -> None:
     )
 
 
+def fresh_results(runs: Path) -> dict[str, Any] | None:
+    """The page's data from the finished runs under ``runs`` (None if it holds no trained run)."""
+    records = collect(runs) if runs.is_dir() else []
+    trained = [r for r in records if r["mode"] in TRAINED]
+    if not trained:
+        return None
+    check_same_recipe(trained)
+    source = f"`{runs}`: " + ", ".join(r["dir"] for r in records)
+    return kept.results(
+        kept.recipe_of(trained),
+        group(trained),
+        paired_differences(trained, runs),
+        references(records),
+        machine_hours(records),
+        [source],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("runs/squad_batch_size"))
+    parser.add_argument("--kept", type=Path, default=None, help="a results.json to start from")
     parser.add_argument("--md", type=Path, default=HERE / "results.md")
     parser.add_argument("--png", type=Path, default=HERE / "plot.png")
+    parser.add_argument("--json", type=Path, default=None, help="default: beside --md")
     parser.add_argument("--reading", type=Path, default=HERE / "reading.md")
     parser.add_argument("--readme", type=Path, default=None, help="also rewrite its table block")
     args = parser.parse_args()
-    records = collect(args.runs)
-    trained = [r for r in records if r["mode"] in TRAINED]
-    if not trained:
+    fresh = fresh_results(args.runs)
+    if args.kept is not None:
+        results = kept.merge(kept.load(args.kept), fresh, args.kept)
+    elif fresh is None:
         raise SystemExit(f"error: no finished training runs under {args.runs}")
-    check_same_recipe(trained)
-    refs = [(name, r) for r in records for mode, name in
-            (("bm25", "BM25 (bm25s, as mined)"), ("none", "all-MiniLM-L6-v2 off the shelf"))
-            if r["mode"] == mode]  # fmt: skip
-    refs.insert(1 if refs and refs[0][0].startswith("BM25") else 0,
-                ("BM25 (the data's README)", SHARED_README_BM25))  # fmt: skip
-    rows = group(trained)
-    diffs = paired_differences(trained, args.runs)
-    chunk, base_lr = int(trained[0]["chunk_size"]), min(r["lr"] for r in rows)
+    else:
+        results = fresh
+    rows, diffs = results["arms"], results["diffs"]
+    chunk, base_lr = int(results["recipe"]["chunk_size"]), min(r["lr"] for r in rows)
     plot(rows, [_tick(r, chunk, base_lr) for r in rows], args.png)
     png = args.png.name if args.png.parent == args.md.parent else str(args.png)
     reading = args.reading.read_text(encoding="utf-8") if args.reading.is_file() else None
-    write_text_atomic(args.md, markdown(records, rows, diffs, refs, png, reading))
+    write_text_atomic(args.md, markdown(results, png, reading))
+    json_path = args.json or args.md.with_suffix(".json")
+    kept.save(json_path, results)
     if args.readme is not None:
         pooled = [d for d in diffs if d["seed"] == "all"] or diffs
-        block = arms_table(rows, chunk, base_lr, refs)
+        block = arms_table(rows, chunk, base_lr, _page_refs(results["refs"]))
         if pooled:
             block += ["", *diffs_table(pooled, chunk, base_lr)]
         write_readme_block(args.readme, block)
     print(
-        f"{len(records)} runs -> {args.md}, {args.png}"
+        f"{len(rows)} arms -> {args.md}, {args.png}, {json_path}"
         + (f", {args.readme}" if args.readme else "")
     )
 

@@ -44,6 +44,9 @@ def test_dry_run_writes_every_row(tmp_path: Path) -> None:
     digests = [[json.loads(line)["batch_digest"] for line in log] for log in logs]
     assert digests[0] == digests[1] and digests[1] != digests[2]  # pairs by seed
     assert (out / "plot.png").stat().st_size > 10_000
+    kept = json.loads((out / "results.json").read_text())  # the page as data, beside it
+    assert len(kept["arms"]) == 5 and kept["sources"][0].startswith(f"`{out}`: ")
+    assert {d["seed"] for d in kept["diffs"]} == {1, 2, "all"}
     assert (ROOT / "README.md").read_bytes() == readme_before  # a dry run leaves it alone
 
 

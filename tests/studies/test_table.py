@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from studies.squad_batch_size import runs, table
+from studies.squad_batch_size import kept, runs, table
 
 DIGESTS = ["a1", "b2", "c3"]
 
@@ -134,3 +134,64 @@ def test_readme_block_is_replaced_between_the_markers(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="needs one"):
         table.write_readme_block(readme, ["x"])
+
+
+def _kept(arms: list[dict], diffs: list[dict], hours: float, source: str, **recipe) -> dict:
+    base = {"epochs": 3, "warmup_pct": 10, "chunk_size": 8, "max_passage_length": 96,
+            "temperature": 0.05, "dry_run": 0, "n_questions": 6}  # fmt: skip
+    refs = [["all-MiniLM-L6-v2 off the shelf", {m: 50.0 for m in runs.METRICS}]]
+    return {"recipe": {**base, **recipe}, "machine_hours": hours, "sources": [source],
+            "refs": refs, "arms": arms, "diffs": diffs}  # fmt: skip
+
+
+def _diff(seed: int | str, value: float, lr: float = 2e-5) -> dict:
+    cells = {m: value for m in runs.METRICS} | {
+        f"{m}_ci": [value - 1, value + 1] for m in runs.METRICS
+    }
+    seeds = {"seeds": [1, 2]} if seed == "all" else {}
+    return {"batch_size": 128, "lr": lr, "seed": seed, **seeds, **cells}
+
+
+def test_kept_results_keep_lost_arms_and_fresh_runs_replace_what_they_redo(tmp_path):
+    earlier = runs.group([_record("accumulate", 1, 60.0), _record("gradcache", 1, 70.0),
+                          _record("accumulate", 1, 64.0, lr=1e-4)])  # fmt: skip
+    fresh = runs.group(
+        [_record("accumulate", 1, 64.5, lr=1e-4), _record("gradcache", 1, 66.0, lr=1e-4)]
+    )
+    merged = kept.merge(
+        _kept(earlier, [_diff(1, 10.0)], 8.0, "lost runs"),
+        _kept(fresh, [_diff(1, 1.5, lr=1e-4)], 1.5, "runs/x"),
+        tmp_path / "results.json",
+    )
+    got = [(a["mode"], a["lr"], a["top1"]) for a in merged["arms"]]
+    assert got == [("accumulate", 2e-5, 60.0), ("gradcache", 2e-5, 70.0),
+                   ("accumulate", 1e-4, 64.5), ("gradcache", 1e-4, 66.0)]  # fmt: skip
+    assert [(d["lr"], d["top1"]) for d in merged["diffs"]] == [(2e-5, 10.0), (1e-4, 1.5)]
+    assert merged["machine_hours"] == 9.5 and merged["sources"] == ["lost runs", "runs/x"]
+    with pytest.raises(SystemExit, match=r"results.json: .* temperature"):
+        kept.merge(_kept(earlier, [], 8.0, "a"), _kept(fresh, [], 1.0, "b", temperature=1.0),
+                   tmp_path / "results.json")  # fmt: skip
+    assert kept.merge(merged, None, tmp_path / "results.json") is merged  # no runs: as kept
+
+
+def test_a_page_built_from_its_own_results_json_is_the_same_page(tmp_path, monkeypatch):
+    arms = runs.group([_record("accumulate", 1, 60.0), _record("accumulate", 2, 61.0),
+                       _record("gradcache", 1, 70.0), _record("gradcache", 2, 72.0)])  # fmt: skip
+    first = tmp_path / "first.json"
+    kept.save(first, _kept(arms, [_diff(1, 10.0), _diff(2, 11.0), _diff("all", 10.5)], 2.0, "s"))
+    pages = []
+    for name, source in (("a", first), ("b", tmp_path / "a.json")):
+        argv = ["table", "--runs", str(tmp_path / "none"), "--kept", str(source),
+                "--md", str(tmp_path / f"{name}.md"), "--png", str(tmp_path / f"{name}.png"),
+                "--reading", str(tmp_path / "none.md")]  # fmt: skip
+        monkeypatch.setattr("sys.argv", argv)
+        table.main()
+        pages.append((tmp_path / f"{name}.md").read_text().replace(f"({name}.png)", ""))
+    assert pages[0] == pages[1]
+    assert "| accumulation 16 x 8 | 1,2 | 180 | 15 | 60.5 ± 0.7 |" in pages[0]
+    assert "| GradCache B=128 − accumulation 16 x 8 | all: 1,2 | +10.5 [+9.5, +11.5] |" in pages[0]
+    assert "| all-MiniLM-L6-v2 off the shelf | – | – | – | 50.0 |" in pages[0]
+    (tmp_path / "broken.json").write_text('{"recipe": {}}')
+    monkeypatch.setattr("sys.argv", ["table", "--kept", str(tmp_path / "broken.json")])
+    with pytest.raises(SystemExit, match=r"broken.json: not a results.json \(no arms"):
+        table.main()
