@@ -1,11 +1,13 @@
-"""The study's results as data: what the page shows, kept in the repository beside it.
+"""The study's runs kept as data in the repository, beside the page.
 
-A run's folder holds models and retrieval files too large to commit, and a machine can be lost
-between sessions. So each time the page is written, its arms, paired differences, reference
-rows, recipe and machine hours also go to ``results.json``; the next build can start from that
-file (``table.py --kept``), so arms whose runs are gone stay on the page. Arms and differences
-are merged by what they are (mode, batch size, lr; batch size, lr, seed): a fresh run's value
-replaces a kept one, and a kept file of another recipe is refused.
+A run's folder holds a model, an index and retrieval files too large to commit, and it lives on
+one machine. So each time the page is written, ``results.json`` beside it keeps a compact record
+of every run on the page (its recipe, metrics, memory, times, where it came from) and every
+paired difference; the next build starts from that file (``table.py --kept``) and lays the runs
+it finds over it. A run is known by (mode, batch size, lr, seed): a run made again replaces its
+kept record, and the arms are averaged again from the records. A difference cannot be computed
+again without its runs' per-question results, so a kept one stays only while all of its runs
+are still the kept ones; the runs found give theirs afresh.
 """
 
 from __future__ import annotations
@@ -15,44 +17,48 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.runtime.atomic import write_json_atomic
-from studies.squad_batch_size.runs import RECIPE_KEYS, arm_key, arm_order
+from studies.squad_batch_size.runs import METRICS, RECIPE_KEYS, diff_order
 
-RECIPE_FIELDS = (*RECIPE_KEYS, "n_questions")
+# What a kept run record holds: enough to average the arms and fill every cell of the page.
+RUN_FIELDS = (
+    "mode", "batch_size", "lr", "seed", "dir", *METRICS, "n_questions", *RECIPE_KEYS,
+    "peak_memory_bytes", "train_seconds", "train_wall_seconds", "index_seconds",
+    "eval_seconds", "steps", "negatives_per_question",
+)  # fmt: skip
+# runs: RUN_FIELDS and "source" each; diffs: as runs.paired_differences gives them;
+# unattributed_hours: machine hours known only as a total (commands whose own times were lost)
+KEPT_KEYS = ("runs", "diffs", "unattributed_hours")
 
 
-def recipe_of(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The shared recipe of trained records (check_same_recipe has run), as the page states it."""
-    return {k: records[0].get(k) for k in RECIPE_FIELDS}
+def empty() -> dict[str, Any]:
+    return {"runs": [], "diffs": [], "unattributed_hours": 0.0}
 
 
-def results(
-    recipe: dict[str, Any],
-    rows: list[dict[str, Any]],
-    diffs: list[dict[str, Any]],
-    refs: list[tuple[str, dict[str, Any]]],
-    machine_hours: float,
-    sources: list[str],
-) -> dict[str, Any]:
-    """What the page shows, as one JSON-ready dict."""
-    return {
-        "recipe": recipe,
-        "machine_hours": machine_hours,
-        "sources": sources,
-        "refs": [[name, ref] for name, ref in refs],
-        "arms": rows,
-        "diffs": [{**d, **{k: list(v) for k, v in d.items() if k.endswith("_ci")}} for d in diffs],
-    }
+def compact(record: dict[str, Any], source: str) -> dict[str, Any]:
+    """A run record from runs.collect, cut to RUN_FIELDS, with where it came from."""
+    return {**{k: record.get(k) for k in RUN_FIELDS}, "source": source}
+
+
+def run_key(run: dict[str, Any]) -> tuple[str, int, float, int]:
+    """(mode, batch size, lr, seed); 0 where a reference run (BM25) has none."""
+    return (run["mode"], int(run.get("batch_size") or 0), float(run.get("lr") or 0),
+            int(run.get("seed") or 0))  # fmt: skip
+
+
+def diff_key(d: dict[str, Any]) -> tuple:
+    seeds = tuple(d["seeds"]) if d["seed"] == "all" else (d["seed"],)
+    return int(d["batch_size"]), float(d["lr"]), d["seed"] == "all", seeds
 
 
 def load(path: Path) -> dict[str, Any]:
-    """A results.json; SystemExit naming the file if it is missing or not one."""
+    """A results.json; SystemExit naming the file if it cannot be read or is not one."""
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise SystemExit(f"error: {path}: cannot read kept results ({err})") from None
-    missing = {"recipe", "machine_hours", "sources", "refs", "arms", "diffs"} - set(kept)
+    missing = [k for k in KEPT_KEYS if not isinstance(kept, dict) or k not in kept]
     if missing:
-        raise SystemExit(f"error: {path}: not a results.json (no {', '.join(sorted(missing))})")
+        raise SystemExit(f"error: {path}: not a results.json (no {', '.join(missing)})")
     return kept
 
 
@@ -60,33 +66,36 @@ def save(path: Path, kept: dict[str, Any]) -> None:
     write_json_atomic(path, kept)
 
 
-def _diff_key(d: dict[str, Any]) -> tuple[int, float, str]:
-    return int(d["batch_size"]), float(d["lr"]), str(d["seed"])
+def merge_runs(kept: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The kept run records with fresh ones laid over them (a run made again replaces its
+    record), in the order of lr, mode, batch size and seed."""
+    by_key = {run_key(r): r for r in kept["runs"]} | {run_key(r): r for r in runs}
+    return [by_key[k] for k in sorted(by_key, key=lambda k: (k[2], k[0], k[1], k[3]))]
 
 
-def merge(kept: dict[str, Any], fresh: dict[str, Any] | None, kept_path: Path) -> dict[str, Any]:
-    """Kept results with fresh ones laid over them (fresh wins per arm, difference and
-    reference row); machine hours add up. SystemExit if the two recipes differ."""
-    if fresh is None:
-        return kept
-    for key in RECIPE_FIELDS:
-        if str(kept["recipe"].get(key)) != str(fresh["recipe"].get(key)):
-            raise SystemExit(
-                f"error: {kept_path}: kept results differ from the runs in {key} "
-                f"({kept['recipe'].get(key)} against {fresh['recipe'].get(key)}); "
-                "give each recipe its own page"
-            )
-    arms = {arm_key(r): r for r in kept["arms"]} | {arm_key(r): r for r in fresh["arms"]}
-    diffs = {_diff_key(d): d for d in kept["diffs"]} | {_diff_key(d): d for d in fresh["diffs"]}
-    refs = dict(kept["refs"]) | dict(fresh["refs"])
-    return {
-        "recipe": fresh["recipe"],
-        "machine_hours": kept["machine_hours"] + fresh["machine_hours"],
-        "sources": [*kept["sources"], *fresh["sources"]],
-        "refs": [[name, ref] for name, ref in refs.items()],
-        "arms": sorted(arms.values(), key=arm_order),
-        "diffs": sorted(
-            diffs.values(),
-            key=lambda d: (d["lr"], d["batch_size"], d["seed"] == "all", str(d["seed"])),
-        ),
-    }
+def merge_diffs(
+    kept: dict[str, Any], runs: list[dict[str, Any]], diffs: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The kept differences whose runs are all still the kept ones, then the fresh differences
+    (of the fresh ``runs``); with a warning for each kept difference dropped and not computed
+    again, and for each fresh GradCache run left without one (its accumulation run is not among
+    the fresh runs)."""
+    fresh_keys = {run_key(r) for r in runs}
+    merged, dropped = {}, []
+    for d in kept["diffs"]:
+        seeds = d["seeds"] if d["seed"] == "all" else [d["seed"]]
+        pair = {(m, int(d["batch_size"]), float(d["lr"]), int(s))
+                for m in ("accumulate", "gradcache") for s in seeds}  # fmt: skip
+        if fresh_keys & pair:
+            dropped.append(d)
+        else:
+            merged[diff_key(d)] = d
+    merged |= {diff_key(d): d for d in diffs}
+    warnings = [f"kept difference at lr {d['lr']:g}, seed {d['seed']} dropped: a run of it was "
+                "made again, and the runs do not give it again"
+                for d in dropped if diff_key(d) not in merged]  # fmt: skip
+    for mode, batch, lr, seed in sorted(fresh_keys):
+        if mode == "gradcache" and ("accumulate", batch, lr, seed) not in fresh_keys:
+            warnings.append(f"no difference for GradCache B={batch} at lr {lr:g}, seed {seed}: "
+                            "its accumulation run is not among the runs")  # fmt: skip
+    return sorted(merged.values(), key=diff_order), warnings

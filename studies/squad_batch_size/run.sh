@@ -64,10 +64,12 @@ else
   P_LEN=${P_LEN:-96}  # passages in training; the index sees 256 (README.md: why)
   INDEX_LEN=256
   EXTRA=()
-  TABLE=(--readme README.md)
-  # the page's kept data: arms whose run folders are gone (another machine) stay on the page
-  KEPT=studies/squad_batch_size/results.json
-  [[ -f $KEPT ]] && TABLE+=(--kept "$KEPT")
+  if [[ $OUT == runs/squad_batch_size ]]; then
+    # the committed page, over its kept data: runs whose folders are gone stay on it
+    TABLE=(--readme README.md --kept studies/squad_batch_size/results.json)
+  else  # another OUT is another study: its page goes beside its runs
+    TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
+  fi
 fi
 mkdir -p "$OUT"
 DATA=(--set "data.passages=$PASSAGES" --set "data.dev_qa=$DEV_QA")

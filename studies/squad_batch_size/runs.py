@@ -53,12 +53,35 @@ def arm_key(record: dict[str, Any]) -> tuple[str, int, float]:
     return record["mode"], int(record["batch_size"]), float(record["lr"])
 
 
-ARM_ORDER = {"off-the-shelf": 0, "none": 0, "full": 1, "accumulate": 2, "gradcache": 3}
+ARM_ORDER = {"full": 1, "accumulate": 2, "gradcache": 3}
+REFERENCES = {"bm25": "BM25 (bm25s, as mined)", "none": "all-MiniLM-L6-v2 off the shelf"}
 
 
 def arm_order(row: dict[str, Any]) -> tuple[float, int, int]:
     """Where an arm sits in the tables: by lr, then sequential, accumulation, GradCache."""
     return float(row["lr"]), ARM_ORDER.get(row["mode"], 9), int(row["batch_size"])
+
+
+def diff_order(d: dict[str, Any]) -> tuple:
+    """Where a paired difference sits: by lr and batch, each seed, then the rows over seeds."""
+    seeds = tuple(d["seeds"]) if d["seed"] == "all" else (int(d["seed"]),)
+    return float(d["lr"]), int(d["batch_size"]), d["seed"] == "all", seeds
+
+
+def machine_hours(records: list[dict[str, Any]]) -> float:
+    """Wall hours of every train, index and eval command behind the records."""
+    keys = ("train_wall_seconds", "index_seconds", "eval_seconds")
+    return sum(r.get(k) or 0.0 for r in records for k in keys) / 3600
+
+
+def references(records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """The untrained rows among the records (BM25 as mined, the encoder off the shelf): their
+    names and metrics."""
+    return [
+        (REFERENCES[r["mode"]], {m: r[m] for m in METRICS if r.get(m) is not None})
+        for r in records
+        if r["mode"] in REFERENCES
+    ]
 
 
 def arm_label(mode: str, batch: int, lr: float, chunk: int, base_lr: float) -> str:
@@ -186,4 +209,4 @@ def paired_differences(
             row[m + "_ci"] = _bootstrap_ci(seed_diffs, idx)
             row[m + "_sd"] = statistics.stdev(i[0][m] for i in items)
         rows.append(row)
-    return rows
+    return sorted(rows, key=diff_order)

@@ -1,24 +1,25 @@
 """The SQuAD batch-size study as a results page and a plot, from the runs of ``run.sh``.
 
-Reads ``RUNS/*/run.json``, ``eval/metrics.json`` and ``train_log.jsonl``: one row per arm (mode,
-batch size, lr) with the mean ± sample sd over seeds; then each GradCache run minus the
-accumulation run of its seed and lr, with a bootstrap interval over the dev questions, after
-checking from the train logs that the two trained on the same batches. With ``--kept``, starts
-from an earlier build's ``results.json`` (kept.py): arms whose runs are gone stay, fresh runs
-replace what they redo. The page's data goes to ``results.json`` beside the page. The
-hand-written ``reading.md`` beside this script, if present, closes the page. With ``--readme``,
-the arms and the pooled difference also go between the README's
+Reads ``RUNS/*/run.json``, ``eval/metrics.json`` and ``train_log.jsonl``, laid over the run
+records kept in an earlier ``results.json`` if ``--kept`` names one (kept.py: runs whose folders
+are gone stay). Then one row per arm (mode, batch size, lr) with the mean ± sample sd over
+seeds, and each GradCache run minus the accumulation run of its seed and lr, with a bootstrap
+interval over the dev questions, after checking from the train logs that the two trained on the
+same batches. The run records and differences go to ``results.json`` beside the page (or
+``--json``). The hand-written ``reading.md`` beside this script, if present, closes the page.
+With ``--readme``, the arms and the pooled difference also go between the README's
 ``<!-- reproduce_table:begin -->`` and ``:end`` markers. Refuses to mix runs of different
-epochs, warmup, chunk, passage length or temperature.
+epochs, warmup, chunk, passage length, temperature or dry-run flag.
 
     .venv/bin/python -m studies.squad_batch_size.table [--runs runs/squad_batch_size]
         [--kept studies/squad_batch_size/results.json] [--md studies/squad_batch_size/results.md]
-        [--png studies/squad_batch_size/plot.png] [--readme README.md]
+        [--png studies/squad_batch_size/plot.png] [--json PATH] [--readme README.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,16 @@ from studies.squad_batch_size import kept
 from studies.squad_batch_size.plot import plot
 from studies.squad_batch_size.runs import (
     METRICS,
+    RECIPE_KEYS,
     TRAINED,
     arm_label,
     check_same_recipe,
     collect,
     format_lr,
     group,
+    machine_hours,
     paired_differences,
+    references,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -145,32 +149,29 @@ def paper_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def machine_hours(records: list[dict[str, Any]]) -> float:
-    """Wall hours of every train, index and eval command behind the records."""
-    keys = ("train_wall_seconds", "index_seconds", "eval_seconds")
-    return sum(r.get(k) or 0.0 for r in records for k in keys) / 3600
+def page_data(kept_runs: dict[str, Any]) -> dict[str, Any]:
+    """What the page shows, from kept run records and differences (kept.py): the shared recipe,
+    the arms averaged over seeds, reference rows (the data's published BM25 among them, BM25
+    rows first), machine hours and where the runs came from."""
+    runs = kept_runs["runs"]
+    trained = [r for r in runs if r["mode"] in TRAINED]
+    refs = [("BM25 (the data's README)", SHARED_README_BM25), *references(runs)]
+    sources: dict[str, list[str]] = {}
+    for r in runs:
+        sources.setdefault(r["source"], []).append(r["dir"])
+    return {
+        "recipe": {k: trained[0].get(k) for k in (*RECIPE_KEYS, "n_questions")},
+        "arms": group(trained),
+        "diffs": kept_runs["diffs"],
+        "refs": sorted(refs, key=lambda ref: (not ref[0].startswith("BM25"), "README" in ref[0])),
+        "machine_hours": machine_hours(runs) + kept_runs["unattributed_hours"],
+        "sources": [f"{source}: {', '.join(dirs)}" for source, dirs in sources.items()],
+    }
 
 
-def references(records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """The untrained rows among the records (BM25 as mined, the encoder off the shelf), their
-    metrics only."""
-    names = {"bm25": "BM25 (bm25s, as mined)", "none": "all-MiniLM-L6-v2 off the shelf"}
-    return [
-        (names[r["mode"]], {m: r[m] for m in METRICS if m in r})
-        for r in records
-        if r["mode"] in names
-    ]
-
-
-def _page_refs(stored: list[list]) -> list[tuple[str, dict[str, Any]]]:
-    """Stored reference rows plus the data's published BM25, BM25 rows first."""
-    refs = [("BM25 (the data's README)", SHARED_README_BM25), *map(tuple, stored)]
-    return sorted(refs, key=lambda ref: (not ref[0].startswith("BM25"), "README" in ref[0]))
-
-
-def markdown(results: dict[str, Any], png: str, reading: str | None) -> str:
+def markdown(page: dict[str, Any], png: str, reading: str | None) -> str:
     """The results page: recipe, arms, paired differences, plot, the paper's rows, reading."""
-    recipe, rows, diffs = results["recipe"], results["arms"], results["diffs"]
+    recipe, rows, diffs = page["recipe"], page["arms"], page["diffs"]
     chunk, base_lr = int(recipe["chunk_size"]), min(r["lr"] for r in rows)
     lines = ["# SQuAD: accumulation against GradCache at the same updates", ""]
     if recipe.get("dry_run"):
@@ -180,7 +181,7 @@ def markdown(results: dict[str, Any], png: str, reading: str | None) -> str:
         " `studies/squad_batch_size/run.sh` (method: [README.md](README.md)), and kept as data"
         " in `results.json` beside this page. Where the rows come from:",
         "",
-        *(f"- {source}" for source in results["sources"]),
+        *(f"- {source}" for source in page["sources"]),
         "",
         f"all-MiniLM-L6-v2, {recipe['epochs']} epochs of the training questions, lr"
         f" {format_lr(base_lr)} unless the arm says otherwise, linear warmup over the first"
@@ -190,9 +191,9 @@ def markdown(results: dict[str, Any], png: str, reading: str | None) -> str:
         f" {recipe.get('temperature') or 1}. {recipe.get('n_questions') or '?'} dev questions, all"
         f" 2,067 passages as the corpus. Cells: mean ± sample sd over seeds; peak RSS is the"
         f" trainer's peak resident memory; train time is the wall time of a run's training."
-        f" Machine time of the runs behind this page: {results['machine_hours']:.1f} h.",
+        f" Machine time of the runs behind this page: {page['machine_hours']:.1f} h.",
         "",
-        *arms_table(rows, chunk, base_lr, _page_refs(results["refs"])),
+        *arms_table(rows, chunk, base_lr, page["refs"]),
     ]
     if diffs:
         lines += [
@@ -233,24 +234,6 @@ def write_readme_block(readme: Path, lines: list[str]) -> None:
     )
 
 
-def fresh_results(runs: Path) -> dict[str, Any] | None:
-    """The page's data from the finished runs under ``runs`` (None if it holds no trained run)."""
-    records = collect(runs) if runs.is_dir() else []
-    trained = [r for r in records if r["mode"] in TRAINED]
-    if not trained:
-        return None
-    check_same_recipe(trained)
-    source = f"`{runs}`: " + ", ".join(r["dir"] for r in records)
-    return kept.results(
-        kept.recipe_of(trained),
-        group(trained),
-        paired_differences(trained, runs),
-        references(records),
-        machine_hours(records),
-        [source],
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("runs/squad_batch_size"))
@@ -261,24 +244,31 @@ def main() -> None:
     parser.add_argument("--reading", type=Path, default=HERE / "reading.md")
     parser.add_argument("--readme", type=Path, default=None, help="also rewrite its table block")
     args = parser.parse_args()
-    fresh = fresh_results(args.runs)
-    if args.kept is not None:
-        results = kept.merge(kept.load(args.kept), fresh, args.kept)
-    elif fresh is None:
-        raise SystemExit(f"error: no finished training runs under {args.runs}")
-    else:
-        results = fresh
-    rows, diffs = results["arms"], results["diffs"]
-    chunk, base_lr = int(results["recipe"]["chunk_size"]), min(r["lr"] for r in rows)
+    base = kept.load(args.kept) if args.kept is not None else kept.empty()
+    records = collect(args.runs) if args.runs.is_dir() else []
+    runs = kept.merge_runs(base, [kept.compact(r, f"`{args.runs}`") for r in records])
+    trained = [r for r in runs if r["mode"] in TRAINED]
+    if not trained:
+        raise SystemExit(f"error: no finished training runs under {args.runs}"
+                         + (f" nor in {args.kept}" if args.kept else ""))  # fmt: skip
+    check_same_recipe(trained)
+    fresh_trained = [r for r in records if r["mode"] in TRAINED]
+    diffs, warnings = kept.merge_diffs(base, records, paired_differences(fresh_trained, args.runs))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    kept_runs = {"runs": runs, "diffs": diffs, "unattributed_hours": base["unattributed_hours"]}
+    page = page_data(kept_runs)
+    rows = page["arms"]
+    chunk, base_lr = int(page["recipe"]["chunk_size"]), min(r["lr"] for r in rows)
     plot(rows, [_tick(r, chunk, base_lr) for r in rows], args.png)
     png = args.png.name if args.png.parent == args.md.parent else str(args.png)
     reading = args.reading.read_text(encoding="utf-8") if args.reading.is_file() else None
-    write_text_atomic(args.md, markdown(results, png, reading))
+    write_text_atomic(args.md, markdown(page, png, reading))
     json_path = args.json or args.md.with_suffix(".json")
-    kept.save(json_path, results)
+    kept.save(json_path, kept_runs)
     if args.readme is not None:
         pooled = [d for d in diffs if d["seed"] == "all"] or diffs
-        block = arms_table(rows, chunk, base_lr, _page_refs(results["refs"]))
+        block = arms_table(rows, chunk, base_lr, page["refs"])
         if pooled:
             block += ["", *diffs_table(pooled, chunk, base_lr)]
         write_readme_block(args.readme, block)

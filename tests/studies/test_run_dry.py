@@ -25,7 +25,8 @@ def _run(out: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_writes_every_row(tmp_path: Path) -> None:
-    readme_before = (ROOT / "README.md").read_bytes()
+    committed = [ROOT / "README.md", ROOT / "studies" / "squad_batch_size" / "results.json"]
+    before = [path.read_bytes() for path in committed]
     out = tmp_path / "study-dry"
     done = _run(out)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -45,9 +46,9 @@ def test_dry_run_writes_every_row(tmp_path: Path) -> None:
     assert digests[0] == digests[1] and digests[1] != digests[2]  # pairs by seed
     assert (out / "plot.png").stat().st_size > 10_000
     kept = json.loads((out / "results.json").read_text())  # the page as data, beside it
-    assert len(kept["arms"]) == 5 and kept["sources"][0].startswith(f"`{out}`: ")
+    assert len(kept["runs"]) == 9 and {r["source"] for r in kept["runs"]} == {f"`{out}`"}
     assert {d["seed"] for d in kept["diffs"]} == {1, 2, "all"}
-    assert (ROOT / "README.md").read_bytes() == readme_before  # a dry run leaves it alone
+    assert [path.read_bytes() for path in committed] == before  # a dry run leaves them alone
 
 
 def test_dry_run_refuses_an_out_it_would_wipe(tmp_path: Path) -> None:

@@ -136,62 +136,98 @@ def test_readme_block_is_replaced_between_the_markers(tmp_path):
         table.write_readme_block(readme, ["x"])
 
 
-def _kept(arms: list[dict], diffs: list[dict], hours: float, source: str, **recipe) -> dict:
-    base = {"epochs": 3, "warmup_pct": 10, "chunk_size": 8, "max_passage_length": 96,
-            "temperature": 0.05, "dry_run": 0, "n_questions": 6}  # fmt: skip
-    refs = [["all-MiniLM-L6-v2 off the shelf", {m: 50.0 for m in runs.METRICS}]]
-    return {"recipe": {**base, **recipe}, "machine_hours": hours, "sources": [source],
-            "refs": refs, "arms": arms, "diffs": diffs}  # fmt: skip
+RECIPE = {"epochs": 3, "warmup_pct": 10, "chunk_size": 8, "max_passage_length": 96,
+          "temperature": 0.05, "dry_run": 0}  # fmt: skip
 
 
-def _diff(seed: int | str, value: float, lr: float = 2e-5) -> dict:
+def _kept_run(mode: str, seed: int, top1: float, lr: float = 2e-5, source: str = "lost") -> dict:
+    """A kept run record (kept.RUN_FIELDS), every metric at ``top1``."""
+    times = {"train_wall_seconds": 3600.0, "index_seconds": None, "eval_seconds": None}
+    record = {**_record(mode, seed, top1, lr=lr), **RECIPE, "source": source, **times}
+    return {k: record.get(k) for k in (*kept.RUN_FIELDS, "source")}
+
+
+def _diff(seed: int | str, value: float, lr: float = 2e-5, seeds=(1, 2)) -> dict:
     cells = {m: value for m in runs.METRICS} | {
         f"{m}_ci": [value - 1, value + 1] for m in runs.METRICS
     }
-    seeds = {"seeds": [1, 2]} if seed == "all" else {}
-    return {"batch_size": 128, "lr": lr, "seed": seed, **seeds, **cells}
+    extra = {"seeds": list(seeds)} if seed == "all" else {}
+    return {"batch_size": 128, "lr": lr, "seed": seed, **extra, **cells}
 
 
-def test_kept_results_keep_lost_arms_and_fresh_runs_replace_what_they_redo(tmp_path):
-    earlier = runs.group([_record("accumulate", 1, 60.0), _record("gradcache", 1, 70.0),
-                          _record("accumulate", 1, 64.0, lr=1e-4)])  # fmt: skip
-    fresh = runs.group(
-        [_record("accumulate", 1, 64.5, lr=1e-4), _record("gradcache", 1, 66.0, lr=1e-4)]
-    )
-    merged = kept.merge(
-        _kept(earlier, [_diff(1, 10.0)], 8.0, "lost runs"),
-        _kept(fresh, [_diff(1, 1.5, lr=1e-4)], 1.5, "runs/x"),
-        tmp_path / "results.json",
-    )
-    got = [(a["mode"], a["lr"], a["top1"]) for a in merged["arms"]]
-    assert got == [("accumulate", 2e-5, 60.0), ("gradcache", 2e-5, 70.0),
-                   ("accumulate", 1e-4, 64.5), ("gradcache", 1e-4, 66.0)]  # fmt: skip
-    assert [(d["lr"], d["top1"]) for d in merged["diffs"]] == [(2e-5, 10.0), (1e-4, 1.5)]
-    assert merged["machine_hours"] == 9.5 and merged["sources"] == ["lost runs", "runs/x"]
-    with pytest.raises(SystemExit, match=r"results.json: .* temperature"):
-        kept.merge(_kept(earlier, [], 8.0, "a"), _kept(fresh, [], 1.0, "b", temperature=1.0),
-                   tmp_path / "results.json")  # fmt: skip
-    assert kept.merge(merged, None, tmp_path / "results.json") is merged  # no runs: as kept
+def test_a_run_made_again_replaces_its_kept_record_and_the_differences_it_was_in():
+    lost = [_kept_run(mode, s, 60.0 + s) for mode in ("accumulate", "gradcache") for s in (1, 2, 3)]
+    diffs = [*(_diff(s, 1.0) for s in (1, 2, 3)), _diff("all", 1.0, seeds=(1, 2, 3))]
+    kept_runs = {"runs": lost, "unattributed_hours": 0.5, "diffs": diffs}
+    fresh = [_kept_run(mode, seed, 50.0, source="new")
+             for mode, seed in (("accumulate", 1), ("gradcache", 1), ("gradcache", 4))]  # fmt: skip
+    merged = kept.merge_runs(kept_runs, fresh)
+    acc = runs.group([r for r in merged if r["mode"] == "accumulate"])[0]
+    assert acc["seeds"] == [1, 2, 3] and acc["per_seed"]["top1"] == [50.0, 62.0, 63.0]
+    assert [r["seed"] for r in merged if r["mode"] == "gradcache"] == [1, 2, 3, 4]
+    diffs, warnings = kept.merge_diffs(kept_runs, fresh, [_diff(1, 2.0)])
+    assert [(d["seed"], d["top1"]) for d in diffs] == [(1, 2.0), (2, 1.0), (3, 1.0)]
+    # seed 1 was computed again (no warning); the row over seeds 1-3 was not; seed 4 is unpaired
+    assert len(warnings) == 2, warnings
+    assert "seed all dropped" in warnings[0] and "seed 4" in warnings[1]
+    same, none = kept.merge_diffs(kept_runs, [], [])  # no fresh runs: every kept row stays
+    assert same == sorted(kept_runs["diffs"], key=runs.diff_order) and none == []
 
 
-def test_a_page_built_from_its_own_results_json_is_the_same_page(tmp_path, monkeypatch):
-    arms = runs.group([_record("accumulate", 1, 60.0), _record("accumulate", 2, 61.0),
-                       _record("gradcache", 1, 70.0), _record("gradcache", 2, 72.0)])  # fmt: skip
-    first = tmp_path / "first.json"
-    kept.save(first, _kept(arms, [_diff(1, 10.0), _diff(2, 11.0), _diff("all", 10.5)], 2.0, "s"))
-    pages = []
-    for name, source in (("a", first), ("b", tmp_path / "a.json")):
-        argv = ["table", "--runs", str(tmp_path / "none"), "--kept", str(source),
-                "--md", str(tmp_path / f"{name}.md"), "--png", str(tmp_path / f"{name}.png"),
-                "--reading", str(tmp_path / "none.md")]  # fmt: skip
-        monkeypatch.setattr("sys.argv", argv)
-        table.main()
-        pages.append((tmp_path / f"{name}.md").read_text().replace(f"({name}.png)", ""))
-    assert pages[0] == pages[1]
-    assert "| accumulation 16 x 8 | 1,2 | 180 | 15 | 60.5 ± 0.7 |" in pages[0]
-    assert "| GradCache B=128 − accumulation 16 x 8 | all: 1,2 | +10.5 [+9.5, +11.5] |" in pages[0]
-    assert "| all-MiniLM-L6-v2 off the shelf | – | – | – | 50.0 |" in pages[0]
-    (tmp_path / "broken.json").write_text('{"recipe": {}}')
-    monkeypatch.setattr("sys.argv", ["table", "--kept", str(tmp_path / "broken.json")])
-    with pytest.raises(SystemExit, match=r"broken.json: not a results.json \(no arms"):
-        table.main()
+def _run_folder(root: Path, mode: str, seed: int, first_hits: list[int | None]) -> None:
+    """A finished run folder as run.sh leaves it: run.json, eval/metrics.json, train_log.jsonl
+    and eval/retrieval.json."""
+    _run(root, mode, seed, first_hits)
+    folder = root / f"{mode}-b128-lr2e-05-s{seed}"
+    per_q = runs.per_question(np.array([np.inf if h is None else h for h in first_hits], float))
+    metrics = {m: float(v.mean()) for m, v in per_q.items()} | {"n_questions": len(first_hits)}
+    (folder / "eval" / "metrics.json").write_text(json.dumps(metrics))
+    run = {"mode": mode, "batch_size": 128, "lr": 2e-5, "seed": seed, **RECIPE,
+           "train_wall_seconds": 1800.0, "index_seconds": 60.0, "eval_seconds": 30.0}  # fmt: skip
+    (folder / "run.json").write_text(json.dumps(run))
+    step = {"seconds": 10.0, "peak_memory_bytes": 1e9, "negatives_per_question": 15}
+    log = [{"step": i + 1, **step, "batch_digest": d} for i, d in enumerate(DIGESTS)]
+    (folder / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+
+
+def _build(tmp_path: Path, monkeypatch, name: str, runs_dir: Path, kept_json: Path | None) -> str:
+    out = {"--md": f"{name}.md", "--png": f"{name}.png", "--reading": "none.md"}
+    argv = ["table", "--runs", str(runs_dir)]
+    argv += [a for flag, file in out.items() for a in (flag, str(tmp_path / file))]
+    monkeypatch.setattr("sys.argv", argv + (["--kept", str(kept_json)] if kept_json else []))
+    table.main()
+    return (tmp_path / f"{name}.md").read_text().replace(f"({name}.png)", "(plot)")
+
+
+def test_a_page_rebuilt_from_its_results_json_is_the_same_page(tmp_path, monkeypatch):
+    folders = tmp_path / "runs"
+    for seed, acc, gc in ((1, [0, 3, 10, None], [0, 0, 10, 4]), (2, [1, 3, 0, 0], [0, 3, 0, 0])):
+        _run_folder(folders, "accumulate", seed, acc)
+        _run_folder(folders, "gradcache", seed, gc)
+    first = _build(tmp_path, monkeypatch, "a", folders, None)
+    # the same folders again over their own kept data: nothing counted twice
+    again = _build(tmp_path, monkeypatch, "b", folders, tmp_path / "a.json")
+    # the folders lost: the kept data alone
+    alone = _build(tmp_path, monkeypatch, "c", tmp_path / "gone", tmp_path / "b.json")
+    assert first == again == alone
+    assert "Machine time of the runs behind this page: 2.1 h." in first  # 4 x (1800 + 90) s
+    assert "| accumulation 16 x 8 | 1,2 | 3 | 15 | 37.5 ± 17.7 |" in first
+    assert "| GradCache B=128 − accumulation 16 x 8 | all: 1,2 | +25.0 [" in first
+    changed = json.loads((tmp_path / "c.json").read_text())
+    changed["runs"][0]["top1"] = 99.0  # a negative control: the page does read the kept data
+    (tmp_path / "c.json").write_text(json.dumps(changed))
+    assert _build(tmp_path, monkeypatch, "d", tmp_path / "gone", tmp_path / "c.json") != first
+
+
+def test_a_kept_file_of_another_recipe_or_no_kept_file_is_refused(tmp_path, monkeypatch):
+    folders = tmp_path / "runs"
+    _run_folder(folders, "accumulate", 1, [0, 1])
+    other = {"runs": [{**_kept_run("gradcache", 1, 60.0), "temperature": 1.0}], "diffs": [],
+             "unattributed_hours": 0.0}  # fmt: skip
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="runs differ in temperature"):
+        _build(tmp_path, monkeypatch, "x", folders, tmp_path / "other.json")
+    (tmp_path / "broken.json").write_text('{"runs": []}')
+    with pytest.raises(SystemExit, match=r"broken.json: not a results.json \(no diffs"):
+        _build(tmp_path, monkeypatch, "x", folders, tmp_path / "broken.json")
+    assert not (tmp_path / "x.md").exists() and not (tmp_path / "x.json").exists()
