@@ -21,17 +21,17 @@ from studies.squad_batch_size.runs import METRICS, RECIPE_KEYS, diff_order
 
 # What a kept run record holds: enough to average the arms and fill every cell of the page.
 RUN_FIELDS = (
-    "mode", "batch_size", "lr", "seed", "dir", *METRICS, "n_questions", *RECIPE_KEYS,
+    "mode", "batch_size", "lr", "seed", "dir", "code", *METRICS, *RECIPE_KEYS,
     "peak_memory_bytes", "train_seconds", "train_wall_seconds", "index_seconds",
     "eval_seconds", "steps", "negatives_per_question",
 )  # fmt: skip
 # runs: RUN_FIELDS and "source" each; diffs: as runs.paired_differences gives them;
-# unattributed_hours: machine hours known only as a total (commands whose own times were lost)
-KEPT_KEYS = ("runs", "diffs", "unattributed_hours")
+# unattributed: machine hours known only as a total over some runs ({"hours", "runs": keys})
+KEPT_KEYS = ("runs", "diffs", "unattributed")
 
 
 def empty() -> dict[str, Any]:
-    return {"runs": [], "diffs": [], "unattributed_hours": 0.0}
+    return {"runs": [], "diffs": [], "unattributed": {"hours": 0.0, "runs": []}}
 
 
 def compact(record: dict[str, Any], source: str) -> dict[str, Any]:
@@ -48,6 +48,17 @@ def run_key(run: dict[str, Any]) -> tuple[str, int, float, int]:
 def diff_key(d: dict[str, Any]) -> tuple:
     seeds = tuple(d["seeds"]) if d["seed"] == "all" else (d["seed"],)
     return int(d["batch_size"]), float(d["lr"]), d["seed"] == "all", seeds
+
+
+def remade(kept: dict[str, Any], runs: list[dict[str, Any]]) -> set[tuple]:
+    """Keys of the fresh runs that replace a kept record with other values (a run made again,
+    not the kept run's own folder read a second time)."""
+    old = {run_key(r): {k: v for k, v in r.items() if k != "source"} for r in kept["runs"]}
+    return {
+        run_key(r)
+        for r in runs
+        if run_key(r) in old and {k: v for k, v in r.items() if k != "source"} != old[run_key(r)]
+    }
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -76,26 +87,39 @@ def merge_runs(kept: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[st
 def merge_diffs(
     kept: dict[str, Any], runs: list[dict[str, Any]], diffs: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The kept differences whose runs are all still the kept ones, then the fresh differences
-    (of the fresh ``runs``); with a warning for each kept difference dropped and not computed
-    again, and for each fresh GradCache run left without one (its accumulation run is not among
-    the fresh runs)."""
-    fresh_keys = {run_key(r) for r in runs}
+    """The kept differences none of whose runs was made again, then the fresh ``diffs`` (of the
+    fresh ``runs``); with a warning for each kept difference dropped and not computed again, each
+    fresh GradCache run left without one, and each row over seeds that leaves out a seed."""
+    again = remade(kept, runs)
     merged, dropped = {}, []
     for d in kept["diffs"]:
         seeds = d["seeds"] if d["seed"] == "all" else [d["seed"]]
         pair = {(m, int(d["batch_size"]), float(d["lr"]), int(s))
                 for m in ("accumulate", "gradcache") for s in seeds}  # fmt: skip
-        if fresh_keys & pair:
+        if again & pair:
             dropped.append(d)
         else:
             merged[diff_key(d)] = d
     merged |= {diff_key(d): d for d in diffs}
-    warnings = [f"kept difference at lr {d['lr']:g}, seed {d['seed']} dropped: a run of it was "
-                "made again, and the runs do not give it again"
+    warnings = [f"kept difference B={d['batch_size']}, lr {d['lr']:g}, seed {d['seed']} dropped: "
+                "a run of it was made again, and the runs do not give it again"
                 for d in dropped if diff_key(d) not in merged]  # fmt: skip
-    for mode, batch, lr, seed in sorted(fresh_keys):
-        if mode == "gradcache" and ("accumulate", batch, lr, seed) not in fresh_keys:
-            warnings.append(f"no difference for GradCache B={batch} at lr {lr:g}, seed {seed}: "
+    for mode, batch, lr, seed in sorted(run_key(r) for r in runs):
+        if mode == "gradcache" and (batch, lr, False, (seed,)) not in merged:
+            warnings.append(f"no difference for GradCache B={batch}, lr {lr:g}, seed {seed}: "
                             "its accumulation run is not among the runs")  # fmt: skip
+    for batch, lr, pooled, seeds in merged:
+        paired = sorted(k[3][0] for k in merged if k[:3] == (batch, lr, False))
+        if pooled and list(seeds) != paired:
+            warnings.append(f"the difference B={batch}, lr {lr:g} over seeds {list(seeds)} "
+                            f"leaves out some of the paired seeds {paired}")  # fmt: skip
     return sorted(merged.values(), key=diff_order), warnings
+
+
+def unattributed(kept: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The kept total of hours over some runs, less the share (spread evenly) of those made
+    again: their new times count instead."""
+    covered = [tuple(k) for k in kept["unattributed"]["runs"]]
+    left = [k for k in covered if k not in remade(kept, runs)]
+    hours = kept["unattributed"]["hours"] * len(left) / len(covered) if covered else 0.0
+    return {"hours": hours, "runs": [list(k) for k in left]}

@@ -14,7 +14,10 @@ from dpr_cache.runtime.atomic import read_lines
 
 KS = (1, 5, 20, 100)
 METRICS = (*(f"top{k}" for k in KS), "mrr@10")
-RECIPE_KEYS = ("epochs", "warmup_pct", "chunk_size", "max_passage_length", "temperature", "dry_run")
+RECIPE_KEYS = (
+    "epochs", "warmup_pct", "chunk_size", "max_passage_length", "temperature", "dry_run",
+    "n_questions",
+)  # fmt: skip
 TRAINED = ("full", "accumulate", "gradcache")
 
 
@@ -107,15 +110,18 @@ def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def check_same_recipe(records: list[dict[str, Any]]) -> None:
-    """SystemExit naming the key and two runs if trained runs differ in anything but the arm."""
+    """SystemExit naming the key and two runs (and where each came from, for kept records) if
+    trained runs differ in anything but the arm."""
     trained = [r for r in records if r["mode"] in TRAINED]
     for key in RECIPE_KEYS:
-        values = {str(r.get(key)): r["dir"] for r in trained}
+        values = {str(r.get(key)): r for r in trained}
         if len(values) > 1:
             (a, run_a), (b, run_b) = list(values.items())[:2]
+            where = [r["dir"] + (f" from {r['source']}" if r.get("source") else "")
+                     for r in (run_a, run_b)]  # fmt: skip
             raise SystemExit(
-                f"error: runs differ in {key} ({run_a}: {a}, {run_b}: {b}); "
-                "give each recipe its own --runs folder (OUT=... studies/squad_batch_size/run.sh)"
+                f"error: runs differ in {key} ({where[0]}: {a}, {where[1]}: {b}); give each "
+                "recipe its own OUT= (studies/squad_batch_size/run.sh), or build without --kept"
             )
 
 

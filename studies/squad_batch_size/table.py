@@ -41,6 +41,7 @@ from studies.squad_batch_size.runs import (
 )
 
 HERE = Path(__file__).resolve().parent
+KEPT = HERE / "results.json"
 NAMES = {"top1": "top-1", "top5": "top-5", "top20": "top-20", "top100": "top-100"}
 NAMES["mrr@10"] = "MRR@10"
 
@@ -156,16 +157,19 @@ def page_data(kept_runs: dict[str, Any]) -> dict[str, Any]:
     runs = kept_runs["runs"]
     trained = [r for r in runs if r["mode"] in TRAINED]
     refs = [("BM25 (the data's README)", SHARED_README_BM25), *references(runs)]
-    sources: dict[str, list[str]] = {}
+    sources: dict[tuple[str, str], list[str]] = {}
     for r in runs:
-        sources.setdefault(r["source"], []).append(r["dir"])
+        sources.setdefault((r["source"], r.get("code") or "unknown"), []).append(r["dir"])
     return {
-        "recipe": {k: trained[0].get(k) for k in (*RECIPE_KEYS, "n_questions")},
+        "recipe": {k: trained[0].get(k) for k in RECIPE_KEYS},
         "arms": group(trained),
         "diffs": kept_runs["diffs"],
         "refs": sorted(refs, key=lambda ref: (not ref[0].startswith("BM25"), "README" in ref[0])),
-        "machine_hours": machine_hours(runs) + kept_runs["unattributed_hours"],
-        "sources": [f"{source}: {', '.join(dirs)}" for source, dirs in sources.items()],
+        "machine_hours": machine_hours(runs) + kept_runs["unattributed"]["hours"],
+        "sources": [
+            f"{', '.join(dirs)}: package at {code}, {source}"
+            for (source, code), dirs in sources.items()
+        ],
     }
 
 
@@ -178,8 +182,8 @@ def markdown(page: dict[str, Any], png: str, reading: str | None) -> str:
         lines += ["**Dry run** (toy data, tiny BERT, 2 steps a run): the numbers mean nothing.", ""]
     lines += [
         "Written by `studies/squad_batch_size/table.py` from the runs of"
-        " `studies/squad_batch_size/run.sh` (method: [README.md](README.md)), and kept as data"
-        " in `results.json` beside this page. Where the rows come from:",
+        " `studies/squad_batch_size/run.sh` (method: [README.md](README.md)); its runs are also"
+        " stored in `results.json` beside it (kept.py). The runs behind it:",
         "",
         *(f"- {source}" for source in page["sources"]),
         "",
@@ -222,11 +226,14 @@ def markdown(page: dict[str, Any], png: str, reading: str | None) -> str:
     return "\n".join(lines)
 
 
-def write_readme_block(readme: Path, lines: list[str]) -> None:
-    """Replace what lies between the README's begin and end markers with ``lines``."""
+def write_readme_block(readme: Path, lines: list[str], check_only: bool = False) -> None:
+    """Replace what lies between the README's begin and end markers with ``lines`` (or only
+    check that the markers are there)."""
     text = readme.read_text(encoding="utf-8")
     if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
         raise SystemExit(f"error: {readme}: needs one {README_BEGIN} and one {README_END} line")
+    if check_only:
+        return
     head, rest = text.split(README_BEGIN)
     _, tail = rest.split(README_END)
     write_text_atomic(
@@ -244,19 +251,24 @@ def main() -> None:
     parser.add_argument("--reading", type=Path, default=HERE / "reading.md")
     parser.add_argument("--readme", type=Path, default=None, help="also rewrite its table block")
     args = parser.parse_args()
+    if args.kept is None and args.md == HERE / "results.md" and KEPT.is_file():
+        args.kept = KEPT  # the committed page: never drop the runs it keeps
+    if args.readme is not None:
+        write_readme_block(args.readme, [], check_only=True)  # before anything is written
     base = kept.load(args.kept) if args.kept is not None else kept.empty()
     records = collect(args.runs) if args.runs.is_dir() else []
-    runs = kept.merge_runs(base, [kept.compact(r, f"`{args.runs}`") for r in records])
+    fresh = [kept.compact(r, f"`{args.runs}`") for r in records]
+    runs = kept.merge_runs(base, fresh)
     trained = [r for r in runs if r["mode"] in TRAINED]
     if not trained:
         raise SystemExit(f"error: no finished training runs under {args.runs}"
                          + (f" nor in {args.kept}" if args.kept else ""))  # fmt: skip
     check_same_recipe(trained)
     fresh_trained = [r for r in records if r["mode"] in TRAINED]
-    diffs, warnings = kept.merge_diffs(base, records, paired_differences(fresh_trained, args.runs))
+    diffs, warnings = kept.merge_diffs(base, fresh, paired_differences(fresh_trained, args.runs))
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    kept_runs = {"runs": runs, "diffs": diffs, "unattributed_hours": base["unattributed_hours"]}
+    kept_runs = {"runs": runs, "diffs": diffs, "unattributed": kept.unattributed(base, fresh)}
     page = page_data(kept_runs)
     rows = page["arms"]
     chunk, base_lr = int(page["recipe"]["chunk_size"]), min(r["lr"] for r in rows)

@@ -158,7 +158,8 @@ def _diff(seed: int | str, value: float, lr: float = 2e-5, seeds=(1, 2)) -> dict
 def test_a_run_made_again_replaces_its_kept_record_and_the_differences_it_was_in():
     lost = [_kept_run(mode, s, 60.0 + s) for mode in ("accumulate", "gradcache") for s in (1, 2, 3)]
     diffs = [*(_diff(s, 1.0) for s in (1, 2, 3)), _diff("all", 1.0, seeds=(1, 2, 3))]
-    kept_runs = {"runs": lost, "unattributed_hours": 0.5, "diffs": diffs}
+    covered = [list(kept.run_key(r)) for r in lost]
+    kept_runs = {"runs": lost, "diffs": diffs, "unattributed": {"hours": 0.6, "runs": covered}}
     fresh = [_kept_run(mode, seed, 50.0, source="new")
              for mode, seed in (("accumulate", 1), ("gradcache", 1), ("gradcache", 4))]  # fmt: skip
     merged = kept.merge_runs(kept_runs, fresh)
@@ -170,8 +171,24 @@ def test_a_run_made_again_replaces_its_kept_record_and_the_differences_it_was_in
     # seed 1 was computed again (no warning); the row over seeds 1-3 was not; seed 4 is unpaired
     assert len(warnings) == 2, warnings
     assert "seed all dropped" in warnings[0] and "seed 4" in warnings[1]
-    same, none = kept.merge_diffs(kept_runs, [], [])  # no fresh runs: every kept row stays
-    assert same == sorted(kept_runs["diffs"], key=runs.diff_order) and none == []
+    # two of the six runs the 0.6 h covered were made again: their share goes
+    assert kept.unattributed(kept_runs, fresh)["hours"] == pytest.approx(0.4)
+    # the kept runs' own folders read again change nothing, and drop nothing
+    same = [{**r, "source": "their folders"} for r in lost]
+    assert kept.remade(kept_runs, same) == set()
+    assert kept.merge_diffs(kept_runs, same, []) == (
+        sorted(kept_runs["diffs"], key=runs.diff_order),
+        [],
+    )
+    assert kept.unattributed(kept_runs, same)["hours"] == 0.6
+    # one of the pair made again, its partner not: that seed's kept difference goes, with a warning
+    lone = [{**lost[1], "top1": 10.0}]  # accumulation, seed 2
+    got, warnings = kept.merge_diffs(kept_runs, lone, [])
+    assert [d["seed"] for d in got] == [1, 3]
+    assert "seed 2 dropped" in warnings[0] and "seed all dropped" in warnings[1]
+    some = kept_runs["diffs"][:2] + kept_runs["diffs"][3:]  # seeds 1, 2 and the row over 1-3
+    partial, warnings = kept.merge_diffs({**kept_runs, "diffs": some}, [], [])
+    assert "over seeds [1, 2, 3] leaves out some of the paired seeds [1, 2]" in warnings[0]
 
 
 def _run_folder(root: Path, mode: str, seed: int, first_hits: list[int | None]) -> None:
@@ -219,15 +236,16 @@ def test_a_page_rebuilt_from_its_results_json_is_the_same_page(tmp_path, monkeyp
     assert _build(tmp_path, monkeypatch, "d", tmp_path / "gone", tmp_path / "c.json") != first
 
 
-def test_a_kept_file_of_another_recipe_or_no_kept_file_is_refused(tmp_path, monkeypatch):
+def test_a_kept_file_of_another_recipe_or_not_a_kept_file_is_refused(tmp_path, monkeypatch):
     folders = tmp_path / "runs"
     _run_folder(folders, "accumulate", 1, [0, 1])
-    other = {"runs": [{**_kept_run("gradcache", 1, 60.0), "temperature": 1.0}], "diffs": [],
-             "unattributed_hours": 0.0}  # fmt: skip
+    other = {**kept.empty(), "runs": [{**_kept_run("gradcache", 1, 60.0), "temperature": 1.0}]}
     (tmp_path / "other.json").write_text(json.dumps(other))
-    with pytest.raises(SystemExit, match="runs differ in temperature"):
+    with pytest.raises(SystemExit, match="differ in temperature .*-s1 from lost: 1.0"):
         _build(tmp_path, monkeypatch, "x", folders, tmp_path / "other.json")
     (tmp_path / "broken.json").write_text('{"runs": []}')
     with pytest.raises(SystemExit, match=r"broken.json: not a results.json \(no diffs"):
         _build(tmp_path, monkeypatch, "x", folders, tmp_path / "broken.json")
+    with pytest.raises(SystemExit, match=r"missing.json: cannot read kept results"):
+        _build(tmp_path, monkeypatch, "x", folders, tmp_path / "missing.json")
     assert not (tmp_path / "x.md").exists() and not (tmp_path / "x.json").exists()
