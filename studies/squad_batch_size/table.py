@@ -159,7 +159,7 @@ def page_data(kept_runs: dict[str, Any]) -> dict[str, Any]:
     refs = [("BM25 (the data's README)", SHARED_README_BM25), *references(runs)]
     sources: dict[tuple[str, str], list[str]] = {}
     for r in runs:
-        sources.setdefault((r["source"], r.get("code") or "unknown"), []).append(r["dir"])
+        sources.setdefault((r["source"], r.get("code")), []).append(r["dir"])
     return {
         "recipe": {k: trained[0].get(k) for k in RECIPE_KEYS},
         "arms": group(trained),
@@ -167,7 +167,7 @@ def page_data(kept_runs: dict[str, Any]) -> dict[str, Any]:
         "refs": sorted(refs, key=lambda ref: (not ref[0].startswith("BM25"), "README" in ref[0])),
         "machine_hours": machine_hours(runs) + kept_runs["unattributed"]["hours"],
         "sources": [
-            f"{', '.join(dirs)}: package at {code}, {source}"
+            f"{', '.join(dirs)}: " + (f"package at {code}, " if code else "") + source
             for (source, code), dirs in sources.items()
         ],
     }
@@ -279,7 +279,11 @@ def main() -> None:
     json_path = args.json or args.md.with_suffix(".json")
     kept.save(json_path, kept_runs)
     if args.readme is not None:
-        pooled = [d for d in diffs if d["seed"] == "all"] or diffs
+        # per arm, the row over seeds, or the one seed's row where there is one seed
+        pooled_arms = {(d["batch_size"], d["lr"]) for d in diffs if d["seed"] == "all"}
+        pooled = [
+            d for d in diffs if d["seed"] == "all" or (d["batch_size"], d["lr"]) not in pooled_arms
+        ]
         block = arms_table(rows, chunk, base_lr, page["refs"])
         if pooled:
             block += ["", *diffs_table(pooled, chunk, base_lr)]
