@@ -45,11 +45,6 @@ def run_key(run: dict[str, Any]) -> tuple[str, int, float, int]:
             int(run.get("seed") or 0))  # fmt: skip
 
 
-def diff_key(d: dict[str, Any]) -> tuple:
-    seeds = tuple(d["seeds"]) if d["seed"] == "all" else (d["seed"],)
-    return int(d["batch_size"]), float(d["lr"]), d["seed"] == "all", seeds
-
-
 def remade(kept: dict[str, Any], runs: list[dict[str, Any]]) -> set[tuple]:
     """Keys of the fresh runs that replace a kept record with other values (a run made again,
     not the kept run's own folder read a second time)."""
@@ -99,21 +94,21 @@ def merge_diffs(
         if again & pair:
             dropped.append(d)
         else:
-            merged[diff_key(d)] = d
-    merged |= {diff_key(d): d for d in diffs}
+            merged[diff_order(d)] = d
+    merged |= {diff_order(d): d for d in diffs}
     warnings = [f"kept difference B={d['batch_size']}, lr {d['lr']:g}, seed {d['seed']} dropped: "
                 "a run of it was made again, and the runs do not give it again"
-                for d in dropped if diff_key(d) not in merged]  # fmt: skip
+                for d in dropped if diff_order(d) not in merged]  # fmt: skip
     for mode, batch, lr, seed in sorted(run_key(r) for r in runs):
-        if mode == "gradcache" and (batch, lr, False, (seed,)) not in merged:
+        if mode == "gradcache" and (lr, batch, False, (seed,)) not in merged:
             warnings.append(f"no difference for GradCache B={batch}, lr {lr:g}, seed {seed}: "
                             "its accumulation run is not among the runs")  # fmt: skip
-    for batch, lr, pooled, seeds in merged:
-        paired = sorted(k[3][0] for k in merged if k[:3] == (batch, lr, False))
+    for lr, batch, pooled, seeds in merged:
+        paired = sorted(k[3][0] for k in merged if k[:3] == (lr, batch, False))
         if pooled and list(seeds) != paired:
             warnings.append(f"the difference B={batch}, lr {lr:g} over seeds {list(seeds)} "
                             f"leaves out some of the paired seeds {paired}")  # fmt: skip
-    return sorted(merged.values(), key=diff_order), warnings
+    return [merged[k] for k in sorted(merged)], warnings
 
 
 def unattributed(kept: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
