@@ -20,7 +20,6 @@ ALLOWED = {
     "data": {"data", "runtime", "errors"},
     "train": {"train", "retrieval", "model", "data", "core", "runtime", "errors", "config"},
     "retrieval": {"retrieval", "model", "data", "core", "runtime", "errors", "config"},
-    "bench": {"bench", "train", "retrieval", "model", "data", "core", "runtime", "errors"},
     "testing": {"testing", "train", "retrieval", "model", "data", "core", "runtime", "errors"},
     "config": {"data", "runtime", "errors"},
     "errors": set(),
@@ -28,7 +27,6 @@ ALLOWED = {
         "cli",
         "train",
         "retrieval",
-        "bench",
         "model",
         "core",
         "data",
@@ -110,11 +108,19 @@ def test_config_stays_at_the_edge() -> None:
     assert users == CONFIG_EDGE
 
 
+def test_the_package_imports_neither_benchmarks_nor_studies() -> None:
+    """The harness and the studies sit beside the package: nothing installed may need them."""
+    for path in _modules():
+        outside = {n.split(".")[0] for n in _imports(path)} & {"benchmarks", "studies"}
+        assert not outside, f"{path.relative_to(REPO)} imports {sorted(outside)}"
+
+
 def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
     """Negative control: an upward import in a core module is reported."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from dpr_cache.train.loop import train\n")
+    bad.write_text("def f():\n    from dpr_cache.train.loop import train\n    import benchmarks\n")
     assert _project_layers(_imports(bad)) - ALLOWED["core"] == {"train"}
+    assert "benchmarks" in _imports(bad)
 
 
 def test_top_level_holds_at_most_eight_modules() -> None:

@@ -12,14 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from dpr_cache.runtime.offline import offline_env
 
-__all__ = ["ChildFailed", "Measured", "child_env", "run_json_child", "run_measured"]
+__all__ = ["ChildFailed", "child_env", "run_json_child"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the dpr_cache package
 
@@ -51,42 +48,3 @@ def run_json_child(module: str, args: list[str]) -> dict:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ChildFailed(module, done.returncode, tail[:300])
     return json.loads(lines[-1])
-
-
-@dataclass
-class Measured:
-    """A finished command: exit code, wall seconds, peak resident memory, its output."""
-
-    returncode: int
-    seconds: float
-    peak_rss: int  # bytes, the kernel's ru_maxrss of the child (as /usr/bin/time -v reports it)
-    stdout: str
-    stderr: str
-
-
-_WAIT4 = (
-    "import os, sys; pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ); "
-    "_, status, usage = os.wait4(pid, 0); "
-    "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}')"
-)
-"""A bare interpreter that spawns the command and reports its ``wait4`` figures: the command
-starts from this small process, so its peak is its own (a child forked straight from a large
-process would count that process's pages resident at the fork)."""
-
-
-def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
-    """Run ``cmd`` to the end: exit code, wall time, and its own peak RSS (``ru_maxrss``)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "wait4"
-        out, err = Path(tmp) / "out", Path(tmp) / "err"
-        start = time.perf_counter()
-        with open(out, "w") as fo, open(err, "w") as fe:
-            wrapper = subprocess.run(
-                [sys.executable, "-S", "-c", _WAIT4, str(report), *cmd],
-                stdout=fo, stderr=fe, env=env, check=False,
-            )  # fmt: skip
-        seconds = time.perf_counter() - start
-        if not report.is_file():  # the command could not even start
-            return Measured(wrapper.returncode or 127, seconds, 0, out.read_text(), err.read_text())
-        maxrss, code = (int(x) for x in report.read_text().split())
-        return Measured(code, seconds, maxrss * 1024, out.read_text(), err.read_text())

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dpr_cache.bench.loss import measure_loss_memory
+from benchmarks.loss import measure_loss_memory
 
 B, D, TILE = 16384, 768, 2048
 FP32 = 4

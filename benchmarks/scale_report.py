@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from dpr_cache.bench.machine import cpu_text
+from benchmarks.machine import cpu_text
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 
 __all__ = ["write_report", "targets"]
@@ -64,13 +64,14 @@ def _plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(results: dict, out: Path) -> Path:
-    """Write ``out/scale.md`` (and ``out/scale.png``) from what has been measured so far."""
+def write_report(results: dict, out: Path, notes: Path | None = None) -> Path:
+    """Write ``out/scale.md`` (and ``out/scale.png``) from what has been measured so far, with
+    the hand-written reading ``notes`` (default ``out/scale_notes.md``) appended."""
     m = results.get("machine", {})
     lines = [
         "# dpr-cache at NQ's scale, on one small box",
         "",
-        "Written by `python -m dpr_cache.bench.scale --work runs/scale --out docs/bench`"
+        "Written by `python -m benchmarks.scale --work runs/scale --out docs/bench`"
         " (resumable; each step a fresh process measured by `wait4`: wall time and peak RSS as"
         " the kernel counts it, memory-mapped pages included). All data is **synthetic**, in NQ's"
         " structure and size: no NQ file can be downloaded here.",
@@ -126,7 +127,7 @@ def write_report(results: dict, out: Path) -> Path:
         rates = [[k, v["passages_per_s"]] for k, v in results["tokenize"].items()]
         lines += _table(["loader", "passages/s"], rates)
     text = "\n".join(lines) + "\n"
-    notes = out / "scale_notes.md"
+    notes = out / "scale_notes.md" if notes is None else notes
     if notes.is_file():  # the hand-written reading and projection, kept beside the figures
         text += "\n" + notes.read_text()
     write_text_atomic(out / "scale.md", text)

@@ -8,8 +8,9 @@ import shutil
 import time
 from pathlib import Path
 
-from dpr_cache.bench import nq_like
-from dpr_cache.bench.scale_common import (
+from benchmarks import nq_like
+from benchmarks.children import run_measured
+from benchmarks.scale_common import (
     DIM,
     GB,
     JSON_GB,
@@ -23,7 +24,7 @@ from dpr_cache.bench.scale_common import (
     python,
 )
 from dpr_cache.runtime.atomic import write_text_atomic
-from dpr_cache.runtime.processes import child_env, run_measured
+from dpr_cache.runtime.processes import child_env
 
 # -- passages TSV -> Arrow, and eval end to end ---------------------------------------------------
 

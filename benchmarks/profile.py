@@ -7,7 +7,7 @@ wrapping the engine's method of the same name, over ``repeats`` steps after ``wa
 with the model's dropout on, then off (eval mode): the difference is what drawing dropout masks
 costs in each phase. Meant to run in a fresh process:
 
-    python -m dpr_cache.bench.profile '{"mode": "gradcache", "batch": 128, "text": "..."}'
+    python -m benchmarks.profile '{"mode": "gradcache", "batch": 128, "text": "..."}'
 
 prints one JSON line: the spec and, per dropout setting, the median seconds of each phase.
 """
@@ -23,7 +23,7 @@ from collections import defaultdict
 
 import torch
 
-from dpr_cache.bench.point import PointSpec, load_point, point_stepper
+from benchmarks.point import PointSpec, load_point, point_stepper
 
 __all__ = ["PHASES", "profile_point"]
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     """Profile the point given as a JSON object; print the result as one JSON line."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        raise SystemExit("usage: python -m dpr_cache.bench.profile '<json PointSpec>'")
+        raise SystemExit("usage: python -m benchmarks.profile '<json PointSpec>'")
     from dpr_cache.runtime.offline import offline_and_quiet
 
     offline_and_quiet()

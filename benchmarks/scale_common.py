@@ -7,8 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+from benchmarks.children import run_measured
 from dpr_cache.runtime.atomic import write_text_atomic
-from dpr_cache.runtime.processes import child_env, run_measured
+from dpr_cache.runtime.processes import child_env
 
 TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"
 """A rehearsal of every step in seconds, at toy sizes (CI runs it; the labels stay)."""

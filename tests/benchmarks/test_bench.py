@@ -1,4 +1,5 @@
-"""``dpr-cache bench``: a tiny smoke run, the plan, the target ratios, and the peer adapters."""
+"""``python -m benchmarks.synthetic``: a tiny smoke run, the plan, the target ratios, and the
+peer adapters."""
 
 from __future__ import annotations
 
@@ -9,30 +10,30 @@ import json
 import pytest
 import torch
 
-from dpr_cache.bench.peers import make_peer, peer_available
-from dpr_cache.bench.report import targets
-from dpr_cache.bench.sweep import BenchPlan, plan_points
+from benchmarks.peers import make_peer, peer_available
+from benchmarks.synthetic import BenchPlan, plan_points
+from benchmarks.synthetic_report import targets
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.data.synthetic import synthetic_batch
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.testing.cli import run_cli
-from dpr_cache.testing.fixtures import TOY
+from dpr_cache.testing.fixtures import REPO, TOY
 
 TINY = str(TOY / "tiny-bert")
 PEERS = [name for name in ("st-cmnrl", "gradcache-lib") if peer_available(name)]
 
 
-def test_smoke_run_writes_json_markdown_and_plots(tmp_path):
+def test_smoke_run_writes_json_markdown_and_plots(tmp_path, run_benchmark):
     out = tmp_path / "bench"
-    args = ["bench", "--model", TINY, "--pooling", "cls", "--dropout", "0", "--batches", "4"]
+    args = ["--model", TINY, "--pooling", "cls", "--dropout", "0", "--batches", "4"]
     args += ["--modes", "full,gradcache", "--chunk", "2", "--focus-batch", "4"]
     args += ["--memory-batches", "8", "--q-len", "8", "--p-len", "16", "--repeats", "2"]
     args += ["--loss-sweep", "--loss-batches", "64", "--loss-dim", "16", "--tile", "16"]
     args += ["--loss-direct-max", "64", "--index-sweep", "--passages", str(TOY / "passages.tsv")]
     args += ["--index-limit", "12", "--index-batch-size", "4", "--index-length", "32"]
     args += ["--out", str(out)] + (["--peers"] if len(PEERS) == 2 else [])
-    proc = run_cli(*args)
+    proc = run_benchmark("synthetic", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "written to" in proc.stdout
     for name in ("bench.json", "bench.md", "memory_vs_batch.png", "time_vs_batch.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
@@ -114,8 +115,8 @@ def test_peer_computes_our_loss_and_gradient(peer):
 
 def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
     """ "Where memory allows": a size whose estimate exceeds the free memory is skipped, not run."""
-    from dpr_cache.bench import loss as bench_loss
-    from dpr_cache.bench import sweep as bench
+    from benchmarks import loss as bench_loss
+    from benchmarks import synthetic as bench
 
     ran = []
     monkeypatch.setattr(bench_loss, "measure_loss_memory", lambda b, d, t: ran.append(b) or {
@@ -134,46 +135,39 @@ def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
     assert ran == [1024, 1024, 262144] and skipped == []
 
 
-def test_reuse_never_takes_a_row_measured_before_a_field_existed(tmp_path):
-    from dpr_cache.bench.point import PointSpec
-    from dpr_cache.bench.sweep import _load_done
+def test_reuse_takes_only_a_row_of_the_same_spec(tmp_path):
+    from benchmarks.point import PointSpec
+    from benchmarks.synthetic import _load_done
 
-    spec = PointSpec(mode="gradcache", batch=128)  # today's defaults: length order, fast dropout
+    spec = PointSpec(mode="gradcache", batch=128)
     current = {**dataclasses.asdict(spec), "step_s": 1.0}
-    added = ("length_order", "fast_dropout", "epoch_order")
-    older = {k: v for k, v in current.items() if k not in added}
     path = tmp_path / "points.jsonl"
-    path.write_text(json.dumps(older) + "\n")
-    assert spec.key() not in _load_done(path)  # measured before the savings: not reused
-    assert PointSpec.from_row(older) == PointSpec(
-        mode="gradcache", batch=128, length_order=False, fast_dropout=False,
-        epoch_order="seed + epoch",
-    )  # fmt: skip
-    only_order = {k: v for k, v in current.items() if k != "fast_dropout"}
-    assert PointSpec.from_row(only_order).fast_dropout is False
-    old_batch = {k: v for k, v in current.items() if k != "epoch_order"}  # real text's old batch
-    path.write_text(json.dumps(old_batch) + "\n")
-    assert spec.key() not in _load_done(path)
     path.write_text(json.dumps(current) + "\n")
     assert _load_done(path)[spec.key()]["step_s"] == 1.0  # a row of the same spec is reused
+    for field in ("length_order", "fast_dropout", "epoch_order"):
+        lacking = {k: v for k, v in current.items() if k != field}  # measured before the field
+        path.write_text(json.dumps(lacking) + "\n")
+        assert PointSpec.from_row(lacking) is None and _load_done(path) == {}, field
+    other = {**current, "length_order": False}
+    path.write_text(json.dumps(other) + "\n")
+    assert spec.key() not in _load_done(path)  # another setting: measured again
 
 
-def test_every_point_field_is_known_to_the_reuse_keys():
-    from dpr_cache.bench.point import FIELDS_BEFORE_ADDED, PointSpec
+def test_every_saved_row_names_every_setting_it_was_measured_with():
+    """The committed rows are complete, so a rerun with --reuse keeps exactly what matches."""
+    from benchmarks.point import PointSpec
 
-    # A new PointSpec field must say, in FIELDS_BEFORE_ADDED, what rows saved before it
-    # measured, unless its default is that (then it joins this set).
-    default_is_old_behaviour = {
-        "mode", "batch", "seed", "chunk", "model", "shared", "pooling", "dropout", "q_len",
-        "p_len", "hard_negatives", "tile", "repeats", "warmup", "threads", "device", "text",
-        "precision", "cache_dir",
-    }  # fmt: skip
-    fields = {f.name for f in dataclasses.fields(PointSpec)}
-    assert fields == default_is_old_behaviour | set(FIELDS_BEFORE_ADDED)
+    for name in ("points.jsonl", "realtext_points.jsonl", "same_session/realtext_points.jsonl"):
+        for line in (REPO / "docs" / "bench" / name).read_text().splitlines():
+            row = json.loads(line)
+            spec = PointSpec.from_row(row)
+            assert spec is not None, name
+            if "key" in row:  # real text: the row's key is its spec's
+                assert row["key"] == spec.key(), name
 
 
 def test_machine_line_names_the_cpu_its_flags_and_ram():
-    from dpr_cache.bench.machine import cpu_text
+    from benchmarks.machine import cpu_text
 
     info = {"cpu": "AMD EPYC", "cores": 2, "ram_gb": 25.3, "flags": ["avx2", "avx512f"]}
     assert cpu_text(info) == "AMD EPYC, 2 cores, 25.3 GB RAM; vector flags: avx2 avx512f"
@@ -183,7 +177,7 @@ def test_machine_line_names_the_cpu_its_flags_and_ram():
 
 
 def test_cached_child_result_keeps_same_args_and_remeasures_otherwise(tmp_path, monkeypatch):
-    from dpr_cache.bench import sweep
+    from benchmarks import children as sweep
 
     calls = []
     monkeypatch.setattr(sweep, "run_child_or_error", lambda m, a: calls.append(a) or {"v": 1})

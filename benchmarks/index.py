@@ -4,7 +4,7 @@ Both variants run :func:`dpr_cache.retrieval.encode.encode_passage_texts` (the `
 command's code) on the same passages, model and batch size, in one process after a one-batch
 warm-up::
 
-    python -m dpr_cache.bench.index '{"model": "...", "passages": "data/squad/passages.tsv"}'
+    python -m benchmarks.index '{"model": "...", "passages": "data/squad/passages.tsv"}'
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpr_cache.bench import nq_like
-from dpr_cache.bench.machine import matmul_gflops
-from dpr_cache.bench.scale_common import (
+from benchmarks import nq_like
+from benchmarks.machine import matmul_gflops
+from benchmarks.scale_common import (
     DIM,
     GB,
     IVF,

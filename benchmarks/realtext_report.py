@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from dpr_cache.bench.machine import cpu_text
-from dpr_cache.bench.report import run_text, targets_table
+from benchmarks.machine import cpu_text
+from benchmarks.synthetic_report import run_text, targets_table
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = ["markdown", "plot"]

@@ -1,0 +1,16 @@
+"""A benchmark's fresh process: its exit code, output and its own peak resident memory."""
+
+from __future__ import annotations
+
+import sys
+
+from benchmarks.children import run_measured
+
+
+def test_a_measured_child_reports_its_own_peak() -> None:
+    """The peak is the child's (128 MiB touched), not the largest of this process's children."""
+    big = run_measured([sys.executable, "-c", "import numpy as n; n.ones(2**27 // 8).sum()"])
+    small = run_measured([sys.executable, "-c", "print('hi')"])
+    assert big.returncode == small.returncode == 0 and small.stdout == "hi\n"
+    assert big.peak_rss > small.peak_rss + 100 * 2**20
+    assert run_measured([sys.executable, "-c", "import sys; sys.exit(3)"]).returncode == 3
