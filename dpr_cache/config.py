@@ -21,6 +21,9 @@ from dpr_cache.runtime.atomic import write_text_atomic
 __all__ = ["Config", "load_config", "save_config", "parse_bytes"]
 
 
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -61,7 +64,7 @@ class TrainConfig(_Section):
     max_grad_norm: float | None = Field(2.0, gt=0.0)  # DPR clips at 2.0; null = no clipping
     temperature: float = Field(1.0, gt=0.0)
     loss_tile_size: int | None = Field(None, ge=1)
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Precision = "fp32"
     seed: int = 42
     checkpoint_every: int = Field(500, ge=1)  # steps
     keep_checkpoints: int = Field(2, ge=1)
@@ -93,6 +96,8 @@ class TrainConfig(_Section):
 
 class IndexConfig(_Section):
     type: Literal["flat", "ivf", "ivfpq", "hnsw"] = "flat"
+    device: str = "auto"  # where `index` encodes the passages: auto | cpu | cuda | cuda:N
+    precision: Precision = "fp32"  # autocast of the passage encoder
     batch_size: int = Field(128, ge=1)  # passages per encoding batch
     shard_size: int = Field(50_000, ge=1)  # passages per on-disk shard (resumable unit)
     store_dtype: Literal["float16", "float32"] = "float16"  # stored vectors; scores in float32
@@ -107,6 +112,8 @@ class IndexConfig(_Section):
 class EvalConfig(_Section):
     top_k: list[int] = Field(default_factory=lambda: [1, 5, 20, 100])
     match: Literal["string", "regex"] = "string"
+    device: str = "auto"  # where `eval` encodes the questions: auto | cpu | cuda | cuda:N
+    precision: Precision = "fp32"  # autocast of the question encoder
     batch_size: int = Field(128, ge=1)
 
     @field_validator("top_k")

@@ -61,7 +61,7 @@ def data_mine_negatives(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """BM25 hard negatives (top passages without an answer, not the positive), as DPR mined them."""
-    from dpr_cache.data.negatives import mine_negatives
+    from dpr_cache.retrieval.negatives import mine_negatives
 
     report = mine_negatives(train, passages, out, n=n, batch=batch, depth=depth, progress=not quiet)
     print(report.summary())

@@ -67,7 +67,7 @@ def index(
     Examples: dpr-cache index -c configs/toy.yaml;
     dpr-cache index --embeddings 'vecs/*.npy' --out vecs/index --type ivfpq --memory-gb 8
     """
-    from dpr_cache.retrieval.index import build_index, index_embeddings, index_spec
+    from dpr_cache.retrieval.build import build_index, index_embeddings, index_spec
 
     options = {"index.type": type_, "index.memory_gb": memory_gb, "index.ivf_nlist": nlist,
                "index.pq_m": pq_m}  # fmt: skip
@@ -85,9 +85,10 @@ def index(
         return
     if config is None:
         raise InputError("index: give --config FILE (to encode data.passages) or --embeddings")
+    _refuse_train_keys(set_, "index")
     from dpr_cache.runtime import distributed
 
-    env = distributed.setup(cfg.train.device)
+    env = distributed.setup(cfg.index.device, "index.device")
     try:
         path = build_index(cfg, model, rank=env.rank, world_size=env.world_size, progress=not quiet)
     finally:
@@ -119,7 +120,8 @@ def eval_(
     from dpr_cache.runtime import distributed
 
     cfg = load(config, set_)
-    env = distributed.setup(cfg.train.device)
+    _refuse_train_keys(set_, "eval")
+    env = distributed.setup(cfg.eval.device, "eval.device")
     try:
         metrics = evaluate(
             cfg, model, out_dir=out, progress=not quiet, rank=env.rank,
@@ -131,6 +133,16 @@ def eval_(
     if metrics is not None:
         print(format_metrics_table(metrics))
         print(f"results in {out or cfg.output_path / 'eval'}")
+
+
+def _refuse_train_keys(overrides: list[str] | None, command: str) -> None:
+    """``--set train.device`` / ``train.precision`` on index or eval: they are train's own;
+    each command reads its section's ``device`` and ``precision``."""
+    for item in overrides or []:
+        key = item.split("=", 1)[0].strip()
+        if key in ("train.device", "train.precision"):
+            name = key.split(".")[1]
+            raise InputError(f"{key}: {command} encodes on {command}.{name}; set that instead")
 
 
 @app.command()

@@ -26,6 +26,7 @@ def encode(
     num_workers: Annotated[int, typer.Option(help="Tokenizing processes.")] = 1,
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow caches.")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 (autocast).")] = "fp32",
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Embedding shards (X.npy + X.ids.txt) of a passages TSV or a questions file.
@@ -35,16 +36,23 @@ def encode(
     Example: dpr-cache encode --model runs/toy/model --passages data/toy/passages.tsv --out vecs
     """
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.commands import encode_file
+    from dpr_cache.retrieval.shards import EncodeSpec
     from dpr_cache.retrieval.store import STORE_DTYPES
+    from dpr_cache.retrieval.vectors import encode_file
+    from dpr_cache.runtime.device import PRECISIONS, resolve_device
 
     if store_dtype not in STORE_DTYPES:
         raise InputError(f"--store-dtype: {store_dtype!r} is not one of {', '.join(STORE_DTYPES)}")
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    spec = EncodeSpec(
+        max_length=max_length, pooling=pooling, precision=precision, store_dtype=store_dtype,
+        shard_size=shard_size, batch_size=batch_size, num_workers=num_workers,
+    )  # fmt: skip
     paths = encode_file(
-        model, out, passages=passages, questions=questions,
-        cache_dir=cache_dir or default_cache_dir(), pooling=pooling, max_length=max_length,
-        batch_size=batch_size, shard_size=shard_size, store_dtype=store_dtype,
-        num_workers=num_workers, device=device, progress=not quiet,
+        model, out, spec, passages=passages, questions=questions,
+        device=resolve_device(device, key="--device"),
+        cache_dir=cache_dir or default_cache_dir(), progress=not quiet,
     )  # fmt: skip
     print(f"{len(paths)} shard(s) written to {out}")
 
@@ -73,8 +81,8 @@ def search(
     """
     import json
 
-    from dpr_cache.retrieval.commands import read_queries, search_to_run
-    from dpr_cache.retrieval.faiss_index import IndexSpec
+    from dpr_cache.retrieval.approximate import IndexSpec
+    from dpr_cache.retrieval.vectors import read_queries, search_to_run
 
     if (query_embeddings is None) == (questions is None):
         raise InputError("search: give --query-embeddings Q.npy or --questions FILE --model DIR")
@@ -83,7 +91,13 @@ def search(
     else:
         if model is None:
             raise InputError("search --questions: --model DIR is needed to encode them")
-        queries, qids = _encode_questions(model, questions)
+        from dpr_cache.model.loading import resolve_model_dir
+        from dpr_cache.retrieval.shards import EncodeSpec
+        from dpr_cache.retrieval.vectors import question_vectors
+        from dpr_cache.runtime.device import resolve_device
+
+        model_dir = resolve_model_dir(model, Path("."))
+        queries, qids = question_vectors(model_dir, questions, EncodeSpec(), resolve_device("cpu"))
     meta_file = index / "meta.json"
     kind = json.loads(meta_file.read_text()).get("type", "flat") if meta_file.is_file() else "flat"
     spec = IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
@@ -103,23 +117,6 @@ def search(
             distributed.teardown()
     if path is not None:
         print(f"run written to {path}")
-
-
-def _encode_questions(model: str, questions: Path):
-    """Question vectors of a qas file with a model's query tower, ids its row numbers."""
-    from dpr_cache.data.qas import read_qas
-    from dpr_cache.model.loading import load_encoder, resolve_model_dir
-    from dpr_cache.retrieval.commands import DEFAULT_QUERY_LENGTH
-    from dpr_cache.retrieval.encode import encode_question_texts
-    from dpr_cache.runtime.device import resolve_device
-
-    encoder = load_encoder(resolve_model_dir(model, Path(".")), query_only=True)
-    qas = read_qas(questions)
-    length = encoder.max_query_length or DEFAULT_QUERY_LENGTH
-    vectors = encode_question_texts(
-        encoder, [q for q, _ in qas], max_length=length, device=resolve_device("cpu")
-    )
-    return vectors, [str(i) for i in range(len(qas))]
 
 
 @app.command()

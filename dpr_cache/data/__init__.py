@@ -6,9 +6,8 @@
 - tokenize.py: the tokenization of questions and (title, text) passages, used everywhere
 - batches.py: per-epoch seeded batch indices and rank slices
 - collate.py: a step's tokenized questions, passage groups and passage ids
-- answers.py: DPR's answer matching and top-k hit rates
+- answers.py: DPR's answer matching
 - squad.py: DPR-format files from SQuAD v1.1 dev;  download.py: DPR's NQ files
-- bm25.py: BM25 over a passages TSV;  negatives.py: BM25 hard negatives for a training file
 - synthetic.py: random token batches of exact lengths (benchmarks, memory probes)
 
 Names below load their module on first use, so importing this package stays cheap.
@@ -30,11 +29,9 @@ _LAZY = {
     "tokenize_questions": "tokenize",
     "tokenize_passages": "tokenize",
     "has_answer": "answers",
-    "top_k_hits": "answers",
     "passage_hash": "ids",
     "build_squad": "squad",
     "download_nq": "download",
-    "mine_negatives": "negatives",
     "synthetic_batch": "synthetic",
 }
 __all__ = sorted(_LAZY)

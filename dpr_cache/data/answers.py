@@ -1,4 +1,4 @@
-"""Answer matching as DPR does it: NFD text, simple tokens, contiguous match; top-k hit rates.
+"""Answer matching as DPR does it: NFD text, simple tokens, contiguous match.
 
 A token is a run of letters, digits and combining marks, or one other character that is neither a
 separator nor a control/format character; tokens are compared lower-cased. Accents are *not*
@@ -62,21 +62,3 @@ def has_answer(answers: Sequence[str], text: str, match: str = "string") -> bool
         text = normalize(text)
         return any(_regex_search(normalize(answer), text) for answer in answers)
     raise ValueError(f"match must be one of {MATCH_TYPES}, got {match!r}")
-
-
-def top_k_hits(hits_per_question: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict[str, float]:
-    """Percentage of questions with an answer-bearing passage among their first k, per k.
-
-    ``hits_per_question[i][r]`` says whether question i's rank-r passage has the answer.
-    Returns ``{"top{k}": percent, ..., "n_questions": n}``; percentages are 0.0 when n is 0.
-    """
-    for k in ks:
-        if k < 1:
-            raise ValueError(f"top-k values must be >= 1, got {k}")
-    n = len(hits_per_question)
-    result: dict[str, float] = {}
-    for k in ks:
-        found = sum(1 for hits in hits_per_question if any(hits[:k]))
-        result[f"top{k}"] = 100.0 * found / n if n else 0.0
-    result["n_questions"] = n
-    return result

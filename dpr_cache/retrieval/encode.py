@@ -15,7 +15,7 @@ import torch
 from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_passages
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.store import write_shard
-from dpr_cache.runtime.device import autocast, inference_precision
+from dpr_cache.runtime.device import autocast
 
 __all__ = [
     "encode_passage_texts",
@@ -44,13 +44,13 @@ def encode_tokenized(
 
     ``sort_by_length``: batches of similar length (longest first), each padded to its longest;
     otherwise batches in input order padded to ``max_length``, as DPR does. ``precision``
-    applies on CUDA; the CPU encodes in fp32.
+    (fp32 | bf16 | fp16) is the autocast the encoder runs under.
     """
     n = len(feats["input_ids"])
     lengths = np.fromiter((len(s) for s in feats["input_ids"]), dtype=np.int64, count=n)
     order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(n)
     out = np.empty((n, model.dim), dtype=np.float32)  # [n, dim]
-    with torch.inference_mode(), autocast(device, inference_precision(device, precision)):
+    with torch.inference_mode(), autocast(device, precision):
         for start in range(0, n, batch_size):
             rows = order[start : start + batch_size]
             width = int(lengths[rows].max()) if sort_by_length else max_length
@@ -80,13 +80,13 @@ def encode_question_texts(
     batch_size: int = 128,
 ) -> np.ndarray:
     """Question embeddings [n, dim] (float32) from the query tower, in batches of
-    ``batch_size`` (``precision`` on CUDA, fp32 on the CPU)."""
+    ``batch_size``, under the autocast of ``precision``."""
     out = np.empty((len(questions), model.dim), dtype=np.float32)
     for start in range(0, len(questions), batch_size):
         inputs = encode_questions(
             model.tokenizer, questions[start : start + batch_size], max_length
         )
-        with torch.inference_mode(), autocast(device, inference_precision(device, precision)):
+        with torch.inference_mode(), autocast(device, precision):
             reps = model.encode_query({k: v.to(device) for k, v in inputs.items()})
         out[start : start + len(reps)] = reps.float().cpu().numpy()
     return out

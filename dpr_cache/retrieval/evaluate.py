@@ -28,10 +28,9 @@ from dpr_cache.data.passages import load_passages, passage_rows
 from dpr_cache.data.qas import read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
-from dpr_cache.retrieval.commands import write_trec_run
+from dpr_cache.retrieval.build import index_dir_of, index_spec, memory_bytes_of
 from dpr_cache.retrieval.encode import encode_question_texts
-from dpr_cache.retrieval.index import index_dir_of, index_spec, memory_bytes_of
-from dpr_cache.retrieval.index_dir import OpenIndex, open_index, search_index
+from dpr_cache.retrieval.index import OpenIndex, open_index, search_index
 from dpr_cache.retrieval.metrics import Qrels, answer_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
@@ -41,16 +40,16 @@ from dpr_cache.retrieval.results import (
     RUN_FILE,
     TIMINGS_FILE,
     format_metrics_table,
-    metrics_from_retrieval,
     rounded,
     write_pyserini_retrieval,
     write_retrieval,
+    write_trec_run,
 )
 from dpr_cache.retrieval.search import Hits
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.device import resolve_device
 
-__all__ = ["evaluate", "format_metrics_table", "metrics_from_retrieval", "check_overrides"]
+__all__ = ["evaluate", "format_metrics_table", "check_overrides"]
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +138,7 @@ def check_overrides(overridden: Sequence[str], opened: OpenIndex, config: Config
     """An ``index.*`` override that contradicts the index evaluated is an error; a ``train.*``
     one, which eval does not use, a warning."""
     for key in overridden:
-        if key.startswith("train.") and key not in ("train.device", "train.precision"):
+        if key.startswith("train."):
             log.warning("%s: eval does not use it (the override is ignored)", key)
     built = {"index.type": opened.type, "index.store_dtype": opened.meta["store_dtype"]}
     for key, value in built.items():
@@ -190,7 +189,7 @@ def evaluate(
     passages = Path(config.data.passages)
     dataset = load_passages(passages, config.cache_path)
     lap("open index, questions and passages")
-    dev = resolve_device(device if device is not None else config.train.device)
+    dev = resolve_device(device if device is not None else config.eval.device, key="eval.device")
     model = load_encoder(
         model_dir, pooling=config.model.pooling, normalize=config.model.normalize, query_only=True
     ).to(dev)
@@ -205,7 +204,7 @@ def evaluate(
     lap("load the model")
     q_embs = encode_question_texts(
         model, [q for q, _ in qas], max_length=config.model.max_query_length, device=dev,
-        precision=config.train.precision, batch_size=config.eval.batch_size,
+        precision=config.eval.precision, batch_size=config.eval.batch_size,
     )  # fmt: skip
     del model
     lap("encode questions")

@@ -1,21 +1,39 @@
-"""Ranking metrics of a run against relevance judgments, with trec_eval's definitions.
+"""Every retrieval metric the project reports, computed here only: eval, validation during
+training, the mining report and the studies all call these.
 
 Judgments are TREC qrels (``qid -> {pid: grade}``): BEIR's, or for QA data DPR's answer match
 made into qrels (a retrieved passage holding an answer is relevant, grade 1; every question is
-judged, so one with no answer-bearing passage counts as a miss). Metrics, in percent:
-``top{k}`` (DPR's hit rate: a relevant passage among the first k), ``mrr@10`` (reciprocal rank of
-the first relevant within 10), ``recall@k`` (share of the judged-relevant passages in the first
-k) and ``ndcg@10`` (graded gain, log2 discount, over the ideal order of the judgments).
+judged, so one with no answer-bearing passage counts as a miss). Metrics, in percent, with
+trec_eval's definitions: ``top{k}`` (DPR's hit rate: a relevant passage among the first k),
+``mrr@10`` (reciprocal rank of the first relevant within 10), ``recall@k`` (share of the
+judged-relevant passages in the first k) and ``ndcg@10`` (graded gain, log2 discount, over the
+ideal order of the judgments). ``top{k}`` and ``mrr@10`` depend only on the rank of the first
+relevant passage, so they are also given per question from that rank (:func:`hit_metrics`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-__all__ = ["Qrels", "answer_qrels", "read_qrels", "write_qrels", "ranking_metrics"]
+import numpy as np
+
+from dpr_cache.errors import InputError
+from dpr_cache.runtime.atomic import write_text_atomic
+
+__all__ = [
+    "Qrels",
+    "answer_qrels",
+    "read_qrels",
+    "write_qrels",
+    "first_relevant_rank",
+    "hit_metrics",
+    "ranking_metrics",
+]
 
 Qrels = dict[str, dict[str, int]]
+MRR_DEPTH = NDCG_DEPTH = 10
 
 
 def answer_qrels(qids: Sequence[str], pids: Sequence[Sequence[str]], flags) -> Qrels:
@@ -27,12 +45,8 @@ def answer_qrels(qids: Sequence[str], pids: Sequence[Sequence[str]], flags) -> Q
     }
 
 
-def read_qrels(path) -> Qrels:
+def read_qrels(path: str | Path) -> Qrels:
     """A TREC qrels file: ``qid 0 pid grade`` a line (BEIR's tsv with a header also reads)."""
-    from pathlib import Path
-
-    from dpr_cache.errors import InputError
-
     qrels: Qrels = {}
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
         fields = line.split()
@@ -49,36 +63,49 @@ def read_qrels(path) -> Qrels:
     return qrels
 
 
-def write_qrels(path, qrels: Qrels) -> None:
+def write_qrels(path: str | Path, qrels: Qrels) -> None:
     """``qrels`` as a TREC qrels file."""
-    from dpr_cache.runtime.atomic import write_text_atomic
-
     lines = [f"{q} 0 {p} {g}\n" for q, docs in qrels.items() for p, g in docs.items()]
     write_text_atomic(path, "".join(lines))
+
+
+def first_relevant_rank(grades: Sequence[int | bool]) -> float:
+    """The 0-based rank of the first relevant (grade > 0) passage of a ranking; inf if none."""
+    return next((float(i) for i, g in enumerate(grades) if g > 0), math.inf)
+
+
+def hit_metrics(first_ranks: Sequence[float], ks: Sequence[int]) -> dict[str, np.ndarray]:
+    """Per question, from the rank of its first relevant passage (inf: none), in percent:
+    ``top{k}`` (100 when that rank is below k, else 0) and ``mrr@10``."""
+    ranks = np.asarray(first_ranks, dtype=float)  # [n]
+    for k in ks:
+        if k < 1:
+            raise ValueError(f"top-k values must be >= 1, got {k}")
+    out = {f"top{k}": np.where(ranks < k, 100.0, 0.0) for k in ks}
+    out["mrr@10"] = np.where(ranks < MRR_DEPTH, 100.0 / (ranks + 1), 0.0)
+    return out
 
 
 def ranking_metrics(
     run: Mapping[str, Sequence[str]], qrels: Qrels, ks: Sequence[int]
 ) -> dict[str, float]:
     """Mean over the judged questions of ``top{k}``, ``recall@{k}`` (each k), ``mrr@10`` and
-    ``ndcg@10``, in percent. ``run`` maps a question id to its passage ids, best first."""
-    totals: dict[str, float] = {}
-    names = [f"top{k}" for k in ks] + ["mrr@10"] + [f"recall@{k}" for k in ks] + ["ndcg@10"]
-    for name in names:
-        totals[name] = 0.0
-    for qid, judged in qrels.items():
-        ranked = list(run.get(qid, []))
-        grades = [judged.get(pid, 0) for pid in ranked]
-        relevant = sum(1 for g in judged.values() if g > 0)
+    ``ndcg@10``, in percent. ``run`` maps a question id to its passage ids, best first; a judged
+    question the run lacks counts as a miss."""
+    graded = [[judged.get(pid, 0) for pid in run.get(qid, [])] for qid, judged in qrels.items()]
+    hits = hit_metrics([first_relevant_rank(g) for g in graded], ks)
+    totals = {name: float(values.sum()) / 100.0 for name, values in hits.items()}
+    for k in ks:
+        totals[f"recall@{k}"] = 0.0
+    totals["ndcg@10"] = 0.0
+    for grades, judged in zip(graded, qrels.values(), strict=True):
+        relevant = sorted((g for g in judged.values() if g > 0), reverse=True)
         for k in ks:
             found = sum(1 for g in grades[:k] if g > 0)
-            totals[f"top{k}"] += found > 0
-            totals[f"recall@{k}"] += found / relevant if relevant else 0.0
-        first = next((i for i, g in enumerate(grades[:10]) if g > 0), None)
-        totals["mrr@10"] += 1.0 / (first + 1) if first is not None else 0.0
-        dcg = sum(g / math.log2(i + 2) for i, g in enumerate(grades[:10]) if g > 0)
-        ideal = sorted((g for g in judged.values() if g > 0), reverse=True)[:10]
-        idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+            totals[f"recall@{k}"] += found / len(relevant) if relevant else 0.0
+        dcg = sum(g / math.log2(i + 2) for i, g in enumerate(grades[:NDCG_DEPTH]) if g > 0)
+        idcg = sum(g / math.log2(i + 2) for i, g in enumerate(relevant[:NDCG_DEPTH]))
         totals["ndcg@10"] += dcg / idcg if idcg else 0.0
     n = len(qrels)
-    return {name: 100.0 * value / n if n else 0.0 for name, value in totals.items()}
+    names = [f"top{k}" for k in ks] + ["mrr@10"] + [f"recall@{k}" for k in ks] + ["ndcg@10"]
+    return {name: 100.0 * totals[name] / n if n else 0.0 for name in names}

@@ -1,6 +1,7 @@
-"""What an evaluation writes: DPR's results file (``retrieval.json``: one entry a question, its
-``ctxs`` best first, with ``has_answer``), the same results in pyserini's form
-(``retrieval.pyserini.json``), and the metrics table printed at the end."""
+"""Every retrieval result the project writes: DPR's results file (``retrieval.json``: one entry a
+question, its ``ctxs`` best first, with ``has_answer``), the same results in pyserini's form
+(``retrieval.pyserini.json``), TREC runs (``qid Q0 pid rank score tag``), and the metrics table
+printed at the end of an evaluation."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from dpr_cache.data.answers import has_answer, top_k_hits
+from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import passage_columns
+from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = [
@@ -22,12 +24,13 @@ __all__ = [
     "CONFIG_FILE",
     "TIMINGS_FILE",
     "RUN_FILE",
+    "PYSERINI_FILE",
     "rounded",
-    "metrics_from_retrieval",
+    "answer_flags",
     "format_metrics_table",
     "write_retrieval",
     "write_pyserini_retrieval",
-    "PYSERINI_FILE",
+    "write_trec_run",
 ]
 
 RETRIEVAL_FILE = "retrieval.json"
@@ -44,11 +47,10 @@ def rounded(metrics: dict[str, float]) -> dict[str, Any]:
     return {k: (int(v) if k == "n_questions" else round(v, 2)) for k, v in metrics.items()}
 
 
-def metrics_from_retrieval(path: str | Path, ks: Sequence[int]) -> dict[str, Any]:
-    """Top-k hit rates recomputed from a DPR results file's ``has_answer`` flags."""
+def answer_flags(path: str | Path) -> list[list[bool]]:
+    """Each question's ``has_answer`` flags, best first, read back from a DPR results file."""
     entries = json.loads(Path(path).read_text(encoding="utf-8"))
-    hits = [[bool(ctx["has_answer"]) for ctx in entry["ctxs"]] for entry in entries]
-    return rounded(top_k_hits(hits, ks))
+    return [[bool(ctx["has_answer"]) for ctx in entry["ctxs"]] for entry in entries]
 
 
 def format_metrics_table(metrics: dict[str, Any]) -> str:
@@ -143,5 +145,29 @@ def write_pyserini_retrieval(
                 f.write(",\n" if i else "\n")
                 f.write(f"{json.dumps(qid)}: {json.dumps(entry, ensure_ascii=False)}")
             f.write("\n}\n")
+
+    write_atomic(path, write)
+
+
+def write_trec_run(path: Path, qids: list[str], pids, scores, tag: str) -> None:
+    """A TREC run: ``qid Q0 pid rank score tag`` a line, ranks from 1, best first (trec_eval,
+    ir-measures and ranx read it). ``pids`` and ``scores`` hold a row per query (best first);
+    an empty passage id marks a missing hit and is left out. Scores keep float32's precision
+    (``.9g``), so trec_eval's sort by score agrees with our ranks."""
+    flat = [pid for row in pids for pid in row]
+    for name, values in (("query id", qids), ("passage id", flat), ("tag", [tag])):
+        bad = next((v for v in values if any(c.isspace() for c in str(v))), None)
+        if bad is not None or (name != "passage id" and "" in values):
+            raise InputError(f"{path}: {name} {bad!r} is empty or holds white space")
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for qid, q_pids, q_scores in zip(qids, pids, scores, strict=True):
+                rank = 0
+                for pid, score in zip(q_pids, q_scores, strict=True):
+                    if pid == "":
+                        continue
+                    rank += 1
+                    f.write(f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n")
 
     write_atomic(path, write)

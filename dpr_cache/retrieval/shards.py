@@ -1,23 +1,46 @@
 """Resumable encoding of a corpus into store shards: ``<key>-00000.npy`` (float16 or float32, file
 order) and ``<key>-00000.ids.txt``. ``<key>`` hashes everything an embedding depends on, so a shard
 of another model, corpus or dtype is never reused; a finished shard is skipped on a rerun, and
-shard k belongs to rank ``k % world_size``."""
+shard k belongs to rank ``k % world_size``. How a corpus is encoded travels as one
+:class:`EncodeSpec`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import math
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+
+from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
+from dpr_cache.model.loading import load_encoder, model_fingerprint
+from dpr_cache.retrieval.encode import encode_corpus
 from dpr_cache.retrieval.store import Shard, ids_path
 
-__all__ = ["shard_path", "shard_done", "remove_stale", "shard_key", "wait_for_shards"]
+__all__ = [
+    "EncodeSpec",
+    "EncodedShards",
+    "encode_passage_shards",
+    "passages_signature",
+    "shard_path",
+    "shard_done",
+    "remove_stale",
+    "shard_key",
+    "wait_for_shards",
+]
 
 log = logging.getLogger(__name__)
+
+DEFAULT_QUERY_LENGTH, DEFAULT_PASSAGE_LENGTH = 32, 256  # DPR's, for models that record none
 
 _POLL_SECONDS = 5.0
 
@@ -60,12 +83,12 @@ def shard_key(
     pooling: str,
     precision: str,
     store_dtype: str,
-    normalize: bool = False,
+    normalize: bool,
 ) -> str:
     """A hash of all an embedding depends on: weights, passages file, sizes, pooling and
     normalization, dtypes."""
-    ident = [fingerprint, passages, shard_size, max_length, pooling, precision, store_dtype]
-    ident += ["normalize"] if normalize else []  # keys of unnormalized shards stay as they were
+    ident = [fingerprint, passages, shard_size, max_length, pooling, normalize, precision]
+    ident.append(store_dtype)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -84,3 +107,102 @@ def wait_for_shards(shard_dir: Path, key: str, sizes: list[int]) -> None:
             log.info("waiting for %d shard(s) from other ranks", len(missing))
             last_note = time.monotonic()
         time.sleep(_POLL_SECONDS)
+
+
+@dataclass(frozen=True)
+class EncodeSpec:
+    """How a corpus becomes stored vectors: the tokens kept, the model's pooling and
+    normalization (None: as the model saved them), the precision the encoder runs in, the
+    stored dtype and shard size, and the batches (length-sorted, tokenized ``num_workers``
+    processes ahead)."""
+
+    max_length: int | None = None  # None: as the model saved it, else DPR's
+    pooling: str | None = None
+    normalize: bool | None = None
+    precision: str = "fp32"
+    store_dtype: str = "float16"
+    shard_size: int = 50_000
+    batch_size: int = 128
+    sort_by_length: bool = True
+    num_workers: int = 1
+
+
+@dataclass
+class EncodedShards:
+    """What :func:`encode_passage_shards` wrote: the shards of a corpus and how long it took."""
+
+    paths: list[Path]  # every shard of the corpus, in order
+    key: str
+    fingerprint: str
+    signature: dict[str, Any]
+    max_length: int
+    pooling: str
+    normalize: bool
+    encoded: int  # passages encoded by this call (the rest were on disk already)
+    seconds: float
+
+
+def passages_signature(path: Path) -> dict[str, Any]:
+    """What identifies a passages file: its absolute path, size and modification time."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def encode_passage_shards(
+    passages: Path,
+    model_dir: Path,
+    shard_dir: Path,
+    spec: EncodeSpec,
+    *,
+    device: torch.device,
+    cache_dir: Path,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+    check: Callable[[int, int], None] | None = None,
+) -> EncodedShards:
+    """Encode this rank's missing shards of ``passages`` (shard k is rank ``k % world_size``'s)
+    into ``shard_dir``; rank 0 then waits for every shard. ``check(rows, dim)`` runs before
+    any encoding (e.g. that the index type suits the corpus)."""
+    dataset = load_passages(passages, cache_dir)
+    n = len(dataset)
+    if n == 0:
+        raise InputError(f"{passages}: no passages")
+    model = load_encoder(model_dir, pooling=spec.pooling, normalize=spec.normalize).to(device)
+    if check is not None:
+        check(n, model.dim)
+    length = spec.max_length or model.max_passage_length or DEFAULT_PASSAGE_LENGTH
+    fingerprint, signature = model_fingerprint(model_dir), passages_signature(passages)
+    key = shard_key(
+        fingerprint, signature, shard_size=spec.shard_size, max_length=length,
+        pooling=model.pooling, precision=spec.precision, store_dtype=spec.store_dtype,
+        normalize=model.normalize,
+    )  # fmt: skip
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # other ranks only write this key's files; their tmp files must survive
+        remove_stale(shard_dir, key, temporary=world_size == 1)
+    size = spec.shard_size
+    sizes = [min(size, n - k * size) for k in range(math.ceil(n / size))]
+    mine = [
+        (shard_path(shard_dir, key, k), k * size, sizes[k])
+        for k in range(rank, len(sizes), world_size)
+        if not shard_done(shard_dir, key, k, sizes[k])
+    ]
+    todo = sum(rows for _, _, rows in mine)
+    bar = tqdm(total=todo, unit="psg", desc=f"encode passages (rank {rank})", disable=not progress)
+    start = time.perf_counter()
+    with bar:
+        encode_corpus(
+            model, dataset, mine, max_length=length, batch_size=spec.batch_size,
+            device=device, precision=spec.precision, store_dtype=spec.store_dtype,
+            num_workers=spec.num_workers, sort_by_length=spec.sort_by_length,
+            on_batch=bar.update,
+        )  # fmt: skip
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        wait_for_shards(shard_dir, key, sizes)
+    paths = [shard_path(shard_dir, key, k) for k in range(len(sizes))]
+    return EncodedShards(
+        paths, key, fingerprint, signature, length, model.pooling, model.normalize, todo, seconds
+    )
+

@@ -10,16 +10,19 @@ import torch
 
 from dpr_cache.errors import InputError
 
-__all__ = ["PRECISIONS", "resolve_device", "precision_dtype", "autocast", "inference_precision"]
+__all__ = ["PRECISIONS", "resolve_device", "precision_dtype", "autocast"]
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_device(preference: str | torch.device = "auto", local_rank: int | None = None):
+def resolve_device(
+    preference: str | torch.device = "auto", local_rank: int | None = None, key: str = "device"
+) -> torch.device:
     """``auto`` = cuda if available, else cpu; a bare ``cuda`` is ``cuda:LOCAL_RANK``.
 
     ``local_rank`` defaults to the ``LOCAL_RANK`` that ``torchrun`` sets (0 without it).
-    Raises InputError for a device that does not parse or a CUDA device without CUDA.
+    Raises InputError, naming the setting ``key`` it came from, for a device that does not parse
+    or a CUDA device without CUDA.
     """
     if isinstance(preference, torch.device):
         return preference
@@ -28,10 +31,10 @@ def resolve_device(preference: str | torch.device = "auto", local_rank: int | No
     try:
         device = torch.device(preference)
     except RuntimeError:
-        raise InputError(f"train.device: not a device: {preference!r}") from None
+        raise InputError(f"{key}: not a device: {preference!r}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise InputError(f"train.device: {preference!r} asked for but CUDA is not available")
+            raise InputError(f"{key}: {preference!r} asked for but CUDA is not available")
         if device.index is None:
             rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
             device = torch.device("cuda", rank)
@@ -54,9 +57,3 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
-
-
-def inference_precision(device: torch.device, precision: str) -> str:
-    """The precision corpus and question encoding use: the training precision on CUDA, fp32 on
-    CPU (CPU autocast saves little at inference and would change the stored vectors)."""
-    return precision if device.type == "cuda" else "fp32"

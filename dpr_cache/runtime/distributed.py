@@ -35,11 +35,12 @@ class DistEnv:
         return self.world_size > 1
 
 
-def setup(device: str = "auto") -> DistEnv:
-    """This process's rank and device; joins the process group when ``WORLD_SIZE`` > 1."""
+def setup(device: str = "auto", key: str = "train.device") -> DistEnv:
+    """This process's rank and device (``device``, set by the config key ``key``); joins the
+    process group when ``WORLD_SIZE`` > 1."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    chosen = resolve_device(device, local_rank)
+    chosen = resolve_device(device, local_rank, key)
     if world_size <= 1:
         return DistEnv(device=chosen)
     if chosen.type == "cuda":

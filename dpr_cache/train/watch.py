@@ -23,6 +23,7 @@ import torch
 
 from dpr_cache.data.answers import has_answer
 from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
+from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.runtime.atomic import read_lines, write_atomic, write_dir_atomic, write_json_atomic
 
 __all__ = ["Validator", "Watcher", "plot_loss_curve", "tensorboard_available"]
@@ -70,13 +71,13 @@ class Validator:
             model.train(was_training)
         k_max = min(max(self.ks), len(p))
         top = np.argsort(-(q @ p.T), axis=1, kind="stable")[:, :k_max]  # [n_q, k]
-        found = {k: 0 for k in self.ks}
-        for (_, answers), rows in zip(self.questions, top, strict=True):
-            hits = [has_answer(answers, self.passages["text"][r], self.match) for r in rows]
-            first = next((i for i, h in enumerate(hits) if h), None)
-            for k in self.ks:
-                found[k] += first is not None and first < k
-        return {f"val_top{k}": 100.0 * found[k] / len(self.questions) for k in self.ks}
+        texts = self.passages["text"]
+        first = [
+            first_relevant_rank([has_answer(answers, texts[r], self.match) for r in rows])
+            for (_, answers), rows in zip(self.questions, top, strict=True)
+        ]
+        hits = hit_metrics(first, self.ks)
+        return {f"val_top{k}": float(hits[f"top{k}"].mean()) for k in self.ks}
 
 
 class Watcher:

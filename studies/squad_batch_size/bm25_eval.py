@@ -1,6 +1,6 @@
 """BM25 on the dev questions, written like a `dpr-cache eval` run so the same checks apply.
 
-Uses the BM25 that mines the hard negatives (dpr_cache.data.bm25: bm25s, Lucene, k1=0.9, b=0.4,
+Uses the BM25 that mines the hard negatives (dpr_cache.retrieval.bm25: bm25s, Lucene, k1=0.9, b=0.4,
 title + text) over ``data.passages``, answers matched by DPR's rule (``eval.match``). Writes
 ``OUT/eval/{retrieval.json,metrics.json,config.yaml}`` and ``OUT/run.json``.
 
@@ -17,14 +17,15 @@ from pathlib import Path
 
 from dpr_cache.config import load_config, save_config
 from dpr_cache.data.answers import has_answer
-from dpr_cache.data.bm25 import Bm25Corpus
 from dpr_cache.data.qas import read_qas
+from dpr_cache.retrieval.bm25 import Bm25Corpus
+from dpr_cache.retrieval.metrics import answer_qrels, ranking_metrics
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
     METRICS_FILE,
     RETRIEVAL_FILE,
     format_metrics_table,
-    metrics_from_retrieval,
+    rounded,
 )
 from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
 
@@ -53,7 +54,13 @@ def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
         entries.append({"question": question, "answers": answers, "ctxs": ctxs})
     eval_dir = out / "eval"
     write_text_atomic(eval_dir / RETRIEVAL_FILE, json.dumps(entries, ensure_ascii=False, indent=0))
-    metrics = metrics_from_retrieval(eval_dir / RETRIEVAL_FILE, config.eval.top_k)
+    qids = [str(i) for i in range(len(entries))]
+    pids = [[ctx["id"] for ctx in entry["ctxs"]] for entry in entries]
+    flags = [[ctx["has_answer"] for ctx in entry["ctxs"]] for entry in entries]
+    judged = answer_qrels(qids, pids, flags)
+    found = ranking_metrics(dict(zip(qids, pids, strict=True)), judged, config.eval.top_k)
+    metrics = {**rounded({k: v for k, v in found.items() if k.startswith("top")})}
+    metrics["n_questions"] = len(entries)
     write_json_atomic(eval_dir / METRICS_FILE, metrics)
     save_config(config, eval_dir / CONFIG_FILE)
     run = {"model": "bm25", "setting": "bm25", "mode": "bm25", "batch_size": 0, "seed": 0,

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
+from dpr_cache.retrieval.results import answer_flags
 from dpr_cache.runtime.atomic import read_lines
 
 KS = (1, 5, 20, 100)
@@ -146,21 +148,11 @@ def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=arm_order)
 
 
-def first_hit_ranks(retrieval_json: Path) -> np.ndarray:
-    """Per dev question, the 0-based rank of the first passage holding an answer (inf if none)."""
-    entries = json.loads(retrieval_json.read_text(encoding="utf-8"))
-    ranks = []
-    for entry in entries:
-        flags = [bool(ctx["has_answer"]) for ctx in entry["ctxs"]]
-        ranks.append(flags.index(True) if True in flags else float("inf"))
-    return np.array(ranks, dtype=float)
-
-
-def per_question(ranks: np.ndarray) -> dict[str, np.ndarray]:
-    """Each metric per question (top-k as 0/1 in points, MRR@10 in points) from first-hit ranks."""
-    out = {f"top{k}": (ranks < k) * 100.0 for k in KS}
-    out["mrr@10"] = np.where(ranks < 10, 100.0 / (ranks + 1), 0.0)
-    return out
+def per_question(retrieval_json: Path) -> dict[str, np.ndarray]:
+    """Each metric per dev question, in points (top-k as 0 or 100, MRR@10), from a run's DPR
+    results file."""
+    ranks = [first_relevant_rank(flags) for flags in answer_flags(retrieval_json)]
+    return hit_metrics(ranks, KS)
 
 
 def check_paired(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -194,8 +186,8 @@ def paired_differences(
         if r["mode"] != "gradcache" or base is None:
             continue
         check_paired(r, base)
-        ours = per_question(first_hit_ranks(runs / r["dir"] / "eval" / "retrieval.json"))
-        theirs = per_question(first_hit_ranks(runs / base["dir"] / "eval" / "retrieval.json"))
+        ours = per_question(runs / r["dir"] / "eval" / "retrieval.json")
+        theirs = per_question(runs / base["dir"] / "eval" / "retrieval.json")
         diff = {m: ours[m] - theirs[m] for m in METRICS}
         n = len(diff["top1"])
         idx = np.random.default_rng(0).integers(0, n, size=(n_boot, n))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpr_cache.data.answers import has_answer, tokenize, top_k_hits
+from dpr_cache.data.answers import has_answer, tokenize
 
 
 def test_tokens_are_alphanumeric_runs_or_single_symbols() -> None:
@@ -98,29 +98,6 @@ def test_bad_regex_does_not_match_or_crash() -> None:
 def test_unknown_match_type_is_an_error() -> None:
     with pytest.raises(ValueError, match="match"):
         has_answer(["a"], "a", match="fuzzy")
-
-
-def test_top_k_hits_by_hand() -> None:
-    hits = [
-        [True, False, False, False],  # hit at rank 1
-        [False, False, True, False],  # hit at rank 3
-        [False, False, False, False],  # no hit
-        [False, True, True, False],  # hit at rank 2
-        [False, False, False, True],  # hit at rank 4
-    ]
-    result = top_k_hits(hits, [1, 2, 3, 5])
-    assert result == {"top1": 20.0, "top2": 40.0, "top3": 60.0, "top5": 80.0, "n_questions": 5}
-
-
-def test_top_k_hits_with_short_lists_and_no_questions() -> None:
-    assert top_k_hits([[False], [True]], [1, 100]) == {
-        "top1": 50.0,
-        "top100": 50.0,
-        "n_questions": 2,
-    }
-    assert top_k_hits([], [1, 5]) == {"top1": 0.0, "top5": 0.0, "n_questions": 0}
-    with pytest.raises(ValueError):
-        top_k_hits([[True]], [0])
 
 
 def _gold_misses(path: Path) -> list[str]:

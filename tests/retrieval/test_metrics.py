@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpr_cache.retrieval.metrics import answer_qrels, ranking_metrics, read_qrels, write_qrels
+from dpr_cache.retrieval.metrics import (
+    answer_qrels,
+    first_relevant_rank,
+    hit_metrics,
+    ranking_metrics,
+    read_qrels,
+    write_qrels,
+)
 
 ir_measures = pytest.importorskip("ir_measures")
 
@@ -81,3 +88,28 @@ def test_a_judged_question_missing_from_the_run_counts_as_a_miss() -> None:
     for name in want:
         assert got[name] == pytest.approx(want[name], abs=1e-9), name
     assert got != ranking_metrics(run, qrels, KS)  # the question did count before
+
+
+def test_hit_rates_and_mrr_per_question_by_hand() -> None:
+    flags = [
+        [True, False, False, False],  # hit at rank 1
+        [False, False, True, False],  # hit at rank 3
+        [False, False, False, False],  # no hit
+        [False, True, True, False],  # hit at rank 2
+        [False, False, False, True],  # hit at rank 4
+    ]
+    ranks = [first_relevant_rank(f) for f in flags]
+    assert ranks == [0, 2, np.inf, 1, 3]
+    per = hit_metrics(ranks, [1, 2, 3, 5])
+    assert {k: float(v.mean()) for k, v in per.items() if k.startswith("top")} == {
+        "top1": 20.0, "top2": 40.0, "top3": 60.0, "top5": 80.0
+    }  # fmt: skip
+    assert per["mrr@10"].tolist() == pytest.approx([100.0, 100 / 3, 0.0, 50.0, 25.0])
+    assert hit_metrics([], [1])["top1"].size == 0
+    with pytest.raises(ValueError):
+        hit_metrics([0.0], [0])
+
+
+def test_a_hit_past_ten_counts_for_top_k_but_not_mrr() -> None:
+    per = hit_metrics([10.0, 9.0], [20])
+    assert per["top20"].tolist() == [100.0, 100.0] and per["mrr@10"].tolist() == [0.0, 10.0]

@@ -1,6 +1,6 @@
 """BM25 hard negatives for a DPR training file, mined as DPR mined them.
 
-For each question, the passages BM25 ranks highest (see :mod:`dpr_cache.data.bm25`) that do not
+For each question, the passages BM25 ranks highest (see :mod:`dpr_cache.retrieval.bm25`) that do not
 hold an answer (DPR's ``has_answer`` on the passage text) and are not the question's positive
 become its ``hard_negative_ctxs`` (``passage_id``, ``title``, ``text``, ``score``), best first.
 Every other key of each record is written back unchanged. The same ranking gives the BM25 top-k
@@ -10,6 +10,7 @@ hit rate of the training questions, a check on the index.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dpr_cache.data.answers import has_answer
-from dpr_cache.data.bm25 import Bm25Corpus
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
+from dpr_cache.retrieval.bm25 import Bm25Corpus
+from dpr_cache.retrieval.metrics import hit_metrics
 from dpr_cache.runtime.atomic import write_atomic
 
 HIT_KS = (1, 5, 20, 100)
@@ -39,11 +41,9 @@ class MiningReport:
 
     def hit_rates(self) -> dict[str, float]:
         """Percentage of questions with an answer-bearing passage in BM25's top k, per k."""
-        n = max(self.questions, 1)
-        return {
-            f"top{k}": 100.0 * sum(1 for r in self.first_hits if r is not None and r < k) / n
-            for k in self.ks
-        }
+        ranks = [math.inf if r is None else r for r in self.first_hits]
+        hits = hit_metrics(ranks, self.ks)
+        return {f"top{k}": float(hits[f"top{k}"].mean()) if ranks else 0.0 for k in self.ks}
 
     def summary(self) -> str:
         """One line: hit rates, then negatives per question."""

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from dpr_cache.cli import app
 from dpr_cache.data.answers import has_answer
-from dpr_cache.data.bm25 import K1, B, top_rows
-from dpr_cache.data.negatives import mine_negatives
 from dpr_cache.errors import InputError
+from dpr_cache.retrieval.bm25 import K1, B, top_rows
+from dpr_cache.retrieval.negatives import mine_negatives
 
 PASSAGES = [  # id, text, title
     ("p1", "The Seine flows through Paris and into the English Channel.", "Seine"),

@@ -1,0 +1,183 @@
+"""The ``index`` command: encode a passages TSV into resumable shards (``index --config``), or
+take precomputed shards (``index --embeddings``: ours, or DPR's ``generate_dense_embeddings``
+pickles), then finish the index type asked for (see :mod:`dpr_cache.retrieval.index`).
+
+Layout of ``output_dir/index/`` when encoding::
+
+    shards/<key>-00000.npy      embeddings of passages [0, shard_size), file order (float16 default)
+    shards/<key>-00000.ids.txt  their passage ids, one a line
+    meta.json                   type, shards, model fingerprint, passages file, encoding, timings
+    faiss.index, faiss.ivfdata  approximate types only
+
+``<key>`` hashes all an embedding depends on (see :func:`~dpr_cache.retrieval.shards.shard_key`).
+The index type is rebuilt from the shards on every run, so switching it costs no re-encoding.
+:func:`build_index` reads the config; the others take plain arguments and the two specs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpr_cache.config import Config
+from dpr_cache.errors import InputError
+from dpr_cache.model.loading import resolve_model_dir
+from dpr_cache.retrieval.approximate import IndexSpec, check_index_spec
+from dpr_cache.retrieval.index import finish_index
+from dpr_cache.retrieval.shards import EncodeSpec, encode_passage_shards
+from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.runtime.device import resolve_device
+
+__all__ = [
+    "build_index",
+    "index_passages",
+    "index_embeddings",
+    "index_dir_of",
+    "index_spec",
+    "encode_spec",
+    "memory_bytes_of",
+]
+
+
+def index_dir_of(output_dir: Path) -> Path:
+    """Where a run's index lives: ``output_dir/index``."""
+    return Path(output_dir) / "index"
+
+
+def index_spec(config: Config, type_: str | None = None) -> IndexSpec:
+    """The FAISS settings of ``index.*`` (``type_`` overrides ``index.type``)."""
+    keep = {"type", "hnsw_m", "hnsw_ef_search", "ivf_nlist", "pq_m", "ivf_nprobe"}
+    spec = IndexSpec(**config.index.model_dump(include=keep))
+    return spec if type_ is None else dataclasses.replace(spec, type=type_)
+
+
+def encode_spec(config: Config) -> EncodeSpec:
+    """How ``index`` encodes ``data.passages``: ``model.*`` lengths and pooling, ``index.*``."""
+    return EncodeSpec(
+        max_length=config.model.max_passage_length, pooling=config.model.pooling,
+        normalize=config.model.normalize, precision=config.index.precision,
+        store_dtype=config.index.store_dtype, shard_size=config.index.shard_size,
+        batch_size=config.index.batch_size, num_workers=config.data.num_workers,
+    )  # fmt: skip
+
+
+def memory_bytes_of(memory_gb: float) -> int:
+    return int(memory_gb * 1e9)
+
+
+def build_index(
+    config: Config,
+    model_dir: str | Path | None = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+) -> Path:
+    """``dpr-cache index --config``: encode ``data.passages`` with the passage tower of
+    ``model_dir`` (default ``output_dir/model``) on ``index.device`` and build ``index.type``;
+    returns the folder."""
+    model_dir = resolve_model_dir(model_dir, config.output_path / "model")
+    if not config.data.passages:
+        raise InputError("data.passages: not set (a DPR passages TSV)")
+    return index_passages(
+        Path(config.data.passages), model_dir, index_dir_of(config.output_path),
+        encode=encode_spec(config), index=index_spec(config),
+        memory_bytes=memory_bytes_of(config.index.memory_gb),
+        device=resolve_device(config.index.device, key="index.device"),
+        cache_dir=config.cache_path, rank=rank, world_size=world_size, progress=progress,
+    )  # fmt: skip
+
+
+def index_passages(
+    passages: Path,
+    model_dir: Path,
+    out: Path,
+    *,
+    encode: EncodeSpec,
+    index: IndexSpec,
+    memory_bytes: int,
+    device: torch.device,
+    cache_dir: Path,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+) -> Path:
+    """Encode ``passages`` into ``out/shards`` and, on rank 0, finish the index over them."""
+    encoded = encode_passage_shards(
+        passages, model_dir, out / "shards", encode, device=device, cache_dir=cache_dir,
+        rank=rank, world_size=world_size, progress=progress,
+        check=lambda n, dim: check_index_spec(index, n, dim, memory_bytes),
+    )  # fmt: skip
+    if rank != 0:
+        return out
+    extra = {
+        "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
+                  "pooling": encoded.pooling, "normalize": encoded.normalize,
+                  "max_passage_length": encoded.max_length, "precision": encode.precision},
+        "passages": encoded.signature,
+        "shard_key": encoded.key,
+        "encode": dataclasses.asdict(encode),
+        "timings": {  # this run, rank 0
+            "encoded_passages": encoded.encoded,
+            "encode_seconds": round(encoded.seconds, 3),
+            "passages_per_second": round(encoded.encoded / encoded.seconds, 1)
+            if encoded.encoded else None,
+        },
+    }  # fmt: skip
+    finish_index(out, EmbeddingStore.open(encoded.paths), index, memory_bytes, extra)
+    return out
+
+
+def index_embeddings(
+    pattern: str,
+    out: Path,
+    *,
+    spec: IndexSpec,
+    memory_bytes: int,
+    store_dtype: str = "float16",
+) -> Path:
+    """``dpr-cache index --embeddings``: an index over precomputed shards. Our ``.npy`` shards
+    are validated and recorded in place; DPR's pickles (``.pkl``/``.pickle``: trusted input only,
+    pickle runs code) are converted once into shards under ``out/shards``."""
+    paths = sorted(glob.glob(os.path.expanduser(pattern)))
+    if not paths:
+        raise InputError(f"{pattern}: matches no file")
+    pickles = [p for p in paths if p.endswith((".pkl", ".pickle"))]
+    if pickles and len(pickles) != len(paths):
+        raise InputError(f"{pattern}: mixes DPR pickles and .npy shards; give one kind")
+    out = Path(out)
+    if pickles:
+        npys = [
+            _dpr_pickle_to_shard(Path(p), out / "shards" / f"dpr-{i:05d}.npy", store_dtype)
+            for i, p in enumerate(pickles)
+        ]
+    else:
+        npys = [Path(p) for p in paths if p.endswith(".npy")]
+        if not npys:
+            raise InputError(f"{pattern}: matches no .npy shard")
+    finish_index(out, EmbeddingStore.open(npys), spec, memory_bytes, {"source": pattern})
+    return out
+
+
+def _dpr_pickle_to_shard(path: Path, npy: Path, dtype: str) -> Path:
+    """One of DPR's embedding pickles (a list of ``(passage id, float32 vector)``) as a shard."""
+    if npy.is_file():
+        return npy  # converted by an earlier run
+    try:
+        with open(path, "rb") as f:
+            pairs = pickle.load(f)  # noqa: S301 - trusted input, as the docs say
+        ids = [str(pid) for pid, _ in pairs]
+        embs = np.stack([np.asarray(vec, dtype=np.float32) for _, vec in pairs])
+    except (pickle.UnpicklingError, EOFError, TypeError, ValueError) as e:
+        msg = " ".join(str(e).split())[:120]
+        raise InputError(f"{path}: not a DPR embeddings pickle ({msg})") from None
+    if embs.ndim != 2:
+        raise InputError(f"{path}: vectors of shape {embs.shape[1:]}, expected one dimension")
+    write_shard(npy, embs, ids, dtype)
+    return npy
