@@ -40,9 +40,10 @@ CONFIG_EDGE = {
     "__init__.py",  # load_config, public API
     "cli/app.py",
     "train/loop.py",
+    "train/trainer.py",
     "train/verify.py",
     "train/watch_setup.py",
-    "retrieval/index.py",
+    "retrieval/build.py",
     "retrieval/evaluate.py",
 }
 

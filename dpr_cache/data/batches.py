@@ -7,10 +7,8 @@ import torch
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.seeds import stream_seed
 
-# How epoch orders are drawn, saved in checkpoints and bench rows: a run resumes only under the
-# order it began with. A record without it was drawn the earlier way, from the sum.
 EPOCH_ORDER = 'stream_seed("order", seed, epoch)'
-EPOCH_ORDER_BEFORE = "seed + epoch"
+"""How epoch orders are drawn, recorded in checkpoints: a run resumes only under its own order."""
 
 
 class TrainBatches:

@@ -98,7 +98,7 @@ def finish_index(
 
 
 def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenIndex:
-    """The index at ``index_dir``; InputError when it is missing, of an older format, or its
+    """The index at ``index_dir``; InputError when it is missing, of another format, or its
     shards changed since it was built. ``spec`` sets the search knobs (nprobe, efSearch)."""
     index_dir = Path(index_dir)
     meta_path = index_dir / META_FILE
@@ -109,7 +109,11 @@ def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenInde
     except ValueError:
         raise InputError(f"{meta_path}: not valid JSON: rerun `dpr-cache index`") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise InputError(f"{index_dir}: built by an older dpr-cache: rerun `dpr-cache index`")
+        raise InputError(
+            f"{index_dir}: an index of another dpr-cache version (format "
+            f"{meta.get('format') if isinstance(meta, dict) else None}, this one reads {FORMAT}): "
+            "rerun `dpr-cache index`"
+        )
     shards = []
     for entry in meta["shards"]:
         shard = Shard.open(index_dir / entry["path"])  # absolute paths stay absolute

@@ -205,4 +205,3 @@ def encode_passage_shards(
     return EncodedShards(
         paths, key, fingerprint, signature, length, model.pooling, model.normalize, todo, seconds
     )
-

@@ -15,8 +15,8 @@ _MASK64 = (1 << 64) - 1
 
 
 def stream_entropy(*keys: int) -> list[int]:
-    """The keys as ``SeedSequence`` entropy, each masked to 63 bits (non-negative), as the
-    hard-negative draws of :mod:`dpr_cache.data.collate` have always been seeded."""
+    """The keys as ``SeedSequence`` entropy, each masked to 63 bits (non-negative): what seeds
+    the hard-negative draws of :mod:`dpr_cache.data.collate`."""
     return [int(k) & _MASK63 for k in keys]
 
 

@@ -1,9 +1,10 @@
 """Checkpoints that resume bit-exactly: weights, optimizer, schedule, scaler and every rank's RNG.
 
 ``checkpoints/step-N/state.pt`` is written by rank 0 under a temporary name, flushed to disk and
-swapped into place; the oldest are removed beyond ``keep``. Resuming refuses another world size
-(the ranks' RNG streams and data slices would not line up) and another way of drawing the epochs'
-batch orders (:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would differ).
+swapped into place; the oldest are removed beyond ``keep``. Resuming refuses a checkpoint of
+another layout (:data:`FORMAT`), another world size (the ranks' RNG streams and data slices would
+not line up) and another way of drawing the epochs' batch orders
+(:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would differ).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpr_cache.data.batches import EPOCH_ORDER, EPOCH_ORDER_BEFORE
+from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic
@@ -27,6 +28,8 @@ from dpr_cache.runtime.distributed import DistEnv
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_states"]
 
 STATE_FILE = "state.pt"
+FORMAT = 2
+"""The layout of ``state.pt``; a checkpoint of another layout is refused, not converted."""
 
 
 def rng_states() -> dict[str, Any]:
@@ -58,6 +61,7 @@ def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEn
     final = Path(root) / f"step-{step:08d}"
     if env.is_main:
         state = {
+            "format": FORMAT,
             "step": step,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -88,20 +92,24 @@ def latest_checkpoint(root: Path) -> Path | None:
 def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> int:
     """Restore every state from ``path``; return the number of steps it had finished."""
     state = torch.load(path / STATE_FILE, map_location=env.device, weights_only=False)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise InputError(
+            f"{path}: a checkpoint of another dpr-cache version (format "
+            f"{state.get('format') if isinstance(state, dict) else None}, this one reads "
+            f"{FORMAT}): finish the run with the version that started it, or train afresh"
+        )
     if state["world_size"] != env.world_size:
         raise InputError(
             f"{path}: saved with {state['world_size']} ranks, resumed with {env.world_size}; "
             "resume with the same world size"
         )
-    order = state.get("epoch_order", EPOCH_ORDER_BEFORE)
+    order = state["epoch_order"]
     if order != EPOCH_ORDER:
         raise InputError(
             f"{path}: its run draws batch orders as {order}, this dpr-cache as {EPOCH_ORDER}; "
             "finish it with the dpr-cache that started it, or train afresh"
         )
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
-    # checkpoints from before the frozen pooler was kept lack it; it takes no part in training
-    missing = [key for key in missing if ".pooler." not in key]
     if missing or unexpected:
         raise InputError(
             f"{path}: does not fit this model ({len(missing)} weights missing, e.g. "

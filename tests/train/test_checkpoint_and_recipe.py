@@ -72,37 +72,38 @@ def test_old_checkpoints_are_pruned_and_another_world_size_refused(tmp_path) -> 
                         DistEnv(world_size=2))  # fmt: skip
 
 
-def test_a_checkpoint_of_another_epoch_order_is_refused(tmp_path) -> None:
-    """A checkpoint from before the order was recorded (drawn from seed + epoch) would resume
-    into other batches mid-epoch: a one-line error; the current order loads."""
+def test_a_checkpoint_of_another_layout_or_epoch_order_is_refused(tmp_path) -> None:
+    """A checkpoint of another format, or whose batches were drawn another way, would resume into
+    other weights or other batches: a one-line error each; the current one loads."""
     model, optimizer, scheduler = _trainer()
     path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, None, DistEnv(), keep=2)
     assert load_checkpoint(path, model, optimizer, scheduler, None, DistEnv()) == 1
     state = torch.load(path / STATE_FILE, weights_only=False)
-    del state["epoch_order"]
-    torch.save(state, path / STATE_FILE)
-    with pytest.raises(InputError, match=r"draws batch orders as seed \+ epoch, this dpr-cache"):
-        load_checkpoint(path, model, optimizer, scheduler, None, DistEnv())
+    for key, value, message in (
+        ("format", None, r"format None, this one reads 2\)"),
+        ("format", 1, "a checkpoint of another dpr-cache version"),
+        ("epoch_order", "seed + epoch", r"draws batch orders as seed \+ epoch, this dpr-cache"),
+    ):
+        torch.save({**state, key: value}, path / STATE_FILE)
+        with pytest.raises(InputError, match=message):
+            load_checkpoint(path, model, optimizer, scheduler, None, DistEnv())
 
 
-def test_a_checkpoint_without_the_pooler_loads_and_one_of_another_model_does_not(tmp_path) -> None:
-    """Checkpoints written before the frozen pooler was kept lack it: they resume with the pooler
-    as initialised; any other missing or unexpected weight is a one-line error."""
+def test_a_checkpoint_of_another_model_is_refused(tmp_path) -> None:
+    """Any missing weight (the frozen pooler too) or unexpected one is a one-line error."""
     model, optimizer, scheduler = _trainer()
     path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, None, DistEnv(), keep=2)
     state = torch.load(path / STATE_FILE, weights_only=False)
     assert any(".pooler." in k for k in state["model"])
-    state["model"] = {k: v for k, v in state["model"].items() if ".pooler." not in k}
-    torch.save(state, path / STATE_FILE)
     fresh, fresh_opt, fresh_sched = _trainer(seed=7)
-    pooler = {k: v.clone() for k, v in fresh.state_dict().items() if ".pooler." in k}
-    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv()) == 1
-    got = fresh.state_dict()
-    assert all(torch.equal(got[k], v) for k, v in pooler.items())  # kept as initialised
-    assert all(torch.equal(got[k], v) for k, v in state["model"].items())
-    del state["model"][next(k for k in state["model"] if "encoder.layer.0." in k)]
-    torch.save(state, path / STATE_FILE)
-    with pytest.raises(InputError, match="1 weights missing"):
+    for drop in (".pooler.", "encoder.layer.0.attention.self.query.weight"):
+        kept = {k: v for k, v in state["model"].items() if drop not in k}
+        torch.save({**state, "model": kept}, path / STATE_FILE)
+        with pytest.raises(InputError, match="weights missing"):
+            load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv())
+    extra = {**state["model"], "query_encoder.extra.weight": torch.zeros(1)}
+    torch.save({**state, "model": extra}, path / STATE_FILE)
+    with pytest.raises(InputError, match="1 unexpected"):
         load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv())
 
 

@@ -1,0 +1,162 @@
+"""What a training run is made of, and one optimizer step of it.
+
+:func:`build_trainer` turns the config into a :class:`Trainer`: the model (fast CPU dropout,
+train mode), AdamW with DPR's groups, the warm-up-then-decay schedule, the fp16 scaler, the
+towers (DDP-wrapped on several ranks) and the step object of ``train.mode`` (GradCache, full
+batch or accumulation) over the loss. :meth:`Trainer.step` is one update: the step object fills
+``.grad``; clipping, the optimizer, the scaler and the schedule act on the assembled gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dpr_cache.config import Config, parse_bytes
+from dpr_cache.core.steppers import make_loss_fn, make_stepper
+from dpr_cache.data.collate import Batch
+from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.model.ddp import wrap_towers
+from dpr_cache.model.fast_dropout import use_fast_dropout
+from dpr_cache.model.loading import load_biencoder
+from dpr_cache.runtime import memory
+from dpr_cache.runtime.atomic import write_dir_atomic
+from dpr_cache.runtime.device import autocast
+from dpr_cache.runtime.distributed import DistEnv, all_mean
+from dpr_cache.runtime.seeds import stream_seed
+from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
+from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dpr_cache.train.recipe import flat_softmax_warning, linear_warmup_decay, param_groups
+
+__all__ = ["Trainer", "StepResult", "build_trainer"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    """What one update reports: the loss (mean over ranks), the learning rate it used, the
+    gradient norm before clipping, and its wall seconds."""
+
+    loss: float
+    lr: float
+    grad_norm: float
+    seconds: float
+
+
+@dataclass
+class Trainer:
+    """The model and everything that updates it; ``stepper`` fills ``.grad`` for a batch."""
+
+    model: BiEncoder
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None
+    stepper: object
+    env: DistEnv
+    chunk_size: int
+    precision: str = "fp32"
+    max_grad_norm: float | None = None
+
+    def step(self, batch: Batch) -> StepResult:
+        """One update on this rank's slice of a global batch."""
+        started = time.perf_counter()
+        batch = batch.to(self.env.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.env.device, self.precision):
+            loss = self.stepper.step(batch.q_inputs, batch.p_inputs, p_ids=batch.p_ids)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or math.inf)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        loss_value = all_mean(loss, self.env)
+        return StepResult(loss_value, lr, float(grad_norm), time.perf_counter() - started)
+
+    def resume(self, root: Path) -> int:
+        """Restore the newest checkpoint under ``root``; the steps it had done (0: none)."""
+        latest = latest_checkpoint(root)
+        if latest is None:
+            return 0
+        return load_checkpoint(
+            latest, self.model, self.optimizer, self.scheduler, self.scaler, self.env
+        )
+
+    def checkpoint(self, root: Path, done: int, keep: int) -> Path:
+        """Save every state after ``done`` steps under ``root`` (rank 0 writes)."""
+        return save_checkpoint(
+            root, done, self.model, self.optimizer, self.scheduler, self.scaler, self.env, keep
+        )
+
+    def save_model(self, out: Path, max_query_length: int, max_passage_length: int) -> None:
+        """Rank 0 writes the model folder, swapped in whole, with the lengths it trained at."""
+        if self.env.is_main:
+            self.model.max_query_length = max_query_length
+            self.model.max_passage_length = max_passage_length
+            write_dir_atomic(out, self.model.save_pretrained)
+
+
+def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
+    """The trainer ``config`` describes, on ``env``'s device, its schedule over ``total_steps``.
+    Each rank then draws dropout from its own stream (rank 0's is a single process's)."""
+    cfg, m = config.train, config.model
+    model = load_biencoder(
+        m.name_or_path, shared=m.shared, pooling=m.pooling, dropout=m.dropout,
+        gradient_checkpointing=m.gradient_checkpointing, normalize=m.normalize,
+        source="model.name_or_path",
+    ).to(env.device)  # fmt: skip
+    if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
+        logger.warning("%s", warning)
+    if cfg.fast_dropout and env.device.type == "cpu":  # CUDA keeps its fused kernels
+        use_fast_dropout([model.query_encoder, model.passage_encoder])
+    model.train()
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, linear_warmup_decay(cfg.warmup_steps, total_steps)
+    )
+    scaler = torch.amp.GradScaler(env.device.type) if cfg.precision == "fp16" else None
+    chunk_size = chunk_size_of(config, model, env)
+    towers = wrap_towers(model, env)  # DDP broadcasts rank 0's weights
+    torch.manual_seed(stream_seed("dropout", cfg.seed, env.rank))
+    loss_fn = make_loss_fn(
+        temperature=cfg.temperature, tile_size=cfg.loss_tile_size,
+        group_size=1 + cfg.hard_negatives, rank=env.rank, world_size=env.world_size,
+    )  # fmt: skip
+    stepper = make_stepper(
+        cfg.mode, towers, loss_fn, chunk_size=chunk_size, p_chunk_size=cfg.p_chunk_size,
+        scaler=scaler, keep_last_graph=cfg.keep_last_graph, length_order=cfg.length_order,
+        release_memory=memory.trim,
+    )  # fmt: skip
+    return Trainer(
+        model, optimizer, scheduler, scaler, stepper, env, chunk_size, cfg.precision,
+        cfg.max_grad_norm,
+    )  # fmt: skip
+
+
+def chunk_size_of(config: Config, model: BiEncoder, env: DistEnv) -> int:
+    """``train.chunk_size``, or the probe's choice for ``auto``."""
+    cfg, m = config.train, config.model
+    if cfg.chunk_size != "auto":
+        return int(cfg.chunk_size)
+    probe = ProbeSpec(
+        model=m.name_or_path, shared=m.shared, pooling=m.pooling, dropout=m.dropout,
+        checkpointing=m.gradient_checkpointing, q_len=m.max_query_length,
+        p_len=m.max_passage_length, p_chunk_size=cfg.p_chunk_size, threads=cfg.num_threads,
+        precision=cfg.precision,
+    )  # fmt: skip
+    shape = BatchShape(cfg.batch_size, cfg.hard_negatives, cfg.loss_tile_size)
+    budget = parse_bytes(cfg.memory_budget)
+    return pick_chunk_size(probe, shape, model, env, budget, config.output_path)
