@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from dpr_cache.core.engine import Encoder
-from dpr_cache.core.inputs import Inputs, batch_rows, split_inputs, trim_padding
+from dpr_cache.core.inputs import Inputs, batch_rows, group_size_of, split_inputs, trim_padding
+from dpr_cache.core.loss import loss_dtype
 
 __all__ = ["FullBatch", "Accumulate"]
 
@@ -48,7 +49,8 @@ class FullBatch:
         """Backpropagate ``weight * loss``; return the detached weighted loss."""
         q_reps, p_reps = self.encode_q(q_inputs), self.encode_p(p_inputs)
         with torch.autocast(q_reps.device.type, enabled=False):
-            loss = self.loss_fn(_fp32(q_reps), _fp32(p_reps), **loss_kwargs) * weight
+            q_reps, p_reps = q_reps.to(loss_dtype(q_reps)), p_reps.to(loss_dtype(p_reps))
+            loss = self.loss_fn(q_reps, p_reps, **loss_kwargs) * weight
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite loss ({loss.item()}); no gradient was written")
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -108,11 +110,4 @@ class Accumulate:
 
 
 def _group_size(q_inputs: Inputs, p_inputs: Inputs) -> int:
-    n_q, n_p = batch_rows(q_inputs, "q_inputs"), batch_rows(p_inputs, "p_inputs")
-    if n_p % n_q != 0:
-        raise ValueError(f"passage rows ({n_p}) must be a multiple of question rows ({n_q})")
-    return n_p // n_q
-
-
-def _fp32(reps: Tensor) -> Tensor:
-    return reps.float() if reps.dtype in (torch.float16, torch.bfloat16) else reps
+    return group_size_of(batch_rows(q_inputs, "q_inputs"), batch_rows(p_inputs, "p_inputs"))

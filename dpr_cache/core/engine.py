@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dpr_cache.core.inputs import Inputs, batch_rows, split_inputs, trim_padding
+from dpr_cache.core.inputs import Inputs, batch_rows, group_size_of, split_inputs, trim_padding
+from dpr_cache.core.loss import loss_dtype
 
 __all__ = ["GradCache", "RngState", "RELEASE_EVERY"]
 
@@ -151,20 +152,14 @@ class GradCache:
 
     def split(self, q_inputs: Inputs, p_inputs: Inputs) -> tuple[_Tower, _Tower]:
         """Check the inputs; order each tower's rows by length and cut them into chunks."""
-        n_q = batch_rows(q_inputs, "q_inputs")
-        n_p = batch_rows(p_inputs, "p_inputs")
-        if n_p % n_q != 0:
-            raise ValueError(
-                f"passage rows ({n_p}) must be a multiple of question rows ({n_q}): "
-                "each question brings its positive and the same number of hard negatives"
-            )
+        group_size_of(batch_rows(q_inputs, "q_inputs"), batch_rows(p_inputs, "p_inputs"))
         return (
             self._tower(self.encode_q, q_inputs, self.q_chunk_size),
             self._tower(self.encode_p, p_inputs, self.p_chunk_size),
         )
 
     def _tower(self, encode: Encoder, inputs: Inputs, chunk_size: int) -> _Tower:
-        order = longest_first(inputs) if self.length_order else None
+        order = order_by_length(inputs) if self.length_order else None
         if order is None:
             chunks, rows = split_inputs(inputs, chunk_size), None
         else:
@@ -276,7 +271,7 @@ class GradCache:
         surrogate.backward()
 
 
-def longest_first(inputs: Inputs) -> Tensor | None:
+def order_by_length(inputs: Inputs) -> Tensor | None:
     """Row order by decreasing ``attention_mask`` length (ties in batch order) [rows]; None
     when there is no mask or the rows are already in that order (nothing to gain)."""
     mask = inputs.get("attention_mask")
@@ -307,10 +302,8 @@ def _store(tower: _Tower, index: int, reps: Tensor) -> None:
 
 
 def _cache_leaf(joined: Tensor) -> Tensor:
-    """The tower's reps as a leaf in fp32 (fp64 stays fp64) that records its grad."""
-    if joined.dtype in (torch.float16, torch.bfloat16):
-        joined = joined.float()
-    return joined.detach().requires_grad_(True)
+    """The tower's reps as a leaf in the loss's dtype that records its grad."""
+    return joined.detach().to(loss_dtype(joined)).requires_grad_(True)
 
 
 def _split_like(grad: Tensor | None, joined: Tensor, tower: _Tower) -> list[Tensor]:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-__all__ = ["Inputs", "batch_rows", "split_inputs", "trim_padding"]
+__all__ = ["Inputs", "batch_rows", "group_size_of", "split_inputs", "trim_padding"]
 
 Inputs = Mapping[str, Tensor]
 
@@ -23,6 +23,17 @@ def batch_rows(inputs: Inputs, name: str = "inputs") -> int:
     if len(set(rows.values())) != 1:
         raise ValueError(f"{name}: tensors have different batch sizes {rows}")
     return next(iter(rows.values()))
+
+
+def group_size_of(n_questions: int, n_passages: int) -> int:
+    """Passage rows per question (its positive and hard negatives); raises unless the passage
+    rows are a whole multiple of the question rows."""
+    if n_questions < 1 or n_passages % n_questions != 0:
+        raise ValueError(
+            f"passage rows ({n_passages}) must be a multiple of question rows ({n_questions}): "
+            "each question brings its positive and the same number of hard negatives"
+        )
+    return n_passages // n_questions
 
 
 def split_inputs(inputs: Inputs, chunk_size: int) -> list[dict[str, Tensor]]:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["contrastive_loss", "positive_indices"]
+from dpr_cache.core.inputs import group_size_of
+
+__all__ = ["contrastive_loss", "positive_indices", "loss_dtype"]
 
 
 def positive_indices(
@@ -33,13 +35,7 @@ def positive_indices(
     ``group_size`` defaults to ``n_passages // n_questions`` (one process, no gathered rows).
     """
     if group_size is None:
-        if n_questions == 0 or n_passages % n_questions != 0:
-            raise ValueError(
-                f"passage rows ({n_passages}) must be a multiple of question rows "
-                f"({n_questions}): each question needs its positive and the same number of "
-                "hard negatives"
-            )
-        group_size = n_passages // n_questions
+        group_size = group_size_of(n_questions, n_passages)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     pos = positive_offset + torch.arange(n_questions, device=device) * group_size
@@ -121,7 +117,9 @@ def contrastive_loss(
     return (lse - pos_scores).mean()
 
 
-def _compute_dtype(t: Tensor) -> torch.dtype:
+def loss_dtype(t: Tensor) -> torch.dtype:
+    """The dtype the loss is computed in for reps of ``t``'s dtype: fp32 for half types (the
+    cache and the loss stay in fp32 under autocast), else their own (fp64 stays fp64)."""
     return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 
@@ -137,7 +135,7 @@ class _TiledLSE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, p, pos_idx, p_ids, temperature, tile):  # noqa: D401
-        dtype = _compute_dtype(q)
+        dtype = loss_dtype(q)
         n_q, n_p = q.shape[0], p.shape[0]
         lse = torch.empty(n_q, dtype=dtype, device=q.device)
         with torch.autocast(q.device.type, enabled=False):

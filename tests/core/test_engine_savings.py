@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dpr_cache.core.accumulate import Accumulate
-from dpr_cache.core.engine import GradCache, longest_first
+from dpr_cache.core.engine import GradCache, order_by_length
 from dpr_cache.core.inputs import trim_padding
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
@@ -72,11 +72,11 @@ def test_release_hook_follows_its_schedule_and_gradients_stay_exact(
         assert (a - b).abs().max() <= 1e-10 * scale
 
 
-def test_longest_first_orders_rows_by_mask_length_ties_in_batch_order():
+def test_order_by_length_puts_longest_rows_first_ties_in_batch_order():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
-    assert longest_first({"attention_mask": mask}).tolist() == [1, 3, 0, 4, 2]
-    assert longest_first({"attention_mask": mask[[1, 3, 0, 4, 2]]}) is None  # already ordered
-    assert longest_first({"input_ids": mask}) is None  # no mask: nothing to order by
+    assert order_by_length({"attention_mask": mask}).tolist() == [1, 3, 0, 4, 2]
+    assert order_by_length({"attention_mask": mask[[1, 3, 0, 4, 2]]}) is None  # already ordered
+    assert order_by_length({"input_ids": mask}) is None  # no mask: nothing to order by
 
 
 def _padded_tokens(tower) -> int:
