@@ -68,9 +68,9 @@ def run_index_bench(
 def main(argv: list[str] | None = None) -> None:
     """Run with the keyword arguments given as a JSON object; print one JSON line."""
     argv = sys.argv[1:] if argv is None else argv
-    from dpr_cache.runtime.offline import offline_and_quiet
+    from dpr_cache.runtime.quiet import quiet_libraries
 
-    offline_and_quiet()
+    quiet_libraries()
     kwargs = json.loads(argv[0])
     print(json.dumps(run_index_bench(**kwargs)), flush=True)
 

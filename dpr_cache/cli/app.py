@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from dpr_cache.errors import InputError, Interrupted
-from dpr_cache.runtime.offline import offline_and_quiet
+from dpr_cache.runtime.quiet import quiet_libraries
 
 __all__ = [
     "app",
@@ -61,7 +61,7 @@ def guarded(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        offline_and_quiet()
+        quiet_libraries()
         try:
             return func(*args, **kwargs)
         except InputError as exc:

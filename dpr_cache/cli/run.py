@@ -152,9 +152,12 @@ def verify(
     set_: SetOpt = None,
     double: Annotated[bool, typer.Option("--double", help="Run both in float64.")] = False,
 ) -> None:
-    """One step on a real batch, full batch versus GradCache (dropout off): the gradient gap."""
+    """One step on a real batch, full batch versus GradCache (dropout off): the gradient gap,
+    its bound and the verdict (exit 1 when over the bound)."""
     from dpr_cache.train.verify import verify as run
 
     report = run(load(config, set_), double=double)
     for key, value in report.items():
         print(f"{key:>28}: {value}")
+    if report["verdict"].startswith("DIFFERENT"):
+        raise typer.Exit(1)

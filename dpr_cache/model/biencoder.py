@@ -22,12 +22,12 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from dpr_cache.model.dpr_formats import dpr_kind, load_dpr_towers
+from dpr_cache.model.hub import resolve_model_path
 from dpr_cache.model.pooling import POOLINGS, pool
 from dpr_cache.model.tower_files import clean_tokenizer, write_tower
 from dpr_cache.model.towers import (
     load_tokenizer,
     load_tower,
-    resolve_model_path,
     shipped_normalize,
     shipped_pooling,
     tower_from_config,
@@ -86,12 +86,13 @@ class BiEncoder(nn.Module):
         dropout: float | None = None,
         normalize: bool | None = None,
     ) -> BiEncoder:
-        """Load a saved BiEncoder folder, or any Hugging Face model folder for both towers.
+        """Load a saved BiEncoder folder, or any Hugging Face model (a folder or a hub name, see
+        :func:`~dpr_cache.model.hub.resolve_model_path`) for both towers.
 
         ``pooling=None`` and ``normalize=None`` keep what the model ships: a saved BiEncoder's
         settings (which always win for pooling), or a sentence-transformers folder's Pooling and
         Normalize modules; else CLS pooling (DPR's) without normalization."""
-        path = Path(resolve_model_path(path))
+        path = resolve_model_path(path)
         if dpr_kind(path) is not None:  # HF DPR pair or DPR's .cp: two BERTs, [CLS], no norm
             query, passage, tokenizer = load_dpr_towers(path, dropout)
             model = cls(query, None if shared else passage, pooling="cls", tokenizer=tokenizer)

@@ -9,14 +9,17 @@ from pathlib import Path
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.dpr_formats import dpr_kind
-from dpr_cache.model.towers import resolve_model_path
+from dpr_cache.model.hub import ModelNotFound, resolve_model_path
 
 __all__ = ["resolve_model_dir", "load_biencoder", "load_encoder", "model_fingerprint"]
 
 
 def resolve_model_dir(model_dir: str | Path | None, default: Path) -> Path:
     """``model_dir`` (or ``default``, e.g. ``output_dir/model``), absolute; InputError if absent."""
-    path = Path(resolve_model_path(model_dir)) if model_dir is not None else Path(default)
+    try:
+        path = resolve_model_path(model_dir) if model_dir is not None else Path(default)
+    except ModelNotFound as e:
+        raise InputError(f"--model: {e}") from None
     if not (path.is_dir() or (path.is_file() and path.suffix == ".cp")):
         raise InputError(f"{path}: no model folder: run `dpr-cache train` first or pass --model")
     return path.resolve()
@@ -46,6 +49,8 @@ def load_biencoder(
         )
     except ModuleNotFoundError as e:  # python:PACKAGE that is not installed
         raise InputError(f"{where}: {e}") from None
+    except ModelNotFound as e:  # neither a local folder nor had from the hub: says why
+        raise InputError(f"{source or 'model'}: {e}") from None
     except (OSError, ValueError) as e:  # no folder, no config.json, unreadable weights
         msg = " ".join(str(e).split())[:200]
         raise InputError(f"{where}: cannot load a model ({msg})") from None

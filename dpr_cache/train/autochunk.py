@@ -226,10 +226,10 @@ def pick_chunk_size(
 
 def main(argv: list[str] | None = None) -> None:
     """Child of the CPU probe: one chunk step, then ``{"peak_bytes": ...}`` on stdout."""
-    from dpr_cache.runtime.offline import offline_and_quiet
+    from dpr_cache.runtime.quiet import quiet_libraries
 
     argv = sys.argv[1:] if argv is None else argv
-    offline_and_quiet()
+    quiet_libraries()
     payload = json.loads(argv[0])
     if payload.get("threads"):
         torch.set_num_threads(payload["threads"])

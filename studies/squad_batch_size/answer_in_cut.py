@@ -14,7 +14,8 @@ from pathlib import Path
 
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.tokenize import tokenize_passages
-from dpr_cache.model.towers import load_tokenizer, resolve_model_path
+from dpr_cache.model.hub import resolve_model_path
+from dpr_cache.model.towers import load_tokenizer
 from dpr_cache.runtime.atomic import read_lines
 
 

@@ -108,7 +108,27 @@ def test_modes_full_gradcache_and_accumulate(tmp_path):
     assert abs(runs["full"][0][0]["loss"] - want) > 0.1  # more negatives, a larger loss
 
 
-def test_verify_reports_a_tiny_gap(tmp_path):
+def test_verify_reports_a_tiny_gap_its_bound_and_the_verdict(tmp_path):
     proc = run_cli("verify", "--config", "configs/toy.yaml", *toy_overrides(tmp_path), "--double")
     line = next(x for x in proc.stdout.splitlines() if "max relative grad difference" in x)
-    assert float(line.split(":")[1]) < 1e-10
+    assert float(line.split(":")[1].split()[0]) < 1e-10 and "(bound 1e-10 in float64)" in line
+    assert "verdict: equal" in proc.stdout
+
+
+def test_verify_calls_a_wrong_gradient_different(tmp_path, monkeypatch):
+    """Negative control: a GradCache whose loss is 1% off is over the bound and said so."""
+    from dpr_cache.config import load_config
+    from dpr_cache.train import verify as verify_module
+
+    real = verify_module.make_stepper
+
+    def skewed(mode, towers, loss_fn, **kwargs):
+        if mode == "gradcache":
+            return real(mode, towers, lambda q, p, **kw: 1.01 * loss_fn(q, p, **kw), **kwargs)
+        return real(mode, towers, loss_fn, **kwargs)
+
+    monkeypatch.setattr(verify_module, "make_stepper", skewed)
+    overrides = [a for a in toy_overrides(tmp_path) if a != "--set"]
+    report = verify_module.verify(load_config("configs/toy.yaml", overrides), double=True)
+    assert report["verdict"].startswith("DIFFERENT")
+    assert float(report["max relative grad difference"].split()[0]) > 1e-3

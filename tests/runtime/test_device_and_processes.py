@@ -11,7 +11,6 @@ import torch
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.device import autocast, precision_dtype, resolve_device
 from dpr_cache.runtime.memory import peak_memory_bytes, peak_rss_bytes, rss_bytes
-from dpr_cache.runtime.offline import OFFLINE_ENV, offline_env
 from dpr_cache.runtime.processes import ChildFailed, child_env, run_json_child
 from dpr_cache.testing.fixtures import REPO
 
@@ -48,13 +47,11 @@ def test_memory_readings_see_a_new_block() -> None:
     del block
 
 
-def test_offline_defaults_do_not_override_the_user() -> None:
-    env = offline_env({"HF_HUB_OFFLINE": "0"})
-    assert env["HF_HUB_OFFLINE"] == "0"
-    assert {k: env[k] for k in OFFLINE_ENV if k != "HF_HUB_OFFLINE"} == {
-        k: v for k, v in OFFLINE_ENV.items() if k != "HF_HUB_OFFLINE"
-    }
-    assert child_env()["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)  # this checkout first
+def test_a_child_inherits_the_environment_with_this_checkout_first(monkeypatch) -> None:
+    monkeypatch.setenv("DPR_CACHE_PROBE", "x")
+    env = child_env()
+    assert env["DPR_CACHE_PROBE"] == "x" and env["HF_HUB_OFFLINE"] == "1"  # the tests' own
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)  # this checkout first
 
 
 def test_a_child_returns_its_last_json_line() -> None:

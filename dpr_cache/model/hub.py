@@ -1,0 +1,67 @@
+"""Where a named model's files are: a local folder, ``python:PACKAGE`` (a folder shipped inside an
+installed package), or a Hugging Face hub name such as ``bert-base-uncased``, downloaded once into
+the hub's cache as ``transformers`` does and read from there afterwards (``HF_HUB_OFFLINE=1``:
+from the cache only). Every later step then works on a local folder."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from pathlib import Path
+
+__all__ = ["ModelNotFound", "resolve_model_path", "HUB_FILES"]
+
+HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "2_Normalize/*"]
+"""What a download fetches: configs, tokenizer files, safetensors weights and the
+sentence-transformers modules (not the TensorFlow, Flax or ONNX copies many hub models carry)."""
+
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+class ModelNotFound(FileNotFoundError):
+    """A model name that is no local folder and could not be had from the hub: the message is
+    one line that says why and what to do."""
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """The local folder (or DPR ``.cp`` file) of a model name; see the module docstring."""
+    text = str(name_or_path)
+    if text.startswith("python:"):
+        module = importlib.import_module(text.removeprefix("python:"))
+        return Path(module.get_model_path())
+    path = Path(text).expanduser()
+    if path.exists() or not _HUB_NAME.fullmatch(text):
+        return path
+    return _hub_snapshot(text)
+
+
+def _hub_snapshot(name: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    try:
+        folder = Path(snapshot_download(name, allow_patterns=HUB_FILES))
+        if not any(folder.glob("*.safetensors")):  # an older model: PyTorch weights only
+            folder = Path(snapshot_download(name, allow_patterns=[*HUB_FILES, "*.bin"]))
+    except HFValidationError:
+        raise ModelNotFound(2, "no such model folder", name) from None
+    except RepositoryNotFoundError:
+        raise ModelNotFound(
+            f"{name}: no such local folder, and no such model on the Hugging Face hub"
+        ) from None
+    except LocalEntryNotFoundError as e:
+        if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+            why = "it is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids a download"
+        else:
+            cause = " ".join(str(e).split())[:120]
+            why = f"the Hugging Face hub could not be reached to download it ({cause})"
+        raise ModelNotFound(
+            f"{name}: no such local folder, and {why}: download it once with network access, "
+            "or give a local model folder"
+        ) from None
+    return folder
