@@ -41,6 +41,7 @@ CONFIG_EDGE = {
     "cli/app.py",
     "train/loop.py",
     "train/trainer.py",
+    "train/bench.py",
     "train/verify.py",
     "train/watch_setup.py",
     "retrieval/build.py",

@@ -161,3 +161,38 @@ def verify(
         print(f"{key:>28}: {value}")
     if report["verdict"].startswith("DIFFERENT"):
         raise typer.Exit(1)
+
+
+@app.command()
+@guarded
+def bench(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    chunks: Annotated[
+        str, typer.Option(help="Chunk sizes to time, comma-separated (default: the config's).")
+    ] = "",
+    steps: Annotated[int, typer.Option(help="Timed updates per chunk size (median).")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed updates first.")] = 1,
+) -> None:
+    """Time this config's training step at each chunk size on this machine (a fresh process
+    each) and say which chunk to train with: the fastest within train.memory_budget.
+
+    Example: dpr-cache bench -c configs/toy.yaml --chunks 4,8,16,32
+    """
+    from dpr_cache.train.bench import bench_chunks, format_table, pick_chunk
+
+    cfg = load(config, set_)
+    try:
+        sizes = [int(c) for c in chunks.replace(" ", "").split(",") if c]
+    except ValueError:
+        raise InputError(f"--chunks: expected comma-separated integers, got {chunks!r}") from None
+    if not sizes:
+        if cfg.train.chunk_size == "auto":
+            raise InputError("--chunks: give the sizes to time (train.chunk_size is auto)")
+        sizes = [int(cfg.train.chunk_size)]
+    timings = bench_chunks(cfg, sizes, steps, warmup)
+    print(format_table(timings, cfg.train.memory_budget))
+    best = pick_chunk(timings)
+    if best is None:
+        raise InputError(f"train.memory_budget: no chunk size fits {cfg.train.memory_budget}")
+    print(f"fastest: train.chunk_size={best.chunk} ({best.pairs_per_s:.2f} pairs/s)")
