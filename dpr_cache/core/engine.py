@@ -29,50 +29,30 @@ The parameter gradients then equal those of one backward over the whole batch. T
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from dpr_cache.core.inputs import Inputs, batch_rows, group_size_of, split_inputs, trim_padding
+from dpr_cache.core.inputs import (
+    Inputs,
+    batch_rows,
+    group_size_of,
+    order_by_length,
+    split_inputs,
+    trim_padding,
+)
 from dpr_cache.core.loss import loss_dtype
+from dpr_cache.core.rng import RngState, cuda_devices
 
-__all__ = ["GradCache", "RngState", "RELEASE_EVERY"]
+__all__ = ["GradCache", "RELEASE_EVERY"]
 
 RELEASE_EVERY = 8
 """Chunks encoded between two calls of ``release_memory`` (each call costs page faults)."""
 
 Encoder = Callable[[Inputs], Tensor]
 SyncContext = Callable[[], contextlib.AbstractContextManager]
-
-
-def _cuda_devices(inputs: Inputs) -> list[int]:
-    return sorted({t.device.index or 0 for t in inputs.values() if t.device.type == "cuda"})
-
-
-@dataclass
-class RngState:
-    """The CPU and CUDA RNG states at one moment, to replay a chunk's dropout exactly."""
-
-    cpu: Tensor
-    cuda: dict[int, Tensor]
-
-    @classmethod
-    def capture(cls, cuda_devices: list[int]) -> RngState:
-        return cls(
-            cpu=torch.get_rng_state(),
-            cuda={d: torch.cuda.get_rng_state(d) for d in cuda_devices},
-        )
-
-    @contextlib.contextmanager
-    def replay(self) -> Iterator[None]:
-        """Run the block from this state; the global RNG is restored afterwards."""
-        with torch.random.fork_rng(devices=list(self.cuda), enabled=True):
-            torch.set_rng_state(self.cpu)
-            for device, state in self.cuda.items():
-                torch.cuda.set_rng_state(state, device)
-            yield
 
 
 @dataclass(eq=False)
@@ -175,7 +155,7 @@ class GradCache:
         """Encode every chunk (all but the last if kept) without a graph; record RNG states."""
         tower.reps, tower.rng = None, []
         for i, chunk in enumerate(tower.chunks[: self._n_graph_less(tower)]):
-            tower.rng.append(RngState.capture(_cuda_devices(chunk)))
+            tower.rng.append(RngState.capture(cuda_devices(chunk)))
             with torch.no_grad():
                 _store(tower, i, tower.encode(chunk))
 
@@ -188,7 +168,7 @@ class GradCache:
         graph-less chunks are done, so the kept graphs are allocated after the short-lived
         buffers of those chunks (less allocator fragmentation on CPU)."""
         chunk = tower.chunks[-1]
-        tower.rng.append(RngState.capture(_cuda_devices(chunk)))
+        tower.rng.append(RngState.capture(cuda_devices(chunk)))
         tower.last_reps = tower.encode(chunk)
         with torch.no_grad():
             _store(tower, len(tower.chunks) - 1, tower.last_reps.detach())
@@ -269,18 +249,6 @@ class GradCache:
         if self.scaler is not None:
             surrogate = self.scaler.scale(surrogate)
         surrogate.backward()
-
-
-def order_by_length(inputs: Inputs) -> Tensor | None:
-    """Row order by decreasing ``attention_mask`` length (ties in batch order) [rows]; None
-    when there is no mask or the rows are already in that order (nothing to gain)."""
-    mask = inputs.get("attention_mask")
-    if mask is None or mask.dim() != 2:
-        return None
-    lengths = mask.sum(dim=1).cpu()
-    if bool((lengths[:-1] >= lengths[1:]).all()):
-        return None
-    return torch.sort(lengths, descending=True, stable=True).indices
 
 
 def _store(tower: _Tower, index: int, reps: Tensor) -> None:

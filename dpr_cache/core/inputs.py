@@ -7,7 +7,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-__all__ = ["Inputs", "batch_rows", "group_size_of", "split_inputs", "trim_padding"]
+__all__ = [
+    "Inputs", "batch_rows", "group_size_of", "order_by_length", "split_inputs", "trim_padding"
+]  # fmt: skip
 
 Inputs = Mapping[str, Tensor]
 
@@ -63,3 +65,15 @@ def trim_padding(chunk: dict[str, Tensor]) -> dict[str, Tensor]:
     return {
         key: t[:, :keep] if t.dim() >= 2 and t.shape[1] == width else t for key, t in chunk.items()
     }
+
+
+def order_by_length(inputs: Inputs) -> Tensor | None:
+    """Row order by decreasing ``attention_mask`` length (ties in batch order) [rows]; None
+    when there is no mask or the rows are already in that order (nothing to gain)."""
+    mask = inputs.get("attention_mask")
+    if mask is None or mask.dim() != 2:
+        return None
+    lengths = mask.sum(dim=1).cpu()
+    if bool((lengths[:-1] >= lengths[1:]).all()):
+        return None
+    return torch.sort(lengths, descending=True, stable=True).indices

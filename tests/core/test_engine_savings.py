@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dpr_cache.core.accumulate import Accumulate
-from dpr_cache.core.engine import GradCache, order_by_length
-from dpr_cache.core.inputs import trim_padding
+from dpr_cache.core.engine import GradCache
+from dpr_cache.core.inputs import order_by_length, trim_padding
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime import memory
