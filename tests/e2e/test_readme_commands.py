@@ -1,0 +1,135 @@
+"""Every command the README shows runs as printed, on a copy of the checkout after ``make demo``
+(the installed package and this venv on ``PATH``, as after ``source .venv/bin/activate``).
+
+Each command of a ``bash`` block is of one kind, and a command of no kind fails this test:
+- the demo's pipeline: the very lines of the Makefile's ``demo`` recipe (``make demo`` runs them);
+- run: runs as printed, in README order, and exits 0;
+- network: needs the internet (DPR's files, a hub model); here it must stop at once with a one-line
+  ``error:`` and exit 2, which shows it got as far as the download;
+- long: hours of measuring; each is rehearsed at toy size by the test named beside it.
+The README's Python blocks run too (the engine example in ``test_readme_example.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpr_cache.testing.fixtures import REPO
+
+VENV = Path(sys.prefix)  # this venv (its bin/ holds dpr-cache and python)
+SETUP = {"make demo", "make test"}  # README's two set-up commands: this test and CI run them
+NETWORK = {"dpr-cache data nq --gunzip", "dpr-cache train --config configs/nq_bs512.yaml"}
+LONG = {
+    "python -m benchmarks.realtext --out docs/bench": "tests/benchmarks/test_realtext.py",
+    "python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench":
+        "tests/benchmarks/test_bench.py",
+    "studies/squad_batch_size/run.sh": "tests/studies/test_run_dry.py",
+}  # fmt: skip
+
+
+def _blocks(language: str) -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's bash blocks, in order: continuation lines joined, comments
+    and blank lines dropped."""
+    commands = []
+    for block in _blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = " ".join(re.sub(r"(^|\s)#.*$", "", line).split())
+            if command:
+                commands.append(command)
+    return commands
+
+
+def demo_commands() -> list[str]:
+    """The ``dpr-cache`` lines of the Makefile's demo recipe, as a user types them."""
+    recipe = (REPO / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    lines = [line.strip().replace("$(VENV)/bin/", "") for line in recipe.splitlines()[1:]]
+    return [" ".join(line.split()) for line in lines if line.startswith("dpr-cache")]
+
+
+def _copy_checkout(dest: Path) -> None:
+    """The checkout's files as a fresh clone has them (tracked, and new files not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+        capture_output=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(VENV / "bin"), os.environ["PATH"]])
+    return {**os.environ, "PATH": path, **extra}
+
+
+def _run(command: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=_env(**extra), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+
+
+def test_every_command_has_a_kind() -> None:
+    shown = readme_commands()
+    assert demo_commands() and all(c in shown for c in demo_commands())
+    assert all(c in shown for c in SETUP | NETWORK | set(LONG))  # no kind lists a stale command
+    for command, rehearsal in LONG.items():
+        assert (REPO / rehearsal).is_file(), (command, rehearsal)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A copy of the checkout after ``make demo``."""
+    root = tmp_path_factory.mktemp("clone")
+    _copy_checkout(root)
+    stamp = VENV / ".installed"  # the venv is installed already: make must not install again
+    done = _run(f"make demo VENV={VENV} -o {stamp}", root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "questions: 263" in done.stdout
+    return root
+
+
+def test_every_command_runs_as_printed(checkout: Path) -> None:
+    skip = set(demo_commands()) | SETUP | NETWORK | set(LONG)
+    ran = []
+    for command in readme_commands():
+        if command in skip:
+            continue
+        done = _run(command, checkout)
+        assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+        ran.append(command)
+        if command.startswith("dpr-cache verify"):
+            assert "verdict: equal" in done.stdout, command
+    assert any(c.startswith("dpr-cache export") for c in ran)
+    assert (checkout / "runs/toy-cls/dpr-hf/question_encoder/config.json").is_file()
+    assert (checkout / "runs/vecs/run.trec").stat().st_size > 0
+    assert (checkout / "runs/toy-beir/eval/metrics.json").is_file()
+
+
+def test_the_python_examples_run_on_the_demo_model(checkout: Path) -> None:
+    [st_example] = [b for b in _blocks("python") if "SentenceTransformer" in b]
+    done = _run(f"python - <<'EOF'\n{st_example}\nprint(questions.shape, passages.shape)\nEOF",
+                checkout)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["(1,", "64)", "(1,", "64)"]
+
+
+@pytest.mark.parametrize("command", sorted(NETWORK))
+def test_a_network_command_stops_at_once_with_one_line(command: str, checkout: Path) -> None:
+    done = _run(command, checkout, HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9")
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
