@@ -40,10 +40,12 @@ def test_precisions_map_to_dtypes_and_autocast() -> None:
 
 
 def test_memory_readings_see_a_new_block() -> None:
+    """A 256 MiB block, every page touched, shows in the reading (the rest of the process may
+    hand a few MiB back meanwhile, so the bound leaves room for that)."""
     before = rss_bytes()
-    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, every page touched
-    assert rss_bytes() - before > 60 * 2**20
-    assert peak_rss_bytes() >= 64 * 2**20 and peak_memory_bytes("cpu") == peak_rss_bytes()
+    block = torch.ones(256 * 2**20 // 4)
+    assert rss_bytes() - before > 200 * 2**20
+    assert peak_rss_bytes() >= 256 * 2**20 and peak_memory_bytes("cpu") == peak_rss_bytes()
     del block
 
 
