@@ -37,10 +37,12 @@ class ModelConfig(_Section):
     max_passage_length: int = Field(256, ge=8)
     dropout: float | None = Field(None, ge=0.0, lt=1.0)
     normalize: bool | None = None  # unit vectors (cosine); null = as the model ships
+    query_prefix: str | None = None  # prepended to every question; null = as the model ships
+    passage_prefix: str | None = None  # before every passage's title; null = as the model ships
 
 
 class DataConfig(_Section):
-    train: str | None = None
+    train: str | list[str] | None = None  # a training file, or several read as one
     passages: str | None = None
     dev_qa: str | None = None
     qrels: str | None = None  # TREC qrels judging dev_qa's questions (BEIR); null = answer match
@@ -138,6 +140,12 @@ class Config(_Section):
         if t.chunk_size == "auto" and t.memory_budget is None:
             raise ValueError("train.chunk_size: 'auto' needs train.memory_budget (e.g. '4GB')")
         return self
+
+    @property
+    def train_files(self) -> list[Path]:
+        """``data.train`` as a list of paths (none when unset)."""
+        files = self.data.train
+        return [Path(f) for f in ([files] if isinstance(files, str) else files or [])]
 
     @property
     def output_path(self) -> Path:

@@ -110,6 +110,8 @@ def build_batch(
     pool_for_padding: ExamplePool | None = None,
     indices: Sequence[int] | None = None,
     pad_to_multiple_of: int | None = None,
+    query_prefix: str = "",
+    passage_prefix: str = "",
 ) -> Batch:
     """Tokenize questions and their passage groups (positive + ``hard_negatives`` negatives).
 
@@ -118,7 +120,7 @@ def build_batch(
     ``key`` is the question's dataset index (``indices[i]``, default its position i). Pass the
     dataset indices and the whole training set as ``pool_for_padding``: a rank then builds
     exactly its slice of the global batch. Without a pool, the fill draws from the positives
-    of this batch.
+    of this batch. The prefixes are the model's prompts (see :mod:`dpr_cache.data.tokenize`).
     """
     if indices is not None and len(indices) != len(examples):
         raise ValueError("indices must match examples in length")
@@ -138,8 +140,12 @@ def build_batch(
             pids.append(passage_hash(ctx["passage_id"]))
     questions = [example["question"] for example in examples]
     return Batch(
-        q_inputs=encode_questions(tokenizer, questions, max_query_length, pad_to_multiple_of),
-        p_inputs=encode_passages(tokenizer, titles, texts, max_passage_length, pad_to_multiple_of),
+        q_inputs=encode_questions(
+            tokenizer, questions, max_query_length, pad_to_multiple_of, query_prefix
+        ),
+        p_inputs=encode_passages(
+            tokenizer, titles, texts, max_passage_length, pad_to_multiple_of, passage_prefix
+        ),
         p_ids=torch.tensor(pids, dtype=torch.long),
         n_questions=len(examples),
         group_size=1 + max(hard_negatives, 0),

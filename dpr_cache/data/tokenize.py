@@ -4,7 +4,10 @@ Questions are encoded alone; passages as DPR encodes them, the pair ``(title, te
 the text (``truncation="only_second"``). A pair whose title alone is longer than the limit cannot
 be cut that way and falls back to ``longest_first`` on its own. Texts are tokenized unpadded
 (:func:`tokenize_questions`, :func:`tokenize_passages`) and padded into tensors by :func:`pad`,
-so that a batch can be cut or reordered before padding (length-sorted corpus encoding).
+so that a batch can be cut or reordered before padding (length-sorted corpus encoding). A model's
+prompts (``model.query_prefix``, ``model.passage_prefix``, as E5 and BGE models need) are added
+here only: a question starts with the query prefix, a passage pair's first text with the passage
+prefix.
 """
 
 from __future__ import annotations
@@ -29,17 +32,22 @@ Features = dict[str, list[list[int]]]
 """Unpadded token ids and their companions (attention_mask, token_type_ids), a list a text."""
 
 
-def tokenize_questions(tokenizer: Any, questions: Sequence[str], max_length: int) -> Features:
-    """Questions alone, truncated to ``max_length`` tokens, unpadded."""
-    enc = tokenizer(list(questions), max_length=max_length, truncation=True, padding=False)
-    return dict(enc)
+def tokenize_questions(
+    tokenizer: Any, questions: Sequence[str], max_length: int, prefix: str = ""
+) -> Features:
+    """Questions alone, each after ``prefix`` (a model's query prompt, e.g. ``"query: "``),
+    truncated to ``max_length`` tokens, unpadded."""
+    texts = [prefix + q for q in questions]
+    return dict(tokenizer(texts, max_length=max_length, truncation=True, padding=False))
 
 
 def tokenize_passages(
-    tokenizer: Any, titles: Sequence[str], texts: Sequence[str], max_length: int
+    tokenizer: Any, titles: Sequence[str], texts: Sequence[str], max_length: int, prefix: str = ""
 ) -> Features:
-    """``(title, text)`` pairs truncating the text, unpadded (see the module docstring)."""
-    titles, texts = list(titles), list(texts)
+    """``(title, text)`` pairs truncating the text, unpadded (see the module docstring);
+    ``prefix`` (a model's passage prompt) goes before the pair's first text, the title, as
+    sentence-transformers applies a prompt to a pair."""
+    titles, texts = [prefix + t for t in titles], list(texts)
     kwargs: dict[str, Any] = {"max_length": max_length, "padding": False}
     try:
         return dict(tokenizer(titles, texts, truncation="only_second", **kwargs))
@@ -100,10 +108,14 @@ def _usable_multiple(max_length: int, multiple: int | None) -> int | None:
 
 
 def encode_questions(
-    tokenizer: Any, questions: Sequence[str], max_length: int, pad_to_multiple_of: int | None = None
+    tokenizer: Any,
+    questions: Sequence[str],
+    max_length: int,
+    pad_to_multiple_of: int | None = None,
+    prefix: str = "",
 ) -> dict[str, Tensor]:
     """Questions as tensors, padded to the longest (or to a multiple of ``pad_to_multiple_of``)."""
-    features = tokenize_questions(tokenizer, questions, max_length)
+    features = tokenize_questions(tokenizer, questions, max_length, prefix)
     return pad(
         tokenizer, features, pad_to_multiple_of=_usable_multiple(max_length, pad_to_multiple_of)
     )
@@ -115,9 +127,10 @@ def encode_passages(
     texts: Sequence[str],
     max_length: int,
     pad_to_multiple_of: int | None = None,
+    prefix: str = "",
 ) -> dict[str, Tensor]:
     """``(title, text)`` pairs as tensors, padded to the longest (or a multiple)."""
-    features = tokenize_passages(tokenizer, titles, texts, max_length)
+    features = tokenize_passages(tokenizer, titles, texts, max_length, prefix)
     return pad(
         tokenizer, features, pad_to_multiple_of=_usable_multiple(max_length, pad_to_multiple_of)
     )

@@ -11,7 +11,7 @@ from typing import IO, Any
 
 import ijson
 import pyarrow as pa
-from datasets import Dataset, Features
+from datasets import Dataset, Features, concatenate_datasets
 
 from dpr_cache.data.arrow_cache import cache_file, open_arrow, read_meta, write_arrow
 from dpr_cache.data.files import open_binary
@@ -190,3 +190,11 @@ def load_training_set(
     if stats is not None:
         stats.update(meta, cache_file=str(arrow), from_cache=from_cache)
     return open_arrow(arrow)
+
+
+def load_training_sets(paths: list[Path], cache_dir: Path) -> Dataset:
+    """Several training files as one dataset, in the order given (DPR trains on nq-train and
+    nq-adv-hn-train together): each is streamed into its own Arrow cache, and the caches are
+    joined without a copy."""
+    parts = [load_training_set(path, cache_dir) for path in paths]
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)

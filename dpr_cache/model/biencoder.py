@@ -6,7 +6,7 @@ Saved layout (``save_pretrained(dir)``)::
                             :mod:`dpr_cache.model.tower_files`)
     dir/passage_encoder/    the same for passages (a copy of the query tower when shared)
     dir/biencoder.json      {"shared", "pooling", "normalize", "max_query_length",
-                             "max_passage_length"}
+                             "max_passage_length", "query_prefix", "passage_prefix"}
     dir/tokenizer files     when the BiEncoder carries a tokenizer
 """
 
@@ -30,6 +30,7 @@ from dpr_cache.model.towers import (
     load_tower,
     shipped_normalize,
     shipped_pooling,
+    shipped_prefixes,
     tower_from_config,
 )
 
@@ -49,6 +50,9 @@ class BiEncoder(nn.Module):
         max_query_length, max_passage_length: the token limits it was trained with, saved so
             that ``dpr-cache encode`` needs no config (None: not known).
         normalize: scale every vector to unit length (cosine similarity), after pooling.
+        query_prefix, passage_prefix: the model's prompts (e.g. ``"query: "``), prepended to
+            every question and to every passage pair's first text wherever it encodes
+            (:mod:`dpr_cache.data.tokenize`), and saved as its sentence-transformers prompts.
     """
 
     def __init__(
@@ -61,6 +65,8 @@ class BiEncoder(nn.Module):
         max_query_length: int | None = None,
         max_passage_length: int | None = None,
         normalize: bool = False,
+        query_prefix: str = "",
+        passage_prefix: str = "",
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -73,6 +79,7 @@ class BiEncoder(nn.Module):
         self.max_query_length = max_query_length
         self.max_passage_length = max_passage_length
         self.normalize = normalize
+        self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
 
     # -- construction -----------------------------------------------------------------------
 
@@ -110,7 +117,7 @@ class BiEncoder(nn.Module):
         else:
             query = load_tower(path, dropout)
             passage = None if shared else copy.deepcopy(query)
-            meta = {"normalize": shipped_normalize(path)}
+            meta = {"normalize": shipped_normalize(path), **shipped_prefixes(path)}
             pooling = pooling or shipped_pooling(path)
         model = cls(
             query,
@@ -120,6 +127,8 @@ class BiEncoder(nn.Module):
             max_query_length=meta.get("max_query_length"),
             max_passage_length=meta.get("max_passage_length"),
             normalize=bool(meta.get("normalize", False)) if normalize is None else normalize,
+            query_prefix=meta.get("query_prefix", ""),
+            passage_prefix=meta.get("passage_prefix", ""),
         )
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
@@ -160,18 +169,22 @@ class BiEncoder(nn.Module):
         swapped in whole)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name, tower, length in (
-            ("query_encoder", self.query_encoder, self.max_query_length),
-            ("passage_encoder", self.passage_encoder, self.max_passage_length),
-        ):
+        for name, tower, length, prompt in (
+            ("query_encoder", self.query_encoder, self.max_query_length,
+             ("query", self.query_prefix)),
+            ("passage_encoder", self.passage_encoder, self.max_passage_length,
+             ("document", self.passage_prefix)),
+        ):  # fmt: skip
             write_tower(tower, out_dir / name, tokenizer=self.tokenizer, pooling=self.pooling,
-                        normalize=self.normalize, max_length=length)  # fmt: skip
+                        normalize=self.normalize, max_length=length, prompt=prompt)  # fmt: skip
         meta = {
             "shared": self.shared,
             "pooling": self.pooling,
             "normalize": self.normalize,
             "max_query_length": self.max_query_length,
             "max_passage_length": self.max_passage_length,
+            "query_prefix": self.query_prefix,
+            "passage_prefix": self.passage_prefix,
         }
         (out_dir / _META).write_text(json.dumps(meta, indent=2) + "\n")
         if self.tokenizer is not None:

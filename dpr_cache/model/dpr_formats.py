@@ -62,6 +62,12 @@ def export_dpr_hf(model, out: Path) -> Path:
             f"pools with {model.pooling!r}{' and normalizes' if model.normalize else ''}, so HF's "
             "DPR classes would give other vectors"
         )
+    if model.query_prefix or model.passage_prefix:
+        raise InputError(
+            "export --format dpr-hf: this model prepends prompts to its inputs "
+            f"({model.query_prefix!r}, {model.passage_prefix!r}), which HF's DPR classes cannot "
+            "record: they would give other vectors"
+        )
     from transformers import DPRContextEncoder, DPRQuestionEncoder
 
     for name, cls, tower in (

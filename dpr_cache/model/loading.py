@@ -33,10 +33,12 @@ def load_biencoder(
     gradient_checkpointing: bool = False,
     dropout: float | None = None,
     normalize: bool | None = None,
+    prefixes: tuple[str | None, str | None] = (None, None),
     source: str | None = None,
 ) -> BiEncoder:
     """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming the path, the
-    ``source`` it came from (a flag or config key) when given, and what went wrong."""
+    ``source`` it came from (a flag or config key) when given, and what went wrong. ``prefixes``
+    (query, passage) replace the model's own prompts where not None."""
     where = f"{source}: {path}" if source else str(path)
     try:
         model = BiEncoder.from_pretrained(
@@ -56,6 +58,11 @@ def load_biencoder(
         raise InputError(f"{where}: cannot load a model ({msg})") from None
     if model.tokenizer is None:
         raise InputError(f"{where}: no tokenizer files in the model folder")
+    query_prefix, passage_prefix = prefixes
+    if query_prefix is not None:
+        model.query_prefix = query_prefix
+    if passage_prefix is not None:
+        model.passage_prefix = passage_prefix
     return model
 
 
@@ -64,14 +71,16 @@ def load_encoder(
     *,
     pooling: str | None = None,
     normalize: bool | None = None,
+    prefixes: tuple[str | None, str | None] = (None, None),
     query_only: bool = False,
 ) -> BiEncoder:
     """A saved BiEncoder (both towers, or only the query tower), or a plain HF folder serving
     both towers, in eval mode."""
     saved = (Path(model_dir) / "query_encoder").is_dir() or dpr_kind(Path(model_dir)) is not None
     model = load_biencoder(
-        model_dir, shared=query_only or not saved, pooling=pooling, normalize=normalize
-    )
+        model_dir, shared=query_only or not saved, pooling=pooling, normalize=normalize,
+        prefixes=prefixes,
+    )  # fmt: skip
     return model.eval()
 
 

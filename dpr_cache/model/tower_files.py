@@ -1,8 +1,9 @@
 """One saved tower folder that every tool reads the same way: a complete ``transformers`` folder
 (config, weights with BERT's pooler, tokenizer files without stored truncation or padding) and a
-complete sentence-transformers folder (``modules.json``, ``config_sentence_transformers.json``,
-``sentence_bert_config.json``, ``1_Pooling/config.json``, Normalize when the vectors are
-normalized), so ``SentenceTransformer(tower)`` pools and normalizes as dpr-cache does."""
+complete sentence-transformers folder (``modules.json``, ``config_sentence_transformers.json``
+with the tower's prompt, ``sentence_bert_config.json``, ``1_Pooling/config.json``, Normalize
+when the vectors are normalized), so ``SentenceTransformer(tower)`` prompts, pools and
+normalizes as dpr-cache does."""
 
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ def write_tower(
     pooling: str,
     normalize: bool,
     max_length: int | None,
+    prompt: tuple[str, str] = ("query", ""),
 ) -> Path:
-    """Write ``tower`` with its tokenizer and the sentence-transformers modules into ``out``."""
+    """Write ``tower`` with its tokenizer and the sentence-transformers modules into ``out``;
+    ``prompt`` (name, text), when the text is not empty, is its default sentence-transformers
+    prompt, so ``SentenceTransformer(out).encode`` prepends it as dpr-cache does."""
     out = Path(out)
     tower.save_pretrained(out)
     length = max_length or getattr(tokenizer, "model_max_length", 512)
@@ -61,10 +65,11 @@ def write_tower(
     _write_json(
         out / "sentence_bert_config.json", {"max_seq_length": int(length), "do_lower_case": False}
     )
-    _write_json(
-        out / "config_sentence_transformers.json",
-        {"similarity_fn_name": "cosine" if normalize else "dot"},
-    )
+    settings: dict = {"similarity_fn_name": "cosine" if normalize else "dot"}
+    name, text = prompt
+    if text:
+        settings.update(prompts={name: text}, default_prompt_name=name)
+    _write_json(out / "config_sentence_transformers.json", settings)
     _write_json(out / "1_Pooling" / "config.json", {
         "word_embedding_dimension": int(tower.config.hidden_size),
         "pooling_mode_cls_token": pooling == "cls",

@@ -15,6 +15,8 @@ __all__ = [
     "tower_from_config",
     "load_tokenizer",
     "shipped_normalize",
+    "shipped_pooling",
+    "shipped_prefixes",
 ]
 
 _DROPOUT_KEYS = (
@@ -77,6 +79,17 @@ def shipped_pooling(path: Path) -> str | None:
             if modes.get("pooling_mode_mean_tokens"):
                 return "mean"
     return None
+
+
+def shipped_prefixes(path: Path) -> dict[str, str]:
+    """The query and passage prompts a sentence-transformers folder ships
+    (``config_sentence_transformers.json``: ``prompts`` named ``query`` and ``document`` or
+    ``passage``), as ``query_prefix`` / ``passage_prefix``; none for other folders."""
+    config = Path(path) / "config_sentence_transformers.json"
+    prompts = (json.loads(config.read_text()).get("prompts") or {}) if config.is_file() else {}
+    found = {"query_prefix": prompts.get("query")}
+    found["passage_prefix"] = prompts.get("document", prompts.get("passage"))
+    return {key: value for key, value in found.items() if value}
 
 
 def load_tokenizer(path: Path):

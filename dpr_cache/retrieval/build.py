@@ -61,7 +61,8 @@ def encode_spec(config: Config) -> EncodeSpec:
     """How ``index`` encodes ``data.passages``: ``model.*`` lengths and pooling, ``index.*``."""
     return EncodeSpec(
         max_length=config.model.max_passage_length, pooling=config.model.pooling,
-        normalize=config.model.normalize, precision=config.index.precision,
+        normalize=config.model.normalize, query_prefix=config.model.query_prefix,
+        passage_prefix=config.model.passage_prefix, precision=config.index.precision,
         store_dtype=config.index.store_dtype, shard_size=config.index.shard_size,
         batch_size=config.index.batch_size, num_workers=config.data.num_workers,
     )  # fmt: skip
@@ -119,7 +120,8 @@ def index_passages(
     extra = {
         "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
                   "pooling": encoded.pooling, "normalize": encoded.normalize,
-                  "max_passage_length": encoded.max_length, "precision": encode.precision},
+                  "max_passage_length": encoded.max_length, "precision": encode.precision,
+                  "passage_prefix": encoded.passage_prefix},
         "passages": encoded.signature,
         "shard_key": encoded.key,
         "encode": dataclasses.asdict(encode),

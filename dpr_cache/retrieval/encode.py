@@ -65,8 +65,9 @@ def encode_tokenized(
 def encode_passage_texts(
     model: BiEncoder, titles: Sequence[str], texts: Sequence[str], *, max_length: int, **kwargs
 ) -> np.ndarray:
-    """Passage embeddings [n, dim] of (title, text) pairs; see :func:`encode_tokenized`."""
-    feats = tokenize_passages(model.tokenizer, titles, texts, max_length)
+    """Passage embeddings [n, dim] of (title, text) pairs, after the model's passage prefix; see
+    :func:`encode_tokenized`."""
+    feats = tokenize_passages(model.tokenizer, titles, texts, max_length, model.passage_prefix)
     return encode_tokenized(model, feats, max_length=max_length, **kwargs)
 
 
@@ -79,13 +80,14 @@ def encode_question_texts(
     precision: str = "fp32",
     batch_size: int = 128,
 ) -> np.ndarray:
-    """Question embeddings [n, dim] (float32) from the query tower, in batches of
-    ``batch_size``, under the autocast of ``precision``."""
+    """Question embeddings [n, dim] (float32) from the query tower, each question after the
+    model's query prefix, in batches of ``batch_size``, under the autocast of ``precision``."""
     out = np.empty((len(questions), model.dim), dtype=np.float32)
     for start in range(0, len(questions), batch_size):
         inputs = encode_questions(
-            model.tokenizer, questions[start : start + batch_size], max_length
-        )
+            model.tokenizer, questions[start : start + batch_size], max_length,
+            prefix=model.query_prefix,
+        )  # fmt: skip
         with torch.inference_mode(), autocast(device, precision):
             reps = model.encode_query({k: v.to(device) for k, v in inputs.items()})
         out[start : start + len(reps)] = reps.float().cpu().numpy()
@@ -95,9 +97,9 @@ def encode_question_texts(
 class _TokenizedChunks(torch.utils.data.Dataset):
     """Item i: (start row, ids, tokenized pairs) of the i-th chunk of the rows to encode."""
 
-    def __init__(self, dataset, chunks: list[tuple[int, int]], tokenizer, max_length: int):
+    def __init__(self, dataset, chunks: list[tuple[int, int]], tokenizer, max_length: int, prefix):
         self.dataset, self.chunks = dataset, chunks
-        self.tokenizer, self.max_length = tokenizer, max_length
+        self.tokenizer, self.max_length, self.prefix = tokenizer, max_length, prefix
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -105,7 +107,9 @@ class _TokenizedChunks(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         start, stop = self.chunks[i]
         rows = self.dataset[start:stop]
-        feats = tokenize_passages(self.tokenizer, rows["title"], rows["text"], self.max_length)
+        feats = tokenize_passages(
+            self.tokenizer, rows["title"], rows["text"], self.max_length, self.prefix
+        )
         return start, rows["id"], feats
 
 
@@ -131,7 +135,7 @@ def encode_corpus(
         for s in range(start, start + rows, CHUNK_ROWS)
     ]
     loader = torch.utils.data.DataLoader(
-        _TokenizedChunks(dataset, chunks, model.tokenizer, max_length),
+        _TokenizedChunks(dataset, chunks, model.tokenizer, max_length, model.passage_prefix),
         batch_size=None,
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(0),  # leave the global RNG alone

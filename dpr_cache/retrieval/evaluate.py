@@ -71,7 +71,7 @@ def _check_model(model_dir: Path, model, opened: OpenIndex) -> None:
             f"{model_dir}: not the model the index at {opened.path} was built with "
             f"({built['dir']}): pass that --model, or rerun `dpr-cache index`"
         )
-    for key in ("pooling", "normalize"):
+    for key in ("pooling", "normalize", "passage_prefix"):
         if key in built and getattr(model, key) != built[key]:
             raise InputError(
                 f"model.{key}: {getattr(model, key)!r}, but the index was built with "
@@ -190,9 +190,11 @@ def evaluate(
     dataset = load_passages(passages, config.cache_path)
     lap("open index, questions and passages")
     dev = resolve_device(device if device is not None else config.eval.device, key="eval.device")
+    m = config.model
     model = load_encoder(
-        model_dir, pooling=config.model.pooling, normalize=config.model.normalize, query_only=True
-    ).to(dev)
+        model_dir, pooling=m.pooling, normalize=m.normalize,
+        prefixes=(m.query_prefix, m.passage_prefix), query_only=True,
+    ).to(dev)  # fmt: skip
     _check_model(model_dir, model, opened)
     for key in ("pooling", "normalize"):  # a saved model keeps its own: say so, do not ignore
         asked = getattr(config.model, key)

@@ -93,8 +93,8 @@ def ranking_metrics(
     ``ndcg@10``, in percent. ``run`` maps a question id to its passage ids, best first; a judged
     question the run lacks counts as a miss."""
     graded = [[judged.get(pid, 0) for pid in run.get(qid, [])] for qid, judged in qrels.items()]
-    hits = hit_metrics([first_relevant_rank(g) for g in graded], ks)
-    totals = {name: float(values.sum()) / 100.0 for name, values in hits.items()}
+    per_question = hit_metrics([first_relevant_rank(g) for g in graded], ks)
+    totals = {name: float(values.sum()) / 100.0 for name, values in per_question.items()}
     for k in ks:
         totals[f"recall@{k}"] = 0.0
     totals["ndcg@10"] = 0.0

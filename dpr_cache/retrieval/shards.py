@@ -84,11 +84,12 @@ def shard_key(
     precision: str,
     store_dtype: str,
     normalize: bool,
+    passage_prefix: str = "",
 ) -> str:
-    """A hash of all an embedding depends on: weights, passages file, sizes, pooling and
-    normalization, dtypes."""
+    """A hash of all an embedding depends on: weights, passages file, sizes, pooling,
+    normalization and prompt, dtypes."""
     ident = [fingerprint, passages, shard_size, max_length, pooling, normalize, precision]
-    ident.append(store_dtype)
+    ident += [store_dtype, passage_prefix]
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -111,14 +112,16 @@ def wait_for_shards(shard_dir: Path, key: str, sizes: list[int]) -> None:
 
 @dataclass(frozen=True)
 class EncodeSpec:
-    """How a corpus becomes stored vectors: the tokens kept, the model's pooling and
-    normalization (None: as the model saved them), the precision the encoder runs in, the
-    stored dtype and shard size, and the batches (length-sorted, tokenized ``num_workers``
-    processes ahead)."""
+    """How texts become stored vectors: the tokens kept, the model's pooling, normalization and
+    prompts (None: as the model saved them), the precision the encoder runs in, the stored dtype
+    and shard size, and the batches (length-sorted, tokenized ``num_workers`` processes
+    ahead)."""
 
     max_length: int | None = None  # None: as the model saved it, else DPR's
     pooling: str | None = None
     normalize: bool | None = None
+    query_prefix: str | None = None
+    passage_prefix: str | None = None
     precision: str = "fp32"
     store_dtype: str = "float16"
     shard_size: int = 50_000
@@ -138,6 +141,7 @@ class EncodedShards:
     max_length: int
     pooling: str
     normalize: bool
+    passage_prefix: str
     encoded: int  # passages encoded by this call (the rest were on disk already)
     seconds: float
 
@@ -168,7 +172,10 @@ def encode_passage_shards(
     n = len(dataset)
     if n == 0:
         raise InputError(f"{passages}: no passages")
-    model = load_encoder(model_dir, pooling=spec.pooling, normalize=spec.normalize).to(device)
+    model = load_encoder(
+        model_dir, pooling=spec.pooling, normalize=spec.normalize,
+        prefixes=(spec.query_prefix, spec.passage_prefix),
+    ).to(device)  # fmt: skip
     if check is not None:
         check(n, model.dim)
     length = spec.max_length or model.max_passage_length or DEFAULT_PASSAGE_LENGTH
@@ -176,7 +183,7 @@ def encode_passage_shards(
     key = shard_key(
         fingerprint, signature, shard_size=spec.shard_size, max_length=length,
         pooling=model.pooling, precision=spec.precision, store_dtype=spec.store_dtype,
-        normalize=model.normalize,
+        normalize=model.normalize, passage_prefix=model.passage_prefix,
     )  # fmt: skip
     shard_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # other ranks only write this key's files; their tmp files must survive
@@ -203,5 +210,6 @@ def encode_passage_shards(
         wait_for_shards(shard_dir, key, sizes)
     paths = [shard_path(shard_dir, key, k) for k in range(len(sizes))]
     return EncodedShards(
-        paths, key, fingerprint, signature, length, model.pooling, model.normalize, todo, seconds
-    )
+        paths, key, fingerprint, signature, length, model.pooling, model.normalize,
+        model.passage_prefix, todo, seconds,
+    )  # fmt: skip

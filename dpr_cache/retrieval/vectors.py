@@ -30,7 +30,10 @@ def question_vectors(
 ) -> tuple[np.ndarray, list[str]]:
     """The query tower's vectors [n, d] float32 of a qas file's questions, and their ids (the
     row numbers from 0). ``spec.max_length`` None: the model's saved question length."""
-    model = load_encoder(model_dir, pooling=spec.pooling, query_only=True).to(device)
+    model = load_encoder(
+        model_dir, pooling=spec.pooling, normalize=spec.normalize,
+        prefixes=(spec.query_prefix, spec.passage_prefix), query_only=True,
+    ).to(device)  # fmt: skip
     qas = read_qas(Path(questions))
     if not qas:
         raise InputError(f"{questions}: no questions")

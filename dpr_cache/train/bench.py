@@ -21,13 +21,10 @@ import torch
 import yaml
 
 from dpr_cache.config import Config, load_config, parse_bytes
-from dpr_cache.data.batches import TrainBatches
-from dpr_cache.data.training import load_training_set
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed, memory
 from dpr_cache.runtime.processes import ChildFailed, run_json_child
-from dpr_cache.train.recipe import BatchRecipe
-from dpr_cache.train.trainer import build_trainer
+from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data
 
 __all__ = ["ChunkTiming", "bench_chunks", "pick_chunk", "format_table"]
 
@@ -45,7 +42,7 @@ class ChunkTiming:
 
 def bench_chunks(config: Config, chunks: list[int], steps: int, warmup: int) -> list[ChunkTiming]:
     """Time ``config``'s step at each chunk size, each in a fresh process."""
-    if not config.data.train:
+    if not config.train_files:
         raise InputError("data.train: no training file given")
     if steps < 1 or warmup < 0 or not chunks or min(chunks) < 1:
         raise InputError("bench: --steps >= 1, --warmup >= 0 and chunk sizes >= 1 are needed")
@@ -89,14 +86,13 @@ def format_table(timings: list[ChunkTiming], budget: str | None) -> str:
 
 def _time_steps(config: Config, steps: int, warmup: int) -> dict:
     """In this process: ``warmup + steps`` updates of the trainer ``config`` builds."""
-    cfg, m = config.train, config.model
+    cfg = config.train
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     env = distributed.setup(cfg.device)
-    dataset = load_training_set(Path(config.data.train), config.cache_path)
-    batches = TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=config.data.train)
-    recipe = BatchRecipe(cfg.hard_negatives, m.max_query_length, m.max_passage_length, cfg.seed)
+    dataset, batches = training_data(config, env)
     trainer = build_trainer(config, env, warmup + steps)
+    recipe = batch_recipe(config, trainer.model)
     tokenizer = trainer.model.tokenizer
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)

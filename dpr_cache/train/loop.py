@@ -19,15 +19,13 @@ import torch
 import torch.distributed as dist
 
 from dpr_cache.config import Config, save_config
-from dpr_cache.data.batches import TrainBatches
-from dpr_cache.data.training import load_training_set
 from dpr_cache.errors import InputError, Interrupted
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.train.checkpoint import latest_checkpoint
 from dpr_cache.train.log import TrainLog, negatives_per_question
-from dpr_cache.train.recipe import BatchRecipe, step_batches
-from dpr_cache.train.trainer import build_trainer
+from dpr_cache.train.recipe import step_batches
+from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data
 from dpr_cache.train.watch_setup import make_watcher
 
 __all__ = ["train"]
@@ -51,11 +49,10 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         _seed_everything(cfg.seed)
-        dataset = _open_training_set(config, env)
-        batches = TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=config.data.train)
+        dataset, batches = training_data(config, env)
         total = cfg.max_steps or batches.steps_per_epoch * cfg.epochs
-        recipe = BatchRecipe(cfg.hard_negatives, m.max_query_length, m.max_passage_length, cfg.seed)
         trainer = build_trainer(config, env, total)
+        recipe = batch_recipe(config, trainer.model)
         start = trainer.resume(out / CHECKPOINTS) if resume else 0
         if env.is_main:
             save_config(config, out / "config.yaml")
@@ -99,7 +96,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
 
 def _check_start(config: Config, resume: bool) -> None:
     """A training file is given; a fresh run does not overwrite another run's checkpoints."""
-    if not config.data.train:
+    if not config.train_files:
         raise InputError("data.train: no training file given")
     if not resume and latest_checkpoint(config.output_path / CHECKPOINTS) is not None:
         raise InputError(
@@ -112,14 +109,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _open_training_set(config: Config, env: DistEnv):
-    """The training file's Arrow cache: rank 0 fills it, the other ranks then open it."""
-    path = Path(config.data.train)
-    dataset = load_training_set(path, config.cache_path) if env.is_main else None
-    distributed.barrier()
-    return dataset if dataset is not None else load_training_set(path, config.cache_path)
 
 
 class StopRequest:

@@ -25,6 +25,8 @@ class BatchRecipe:
     max_query_length: int
     max_passage_length: int
     seed: int
+    query_prefix: str = ""
+    passage_prefix: str = ""
 
     def batch(
         self,
@@ -47,6 +49,8 @@ class BatchRecipe:
             step=step,
             pool_for_padding=dataset,
             indices=indices,
+            query_prefix=self.query_prefix,
+            passage_prefix=self.passage_prefix,
         )
 
 

@@ -16,24 +16,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from datasets import Dataset
 
 from dpr_cache.config import Config, parse_bytes
 from dpr_cache.core.steppers import make_loss_fn, make_stepper
+from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch
+from dpr_cache.data.training import load_training_sets
+from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.ddp import wrap_towers
 from dpr_cache.model.fast_dropout import use_fast_dropout
 from dpr_cache.model.loading import load_biencoder
-from dpr_cache.runtime import memory
+from dpr_cache.runtime import distributed, memory
 from dpr_cache.runtime.atomic import write_dir_atomic
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.runtime.seeds import stream_seed
 from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
 from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from dpr_cache.train.recipe import flat_softmax_warning, linear_warmup_decay, param_groups
+from dpr_cache.train.recipe import (
+    BatchRecipe,
+    flat_softmax_warning,
+    linear_warmup_decay,
+    param_groups,
+)
 
-__all__ = ["Trainer", "StepResult", "build_trainer"]
+__all__ = ["Trainer", "StepResult", "build_trainer", "batch_recipe", "training_data"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +123,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     model = load_biencoder(
         m.name_or_path, shared=m.shared, pooling=m.pooling, dropout=m.dropout,
         gradient_checkpointing=m.gradient_checkpointing, normalize=m.normalize,
-        source="model.name_or_path",
+        prefixes=(m.query_prefix, m.passage_prefix), source="model.name_or_path",
     ).to(env.device)  # fmt: skip
     if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
         logger.warning("%s", warning)
@@ -143,6 +152,30 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     return Trainer(
         model, optimizer, scheduler, scaler, stepper, env, chunk_size, cfg.precision,
         cfg.max_grad_norm,
+    )  # fmt: skip
+
+
+def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:
+    """The ``data.train`` files as one dataset (rank 0 fills the Arrow caches, the other ranks
+    then open them) and the steps' batches over it."""
+    files = config.train_files
+    if not files:
+        raise InputError("data.train: no training file given")
+    dataset = load_training_sets(files, config.cache_path) if env.is_main else None
+    distributed.barrier()
+    if dataset is None:
+        dataset = load_training_sets(files, config.cache_path)
+    source = ", ".join(str(f) for f in files)
+    cfg = config.train
+    return dataset, TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=source)
+
+
+def batch_recipe(config: Config, model: BiEncoder) -> BatchRecipe:
+    """How a step's examples become the batch ``model`` trains on (its prompts included)."""
+    cfg, m = config.train, config.model
+    return BatchRecipe(
+        cfg.hard_negatives, m.max_query_length, m.max_passage_length, cfg.seed,
+        model.query_prefix, model.passage_prefix,
     )  # fmt: skip
 
 

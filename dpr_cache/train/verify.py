@@ -8,18 +8,14 @@ stays far below it, a wrong gradient (a chunk's RNG not replayed, a dropped chun
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from dpr_cache.config import Config
 from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
-from dpr_cache.data.batches import TrainBatches
-from dpr_cache.data.training import load_training_set
-from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_biencoder
+from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
-from dpr_cache.train.recipe import BatchRecipe
+from dpr_cache.train.trainer import batch_recipe, training_data
 
 __all__ = ["verify", "compare_steps", "BOUNDS"]
 
@@ -50,21 +46,17 @@ def compare_steps(model, batch, *, chunk: int, p_chunk: int | None, temperature:
 def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, object]:
     """Full batch vs GradCache on the batch of ``step``; returns the figures it prints."""
     cfg, m = config.train, config.model
-    if not config.data.train:
-        raise InputError("data.train: no training file given")
     chunk = 8 if cfg.chunk_size == "auto" else int(cfg.chunk_size)
-    dataset = load_training_set(Path(config.data.train), config.cache_path)
-    batches = TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=config.data.train)
+    dataset, batches = training_data(config, DistEnv())
     model = load_biencoder(
         m.name_or_path, shared=m.shared, pooling=m.pooling,
         gradient_checkpointing=m.gradient_checkpointing, dropout=0.0, normalize=m.normalize,
-        source="model.name_or_path",
+        prefixes=(m.query_prefix, m.passage_prefix), source="model.name_or_path",
     )  # fmt: skip
     if double:
         model = model.double()
     model.train()
-    recipe = BatchRecipe(cfg.hard_negatives, m.max_query_length, m.max_passage_length, cfg.seed)
-    batch = recipe.batch(dataset, batches, model.tokenizer, step)
+    batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step)
     results = compare_steps(
         model, batch, chunk=chunk, p_chunk=cfg.p_chunk_size, temperature=cfg.temperature,
         tile=cfg.loss_tile_size,

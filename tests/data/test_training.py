@@ -166,3 +166,32 @@ def test_ctx_without_text_and_bad_files(tmp_path: Path) -> None:
         load_training_set(tmp_path / "e.json", tmp_path / "c")
     with pytest.raises(InputError, match="no question with a positive passage"):
         load_training_set(write_jsonl(tmp_path / "n.jsonl", RECORDS[1:2]), tmp_path / "c")
+
+
+def test_several_training_files_read_as_one(tmp_path: Path) -> None:
+    """data.train as a list: the files' questions in the order given, each file's own cache."""
+    from dpr_cache.data.training import load_training_sets
+    from dpr_cache.testing.fixtures import TOY
+
+    lines = (TOY / "train.jsonl").read_text().splitlines()
+    (tmp_path / "a.jsonl").write_text("\n".join(lines[:10]) + "\n")
+    (tmp_path / "b.jsonl").write_text("\n".join(lines[10:25]) + "\n")
+    both = load_training_sets([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "cache")
+    assert len(both) == 25
+    assert [both[i]["question"] for i in (0, 9, 10, 24)] == [
+        json.loads(lines[i])["question"] for i in (0, 9, 10, 24)
+    ]
+    one = load_training_sets([tmp_path / "a.jsonl"], tmp_path / "cache")
+    assert len(one) == 10 and len(list((tmp_path / "cache").glob("*.arrow"))) == 2
+
+
+def test_a_config_takes_one_training_file_or_a_list(tmp_path: Path) -> None:
+    from dpr_cache.config import load_config
+
+    one = load_config(None, ["data.train=a.jsonl"])
+    many = load_config(None, ["data.train=[a.jsonl, b.jsonl]"])
+    assert one.train_files == [Path("a.jsonl")]
+    assert many.train_files == [Path("a.jsonl"), Path("b.jsonl")]
+    assert load_config(None, []).train_files == []
+    with pytest.raises(InputError, match="data.train"):
+        load_config(None, ["data.train=[1, [2]]"])

@@ -134,10 +134,12 @@ def test_shard_key_is_stable() -> None:
     signature = {"path": "/x/p.tsv", "size": 10, "mtime_ns": 5}
     kw = dict(shard_size=50_000, max_length=256, pooling="cls", precision="fp32", normalize=False)
     key = shard_key("f" * 64, signature, store_dtype="float16", **kw)
-    assert key == "a42e7deabcddb8aa"
+    assert key == "3e40c7d068620353"
     assert shard_key("e" * 64, signature, store_dtype="float16", **kw) != key
     assert shard_key("f" * 64, signature, store_dtype="float32", **kw) != key
     assert shard_key("f" * 64, signature, store_dtype="float16", **{**kw, "normalize": True}) != key
+    prompt = {**kw, "passage_prefix": "passage: "}
+    assert shard_key("f" * 64, signature, store_dtype="float16", **prompt) != key
 
 
 def _shard_files(out: Path) -> dict[str, int]:
