@@ -48,8 +48,8 @@ def test_sentence_transformers_applies_the_saved_prompts(tmp_path: Path) -> None
     q_st = st.SentenceTransformer(str(tmp_path / "m" / "query_encoder"), device="cpu")
     p_st = st.SentenceTransformer(str(tmp_path / "m" / "passage_encoder"), device="cpu")
     np.testing.assert_allclose(q_st.encode(QUESTIONS), ours_q, atol=1e-5)
-    np.testing.assert_allclose(p_st.encode([[t, x] for t, x in zip(TITLES, TEXTS)]), ours_p,
-                               atol=1e-5)  # fmt: skip
+    pairs = [[t, x] for t, x in zip(TITLES, TEXTS, strict=True)]
+    np.testing.assert_allclose(p_st.encode(pairs), ours_p, atol=1e-5)
     model.query_prefix = ""  # control: without the prompt our vectors are others
     plain = encode_question_texts(model, QUESTIONS, max_length=32, device=CPU)
     assert not np.allclose(q_st.encode(QUESTIONS), plain, atol=1e-3)
