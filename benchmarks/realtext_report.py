@@ -91,7 +91,7 @@ def markdown(result: dict) -> str:
     """realtext.md: machine (CPU model and flags), command, recipe, targets, every config."""
     m, plan = result["machine"], result["plan"]
     lines = [
-        "# dpr-cache bench: the training step on real text",
+        "# Benchmark: the training step on real text",
         "",
         f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads),"
         f" transformers {m['transformers']}. {_when(result)}",

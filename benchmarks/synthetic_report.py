@@ -136,7 +136,7 @@ def markdown(result: dict) -> str:
 
     m, plan = result["machine"], result["plan"]
     parts = [
-        "# dpr-cache bench",
+        "# Benchmark: the training step on synthetic text, the loss, corpus encoding",
         "",
         f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads), {m['device']}."
         f" {run_text(result)}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -85,7 +86,7 @@ def index(
         return
     if config is None:
         raise InputError("index: give --config FILE (to encode data.passages) or --embeddings")
-    _refuse_train_keys(set_, "index")
+    _refuse_train_keys(set_, "index", cfg)
     from dpr_cache.runtime import distributed
 
     env = distributed.setup(cfg.index.device, "index.device")
@@ -114,13 +115,12 @@ def eval_(
     Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
     """
     import shlex
-    import sys
 
     from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
     from dpr_cache.runtime import distributed
 
     cfg = load(config, set_)
-    _refuse_train_keys(set_, "eval")
+    _refuse_train_keys(set_, "eval", cfg)
     env = distributed.setup(cfg.eval.device, "eval.device")
     try:
         metrics = evaluate(
@@ -135,14 +135,23 @@ def eval_(
         print(f"results in {out or cfg.output_path / 'eval'}")
 
 
-def _refuse_train_keys(overrides: list[str] | None, command: str) -> None:
+def _refuse_train_keys(overrides: list[str] | None, command: str, cfg) -> None:
     """``--set train.device`` / ``train.precision`` on index or eval: they are train's own;
-    each command reads its section's ``device`` and ``precision``."""
+    each command reads its section's ``device`` and ``precision``. A config whose train
+    section sets them while the command's section is left at its default is told so."""
     for item in overrides or []:
         key = item.split("=", 1)[0].strip()
         if key in ("train.device", "train.precision"):
             name = key.split(".")[1]
             raise InputError(f"{key}: {command} encodes on {command}.{name}; set that instead")
+    section = getattr(cfg, command)
+    for name, default in (("device", "auto"), ("precision", "fp32")):
+        trained, used = getattr(cfg.train, name), getattr(section, name)
+        if trained != default and used == default:
+            print(
+                f"note: {command} encodes with {command}.{name}: {used} (train.{name}: "
+                f"{trained} is train's own)", file=sys.stderr,
+            )  # fmt: skip
 
 
 @app.command()

@@ -97,7 +97,9 @@ def search(
         from dpr_cache.runtime.device import resolve_device
 
         model_dir = resolve_model_dir(model, Path("."))
-        queries, qids = question_vectors(model_dir, questions, EncodeSpec(), resolve_device("cpu"))
+        queries, qids, _ = question_vectors(
+            model_dir, questions, EncodeSpec(), resolve_device("cpu")
+        )
     meta_file = index / "meta.json"
     kind = json.loads(meta_file.read_text()).get("type", "flat") if meta_file.is_file() else "flat"
     spec = IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)

@@ -31,14 +31,28 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
         module = importlib.import_module(text.removeprefix("python:"))
         return Path(module.get_model_path())
     path = Path(text).expanduser()
-    if path.exists() or not _HUB_NAME.fullmatch(text):
+    if path.exists() or not _is_hub_name(text):
         return path
     return _hub_snapshot(text)
+
+
+def _is_hub_name(text: str) -> bool:
+    """``name`` or ``org/name``, where ``org`` is not a local folder (``runs/model`` that is
+    missing is a missing path, not a hub model)."""
+    return bool(_HUB_NAME.fullmatch(text)) and not ("/" in text and Path(text).parent.is_dir())
+
+
+def _offline() -> bool:
+    """Whether the hub may not be asked, read as huggingface_hub reads it (``HF_HUB_OFFLINE``,
+    else ``TRANSFORMERS_OFFLINE``)."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.lower() in ("1", "true", "yes", "on")
 
 
 def _hub_snapshot(name: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
+        GatedRepoError,
         HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
@@ -50,12 +64,17 @@ def _hub_snapshot(name: str) -> Path:
             folder = Path(snapshot_download(name, allow_patterns=[*HUB_FILES, "*.bin"]))
     except HFValidationError:
         raise ModelNotFound(2, "no such model folder", name) from None
+    except GatedRepoError:
+        raise ModelNotFound(
+            f"{name}: no such local folder, and the Hugging Face hub keeps this model behind a "
+            "login: accept its terms on the hub and log in (hf auth login), or give a local folder"
+        ) from None
     except RepositoryNotFoundError:
         raise ModelNotFound(
             f"{name}: no such local folder, and no such model on the Hugging Face hub"
         ) from None
     except LocalEntryNotFoundError as e:
-        if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        if _offline():
             why = "it is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids a download"
         else:
             cause = " ".join(str(e).split())[:120]

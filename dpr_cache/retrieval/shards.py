@@ -65,13 +65,23 @@ _SHARD_NAME = re.compile(r"[0-9a-f]{16}-\d{5}(\.npy|\.ids\.txt)(\.tmp\d+)?")
 
 
 def remove_stale(shard_dir: Path, key: str, temporary: bool) -> None:
-    """Drop shards of another key (model or corpus) and, if ``temporary``, leftover tmp files.
-    Only files named like shards are touched: the folder may hold the user's other files."""
+    """Drop shards of another key (another model, corpus, encoding setting or dpr-cache version:
+    their vectors are not this run's) and, if ``temporary``, leftover tmp files, saying how many
+    shards of another key went. Only files named like shards are touched: the folder may hold
+    the user's other files."""
+    other = 0
     for path in Path(shard_dir).iterdir():
         if not (path.is_file() and _SHARD_NAME.fullmatch(path.name)):
             continue
-        if not path.name.startswith(f"{key}-") or (temporary and ".tmp" in path.name):
+        stale = not path.name.startswith(f"{key}-")
+        if stale or (temporary and ".tmp" in path.name):
             path.unlink(missing_ok=True)
+            other += stale and path.name.endswith(".npy")
+    if other:
+        log.warning(
+            "%s: removed %d shard(s) encoded with another model, corpus or setting; encoding "
+            "afresh as %s", shard_dir, other, key,
+        )  # fmt: skip
 
 
 def shard_key(

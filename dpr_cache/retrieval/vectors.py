@@ -27,9 +27,10 @@ QUESTIONS = "questions.npy"
 
 def question_vectors(
     model_dir: Path, questions: Path, spec: EncodeSpec, device: torch.device
-) -> tuple[np.ndarray, list[str]]:
-    """The query tower's vectors [n, d] float32 of a qas file's questions, and their ids (the
-    row numbers from 0). ``spec.max_length`` None: the model's saved question length."""
+) -> tuple[np.ndarray, list[str], EncodeSpec]:
+    """The query tower's vectors [n, d] float32 of a qas file's questions, their ids (the row
+    numbers from 0), and ``spec`` with what it left to the model filled in (``max_length``
+    None: the model's saved question length)."""
     model = load_encoder(
         model_dir, pooling=spec.pooling, normalize=spec.normalize,
         prefixes=(spec.query_prefix, spec.passage_prefix), query_only=True,
@@ -42,7 +43,12 @@ def question_vectors(
         model, [q for q, _ in qas], max_length=length, device=device,
         precision=spec.precision, batch_size=spec.batch_size,
     )  # fmt: skip
-    return vectors, [str(i) for i in range(len(qas))]
+    used = dataclasses.replace(
+        spec, max_length=length, pooling=model.pooling, normalize=model.normalize,
+        query_prefix=model.query_prefix, passage_prefix=model.passage_prefix,
+        store_dtype="float32",
+    )  # fmt: skip
+    return vectors, [str(i) for i in range(len(qas))], used
 
 
 def encode_file(
@@ -68,17 +74,20 @@ def encode_file(
     model_dir = resolve_model_dir(model_path, Path("."))
     out = Path(out)
     if questions is not None:
-        vectors, ids = question_vectors(model_dir, questions, spec, device)
+        vectors, ids, used = question_vectors(model_dir, questions, spec, device)
         write_shard(out / QUESTIONS, vectors, ids, "float32")
         record = {"model": str(model_dir), "questions": str(questions)}
-        write_json_atomic(out / "encode.json", {**record, **dataclasses.asdict(spec)})
+        write_json_atomic(out / "encode.json", {**record, **dataclasses.asdict(used)})
         return [out / QUESTIONS]
     encoded = encode_passage_shards(
         Path(passages), model_dir, out, spec, device=device, cache_dir=cache_dir,
         progress=progress,
     )  # fmt: skip
     record = {"model": str(model_dir), "passages": str(passages), "shard_key": encoded.key}
-    record.update(dataclasses.asdict(spec), max_length=encoded.max_length, pooling=encoded.pooling)
+    record.update(
+        dataclasses.asdict(spec), max_length=encoded.max_length, pooling=encoded.pooling,
+        normalize=encoded.normalize, passage_prefix=encoded.passage_prefix,
+    )  # fmt: skip
     write_json_atomic(out / "encode.json", record)
     return encoded.paths
 

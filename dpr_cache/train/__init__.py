@@ -1,1 +1,2 @@
-"""Training: the loop, checkpoints, the automatic chunk size, and ``verify``."""
+"""Training: the entry point and its loop, the trainer and its update, the log, checkpoints,
+the automatic chunk size, ``verify`` and ``bench``."""

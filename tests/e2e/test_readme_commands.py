@@ -4,8 +4,9 @@
 Each command of a ``bash`` block is of one kind, and a command of no kind fails this test:
 - the demo's pipeline: the very lines of the Makefile's ``demo`` recipe (``make demo`` runs them);
 - run: runs as printed, in README order, and exits 0;
-- network: needs the internet (DPR's files, a hub model); here it must stop at once with a one-line
-  ``error:`` and exit 2, which shows it got as far as the download;
+- network: needs the internet (DPR's files, a hub model); run with every download sent to a port
+  where nothing listens, it must stop at once with a one-line ``error:`` and exit 2 (the headline
+  command's model download is shown failing clearly in ``tests/model/test_hub.py``);
 - long: hours of measuring; each is rehearsed at toy size by the test named beside it.
 The README's Python blocks run too (the engine example in ``test_readme_example.py``).
 """
@@ -129,7 +130,9 @@ def test_the_python_examples_run_on_the_demo_model(checkout: Path) -> None:
 
 @pytest.mark.parametrize("command", sorted(NETWORK))
 def test_a_network_command_stops_at_once_with_one_line(command: str, checkout: Path) -> None:
-    done = _run(command, checkout, HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9")
+    nowhere = "http://127.0.0.1:9"  # nothing listens: no download can start, online or not
+    done = _run(command, checkout, HF_HUB_OFFLINE="0", HF_ENDPOINT=nowhere, HTTPS_PROXY=nowhere,
+                HTTP_PROXY=nowhere, https_proxy=nowhere, http_proxy=nowhere)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]

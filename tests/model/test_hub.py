@@ -61,8 +61,21 @@ def test_the_headline_command_says_when_the_hub_cannot_be_reached(tmp_path, monk
     assert "the Hugging Face hub could not be reached" in line
 
 
-def test_a_path_that_is_not_there_is_not_looked_up_on_the_hub(tmp_path) -> None:
-    for name in ("runs/no/such/model", str(tmp_path / "nothing"), "./model"):
+def test_a_path_that_is_not_there_is_not_looked_up_on_the_hub(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for name in ("runs/model", "runs/no/such/model", str(tmp_path / "nothing"), "./model"):
         assert resolve_model_path(name) == Path(name)  # a path: the loader says it is missing
-    with pytest.raises(ModelNotFound, match="HF_HUB_OFFLINE=1"):  # control: a hub-like name
-        resolve_model_path("no-such-org/no-such-model")
+    for name in ("no-such-org/no-such-model", "no-such-model"):  # control: hub-like names
+        with pytest.raises(ModelNotFound, match="HF_HUB_OFFLINE=1"):
+            resolve_model_path(name)
+
+
+def test_either_offline_variable_is_named_as_offline(monkeypatch) -> None:
+    from dpr_cache.model import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    assert hub._offline()
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    assert not hub._offline()

@@ -1,0 +1,76 @@
+"""Where index and eval encode, and in what precision, come from their own keys (index.device,
+index.precision, eval.device, eval.precision), and what encode ran with is written beside its
+vectors: the precision asked is the one used (the stored vectors differ), train's keys are
+refused on the command line and noted when only the config sets them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dpr_cache.testing.cli import run_cli, toy_overrides
+from dpr_cache.testing.fixtures import TOY, index_vectors
+
+TINY = str(TOY / "tiny-bert")
+
+
+def test_index_and_eval_encode_in_their_own_precision(tmp_path) -> None:
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        args = ["--config", "configs/toy.yaml", "--model", TINY, "-q",
+                *toy_overrides(tmp_path / precision, **{"index.precision": precision,
+                                                        "eval.precision": precision})]  # fmt: skip
+        run_cli("index", *args)
+        run_cli("eval", *args)
+        out = tmp_path / precision / "run"
+        meta = json.loads((out / "index" / "meta.json").read_text())
+        assert meta["model"]["precision"] == precision and meta["encode"]["precision"] == precision
+        runs[precision] = (index_vectors(out / "index")[0], (out / "eval" / "run.trec").read_text())
+    (fp32, run32), (bf16, run16) = runs["fp32"], runs["bf16"]
+    assert (fp32 != bf16).mean() > 0.1  # bf16 asked, bf16 used (fp32 twice: the same bits)
+    np.testing.assert_allclose(fp32, bf16, atol=0.01)
+    assert run32 != run16  # the questions too: other scores
+
+
+def test_train_keys_are_train_own(tmp_path) -> None:
+    args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
+    for command in ("index", "eval"):
+        for key in ("train.device=cpu", "train.precision=bf16"):
+            done = run_cli(command, *args, "--set", key, check=False)
+            name = key.split("=")[0].split(".")[1]
+            assert done.returncode == 2
+            assert done.stderr.strip() == (
+                f"error: {key.split('=')[0]}: {command} encodes on {command}.{name}; set that "
+                "instead"
+            )
+    noted = run_cli("index", "--config", "configs/nq_bs512.yaml", "--model", TINY, "-q",
+                    *toy_overrides(tmp_path / "nq", **{"data.passages": TOY / "passages.tsv",
+                                                      "index.precision": "fp32"}))  # fmt: skip
+    assert "note: index encodes with index.precision: fp32 (train.precision: fp16" in noted.stderr
+
+
+def test_encode_records_what_it_ran_with(tmp_path) -> None:
+    model = str(TOY / "tiny-bert")
+    base = ["encode", "--model", model, "-q", "--cache-dir", str(tmp_path / "cache")]
+    run_cli(*base, "--questions", str(TOY / "dev.qa.tsv"), "--out", str(tmp_path / "q"))
+    record = json.loads((tmp_path / "q" / "encode.json").read_text())
+    assert record["max_length"] == 32 and record["pooling"] == "cls"  # DPR's, as the model says
+    assert record["store_dtype"] == "float32" and record["precision"] == "fp32"
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / f"p-{precision}"
+        run_cli(*base, "--passages", str(TOY / "passages.tsv"), "--out", str(out),
+                "--precision", precision, "--max-length", "64")  # fmt: skip
+        record = json.loads((out / "encode.json").read_text())
+        assert (record["precision"], record["max_length"], record["pooling"]) == (
+            precision,
+            64,
+            "cls",
+        )
+        assert record["normalize"] is False and record["passage_prefix"] == ""
+    keys = {json.loads((tmp_path / f"p-{p}" / "encode.json").read_text())["shard_key"]
+            for p in ("fp32", "bf16")}  # fmt: skip
+    assert len(keys) == 2  # another precision, other shards
+    bad = run_cli(*base, "--questions", str(TOY / "dev.qa.tsv"), "--out", str(tmp_path / "x"),
+                  "--precision", "fp8", check=False)  # fmt: skip
+    assert bad.returncode == 2 and "--precision: 'fp8' is not one of" in bad.stderr
