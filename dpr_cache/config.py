@@ -117,6 +117,40 @@ class EvalConfig(_Section):
     device: str = "auto"  # where `eval` encodes the questions: auto | cpu | cuda | cuda:N
     precision: Precision = "fp32"  # autocast of the question encoder
     batch_size: int = Field(128, ge=1)
+    fusion: Literal["none", "linear", "rrf"] = "none"  # BM25 fused with the dense ranking
+    fusion_weight: float | Literal["auto"] = 1.1  # linear: the dense score's weight
+    fusion_depth: int = Field(1000, ge=1)  # candidates from each side
+    fusion_rrf_k: int = Field(60, ge=1)
+    fusion_tune_qa: str | None = None  # held-out qas file that picks an "auto" weight
+    fusion_tune_metric: str = "mrr@10"  # mrr@10 or top{k}
+    bm25_run: str | None = None  # a TREC run to fuse (rrf) instead of building BM25
+
+    @field_validator("fusion_tune_metric")
+    @classmethod
+    def _metric_known(cls, value: str) -> str:
+        if value != "mrr@10" and not re.fullmatch(r"top[1-9][0-9]*", value):
+            raise ValueError("must be mrr@10 or top{k}, e.g. top20")
+        return value
+
+    @model_validator(mode="after")
+    def _fusion_consistent(self) -> EvalConfig:
+        if self.fusion_weight != "auto" and self.fusion_weight < 0:
+            raise ValueError(
+                f"eval.fusion_weight: must be >= 0 or 'auto' (got {self.fusion_weight})"
+            )
+        if self.fusion == "none" and self.bm25_run is not None:
+            raise ValueError("eval.bm25_run is set but eval.fusion is none: set eval.fusion")
+        if self.fusion_weight == "auto" and (self.fusion != "linear" or not self.fusion_tune_qa):
+            raise ValueError(
+                "eval.fusion_weight: auto picks linear fusion's weight on eval.fusion_tune_qa: "
+                "set eval.fusion: linear and eval.fusion_tune_qa"
+            )
+        if self.fusion == "linear" and self.bm25_run is not None:
+            raise ValueError(
+                "eval.fusion: linear needs BM25's score of every candidate, which a run "
+                "(eval.bm25_run) does not hold: use rrf with a run"
+            )
+        return self
 
     @field_validator("top_k")
     @classmethod

@@ -72,10 +72,23 @@ def search(
     nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = 16,
     ef_search: Annotated[int, typer.Option(help="HNSW search breadth.")] = 128,
     tag: Annotated[str, typer.Option(help="The run's name in its last column.")] = "dpr-cache",
+    fusion: Annotated[
+        str, typer.Option(help="none | linear (BM25 + weight x dense) | rrf, with BM25.")
+    ] = "none",
+    fusion_weight: Annotated[float, typer.Option(help="linear: the dense score's weight.")] = 1.1,
+    fusion_depth: Annotated[int, typer.Option(help="Candidates from each side.")] = 1000,
+    bm25_run: Annotated[
+        Path | None, typer.Option(help="A TREC run to fuse (rrf) instead of building BM25.")
+    ] = None,
+    passages: Annotated[
+        Path | None, typer.Option(help="BM25's passages TSV (default: the index's own).")
+    ] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
 ) -> None:
     """Top-k passages of each query as a TREC run (qid Q0 pid rank score tag).
 
-    Searched in bounded memory; under torchrun each rank scans its share of a flat index.
+    Searched in bounded memory; under torchrun each rank scans its share of a flat index. With
+    --fusion, fused with BM25 (built over the passages for --questions, or --bm25-run).
 
     Example: dpr-cache search --index vecs/index --query-embeddings q/questions.npy --out run.trec
     """
@@ -86,20 +99,40 @@ def search(
 
     if (query_embeddings is None) == (questions is None):
         raise InputError("search: give --query-embeddings Q.npy or --questions FILE --model DIR")
+    hybrid = None
+    if fusion != "none":
+        from dpr_cache.data.arrow_cache import default_cache_dir
+        from dpr_cache.data.qas import read_qas
+        from dpr_cache.retrieval.fusion import FUSIONS, FusionSpec
+        from dpr_cache.retrieval.vectors import HybridSearch
+
+        if fusion not in FUSIONS:
+            raise InputError(f"--fusion: {fusion!r} is not one of {', '.join(FUSIONS)}")
+        texts = [q for q, _ in read_qas(questions)] if questions is not None else None
+        hybrid = HybridSearch(
+            FusionSpec(fusion, fusion_weight, fusion_depth), cache_dir or default_cache_dir(),
+            texts, passages, bm25_run,
+        )  # fmt: skip
     if query_embeddings is not None:
         queries, qids = read_queries(query_embeddings)
     else:
         if model is None:
             raise InputError("search --questions: --model DIR is needed to encode them")
         from dpr_cache.model.loading import resolve_model_dir
+        from dpr_cache.retrieval.index import open_index, query_encoding
         from dpr_cache.retrieval.shards import EncodeSpec
         from dpr_cache.retrieval.vectors import question_vectors
         from dpr_cache.runtime.device import resolve_device
 
         model_dir = resolve_model_dir(model, Path("."))
-        queries, qids, _ = question_vectors(
-            model_dir, questions, EncodeSpec(), resolve_device("cpu")
+        built = query_encoding(open_index(index))  # questions encoded as the passages were
+        spec = EncodeSpec(
+            pooling=built["pooling"],
+            normalize=built["normalize"],
+            query_prefix=built["prefixes"][0],
+            passage_prefix=built["prefixes"][1],
         )
+        queries, qids, _ = question_vectors(model_dir, questions, spec, resolve_device("cpu"))
     meta_file = index / "meta.json"
     kind = json.loads(meta_file.read_text()).get("type", "flat") if meta_file.is_file() else "flat"
     spec = IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
@@ -112,7 +145,7 @@ def search(
     try:
         path = search_to_run(
             index, queries, qids, out, k=k, memory_bytes=int(memory_gb * 1e9), spec=spec,
-            tag=tag, rank=rank, world_size=world,
+            tag=tag, rank=rank, world_size=world, hybrid=hybrid,
         )  # fmt: skip
     finally:
         if world > 1:

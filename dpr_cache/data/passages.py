@@ -80,6 +80,12 @@ def _batches(dataset: Dataset):
         yield from pa.ipc.open_stream(source)  # batch by batch, zero-copy from the map
 
 
+def iter_passage_batches(dataset: Dataset) -> Iterator[dict[str, list[str]]]:
+    """The columns id, title, text of every passage, a record batch at a time, in file order."""
+    for batch in _batches(dataset):
+        yield {name: batch.column(name).to_pylist() for name in ("id", "title", "text")}
+
+
 def passage_columns(dataset: Dataset, rows: Sequence[int]) -> dict[str, list[str]]:
     """Columns id, title, text of the given dataset rows, in their order. Each record batch
     holding a row is read on its own (a take over the whole table would concatenate a 21M-row

@@ -1,26 +1,37 @@
-"""A BM25 index over a passages TSV (title + text) with deterministic top-k ranking.
+"""BM25 over a passages TSV (title + text) with deterministic top-k ranking, built once and saved.
 
 Tokenization is ``bm25s.tokenize``'s, fixed here so mining is reproducible: lower case, tokens are
 runs of two or more word characters (scikit-learn's pattern; one-letter words are dropped),
 Lucene's 33-word English stopword list (``bm25s.stopwords.STOPWORDS_EN``), no stemming. Scores
 use Lucene's BM25 with k1=0.9 and b=0.4 (Anserini's defaults, the shared README's BM25); a query
 token that occurs twice counts twice. Ties are broken by passage order in the file.
+
+The index is built from the passages' Arrow cache (all token lists in memory while it is built:
+for a corpus too large for that, bring a BM25 run from pyserini instead) and saved beside that
+cache, keyed like it by the file's path, size and mtime; afterwards it is read memory-mapped.
+Rows are the passages file's rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import bm25s
 import numpy as np
 
-from dpr_cache.data.passages import read_passages
+from dpr_cache.data.arrow_cache import cache_file
+from dpr_cache.data.passages import iter_passage_batches, load_passages
 from dpr_cache.errors import InputError
+from dpr_cache.runtime.atomic import write_dir_atomic
+
+__all__ = ["K1", "B", "Bm25Index", "bm25_tokens", "top_rows"]
 
 K1 = 0.9
 B = 0.4
 STOPWORDS = "en"  # bm25s.stopwords.STOPWORDS_EN: Lucene's English list
+_LAYOUT = "bm25s-lucene-k1=0.9-b=0.4-en-1"  # part of the saved index's key
 
 
 def bm25_tokens(texts: list[str]) -> list[list[str]]:
@@ -45,38 +56,49 @@ def top_rows(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 @dataclass
-class Bm25Corpus:
-    """The passages of a TSV (ids, titles, texts in file order) and their BM25 index."""
+class Bm25Index:
+    """The BM25 index of a passages file; its rows are the file's passage rows."""
 
-    ids: list[str]
-    titles: list[str]
-    texts: list[str]
     retriever: bm25s.BM25
+    rows: int
 
     @classmethod
-    def from_tsv(cls, path: Path) -> Bm25Corpus:
-        """Read and index a DPR passages TSV; InputError if it holds no passage."""
-        ids, titles, texts = [], [], []
-        for pid, text, title in read_passages(path):
-            ids.append(pid)
-            titles.append(title)
-            texts.append(text)
-        if not ids:
-            raise InputError(f"{path}: no passages")
-        retriever = bm25s.BM25(k1=K1, b=B, method="lucene")
-        tokens = bm25_tokens([f"{title} {text}" for title, text in zip(titles, texts, strict=True)])
-        retriever.index(tokens, show_progress=False)
-        return cls(ids, titles, texts, retriever)
+    def open(cls, passages: Path, cache_dir: Path) -> Bm25Index:
+        """The saved index of ``passages`` (built now if there is none yet)."""
+        dataset = load_passages(passages, cache_dir)
+        if len(dataset) == 0:
+            raise InputError(f"{passages}: no passages")
+        folder = _index_dir(passages, cache_dir)
+        if not (folder / "params.index.json").is_file():
+            texts = [
+                f"{title} {text}"
+                for batch in iter_passage_batches(dataset)
+                for title, text in zip(batch["title"], batch["text"], strict=True)
+            ]
+            retriever = bm25s.BM25(k1=K1, b=B, method="lucene")
+            retriever.index(bm25_tokens(texts), show_progress=False)
+            del texts
+            write_dir_atomic(folder, lambda tmp: retriever.save(str(tmp), show_progress=False))
+        retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
+        return cls(retriever, len(dataset))
 
-    def __len__(self) -> int:
-        return len(self.ids)
+    def scores(self, question: str) -> np.ndarray:
+        """The BM25 score of every passage for ``question`` [rows] (unknown words left out)."""
+        ids = self.retriever.get_tokens_ids(bm25_tokens([question])[0])
+        return self.retriever.get_scores_from_ids(ids)
 
     def search(self, questions: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each question, its top-``k`` passage rows and their scores, best first."""
         out = []
-        for tokens in bm25_tokens(questions):
-            ids = self.retriever.get_tokens_ids(tokens)  # unknown tokens are left out
-            scores = self.retriever.get_scores_from_ids(ids)
+        for question in questions:
+            scores = self.scores(question)
             rows = top_rows(scores, k)
             out.append((rows, scores[rows]))
         return out
+
+
+def _index_dir(passages: Path, cache_dir: Path) -> Path:
+    """Where the index of ``passages`` is saved: beside its Arrow cache, keyed alike."""
+    arrow = cache_file(passages, cache_dir, "passages")
+    key = hashlib.blake2b(f"{arrow.name}|{_LAYOUT}".encode(), digest_size=8).hexdigest()
+    return Path(cache_dir) / f"bm25-{Path(passages).name}-{key}"

@@ -121,6 +121,7 @@ def index_passages(
         "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
                   "pooling": encoded.pooling, "normalize": encoded.normalize,
                   "max_passage_length": encoded.max_length, "precision": encode.precision,
+                  "query_prefix": encoded.query_prefix,
                   "passage_prefix": encoded.passage_prefix},
         "passages": encoded.signature,
         "shard_key": encoded.key,

@@ -14,26 +14,35 @@ DPR evaluator), ``run.trec`` (trec_eval, ranx and ir-measures read it),
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dpr_cache.config import Config, save_config
-from dpr_cache.data.passages import load_passages, passage_rows
+from dpr_cache.data.passages import load_passages
 from dpr_cache.data.qas import read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
 from dpr_cache.retrieval.build import index_dir_of, index_spec, memory_bytes_of
 from dpr_cache.retrieval.encode import encode_question_texts
-from dpr_cache.retrieval.index import OpenIndex, open_index, search_index
+from dpr_cache.retrieval.fusion import FusionSpec
+from dpr_cache.retrieval.hybrid import hybrid_search, open_sparse, tune_weight
+from dpr_cache.retrieval.index import (
+    OpenIndex,
+    check_model,
+    open_index,
+    passage_rows_of,
+    search_index,
+)
 from dpr_cache.retrieval.metrics import Qrels, answer_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
+    FUSION_FILE,
     METRICS_FILE,
     PYSERINI_FILE,
     RETRIEVAL_FILE,
@@ -45,64 +54,12 @@ from dpr_cache.retrieval.results import (
     write_retrieval,
     write_trec_run,
 )
-from dpr_cache.retrieval.search import Hits
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.device import resolve_device
 
 __all__ = ["evaluate", "format_metrics_table", "check_overrides"]
 
 log = logging.getLogger(__name__)
-
-
-def _check_model(model_dir: Path, model, opened: OpenIndex) -> None:
-    """The model must be the one that encoded the index (fingerprint and pooling); an index of
-    precomputed embeddings records none, so only the dimension can be checked."""
-    built = opened.meta.get("model")
-    if built is None:
-        if model.dim != opened.store.dim:
-            raise InputError(
-                f"{model_dir}: {model.dim}-d vectors, but the index at {opened.path} holds "
-                f"{opened.store.dim}-d ones"
-            )
-        log.warning("%s: precomputed embeddings; their model cannot be checked", opened.path)
-        return
-    if model_fingerprint(model_dir) != built["fingerprint"]:
-        raise InputError(
-            f"{model_dir}: not the model the index at {opened.path} was built with "
-            f"({built['dir']}): pass that --model, or rerun `dpr-cache index`"
-        )
-    for key in ("pooling", "normalize", "passage_prefix"):
-        if key in built and getattr(model, key) != built[key]:
-            raise InputError(
-                f"model.{key}: {getattr(model, key)!r}, but the index was built with "
-                f"{built[key]!r}: set it back or rerun `dpr-cache index`"
-            )
-
-
-def _passage_rows_of(opened: OpenIndex, dataset, path: Path, hits: Hits) -> np.ndarray:
-    """Rows of the passages dataset for the hits: the store rows themselves when the index was
-    encoded from this very file, else looked up by passage id."""
-    built = opened.meta.get("passages")
-    if built is not None:
-        if len(dataset) != opened.store.rows or path.stat().st_size != built["size"]:
-            raise InputError(
-                f"{path}: not the passages file the index at {opened.path} was built from "
-                f"({built['path']}): rerun `dpr-cache index`"
-            )
-        return hits.rows
-    ids = opened.store.ids_of(hits.rows)
-    rows = np.full(hits.rows.shape, -1, np.int64)
-    valid = hits.rows >= 0
-    rows[valid] = passage_rows(dataset, ids[valid].tolist())
-    missing = valid & (rows < 0)
-    if missing.any():  # DPR's own embeddings name passages "wiki:123" where the TSV says "123"
-        bare = [pid.split(":", 1)[-1] for pid in ids[missing].tolist()]
-        rows[missing] = passage_rows(dataset, bare)
-        missing = valid & (rows < 0)
-    if missing.any():
-        first = ids[missing][0]
-        raise InputError(f"{path}: has no passage {first!r} (an id of the index at {opened.path})")
-    return rows
 
 
 def question_ids(qas_path: Path, n: int) -> list[str]:
@@ -195,7 +152,7 @@ def evaluate(
         model_dir, pooling=m.pooling, normalize=m.normalize,
         prefixes=(m.query_prefix, m.passage_prefix), query_only=True,
     ).to(dev)  # fmt: skip
-    _check_model(model_dir, model, opened)
+    check_model(model_dir, model, opened)
     for key in ("pooling", "normalize"):  # a saved model keeps its own: say so, do not ignore
         asked = getattr(config.model, key)
         if f"model.{key}" in overridden and asked is not None and asked != getattr(model, key):
@@ -210,14 +167,21 @@ def evaluate(
     )  # fmt: skip
     del model
     lap("encode questions")
-    hits = search_index(
-        opened, q_embs, max(config.eval.top_k), memory_bytes_of(config.index.memory_gb),
-        rank=rank, world_size=world_size,
-    )  # fmt: skip
-    lap("search")
-    if hits is None:
-        return None
-    rows = _passage_rows_of(opened, dataset, passages, hits)
+    k, memory = max(config.eval.top_k), memory_bytes_of(config.index.memory_gb)
+    spec = fusion_spec(config)
+    if spec.method == "none":
+        hits = search_index(opened, q_embs, k, memory, rank=rank, world_size=world_size)
+        lap("search")
+        if hits is None:
+            return None
+        rows = passage_rows_of(opened, dataset, passages, hits.rows)
+    else:
+        hits, fused = _hybrid(config, spec, opened, dataset, passages, model_dir, q_embs, qas,
+                              qids, dev, rank, world_size)  # fmt: skip
+        lap(f"search, BM25 and {spec.method} fusion")
+        if hits is None:
+            return None
+        rows = hits.rows  # passage rows already
     lap("map hits to passages")
     out = Path(out_dir) if out_dir is not None else config.output_path / "eval"
     pids, flags = write_retrieval(
@@ -249,10 +213,58 @@ def evaluate(
         "data": {"dev_qa": str(qas_path.resolve()), "passages": str(passages.resolve())},
         "command": command,
     }  # fmt: skip
+    if spec.method != "none":
+        metrics["measured"]["fusion"] = fused
+        write_json_atomic(out / FUSION_FILE, fused)
     write_json_atomic(out / METRICS_FILE, metrics)
     write_json_atomic(out / TIMINGS_FILE, {"seconds": stages})
     save_config(config, out / CONFIG_FILE)
     return metrics
+
+
+def fusion_spec(config: Config) -> FusionSpec:
+    """``eval.fusion*`` as a spec (an ``auto`` weight is None: tuned)."""
+    e = config.eval
+    weight = None if e.fusion_weight == "auto" else float(e.fusion_weight)
+    return FusionSpec(e.fusion, weight, e.fusion_depth, e.fusion_rrf_k)
+
+
+def _hybrid(config, spec, opened, dataset, passages, model_dir, q_embs, qas, qids, dev, rank,
+            world_size):  # fmt: skip
+    """The fused hits of the dev questions and what fused them (the weight tuned first on the
+    held-out questions when asked)."""
+    e, memory = config.eval, memory_bytes_of(config.index.memory_gb)
+    sparse = open_sparse(passages, dataset, config.cache_path, e.bm25_run, spec)
+    record = {"method": spec.method, "depth": spec.depth, "bm25": sparse.source}
+    record.update({"weight": spec.weight} if spec.method == "linear" else {"rrf_k": spec.rrf_k})
+    if spec.method == "linear" and spec.weight is None:
+        tune_path = Path(e.fusion_tune_qa)
+        if tune_path.resolve() == Path(config.data.dev_qa).resolve():
+            raise InputError(f"eval.fusion_tune_qa: {tune_path} is data.dev_qa: not held out")
+        tune = read_qas(tune_path)
+        if not tune:
+            raise InputError(f"{tune_path}: no questions")
+        m = config.model
+        model = load_encoder(
+            model_dir,
+            pooling=m.pooling,
+            normalize=m.normalize,
+            prefixes=(m.query_prefix, m.passage_prefix),
+            query_only=True,
+        ).to(dev)
+        tune_embs = encode_question_texts(
+            model, [q for q, _ in tune], max_length=m.max_query_length, device=dev,
+            precision=e.precision, batch_size=e.batch_size,
+        )  # fmt: skip
+        weight, grid = tune_weight(opened, dataset, passages, tune_embs, tune, sparse, spec,
+                                   e.fusion_tune_metric, memory, e.match, rank=rank,
+                                   world_size=world_size)  # fmt: skip
+        spec = dataclasses.replace(spec, weight=weight)
+        record.update(weight=weight, tuned_on=str(tune_path.resolve()),
+                      tune_metric=e.fusion_tune_metric, grid=grid)  # fmt: skip
+    hits = hybrid_search(opened, dataset, passages, q_embs, [q for q, _ in qas], qids, sparse,
+                         spec, max(e.top_k), memory, rank=rank, world_size=world_size)  # fmt: skip
+    return hits, record
 
 
 def opened_type(index_dir: Path) -> str | None:

@@ -9,6 +9,7 @@ A ``flat`` index is its shards: nothing is copied, the search streams them.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any
 import faiss
 import numpy as np
 
+from dpr_cache.data.passages import passage_rows
 from dpr_cache.errors import InputError
+from dpr_cache.model.loading import model_fingerprint
 from dpr_cache.retrieval.approximate import (
     IndexSpec,
     build_faiss_index,
@@ -29,7 +32,12 @@ from dpr_cache.retrieval.search import Hits, exact_search, index_search, merge_h
 from dpr_cache.retrieval.store import EmbeddingStore, Shard
 from dpr_cache.runtime.atomic import write_json_atomic
 
-__all__ = ["META_FILE", "FORMAT", "OpenIndex", "finish_index", "open_index", "search_index"]
+__all__ = [
+    "META_FILE", "FORMAT", "OpenIndex", "finish_index", "open_index", "search_index",
+    "check_model", "encoded_from", "passage_rows_of", "query_encoding",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
 FORMAT = 2
@@ -159,3 +167,73 @@ def search_index(
     if rank != 0:
         return None
     return merge_hits([Hits(s, r) for s, r in gathered], k)
+
+
+def check_model(model_dir: Path, model, opened: OpenIndex) -> None:
+    """The model must be the one that encoded the index (fingerprint and pooling); an index of
+    precomputed embeddings records none, so only the dimension can be checked."""
+    built = opened.meta.get("model")
+    if built is None:
+        if model.dim != opened.store.dim:
+            raise InputError(
+                f"{model_dir}: {model.dim}-d vectors, but the index at {opened.path} holds "
+                f"{opened.store.dim}-d ones"
+            )
+        log.warning("%s: precomputed embeddings; their model cannot be checked", opened.path)
+        return
+    if model_fingerprint(model_dir) != built["fingerprint"]:
+        raise InputError(
+            f"{model_dir}: not the model the index at {opened.path} was built with "
+            f"({built['dir']}): pass that --model, or rerun `dpr-cache index`"
+        )
+    for key in ("pooling", "normalize", "passage_prefix"):
+        if key in built and getattr(model, key) != built[key]:
+            raise InputError(
+                f"model.{key}: {getattr(model, key)!r}, but the index was built with "
+                f"{built[key]!r}: set it back or rerun `dpr-cache index`"
+            )
+
+
+def query_encoding(opened: OpenIndex) -> dict:
+    """How a question must be encoded to search this index: the pooling, normalization and
+    prompts its passages were encoded with (as the model saved them where not recorded)."""
+    built = opened.meta.get("model") or {}
+    return {
+        "pooling": built.get("pooling"),
+        "normalize": built.get("normalize"),
+        "prefixes": (built.get("query_prefix"), built.get("passage_prefix")),
+    }
+
+
+def encoded_from(opened: OpenIndex, dataset, path: Path) -> bool:
+    """True when the index was encoded from this very passages file (its rows are the file's
+    rows), False for precomputed vectors; InputError when it was encoded from another file."""
+    built = opened.meta.get("passages")
+    if built is None:
+        return False
+    if len(dataset) != opened.store.rows or path.stat().st_size != built["size"]:
+        raise InputError(
+            f"{path}: not the passages file the index at {opened.path} was built from "
+            f"({built['path']}): rerun `dpr-cache index`"
+        )
+    return True
+
+
+def passage_rows_of(opened: OpenIndex, dataset, path: Path, hit_rows: np.ndarray) -> np.ndarray:
+    """Rows of the passages dataset for store rows found by a search (-1: none): the store
+    rows themselves when the index was encoded from this very file, else looked up by id."""
+    if encoded_from(opened, dataset, path):
+        return hit_rows
+    ids = opened.store.ids_of(hit_rows)
+    rows = np.full(hit_rows.shape, -1, np.int64)
+    valid = hit_rows >= 0
+    rows[valid] = passage_rows(dataset, ids[valid].tolist())
+    missing = valid & (rows < 0)
+    if missing.any():  # DPR's own embeddings name passages "wiki:123" where the TSV says "123"
+        bare = [pid.split(":", 1)[-1] for pid in ids[missing].tolist()]
+        rows[missing] = passage_rows(dataset, bare)
+        missing = valid & (rows < 0)
+    if missing.any():
+        first = ids[missing][0]
+        raise InputError(f"{path}: has no passage {first!r} (an id of the index at {opened.path})")
+    return rows

@@ -25,12 +25,14 @@ __all__ = [
     "TIMINGS_FILE",
     "RUN_FILE",
     "PYSERINI_FILE",
+    "FUSION_FILE",
     "rounded",
     "answer_flags",
     "format_metrics_table",
     "write_retrieval",
     "write_pyserini_retrieval",
     "write_trec_run",
+    "read_trec_run",
 ]
 
 RETRIEVAL_FILE = "retrieval.json"
@@ -39,6 +41,7 @@ CONFIG_FILE = "config.yaml"
 TIMINGS_FILE = "timings.json"
 RUN_FILE = "run.trec"
 PYSERINI_FILE = "retrieval.pyserini.json"
+FUSION_FILE = "fusion.json"
 _WRITE_BATCH = 64  # questions whose passages are read from the Arrow cache together
 
 
@@ -171,3 +174,25 @@ def write_trec_run(path: Path, qids: list[str], pids, scores, tag: str) -> None:
                     f.write(f"{qid} Q0 {pid} {rank} {float(score):.9g} {tag}\n")
 
     write_atomic(path, write)
+
+
+def read_trec_run(path: Path) -> dict[str, list[tuple[str, float]]]:
+    """A TREC run (``qid Q0 pid rank score tag`` a line): each question's passages and scores,
+    best first (by score, ties by rank, as trec_eval orders them)."""
+    ranked: dict[str, list[tuple[float, int, str]]] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                fields = line.split()
+                if not fields:
+                    continue
+                if len(fields) != 6:
+                    raise InputError(f"{path} line {n}: expected 'qid Q0 pid rank score tag'")
+                try:
+                    entry = (-float(fields[4]), int(fields[3]), fields[2])
+                except ValueError:
+                    raise InputError(f"{path} line {n}: rank and score must be numbers") from None
+                ranked.setdefault(fields[0], []).append(entry)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read ({' '.join(str(e).split())})") from None
+    return {q: [(pid, -neg) for neg, _, pid in sorted(rows)] for q, rows in ranked.items()}

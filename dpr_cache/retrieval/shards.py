@@ -151,6 +151,7 @@ class EncodedShards:
     max_length: int
     pooling: str
     normalize: bool
+    query_prefix: str  # the model's, recorded so that its questions are encoded alike
     passage_prefix: str
     encoded: int  # passages encoded by this call (the rest were on disk already)
     seconds: float
@@ -221,5 +222,5 @@ def encode_passage_shards(
     paths = [shard_path(shard_dir, key, k) for k in range(len(sizes))]
     return EncodedShards(
         paths, key, fingerprint, signature, length, model.pooling, model.normalize,
-        model.passage_prefix, todo, seconds,
+        model.query_prefix, model.passage_prefix, todo, seconds,
     )  # fmt: skip

@@ -1,26 +1,34 @@
 """The config-free commands: ``encode`` (a passages TSV or a questions file into shards) and
-``search`` (queries against an index folder, written as a TREC run)."""
+``search`` (queries against an index folder, fused with BM25 when asked, written as a TREC
+run)."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from dpr_cache.data.passages import load_passages, passage_columns
 from dpr_cache.data.qas import read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, resolve_model_dir
 from dpr_cache.retrieval.approximate import IndexSpec
 from dpr_cache.retrieval.encode import encode_question_texts
+from dpr_cache.retrieval.fusion import FusionSpec
+from dpr_cache.retrieval.hybrid import hybrid_search, open_sparse
 from dpr_cache.retrieval.index import open_index, search_index
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.retrieval.shards import DEFAULT_QUERY_LENGTH, EncodeSpec, encode_passage_shards
 from dpr_cache.retrieval.store import Shard, ids_path, write_shard
 from dpr_cache.runtime.atomic import write_json_atomic
 
-__all__ = ["encode_file", "question_vectors", "read_queries", "search_to_run", "QUESTIONS"]
+__all__ = [
+    "encode_file", "question_vectors", "read_queries", "search_to_run", "HybridSearch",
+    "QUESTIONS",
+]  # fmt: skip
 
 QUESTIONS = "questions.npy"
 
@@ -106,6 +114,18 @@ def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
     return vectors, ids
 
 
+@dataclass(frozen=True)
+class HybridSearch:
+    """BM25 for ``search`` to fuse: from ``bm25_run`` (rrf), else built over ``passages`` (the
+    index's own by default) for the question texts ``questions``."""
+
+    fusion: FusionSpec
+    cache_dir: Path
+    questions: list[str] | None = None
+    passages: Path | None = None
+    bm25_run: Path | None = None
+
+
 def search_to_run(
     index_dir: Path,
     queries: np.ndarray,
@@ -118,12 +138,36 @@ def search_to_run(
     tag: str = "dpr-cache",
     rank: int = 0,
     world_size: int = 1,
+    hybrid: HybridSearch | None = None,
 ) -> Path | None:
-    """Search ``queries`` in the index; rank 0 writes the TREC run ``out`` and returns it."""
+    """Search ``queries`` in the index (fused with BM25 per ``hybrid``); rank 0 writes the TREC
+    run ``out`` and returns it."""
     opened = open_index(index_dir, spec)
-    hits = search_index(opened, queries, k, memory_bytes, rank=rank, world_size=world_size)
-    if hits is None:
-        return None
-    pids = opened.store.ids_of(hits.rows)
+    if hybrid is None:
+        hits = search_index(opened, queries, k, memory_bytes, rank=rank, world_size=world_size)
+        if hits is None:
+            return None
+        pids = opened.store.ids_of(hits.rows)
+    else:
+        if hybrid.questions is None and hybrid.bm25_run is None:
+            raise InputError(
+                "search --fusion: BM25 needs the question texts (--questions) or a run "
+                "(--bm25-run) keyed by the query ids"
+            )
+        passages = hybrid.passages or Path(opened.meta.get("passages", {}).get("path", ""))
+        if not passages.name:
+            raise InputError(f"{index_dir}: records no passages file: give --passages TSV")
+        dataset = load_passages(passages, hybrid.cache_dir)
+        sparse = open_sparse(passages, dataset, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion)
+        hits = hybrid_search(
+            opened, dataset, passages, queries, hybrid.questions or qids, qids, sparse,
+            hybrid.fusion, k, memory_bytes, rank=rank, world_size=world_size,
+        )  # fmt: skip
+        if hits is None:
+            return None
+        valid = np.unique(hits.rows[hits.rows >= 0])
+        ids = dict(zip(valid.tolist(), passage_columns(dataset, valid.tolist())["id"],
+                       strict=True))  # fmt: skip
+        pids = np.array([[ids.get(int(r), "") for r in row] for row in hits.rows], dtype=object)
     write_trec_run(Path(out), qids, pids, hits.scores, tag)
     return Path(out)

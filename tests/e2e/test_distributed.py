@@ -346,3 +346,20 @@ def test_torchrun_search_equals_single_process(cli_runs, tmp_path):
     one = (tmp_path / "one.trec").read_text()
     assert one and (tmp_path / "two.trec").read_text() == one
     assert len(one.splitlines()) == 263 * 20
+
+
+def test_torchrun_mine_equals_single_process(cli_runs, tmp_path):
+    """Mining splits the index's shards over 2 ranks (3 shards); rank 0 writes the same file."""
+    model = cli_runs["two"] / "model"
+    sets = ["--set", f"output_dir={tmp_path}", "--set", f"data.cache_dir={cli_runs['cache']}"]
+    run_cli(["index", "--config", "configs/toy.yaml", "-q", "--model", str(model), *sets,
+             "--set", "index.shard_size=100"])  # fmt: skip
+    common = ["mine", "--model", str(model), "--index", str(tmp_path / "index"), "--train",
+              "data/toy/train.jsonl", "--cache-dir", str(cli_runs["cache"]), "--negatives", "5",
+              "--depth", "20", "--batch", "128", "-q"]  # fmt: skip
+    run_cli([*common, "--out", str(tmp_path / "one.jsonl")])
+    run_cli([*common, "--out", str(tmp_path / "two.jsonl")], world=WORLD)
+    one = (tmp_path / "one.jsonl").read_bytes()
+    assert one and (tmp_path / "two.jsonl").read_bytes() == one
+    summaries = [json.loads((tmp_path / f"{n}.summary.json").read_text()) for n in ("one", "two")]
+    assert summaries[0]["dropped"] == summaries[1]["dropped"]

@@ -73,6 +73,7 @@ def files(tmp_path) -> dict[str, Path]:
 
 def _mine(files, out: Path, **kw):
     kw.setdefault("progress", False)
+    kw.setdefault("cache_dir", out.parent / "cache")
     report = mine_negatives(files["train"], files["passages"], out, **kw)
     return report, [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
 

@@ -1,0 +1,158 @@
+"""Hybrid retrieval for ``eval`` and ``search``: the dense index's top ``depth`` and BM25's (built
+with bm25s over the passages file, or a TREC run brought from pyserini or Anserini) fused per
+:class:`~dpr_cache.retrieval.fusion.FusionSpec`, and linear fusion's weight picked on held-out
+questions. Rows are the passages file's rows throughout."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dpr_cache.data.answers import has_answer
+from dpr_cache.data.passages import passage_columns, passage_rows
+from dpr_cache.errors import InputError
+from dpr_cache.retrieval.bm25 import Bm25Index
+from dpr_cache.retrieval.fusion import FusionSpec, Ranking, fuse
+from dpr_cache.retrieval.index import OpenIndex, encoded_from, passage_rows_of, search_index
+from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
+from dpr_cache.retrieval.results import read_trec_run
+from dpr_cache.retrieval.search import Hits
+
+__all__ = ["TUNING_GRID", "Sparse", "open_sparse", "hybrid_search", "tune_weight"]
+
+log = logging.getLogger(__name__)
+
+TUNING_GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 1.1, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
+               200.0, 500.0, 1000.0)  # fmt: skip
+"""Linear weights tried: BM25 scores run to tens; dense scores from about 1 (cosines) to about
+100 (DPR's dot products), so the weight that balances them spans five decades."""
+
+
+@dataclass
+class Sparse:
+    """BM25's side: an index that scores any passage, or a run's ranking per question id."""
+
+    index: Bm25Index | None = None
+    run: dict[str, Ranking] | None = None
+    source: str = ""
+
+    def rankings(self, questions: Sequence[str], qids: Sequence[str], depth: int) -> list:
+        if self.index is not None:
+            return self.index.search(list(questions), depth)
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+        missing = [q for q in qids if q not in self.run]
+        if missing:
+            log.warning("%s: no ranking for %d of %d questions (first %r): BM25 adds nothing to "
+                        "them", self.source, len(missing), len(qids), missing[0])  # fmt: skip
+        return [tuple(a[:depth] for a in self.run.get(q, empty)) for q in qids]
+
+
+def open_sparse(
+    passages: Path, dataset, cache_dir: Path, run: str | Path | None, spec: FusionSpec
+) -> Sparse:
+    """BM25 from ``run`` (a TREC run; RRF only) or built over ``passages`` (saved, reused)."""
+    if run is None:
+        return Sparse(index=Bm25Index.open(passages, cache_dir), source=str(passages))
+    if spec.method == "linear":
+        raise InputError(
+            f"{run}: linear fusion needs the BM25 score of every candidate, which a run does "
+            "not hold for the passages it did not retrieve: fuse a run with rrf, or leave "
+            "eval.bm25_run unset to build BM25 over the passages"
+        )
+    by_qid = {}
+    for qid, ranked in read_trec_run(Path(run)).items():
+        pids = [pid for pid, _ in ranked]
+        rows = passage_rows(dataset, pids)
+        if (rows < 0).any():
+            bad = pids[int(np.flatnonzero(rows < 0)[0])]
+            raise InputError(f"{run}: passage {bad!r} (question {qid}) is not in {passages}")
+        by_qid[qid] = (rows, np.array([s for _, s in ranked], np.float32))
+    return Sparse(run=by_qid, source=str(run))
+
+
+def _rankings(opened, dataset, passages, queries, questions, qids, sparse, spec, k, memory,
+              rank, world_size):  # fmt: skip
+    """Each question's dense and BM25 rankings over passage rows (None on ranks but 0)."""
+    hits = search_index(opened, queries, max(spec.depth, k), memory, rank=rank,
+                        world_size=world_size)  # fmt: skip
+    if hits is None:
+        return None
+    rows = passage_rows_of(opened, dataset, passages, hits.rows)
+    dense = [(rows[i, : spec.depth], hits.scores[i, : spec.depth]) for i in range(len(rows))]
+    return dense, sparse.rankings(questions, qids, spec.depth)
+
+
+def _scorers(opened: OpenIndex, dataset, passages, queries, questions, sparse, spec):
+    """Linear fusion's scorers of the rows one side did not rank (None for rrf)."""
+    if spec.method != "linear":
+        return None, None
+    if not encoded_from(opened, dataset, passages):
+        raise InputError(
+            f"{opened.path}: holds precomputed vectors: linear fusion scores passages by their "
+            "stored vectors, which needs an index `dpr-cache index` encoded from the passages"
+        )
+
+    def dense_of(i: int, rows: np.ndarray) -> np.ndarray:
+        return opened.store.take(rows) @ queries[i]
+
+    def sparse_of(i: int, rows: np.ndarray) -> np.ndarray:
+        return sparse.index.scores(questions[i])[rows]
+
+    return dense_of, sparse_of
+
+
+def hybrid_search(
+    opened: OpenIndex, dataset, passages: Path, queries: np.ndarray, questions: Sequence[str],
+    qids: Sequence[str], sparse: Sparse, spec: FusionSpec, k: int, memory_bytes: int, *,
+    weight: float | None = None, rank: int = 0, world_size: int = 1,
+) -> Hits | None:  # fmt: skip
+    """The fused top ``k`` of each question (rows are passage rows; None on ranks but 0)."""
+    found = _rankings(opened, dataset, passages, queries, questions, qids, sparse, spec, k,
+                      memory_bytes, rank, world_size)  # fmt: skip
+    if found is None:
+        return None
+    dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
+    scores, rows = fuse(spec, *found, k, dense_of=dense_of, sparse_of=sparse_of, weight=weight)
+    return Hits(scores, rows)
+
+
+def tune_weight(
+    opened: OpenIndex, dataset, passages: Path, queries: np.ndarray,
+    qas: Sequence[tuple[str, list[str]]], sparse: Sparse, spec: FusionSpec, metric: str,
+    memory_bytes: int, match: str = "string", *, rank: int = 0, world_size: int = 1,
+) -> tuple[float | None, dict[str, float]]:  # fmt: skip
+    """The weight of :data:`TUNING_GRID` with the best ``metric`` (``top{k}`` or ``mrr@10``,
+    DPR's answer match) on the held-out questions ``qas``, and every weight's figure (ranks but
+    0 only search: None and nothing)."""
+    k = 10 if metric == "mrr@10" else int(metric.removeprefix("top"))
+    questions = [q for q, _ in qas]
+    qids = [str(i) for i in range(len(qas))]
+    found = _rankings(opened, dataset, passages, queries, questions, qids, sparse, spec, k,
+                      memory_bytes, rank, world_size)  # fmt: skip
+    if found is None:
+        return None, {}
+    dense, bm25 = found
+    dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
+    fused = {w: fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of, weight=w)[1]
+             for w in TUNING_GRID}  # fmt: skip
+    rows = np.unique(np.concatenate([r.ravel() for r in fused.values()]))
+    rows = rows[rows >= 0]
+    texts = dict(zip(rows.tolist(), passage_columns(dataset, rows.tolist())["text"], strict=True))
+    answered: dict[tuple[int, int], bool] = {}  # (question, row): the same under many weights
+
+    def holds(q: int, row: int) -> bool:
+        if (q, row) not in answered:
+            answered[q, row] = row >= 0 and has_answer(qas[q][1], texts[row], match)
+        return answered[q, row]
+
+    grid = {}
+    for w, top in fused.items():
+        ranks = [first_relevant_rank([holds(q, r) for r in q_rows])
+                 for q, q_rows in enumerate(top.tolist())]  # fmt: skip
+        grid[f"{w:g}"] = float(hit_metrics(ranks, [k])[metric].mean())
+    best = max(TUNING_GRID, key=lambda w: (grid[f"{w:g}"], -abs(np.log(w))))
+    return best, grid

@@ -1,0 +1,149 @@
+"""BM25 + dense fusion: DPR's linear combination and RRF against hand computations and ranx's
+own RRF; the missing side's score is computed, not guessed; through eval and search, a weight of
+0 gives BM25's ranking and a huge one the dense ranking; a BM25 run fuses like BM25 built here;
+the weight tuned on held-out questions is the best of its grid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpr_cache.retrieval.fusion import FusionSpec, fuse, fuse_linear, fuse_rrf
+from dpr_cache.retrieval.results import read_trec_run
+from dpr_cache.testing.cli import run_cli, toy_overrides
+from dpr_cache.testing.fixtures import TOY
+
+
+def _r(rows, scores):
+    return np.array(rows, np.int64), np.array(scores, np.float32)
+
+
+def test_linear_fusion_by_hand() -> None:
+    dense = _r([3, 1, 7], [0.9, 0.8, 0.1])
+    sparse = _r([1, 5, 3], [12.0, 11.0, 2.0])
+    asked = {"dense": [], "sparse": []}
+
+    def dense_of(rows):  # passage 5: the only one BM25 alone ranked
+        asked["dense"].append(rows.tolist())
+        return np.array([0.5] * len(rows))
+
+    def sparse_of(rows):  # passage 7: the only one the dense side alone ranked
+        asked["sparse"].append(rows.tolist())
+        return np.array([4.0] * len(rows))
+
+    rows, scores = fuse_linear(dense, sparse, 2.0, dense_of, sparse_of, k=10)
+    # 1: 12 + 2*0.8 = 13.6; 5: 11 + 2*0.5 = 12; 3: 2 + 2*0.9 = 3.8; 7: 4 + 2*0.1 = 4.2
+    assert rows.tolist() == [1, 5, 7, 3]
+    np.testing.assert_allclose(scores, [13.6, 12.0, 4.2, 3.8], rtol=1e-6)
+    assert asked == {"dense": [[5]], "sparse": [[7]]}  # computed, never guessed
+    rows, _ = fuse_linear(dense, sparse, 0.0, dense_of, sparse_of, k=2)
+    assert rows.tolist() == [1, 5]  # weight 0: BM25's order
+
+
+def test_rrf_by_hand_and_against_ranx() -> None:
+    dense, sparse = _r([3, 1, 7, -1], [0.9, 0.8, 0.1, -np.inf]), _r([1, 5, 3], [12, 11, 2])
+    rows, scores = fuse_rrf([sparse, dense], k=10, rrf_k=60)
+    want = {1: 1 / 61 + 1 / 62, 3: 1 / 63 + 1 / 61, 5: 1 / 62, 7: 1 / 63}
+    assert rows.tolist() == sorted(want, key=lambda r: (-want[r], r))
+    np.testing.assert_allclose(scores, [want[r] for r in rows.tolist()])
+    ranx = pytest.importorskip("ranx")
+    runs = [ranx.Run({"q": {f"d{r}": float(s) for r, s in zip(*pair, strict=True) if r >= 0}})
+            for pair in (sparse, dense)]  # fmt: skip
+    theirs = ranx.fuse(runs=runs, method="rrf", params={"k": 60}).to_dict()["q"]
+    assert {int(d[1:]): v for d, v in theirs.items()} == pytest.approx(want)
+
+
+def test_fuse_pads_short_rankings_and_refuses_an_unknown_method() -> None:
+    scores, rows = fuse(FusionSpec("rrf"), [_r([2], [1.0])], [_r([], [])], k=3)
+    assert rows.tolist() == [[2, -1, -1]] and np.isinf(scores[0, 1:]).all()
+    with pytest.raises(ValueError, match="fusion method"):
+        fuse(FusionSpec("max"), [_r([2], [1.0])], [_r([], [])], k=3)
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A toy model trained a few steps, its index, and the toy's eval arguments."""
+    root = tmp_path_factory.mktemp("fusion")
+    args = ["--config", "configs/toy.yaml", "-q",
+            *toy_overrides(root, **{"train.max_steps": 4, "eval.top_k": "[1,5,20]"})]  # fmt: skip
+    run_cli("train", *args)
+    run_cli("index", *args)
+    return root, args
+
+
+def _run(out: Path) -> dict[str, list[str]]:
+    return {q: [p for p, _ in ranked] for q, ranked in read_trec_run(out / "run.trec").items()}
+
+
+def test_eval_weights_zero_and_huge_give_bm25_and_dense(toy_run) -> None:
+    root, args = toy_run
+    run_cli("eval", *args, "--out", str(root / "dense"))
+    fused = {}
+    for weight in (0, 1e6):
+        out = root / f"linear-{weight:g}"
+        fusion = ["--set", "eval.fusion=linear", "--set", f"eval.fusion_weight={weight}"]
+        run_cli("eval", *args, "--out", str(out), *fusion, "--set", "eval.fusion_depth=50")
+        fused[weight] = _run(out)
+        record = json.loads((out / "fusion.json").read_text())
+        assert record["method"] == "linear" and record["weight"] == weight
+        assert json.loads((out / "metrics.json").read_text())["measured"]["fusion"] == record
+    search = root / "bm25.trec"
+    run_cli("search", "--index", str(root / "run" / "index"), "--questions",
+            str(TOY / "dev.qa.tsv"), "--model", str(root / "run" / "model"), "--k", "20",
+            "--out", str(search), "--fusion", "linear", "--fusion-weight", "0",
+            "--fusion-depth", "50", "--cache-dir", str(root / "cache"))  # fmt: skip
+    assert {q: [p for p, _ in r] for q, r in read_trec_run(search).items()} == fused[0]
+    from dpr_cache.data.passages import load_passages, passage_columns
+    from dpr_cache.data.qas import read_qas
+    from dpr_cache.retrieval.bm25 import Bm25Index
+
+    bm25 = Bm25Index.open(TOY / "passages.tsv", root / "cache")
+    ids = passage_columns(load_passages(TOY / "passages.tsv", root / "cache"), range(bm25.rows))
+    questions = [q for q, _ in read_qas(TOY / "dev.qa.tsv")]
+    for qid, (rows, _) in enumerate(bm25.search(questions, 20)):  # BM25 alone, here
+        assert fused[0][str(qid)] == [ids["id"][r] for r in rows.tolist()], qid
+    dense = _run(root / "dense")
+    agree = sum(fused[1e6][q][:5] == dense[q][:5] for q in dense) / len(dense)
+    assert agree > 0.95  # huge weight: the dense order (BM25 only breaks exact dense ties)
+    assert fused[0] != dense
+
+
+def test_a_bm25_run_fuses_like_bm25_built_here(toy_run) -> None:
+    root, args = toy_run
+    built = root / "rrf-built"
+    run_cli("eval", *args, "--out", str(built), "--set", "eval.fusion=rrf",
+            "--set", "eval.fusion_depth=30")  # fmt: skip
+    search = root / "bm25-30.trec"  # BM25's own top 30, written as a run
+    run_cli("search", "--index", str(root / "run" / "index"), "--questions",
+            str(TOY / "dev.qa.tsv"), "--model", str(root / "run" / "model"), "--k", "30",
+            "--out", str(search), "--fusion", "linear", "--fusion-weight", "0",
+            "--fusion-depth", "30", "--cache-dir", str(root / "cache"))  # fmt: skip
+    from_run = root / "rrf-run"
+    run_cli("eval", *args, "--out", str(from_run), "--set", "eval.fusion=rrf",
+            "--set", f"eval.bm25_run={search}", "--set", "eval.fusion_depth=30")  # fmt: skip
+    assert _run(from_run) == _run(built)
+    bad = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set",
+                  f"eval.bm25_run={search}", check=False)  # fmt: skip
+    assert bad.returncode == 2 and "use rrf with a run" in bad.stderr
+
+
+def test_an_auto_weight_is_the_best_of_its_grid_on_held_out_questions(toy_run) -> None:
+    root, args = toy_run
+    held_out = root / "tune.qa.tsv"
+    lines = [json.loads(line) for line in (TOY / "train.jsonl").read_text().splitlines()[:40]]
+    held_out.write_text("".join(f"{r['question']}\t{json.dumps(r['answers'])}\n" for r in lines))
+    out = root / "auto"
+    run_cli("eval", *args, "--out", str(out), "--set", "eval.fusion=linear",
+            "--set", "eval.fusion_weight=auto", "--set", f"eval.fusion_tune_qa={held_out}",
+            "--set", "eval.fusion_depth=50")  # fmt: skip
+    record = json.loads((out / "fusion.json").read_text())
+    best = max(record["grid"].values())
+    assert record["grid"][f"{record['weight']:g}"] == best and record["tune_metric"] == "mrr@10"
+    assert len(set(record["grid"].values())) > 1  # the weight matters on these questions
+    same = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set",
+                   "eval.fusion_weight=auto", "--set",
+                   f"eval.fusion_tune_qa={TOY / 'dev.qa.tsv'}", check=False)  # fmt: skip
+    assert same.returncode == 2 and "not held out" in same.stderr

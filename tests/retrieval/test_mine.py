@@ -1,0 +1,225 @@
+"""``dpr-cache mine``: the mined negatives against a reference written here (a numpy search over
+the index's stored vectors plus DPR's answer rule), every rule and its count, the file's own
+negatives kept, resuming, and bad input as one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpr_cache.data.answers import has_answer
+from dpr_cache.model.loading import load_encoder
+from dpr_cache.retrieval.encode import encode_question_texts
+from dpr_cache.testing.cli import run_cli
+from dpr_cache.testing.fixtures import TOY, index_vectors
+
+TINY = TOY / "tiny-bert"
+TRAIN = TOY / "train.jsonl"
+RECORDS = [json.loads(line) for line in TRAIN.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory) -> Path:
+    """The toy passages indexed by the tiny BERT (an HF folder: both towers)."""
+    root = tmp_path_factory.mktemp("mine")
+    run_cli("index", "--config", "configs/toy.yaml", "--model", str(TINY), "-q", "--set",
+            f"output_dir={root}", "--set", f"data.cache_dir={root / 'cache'}")  # fmt: skip
+    return root / "index"
+
+
+def _mine(index: Path, out: Path, *extra: str, check: bool = True):
+    return run_cli("mine", "--model", str(TINY), "--index", str(index), "--train", str(TRAIN),
+                   "--out", str(out), "--cache-dir", str(index.parent / "cache"), "-q", *extra,
+                   check=check)  # fmt: skip
+
+
+def _reference(index: Path, negatives: int, depth: int, skip: int) -> list[list[str]]:
+    """Each question's negatives: all passages by the score of the stored vectors (ties by row),
+    the window [skip, skip + depth), positives (id or text) and answer-bearing passages left
+    out, the first ``negatives`` kept."""
+    vectors, ids = index_vectors(index)  # [n, d] float32 of the stored float16
+    with open(TOY / "passages.tsv", encoding="utf-8", newline="") as f:
+        texts = {pid: text for pid, text, _ in list(csv.reader(f, delimiter="\t"))[1:]}
+    model = load_encoder(TINY, pooling="mean", query_only=True)  # as the toy config indexed
+    q = encode_question_texts(model, [r["question"] for r in RECORDS], max_length=32,
+                              device=torch.device("cpu"))  # fmt: skip
+    out = []
+    for record, scores in zip(RECORDS, q @ vectors.T, strict=True):
+        order = np.lexsort((np.arange(len(scores)), -scores))[skip : skip + depth]
+        pos_ids = {c["passage_id"] for c in record["positive_ctxs"]}
+        pos_texts = {c["text"] for c in record["positive_ctxs"]}
+        kept = [ids[r] for r in order if ids[r] not in pos_ids and texts[ids[r]] not in pos_texts
+                and not has_answer(record["answers"], texts[ids[r]])]  # fmt: skip
+        out.append(kept[:negatives])
+    return out
+
+
+def _read(out: Path) -> list[dict]:
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_mined_negatives_equal_the_reference(index, tmp_path) -> None:
+    out = tmp_path / "mined.jsonl"
+    done = _mine(index, out, "--negatives", "5", "--depth", "30", "--skip", "2")
+    mined = _read(out)
+    want = _reference(index, 5, 30, 2)
+    got = [[c["passage_id"] for c in r["hard_negative_ctxs"]] for r in mined]
+    assert got == want
+    for record, original in zip(mined, RECORDS, strict=True):  # every other key as it was
+        assert {k: v for k, v in record.items() if k != "hard_negative_ctxs"} == {
+            k: v for k, v in original.items() if k != "hard_negative_ctxs"
+        }
+        assert all(set(c) == {"passage_id", "title", "text", "score"}
+                   for c in record["hard_negative_ctxs"])  # fmt: skip
+        scores = [c["score"] for c in record["hard_negative_ctxs"]]
+        assert scores == sorted(scores, reverse=True)
+    summary = json.loads((tmp_path / "mined.summary.json").read_text())
+    assert summary["questions"] == 300 and summary["negatives"] == sum(map(len, got))
+    assert summary["candidates"] == summary["negatives"] + sum(summary["dropped"].values())
+    assert summary["skipped_top"] == 2 * 300 and summary["dropped"]["answer"] > 0
+    assert summary["mined_by"]["type"] == "flat" and summary["settings"]["skip"] == 2
+    assert f"dropped, answer: {summary['dropped']['answer']}" in done.stdout
+    assert not (tmp_path / "mined.jsonl.parts").exists()  # the parts go once joined
+
+
+def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
+    _mine(index, tmp_path / "plain.jsonl", "--negatives", "3", "--depth", "20")
+    plain = _read(tmp_path / "plain.jsonl")
+    _mine(index, tmp_path / "both.jsonl", "--negatives", "3", "--depth", "20", "--keep-bm25")
+    for mined, both, original in zip(plain, _read(tmp_path / "both.jsonl"), RECORDS, strict=True):
+        seen = {c["passage_id"] for c in mined["hard_negative_ctxs"]}
+        own = [c for c in original["hard_negative_ctxs"] if c["passage_id"] not in seen]
+        assert both["hard_negative_ctxs"] == mined["hard_negative_ctxs"] + own
+    first = plain[0]["hard_negative_ctxs"][0]["passage_id"]  # judged relevant: dropped
+    qrels = tmp_path / "qrels.trec"
+    qrels.write_text(f"{RECORDS[0]['id']} 0 {first} 1\n")
+    _mine(index, tmp_path / "judged.jsonl", "--negatives", "3", "--depth", "20", "--qrels",
+          str(qrels))  # fmt: skip
+    judged = _read(tmp_path / "judged.jsonl")
+    assert first not in {c["passage_id"] for c in judged[0]["hard_negative_ctxs"]}
+    assert judged[1:] == plain[1:]
+    summary = json.loads((tmp_path / "judged.summary.json").read_text())
+    assert summary["dropped"]["judged"] == 1
+    _mine(index, tmp_path / "margin.jsonl", "--negatives", "3", "--depth", "20", "--margin", "9")
+    summary = json.loads((tmp_path / "margin.summary.json").read_text())
+    assert summary["negatives"] == 0 and summary["short"] == 300  # none is 9 below its positive
+    _mine(index, tmp_path / "rel.jsonl", "--negatives", "3", "--depth", "20",
+          "--relative-margin", "0.0")  # fmt: skip
+    for record in _read(tmp_path / "rel.jsonl"):  # nothing scoring at or above the positive
+        pos = record["positive_ctxs"][0]["passage_id"]
+        assert all(c["passage_id"] != pos for c in record["hard_negative_ctxs"])
+    rel = json.loads((tmp_path / "rel.summary.json").read_text())
+    assert rel["dropped"]["margin"] > 0
+
+
+def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
+    from dpr_cache.retrieval import mine as mining
+    from dpr_cache.retrieval.index import open_index
+    from dpr_cache.retrieval.negatives import MineSpec
+
+    out = tmp_path / "m.jsonl"
+    spec = MineSpec(negatives=4, depth=20, batch=100)
+    kw = dict(passages=None, qrels=None, cache_dir=index.parent / "cache",
+              memory_bytes=2 * 10**9, device=torch.device("cpu"), progress=False)  # fmt: skip
+
+    def run() -> None:
+        mining.mine(TINY.resolve(), open_index(index), TRAIN, out, spec, **kw)
+
+    run()
+    whole = out.read_bytes()
+    out.unlink()
+    real, calls = mining._Mining.part, []
+
+    def cut_after_two(self, batch, train):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is cut: parts 0 and 1 are on disk
+        calls.append(batch[0][0])
+        return real(self, batch, train)
+
+    monkeypatch.setattr(mining._Mining, "part", cut_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    parts = tmp_path / "m.jsonl.parts"
+    assert (
+        sorted(p.name for p in parts.glob("part-*.jsonl"))
+        == ["part-000000.jsonl", "part-000001.jsonl"]
+        and not out.exists()
+    )
+    calls.clear()
+    monkeypatch.setattr(mining._Mining, "part", lambda self, b, t: calls.append(b[0][0]) or
+                        real(self, b, t))  # fmt: skip
+    run()
+    assert calls == [200] and out.read_bytes() == whole  # only the third part was mined
+    parts.mkdir()  # parts of other inputs are not taken
+    (parts / "inputs.sha256").write_text("another run")
+    (parts / "part-000000.jsonl").write_text("{}\n")
+    (parts / "part-000000.json").write_text("{}")
+    out.unlink()
+    calls.clear()
+    run()
+    assert calls == [0, 100, 200] and out.read_bytes() == whole
+
+
+def test_bad_input_is_one_line(index, tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    record = dict(RECORDS[0], positive_ctxs=[dict(RECORDS[0]["positive_ctxs"][0],
+                                                  passage_id="nowhere")])  # fmt: skip
+    bad.write_text(json.dumps(RECORDS[1]) + "\n" + json.dumps(record) + "\n")
+    cases = [
+        (["--train", str(bad)], f"{bad} line 2: positive passage 'nowhere' is not among"),
+        (["--negatives", "50", "--depth", "20"], "is more than the --depth 20"),
+        (["--margin", "0.1", "--relative-margin", "0.1"], "not both"),
+        (["--skip", "-1"], "--skip >= 0"),
+        (["--match", "fuzzy"], "--match: 'fuzzy' is not one of"),
+    ]
+    no_answers = tmp_path / "noans.jsonl"
+    no_answers.write_text(json.dumps(dict(RECORDS[0], answers=[])) + "\n")
+    cases.append((["--train", str(no_answers)], "has no answers to match"))
+    for extra, message in cases:
+        args = [
+            "mine",
+            "--model",
+            str(TINY),
+            "--index",
+            str(index),
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--cache-dir",
+            str(index.parent / "cache"),
+            "-q",
+        ]
+        if "--train" not in extra:
+            args += ["--train", str(TRAIN)]
+        done = run_cli(*args, *extra, check=False)
+        assert done.returncode == 2, (extra, done.stderr[-500:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (extra, lines)
+    assert not (tmp_path / "o.jsonl").exists()
+    ok = run_cli("mine", "--model", str(TINY), "--index", str(index), "--train", str(no_answers),
+                 "--out", str(tmp_path / "o.jsonl"), "--match", "none", "-q",
+                 "--cache-dir", str(index.parent / "cache"))  # fmt: skip
+    assert ok.returncode == 0
+    from dpr_cache.model.biencoder import BiEncoder
+
+    moved = BiEncoder.from_pretrained(TINY)
+    with torch.no_grad():
+        next(moved.parameters()).add_(0.01)
+    moved.save_pretrained(tmp_path / "other")
+    other = run_cli(
+        "mine",
+        "--model",
+        str(tmp_path / "other"),
+        "--index",
+        str(index),
+        "--train",
+        str(TRAIN),
+        "--out",
+        str(tmp_path / "x.jsonl"),
+        check=False,
+    )
+    assert other.returncode == 2 and "not the model the index" in other.stderr
