@@ -41,7 +41,7 @@ def mine(
     ] = None,
     relative_margin: Annotated[
         float | None,
-        typer.Option(help="Drop a candidate scoring above positive x (1 - MARGIN)."),
+        typer.Option(help="Drop a candidate scoring above positive - MARGIN x |positive|."),
     ] = None,
     batch: Annotated[int, typer.Option(help="Questions per part (resumable unit).")] = 2048,
     memory_gb: Annotated[float, typer.Option("--memory-gb", help="Peak memory, in GB.")] = 4.0,

@@ -7,7 +7,8 @@ positive (``positive_id``: the same passage id; ``positive_text``: the same text
 relevant (``judged``: the qrels say so), holds an answer (``answer``: DPR's ``has_answer`` on the
 passage text, string or regex match) or scores within a margin of the positive (``margin``: a
 likely false negative; absolute, ``score >= positive - margin``, or relative,
-``score >= positive * (1 - relative_margin)``, as sentence-transformers' miner defines them).
+``score >= positive - relative_margin * |positive|``: sentence-transformers' miner's rules, the
+relative one also sensible for a positive scoring below 0).
 
 BM25's negatives: for each question, the passages BM25 ranks highest that no rule drops become its
 ``hard_negative_ctxs`` (``passage_id``, ``title``, ``text``, ``score``), best first; a passage that
@@ -83,8 +84,8 @@ def drop_reason(
     if positive_score is not None:
         if rules.margin is not None and score >= positive_score - rules.margin:
             return "margin"
-        if rules.relative_margin is not None and score >= positive_score * (
-            1 - rules.relative_margin
+        if rules.relative_margin is not None and score >= positive_score - (
+            rules.relative_margin * abs(positive_score)
         ):
             return "margin"
     return None

