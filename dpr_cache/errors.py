@@ -1,11 +1,12 @@
 """The project's own error types. The CLI maps each to one line on stderr and an exit code:
-:class:`InputError` exits 2, :class:`Interrupted` 130; anything else keeps its own message."""
+:class:`InputError` exits 2, :class:`Diverged` 3, :class:`Interrupted` 130; anything else keeps its
+own message."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["InputError", "Interrupted"]
+__all__ = ["InputError", "Interrupted", "Diverged"]
 
 
 class InputError(ValueError):
@@ -18,3 +19,8 @@ class Interrupted(Exception):
     def __init__(self, checkpoint: Path):
         super().__init__(f"interrupted: checkpoint saved at {checkpoint}")
         self.checkpoint = checkpoint
+
+
+class Diverged(ArithmeticError):
+    """Training met a loss or gradient that is not finite (fp32, bf16): the message names the
+    step and its batch, and the last checkpoint, which is left as it was."""

@@ -1,20 +1,33 @@
 """torch.distributed set-up: join the process group ``torchrun`` describes, if any.
 
-Gloo on CPU, NCCL on GPU, one device per ``LOCAL_RANK``. The gather whose backward keeps the
-gradient exact lives in :mod:`dpr_cache.core.gather`.
+Gloo on CPU, NCCL on GPU, one device per ``LOCAL_RANK``. A collective waits at most
+``DPR_CACHE_DIST_TIMEOUT`` seconds (default 600) for a rank that stopped answering. Each rank
+records every rank's host and pid when the group forms, so that a rank whose peer died (the OOM
+killer, a lost node) can say which one in one line (:func:`lost_rank`) instead of a backend's
+traceback. The gather whose backward keeps the gradient exact lives in
+:mod:`dpr_cache.core.gather`.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import socket
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from dpr_cache.runtime.device import resolve_device
+from dpr_cache.runtime.processes import alive, state
 
-__all__ = ["DistEnv", "setup", "teardown", "barrier", "all_mean"]
+__all__ = ["DistEnv", "setup", "teardown", "barrier", "all_mean", "lost_rank", "PEERS"]
+
+PEERS: dict[int, tuple[str, int]] = {}
+"""Every rank's (host, pid), once the group has formed (empty on one process)."""
+_GONE_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+               "nccl", "gloo")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,14 @@ def setup(device: str = "auto", key: str = "train.device") -> DistEnv:
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
+        seconds = float(os.environ.get("DPR_CACHE_DIST_TIMEOUT", "600"))
+        dist.init_process_group(
+            backend="nccl" if chosen.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(seconds=seconds),
+        )
+        peers: list = [None] * dist.get_world_size()
+        dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
+        PEERS.update(enumerate(peers))
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, chosen)
 
 
@@ -68,3 +88,31 @@ def all_mean(value: torch.Tensor, env: DistEnv) -> float:
         dist.all_reduce(value)
         value /= env.world_size
     return float(value)
+
+
+def lost_rank(error: BaseException, wait: float = 5.0) -> str | None:
+    """One line for a collective that failed because a rank is gone (its process ended, or it
+    stopped answering), naming it; None when ``error`` is no such failure. A peer on this host
+    is looked up by its pid (given ``wait`` seconds to end, or found stopped); one on another
+    host is named by its host."""
+    text = " ".join(str(error).split())
+    if not PEERS or not any(word in text.lower() for word in _GONE_WORDS):
+        return None
+    me, host = int(os.environ.get("RANK", "0")), socket.gethostname()
+    gone: list[str] = []
+    deadline = time.monotonic() + wait
+    while not gone and time.monotonic() < deadline:
+        gone = [f"rank {r} (pid {pid})" for r, (h, pid) in PEERS.items()
+                if r != me and h == host and not alive(pid)]  # fmt: skip
+        if not gone:
+            time.sleep(0.2)
+    if not gone:  # alive but not answering: a peer held by a signal (SIGSTOP, a debugger)
+        gone = [f"rank {r} (pid {pid}, not answering)" for r, (h, pid) in PEERS.items()
+                if r != me and h == host and state(pid) in ("T", "t")]  # fmt: skip
+    if not gone:
+        others = sorted({h for r, (h, _) in PEERS.items() if h != host})
+        gone = [f"a rank on {', '.join(others)}" if others else "another rank"]
+    return (
+        f"rank {me}: {' and '.join(gone)} stopped, so this rank stops too ({text[:120]}): "
+        "once every rank can run, --resume continues from the last checkpoint"
+    )

@@ -1,6 +1,8 @@
 """Child processes of the project's own modules (``python -m dpr_cache.x ARGS``), used where a
 measurement needs a fresh process: a peak resident set (``ru_maxrss``) is a high-water mark of a
-whole process, so each memory probe (``train.chunk_size: auto``) runs in one of its own.
+whole process, so each memory probe (``train.chunk_size: auto``) runs in one of its own. Also
+what a process knows of others (:func:`alive`, :func:`state`) and the set-up of the data-loader
+workers it forks (:func:`loader_worker`).
 
 The child inherits this process's environment and finds this checkout's package first on
 ``PYTHONPATH``; its last line of standard output is one JSON object, the result.
@@ -8,13 +10,16 @@ The child inherits this process's environment and finds this checkout's package 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ChildFailed", "child_env", "run_json_child"]
+__all__ = ["ChildFailed", "child_env", "run_json_child", "alive", "state", "worker_init"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the dpr_cache package
 
@@ -46,3 +51,43 @@ def run_json_child(module: str, args: list[str]) -> dict:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ChildFailed(module, done.returncode, tail[:300])
     return json.loads(lines[-1])
+
+
+def state(pid: int) -> str:
+    """A process's state letter in /proc (R, S, T stopped, Z ended, ...; "" when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return ""
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (one that ended but was not reaped: no)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return state(pid) != "Z"
+
+
+def worker_init(parent: int | None = None):
+    """A DataLoader ``worker_init_fn`` for this process's workers (``parent``: its pid)."""
+    return functools.partial(loader_worker, os.getpid() if parent is None else parent)
+
+
+def loader_worker(parent: int, _worker_id: int) -> None:
+    """Set up a data-loader worker forked by ``parent``: Ctrl-C and SIGTERM are the parent's (it
+    checkpoints, then stops its workers), and on Linux the worker is killed when the parent
+    ends however it ends; a worker of a ``kill -9``-ed parent would otherwise wait forever on
+    a queue no one reads."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the worker ends when its queue fails
+        return
+    if os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)

@@ -1,0 +1,73 @@
+"""One command at a time on an output: an exclusive lock on a lock file of the folder
+(``<folder>/.dpr-cache.lock``) or file (``.<name>.lock`` beside it) it writes, held for the
+command's life. It is a POSIX record lock (``lockf``): owned by the process, not passed to the
+children it forks (data-loader workers, which may outlive a killed parent by seconds), released
+by the kernel when the process ends however it ends, so a crash or a ``kill -9`` never leaves it
+stuck; it works on NFS too. The file names the holder (pid, host, command, start), so a
+second command is refused at once with a message that says who holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from dpr_cache.errors import InputError
+
+__all__ = ["output_lock", "lock_path", "LOCK_NAME"]
+
+LOCK_NAME = ".dpr-cache.lock"
+
+
+def lock_path(target: Path, is_file: bool = False) -> Path:
+    """The lock file of an output: inside a folder, or beside a file (hidden)."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.lock") if is_file else target / LOCK_NAME
+
+
+@contextlib.contextmanager
+def output_lock(target: str | Path, *, is_file: bool = False) -> Iterator[None]:
+    """Hold the lock of ``target`` (a folder, or with ``is_file`` a file's path) for the block;
+    InputError naming the holder when another process holds it. Under ``torchrun`` rank 0
+    holds it for the run and the other ranks take nothing."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    path = lock_path(Path(target), is_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EACCES or EAGAIN: held by another process
+            raise InputError(f"{target}: in use by {_holder(fd)}: wait for it to end, or write "
+                             "somewhere else") from None  # fmt: skip
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join(["dpr-cache", *sys.argv[1:]])[:300],
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its file says."""
+    try:
+        text = os.pread(fd, 4096, 0).decode(errors="replace")
+        who = json.loads(text)
+        return (f"pid {who['pid']} on {who['host']} since {who['started']} "
+                f"({who['command']})")  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return "another process (its lock file says no more)"
