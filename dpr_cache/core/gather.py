@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["gather_with_grad", "gather_no_grad", "world_size"]
+__all__ = ["gather_with_grad", "gather_no_grad", "all_finite_or_nan", "world_size"]
 
 
 def world_size() -> int:
@@ -51,3 +51,11 @@ def gather_no_grad(local: Tensor) -> Tensor:
     parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, local.contiguous())
     return torch.cat(parts)
+
+
+def all_finite_or_nan(loss: Tensor) -> Tensor:
+    """``loss`` where every rank's loss is finite, else NaN on every rank: the ranks agree on a
+    step that cannot be taken, so none goes on into a backward the others left."""
+    finite = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
+    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    return loss if bool(finite.item()) else loss + float("nan")

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from dpr_cache.core.accumulate import Accumulate, FullBatch
 from dpr_cache.core.engine import GradCache
-from dpr_cache.core.gather import gather_no_grad, gather_with_grad
+from dpr_cache.core.gather import all_finite_or_nan, gather_no_grad, gather_with_grad
 from dpr_cache.core.loss import contrastive_loss
 
 __all__ = ["MODES", "Towers", "make_loss_fn", "make_stepper"]
@@ -38,7 +38,7 @@ def make_loss_fn(
             offset = rank * p_reps.shape[0]
             p_reps = gather_with_grad(p_reps)
             p_ids = gather_no_grad(p_ids) if p_ids is not None else None
-        return contrastive_loss(
+        loss = contrastive_loss(
             q_reps,
             p_reps,
             temperature=temperature,
@@ -47,6 +47,7 @@ def make_loss_fn(
             group_size=group_size,
             positive_offset=offset,
         )
+        return all_finite_or_nan(loss) if world_size > 1 else loss
 
     return loss_fn
 

@@ -1,7 +1,9 @@
 """Checkpoints that resume bit-exactly: weights, optimizer, schedule, scaler and every rank's RNG.
 
 ``checkpoints/step-N/state.pt`` is written by rank 0 under a temporary name, flushed to disk and
-swapped into place; the oldest are removed beyond ``keep``. Resuming refuses a checkpoint of
+swapped into place, with its SHA-256 beside it (``state.sha256``); the oldest are removed beyond
+``keep``. Resuming takes the newest checkpoint whose bytes match their checksum: one cut short or
+with a flipped bit is reported and passed over for the one before it. It refuses a checkpoint of
 another layout (:data:`FORMAT`), another world size (the ranks' RNG streams and data slices would
 not line up) and another way of drawing the epochs' batch orders
 (:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would differ).
@@ -10,6 +12,8 @@ not line up) and another way of drawing the epochs' batch orders
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -22,13 +26,17 @@ import torch.distributed as dist
 from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic
+from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
 from dpr_cache.runtime.distributed import DistEnv
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "rng_states"]
+__all__ = [
+    "save_checkpoint", "latest_checkpoint", "sound_checkpoint", "load_checkpoint", "rng_states",
+]  # fmt: skip
 
-STATE_FILE = "state.pt"
-FORMAT = 2
+log = logging.getLogger(__name__)
+
+STATE_FILE, CHECKSUM_FILE = "state.pt", "state.sha256"
+FORMAT = 3
 """The layout of ``state.pt``; a checkpoint of another layout is refused, not converted."""
 
 
@@ -72,11 +80,15 @@ def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEn
             "epoch_order": EPOCH_ORDER,
         }
 
+        size = _tensor_bytes(state)
+
         def write(tmp: Path) -> None:
             tmp.mkdir(parents=True)
-            write_atomic(tmp / STATE_FILE, functools.partial(torch.save, state), fsync=True)
+            save = functools.partial(torch.save, state)
+            write_atomic(tmp / STATE_FILE, save, fsync=True, size_hint=size)
+            write_text_atomic(tmp / CHECKSUM_FILE, _sha256(tmp / STATE_FILE) + "\n")
 
-        write_dir_atomic(final, write)
+        write_dir_atomic(final, write, size_hint=size)
         for old in sorted(Path(root).glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
@@ -84,9 +96,41 @@ def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEn
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint folder under ``root``, or None."""
+    """The newest checkpoint folder under ``root`` (checked or not), or None."""
     done = sorted(p for p in Path(root).glob("step-*") if (p / STATE_FILE).is_file())
     return done[-1] if done else None
+
+
+def sound_checkpoint(root: Path) -> Path | None:
+    """The newest checkpoint under ``root`` whose state matches its checksum; each newer one
+    that does not (cut short, a flipped bit, no checksum) is reported and passed over."""
+    done = sorted(p for p in Path(root).glob("step-*") if (p / STATE_FILE).is_file())
+    for path in reversed(done):
+        stored = path / CHECKSUM_FILE
+        if stored.is_file() and stored.read_text().strip() == _sha256(path / STATE_FILE):
+            return path
+        why = "its bytes do not match its checksum" if stored.is_file() else "it has no checksum"
+        log.warning("%s: damaged (%s): passed over for the checkpoint before it", path, why)
+    return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _tensor_bytes(obj) -> int:
+    """The bytes of the tensors in a nested state (what saving it needs, give or take)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> int:

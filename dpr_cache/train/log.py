@@ -51,9 +51,11 @@ class TrainLog(contextlib.AbstractContextManager):
         desc: str = "train",
     ) -> None:
         self.path, self.env, self.fixed, self.watcher = out / LOG_FILE, env, fixed, watcher
-        self.log_every, self.total = log_every, total
+        self.log_every, self.total, self.skipped = log_every, total, 0
         if env.is_main:
             keep_lines_up_to(self.path, start)
+            kept = read_lines(self.path)
+            self.skipped = json.loads(kept[-1]).get("skipped_steps", 0) if kept else 0
         self.file = open(self.path, "a", encoding="utf-8") if env.is_main else None  # noqa: SIM115
         self.bar = tqdm(
             total=total, initial=start, disable=not (progress and env.is_main), desc=desc,
@@ -64,6 +66,7 @@ class TrainLog(contextlib.AbstractContextManager):
         """Log step ``step`` (0-based): its line (every ``log_every`` steps and whenever it
         validated), the watcher's figures, the bar."""
         done = step + 1
+        self.skipped += result.skipped
         if self.env.is_main:
             record = {
                 "step": done, "epoch": epoch, "loss": result.loss, "lr": result.lr,
@@ -73,6 +76,10 @@ class TrainLog(contextlib.AbstractContextManager):
                 "pairs_per_second": round(self.fixed["batch_size"] / result.seconds, 2),
                 "peak_memory_bytes": memory.peak_memory_bytes(self.env.device),
             }  # fmt: skip
+            if result.loss_scale is not None:
+                record["loss_scale"] = result.loss_scale
+            if self.skipped:  # fp16 steps skipped for a loss or gradient not finite, so far
+                record.update(skipped=result.skipped, skipped_steps=self.skipped)
             if self.watcher is not None:
                 record = self.watcher.step(record, model, done, last=done == self.total)
             validated = any(key.startswith("val_") for key in record)

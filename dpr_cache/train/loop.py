@@ -19,13 +19,14 @@ import torch
 import torch.distributed as dist
 
 from dpr_cache.config import Config, save_config
-from dpr_cache.errors import InputError, Interrupted
+from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.runtime.lock import output_lock
 from dpr_cache.train.checkpoint import latest_checkpoint
 from dpr_cache.train.log import TrainLog, negatives_per_question
 from dpr_cache.train.recipe import step_batches
-from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data
+from dpr_cache.train.trainer import NonFinite, batch_recipe, build_trainer, training_data
 from dpr_cache.train.watch_setup import make_watcher
 
 __all__ = ["train"]
@@ -34,7 +35,13 @@ CHECKPOINTS, MODEL = "checkpoints", "model"
 
 
 def train(config: Config, *, resume: bool = False, progress: bool = True) -> Path:
-    """Train per ``config``; return ``output_dir/model``. Raises InputError on bad input."""
+    """Train per ``config``; return ``output_dir/model``. Raises InputError on bad input, and
+    when another command holds ``output_dir``."""
+    with output_lock(config.output_path):
+        return _train(config, resume, progress)
+
+
+def _train(config: Config, resume: bool, progress: bool) -> Path:
     cfg, m = config.train, config.model
     out = config.output_path
     _check_start(config, resume)
@@ -77,7 +84,10 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         with stop.installed(), log:
             for step, batch in enumerate(loader, start=start):
                 digest = batch.digest() if env.is_main else None
-                result = trainer.step(batch)
+                try:
+                    result = trainer.step(batch)
+                except NonFinite as e:
+                    raise _diverged(e, step, batch.digest(), batches, out / CHECKPOINTS) from None
                 log.record(step, batches.epoch_of(step), digest, result, trainer.model)
                 done, interrupted = step + 1, stop.agreed(env)
                 if done % cfg.checkpoint_every == 0 or done == total or interrupted:
@@ -92,6 +102,18 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         return out / MODEL
     finally:
         distributed.teardown()
+
+
+def _diverged(e: NonFinite, step: int, digest: str, batches, root: Path) -> Diverged:
+    """What stopped the run: the step, its batch (digest, first questions), the checkpoint."""
+    first = ", ".join(str(i) for i in batches.batch_indices(step)[:3])
+    kept = latest_checkpoint(root)
+    return Diverged(
+        f"train: the {e} is not finite at step {step + 1} (batch {digest}, questions {first}, "
+        f"... of the training set); stopped with nothing updated, the last checkpoint "
+        f"{kept.name if kept else '(none)'} as it was: lower train.lr, or train in fp16 (its "
+        "steps skip such a batch) or bf16"
+    )
 
 
 def _check_start(config: Config, resume: bool) -> None:

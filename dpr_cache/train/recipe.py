@@ -3,7 +3,6 @@ the optimizer and schedule DPR uses."""
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch, build_batch
+from dpr_cache.runtime.processes import worker_init
 
 __all__ = [
     "BatchRecipe", "step_batches", "param_groups", "linear_warmup_decay", "flat_softmax_warning"
@@ -69,12 +69,6 @@ class _StepBatches(torch.utils.data.Dataset):
         return recipe.batch(dataset, batches, tokenizer, self.start + i, self.rank, self.world)
 
 
-def _quiet_worker(_: int) -> None:
-    """Ctrl-C and SIGTERM are the main process's: it checkpoints, then stops the workers."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
 def step_batches(
     recipe: BatchRecipe,
     dataset,
@@ -95,7 +89,7 @@ def step_batches(
         _StepBatches(recipe, dataset, batches, tokenizer, start, stop, rank, world_size),
         batch_size=None,
         num_workers=num_workers,
-        worker_init_fn=_quiet_worker if num_workers else None,
+        worker_init_fn=worker_init() if num_workers else None,
         prefetch_factor=2 if num_workers else None,
         generator=torch.Generator().manual_seed(0),  # its seed draw must not touch the global RNG
     )

@@ -34,7 +34,12 @@ from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.runtime.seeds import stream_seed
 from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
-from dpr_cache.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dpr_cache.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    sound_checkpoint,
+)
 from dpr_cache.train.recipe import (
     BatchRecipe,
     flat_softmax_warning,
@@ -42,20 +47,29 @@ from dpr_cache.train.recipe import (
     param_groups,
 )
 
-__all__ = ["Trainer", "StepResult", "build_trainer", "batch_recipe", "training_data"]
+__all__ = [
+    "Trainer", "StepResult", "NonFinite", "build_trainer", "batch_recipe", "training_data",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+
+
+class NonFinite(ArithmeticError):
+    """A step's loss or gradient is not finite (fp32, bf16): nothing was updated."""
 
 
 @dataclass
 class StepResult:
     """What one update reports: the loss (mean over ranks), the learning rate it used, the
-    gradient norm before clipping, and its wall seconds."""
+    gradient norm before clipping, its wall seconds, whether it was skipped and the loss scale
+    (fp16)."""
 
     loss: float
     lr: float
     grad_norm: float
     seconds: float
+    skipped: bool = False
+    loss_scale: float | None = None  # fp16: the scaler's scale after the step
 
 
 @dataclass
@@ -73,30 +87,59 @@ class Trainer:
     max_grad_norm: float | None = None
 
     def step(self, batch: Batch) -> StepResult:
-        """One update on this rank's slice of a global batch."""
+        """One update on this rank's slice of a global batch. A loss or gradient that is not
+        finite: in fp16 the update is skipped and the loss scale lowered, as torch's GradScaler
+        does (the schedule waits, as Hugging Face's Trainer's does); in fp32 and bf16,
+        :class:`NonFinite`, with nothing updated."""
         started = time.perf_counter()
         batch = batch.to(self.env.device)
         self.optimizer.zero_grad(set_to_none=True)
-        with autocast(self.env.device, self.precision):
-            loss = self.stepper.step(batch.q_inputs, batch.p_inputs, p_ids=batch.p_ids)
+        try:
+            with autocast(self.env.device, self.precision):
+                loss = self.stepper.step(batch.q_inputs, batch.p_inputs, p_ids=batch.p_ids)
+        except FloatingPointError:
+            if self.scaler is None:
+                raise NonFinite("loss") from None
+            return self._skipped(started)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or math.inf)
+        skipped = False
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skipped when the gradients hold inf or nan
             self.scaler.update()
+            skipped = self.scaler.get_scale() < scale
+        elif not torch.isfinite(grad_norm):
+            raise NonFinite("gradient")
         else:
             self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        if not skipped:
+            self.scheduler.step()
         loss_value = all_mean(loss, self.env)
-        return StepResult(loss_value, lr, float(grad_norm), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        scale = self.scaler.get_scale() if self.scaler is not None else None
+        return StepResult(loss_value, lr, float(grad_norm), seconds, skipped, scale)
+
+    def _skipped(self, started: float) -> StepResult:
+        """fp16, a loss that is not finite: no update, the scale lowered by its backoff."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(torch.zeros((), device=self.env.device))  # the scale exists
+        self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+        lr = self.scheduler.get_last_lr()[0]
+        nan = float("nan")
+        seconds = time.perf_counter() - started
+        return StepResult(nan, lr, nan, seconds, skipped=True, loss_scale=self.scaler.get_scale())
 
     def resume(self, root: Path) -> int:
-        """Restore the newest checkpoint under ``root``; the steps it had done (0: none)."""
-        latest = latest_checkpoint(root)
+        """Restore the newest sound checkpoint under ``root`` (a damaged one is passed over,
+        with a warning); the steps it had done (0: none)."""
+        latest = sound_checkpoint(root)
         if latest is None:
+            if latest_checkpoint(root) is not None:
+                raise InputError(f"{root}: every checkpoint is damaged: train afresh")
             return 0
         return load_checkpoint(
             latest, self.model, self.optimizer, self.scheduler, self.scaler, self.env
@@ -113,7 +156,8 @@ class Trainer:
         if self.env.is_main:
             self.model.max_query_length = max_query_length
             self.model.max_passage_length = max_passage_length
-            write_dir_atomic(out, self.model.save_pretrained)
+            size = 2 * sum(p.numel() * p.element_size() for p in self.model.parameters())
+            write_dir_atomic(out, self.model.save_pretrained, size_hint=size)
 
 
 def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:

@@ -14,6 +14,7 @@ from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.testing.fixtures import bert_config
 from dpr_cache.train.checkpoint import (
+    FORMAT,
     STATE_FILE,
     latest_checkpoint,
     load_checkpoint,
@@ -80,7 +81,7 @@ def test_a_checkpoint_of_another_layout_or_epoch_order_is_refused(tmp_path) -> N
     assert load_checkpoint(path, model, optimizer, scheduler, None, DistEnv()) == 1
     state = torch.load(path / STATE_FILE, weights_only=False)
     for key, value, message in (
-        ("format", None, r"format None, this one reads 2\)"),
+        ("format", None, rf"format None, this one reads {FORMAT}\)"),
         ("format", 1, "a checkpoint of another dpr-cache version"),
         ("epoch_order", "seed + epoch", r"draws batch orders as seed \+ epoch, this dpr-cache"),
     ):
