@@ -54,3 +54,15 @@ def read_qas(path: Path) -> list[tuple[str, list[str]]]:
     except (OSError, EOFError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read ({' '.join(str(e).split())})") from None
     return out
+
+
+def question_ids(qas_path: Path, n: int) -> list[str]:
+    """The questions' ids: ``X.ids.txt`` beside a qas file ``X.tsv`` (BEIR's query ids, one a
+    line), else the row numbers from 0."""
+    ids_file = qas_path.with_suffix(".ids.txt")
+    if not ids_file.is_file():
+        return [str(i) for i in range(n)]
+    ids = ids_file.read_text(encoding="utf-8").splitlines()
+    if len(ids) != n:
+        raise InputError(f"{ids_file}: {len(ids)} ids for the {n} questions of {qas_path}")
+    return ids

@@ -33,6 +33,7 @@ from dpr_cache.retrieval.index import finish_index
 from dpr_cache.retrieval.shards import EncodeSpec, encode_passage_shards
 from dpr_cache.retrieval.store import EmbeddingStore, write_shard
 from dpr_cache.runtime.device import resolve_device
+from dpr_cache.runtime.lock import output_lock
 
 __all__ = [
     "build_index",
@@ -86,13 +87,14 @@ def build_index(
     model_dir = resolve_model_dir(model_dir, config.output_path / "model")
     if not config.data.passages:
         raise InputError("data.passages: not set (a DPR passages TSV)")
-    return index_passages(
-        Path(config.data.passages), model_dir, index_dir_of(config.output_path),
-        encode=encode_spec(config), index=index_spec(config),
-        memory_bytes=memory_bytes_of(config.index.memory_gb),
-        device=resolve_device(config.index.device, key="index.device"),
-        cache_dir=config.cache_path, rank=rank, world_size=world_size, progress=progress,
-    )  # fmt: skip
+    with output_lock(index_dir_of(config.output_path)):
+        return index_passages(
+            Path(config.data.passages), model_dir, index_dir_of(config.output_path),
+            encode=encode_spec(config), index=index_spec(config),
+            memory_bytes=memory_bytes_of(config.index.memory_gb),
+            device=resolve_device(config.index.device, key="index.device"),
+            cache_dir=config.cache_path, rank=rank, world_size=world_size, progress=progress,
+        )  # fmt: skip
 
 
 def index_passages(
@@ -154,17 +156,17 @@ def index_embeddings(
     pickles = [p for p in paths if p.endswith((".pkl", ".pickle"))]
     if pickles and len(pickles) != len(paths):
         raise InputError(f"{pattern}: mixes DPR pickles and .npy shards; give one kind")
+    npys = [Path(p) for p in paths if p.endswith(".npy")]
+    if not (pickles or npys):
+        raise InputError(f"{pattern}: matches no .npy shard")
     out = Path(out)
-    if pickles:
-        npys = [
-            _dpr_pickle_to_shard(Path(p), out / "shards" / f"dpr-{i:05d}.npy", store_dtype)
-            for i, p in enumerate(pickles)
-        ]
-    else:
-        npys = [Path(p) for p in paths if p.endswith(".npy")]
-        if not npys:
-            raise InputError(f"{pattern}: matches no .npy shard")
-    finish_index(out, EmbeddingStore.open(npys), spec, memory_bytes, {"source": pattern})
+    with output_lock(out):
+        if pickles:
+            npys = [
+                _dpr_pickle_to_shard(Path(p), out / "shards" / f"dpr-{i:05d}.npy", store_dtype)
+                for i, p in enumerate(pickles)
+            ]
+        finish_index(out, EmbeddingStore.open(npys), spec, memory_bytes, {"source": pattern})
     return out
 
 

@@ -16,6 +16,7 @@ from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_pa
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.store import write_shard
 from dpr_cache.runtime.device import autocast
+from dpr_cache.runtime.processes import worker_init
 
 __all__ = [
     "encode_passage_texts",
@@ -138,6 +139,7 @@ def encode_corpus(
         _TokenizedChunks(dataset, chunks, model.tokenizer, max_length, model.passage_prefix),
         batch_size=None,
         num_workers=num_workers,
+        worker_init_fn=worker_init() if num_workers else None,
         generator=torch.Generator().manual_seed(0),  # leave the global RNG alone
     )
     items = iter(loader)

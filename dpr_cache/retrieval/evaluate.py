@@ -25,7 +25,7 @@ import torch
 
 from dpr_cache.config import Config, save_config
 from dpr_cache.data.passages import load_passages
-from dpr_cache.data.qas import read_qas
+from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
 from dpr_cache.retrieval.build import index_dir_of, index_spec, memory_bytes_of
@@ -39,7 +39,7 @@ from dpr_cache.retrieval.index import (
     passage_rows_of,
     search_index,
 )
-from dpr_cache.retrieval.metrics import Qrels, answer_qrels, ranking_metrics, read_qrels
+from dpr_cache.retrieval.metrics import answer_qrels, judged_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
     FUSION_FILE,
@@ -56,39 +56,11 @@ from dpr_cache.retrieval.results import (
 )
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.device import resolve_device
+from dpr_cache.runtime.lock import output_lock
 
 __all__ = ["evaluate", "format_metrics_table", "check_overrides"]
 
 log = logging.getLogger(__name__)
-
-
-def question_ids(qas_path: Path, n: int) -> list[str]:
-    """The questions' ids: ``X.ids.txt`` beside a qas file ``X.tsv`` (BEIR's query ids, one a
-    line), else the row numbers from 0."""
-    ids_file = qas_path.with_suffix(".ids.txt")
-    if not ids_file.is_file():
-        return [str(i) for i in range(n)]
-    ids = ids_file.read_text(encoding="utf-8").splitlines()
-    if len(ids) != n:
-        raise InputError(f"{ids_file}: {len(ids)} ids for the {n} questions of {qas_path}")
-    return ids
-
-
-def judged_qrels(qrels: Qrels, qids: Sequence[str], path: str) -> Qrels:
-    """The qrels of the questions evaluated. As trec_eval, a question without judgments is left
-    out of the means, and judgments of other questions are dropped; none in common is an error."""
-    judged = {qid: qrels[qid] for qid in qids if qid in qrels}
-    if not judged:
-        raise InputError(
-            f"{path}: judges none of the {len(qids)} questions (first qrels id "
-            f"{next(iter(qrels), None)!r}, first question id {qids[0]!r})"
-        )
-    if len(judged) < len(qids) or len(judged) < len(qrels):
-        log.warning(
-            "%s: %d of %d questions judged (%d qrels questions not evaluated)",
-            path, len(judged), len(qids), len(qrels) - len(judged),
-        )  # fmt: skip
-    return judged
 
 
 def check_overrides(overridden: Sequence[str], opened: OpenIndex, config: Config) -> None:
@@ -119,7 +91,28 @@ def evaluate(
     command: str = "",
 ) -> dict[str, Any] | None:
     """Search, judge and write the evaluation files (see the module docstring); return the
-    metrics (None on ranks other than 0, which only scan their share of the shards)."""
+    metrics (None on ranks other than 0, which only scan their share of the shards). Raises
+    InputError when another command holds the output folder."""
+    out = Path(out_dir) if out_dir is not None else config.output_path / "eval"
+    with output_lock(out):
+        return _evaluate(
+            config, model_dir, out_dir=out, progress=progress, device=device, rank=rank,
+            world_size=world_size, overridden=overridden, command=command,
+        )  # fmt: skip
+
+
+def _evaluate(
+    config: Config,
+    model_dir: str | Path | None = None,
+    *,
+    out_dir: Path | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    overridden: Sequence[str] = (),
+    command: str = "",
+) -> dict[str, Any] | None:
     stages: dict[str, float] = {}
     clock = time.perf_counter()
 

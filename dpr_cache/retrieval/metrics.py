@@ -13,6 +13,7 @@ relevant passage, so they are also given per question from that rank (:func:`hit
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = [
     "first_relevant_rank",
     "hit_metrics",
     "ranking_metrics",
+    "judged_qrels",
 ]
 
 Qrels = dict[str, dict[str, int]]
@@ -109,3 +111,20 @@ def ranking_metrics(
     n = len(qrels)
     names = [f"top{k}" for k in ks] + ["mrr@10"] + [f"recall@{k}" for k in ks] + ["ndcg@10"]
     return {name: 100.0 * totals[name] / n if n else 0.0 for name in names}
+
+
+def judged_qrels(qrels: Qrels, qids: Sequence[str], path: str) -> Qrels:
+    """The qrels of the questions evaluated. As trec_eval, a question without judgments is left
+    out of the means, and judgments of other questions are dropped; none in common is an error."""
+    judged = {qid: qrels[qid] for qid in qids if qid in qrels}
+    if not judged:
+        raise InputError(
+            f"{path}: judges none of the {len(qids)} questions (first qrels id "
+            f"{next(iter(qrels), None)!r}, first question id {qids[0]!r})"
+        )
+    if len(judged) < len(qids) or len(judged) < len(qrels):
+        logging.getLogger(__name__).warning(
+            "%s: %d of %d questions judged (%d qrels questions not evaluated)",
+            path, len(judged), len(qids), len(qrels) - len(judged),
+        )  # fmt: skip
+    return judged

@@ -48,6 +48,7 @@ from dpr_cache.retrieval.negatives import RULES, MineSpec, check_spec, drop_reas
 from dpr_cache.retrieval.shards import DEFAULT_QUERY_LENGTH
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
+from dpr_cache.runtime.lock import output_lock
 
 __all__ = ["MineSpec", "check_spec", "mine", "summary_path", "QID_KEYS"]
 
@@ -81,6 +82,13 @@ def mine(
     train, out = Path(train), Path(out)
     if out.resolve() == train.resolve():
         raise InputError(f"{out}: the output must not overwrite the training file")
+    with output_lock(out, is_file=True):
+        return _mine(model_dir, opened, train, out, spec, passages, qrels, cache_dir,
+                     memory_bytes, device, rank, world_size, progress, command)  # fmt: skip
+
+
+def _mine(model_dir, opened, train, out, spec, passages, qrels, cache_dir, memory_bytes, device,
+          rank, world_size, progress, command):  # fmt: skip
     started = time.perf_counter()
     model = load_encoder(model_dir, query_only=True, **query_encoding(opened)).to(device)
     check_model(model_dir, model, opened)

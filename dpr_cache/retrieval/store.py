@@ -42,11 +42,13 @@ def write_shard(npy: Path, embs: np.ndarray, ids: Sequence[str], dtype: str = "f
     write_text_atomic(ids_path(npy), "".join(f"{pid}\n" for pid in ids))
     array = np.ascontiguousarray(embs, dtype=STORE_DTYPES[dtype])
 
-    def write(tmp: Path) -> None:
+    def write(tmp: Path) -> None:  # np.save's bytes, by plain writes: a full disk is ENOSPC
         with open(tmp, "wb") as f:
-            np.save(f, array)
+            header = np.lib.format.header_data_from_array_1_0(array)
+            np.lib.format.write_array_header_1_0(f, header)
+            f.write(memoryview(array.reshape(-1)).cast("B"))
 
-    write_atomic(npy, write)
+    write_atomic(npy, write, size_hint=array.nbytes + 128)
 
 
 @dataclass(frozen=True)

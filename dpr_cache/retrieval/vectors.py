@@ -24,6 +24,7 @@ from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.retrieval.shards import DEFAULT_QUERY_LENGTH, EncodeSpec, encode_passage_shards
 from dpr_cache.retrieval.store import Shard, ids_path, write_shard
 from dpr_cache.runtime.atomic import write_json_atomic
+from dpr_cache.runtime.lock import output_lock
 
 __all__ = [
     "encode_file", "question_vectors", "read_queries", "search_to_run", "HybridSearch",
@@ -81,6 +82,11 @@ def encode_file(
         raise InputError("encode: give one of --passages or --questions")
     model_dir = resolve_model_dir(model_path, Path("."))
     out = Path(out)
+    with output_lock(out):
+        return _encode_file(model_dir, out, spec, passages, questions, device, cache_dir, progress)
+
+
+def _encode_file(model_dir, out, spec, passages, questions, device, cache_dir, progress):
     if questions is not None:
         vectors, ids, used = question_vectors(model_dir, questions, spec, device)
         write_shard(out / QUESTIONS, vectors, ids, "float32")
@@ -142,6 +148,13 @@ def search_to_run(
 ) -> Path | None:
     """Search ``queries`` in the index (fused with BM25 per ``hybrid``); rank 0 writes the TREC
     run ``out`` and returns it."""
+    with output_lock(out, is_file=True):
+        return _search_to_run(index_dir, queries, qids, Path(out), k, memory_bytes, spec, tag,
+                              rank, world_size, hybrid)  # fmt: skip
+
+
+def _search_to_run(index_dir, queries, qids, out, k, memory_bytes, spec, tag, rank, world_size,
+                   hybrid):  # fmt: skip
     opened = open_index(index_dir, spec)
     if hybrid is None:
         hits = search_index(opened, queries, k, memory_bytes, rank=rank, world_size=world_size)
