@@ -1,0 +1,167 @@
+"""What the fault tests share: the real commands started as processes, a kill at a chosen moment,
+and the checks of what a fault leaves (no file under its final name is partial; a rerun leaves no
+temporary behind).
+
+Every injection is recorded (fault, command, where it struck, survived) in ``RECORDS``; the
+folder's conftest writes them out (``DPR_CACHE_FAULT_REPORT``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from dpr_cache.runtime.processes import alive, child_env
+from dpr_cache.testing.fixtures import REPO
+
+RECORDS: list[dict] = []
+TEMPORARY = re.compile(r".*\.tmp\d+|\.tmp-.*-\d+|\.old-.*-\d+")
+
+
+def start(*args: str, env: dict | None = None, world: int = 1) -> subprocess.Popen:
+    """``python -m dpr_cache ARGS`` (under torchrun with ``world`` > 1) in the background."""
+    launcher = [sys.executable]
+    if world > 1:
+        from dpr_cache.testing.cli import free_port
+
+        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                     "--master_addr=127.0.0.1", f"--master_port={free_port()}"]  # fmt: skip
+    full = {**child_env(), **(env or {})}
+    if world > 1:
+        full["OMP_NUM_THREADS"] = "1"
+    return subprocess.Popen([*launcher, "-m", "dpr_cache", *args], cwd=REPO, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (data-loader workers), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):  # ended while being read
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 300) -> bool:
+    """SIGKILL ``proc`` as soon as ``ready()`` holds; False when it ended first. The processes
+    it had started (its data-loader workers) must end with it, within seconds."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if ready():
+            children = descendants(proc.pid)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            _assert_ended(children, proc.args)
+            return True
+        assert time.monotonic() < deadline, "the kill point was never reached"
+        time.sleep(0.005)
+    return False
+
+
+def _assert_ended(pids: list[int], args, wait: float = 10.0) -> None:
+    deadline = time.monotonic() + wait
+    left = pids
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)  # not left running after this test
+    assert not left, f"{' '.join(args[2:5])}: processes {left} outlived their parent's kill -9"
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of every file under ``path`` (temporaries included: they grow as they are written)."""
+    total = 0
+    for p in Path(path).rglob("*"):
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except FileNotFoundError:  # renamed or removed while being counted
+            pass
+    return total
+
+
+def leftovers(path: Path) -> list[str]:
+    """Temporaries (``X.tmp<pid>``, ``.tmp-X-<pid>``, ``.old-X-<pid>``) under ``path``."""
+    return sorted(str(p) for p in Path(path).rglob("*") if TEMPORARY.fullmatch(p.name))
+
+
+def assert_whole(path: Path) -> None:
+    """Every file under ``path`` with a final name is whole: JSON parses, a JSON Lines file ends
+    its last line, a .npy holds the rows its header says, a TREC run's lines have 6 fields."""
+    for p in Path(path).rglob("*"):
+        if not p.is_file() or any(TEMPORARY.fullmatch(part) for part in p.parts):
+            continue
+        if p.suffix == ".json":
+            json.loads(p.read_text())
+        elif p.suffix == ".jsonl" and p.name != "train_log.jsonl":  # the log's reader drops a
+            assert p.read_bytes().endswith(b"\n") or not p.stat().st_size, p  # torn last line
+        elif p.suffix == ".npy":
+            np.load(p, mmap_mode="r")
+        elif p.suffix == ".trec":
+            assert all(len(line.split()) == 6 for line in p.read_text().splitlines()), p
+
+
+def record(fault: str, command: str, where: str, survived: bool, lost_bytes: int = 0) -> None:
+    RECORDS.append({"fault": fault, "command": command, "where": where, "survived": survived,
+                    "lost_bytes": lost_bytes})  # fmt: skip
+
+
+VOLATILE = {
+    "timings",
+    "seconds",
+    "started",
+    "build_seconds",
+    "encode_seconds",
+    "passages_per_second",
+    "pairs_per_second",
+    "peak_memory_bytes",
+    "load_average_at_start",
+}
+
+
+def _steady(obj):
+    """``obj`` without the keys that time or measure the machine."""
+    if isinstance(obj, dict):
+        return {k: _steady(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [_steady(v) for v in obj]
+    return obj
+
+
+def digest(path: Path, skip: tuple[str, ...] = ("tensorboard", "checkpoints")) -> dict[str, str]:
+    """A fingerprint of every output under ``path`` (relative name -> sha256 of its content, times
+    and measurements left out; locks, temporaries and the ``skip`` folders left out)."""
+    import hashlib
+
+    out = {}
+    for p in sorted(Path(path).rglob("*")):
+        rel = p.relative_to(path)
+        if not p.is_file() or p.name.endswith(".lock") or TEMPORARY.fullmatch(p.name):
+            continue
+        if rel.parts[0] in skip or p.name == "timings.json":
+            continue
+        data = p.read_bytes()
+        if p.suffix == ".json":
+            data = json.dumps(_steady(json.loads(data)), sort_keys=True).encode()
+        elif p.name == "train_log.jsonl":
+            lines = [json.dumps(_steady(json.loads(x)), sort_keys=True) for x in data.splitlines()]
+            data = "\n".join(lines).encode()
+        out[str(rel)] = hashlib.sha256(data).hexdigest()
+    return out

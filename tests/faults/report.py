@@ -1,0 +1,55 @@
+"""docs/reliability.md from the injections the fault tests recorded::
+
+DPR_CACHE_FAULT_REPORT=/tmp/faults.jsonl .venv/bin/python -m pytest -q tests/faults
+.venv/bin/python -m tests.faults.report /tmp/faults.jsonl --out docs/reliability.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from dpr_cache.runtime.atomic import write_text_atomic
+
+TESTS = {
+    "kill -9": "tests/faults/test_kill.py",
+    "disk full": "tests/faults/test_disk_full.py",
+    "a rank killed": "tests/faults/test_dead_rank.py",
+    "damaged checkpoint": "tests/faults/test_damaged_checkpoint.py",
+    "two commands, one folder": "tests/faults/test_locks.py",
+    "loss not finite": "tests/faults/test_nonfinite.py",
+}
+
+
+def table(records: list[dict]) -> list[str]:
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["fault"], r["command"])].append(r)
+    lines = ["| fault | command | injections | survived | lost bytes | where it struck | "
+             "reproduce |", "|---|---|--:|--:|--:|---|---|"]  # fmt: skip
+    for (fault, command), rows in groups.items():
+        where = "; ".join(dict.fromkeys(r["where"] for r in rows))
+        lines.append(
+            f"| {fault} | {command} | {len(rows)} | {sum(r['survived'] for r in rows)} | "
+            f"{sum(r['lost_bytes'] for r in rows)} | {where} | `pytest {TESTS[fault]}` |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("docs/reliability.md"))
+    args = parser.parse_args()
+    records = [json.loads(line) for line in args.records.read_text().splitlines() if line]
+    head = args.out.read_text().split("<!-- faults:begin -->")[0] if args.out.is_file() else ""
+    tail = args.out.read_text().rsplit("<!-- faults:end -->", 1)[1] if args.out.is_file() else "\n"
+    body = "<!-- faults:begin -->\n" + "\n".join(table(records)) + "\n<!-- faults:end -->"
+    write_text_atomic(args.out, head + body + tail)
+    print(f"{len(records)} injections written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
