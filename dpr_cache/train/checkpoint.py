@@ -109,7 +109,8 @@ def sound_checkpoint(root: Path) -> Path | None:
         stored = path / CHECKSUM_FILE
         if stored.is_file() and stored.read_text().strip() == _sha256(path / STATE_FILE):
             return path
-        why = "its bytes do not match its checksum" if stored.is_file() else "it has no checksum"
+        why = ("its bytes do not match its checksum" if stored.is_file()
+               else "it has no checksum: cut short, or written by an earlier version")  # fmt: skip
         log.warning("%s: damaged (%s): passed over for the checkpoint before it", path, why)
     return None
 

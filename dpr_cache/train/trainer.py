@@ -139,7 +139,10 @@ class Trainer:
         latest = sound_checkpoint(root)
         if latest is None:
             if latest_checkpoint(root) is not None:
-                raise InputError(f"{root}: every checkpoint is damaged: train afresh")
+                raise InputError(
+                    f"{root}: every checkpoint is damaged or of an earlier version (no matching "
+                    "checksum): finish the run with the version that started it, or train afresh"
+                )
             return 0
         return load_checkpoint(
             latest, self.model, self.optimizer, self.scheduler, self.scaler, self.env

@@ -38,6 +38,7 @@ FULL_BATCH=${FULL_BATCH:-8}
 ONLY=${ONLY:-}
 if [[ -n ${CODE:-} ]]; then
   export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
   BIN=("$PY" -m dpr_cache)
 else
   BIN=("${BIN:-.venv/bin/dpr-cache}")

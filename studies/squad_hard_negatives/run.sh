@@ -22,6 +22,7 @@ MINE=${MINE:-"--negatives 30 --depth 100 --relative-margin 0.05"}
 BATCH_STUDY=studies/squad_batch_size/run.sh
 if [[ -n ${CODE:-} ]]; then
   export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
 fi
 BIN=("$PY" -m dpr_cache)
 if [[ $DRY_RUN == 1 ]]; then

@@ -58,6 +58,5 @@ def test_every_checkpoint_damaged_is_one_line(cut_run, tmp_path) -> None:
         state.write_bytes(state.read_bytes()[:100])
     done = run_cli(*_args(tmp_path), "--resume", check=False)
     assert done.returncode == 2
-    assert (
-        done.stderr.strip().splitlines()[-1].endswith("every checkpoint is damaged: train afresh")
-    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert "every checkpoint is damaged" in last and last.endswith("train afresh"), last
