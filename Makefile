@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+# Two test processes (a file each at a time), then the memory bounds alone on a quiet machine.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 lint: $(STAMP)
 	$(PY) -m ruff check $(CODE)
