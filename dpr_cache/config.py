@@ -150,6 +150,11 @@ class EvalConfig(_Section):
                 "eval.fusion: linear needs BM25's score of every candidate, which a run "
                 "(eval.bm25_run) does not hold: use rrf with a run"
             )
+        if self.fusion != "none" and self.fusion_depth < max(self.top_k):
+            raise ValueError(
+                f"eval.fusion_depth: {self.fusion_depth} candidates a side cannot fill the top "
+                f"{max(self.top_k)} of eval.top_k: raise it"
+            )
         return self
 
     @field_validator("top_k")

@@ -14,15 +14,18 @@ import csv
 import hashlib
 import json
 import math
+import sys
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
-from dpr_cache.data.answers import has_answer, tokenize
-from dpr_cache.runtime.atomic import write_dir_atomic
-from dpr_cache.testing.tiny_bert import build_tiny_bert
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the tiny BERT builder lives with the tests that check it
+
+from dpr_cache.data.answers import has_answer, tokenize  # noqa: E402
+from dpr_cache.runtime.atomic import write_dir_atomic  # noqa: E402
+from tests.support.tiny_bert import build_tiny_bert  # noqa: E402
+
 DEFAULT_SRC = ROOT / "data" / "squad"
 DEFAULT_OUT = ROOT / "data" / "toy"
 
@@ -194,7 +197,7 @@ this folder:
   they contain divided by the square root of their number of distinct non-stopwords.
 - **tiny-bert/**: a random-init BERT (hidden 64, 2 layers, 2 heads, 256 positions, seed 0) with a
   lower-casing, accent-stripping WordPiece vocabulary (at most 2,000 tokens) learned on the corpus
-  passages, titles and train questions (`dpr_cache.testing.tiny_bert.build_tiny_bert`).
+  passages, titles and train questions (`tests.support.tiny_bert.build_tiny_bert`).
 
 ## Files
 

@@ -2,7 +2,7 @@
 whatever the environment says; a test that needs the network path sets it for its own child),
 and float64 as the default dtype on demand.
 
-Shared helpers live in :mod:`dpr_cache.testing` (tiny BERT, random inputs, the CLI runner);
+Shared helpers live in :mod:`tests.support` (tiny BERT, random inputs, the CLI runner);
 fixtures of one folder live in that folder's conftest.py.
 """
 

@@ -7,7 +7,7 @@ import yaml
 
 from dpr_cache.config import load_config, parse_bytes, save_config
 from dpr_cache.errors import InputError
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 
 def write(tmp_path, text: str):

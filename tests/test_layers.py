@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 PACKAGE = REPO / "dpr_cache"
+OUTSIDE = ("benchmarks.", "studies.", "tests.")  # beside the package, never installed
 # layer -> the layers it may import (itself included); errors.py is below everything
 ALLOWED = {
     "runtime": {"runtime", "errors"},
@@ -20,7 +21,6 @@ ALLOWED = {
     "data": {"data", "runtime", "errors"},
     "train": {"train", "retrieval", "model", "data", "core", "runtime", "errors", "config"},
     "retrieval": {"retrieval", "model", "data", "core", "runtime", "errors", "config"},
-    "testing": {"testing", "train", "retrieval", "model", "data", "core", "runtime", "errors"},
     "config": {"data", "runtime", "errors"},
     "errors": set(),
     "cli": {
@@ -70,8 +70,8 @@ def _imports(path: Path) -> set[str]:
             names.add(node.module)
             names |= {f"{node.module}.{alias.name}" for alias in node.names}
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value.startswith("dpr_cache.") and " " not in node.value:
-                names.add(node.value)
+            if node.value.startswith(OUTSIDE + ("dpr_cache.",)) and " " not in node.value:
+                names.add(node.value)  # a module named to import later, or run with -m
     return names
 
 
@@ -110,19 +110,23 @@ def test_config_stays_at_the_edge() -> None:
     assert users == CONFIG_EDGE
 
 
-def test_the_package_imports_neither_benchmarks_nor_studies() -> None:
-    """The harness and the studies sit beside the package: nothing installed may need them."""
+def test_the_package_imports_neither_benchmarks_nor_studies_nor_tests() -> None:
+    """The harness, the studies and the tests' helpers sit beside the package: nothing
+    installed may need them."""
     for path in _modules():
-        outside = {n.split(".")[0] for n in _imports(path)} & {"benchmarks", "studies"}
+        outside = {n.split(".")[0] for n in _imports(path)} & {p.rstrip(".") for p in OUTSIDE}
         assert not outside, f"{path.relative_to(REPO)} imports {sorted(outside)}"
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
     """Negative control: an upward import in a core module is reported."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from dpr_cache.train.loop import train\n    import benchmarks\n")
+    bad.write_text(
+        "def f():\n    from dpr_cache.train.loop import train\n    import benchmarks\n"
+        "    run('tests.support.cli')\n"
+    )
     assert _project_layers(_imports(bad)) - ALLOWED["core"] == {"train"}
-    assert "benchmarks" in _imports(bad)
+    assert {"benchmarks", "tests.support.cli"} <= _imports(bad)
 
 
 def test_top_level_holds_at_most_eight_modules() -> None:

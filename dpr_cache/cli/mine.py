@@ -37,14 +37,16 @@ def mine(
         Path | None, typer.Option(help="TREC qrels: a passage judged relevant is dropped.")
     ] = None,
     margin: Annotated[
-        float | None, typer.Option(help="Drop a candidate scoring above positive - MARGIN.")
+        float | None, typer.Option(help="Drop a candidate scoring at least positive - MARGIN.")
     ] = None,
     relative_margin: Annotated[
         float | None,
-        typer.Option(help="Drop a candidate scoring above positive - MARGIN x |positive|."),
+        typer.Option(help="Drop a candidate scoring at least positive - MARGIN x |positive|."),
     ] = None,
     batch: Annotated[int, typer.Option(help="Questions per part (resumable unit).")] = 2048,
     memory_gb: Annotated[float, typer.Option("--memory-gb", help="Peak memory, in GB.")] = 4.0,
+    nprobe: Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")] = 16,
+    ef_search: Annotated[int, typer.Option(help="HNSW search breadth (an HNSW index).")] = 128,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow caches.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
@@ -60,7 +62,7 @@ def mine(
     """
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.model.loading import resolve_model_dir
-    from dpr_cache.retrieval.index import open_index
+    from dpr_cache.retrieval.index import open_index, search_spec
     from dpr_cache.retrieval.mine import mine as run
     from dpr_cache.retrieval.negatives import MineSpec, NegativeRules
     from dpr_cache.runtime import distributed
@@ -70,7 +72,7 @@ def mine(
     rules = NegativeRules(None if match == "none" else match, margin, relative_margin)
     spec = MineSpec(negatives, depth, skip, keep_bm25, rules, batch)
     model_dir = resolve_model_dir(model, Path("."))
-    opened = open_index(index)
+    opened = open_index(index, search_spec(index, nprobe, ef_search))
     env = distributed.setup(device, "--device") if rank_and_world()[1] > 1 else None
     if env is None:
         from dpr_cache.runtime.device import resolve_device
@@ -105,4 +107,6 @@ def format_summary(summary: dict) -> str:
     if summary["settings"]["keep_bm25"]:
         lines.append(f"the file's own kept: {summary.get('kept_bm25', 0)}")
     lines.append(f"mined by: {json.dumps(summary['mined_by']['model'])}")
+    stages = ", ".join(f"{name} {s:.1f}" for name, s in summary["seconds_by_stage"].items())
+    lines.append(f"seconds: {summary['seconds']:.1f} ({stages})")
     return "\n".join(lines)

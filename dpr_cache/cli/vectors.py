@@ -92,9 +92,8 @@ def search(
 
     Example: dpr-cache search --index vecs/index --query-embeddings q/questions.npy --out run.trec
     """
-    import json
 
-    from dpr_cache.retrieval.approximate import IndexSpec
+    from dpr_cache.retrieval.index import search_spec
     from dpr_cache.retrieval.vectors import read_queries, search_to_run
 
     if (query_embeddings is None) == (questions is None):
@@ -108,6 +107,12 @@ def search(
 
         if fusion not in FUSIONS:
             raise InputError(f"--fusion: {fusion!r} is not one of {', '.join(FUSIONS)}")
+        if fusion_weight < 0:
+            raise InputError(f"--fusion-weight: must be >= 0 (got {fusion_weight:g})")
+        if fusion_depth < k:
+            raise InputError(
+                f"--fusion-depth: {fusion_depth} candidates a side cannot fill --k {k}"
+            )
         texts = [q for q, _ in read_qas(questions)] if questions is not None else None
         hybrid = HybridSearch(
             FusionSpec(fusion, fusion_weight, fusion_depth), cache_dir or default_cache_dir(),
@@ -133,9 +138,7 @@ def search(
             passage_prefix=built["prefixes"][1],
         )
         queries, qids, _ = question_vectors(model_dir, questions, spec, resolve_device("cpu"))
-    meta_file = index / "meta.json"
-    kind = json.loads(meta_file.read_text()).get("type", "flat") if meta_file.is_file() else "flat"
-    spec = IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
+    spec = search_spec(index, nprobe, ef_search)
     rank, world = rank_and_world()
     if world > 1:
         from dpr_cache.runtime import distributed
@@ -164,7 +167,7 @@ def export(
     """Write the model for another tool (dpr-hf: HF's DPRQuestionEncoder / DPRContextEncoder).
 
     OUT/question_encoder and OUT/ctx_encoder, with their tokenizers; CLS pooling only.
-    Example: dpr-cache export --format dpr-hf --model runs/toy/model --out runs/toy/dpr-hf
+    Example: dpr-cache export --format dpr-hf --model runs/toy-cls/model --out runs/toy-cls/dpr-hf
     """
     from dpr_cache.model.dpr_formats import export_dpr_hf
     from dpr_cache.model.loading import load_encoder, resolve_model_dir

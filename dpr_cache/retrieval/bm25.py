@@ -88,11 +88,13 @@ class Bm25Index:
         return self.retriever.get_scores_from_ids(ids)
 
     def search(self, questions: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """For each question, its top-``k`` passage rows and their scores, best first."""
+        """For each question, its top-``k`` passage rows and their scores, best first; a passage
+        sharing no word with the question (score 0) is not retrieved, as Lucene returns none."""
         out = []
         for question in questions:
             scores = self.scores(question)
             rows = top_rows(scores, k)
+            rows = rows[scores[rows] > 0]
             out.append((rows, scores[rows]))
         return out
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from dpr_cache.retrieval.index import (
     check_model,
     open_index,
     passage_rows_of,
+    query_encoding,
     search_index,
 )
 from dpr_cache.retrieval.metrics import answer_qrels, judged_qrels, ranking_metrics, read_qrels
@@ -56,6 +56,7 @@ from dpr_cache.retrieval.results import (
 )
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.device import resolve_device
+from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 
 __all__ = ["evaluate", "format_metrics_table", "check_overrides"]
@@ -113,15 +114,7 @@ def _evaluate(
     overridden: Sequence[str] = (),
     command: str = "",
 ) -> dict[str, Any] | None:
-    stages: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        stages[name] = round(now - clock, 3)
-        clock = now
-
+    laps = Laps()
     index_dir = index_dir_of(config.output_path)
     opened = open_index(index_dir, index_spec(config, opened_type(index_dir)))
     check_overrides(overridden, opened, config)
@@ -138,12 +131,15 @@ def _evaluate(
         raise InputError("data.passages: not set (the passages TSV the index was built from)")
     passages = Path(config.data.passages)
     dataset = load_passages(passages, config.cache_path)
-    lap("open index, questions and passages")
+    laps.lap("open index, questions and passages")
     dev = resolve_device(device if device is not None else config.eval.device, key="eval.device")
     m = config.model
+    query_prefix = m.query_prefix  # unset: the index's, which search and mine use too
+    if query_prefix is None:
+        query_prefix = query_encoding(opened)["prefixes"][0]
     model = load_encoder(
         model_dir, pooling=m.pooling, normalize=m.normalize,
-        prefixes=(m.query_prefix, m.passage_prefix), query_only=True,
+        prefixes=(query_prefix, m.passage_prefix), query_only=True,
     ).to(dev)  # fmt: skip
     check_model(model_dir, model, opened)
     for key in ("pooling", "normalize"):  # a saved model keeps its own: say so, do not ignore
@@ -153,34 +149,32 @@ def _evaluate(
                 f"model.{key}: {asked!r}, but {model_dir} was saved with "
                 f"{getattr(model, key)!r} (and its index encoded so)"
             )
-    lap("load the model")
-    q_embs = encode_question_texts(
-        model, [q for q, _ in qas], max_length=config.model.max_query_length, device=dev,
-        precision=config.eval.precision, batch_size=config.eval.batch_size,
-    )  # fmt: skip
-    del model
-    lap("encode questions")
-    k, memory = max(config.eval.top_k), memory_bytes_of(config.index.memory_gb)
+    laps.lap("load the model")
+    q_embs = _encode(config, model, qas, dev)
     spec = fusion_spec(config)
+    tune = _tune_questions(config, model, qrels, dev) if spec.weight is None else None
+    del model
+    laps.lap("encode questions")
+    k, memory = max(config.eval.top_k), memory_bytes_of(config.index.memory_gb)
     if spec.method == "none":
         hits = search_index(opened, q_embs, k, memory, rank=rank, world_size=world_size)
-        lap("search")
+        laps.lap("search")
         if hits is None:
             return None
         rows = passage_rows_of(opened, dataset, passages, hits.rows)
     else:
-        hits, fused = _hybrid(config, spec, opened, dataset, passages, model_dir, q_embs, qas,
-                              qids, dev, rank, world_size)  # fmt: skip
-        lap(f"search, BM25 and {spec.method} fusion")
+        hits, fused = _hybrid(config, spec, opened, dataset, passages, q_embs, qas, qids, tune,
+                              qrels, rank, world_size)  # fmt: skip
+        laps.lap(f"search, BM25 and {spec.method} fusion")
         if hits is None:
             return None
         rows = hits.rows  # passage rows already
-    lap("map hits to passages")
+    laps.lap("map hits to passages")
     out = Path(out_dir) if out_dir is not None else config.output_path / "eval"
     pids, flags = write_retrieval(
         out / RETRIEVAL_FILE, qas, hits.scores, rows, dataset, config.eval.match, progress
     )
-    lap("read passages, match answers, write retrieval.json")
+    laps.lap("read passages, match answers, write retrieval.json")
     scores = [row[: len(p)] for row, p in zip(hits.scores, pids, strict=True)]
     write_trec_run(out / RUN_FILE, qids, pids, scores, "dpr-cache")
     write_pyserini_retrieval(out / PYSERINI_FILE, qids, qas, pids, scores, flags)
@@ -210,7 +204,7 @@ def _evaluate(
         metrics["measured"]["fusion"] = fused
         write_json_atomic(out / FUSION_FILE, fused)
     write_json_atomic(out / METRICS_FILE, metrics)
-    write_json_atomic(out / TIMINGS_FILE, {"seconds": stages})
+    write_json_atomic(out / TIMINGS_FILE, {"seconds": laps.seconds()})
     save_config(config, out / CONFIG_FILE)
     return metrics
 
@@ -222,39 +216,55 @@ def fusion_spec(config: Config) -> FusionSpec:
     return FusionSpec(e.fusion, weight, e.fusion_depth, e.fusion_rrf_k)
 
 
-def _hybrid(config, spec, opened, dataset, passages, model_dir, q_embs, qas, qids, dev, rank,
+def _encode(config: Config, model, qas: list, dev: torch.device):
+    """The questions of ``qas`` encoded for search [n, d]."""
+    return encode_question_texts(
+        model, [q for q, _ in qas], max_length=config.model.max_query_length, device=dev,
+        precision=config.eval.precision, batch_size=config.eval.batch_size,
+    )  # fmt: skip
+
+
+def _tune_questions(config: Config, model, qrels: dict | None, dev: torch.device):
+    """The held-out questions that pick an ``auto`` weight: (qas, ids, vectors). Judged by
+    ``data.qrels`` when set (some must be judged), else by their answers (every one needs
+    some)."""
+    tune_path = Path(config.eval.fusion_tune_qa)
+    if tune_path.resolve() == Path(config.data.dev_qa).resolve():
+        raise InputError(f"eval.fusion_tune_qa: {tune_path} is data.dev_qa: not held out")
+    tune = read_qas(tune_path)
+    if not tune:
+        raise InputError(f"{tune_path}: no questions")
+    qids = question_ids(tune_path, len(tune))
+    if qrels is not None and not any(q in qrels for q in qids):
+        raise InputError(f"{tune_path}: none of its questions is judged in {config.data.qrels}")
+    if qrels is None:
+        for n, (question, answers) in enumerate(tune, start=1):
+            if not answers:
+                raise InputError(
+                    f"{tune_path} line {n}: question {question[:60]!r} has no answers to "
+                    "judge the weight by (give them, or set data.qrels)"
+                )
+    return tune, qids, _encode(config, model, tune, dev)
+
+
+def _hybrid(config, spec, opened, dataset, passages, q_embs, qas, qids, tune, qrels, rank,
             world_size):  # fmt: skip
     """The fused hits of the dev questions and what fused them (the weight tuned first on the
-    held-out questions when asked)."""
+    held-out questions ``tune`` when asked)."""
     e, memory = config.eval, memory_bytes_of(config.index.memory_gb)
-    sparse = open_sparse(passages, dataset, config.cache_path, e.bm25_run, spec)
+    sparse = open_sparse(passages, dataset, config.cache_path, e.bm25_run, spec, rank)
     record = {"method": spec.method, "depth": spec.depth, "bm25": sparse.source}
     record.update({"weight": spec.weight} if spec.method == "linear" else {"rrf_k": spec.rrf_k})
-    if spec.method == "linear" and spec.weight is None:
-        tune_path = Path(e.fusion_tune_qa)
-        if tune_path.resolve() == Path(config.data.dev_qa).resolve():
-            raise InputError(f"eval.fusion_tune_qa: {tune_path} is data.dev_qa: not held out")
-        tune = read_qas(tune_path)
-        if not tune:
-            raise InputError(f"{tune_path}: no questions")
-        m = config.model
-        model = load_encoder(
-            model_dir,
-            pooling=m.pooling,
-            normalize=m.normalize,
-            prefixes=(m.query_prefix, m.passage_prefix),
-            query_only=True,
-        ).to(dev)
-        tune_embs = encode_question_texts(
-            model, [q for q, _ in tune], max_length=m.max_query_length, device=dev,
-            precision=e.precision, batch_size=e.batch_size,
-        )  # fmt: skip
-        weight, grid = tune_weight(opened, dataset, passages, tune_embs, tune, sparse, spec,
-                                   e.fusion_tune_metric, memory, e.match, rank=rank,
-                                   world_size=world_size)  # fmt: skip
+    if tune is not None:
+        tune_qas, tune_qids, tune_embs = tune
+        weight, grid = tune_weight(opened, dataset, passages, tune_embs, tune_qas, sparse, spec,
+                                   e.fusion_tune_metric, memory, e.match, qids=tune_qids,
+                                   qrels=qrels, rank=rank, world_size=world_size)  # fmt: skip
         spec = dataclasses.replace(spec, weight=weight)
-        record.update(weight=weight, tuned_on=str(tune_path.resolve()),
-                      tune_metric=e.fusion_tune_metric, grid=grid)  # fmt: skip
+        record.update(weight=weight, tuned_on=str(Path(e.fusion_tune_qa).resolve()),
+                      tune_metric=e.fusion_tune_metric, grid=grid,
+                      judged_by=f"qrels {config.data.qrels}" if qrels is not None
+                      else f"answers ({e.match} match)")  # fmt: skip
     hits = hybrid_search(opened, dataset, passages, q_embs, [q for q, _ in qas], qids, sparse,
                          spec, max(e.top_k), memory, rank=rank, world_size=world_size)  # fmt: skip
     return hits, record

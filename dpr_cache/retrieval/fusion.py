@@ -50,12 +50,13 @@ def _ranked(rows: np.ndarray, scores: np.ndarray, k: int) -> Ranking:
 def fuse_linear(
     dense: Ranking,
     sparse: Ranking,
-    weight: float,
+    weights: Sequence[float],
     dense_of: Callable[[np.ndarray], np.ndarray],
     sparse_of: Callable[[np.ndarray], np.ndarray],
     k: int,
-) -> Ranking:
-    """``BM25 + weight * dense`` over the union of both rankings' rows, top ``k``."""
+) -> list[Ranking]:
+    """``BM25 + weight * dense`` over the union of both rankings' rows, top ``k``, for each of
+    ``weights`` (the missing scores computed once for all of them)."""
     (d_rows, d_scores), (s_rows, s_scores) = _valid(dense), _valid(sparse)
     rows = np.union1d(d_rows, s_rows)  # [u] sorted
     dense_all = np.empty(len(rows))
@@ -67,7 +68,7 @@ def fuse_linear(
         dense_all[~in_d] = dense_of(rows[~in_d])
     if (~in_s).any():
         sparse_all[~in_s] = sparse_of(rows[~in_s])
-    return _ranked(rows, sparse_all + weight * dense_all, k)
+    return [_ranked(rows, sparse_all + w * dense_all, k) for w in weights]
 
 
 def fuse_rrf(rankings: Sequence[Ranking], k: int, rrf_k: int = 60) -> Ranking:
@@ -88,24 +89,27 @@ def fuse(
     *,
     dense_of: Callable[[int, np.ndarray], np.ndarray] | None = None,
     sparse_of: Callable[[int, np.ndarray], np.ndarray] | None = None,
-    weight: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each question's fused top ``k``: (scores [n, k] float32, -inf where fewer; rows [n, k],
-    -1 there). ``dense_of(i, rows)`` / ``sparse_of(i, rows)`` score question i's missing rows
-    (linear only); ``weight`` replaces ``spec.weight``."""
+    weights: Sequence[float] | None = None,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each question's fused top ``k``, once for each linear weight of ``weights`` (default:
+    ``spec.weight``; rrf has none, so one): a list of (scores [n, k] float32, -inf where fewer;
+    rows [n, k], -1 there). ``dense_of(i, rows)`` / ``sparse_of(i, rows)`` score question i's
+    missing rows (linear only)."""
+    if spec.method not in FUSIONS[1:]:
+        raise ValueError(f"fusion method must be one of {FUSIONS[1:]}, got {spec.method!r}")
+    grid = (spec.weight,) if weights is None else tuple(weights)
+    if spec.method == "rrf":
+        grid = (None,)
     n = len(dense)
-    out_rows = np.full((n, k), -1, np.int64)
-    out_scores = np.full((n, k), -np.inf, np.float32)
+    out = [(np.full((n, k), -np.inf, np.float32), np.full((n, k), -1, np.int64)) for _ in grid]
     for i in range(n):
         if spec.method == "linear":
-            w = spec.weight if weight is None else weight
-            rows, scores = fuse_linear(
-                dense[i], sparse[i], w, lambda r, i=i: dense_of(i, r),
+            fused = fuse_linear(
+                dense[i], sparse[i], grid, lambda r, i=i: dense_of(i, r),
                 lambda r, i=i: sparse_of(i, r), k,
             )  # fmt: skip
-        elif spec.method == "rrf":
-            rows, scores = fuse_rrf([sparse[i], dense[i]], k, spec.rrf_k)
         else:
-            raise ValueError(f"fusion method must be one of {FUSIONS[1:]}, got {spec.method!r}")
-        out_rows[i, : len(rows)], out_scores[i, : len(rows)] = rows, scores
-    return out_scores, out_rows
+            fused = [fuse_rrf([sparse[i], dense[i]], k, spec.rrf_k)]
+        for (scores, rows), (r, s) in zip(out, fused, strict=True):
+            rows[i, : len(r)], scores[i, : len(r)] = r, s
+    return out

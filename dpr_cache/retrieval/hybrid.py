@@ -52,25 +52,33 @@ class Sparse:
 
 
 def open_sparse(
-    passages: Path, dataset, cache_dir: Path, run: str | Path | None, spec: FusionSpec
-) -> Sparse:
-    """BM25 from ``run`` (a TREC run; RRF only) or built over ``passages`` (saved, reused)."""
+    passages: Path, dataset, cache_dir: Path, run: str | Path | None, spec: FusionSpec,
+    rank: int = 0,
+) -> Sparse:  # fmt: skip
+    """BM25 from ``run`` (a TREC run; RRF only) or built over ``passages`` (saved, reused). Only
+    rank 0 fuses, so only it opens (or builds) BM25; the other ranks get an empty side."""
+    if rank != 0:
+        return Sparse(source="rank 0's")
     if run is None:
         return Sparse(index=Bm25Index.open(passages, cache_dir), source=str(passages))
     if spec.method == "linear":
         raise InputError(
             f"{run}: linear fusion needs the BM25 score of every candidate, which a run does "
-            "not hold for the passages it did not retrieve: fuse a run with rrf, or leave "
-            "eval.bm25_run unset to build BM25 over the passages"
+            "not hold for the passages it did not retrieve: fuse a run with rrf, or give no "
+            "run (eval.bm25_run, --bm25-run) to build BM25 over the passages"
         )
-    by_qid = {}
-    for qid, ranked in read_trec_run(Path(run)).items():
-        pids = [pid for pid, _ in ranked]
-        rows = passage_rows(dataset, pids)
-        if (rows < 0).any():
-            bad = pids[int(np.flatnonzero(rows < 0)[0])]
-            raise InputError(f"{run}: passage {bad!r} (question {qid}) is not in {passages}")
-        by_qid[qid] = (rows, np.array([s for _, s in ranked], np.float32))
+    ranked = read_trec_run(Path(run))  # qid -> [(pid, score)] best first
+    pids = [pid for pairs in ranked.values() for pid, _ in pairs]
+    rows = passage_rows(dataset, pids)  # one lookup for the whole run
+    if (rows < 0).any():
+        bad = int(np.flatnonzero(rows < 0)[0])
+        qid = next(q for q, pairs in ranked.items() if any(p == pids[bad] for p, _ in pairs))
+        raise InputError(f"{run}: passage {pids[bad]!r} (question {qid}) is not in {passages}")
+    by_qid, start = {}, 0
+    for qid, pairs in ranked.items():
+        by_qid[qid] = (rows[start : start + len(pairs)],
+                       np.array([s for _, s in pairs], np.float32))  # fmt: skip
+        start += len(pairs)
     return Sparse(run=by_qid, source=str(run))
 
 
@@ -116,42 +124,53 @@ def hybrid_search(
     if found is None:
         return None
     dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
-    scores, rows = fuse(spec, *found, k, dense_of=dense_of, sparse_of=sparse_of, weight=weight)
+    weights = None if weight is None else [weight]
+    [(scores, rows)] = fuse(spec, *found, k, dense_of=dense_of, sparse_of=sparse_of,
+                            weights=weights)  # fmt: skip
     return Hits(scores, rows)
 
 
 def tune_weight(
     opened: OpenIndex, dataset, passages: Path, queries: np.ndarray,
     qas: Sequence[tuple[str, list[str]]], sparse: Sparse, spec: FusionSpec, metric: str,
-    memory_bytes: int, match: str = "string", *, rank: int = 0, world_size: int = 1,
+    memory_bytes: int, match: str = "string", *, qids: Sequence[str] | None = None,
+    qrels: dict[str, dict[str, int]] | None = None, rank: int = 0, world_size: int = 1,
 ) -> tuple[float | None, dict[str, float]]:  # fmt: skip
-    """The weight of :data:`TUNING_GRID` with the best ``metric`` (``top{k}`` or ``mrr@10``,
-    DPR's answer match) on the held-out questions ``qas``, and every weight's figure (ranks but
-    0 only search: None and nothing)."""
+    """The weight of :data:`TUNING_GRID` with the best ``metric`` (``top{k}`` or ``mrr@10``) on
+    the held-out questions ``qas``, and every weight's figure (ranks but 0 only search: None
+    and nothing). Relevant: a passage ``qrels`` grades above 0 for the question's id (``qids``),
+    else one holding an answer (DPR's answer match)."""
     k = 10 if metric == "mrr@10" else int(metric.removeprefix("top"))
     questions = [q for q, _ in qas]
-    qids = [str(i) for i in range(len(qas))]
+    qids = [str(i) for i in range(len(qas))] if qids is None else list(qids)
     found = _rankings(opened, dataset, passages, queries, questions, qids, sparse, spec, k,
                       memory_bytes, rank, world_size)  # fmt: skip
     if found is None:
         return None, {}
     dense, bm25 = found
     dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
-    fused = {w: fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of, weight=w)[1]
-             for w in TUNING_GRID}  # fmt: skip
-    rows = np.unique(np.concatenate([r.ravel() for r in fused.values()]))
+    fused = fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of,
+                 weights=TUNING_GRID)  # fmt: skip
+    rows = np.unique(np.concatenate([r.ravel() for _, r in fused]))
     rows = rows[rows >= 0]
-    texts = dict(zip(rows.tolist(), passage_columns(dataset, rows.tolist())["text"], strict=True))
+    columns = passage_columns(dataset, rows.tolist())
+    texts = dict(zip(rows.tolist(), columns["text"], strict=True))
+    pids = dict(zip(rows.tolist(), columns["id"], strict=True))
     answered: dict[tuple[int, int], bool] = {}  # (question, row): the same under many weights
 
-    def holds(q: int, row: int) -> bool:
+    def relevant(q: int, row: int) -> bool:
         if (q, row) not in answered:
-            answered[q, row] = row >= 0 and has_answer(qas[q][1], texts[row], match)
+            if row < 0:
+                answered[q, row] = False
+            elif qrels is not None:
+                answered[q, row] = qrels.get(qids[q], {}).get(pids[row], 0) > 0
+            else:
+                answered[q, row] = has_answer(qas[q][1], texts[row], match)
         return answered[q, row]
 
     grid = {}
-    for w, top in fused.items():
-        ranks = [first_relevant_rank([holds(q, r) for r in q_rows])
+    for w, (_, top) in zip(TUNING_GRID, fused, strict=True):
+        ranks = [first_relevant_rank([relevant(q, r) for r in q_rows])
                  for q, q_rows in enumerate(top.tolist())]  # fmt: skip
         grid[f"{w:g}"] = float(hit_metrics(ranks, [k])[metric].mean())
     best = max(TUNING_GRID, key=lambda w: (grid[f"{w:g}"], -abs(np.log(w))))

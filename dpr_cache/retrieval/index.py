@@ -105,6 +105,17 @@ def finish_index(
     return meta
 
 
+def search_spec(index_dir: str | Path, nprobe: int, ef_search: int) -> IndexSpec:
+    """The search knobs for the index at ``index_dir``, of the type it records (flat when its
+    meta cannot be read: :func:`open_index` then says what is wrong)."""
+    meta = Path(index_dir) / META_FILE
+    try:
+        kind = json.loads(meta.read_text()).get("type", "flat")
+    except (OSError, ValueError, AttributeError):
+        kind = "flat"
+    return IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
+
+
 def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenIndex:
     """The index at ``index_dir``; InputError when it is missing, of another format, or its
     shards changed since it was built. ``spec`` sets the search knobs (nprobe, efSearch)."""

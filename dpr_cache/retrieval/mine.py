@@ -7,8 +7,8 @@ split over the ranks under ``torchrun``), and the passages it ranks highest in t
 judged relevant, holding an answer, within a margin of the positive) become the record's
 ``hard_negative_ctxs`` (``passage_id``, ``title``, ``text``, ``score``), best first; with
 ``keep_bm25`` the file's own hard negatives follow them. Every other key is kept. The records go
-to ``OUT`` as JSON Lines, with what mined them and what each rule dropped beside it
-(``<OUT stem>.summary.json``).
+to ``OUT`` as JSON Lines, with what mined them, what each rule dropped and the seconds each stage
+took beside it (``<OUT stem>.summary.json``).
 
 Resumable: the questions go in parts of ``batch``, each written whole into ``OUT.parts/``; a rerun
 with the same model, index, file and settings keeps the finished parts. A question's id (for the
@@ -17,11 +17,8 @@ qrels) is its record's ``id``, ``qid``, ``_id`` or ``query_id``, else its place 
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
+import itertools
 import shutil
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dpr_cache.data.passages import load_passages, passage_columns, passage_rows
-from dpr_cache.data.training import clean_example, iter_raw
+from dpr_cache.data.training import iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint
 from dpr_cache.retrieval.encode import encode_question_texts
@@ -44,15 +41,22 @@ from dpr_cache.retrieval.index import (
     search_index,
 )
 from dpr_cache.retrieval.metrics import read_qrels
-from dpr_cache.retrieval.negatives import RULES, MineSpec, check_spec, drop_reason
+from dpr_cache.retrieval.mine_parts import (
+    QID_KEYS,
+    join_parts,
+    parts_dir,
+    records,
+    settings_of,
+    write_part,
+)
+from dpr_cache.retrieval.negatives import MineSpec, check_spec, drop_reason
 from dpr_cache.retrieval.shards import DEFAULT_QUERY_LENGTH
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
+from dpr_cache.runtime.atomic import write_json_atomic
+from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 
 __all__ = ["MineSpec", "check_spec", "mine", "summary_path", "QID_KEYS"]
-
-QID_KEYS = ("id", "qid", "_id", "query_id")
 
 
 def summary_path(out: Path) -> Path:
@@ -89,7 +93,7 @@ def mine(
 
 def _mine(model_dir, opened, train, out, spec, passages, qrels, cache_dir, memory_bytes, device,
           rank, world_size, progress, command):  # fmt: skip
-    started = time.perf_counter()
+    laps = Laps()
     model = load_encoder(model_dir, query_only=True, **query_encoding(opened)).to(device)
     check_model(model_dir, model, opened)
     if passages is None:
@@ -103,27 +107,37 @@ def _mine(model_dir, opened, train, out, spec, passages, qrels, cache_dir, memor
             "encoded from the passages"
         )
     judged = read_qrels(qrels) if qrels is not None else None
-    mining = _Mining(model, opened, dataset, spec, judged, memory_bytes, device, rank, world_size)
-    parts = _parts_dir(out, model_dir, opened, train, spec, qrels, rank)
+    mining = _Mining(model, opened, dataset, spec, judged, memory_bytes, device, rank, world_size,
+                     laps)  # fmt: skip
+    parts = parts_dir(out, model_dir, opened, train, spec, qrels, rank)
+    laps.lap("load the model, index and passages")
     bar = tqdm(unit="q", desc="mine", disable=not (progress and rank == 0), dynamic_ncols=True)
     n_parts = 0
     with bar:
-        for batch in _records(train, spec.batch):
+        raw = iter_raw(train)  # the whole records again, streamed beside the parts (rank 0)
+        for batch in records(train, spec.batch):
+            laps.lap("read the training file")
             part = parts / f"part-{n_parts:06d}.jsonl"
-            if not part.is_file():
-                lines, counts = mining.part(batch, train)
+            if not distributed.rank0_says(part.is_file()):
+                mined, counts = mining.part(batch, train)
                 if rank == 0:
+                    counts["kept_bm25"] = write_part(part, raw, mined, spec.keep_bm25, train)
                     write_json_atomic(part.with_suffix(".json"), counts)
-                    write_atomic(part, lambda tmp, text="".join(lines): tmp.write_text(text))
+                laps.lap("write the part")
+            elif rank == 0:
+                for _ in itertools.islice(raw, len(batch)):  # past the finished part's records
+                    pass
             n_parts += 1
             bar.update(len(batch))
     distributed.barrier()
     if rank != 0:
         return None
-    summary = _join(parts, out, n_parts)
+    summary = join_parts(parts, out, n_parts)
+    laps.lap("join the parts into OUT")
+    stages = laps.seconds()
     summary.update(
-        train=str(train), out=str(out), settings=_settings(spec), command=command,
-        seconds=round(time.perf_counter() - started, 1),
+        train=str(train), out=str(out), settings=settings_of(spec), command=command,
+        seconds=round(sum(stages.values()), 1), seconds_by_stage=stages,
         mined_by={"model": str(model_dir), "fingerprint": model_fingerprint(model_dir),
                   "index": str(opened.path), "type": opened.type, "rows": opened.store.rows,
                   "shard_key": opened.meta.get("shard_key"), "passages": str(passages),
@@ -132,57 +146,6 @@ def _mine(model_dir, opened, train, out, spec, passages, qrels, cache_dir, memor
     write_json_atomic(summary_path(out), summary)
     shutil.rmtree(parts, ignore_errors=True)
     return summary
-
-
-def _settings(spec: MineSpec) -> dict[str, Any]:
-    return dataclasses.asdict(spec)
-
-
-def _records(train: Path, size: int):
-    """The training file's records in parts of ``size``: (number, where, raw object, example)."""
-    batch, n = [], -1
-    for n, (where, obj) in enumerate(iter_raw(train)):
-        batch.append((n, where, obj, clean_example(obj, f"{train} {where}")))
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if n < 0:
-        raise InputError(f"{train}: no questions")
-    if batch:
-        yield batch
-
-
-def _parts_dir(out, model_dir, opened, train, spec, qrels, rank) -> Path:
-    """``OUT.parts/``, emptied unless its parts were mined with these very inputs."""
-    parts = out.with_name(out.name + ".parts")
-    ident = [model_fingerprint(model_dir), opened.meta.get("shard_key"), opened.type,
-             str(train.resolve()), train.stat().st_size, train.stat().st_mtime_ns,
-             _settings(spec), str(qrels)]  # fmt: skip
-    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
-    if rank == 0:
-        stamp = parts / "inputs.sha256"
-        if not (stamp.is_file() and stamp.read_text() == key):
-            shutil.rmtree(parts, ignore_errors=True)
-            parts.mkdir(parents=True)
-            stamp.write_text(key)
-    distributed.barrier()
-    return parts
-
-
-def _join(parts: Path, out: Path, n_parts: int) -> dict[str, Any]:
-    """Write the parts' records to ``out`` in order; the summed counts."""
-    totals: Counter = Counter()
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for k in range(n_parts):
-                part = parts / f"part-{k:06d}.jsonl"
-                f.write(part.read_text(encoding="utf-8"))
-                totals.update(json.loads(part.with_suffix(".json").read_text()))
-
-    write_atomic(out, write)
-    dropped = {rule: totals.pop(f"dropped_{rule}", 0) for rule in RULES}
-    return {**dict(totals), "dropped": dropped}
 
 
 @dataclass
@@ -198,12 +161,13 @@ class _Mining:
     device: torch.device
     rank: int
     world_size: int
+    laps: Laps
 
-    def part(self, batch: list, train: Path) -> tuple[list[str], dict[str, int]]:
-        """The records of ``batch`` with their mined negatives (JSON lines) and the counts."""
-        spec, examples = self.spec, [b[3] for b in batch]
+    def part(self, batch: list, train: Path) -> tuple[list[list[dict]], dict[str, int]]:
+        """Each question's mined negatives (empty on ranks but 0) and the counts."""
+        spec, examples = self.spec, [b[2] for b in batch]
         if spec.rules.match is not None:
-            for _, where, _, example in batch:
+            for where, _, example in batch:
                 if not example["answers"]:
                     raise InputError(
                         f"{train} {where}: question {example['question'][:60]!r} has no answers "
@@ -213,40 +177,34 @@ class _Mining:
         queries = encode_question_texts(
             self.model, [e["question"] for e in examples], max_length=length, device=self.device
         )
+        self.laps.lap("encode questions")
         pos_rows = self._positive_rows(batch, train)
+        self.laps.lap("find the positives")
         hits = search_index(
             self.opened, queries, spec.skip + spec.depth, self.memory_bytes, rank=self.rank,
             world_size=self.world_size,
         )  # fmt: skip
+        self.laps.lap("search")
         if hits is None:
             return [], {}
         pos_scores = _positive_scores(self.opened, queries, pos_rows)
         rows = sorted({int(r) for r in hits.rows[:, spec.skip :].ravel() if r >= 0})
         found = passage_columns(self.dataset, rows)
+        self.laps.lap("read the candidates")
         where = {row: i for i, row in enumerate(rows)}
         counts: Counter = Counter(questions=len(batch))
-        lines = []
-        for q, (n, _, obj, example) in enumerate(batch):
-            judged = frozenset(
-                p for p, g in (self.qrels or {}).get(_qid(obj, n), {}).items() if g > 0
-            )
-            mined = self._negatives(example, hits.rows[q], hits.scores[q], pos_scores[q],
-                                    found, where, judged, counts)  # fmt: skip
-            if spec.keep_bm25:  # the file's own, as written, less those mined again
-                seen = {c["passage_id"] for c in mined}
-                own = zip(obj.get("hard_negative_ctxs") or [], example["hard_negative_ctxs"],
-                          strict=True)  # fmt: skip
-                kept = [raw for raw, clean in own if clean["passage_id"] not in seen]
-                counts["kept_bm25"] += len(kept)
-                mined += kept
-            obj["hard_negative_ctxs"] = mined
-            lines.append(json.dumps(obj, ensure_ascii=False) + "\n")
-        return lines, dict(counts)
+        mined = []
+        for q, (_, qid, example) in enumerate(batch):
+            judged = frozenset(p for p, g in (self.qrels or {}).get(qid, {}).items() if g > 0)
+            mined.append(self._negatives(example, hits.rows[q], hits.scores[q], pos_scores[q],
+                                         found, where, judged, counts))  # fmt: skip
+        self.laps.lap("apply the rules")
+        return mined, dict(counts)
 
     def _positive_rows(self, batch: list, train: Path) -> np.ndarray:
         """The index row of each question's first positive (-1: none); InputError when a
         positive is not among the index's passages."""
-        ids = [b[3]["positive_ctxs"][0]["passage_id"] if b[3]["positive_ctxs"] else None
+        ids = [b[2]["positive_ctxs"][0]["passage_id"] if b[2]["positive_ctxs"] else None
                for b in batch]  # fmt: skip
         asked = [(i, pid) for i, pid in enumerate(ids) if pid is not None]
         rows = np.full(len(batch), -1, np.int64)
@@ -254,7 +212,7 @@ class _Mining:
         for (i, pid), row in zip(asked, found, strict=True):
             if row < 0:
                 raise InputError(
-                    f"{train} {batch[i][1]}: positive passage {pid!r} is not among the passages "
+                    f"{train} {batch[i][0]}: positive passage {pid!r} is not among the passages "
                     f"the index at {self.opened.path} holds"
                 )
             rows[i] = row
@@ -292,7 +250,3 @@ def _positive_scores(opened: OpenIndex, queries: np.ndarray, rows: np.ndarray) -
         vectors = opened.store.take(rows[has])  # [m, d] float32
         out[has] = (queries[has] * vectors).sum(axis=1)
     return out
-
-
-def _qid(obj: dict, n: int) -> str:
-    return next((str(obj[k]) for k in QID_KEYS if obj.get(k) not in (None, "")), str(n))

@@ -154,13 +154,12 @@ def select_bm25_negatives(
     example: dict[str, Any], rows, scores, found: dict[str, list], where: dict[int, int], n: int
 ) -> tuple[list[dict[str, Any]], int | None, Counter]:
     """The first ``n`` ranked passages no rule drops, the rank (0-based) of the first
-    answer-bearing passage (None if none is ranked) and what each rule dropped. A passage that
-    scores 0 (no word in common with the question) counts as not retrieved."""
+    answer-bearing passage (None if none is ranked) and what each rule dropped."""
     negatives: list[dict[str, Any]] = []
     first_hit, dropped = None, Counter()
     for rank, (row, score) in enumerate(zip(rows.tolist(), scores.tolist(), strict=True)):
-        if score <= 0.0 or (len(negatives) >= n and first_hit is not None):
-            break  # a passage sharing no word with the question is not retrieved (Lucene)
+        if len(negatives) >= n and first_hit is not None:
+            break
         i = where[row]
         pid, text = found["id"][i], found["text"][i]
         answer = has_answer(example["answers"], text)

@@ -171,7 +171,8 @@ def _search_to_run(index_dir, queries, qids, out, k, memory_bytes, spec, tag, ra
         if not passages.name:
             raise InputError(f"{index_dir}: records no passages file: give --passages TSV")
         dataset = load_passages(passages, hybrid.cache_dir)
-        sparse = open_sparse(passages, dataset, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion)
+        sparse = open_sparse(passages, dataset, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion,
+                             rank)  # fmt: skip
         hits = hybrid_search(
             opened, dataset, passages, queries, hybrid.questions or qids, qids, sparse,
             hybrid.fusion, k, memory_bytes, rank=rank, world_size=world_size,

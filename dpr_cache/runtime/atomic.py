@@ -44,21 +44,37 @@ _NEARLY_FULL = 1 << 20  # bytes: a write error without an errno where less is fr
 
 class DiskFull(OSError):
     """A write that did not fit: the message names the file, the space it needs and the space
-    free where it goes."""
+    free where it goes, or the file size limit it met (``ulimit -f``: errno EFBIG)."""
 
-    def __init__(self, path: Path, needed: int | None, written: int = 0) -> None:
+    def __init__(self, path: Path, needed: int | None, written: int = 0, code: int | None = None):
         path = Path(path)
         free = shutil.disk_usage(_existing(path.parent)).free
         need = f"about {_human(needed)}" if needed else f"over {_human(written)}"
+        limit = _file_size_limit()
+        if code == errno.EFBIG or (code is None and limit is not None and written >= limit):
+            why = (f"over this process's file size limit of {_human(limit or 0)} (ulimit -f): "
+                   "raise the limit and run again")  # fmt: skip
+        else:
+            why = f"{_human(free)} are free there; free some space and run again"
         super().__init__(
             errno.ENOSPC,
-            f"no space left to write {path}: it needs {need}, {_human(free)} are free there; "
-            "free some space and run again (what was written before is kept)",
+            f"no space left to write {path}: it needs {need}, {why} (what was written before "
+            "is kept)",
         )
-        self.path, self.needed, self.free = path, needed, free
+        self.path, self.needed, self.free, self.code = path, needed, free, code
 
     def __str__(self) -> str:
         return self.strerror
+
+
+def _file_size_limit() -> int | None:
+    """This process's file size limit in bytes (``RLIMIT_FSIZE``), None when unlimited."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def _human(n: int) -> str:
@@ -103,7 +119,12 @@ def _full(error: Exception, path: Path) -> bool:
     code = getattr(error, "errno", None)
     if code in _FULL:
         return True
-    return code is None and shutil.disk_usage(_existing(path.parent)).free < _NEARLY_FULL
+    if code is not None:
+        return False
+    limit = _file_size_limit()  # a library's short write at the size limit
+    if limit is not None and _size(path.with_name(f"{path.name}.tmp{os.getpid()}")) >= limit:
+        return True
+    return shutil.disk_usage(_existing(path.parent)).free < _NEARLY_FULL
 
 
 def _size(path: Path) -> int:
@@ -138,7 +159,7 @@ def write_atomic(
         if _full(e, path):
             written = _size(tmp)
             tmp.unlink(missing_ok=True)
-            raise DiskFull(path, size_hint, written) from None
+            raise DiskFull(path, size_hint, written, getattr(e, "errno", None)) from None
         raise
     finally:
         tmp.unlink(missing_ok=True)
@@ -162,7 +183,7 @@ def write_many_atomic(paths: list[Path], write: Callable[[list[Path]], object]) 
             written = sum(_size(t) for t in tmps)
             for tmp in tmps:
                 tmp.unlink(missing_ok=True)
-            raise DiskFull(paths[0], None, written) from None
+            raise DiskFull(paths[0], None, written, getattr(e, "errno", None)) from None
         raise
     finally:
         for tmp in tmps:
@@ -204,7 +225,8 @@ def write_dir_atomic(
         if isinstance(e, DiskFull) or _full(e, final):  # named after the folder, not its part
             written = _size(tmp)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise DiskFull(final, size_hint, written) from None
+            code = e.code if isinstance(e, DiskFull) else getattr(e, "errno", None)
+            raise DiskFull(final, size_hint, written, code) from None
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -219,7 +241,7 @@ def append_line(f, line: str) -> None:
         f.flush()
     except OSError as e:
         if _full(e, Path(f.name)):
-            raise DiskFull(Path(f.name), len(line) + 1) from None
+            raise DiskFull(Path(f.name), len(line) + 1, code=e.errno) from None
         raise
 
 

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,9 @@ import torch.distributed as dist
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.processes import alive, state
 
-__all__ = ["DistEnv", "setup", "teardown", "barrier", "all_mean", "lost_rank", "PEERS"]
+__all__ = [
+    "DistEnv", "setup", "teardown", "barrier", "rank0_says", "all_mean", "lost_rank", "PEERS",
+]  # fmt: skip
 
 PEERS: dict[int, tuple[str, int]] = {}
 """Every rank's (host, pid), once the group has formed (empty on one process)."""
@@ -78,6 +81,16 @@ def teardown() -> None:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def rank0_says(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a picklable object; itself on one process): one answer
+    where ranks could see different files, as on nodes without a shared disk."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def all_mean(value: torch.Tensor, env: DistEnv) -> float:

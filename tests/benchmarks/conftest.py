@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dpr_cache.runtime.processes import child_env
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 
 def _run(name: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ from dpr_cache.core.engine import GradCache
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.data.synthetic import synthetic_batch
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.testing.fixtures import REPO, TOY
+from tests.support.fixtures import REPO, TOY
 
 TINY = str(TOY / "tiny-bert")
 PEERS = [name for name in ("st-cmnrl", "gradcache-lib") if peer_available(name)]

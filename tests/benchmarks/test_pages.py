@@ -7,7 +7,7 @@ import json
 import shutil
 
 from benchmarks.pages import PAGES, write_pages
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 BENCH = REPO / "docs" / "bench"
 

@@ -12,7 +12,7 @@ from benchmarks import realtext
 from benchmarks.point import PointSpec, run_point
 from benchmarks.profile import PHASES, profile_point
 from benchmarks.realtext_report import markdown
-from dpr_cache.testing.fixtures import TOY
+from tests.support.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
 REAL = dict(model=TINY, text=str(TOY / "train.jsonl"), q_len=64, p_len=256, hard_negatives=1,

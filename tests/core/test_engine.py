@@ -11,8 +11,8 @@ from dpr_cache.core.accumulate import Accumulate, FullBatch
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.testing.finite_difference import directional_error
-from dpr_cache.testing.fixtures import bert_config, random_inputs
+from tests.support.finite_difference import directional_error
+from tests.support.fixtures import bert_config, random_inputs
 
 N_Q = 7  # questions; chunk 3 leaves an uneven last chunk
 

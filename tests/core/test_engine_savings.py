@@ -14,7 +14,7 @@ from dpr_cache.core.inputs import order_by_length, trim_padding
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime import memory
-from dpr_cache.testing.fixtures import bert_config, random_inputs
+from tests.support.fixtures import bert_config, random_inputs
 
 
 def test_trim_padding_drops_only_columns_no_row_attends_to():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dpr_cache.data.squad import build_squad
-from dpr_cache.testing.fixtures import SQUAD_SOURCE
+from tests.support.fixtures import SQUAD_SOURCE
 
 
 @pytest.fixture(scope="package")

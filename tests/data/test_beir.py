@@ -13,7 +13,7 @@ from dpr_cache.data.passages import read_passages
 from dpr_cache.data.qas import read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.metrics import read_qrels
-from dpr_cache.testing.fixtures import REPO, TOY
+from tests.support.fixtures import REPO, TOY
 
 SAMPLE = REPO / "data" / "beir-sample"
 

@@ -102,7 +102,7 @@ def test_rows_of_ids_and_columns_of_rows(tmp_path: Path) -> None:
     dataset = load_passages(tsv, tmp_path / "cache")
     rows = passage_rows(dataset, ["doc7", "nope", "doc249", "doc0", "doc7"])
     assert rows.tolist() == [7, -1, 249, 0, 7]
-    assert list((tmp_path / "cache").glob("*.idhash.npz"))  # cached for the next call
+    assert list((tmp_path / "cache").glob("*.idhash.npy"))  # cached for the next call
     assert passage_rows(dataset, ["doc249"]).tolist() == [249]
     columns = passage_columns(dataset, [249, 3, 3])
     want = dataset[[249, 3, 3]]

@@ -17,7 +17,7 @@ from dpr_cache.data.qas import read_qas
 from dpr_cache.data.squad import build_squad
 from dpr_cache.data.training import iter_training_examples
 from dpr_cache.errors import InputError
-from dpr_cache.testing.fixtures import SQUAD_SOURCE as SOURCE
+from tests.support.fixtures import SQUAD_SOURCE as SOURCE
 
 PUBLISHED_SHA256 = {  # the squad1.1-dev files published in DPR's formats
     "passages.tsv": "58b84e23c6d4b0d48c2874d1c7a25c7bfbcdb75a1fcd33b622302e91172c7f13",

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from dpr_cache.data.collate import build_batch
 from dpr_cache.data.tokenize import encode_passages, encode_questions, pad, tokenize_passages
-from dpr_cache.testing.fixtures import TOY
+from tests.support.fixtures import TOY
 
 
 @pytest.fixture(scope="module")

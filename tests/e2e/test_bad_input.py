@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
+from tests.support.cli import run_cli, toy_overrides
 
 
 def expect_error(proc, *fragments: str, code: int = 2) -> None:

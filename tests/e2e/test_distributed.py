@@ -21,10 +21,10 @@ import yaml
 
 from dpr_cache.core.accumulate import FullBatch
 from dpr_cache.core.loss import contrastive_loss
-from dpr_cache.testing import distributed_cases as w
-from dpr_cache.testing.cli import free_port
-from dpr_cache.testing.cli import run_cli as run_dpr_cache
-from dpr_cache.testing.fixtures import REPO, saved_weights
+from tests.support import distributed_cases as w
+from tests.support.cli import free_port
+from tests.support.cli import run_cli as run_dpr_cache
+from tests.support.fixtures import REPO, saved_weights
 
 pytestmark = [
     pytest.mark.slow,
@@ -303,7 +303,7 @@ def test_torchrun_index_equals_single_process(cli_runs, monkeypatch):
     """Shards go round-robin to 2 ranks; rank 0 builds the index over all of them."""
     from dpr_cache.config import load_config
     from dpr_cache.retrieval.build import build_index
-    from dpr_cache.testing.fixtures import index_vectors
+    from tests.support.fixtures import index_vectors
 
     model = cli_runs["two"] / "model"
     out = cli_runs["root"] / "index-two"

@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY, index_vectors
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY, index_vectors
 
 TINY = str(TOY / "tiny-bert")
 

@@ -13,8 +13,8 @@ import pytest
 from dpr_cache.data.beir import read_beir, write_beir
 from dpr_cache.data.squad import build_squad
 from dpr_cache.retrieval.metrics import read_qrels, write_qrels
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import SQUAD_SOURCE, TOY
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import SQUAD_SOURCE, TOY
 
 ir_measures = pytest.importorskip("ir_measures")
 TINY = str(TOY / "tiny-bert")

@@ -7,8 +7,8 @@ import json
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY, saved_weights
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY, saved_weights
 
 
 def test_train_index_eval(tmp_path):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 VENV = Path(sys.prefix)  # this venv (its bin/ holds dpr-cache and python)
 SETUP = {"make demo", "make test"}  # README's two set-up commands: this test and CI run them

@@ -11,7 +11,7 @@ import torch
 from dpr_cache.data.collate import build_batch
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.towers import load_tokenizer
-from dpr_cache.testing.fixtures import REPO, TOY
+from tests.support.fixtures import REPO, TOY
 
 
 def _example() -> str:

@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from dpr_cache.testing.cli import popen_cli, run_cli, toy_overrides
-from dpr_cache.testing.fixtures import saved_weights as weights
+from tests.support.cli import popen_cli, run_cli, toy_overrides
+from tests.support.fixtures import saved_weights as weights
 
 STEPS = 8
 

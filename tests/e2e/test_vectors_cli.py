@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from dpr_cache.retrieval.store import EmbeddingStore, write_shard
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
 

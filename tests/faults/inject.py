@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dpr_cache.runtime.processes import alive, child_env
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 RECORDS: list[dict] = []
 TEMPORARY = re.compile(r".*\.tmp\d+|\.tmp-.*-\d+|\.old-.*-\d+")
@@ -31,7 +31,7 @@ def start(*args: str, env: dict | None = None, world: int = 1) -> subprocess.Pop
     """``python -m dpr_cache ARGS`` (under torchrun with ``world`` > 1) in the background."""
     launcher = [sys.executable]
     if world > 1:
-        from dpr_cache.testing.cli import free_port
+        from tests.support.cli import free_port
 
         launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={world}",
                      "--master_addr=127.0.0.1", f"--master_port={free_port()}"]  # fmt: skip

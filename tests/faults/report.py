@@ -16,6 +16,7 @@ from dpr_cache.runtime.atomic import write_text_atomic
 TESTS = {
     "kill -9": "tests/faults/test_kill.py",
     "disk full": "tests/faults/test_disk_full.py",
+    "file size limit": "tests/faults/test_disk_full.py",
     "a rank killed": "tests/faults/test_dead_rank.py",
     "damaged checkpoint": "tests/faults/test_damaged_checkpoint.py",
     "two commands, one folder": "tests/faults/test_locks.py",

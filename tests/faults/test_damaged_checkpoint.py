@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import saved_weights
 from tests.faults.inject import kill_when, record, start
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import saved_weights
 
 STEPS = 8
 

@@ -9,9 +9,9 @@ import os
 import signal
 import time
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import saved_weights
 from tests.faults.inject import record, start
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import saved_weights
 
 STEPS = 10
 

@@ -1,19 +1,23 @@
 """A full disk (a small tmpfs the test mounts; root only): while encode writes its shards, while
 train writes a checkpoint, while eval writes its results. Each stops with one line naming the
 file, what it needs and what is free; what was written before stays whole; once the disk is
-made larger, a rerun (``--resume`` for train) ends as a run never stopped."""
+made larger, a rerun (``--resume`` for train) ends as a run never stopped. A file size limit
+(``ulimit -f``, no root needed) is met the same way, its message naming the limit."""
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY, saved_weights
+from dpr_cache.runtime.processes import child_env
 from tests.faults.inject import assert_whole, digest, record
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import REPO, TOY, saved_weights
 
 
 @pytest.fixture
@@ -106,3 +110,32 @@ def test_the_message_names_a_size_a_person_reads(tmp_path) -> None:
 
     assert "it needs about 10.2 KB" in str(DiskFull(Path(tmp_path) / "x.npy", 10_240))
     assert "it needs about 3.0 GB" in str(DiskFull(Path(tmp_path) / "x.npy", 3 * 10**9))
+
+
+def test_encode_stops_at_a_file_size_limit_and_resumes_without_it(tmp_path) -> None:
+    """RLIMIT_FSIZE below one shard's size: encode stops at its first shard with one line naming
+    the file and the limit (EFBIG, not a full disk); without the limit the rerun ends whole."""
+    args = ["encode", "--model", str(TOY / "tiny-bert"), "--passages", str(TOY / "passages.tsv"),
+            "--shard-size", "100", "--store-dtype", "float32", "--cache-dir",
+            str(tmp_path / "cache"), "-q"]  # fmt: skip
+    run_cli(*args, "--out", str(tmp_path / "whole"))  # also fills the Arrow cache
+    want = digest(tmp_path / "whole")
+    shard = max(p.stat().st_size for p in (tmp_path / "whole").glob("*.npy"))
+    limit = shard // 2
+    others = [p for p in (tmp_path / "whole").rglob("*") if p.is_file() and p.suffix != ".npy"]
+    assert all(p.stat().st_size < limit for p in others)  # only a shard meets the limit
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run([sys.executable, "-m", "dpr_cache", *args, "--out", str(tmp_path / "v")],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          preexec_fn=capped, timeout=600)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    [line] = done.stderr.strip().splitlines()[-1:]
+    assert line.startswith(f"error: no space left to write {tmp_path / 'v'}"), line
+    assert "file size limit of" in line and "(ulimit -f)" in line and "are free" not in line
+    assert_whole(tmp_path / "v")
+    again = run_cli(*args, "--out", str(tmp_path / "v"))
+    assert again.returncode == 0 and digest(tmp_path / "v") == want
+    record("file size limit", "encode", f"{limit:,} bytes, half a shard", True)

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY
 from tests.faults.inject import (
     assert_whole,
     digest,
@@ -23,6 +21,8 @@ from tests.faults.inject import (
     record,
     start,
 )
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY
 
 SEED = 2026
 RNG = random.Random(SEED)
@@ -140,7 +140,7 @@ def test_search_eval_and_mine_killed_while_writing(tmp_path, model) -> None:
         "--out",
         str(runs / "r.trec"),
     ]
-    _inject("search", search, runs, _fractions(1))
+    _inject("search", search, runs, _fractions(2))
     eval_out = tmp_path / "eval"
     evaluate = ["eval", "--config", "configs/toy.yaml", "--model", str(model), "-q", *sets,
                 "--out", str(eval_out)]  # fmt: skip

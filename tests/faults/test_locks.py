@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY
 from tests.faults.inject import kill_when, record, start
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY
 
 
 def test_a_second_train_on_one_folder_is_refused_and_a_dead_holder_frees_it(tmp_path) -> None:

@@ -15,10 +15,10 @@ from safetensors.torch import load_file, save_file
 
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.model.towers import load_tokenizer
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY
 from dpr_cache.train.checkpoint import sound_checkpoint
 from tests.faults.inject import record
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY
 
 BATCH, SEED, STEP = 16, 42, 4  # the poisoned question is in the batch of step 4 (0-based 3)
 

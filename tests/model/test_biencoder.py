@@ -15,7 +15,7 @@ from dpr_cache.model.ddp import wrap_towers
 from dpr_cache.model.loading import load_biencoder, model_fingerprint
 from dpr_cache.model.pooling import pool
 from dpr_cache.runtime.distributed import DistEnv
-from dpr_cache.testing.fixtures import TOY
+from tests.support.fixtures import TOY
 
 TINY = TOY / "tiny-bert"
 

@@ -22,8 +22,8 @@ from dpr_cache.model.fast_dropout import (
     keep_mask,
     use_fast_dropout,
 )
-from dpr_cache.testing.finite_difference import directional_error
-from dpr_cache.testing.fixtures import TOY, bert_config, random_inputs
+from tests.support.finite_difference import directional_error
+from tests.support.fixtures import TOY, bert_config, random_inputs
 
 
 def test_mask_keeps_one_minus_p_and_replays_from_the_rng_state():

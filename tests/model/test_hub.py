@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 UNREACHABLE = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens

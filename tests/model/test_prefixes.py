@@ -16,8 +16,8 @@ from dpr_cache.data.tokenize import tokenize_passages, tokenize_questions
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.loading import load_biencoder
 from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY
 
 st = pytest.importorskip("sentence_transformers")
 

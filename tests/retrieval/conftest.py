@@ -15,7 +15,7 @@ from dpr_cache.config import Config
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.build import build_index
 from dpr_cache.retrieval.evaluate import evaluate
-from dpr_cache.testing.tiny_bert import build_tiny_bert
+from tests.support.tiny_bert import build_tiny_bert
 
 N_PASSAGES = 50
 SHARD = 16  # shards of 16, 16, 16, 2 passages

@@ -13,8 +13,8 @@ import pytest
 
 from dpr_cache.retrieval.fusion import FusionSpec, fuse, fuse_linear, fuse_rrf
 from dpr_cache.retrieval.results import read_trec_run
-from dpr_cache.testing.cli import run_cli, toy_overrides
-from dpr_cache.testing.fixtures import TOY
+from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import TOY
 
 
 def _r(rows, scores):
@@ -34,13 +34,13 @@ def test_linear_fusion_by_hand() -> None:
         asked["sparse"].append(rows.tolist())
         return np.array([4.0] * len(rows))
 
-    rows, scores = fuse_linear(dense, sparse, 2.0, dense_of, sparse_of, k=10)
+    (rows, scores), (zero, _) = fuse_linear(dense, sparse, [2.0, 0.0], dense_of, sparse_of, k=10)
     # 1: 12 + 2*0.8 = 13.6; 5: 11 + 2*0.5 = 12; 3: 2 + 2*0.9 = 3.8; 7: 4 + 2*0.1 = 4.2
     assert rows.tolist() == [1, 5, 7, 3]
     np.testing.assert_allclose(scores, [13.6, 12.0, 4.2, 3.8], rtol=1e-6)
-    assert asked == {"dense": [[5]], "sparse": [[7]]}  # computed, never guessed
-    rows, _ = fuse_linear(dense, sparse, 0.0, dense_of, sparse_of, k=2)
-    assert rows.tolist() == [1, 5]  # weight 0: BM25's order
+    # computed, never guessed, and once for every weight
+    assert asked == {"dense": [[5]], "sparse": [[7]]}
+    assert zero.tolist() == [1, 5, 7, 3]  # weight 0: BM25's order (7 scored 4 > 3's 2)
 
 
 def test_rrf_by_hand_and_against_ranx() -> None:
@@ -57,7 +57,7 @@ def test_rrf_by_hand_and_against_ranx() -> None:
 
 
 def test_fuse_pads_short_rankings_and_refuses_an_unknown_method() -> None:
-    scores, rows = fuse(FusionSpec("rrf"), [_r([2], [1.0])], [_r([], [])], k=3)
+    [(scores, rows)] = fuse(FusionSpec("rrf"), [_r([2], [1.0])], [_r([], [])], k=3)
     assert rows.tolist() == [[2, -1, -1]] and np.isinf(scores[0, 1:]).all()
     with pytest.raises(ValueError, match="fusion method"):
         fuse(FusionSpec("max"), [_r([2], [1.0])], [_r([], [])], k=3)
@@ -103,8 +103,13 @@ def test_eval_weights_zero_and_huge_give_bm25_and_dense(toy_run) -> None:
     bm25 = Bm25Index.open(TOY / "passages.tsv", root / "cache")
     ids = passage_columns(load_passages(TOY / "passages.tsv", root / "cache"), range(bm25.rows))
     questions = [q for q, _ in read_qas(TOY / "dev.qa.tsv")]
+    short = 0
     for qid, (rows, _) in enumerate(bm25.search(questions, 20)):  # BM25 alone, here
-        assert fused[0][str(qid)] == [ids["id"][r] for r in rows.tolist()], qid
+        # BM25 retrieves only passages sharing a word; the rest of the 20 score 0 on its side
+        got = fused[0][str(qid)]
+        assert got[: len(rows)] == [ids["id"][r] for r in rows.tolist()], qid
+        short += len(rows) < 20
+    assert short > 0  # the toy has questions BM25 retrieves fewer than 20 passages for
     dense = _run(root / "dense")
     agree = sum(fused[1e6][q][:5] == dense[q][:5] for q in dense) / len(dense)
     assert agree > 0.95  # huge weight: the dense order (BM25 only breaks exact dense ties)
@@ -116,11 +121,19 @@ def test_a_bm25_run_fuses_like_bm25_built_here(toy_run) -> None:
     built = root / "rrf-built"
     run_cli("eval", *args, "--out", str(built), "--set", "eval.fusion=rrf",
             "--set", "eval.fusion_depth=30")  # fmt: skip
-    search = root / "bm25-30.trec"  # BM25's own top 30, written as a run
-    run_cli("search", "--index", str(root / "run" / "index"), "--questions",
-            str(TOY / "dev.qa.tsv"), "--model", str(root / "run" / "model"), "--k", "30",
-            "--out", str(search), "--fusion", "linear", "--fusion-weight", "0",
-            "--fusion-depth", "30", "--cache-dir", str(root / "cache"))  # fmt: skip
+    from dpr_cache.data.passages import load_passages, passage_columns
+    from dpr_cache.data.qas import read_qas
+    from dpr_cache.retrieval.bm25 import Bm25Index
+
+    bm25 = Bm25Index.open(TOY / "passages.tsv", root / "cache")
+    ids = passage_columns(load_passages(TOY / "passages.tsv", root / "cache"), range(bm25.rows))
+    questions = [q for q, _ in read_qas(TOY / "dev.qa.tsv")]
+    search = root / "bm25-30.trec"  # BM25's own top 30, written as pyserini writes a run
+    search.write_text("".join(
+        f"{qid} Q0 {ids['id'][r]} {rank} {score:.4f} bm25\n"
+        for qid, (rows, scores) in enumerate(bm25.search(questions, 30))
+        for rank, (r, score) in enumerate(zip(rows.tolist(), scores.tolist(), strict=True), 1)
+    ))  # fmt: skip
     from_run = root / "rrf-run"
     run_cli("eval", *args, "--out", str(from_run), "--set", "eval.fusion=rrf",
             "--set", f"eval.bm25_run={search}", "--set", "eval.fusion_depth=30")  # fmt: skip
@@ -130,20 +143,70 @@ def test_a_bm25_run_fuses_like_bm25_built_here(toy_run) -> None:
     assert bad.returncode == 2 and "use rrf with a run" in bad.stderr
 
 
+def _tuned(root: Path, args: list[str], out: Path, tune: Path, *extra: str) -> dict:
+    run_cli("eval", *args, "--out", str(out), "--set", "eval.fusion=linear",
+            "--set", "eval.fusion_weight=auto", "--set", f"eval.fusion_tune_qa={tune}",
+            "--set", "eval.fusion_depth=50", *extra)  # fmt: skip
+    return json.loads((out / "fusion.json").read_text())
+
+
+def _mrr_at(root: Path, args: list[str], tune: Path, weight: str, *extra: str) -> float:
+    """MRR@10 of the held-out questions scored by eval itself at a fixed weight."""
+    out = root / f"fixed-{tune.stem}-{weight}"
+    run_cli("eval", *args, "--out", str(out), "--set", f"data.dev_qa={tune}",
+            "--set", "eval.fusion=linear", "--set", f"eval.fusion_weight={weight}",
+            "--set", "eval.fusion_depth=50", *extra)  # fmt: skip
+    return json.loads((out / "metrics.json").read_text())["mrr@10"]
+
+
 def test_an_auto_weight_is_the_best_of_its_grid_on_held_out_questions(toy_run) -> None:
     root, args = toy_run
     held_out = root / "tune.qa.tsv"
     lines = [json.loads(line) for line in (TOY / "train.jsonl").read_text().splitlines()[:40]]
     held_out.write_text("".join(f"{r['question']}\t{json.dumps(r['answers'])}\n" for r in lines))
-    out = root / "auto"
-    run_cli("eval", *args, "--out", str(out), "--set", "eval.fusion=linear",
-            "--set", "eval.fusion_weight=auto", "--set", f"eval.fusion_tune_qa={held_out}",
-            "--set", "eval.fusion_depth=50")  # fmt: skip
-    record = json.loads((out / "fusion.json").read_text())
+    record = _tuned(root, args, root / "auto", held_out)
     best = max(record["grid"].values())
     assert record["grid"][f"{record['weight']:g}"] == best and record["tune_metric"] == "mrr@10"
     assert len(set(record["grid"].values())) > 1  # the weight matters on these questions
+    assert record["judged_by"].startswith("answers")
+    low = min(record["grid"], key=record["grid"].get)
+    for weight in {f"{record['weight']:g}", low}:  # the grid's figures are eval's own
+        assert record["grid"][weight] == pytest.approx(
+            _mrr_at(root, args, held_out, weight), abs=0.01
+        )
     same = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set",
                    "eval.fusion_weight=auto", "--set",
                    f"eval.fusion_tune_qa={TOY / 'dev.qa.tsv'}", check=False)  # fmt: skip
     assert same.returncode == 2 and "not held out" in same.stderr
+    no_answers = root / "bare.qa.tsv"
+    no_answers.write_text("".join(f"{r['question']}\t[]\n" for r in lines))
+    bare = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set",
+                   "eval.fusion_weight=auto", "--set", f"eval.fusion_tune_qa={no_answers}",
+                   "--set", "eval.fusion_depth=50", check=False)  # fmt: skip
+    assert bare.returncode == 2 and f"{no_answers} line 1:" in bare.stderr.strip().splitlines()[-1]
+
+
+def test_an_auto_weight_judged_by_qrels(toy_run) -> None:
+    """With data.qrels, the held-out questions are judged by it (their positive passages here),
+    not by answers (they have none, which without qrels is refused): the grid matches eval
+    scored by the same qrels."""
+    root, args = toy_run
+    lines = [json.loads(line) for line in (TOY / "train.jsonl").read_text().splitlines()[:40]]
+    tune = root / "judged.qa.tsv"
+    tune.write_text("".join(f"{r['question']}\t[]\n" for r in lines))  # no answers at all
+    tune.with_suffix(".ids.txt").write_text("".join(f"t{i}\n" for i in range(len(lines))))
+    qrels = root / "judged.qrels"
+    dev_ids = [f"d{i}" for i in range(sum(1 for _ in open(TOY / "dev.qa.tsv")))]
+    dev = root / "dev.qa.tsv"  # the toy's dev questions, with ids the qrels can name
+    dev.write_text((TOY / "dev.qa.tsv").read_text())
+    dev.with_suffix(".ids.txt").write_text("".join(f"{q}\n" for q in dev_ids))
+    qrels.write_text("".join(f"t{i} 0 {r['positive_ctxs'][0]['passage_id']} 1\n"
+                             for i, r in enumerate(lines)) + f"{dev_ids[0]} 0 0 1\n")  # fmt: skip
+    judged = ["--set", f"data.qrels={qrels}", "--set", f"data.dev_qa={dev}"]
+    record = _tuned(root, args, root / "auto-qrels", tune, *judged)
+    assert record["judged_by"] == f"qrels {qrels}"
+    weight = f"{record['weight']:g}"
+    assert record["grid"][weight] == max(record["grid"].values()) > 0
+    assert record["grid"][weight] == pytest.approx(
+        _mrr_at(root, args, tune, weight, "--set", f"data.qrels={qrels}"), abs=0.01
+    )

@@ -27,7 +27,7 @@ from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
 from dpr_cache.retrieval.index import finish_index, open_index, search_index
 from dpr_cache.retrieval.shards import shard_key
 from dpr_cache.retrieval.store import EmbeddingStore, write_shard
-from dpr_cache.testing.fixtures import index_vectors
+from tests.support.fixtures import index_vectors
 
 BUDGET = 32 * 10**9  # memory budgets here only size the blocks (capped by the shards)
 

@@ -1,22 +1,24 @@
 """``dpr-cache mine``: the mined negatives against a reference written here (a numpy search over
-the index's stored vectors plus DPR's answer rule), every rule and its count, the file's own
-negatives kept, resuming, and bad input as one line."""
+the index's stored vectors, DPR's answer rule as its paper's code defines it, the margins below
+the positive's score), every rule and its count, the file's own negatives kept, resuming, and
+bad input as one line."""
 
 from __future__ import annotations
 
 import csv
 import json
+import unicodedata
 from pathlib import Path
 
 import numpy as np
 import pytest
+import regex
 import torch
 
-from dpr_cache.data.answers import has_answer
 from dpr_cache.model.loading import load_encoder
 from dpr_cache.retrieval.encode import encode_question_texts
-from dpr_cache.testing.cli import run_cli
-from dpr_cache.testing.fixtures import TOY, index_vectors
+from tests.support.cli import run_cli
+from tests.support.fixtures import TOY, index_vectors
 
 TINY = TOY / "tiny-bert"
 TRAIN = TOY / "train.jsonl"
@@ -38,11 +40,33 @@ def _mine(index: Path, out: Path, *extra: str, check: bool = True):
                    check=check)  # fmt: skip
 
 
-def _reference(index: Path, negatives: int, depth: int, skip: int) -> list[list[str]]:
+_TOKEN = regex.compile(r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])", regex.I | regex.U | regex.M)
+
+
+def _dpr_has_answer(answers: list[str], text: str) -> bool:
+    """DPR's string match: the NFD-normalized, lowercased tokens (runs of letters, digits and
+    marks, or any other visible character) of an answer occur contiguously in the text's."""
+
+    def words(s: str) -> list[str]:
+        return [m.group().lower() for m in _TOKEN.finditer(unicodedata.normalize("NFD", s))]
+
+    tokens = words(text)
+    for answer in answers:
+        want = words(answer)
+        n = len(want)
+        if n and any(tokens[i : i + n] == want for i in range(len(tokens) - n + 1)):
+            return True
+    return False
+
+
+def _reference(index: Path, negatives: int, depth: int, skip: int,
+               relative_margin: float | None = None) -> list[list[str]]:  # fmt: skip
     """Each question's negatives: all passages by the score of the stored vectors (ties by row),
-    the window [skip, skip + depth), positives (id or text) and answer-bearing passages left
-    out, the first ``negatives`` kept."""
+    the window [skip, skip + depth), positives (id or text), answer-bearing passages and, with
+    ``relative_margin``, those scoring at least positive - margin x |positive| left out, the
+    first ``negatives`` kept."""
     vectors, ids = index_vectors(index)  # [n, d] float32 of the stored float16
+    row_of = {pid: r for r, pid in enumerate(ids)}
     with open(TOY / "passages.tsv", encoding="utf-8", newline="") as f:
         texts = {pid: text for pid, text, _ in list(csv.reader(f, delimiter="\t"))[1:]}
     model = load_encoder(TINY, pooling="mean", query_only=True)  # as the toy config indexed
@@ -53,10 +77,27 @@ def _reference(index: Path, negatives: int, depth: int, skip: int) -> list[list[
         order = np.lexsort((np.arange(len(scores)), -scores))[skip : skip + depth]
         pos_ids = {c["passage_id"] for c in record["positive_ctxs"]}
         pos_texts = {c["text"] for c in record["positive_ctxs"]}
+        ceiling = np.inf
+        if relative_margin is not None:
+            pos = float(scores[row_of[record["positive_ctxs"][0]["passage_id"]]])
+            ceiling = pos - relative_margin * abs(pos)
         kept = [ids[r] for r in order if ids[r] not in pos_ids and texts[ids[r]] not in pos_texts
-                and not has_answer(record["answers"], texts[ids[r]])]  # fmt: skip
+                and not _dpr_has_answer(record["answers"], texts[ids[r]])
+                and scores[r] < ceiling]  # fmt: skip
         out.append(kept[:negatives])
     return out
+
+
+def test_the_reference_answer_rule_is_dprs() -> None:
+    """The test's own answer rule on DPR's cases: whole tokens, case and accents folded."""
+    assert _dpr_has_answer(["Denver Broncos"], "the denver broncos won")
+    assert not _dpr_has_answer(["Denver"], "Denverites cheered")  # a token, not a prefix
+    assert _dpr_has_answer(["Café"], "a CAFÉ opened")
+    assert not _dpr_has_answer(["50"], "Super Bowl 500")
+
+
+def _pids(record: dict) -> list[str]:
+    return [c["passage_id"] for c in record["hard_negative_ctxs"]]
 
 
 def _read(out: Path) -> list[dict]:
@@ -85,6 +126,9 @@ def test_mined_negatives_equal_the_reference(index, tmp_path) -> None:
     assert summary["mined_by"]["type"] == "flat" and summary["settings"]["skip"] == 2
     assert f"dropped, answer: {summary['dropped']['answer']}" in done.stdout
     assert not (tmp_path / "mined.jsonl.parts").exists()  # the parts go once joined
+    stages = summary["seconds_by_stage"]
+    assert {"encode questions", "search", "read the candidates"} <= set(stages)
+    assert summary["seconds"] == pytest.approx(sum(stages.values()), abs=0.1)
 
 
 def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
@@ -109,12 +153,15 @@ def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
     summary = json.loads((tmp_path / "margin.summary.json").read_text())
     assert summary["negatives"] == 0 and summary["short"] == 300  # none is 9 below its positive
     _mine(index, tmp_path / "rel.jsonl", "--negatives", "3", "--depth", "20",
-          "--relative-margin", "0.0")  # fmt: skip
-    for record in _read(tmp_path / "rel.jsonl"):  # nothing scoring at or above the positive
-        pos = record["positive_ctxs"][0]["passage_id"]
-        assert all(c["passage_id"] != pos for c in record["hard_negative_ctxs"])
+          "--relative-margin", "0.05")  # fmt: skip
+    got = [
+        [c["passage_id"] for c in r["hard_negative_ctxs"]] for r in _read(tmp_path / "rel.jsonl")
+    ]
+    assert got == _reference(index, 3, 20, 0, relative_margin=0.05)
     rel = json.loads((tmp_path / "rel.summary.json").read_text())
-    assert rel["dropped"]["margin"] > 0
+    assert rel["dropped"]["margin"] > 0 and got != [
+        [c["passage_id"] for c in r["hard_negative_ctxs"]] for r in plain
+    ]
 
 
 def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
@@ -154,7 +201,7 @@ def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(mining._Mining, "part", lambda self, b, t: calls.append(b[0][0]) or
                         real(self, b, t))  # fmt: skip
     run()
-    assert calls == [200] and out.read_bytes() == whole  # only the third part was mined
+    assert calls == ["line 201"] and out.read_bytes() == whole  # only the third part was mined
     parts.mkdir()  # parts of other inputs are not taken
     (parts / "inputs.sha256").write_text("another run")
     (parts / "part-000000.jsonl").write_text("{}\n")
@@ -162,7 +209,7 @@ def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
     out.unlink()
     calls.clear()
     run()
-    assert calls == [0, 100, 200] and out.read_bytes() == whole
+    assert calls == ["line 1", "line 101", "line 201"] and out.read_bytes() == whole
 
 
 def test_bad_input_is_one_line(index, tmp_path) -> None:

@@ -196,3 +196,23 @@ def test_cli_prints_summary_and_one_line_errors(files, tmp_path) -> None:
     assert "BM25 top-1/5/20/100 hit rate on 3 training questions" in result.output
     result = CliRunner().invoke(app, [*args, "--out", str(files["train"])])
     assert result.exit_code == 2
+
+
+def test_margins_hold_below_a_negative_positive_score() -> None:
+    """Absolute and relative margins drop what scores at or above the line below the positive,
+    whatever the positive's sign (a relative margin of a negative score still lies below it)."""
+    from dpr_cache.retrieval.negatives import NegativeRules, drop_reason
+
+    example = {"positive_ctxs": [{"passage_id": "p", "text": "positive"}], "answers": []}
+    rel = NegativeRules(match=None, relative_margin=0.1)
+    absolute = NegativeRules(match=None, margin=0.5)
+    for positive in (2.0, -2.0):
+        line = positive - 0.1 * abs(positive)  # 1.8, then -2.2
+        assert drop_reason(example, "n", "t", line, rel, positive_score=positive) == "margin"
+        assert drop_reason(example, "n", "t", line - 1e-3, rel, positive_score=positive) is None
+        line = positive - 0.5
+        assert drop_reason(example, "n", "t", line, absolute, positive_score=positive) == "margin"
+        assert (
+            drop_reason(example, "n", "t", line - 1e-3, absolute, positive_score=positive) is None
+        )
+    assert drop_reason(example, "n", "t", 9.0, rel) is None  # no positive score: no margin

@@ -39,7 +39,7 @@ from dpr_cache.model.loading import load_encoder
 from dpr_cache.retrieval.build import build_index
 from dpr_cache.retrieval.index import open_index, search_index
 from dpr_cache.runtime.memory import rss_bytes
-from dpr_cache.testing.fixtures import index_vectors
+from tests.support.fixtures import index_vectors
 
 N_LARGE = 300
 

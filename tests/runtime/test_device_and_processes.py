@@ -12,7 +12,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.runtime.device import autocast, precision_dtype, resolve_device
 from dpr_cache.runtime.memory import peak_memory_bytes, peak_rss_bytes, rss_bytes
 from dpr_cache.runtime.processes import ChildFailed, child_env, run_json_child
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 
 def test_devices_resolve_and_bad_ones_are_input_errors(monkeypatch) -> None:

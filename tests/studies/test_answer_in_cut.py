@@ -7,8 +7,8 @@ import json
 from dpr_cache.data.answers import has_answer
 from dpr_cache.model.towers import load_tokenizer
 from dpr_cache.runtime.atomic import read_lines
-from dpr_cache.testing.fixtures import TOY
 from studies.squad_batch_size.answer_in_cut import answer_kept
+from tests.support.fixtures import TOY
 
 
 def test_uncut_passages_keep_every_answer_their_text_holds_and_short_cuts_lose_some():

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 SCRIPT = REPO / "studies" / "squad_hard_negatives" / "run.sh"
 

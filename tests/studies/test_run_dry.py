@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpr_cache.testing.fixtures import REPO as ROOT
+from tests.support.fixtures import REPO as ROOT
 
 SCRIPT = ROOT / "studies" / "squad_batch_size" / "run.sh"
 

@@ -10,7 +10,6 @@ from dpr_cache.config import load_config
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.distributed import DistEnv
-from dpr_cache.testing.fixtures import TOY
 from dpr_cache.train.autochunk import (
     CHOICE_FILE,
     SAFETY_MARGIN,
@@ -21,6 +20,7 @@ from dpr_cache.train.autochunk import (
     pick_chunk_size,
     probe_cpu,
 )
+from tests.support.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
 PROBE = ProbeSpec(model=TINY, pooling="mean", q_len=32, p_len=64)

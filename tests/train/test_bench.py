@@ -3,8 +3,8 @@ own step, and the pick: the fastest chunk within the memory budget."""
 
 from __future__ import annotations
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
 from dpr_cache.train.bench import ChunkTiming, pick_chunk
+from tests.support.cli import run_cli, toy_overrides
 
 
 def test_the_pick_is_the_fastest_that_fits() -> None:

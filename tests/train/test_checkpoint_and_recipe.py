@@ -12,7 +12,6 @@ import torch
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.distributed import DistEnv, all_mean
-from dpr_cache.testing.fixtures import bert_config
 from dpr_cache.train.checkpoint import (
     FORMAT,
     STATE_FILE,
@@ -21,6 +20,7 @@ from dpr_cache.train.checkpoint import (
     save_checkpoint,
 )
 from dpr_cache.train.recipe import flat_softmax_warning, linear_warmup_decay, param_groups
+from tests.support.fixtures import bert_config
 
 
 def _trainer(seed: int = 0):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpr_cache.testing.cli import run_cli, toy_overrides
+from tests.support.cli import run_cli, toy_overrides
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

@@ -26,7 +26,7 @@ from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
-from dpr_cache.testing.fixtures import bert_config, random_inputs
+from tests.support.fixtures import bert_config, random_inputs
 
 N_Q = 8  # global questions: 4 per rank; chunk 3 leaves uneven last chunks (3+1, 3+3+2)
 HARD = 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpr_cache.testing.tiny_bert import SPECIAL_TOKENS, build_tiny_bert, learn_wordpiece_vocab
+from tests.support.tiny_bert import SPECIAL_TOKENS, build_tiny_bert, learn_wordpiece_vocab
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dpr_cache.runtime.processes import child_env
-from dpr_cache.testing.fixtures import REPO
+from tests.support.fixtures import REPO
 
 __all__ = ["run_cli", "popen_cli", "toy_overrides", "free_port"]
 

@@ -1,0 +1,114 @@
+"""The resumable parts of ``dpr-cache mine``: the training file's records read in parts, the
+folder ``OUT.parts/`` that keeps the finished ones (emptied when the inputs change), and the parts
+joined into ``OUT`` with their counts summed."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dpr_cache.data.training import clean_example, iter_raw
+from dpr_cache.errors import InputError
+from dpr_cache.model.loading import model_fingerprint
+from dpr_cache.retrieval.negatives import RULES, MineSpec
+from dpr_cache.runtime import distributed
+from dpr_cache.runtime.atomic import write_atomic
+
+__all__ = ["QID_KEYS", "records", "write_part", "parts_dir", "join_parts", "settings_of"]
+
+
+def settings_of(spec: MineSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+QID_KEYS = ("id", "qid", "_id", "query_id")
+
+
+def _qid(obj: dict, n: int) -> str:
+    return next((str(obj[k]) for k in QID_KEYS if obj.get(k) not in (None, "")), str(n))
+
+
+def records(train: Path, size: int) -> Iterator[list[tuple[str, str, dict[str, Any]]]]:
+    """The training file's questions in parts of ``size``: (where, question id, what mining
+    needs: question, answers, positive_ctxs). A record's other contexts are not kept: NQ's
+    hold 100 passages a question, and :func:`write_part` reads them again."""
+    batch, n = [], -1
+    for n, (where, obj) in enumerate(iter_raw(train)):
+        example = clean_example(obj, f"{train} {where}")
+        light = {key: example[key] for key in ("question", "answers", "positive_ctxs")}
+        batch.append((where, _qid(obj, n), light))
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if n < 0:
+        raise InputError(f"{train}: no questions")
+    if batch:
+        yield batch
+
+
+def write_part(
+    part: Path, raw: Iterator[tuple[str, Any]], mined: list[list[dict]], keep_bm25: bool, train
+) -> int:
+    """Write the next ``len(mined)`` records of ``raw`` (the training file read again, record
+    by record) to ``part`` with their mined ``hard_negative_ctxs`` (with ``keep_bm25``, the
+    file's own after them, less those mined again); the count of the file's own kept."""
+    kept = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal kept
+        with open(tmp, "w", encoding="utf-8") as f:
+            for negatives, (where, obj) in zip(
+                mined, raw, strict=False
+            ):  # mined first: stops there
+                if keep_bm25:
+                    own = clean_example(obj, f"{train} {where}")["hard_negative_ctxs"]
+                    seen = {c["passage_id"] for c in negatives}
+                    pairs = zip(obj.get("hard_negative_ctxs") or [], own, strict=True)
+                    extra = [r for r, clean in pairs if clean["passage_id"] not in seen]
+                    kept += len(extra)
+                    negatives = negatives + extra
+                obj["hard_negative_ctxs"] = negatives
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+    write_atomic(part, write)
+    return kept
+
+
+def parts_dir(out, model_dir, opened, train, spec, qrels, rank) -> Path:
+    """``OUT.parts/``, emptied unless its parts were mined with these very inputs."""
+    parts = out.with_name(out.name + ".parts")
+    judged = [str(qrels), qrels.stat().st_size, qrels.stat().st_mtime_ns] if qrels else None
+    ident = [model_fingerprint(model_dir), opened.meta.get("shard_key"), opened.type,
+             opened.meta.get("model"), opened.meta.get("index_params"), str(train.resolve()),
+             train.stat().st_size, train.stat().st_mtime_ns, settings_of(spec), judged]  # fmt: skip
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
+    if rank == 0:
+        stamp = parts / "inputs.sha256"
+        if not (stamp.is_file() and stamp.read_text() == key):
+            shutil.rmtree(parts, ignore_errors=True)
+            parts.mkdir(parents=True)
+            stamp.write_text(key)
+    distributed.barrier()
+    return parts
+
+
+def join_parts(parts: Path, out: Path, n_parts: int) -> dict[str, Any]:
+    """Write the parts' records to ``out`` in order; the summed counts."""
+    totals: Counter = Counter()
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for k in range(n_parts):
+                part = parts / f"part-{k:06d}.jsonl"
+                f.write(part.read_text(encoding="utf-8"))
+                totals.update(json.loads(part.with_suffix(".json").read_text()))
+
+    write_atomic(out, write)
+    dropped = {rule: totals.pop(f"dropped_{rule}", 0) for rule in RULES}
+    return {**dict(totals), "dropped": dropped}
