@@ -19,6 +19,7 @@ __all__ = [
     "write_passages_tsv",
     "write_qas",
     "write_train_json",
+    "write_mine_train",
     "write_random_bert",
 ]
 
@@ -129,6 +130,38 @@ def write_train_json(path: Path, target_bytes: int, contexts: int = 100) -> int:
 
     write_atomic(path, write)
     return count
+
+
+def write_mine_train(path: Path, n: int, passages_tsv: Path, contexts: int = 100) -> Path:
+    """A DPR training JSON array of ``n`` questions in NQ's shape (1 positive, ``contexts // 2``
+    hard negatives, the rest negatives) whose positives are rows of ``passages_tsv`` (as written
+    there: id, title, text), so that a model's index over that file can mine them."""
+    with open(passages_tsv, encoding="utf-8", newline="") as f:
+        corpus = list(csv.reader(f, delimiter="\t"))[1:]  # [id, text, title]; a small file
+
+    def write(tmp: Path) -> None:
+        rng = np.random.default_rng(2)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("[")
+            for i in range(n):
+                pid, text, title = corpus[(i * 7919) % len(corpus)]
+                ctxs = [{"title": f"Title {j}", "text": _text(rng, 100, 10**9 + i * 1000 + j),
+                         "score": 1.0, "title_score": 0, "passage_id": f"x{i}-{j}"}
+                        for j in range(1, contexts)]  # fmt: skip
+                obj = {
+                    "dataset": "synthetic_nq",
+                    "question": f"what is answer{pid} of the river?",
+                    "answers": [f"answer{pid}"],
+                    "positive_ctxs": [{"title": title, "text": text, "score": 1.0,
+                                       "title_score": 0, "passage_id": pid}],
+                    "negative_ctxs": ctxs[contexts // 2 :],
+                    "hard_negative_ctxs": ctxs[: contexts // 2],
+                }  # fmt: skip
+                f.write(("," if i else "") + json.dumps(obj))
+            f.write("]")
+
+    write_atomic(path, write)
+    return path
 
 
 def write_random_bert(out: Path, hidden: int = 768, layers: int = 2) -> Path:

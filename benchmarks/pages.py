@@ -4,8 +4,8 @@
     python -m benchmarks.pages --out /tmp/p    # the same pages elsewhere (the figures stay put)
 
 Each page is what its benchmark writes at the end of a run (``python -m benchmarks.synthetic``,
-``benchmarks.realtext``, ``benchmarks.scale``), so a change to a report is seen on every page
-without hours of measuring.
+``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``), so a change to a report is
+seen on every page without hours of measuring.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import realtext_report, scale_report, synthetic_report
+from benchmarks import mine_report, realtext_report, scale_report, synthetic_report
 from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = ["PAGES", "write_pages"]
@@ -24,6 +24,7 @@ PAGES = {
     "realtext.json": "realtext",
     "same_session/realtext.json": "realtext",
     "scale.json": "scale",
+    "mine.json": "mine",
 }
 """Saved figures (relative to the bench folder) -> the benchmark whose report they feed."""
 
@@ -46,6 +47,8 @@ def write_pages(source: Path, out: Path) -> list[Path]:
             write_text_atomic(folder / "realtext.md", realtext_report.markdown(result))
             realtext_report.plot(result, folder / "realtext.png")
             written.append(folder / "realtext.md")
+        elif kind == "mine":
+            written.append(mine_report.write_report(result, folder, path.parent))
         else:
             notes = path.parent / "scale_notes.md"
             written.append(scale_report.write_report(result, folder, notes))
