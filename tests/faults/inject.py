@@ -126,6 +126,7 @@ def record(fault: str, command: str, where: str, survived: bool, lost_bytes: int
 VOLATILE = {
     "timings",
     "seconds",
+    "seconds_by_stage",
     "started",
     "build_seconds",
     "encode_seconds",
