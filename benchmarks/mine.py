@@ -110,6 +110,7 @@ def step_scan(work: Path) -> dict:
     rows = json.loads((index / "meta.json").read_text())["rows"]
     disk = sum(p.stat().st_size for p in vectors.glob("part-*.npy"))
     before = matmul_gflops(PART, DIM, seconds=1.0 if TINY else 20.0)
+    load = load_average()
     figures = measured(
         cli("search", "--index", str(index), "--query-embeddings", str(queries), "--k",
             str(DEPTH), "--memory-gb", str(MEMORY_GB), "--out", str(work / "part-21M.trec")),
@@ -118,7 +119,7 @@ def step_scan(work: Path) -> dict:
     figures.update(
         rows=rows, queries=PART, k=DEPTH, memory_gb=MEMORY_GB, disk_gb=round(disk / GB, 2),
         gflops=round(2 * PART * rows * DIM / figures["seconds"] / 1e9, 1),
-        matmul_gflops=round(before, 1), load_average=load_average(),
+        matmul_gflops=round(before, 1), load_average=load,
     )  # fmt: skip
     shutil.rmtree(index)
     shutil.rmtree(vectors)  # 32 GB

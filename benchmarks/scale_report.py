@@ -8,7 +8,7 @@ from pathlib import Path
 from benchmarks.machine import cpu_text
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 
-__all__ = ["write_report", "targets"]
+__all__ = ["write_report", "targets", "markdown_table"]
 
 
 def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
@@ -35,7 +35,8 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
-def _table(header: list[str], rows: list[list]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
@@ -81,10 +82,11 @@ def write_report(results: dict, out: Path, notes: Path | None = None) -> Path:
     machines = results.get("machines", {})
     if len({cpu_text(v) for v in machines.values()}) > 1:
         lines += ["", "The steps ran on different machines:", ""]
-        lines += _table(["step", "machine"], [[k, cpu_text(v)] for k, v in machines.items()])
+        ran = [[k, cpu_text(v)] for k, v in machines.items()]
+        lines += markdown_table(["step", "machine"], ran)
     if targets(results):
         lines += ["", "## Targets (exact search)", ""]
-        lines += _table(["target", "measured", "goal", "met"],
+        lines += markdown_table(["target", "measured", "goal", "met"],
                         [[t, v, g, {True: "yes", False: "**no**", None: "-"}[ok]]
                          for t, v, g, ok in targets(results)])  # fmt: skip
     exact = results.get("exact")
@@ -95,7 +97,7 @@ def write_report(results: dict, out: Path, notes: Path | None = None) -> Path:
                   f" reused buffers; float32 scores), `--memory-gb {exact['memory_gb']}`."
                   f" Plain float32 matmul on this machine: {exact['matmul_gflops']} GFLOP/s"
                   f" before, {exact.get('matmul_gflops_after', '-')} after.", ""]  # fmt: skip
-        lines += _table(["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"],
+        lines += markdown_table(["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"],
                         [[f"{s['rows']:,}", f"{s['rows'] * 768 * 2 / 1e9:.1f}", s["peak_rss_gb"],
                           s["seconds"], s["gflops"]] for s in exact["sizes"].values()])  # fmt: skip
         _plot(results, out / "scale.png")
@@ -103,7 +105,7 @@ def write_report(results: dict, out: Path, notes: Path | None = None) -> Path:
     for kind in ("ivfpq", "hnsw"):
         if kind in results:
             lines += ["", f"## {kind.upper()}", ""]
-            lines += _table(
+            lines += markdown_table(
                 ["vectors", "recall@100 vs exact", "build s", "build peak GB", "search s",
                  "search peak GB", "index GB", "params"],
                 [[name, r["recall_at_100"], r["build"]["seconds"], r["build"]["peak_rss_gb"],
@@ -113,7 +115,7 @@ def write_report(results: dict, out: Path, notes: Path | None = None) -> Path:
         if key in results:
             sizes = results[key]["sizes"] if key == "tsv" else results[key]
             lines += ["", f"## {title}", ""]
-            lines += _table(["file", "GB", "peak RSS GB", "wall s", "MB/s"],
+            lines += markdown_table(["file", "GB", "peak RSS GB", "wall s", "MB/s"],
                             [[n, s.get("tsv_gb", s.get("json_gb")), s["peak_rss_gb"],
                               s["seconds"], s["mb_per_s"]] for n, s in sizes.items()])  # fmt: skip
     if "eval" in results:
@@ -121,11 +123,11 @@ def write_report(results: dict, out: Path, notes: Path | None = None) -> Path:
         lines += ["", "## `dpr-cache eval` at full size", "",
                   f"Whole command: {e['eval']['seconds']} s, peak RSS {e['eval']['peak_rss_gb']}"
                   f" GB (`index.memory_gb: {e['memory_gb']}`). Stages:", ""]  # fmt: skip
-        lines += _table(["stage", "s"], [[k, v] for k, v in e["stages"].items()])
+        lines += markdown_table(["stage", "s"], [[k, v] for k, v in e["stages"].items()])
     if "tokenize" in results:
         lines += ["", "## Tokenization (256-token (title, text) pairs, fast tokenizer)", ""]
         rates = [[k, v["passages_per_s"]] for k, v in results["tokenize"].items()]
-        lines += _table(["loader", "passages/s"], rates)
+        lines += markdown_table(["loader", "passages/s"], rates)
     text = "\n".join(lines) + "\n"
     notes = out / "scale_notes.md" if notes is None else notes
     if notes.is_file():  # the hand-written reading and projection, kept beside the figures

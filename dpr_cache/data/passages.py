@@ -145,12 +145,13 @@ def _id_table(dataset: Dataset) -> np.ndarray:
             hashes[start : start + len(ids)] = [passage_hash(pid) for pid in ids]
             start += len(ids)
         rows = np.argsort(hashes, kind="stable")
-        table = np.stack([hashes[rows], rows.astype(np.uint64)])
-        del hashes, rows
 
-        def write(tmp: Path) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, table)
+        def write(tmp: Path) -> None:  # straight into the file's pages: no third copy in memory
+            table = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint64, shape=(2, len(rows)))
+            np.take(hashes, rows, out=table[0])
+            table[1] = rows
+            table.flush()
+            del table
 
         write_atomic(path, write)
     return np.load(path, mmap_mode="r")

@@ -28,6 +28,7 @@ from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = [
     "IndexSpec",
+    "search_knobs",
     "INDEX_TYPES",
     "INDEX_FILE",
     "IVF_DATA_FILE",
@@ -155,6 +156,18 @@ def open_faiss_index(index_dir: Path, spec: IndexSpec) -> faiss.Index:
         raise InputError(f"{path}: missing: rebuild the index")
     index = faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR)
     return configure_search(index, spec)
+
+
+def search_knobs(index: faiss.Index | None) -> dict[str, int]:
+    """The search-time knobs a loaded index is set to (none for flat): what its results depend
+    on besides the queries."""
+    if index is None:
+        return {}
+    ivf = faiss.try_extract_index_ivf(index)
+    knobs = {"nprobe": int(ivf.nprobe)} if ivf is not None else {}
+    if hasattr(index, "hnsw"):
+        knobs["ef_search"] = int(index.hnsw.efSearch)
+    return knobs
 
 
 def configure_search(index: faiss.Index, spec: IndexSpec) -> faiss.Index:

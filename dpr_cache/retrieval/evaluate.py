@@ -30,7 +30,7 @@ from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_mod
 from dpr_cache.retrieval.build import index_dir_of, index_spec, memory_bytes_of
 from dpr_cache.retrieval.encode import encode_question_texts
 from dpr_cache.retrieval.fusion import FusionSpec
-from dpr_cache.retrieval.hybrid import hybrid_search, open_sparse, tune_weight
+from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse, tune_weight
 from dpr_cache.retrieval.index import (
     OpenIndex,
     check_model,
@@ -152,7 +152,7 @@ def _evaluate(
     laps.lap("load the model")
     q_embs = _encode(config, model, qas, dev)
     spec = fusion_spec(config)
-    tune = _tune_questions(config, model, qrels, dev) if spec.weight is None else None
+    tune = _tune_questions(config, model, qrels, qids, dev) if spec.weight is None else None
     del model
     laps.lap("encode questions")
     k, memory = max(config.eval.top_k), memory_bytes_of(config.index.memory_gb)
@@ -224,7 +224,7 @@ def _encode(config: Config, model, qas: list, dev: torch.device):
     )  # fmt: skip
 
 
-def _tune_questions(config: Config, model, qrels: dict | None, dev: torch.device):
+def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, dev: torch.device):
     """The held-out questions that pick an ``auto`` weight: (qas, ids, vectors). Judged by
     ``data.qrels`` when set (some must be judged), else by their answers (every one needs
     some)."""
@@ -235,8 +235,15 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev: torch.device
     if not tune:
         raise InputError(f"{tune_path}: no questions")
     qids = question_ids(tune_path, len(tune))
-    if qrels is not None and not any(q in qrels for q in qids):
-        raise InputError(f"{tune_path}: none of its questions is judged in {config.data.qrels}")
+    if qrels is not None:
+        ids_file = tune_path.with_suffix(".ids.txt")
+        if not ids_file.is_file():  # row numbers would be judged as the dev questions' ids
+            raise InputError(f"{tune_path}: judged by data.qrels, its questions need ids "
+                             f"({ids_file}, one a line)")  # fmt: skip
+        if set(qids) & set(dev_qids):
+            raise InputError(f"{ids_file}: shares question ids with data.dev_qa: not held out")
+        if not any(q in qrels for q in qids):
+            raise InputError(f"{tune_path}: none of its questions is judged in {config.data.qrels}")
     if qrels is None:
         for n, (question, answers) in enumerate(tune, start=1):
             if not answers:
@@ -250,23 +257,34 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev: torch.device
 def _hybrid(config, spec, opened, dataset, passages, q_embs, qas, qids, tune, qrels, rank,
             world_size):  # fmt: skip
     """The fused hits of the dev questions and what fused them (the weight tuned first on the
-    held-out questions ``tune`` when asked)."""
+    held-out questions ``tune`` when asked); (None, None) on ranks but 0. Every collective
+    search runs first; BM25 is opened after them, on rank 0 alone."""
     e, memory = config.eval, memory_bytes_of(config.index.memory_gb)
-    sparse = open_sparse(passages, dataset, config.cache_path, e.bm25_run, spec, rank)
+    depth = max(spec.depth, max(e.top_k))
+
+    def dense(queries):
+        return dense_rankings(opened, dataset, passages, queries, depth, memory, rank=rank,
+                              world_size=world_size)  # fmt: skip
+
+    tune_dense = dense(tune[2]) if tune is not None else None
+    dev_dense = dense(q_embs)
+    if dev_dense is None:
+        return None, None
+    sparse = open_sparse(passages, dataset, config.cache_path, e.bm25_run, spec)
     record = {"method": spec.method, "depth": spec.depth, "bm25": sparse.source}
     record.update({"weight": spec.weight} if spec.method == "linear" else {"rrf_k": spec.rrf_k})
     if tune is not None:
         tune_qas, tune_qids, tune_embs = tune
         weight, grid = tune_weight(opened, dataset, passages, tune_embs, tune_qas, sparse, spec,
-                                   e.fusion_tune_metric, memory, e.match, qids=tune_qids,
-                                   qrels=qrels, rank=rank, world_size=world_size)  # fmt: skip
+                                   e.fusion_tune_metric, tune_dense, e.match, qids=tune_qids,
+                                   qrels=qrels)  # fmt: skip
         spec = dataclasses.replace(spec, weight=weight)
         record.update(weight=weight, tuned_on=str(Path(e.fusion_tune_qa).resolve()),
                       tune_metric=e.fusion_tune_metric, grid=grid,
                       judged_by=f"qrels {config.data.qrels}" if qrels is not None
                       else f"answers ({e.match} match)")  # fmt: skip
     hits = hybrid_search(opened, dataset, passages, q_embs, [q for q, _ in qas], qids, sparse,
-                         spec, max(e.top_k), memory, rank=rank, world_size=world_size)  # fmt: skip
+                         spec, max(e.top_k), dev_dense)  # fmt: skip
     return hits, record
 
 

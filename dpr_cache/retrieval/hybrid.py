@@ -22,7 +22,9 @@ from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.retrieval.results import read_trec_run
 from dpr_cache.retrieval.search import Hits
 
-__all__ = ["TUNING_GRID", "Sparse", "open_sparse", "hybrid_search", "tune_weight"]
+__all__ = [
+    "TUNING_GRID", "Sparse", "open_sparse", "dense_rankings", "hybrid_search", "tune_weight",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +54,11 @@ class Sparse:
 
 
 def open_sparse(
-    passages: Path, dataset, cache_dir: Path, run: str | Path | None, spec: FusionSpec,
-    rank: int = 0,
-) -> Sparse:  # fmt: skip
-    """BM25 from ``run`` (a TREC run; RRF only) or built over ``passages`` (saved, reused). Only
-    rank 0 fuses, so only it opens (or builds) BM25; the other ranks get an empty side."""
-    if rank != 0:
-        return Sparse(source="rank 0's")
+    passages: Path, dataset, cache_dir: Path, run: str | Path | None, spec: FusionSpec
+) -> Sparse:
+    """BM25 from ``run`` (a TREC run; RRF only) or built over ``passages`` (saved, reused).
+    Rank 0 alone fuses, so it alone opens BM25, once every collective search is done: a first
+    build can take long, and no rank waits on it."""
     if run is None:
         return Sparse(index=Bm25Index.open(passages, cache_dir), source=str(passages))
     if spec.method == "linear":
@@ -82,16 +82,17 @@ def open_sparse(
     return Sparse(run=by_qid, source=str(run))
 
 
-def _rankings(opened, dataset, passages, queries, questions, qids, sparse, spec, k, memory,
-              rank, world_size):  # fmt: skip
-    """Each question's dense and BM25 rankings over passage rows (None on ranks but 0)."""
-    hits = search_index(opened, queries, max(spec.depth, k), memory, rank=rank,
-                        world_size=world_size)  # fmt: skip
+def dense_rankings(
+    opened: OpenIndex, dataset, passages: Path, queries: np.ndarray, depth: int,
+    memory_bytes: int, *, rank: int = 0, world_size: int = 1,
+) -> list[Ranking] | None:  # fmt: skip
+    """Each question's dense top ``depth`` over passage rows: the collective part of a hybrid
+    search (every rank scans its shards; None on ranks but 0)."""
+    hits = search_index(opened, queries, depth, memory_bytes, rank=rank, world_size=world_size)
     if hits is None:
         return None
     rows = passage_rows_of(opened, dataset, passages, hits.rows)
-    dense = [(rows[i, : spec.depth], hits.scores[i, : spec.depth]) for i in range(len(rows))]
-    return dense, sparse.rankings(questions, qids, spec.depth)
+    return [(rows[i], hits.scores[i]) for i in range(len(rows))]
 
 
 def _scorers(opened: OpenIndex, dataset, passages, queries, questions, sparse, spec):
@@ -115,17 +116,15 @@ def _scorers(opened: OpenIndex, dataset, passages, queries, questions, sparse, s
 
 def hybrid_search(
     opened: OpenIndex, dataset, passages: Path, queries: np.ndarray, questions: Sequence[str],
-    qids: Sequence[str], sparse: Sparse, spec: FusionSpec, k: int, memory_bytes: int, *,
-    weight: float | None = None, rank: int = 0, world_size: int = 1,
-) -> Hits | None:  # fmt: skip
-    """The fused top ``k`` of each question (rows are passage rows; None on ranks but 0)."""
-    found = _rankings(opened, dataset, passages, queries, questions, qids, sparse, spec, k,
-                      memory_bytes, rank, world_size)  # fmt: skip
-    if found is None:
-        return None
+    qids: Sequence[str], sparse: Sparse, spec: FusionSpec, k: int, dense: list[Ranking], *,
+    weight: float | None = None,
+) -> Hits:  # fmt: skip
+    """The fused top ``k`` of each question (rows are passage rows), from its ``dense``
+    rankings (:func:`dense_rankings`) and BM25's."""
+    bm25 = sparse.rankings(questions, qids, spec.depth)
     dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
     weights = None if weight is None else [weight]
-    [(scores, rows)] = fuse(spec, *found, k, dense_of=dense_of, sparse_of=sparse_of,
+    [(scores, rows)] = fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of,
                             weights=weights)  # fmt: skip
     return Hits(scores, rows)
 
@@ -133,21 +132,17 @@ def hybrid_search(
 def tune_weight(
     opened: OpenIndex, dataset, passages: Path, queries: np.ndarray,
     qas: Sequence[tuple[str, list[str]]], sparse: Sparse, spec: FusionSpec, metric: str,
-    memory_bytes: int, match: str = "string", *, qids: Sequence[str] | None = None,
-    qrels: dict[str, dict[str, int]] | None = None, rank: int = 0, world_size: int = 1,
-) -> tuple[float | None, dict[str, float]]:  # fmt: skip
+    dense: list[Ranking], match: str = "string", *, qids: Sequence[str] | None = None,
+    qrels: dict[str, dict[str, int]] | None = None,
+) -> tuple[float, dict[str, float]]:  # fmt: skip
     """The weight of :data:`TUNING_GRID` with the best ``metric`` (``top{k}`` or ``mrr@10``) on
-    the held-out questions ``qas``, and every weight's figure (ranks but 0 only search: None
-    and nothing). Relevant: a passage ``qrels`` grades above 0 for the question's id (``qids``),
-    else one holding an answer (DPR's answer match)."""
+    the held-out questions ``qas`` (their ``dense`` rankings from :func:`dense_rankings`), and
+    every weight's figure. Relevant: a passage ``qrels`` grades above 0 for the question's id
+    (``qids``), else one holding an answer (DPR's answer match)."""
     k = 10 if metric == "mrr@10" else int(metric.removeprefix("top"))
     questions = [q for q, _ in qas]
     qids = [str(i) for i in range(len(qas))] if qids is None else list(qids)
-    found = _rankings(opened, dataset, passages, queries, questions, qids, sparse, spec, k,
-                      memory_bytes, rank, world_size)  # fmt: skip
-    if found is None:
-        return None, {}
-    dense, bm25 = found
+    bm25 = sparse.rankings(questions, qids, spec.depth)
     dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
     fused = fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of,
                  weights=TUNING_GRID)  # fmt: skip

@@ -32,6 +32,7 @@ from dpr_cache.data.passages import load_passages, passage_columns, passage_rows
 from dpr_cache.data.training import iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint
+from dpr_cache.retrieval.approximate import search_knobs
 from dpr_cache.retrieval.encode import encode_question_texts
 from dpr_cache.retrieval.index import (
     OpenIndex,
@@ -117,8 +118,8 @@ def _mine(model_dir, opened, train, out, spec, passages, qrels, cache_dir, memor
         raw = iter_raw(train)  # the whole records again, streamed beside the parts (rank 0)
         for batch in records(train, spec.batch):
             laps.lap("read the training file")
-            part = parts / f"part-{n_parts:06d}.jsonl"
-            if not distributed.rank0_says(part.is_file()):
+            part = parts / f"part-{n_parts:06d}.jsonl"  # done once its counts (.json) follow it
+            if not distributed.rank0_says(part.with_suffix(".json").is_file()):
                 mined, counts = mining.part(batch, train)
                 if rank == 0:
                     counts["kept_bm25"] = write_part(part, raw, mined, spec.keep_bm25, train)
@@ -140,7 +141,8 @@ def _mine(model_dir, opened, train, out, spec, passages, qrels, cache_dir, memor
         seconds=round(sum(stages.values()), 1), seconds_by_stage=stages,
         mined_by={"model": str(model_dir), "fingerprint": model_fingerprint(model_dir),
                   "index": str(opened.path), "type": opened.type, "rows": opened.store.rows,
-                  "shard_key": opened.meta.get("shard_key"), "passages": str(passages),
+                  "shard_key": opened.meta.get("shard_key"), "search": search_knobs(opened.faiss),
+                  "passages": str(passages),
                   "qrels": str(qrels) if qrels else None},
     )  # fmt: skip
     write_json_atomic(summary_path(out), summary)

@@ -16,6 +16,7 @@ from typing import Any
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint
+from dpr_cache.retrieval.approximate import search_knobs
 from dpr_cache.retrieval.negatives import RULES, MineSpec
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
@@ -58,14 +59,13 @@ def write_part(
     """Write the next ``len(mined)`` records of ``raw`` (the training file read again, record
     by record) to ``part`` with their mined ``hard_negative_ctxs`` (with ``keep_bm25``, the
     file's own after them, less those mined again); the count of the file's own kept."""
-    kept = 0
+    kept = written = 0
 
     def write(tmp: Path) -> None:
-        nonlocal kept
+        nonlocal kept, written
         with open(tmp, "w", encoding="utf-8") as f:
-            for negatives, (where, obj) in zip(
-                mined, raw, strict=False
-            ):  # mined first: stops there
+            # mined first: zip stops there, never reading a record of the next part
+            for negatives, (where, obj) in zip(mined, raw, strict=False):
                 if keep_bm25:
                     own = clean_example(obj, f"{train} {where}")["hard_negative_ctxs"]
                     seen = {c["passage_id"] for c in negatives}
@@ -75,6 +75,9 @@ def write_part(
                     negatives = negatives + extra
                 obj["hard_negative_ctxs"] = negatives
                 f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                written += 1
+        if written < len(mined):
+            raise InputError(f"{train}: changed while it was mined (it ended early on rereading)")
 
     write_atomic(part, write)
     return kept
@@ -85,7 +88,8 @@ def parts_dir(out, model_dir, opened, train, spec, qrels, rank) -> Path:
     parts = out.with_name(out.name + ".parts")
     judged = [str(qrels), qrels.stat().st_size, qrels.stat().st_mtime_ns] if qrels else None
     ident = [model_fingerprint(model_dir), opened.meta.get("shard_key"), opened.type,
-             opened.meta.get("model"), opened.meta.get("index_params"), str(train.resolve()),
+             opened.meta.get("model"), opened.meta.get("index_params"),
+             search_knobs(opened.faiss), str(train.resolve()),
              train.stat().st_size, train.stat().st_mtime_ns, settings_of(spec), judged]  # fmt: skip
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
     if rank == 0:
@@ -103,10 +107,11 @@ def join_parts(parts: Path, out: Path, n_parts: int) -> dict[str, Any]:
     totals: Counter = Counter()
 
     def write(tmp: Path) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "wb") as f:
             for k in range(n_parts):
                 part = parts / f"part-{k:06d}.jsonl"
-                f.write(part.read_text(encoding="utf-8"))
+                with open(part, "rb") as src:  # copied in blocks, never a whole part in memory
+                    shutil.copyfileobj(src, f)
                 totals.update(json.loads(part.with_suffix(".json").read_text()))
 
     write_atomic(out, write)

@@ -18,7 +18,7 @@ from dpr_cache.model.loading import load_encoder, resolve_model_dir
 from dpr_cache.retrieval.approximate import IndexSpec
 from dpr_cache.retrieval.encode import encode_question_texts
 from dpr_cache.retrieval.fusion import FusionSpec
-from dpr_cache.retrieval.hybrid import hybrid_search, open_sparse
+from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse
 from dpr_cache.retrieval.index import open_index, search_index
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.retrieval.shards import DEFAULT_QUERY_LENGTH, EncodeSpec, encode_passage_shards
@@ -171,14 +171,13 @@ def _search_to_run(index_dir, queries, qids, out, k, memory_bytes, spec, tag, ra
         if not passages.name:
             raise InputError(f"{index_dir}: records no passages file: give --passages TSV")
         dataset = load_passages(passages, hybrid.cache_dir)
-        sparse = open_sparse(passages, dataset, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion,
-                             rank)  # fmt: skip
-        hits = hybrid_search(
-            opened, dataset, passages, queries, hybrid.questions or qids, qids, sparse,
-            hybrid.fusion, k, memory_bytes, rank=rank, world_size=world_size,
-        )  # fmt: skip
-        if hits is None:
+        dense = dense_rankings(opened, dataset, passages, queries, max(hybrid.fusion.depth, k),
+                               memory_bytes, rank=rank, world_size=world_size)  # fmt: skip
+        if dense is None:
             return None
+        sparse = open_sparse(passages, dataset, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion)
+        hits = hybrid_search(opened, dataset, passages, queries, hybrid.questions or qids, qids,
+                             sparse, hybrid.fusion, k, dense)  # fmt: skip
         valid = np.unique(hits.rows[hits.rows >= 0])
         ids = dict(zip(valid.tolist(), passage_columns(dataset, valid.tolist())["id"],
                        strict=True))  # fmt: skip

@@ -203,6 +203,12 @@ def test_an_auto_weight_judged_by_qrels(toy_run) -> None:
     qrels.write_text("".join(f"t{i} 0 {r['positive_ctxs'][0]['passage_id']} 1\n"
                              for i, r in enumerate(lines)) + f"{dev_ids[0]} 0 0 1\n")  # fmt: skip
     judged = ["--set", f"data.qrels={qrels}", "--set", f"data.dev_qa={dev}"]
+    unnamed = root / "unnamed.qa.tsv"  # no ids: its row numbers could be the dev questions'
+    unnamed.write_text(tune.read_text())
+    bad = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set", "eval.fusion_weight=auto",
+                  "--set", f"eval.fusion_tune_qa={unnamed}", "--set", "eval.fusion_depth=50",
+                  *judged, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "its questions need ids" in bad.stderr
     record = _tuned(root, args, root / "auto-qrels", tune, *judged)
     assert record["judged_by"] == f"qrels {qrels}"
     weight = f"{record['weight']:g}"

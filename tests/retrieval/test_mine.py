@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 import unicodedata
 from pathlib import Path
 
@@ -106,7 +107,9 @@ def _read(out: Path) -> list[dict]:
 
 def test_mined_negatives_equal_the_reference(index, tmp_path) -> None:
     out = tmp_path / "mined.jsonl"
+    start = time.perf_counter()
     done = _mine(index, out, "--negatives", "5", "--depth", "30", "--skip", "2")
+    wall = time.perf_counter() - start
     mined = _read(out)
     want = _reference(index, 5, 30, 2)
     got = [[c["passage_id"] for c in r["hard_negative_ctxs"]] for r in mined]
@@ -128,7 +131,8 @@ def test_mined_negatives_equal_the_reference(index, tmp_path) -> None:
     assert not (tmp_path / "mined.jsonl.parts").exists()  # the parts go once joined
     stages = summary["seconds_by_stage"]
     assert {"encode questions", "search", "read the candidates"} <= set(stages)
-    assert summary["seconds"] == pytest.approx(sum(stages.values()), abs=0.1)
+    assert 0 < summary["seconds"] < wall  # the command's own stages, within its process's life
+    assert stages["encode questions"] > 0 and stages["search"] > 0
 
 
 def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
