@@ -30,7 +30,8 @@ def table(records: list[dict]) -> list[str]:
         groups[(r["fault"], r["command"])].append(r)
     lines = ["| fault | command | injections | survived | lost bytes | where it struck | "
              "reproduce |", "|---|---|--:|--:|--:|---|---|"]  # fmt: skip
-    for (fault, command), rows in groups.items():
+    faults = list(TESTS)  # the table in this order, whichever test process ran first
+    for (fault, command), rows in sorted(groups.items(), key=lambda g: faults.index(g[0][0])):
         where = "; ".join(dict.fromkeys(r["where"] for r in rows))
         lines.append(
             f"| {fault} | {command} | {len(rows)} | {sum(r['survived'] for r in rows)} | "
