@@ -25,6 +25,12 @@ ARMS = {  # folder -> the arm's name on the page
 N_BOOT = 10_000
 
 
+def train_seconds(record: dict[str, Any]) -> float:
+    """A run's training time: the wall seconds its script recorded, or the sum of its logged
+    steps' seconds when that is larger (a session that ended mid-run recorded no wall time)."""
+    return max(record.get("train_wall_seconds") or 0.0, record.get("train_seconds") or 0.0)
+
+
 def per_question(retrieval_json: Path) -> dict[str, np.ndarray]:
     """Each metric per dev question, in points, from a DPR results file."""
     return hit_metrics([first_relevant_rank(f) for f in answer_flags(retrieval_json)], KS)
@@ -74,8 +80,9 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     for folder, label in ARMS.items():
         records = collect(out / f"{folder}{suffix}")
         for r in records:
-            hours += sum(r.get(k) or 0.0 for k in ("train_wall_seconds", "index_seconds",
-                                                   "eval_seconds")) / 3600  # fmt: skip
+            hours += (
+                train_seconds(r) + sum(r.get(k) or 0.0 for k in ("index_seconds", "eval_seconds"))
+            ) / 3600
         records = [r for r in records if r["mode"] == "gradcache"]
         if not records:
             continue
@@ -84,7 +91,7 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
         row = {"arm": label, "seeds": [r["seed"] for r in runs], "steps": runs[0].get("steps")}
         for m in METRICS:
             row[m], row[m + "_sd"] = _mean_sd([r[m] for r in runs])
-        row["train_h"] = statistics.mean(r.get("train_wall_seconds") or 0 for r in runs) / 3600
+        row["train_h"] = statistics.mean(train_seconds(r) for r in runs) / 3600
         rows.append(row)
         for r in runs:
             run_dir = out / f"{folder}{suffix}" / r["dir"]

@@ -118,7 +118,8 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
         f"SQuAD v1.1 dev, {data['questions']:,} questions over all 2,067 paragraphs (the method, "
         "what was run and how: [README.md](README.md)). Figures in points; ± is the sample sd "
         "over seeds; [a, b] a 95% bootstrap interval over the questions. Machine time of the "
-        f"runs on this page: {data['hours']:.1f} h.",
+        f"runs on this page: {data['hours']:.1f} h (a run's training: its wall time, or its "
+        "steps' logged seconds where a session ended mid-run and left no wall time).",
         "",
         f"![top-1 and MRR@10]({png})",
         "",

@@ -44,3 +44,13 @@ def test_dry_run_writes_the_page(tmp_path: Path) -> None:
                              "fusion.json").read_text())  # fmt: skip
         assert record["tuned_on"].endswith(f"dev-{'b' if half == 'a' else 'a'}.qa.tsv")
     assert (out / "plot.png").stat().st_size > 0
+
+
+def test_train_seconds_counts_the_steps_when_a_cut_left_no_wall_time() -> None:
+    from studies.squad_hard_negatives.collect import train_seconds
+
+    # a session ended mid-run: only the last segment's wall time was written
+    assert train_seconds({"train_wall_seconds": 469.9, "train_seconds": 2944.0}) == 2944.0
+    # a whole run: the wall time, start-up included, is the larger
+    assert train_seconds({"train_wall_seconds": 3039.2, "train_seconds": 3000.0}) == 3039.2
+    assert train_seconds({"train_seconds": 12.5}) == 12.5
