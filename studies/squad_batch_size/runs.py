@@ -73,10 +73,16 @@ def diff_order(d: dict[str, Any]) -> tuple:
     return float(d["lr"]), int(d["batch_size"]), d["seed"] == "all", seeds
 
 
+def train_seconds(record: dict[str, Any]) -> float:
+    """A run's training time: the wall seconds its script recorded, or the sum of its logged
+    steps' seconds when that is larger (a session that ended mid-run recorded no wall time)."""
+    return max(record.get("train_wall_seconds") or 0.0, record.get("train_seconds") or 0.0)
+
+
 def machine_hours(records: list[dict[str, Any]]) -> float:
-    """Wall hours of every train, index and eval command behind the records."""
-    keys = ("train_wall_seconds", "index_seconds", "eval_seconds")
-    return sum(r.get(k) or 0.0 for r in records for k in keys) / 3600
+    """Hours of every train, index and eval command behind the records."""
+    keys = ("index_seconds", "eval_seconds")
+    return sum(train_seconds(r) + sum(r.get(k) or 0.0 for k in keys) for r in records) / 3600
 
 
 def references(records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.retrieval.results import answer_flags
-from studies.squad_batch_size.runs import collect
+from studies.squad_batch_size.runs import collect, machine_hours, train_seconds
 
 KS = (1, 5, 20, 100)
 METRICS = (*(f"top{k}" for k in KS), "mrr@10")
@@ -23,12 +23,6 @@ ARMS = {  # folder -> the arm's name on the page
     "round2-mined": "round 2 (a): mined negatives alone",
 }
 N_BOOT = 10_000
-
-
-def train_seconds(record: dict[str, Any]) -> float:
-    """A run's training time: the wall seconds its script recorded, or the sum of its logged
-    steps' seconds when that is larger (a session that ended mid-run recorded no wall time)."""
-    return max(record.get("train_wall_seconds") or 0.0, record.get("train_seconds") or 0.0)
 
 
 def per_question(retrieval_json: Path) -> dict[str, np.ndarray]:
@@ -79,10 +73,7 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     arms, per_q, rows, hours = {}, {}, [], 0.0
     for folder, label in ARMS.items():
         records = collect(out / f"{folder}{suffix}")
-        for r in records:
-            hours += (
-                train_seconds(r) + sum(r.get(k) or 0.0 for k in ("index_seconds", "eval_seconds"))
-            ) / 3600
+        hours += machine_hours(records)
         records = [r for r in records if r["mode"] == "gradcache"]
         if not records:
             continue
@@ -99,8 +90,7 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     refs = out / f"references{suffix}"
     per_q["bm25"] = per_question(refs / "bm25" / "eval" / "retrieval.json")
     per_q["off-the-shelf"] = per_question(refs / "off-the-shelf" / "eval" / "retrieval.json")
-    for r in collect(refs):
-        hours += sum(r.get(k) or 0.0 for k in ("index_seconds", "eval_seconds")) / 3600
+    hours += machine_hours(collect(refs))
     names = (("bm25", "BM25 (bm25s)"), ("off-the-shelf", "all-MiniLM-L6-v2 off the shelf"))
     references = [{"arm": name, **{m: float(per_q[key][m].mean()) for m in METRICS}}
                   for key, name in names]  # fmt: skip

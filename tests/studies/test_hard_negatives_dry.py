@@ -47,7 +47,7 @@ def test_dry_run_writes_the_page(tmp_path: Path) -> None:
 
 
 def test_train_seconds_counts_the_steps_when_a_cut_left_no_wall_time() -> None:
-    from studies.squad_hard_negatives.collect import train_seconds
+    from studies.squad_batch_size.runs import train_seconds
 
     # a session ended mid-run: only the last segment's wall time was written
     assert train_seconds({"train_wall_seconds": 469.9, "train_seconds": 2944.0}) == 2944.0
