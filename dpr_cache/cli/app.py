@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.errors import Diverged, InputError, Interrupted
+from dpr_cache.errors import Diverged, InputError, Interrupted, RankLost
 from dpr_cache.runtime.quiet import quiet_libraries
 
 __all__ = [
@@ -63,25 +63,32 @@ def guarded(func):
     def wrapper(*args, **kwargs):
         quiet_libraries()
         try:
-            return func(*args, **kwargs)
-        except InputError as exc:
-            _fail(str(exc), 2)
-        except Diverged as exc:
-            _fail(str(exc), 3)
-        except Interrupted as exc:
-            print(str(exc), file=sys.stderr)
-            raise typer.Exit(130) from None
-        except OSError as exc:  # not bad input: the message keeps its errno and path
-            _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
-        except RuntimeError as exc:  # a rank of a distributed run is gone: say which
-            from dpr_cache.runtime.distributed import lost_rank
-
-            message = lost_rank(exc)
-            if message is None:
-                raise
-            _fail(message, 1)
+            return _one_line_errors(func, *args, **kwargs)
+        except RankLost as exc:  # torchrun ended this rank, its peer gone, amid another error
+            _fail(str(exc), 1)
 
     return wrapper
+
+
+def _one_line_errors(func, *args, **kwargs):
+    try:
+        return func(*args, **kwargs)
+    except InputError as exc:
+        _fail(str(exc), 2)
+    except Diverged as exc:
+        _fail(str(exc), 3)
+    except Interrupted as exc:
+        print(str(exc), file=sys.stderr)
+        raise typer.Exit(130) from None
+    except OSError as exc:  # not bad input: the message keeps its errno and path
+        _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
+    except RuntimeError as exc:  # a rank of a distributed run is gone: say which
+        from dpr_cache.runtime.distributed import lost_rank
+
+        message = lost_rank(exc)
+        if message is None:
+            raise
+        _fail(message, 1)
 
 
 def load(config: Path | None, overrides: list[str] | None):

@@ -4,15 +4,18 @@ Gloo on CPU, NCCL on GPU, one device per ``LOCAL_RANK``. A collective waits at m
 ``DPR_CACHE_DIST_TIMEOUT`` seconds (default 600) for a rank that stopped answering. Each rank
 records every rank's host and pid when the group forms, so that a rank whose peer died (the OOM
 killer, a lost node) can say which one in one line (:func:`lost_rank`) instead of a backend's
-traceback. The gather whose backward keeps the gradient exact lives in
-:mod:`dpr_cache.core.gather`.
+traceback. It says so too when ``torchrun``'s agent, which ends the other ranks once one dies,
+stops it (SIGTERM) before its own collective has failed (:func:`name_lost_rank_on_sigterm`).
+The gather whose backward keeps the gradient exact lives in :mod:`dpr_cache.core.gather`.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,11 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpr_cache.errors import RankLost
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.processes import alive, state
 
 __all__ = [
-    "DistEnv", "setup", "teardown", "barrier", "rank0_says", "all_mean", "lost_rank", "PEERS",
+    "DistEnv", "setup", "teardown", "barrier", "rank0_says", "all_mean", "lost_rank",
+    "name_lost_rank_on_sigterm", "PEERS",
 ]  # fmt: skip
 
 PEERS: dict[int, tuple[str, int]] = {}
@@ -70,6 +75,7 @@ def setup(device: str = "auto", key: str = "train.device") -> DistEnv:
         peers: list = [None] * dist.get_world_size()
         dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
         PEERS.update(enumerate(peers))
+        name_lost_rank_on_sigterm()
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, chosen)
 
 
@@ -107,25 +113,66 @@ def lost_rank(error: BaseException, wait: float = 5.0) -> str | None:
     """One line for a collective that failed because a rank is gone (its process ended, or it
     stopped answering), naming it; None when ``error`` is no such failure. A peer on this host
     is looked up by its pid (given ``wait`` seconds to end, or found stopped); one on another
-    host is named by its host."""
+    host is named by its host. A SIGTERM from here on is ignored: this rank is already on its
+    way out, and its line is not cut short."""
+    if isinstance(error, RankLost):
+        return str(error)
     text = " ".join(str(error).split())
     if not PEERS or not any(word in text.lower() for word in _GONE_WORDS):
         return None
-    me, host = int(os.environ.get("RANK", "0")), socket.gethostname()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     gone: list[str] = []
     deadline = time.monotonic() + wait
     while not gone and time.monotonic() < deadline:
-        gone = [f"rank {r} (pid {pid})" for r, (h, pid) in PEERS.items()
-                if r != me and h == host and not alive(pid)]  # fmt: skip
+        gone = _ended_peers()
         if not gone:
             time.sleep(0.2)
     if not gone:  # alive but not answering: a peer held by a signal (SIGSTOP, a debugger)
-        gone = [f"rank {r} (pid {pid}, not answering)" for r, (h, pid) in PEERS.items()
-                if r != me and h == host and state(pid) in ("T", "t")]  # fmt: skip
+        gone = [f"rank {r} (pid {pid}, not answering)" for r, pid in _local_peers()
+                if state(pid) in ("T", "t")]  # fmt: skip
     if not gone:
+        host = socket.gethostname()
         others = sorted({h for r, (h, _) in PEERS.items() if h != host})
         gone = [f"a rank on {', '.join(others)}" if others else "another rank"]
+    return _line(gone, text[:120])
+
+
+def name_lost_rank_on_sigterm() -> None:
+    """From now on, a SIGTERM while a peer on this host has ended raises :class:`RankLost`
+    naming it, once (later ones are ignored); one while every peer runs ends the process as
+    SIGTERM does by default. ``torchrun``'s agent ends every rank once one dies, and its SIGTERM
+    can come before this rank's own collective has failed. Only the main thread can do this,
+    and a handler someone else installed is kept."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    gone = _ended_peers()
+    if not gone:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    signal.signal(signum, signal.SIG_IGN)
+    raise RankLost(_line(gone, "torchrun ended this rank when its peer ended"))
+
+
+def _local_peers() -> list[tuple[int, int]]:
+    """(rank, pid) of every other rank on this host."""
+    me, host = int(os.environ.get("RANK", "0")), socket.gethostname()
+    return [(r, pid) for r, (h, pid) in PEERS.items() if r != me and h == host]
+
+
+def _ended_peers() -> list[str]:
+    """The other ranks on this host whose process has ended."""
+    return [f"rank {r} (pid {pid})" for r, pid in _local_peers() if not alive(pid)]
+
+
+def _line(gone: list[str], cause: str) -> str:
+    me = int(os.environ.get("RANK", "0"))
     return (
-        f"rank {me}: {' and '.join(gone)} stopped, so this rank stops too ({text[:120]}): "
+        f"rank {me}: {' and '.join(gone)} stopped, so this rank stops too ({cause}): "
         "once every rank can run, --resume continues from the last checkpoint"
     )

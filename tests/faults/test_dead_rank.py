@@ -1,17 +1,27 @@
 """A rank killed under torchrun (2 gloo ranks, its process SIGKILLed mid-training, as the OOM
 killer would): the survivor stops within seconds with one line naming the dead rank, not a
 backend's traceback nor a hang until a collective's time-out; ``--resume`` on 2 ranks then ends
-with the weights of a run never interrupted."""
+with the weights of a run never interrupted.
+
+torchrun's agent ends every rank with SIGTERM once one dies, and that SIGTERM can reach the
+survivor before its collective has failed or while it unwinds from the failure (a slow teardown
+on a loaded machine). That race is made certain by a process standing for rank 0, its peer's
+process ended, which SIGTERMs itself while it unwinds, through the CLI's own error mapping."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import pytest
+
+from dpr_cache.runtime.processes import child_env
 from tests.faults.inject import record, start
 from tests.support.cli import run_cli, toy_overrides
-from tests.support.fixtures import saved_weights
+from tests.support.fixtures import REPO, saved_weights
 
 STEPS = 10
 
@@ -96,3 +106,63 @@ def test_a_rank_that_stops_answering_is_given_up_on_at_the_timeout(tmp_path) -> 
     record("a rank killed", "train under torchrun (2 gloo ranks)",
            f"rank 1 frozen (SIGSTOP) after step 3, timeout 15 s: the survivor stopped in "
            f"{gave_up_in:.0f} s", True)  # fmt: skip
+
+
+CHILD = """
+import os, signal, socket, subprocess, sys, time
+import typer
+from dpr_cache.cli.app import guarded
+from dpr_cache.runtime import distributed
+
+peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+if sys.argv[1] == "ended":
+    peer.kill(); peer.wait()
+distributed.PEERS.update({0: (socket.gethostname(), os.getpid()),
+                          1: (socket.gethostname(), peer.pid)})
+print(peer.pid, flush=True)
+if sys.argv[2] == "installed":
+    distributed.name_lost_rank_on_sigterm()
+
+def step():
+    try:
+        raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500")
+    finally:  # the teardown, slow enough for the agent's SIGTERM to come first
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)
+        peer.kill()
+
+try:
+    guarded(step)()
+except typer.Exit as e:
+    sys.exit(e.exit_code)
+"""
+
+
+def _run(peer: str, handler: str) -> tuple[int, int, str]:
+    os_env = {**child_env(), "RANK": "0"}
+    done = subprocess.run([sys.executable, "-c", CHILD, peer, handler], cwd=REPO, env=os_env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return done.returncode, int(done.stdout.split()[0]), done.stderr
+
+
+def test_a_sigterm_amid_the_failure_still_names_the_dead_rank() -> None:
+    code, pid, err = _run("ended", "installed")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1, err
+    assert lines == [
+        f"error: rank 0: rank 1 (pid {pid}) stopped, so this rank stops too (torchrun ended "
+        "this rank when its peer ended): once every rank can run, --resume continues from the "
+        "last checkpoint"
+    ], err
+    record("a rank killed", "the CLI's error mapping (rank 0 alone, its peer's process ended)",
+           "SIGTERM while unwinding from the collective's failure", True)  # fmt: skip
+
+
+@pytest.mark.parametrize("peer, handler", [("ended", "not installed"), ("running", "installed")])
+def test_without_the_handler_or_a_dead_peer_sigterm_ends_the_process(peer, handler) -> None:
+    """Negative controls: without the handler the signal ends the process with no line (what
+    happened before); with every peer running, a SIGTERM is a plain stop, as by default."""
+    code, _, err = _run(peer, handler)
+    assert code == -15, err
+    assert "error:" not in err
