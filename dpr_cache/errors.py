@@ -1,12 +1,12 @@
 """The project's own error types. The CLI maps each to one line on stderr and an exit code:
-:class:`InputError` exits 2, :class:`Diverged` 3, :class:`Interrupted` 130, :class:`RankLost` 1;
-anything else keeps its own message."""
+:class:`InputError` exits 2, :class:`Diverged` 3, :class:`Interrupted` 130; anything else keeps its
+own message."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["InputError", "Interrupted", "Diverged", "RankLost"]
+__all__ = ["InputError", "Interrupted", "Diverged"]
 
 
 class InputError(ValueError):
@@ -24,8 +24,3 @@ class Interrupted(Exception):
 class Diverged(ArithmeticError):
     """Training met a loss or gradient that is not finite (fp32, bf16): the message names the
     step and its batch, and the last checkpoint, which is left as it was."""
-
-
-class RankLost(RuntimeError):
-    """A rank of a distributed run is gone, so this one stops: the message is the one line that
-    names it (see :func:`dpr_cache.runtime.distributed.lost_rank`)."""

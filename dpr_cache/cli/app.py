@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from dpr_cache.errors import Diverged, InputError, Interrupted, RankLost
+from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime.quiet import quiet_libraries
 
 __all__ = [
@@ -52,8 +54,16 @@ ModelOpt = Annotated[
 
 
 def _fail(message: str, code: int = 2) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    _say(f"error: {message}")
     raise typer.Exit(code)
+
+
+def _say(line: str) -> None:
+    """The one line a failed command ends with. A SIGTERM after it is ignored: under torchrun,
+    the agent ends this rank once a peer has failed too, and the line already says why."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(line, file=sys.stderr)
 
 
 def guarded(func):
@@ -63,32 +73,25 @@ def guarded(func):
     def wrapper(*args, **kwargs):
         quiet_libraries()
         try:
-            return _one_line_errors(func, *args, **kwargs)
-        except RankLost as exc:  # torchrun ended this rank, its peer gone, amid another error
-            _fail(str(exc), 1)
+            return func(*args, **kwargs)
+        except InputError as exc:
+            _fail(str(exc), 2)
+        except Diverged as exc:
+            _fail(str(exc), 3)
+        except Interrupted as exc:
+            _say(str(exc))
+            raise typer.Exit(130) from None
+        except OSError as exc:  # not bad input: the message keeps its errno and path
+            _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
+        except RuntimeError as exc:  # a rank of a distributed run is gone: say which
+            from dpr_cache.runtime.distributed import lost_rank
+
+            message = lost_rank(exc)
+            if message is None:
+                raise
+            _fail(message, 1)
 
     return wrapper
-
-
-def _one_line_errors(func, *args, **kwargs):
-    try:
-        return func(*args, **kwargs)
-    except InputError as exc:
-        _fail(str(exc), 2)
-    except Diverged as exc:
-        _fail(str(exc), 3)
-    except Interrupted as exc:
-        print(str(exc), file=sys.stderr)
-        raise typer.Exit(130) from None
-    except OSError as exc:  # not bad input: the message keeps its errno and path
-        _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
-    except RuntimeError as exc:  # a rank of a distributed run is gone: say which
-        from dpr_cache.runtime.distributed import lost_rank
-
-        message = lost_rank(exc)
-        if message is None:
-            raise
-        _fail(message, 1)
 
 
 def load(config: Path | None, overrides: list[str] | None):

@@ -5,16 +5,19 @@ Gloo on CPU, NCCL on GPU, one device per ``LOCAL_RANK``. A collective waits at m
 records every rank's host and pid when the group forms, so that a rank whose peer died (the OOM
 killer, a lost node) can say which one in one line (:func:`lost_rank`) instead of a backend's
 traceback. It says so too when ``torchrun``'s agent, which ends the other ranks once one dies,
-stops it (SIGTERM) before its own collective has failed (:func:`name_lost_rank_on_sigterm`).
+stops it (SIGTERM) before it has reported its own failed collective
+(:func:`name_lost_rank_on_sigterm`).
 The gather whose backward keeps the gradient exact lives in :mod:`dpr_cache.core.gather`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -23,19 +26,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpr_cache.errors import RankLost
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.processes import alive, state
 
 __all__ = [
     "DistEnv", "setup", "teardown", "barrier", "rank0_says", "all_mean", "lost_rank",
-    "name_lost_rank_on_sigterm", "PEERS",
+    "name_lost_rank_on_sigterm", "stop_if_a_peer_ended", "PEERS",
 ]  # fmt: skip
 
 PEERS: dict[int, tuple[str, int]] = {}
 """Every rank's (host, pid), once the group has formed (empty on one process)."""
+_RANK_PROCESS: list[int] = []  # the pid that installed the SIGTERM handler (not a forked worker)
 _GONE_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
                "nccl", "gloo")  # fmt: skip
+_NEXT = "once every rank can run, --resume continues from the last checkpoint"
 
 
 @dataclass(frozen=True)
@@ -113,15 +117,10 @@ def lost_rank(error: BaseException, wait: float = 5.0) -> str | None:
     """One line for a collective that failed because a rank is gone (its process ended, or it
     stopped answering), naming it; None when ``error`` is no such failure. A peer on this host
     is looked up by its pid (given ``wait`` seconds to end, or found stopped); one on another
-    host is named by its host. A SIGTERM from here on is ignored: this rank is already on its
-    way out, and its line is not cut short."""
-    if isinstance(error, RankLost):
-        return str(error)
+    host is named by its host."""
     text = " ".join(str(error).split())
     if not PEERS or not any(word in text.lower() for word in _GONE_WORDS):
         return None
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     gone: list[str] = []
     deadline = time.monotonic() + wait
     while not gone and time.monotonic() < deadline:
@@ -135,28 +134,45 @@ def lost_rank(error: BaseException, wait: float = 5.0) -> str | None:
         host = socket.gethostname()
         others = sorted({h for r, (h, _) in PEERS.items() if h != host})
         gone = [f"a rank on {', '.join(others)}" if others else "another rank"]
-    return _line(gone, text[:120])
+    return f"{_me()}: {' and '.join(gone)} stopped, so this rank stops too ({text[:120]}): {_NEXT}"
 
 
 def name_lost_rank_on_sigterm() -> None:
-    """From now on, a SIGTERM while a peer on this host has ended raises :class:`RankLost`
-    naming it, once (later ones are ignored); one while every peer runs ends the process as
-    SIGTERM does by default. ``torchrun``'s agent ends every rank once one dies, and its SIGTERM
-    can come before this rank's own collective has failed. Only the main thread can do this,
-    and a handler someone else installed is kept."""
+    """From now on, a SIGTERM while a peer on this host has ended ends this rank with the line
+    that names it (:func:`stop_if_a_peer_ended`); one while every peer runs ends it as SIGTERM
+    does by default. ``torchrun``'s agent ends every rank once one dies, and its SIGTERM can come
+    before this rank has reported its own failed collective. A handler runs once the main
+    thread is back in Python (a long call into torch or FAISS finishes first). Only the main
+    thread can install it, and a handler someone else installed is kept."""
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        _RANK_PROCESS[:] = [os.getpid()]
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    gone = _ended_peers()
+def stop_if_a_peer_ended() -> None:
+    """In a rank's own process, when a peer on this host has ended: write the one line naming it
+    and exit 1 at once. What a ``kill -9`` would leave is left (every file is written
+    atomically, a checkpoint whole or not at all); torchrun would SIGKILL the rank 30 s on."""
+    gone = _ended_peers() if _RANK_PROCESS == [os.getpid()] else []
     if not gone:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
         return
-    signal.signal(signum, signal.SIG_IGN)
-    raise RankLost(_line(gone, "torchrun ended this rank when its peer ended"))
+    line = f"error: {_me()}: {' and '.join(gone)} stopped, and torchrun stopped this rank: {_NEXT}"
+    with contextlib.suppress(Exception):  # a flush cut into by the signal: the line still goes
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os.write(2, (line + "\n").encode())
+    os._exit(1)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    stop_if_a_peer_ended()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _me() -> str:
+    return f"rank {os.environ.get('RANK', '0')}"
 
 
 def _local_peers() -> list[tuple[int, int]]:
@@ -168,11 +184,3 @@ def _local_peers() -> list[tuple[int, int]]:
 def _ended_peers() -> list[str]:
     """The other ranks on this host whose process has ended."""
     return [f"rank {r} (pid {pid})" for r, pid in _local_peers() if not alive(pid)]
-
-
-def _line(gone: list[str], cause: str) -> str:
-    me = int(os.environ.get("RANK", "0"))
-    return (
-        f"rank {me}: {' and '.join(gone)} stopped, so this rank stops too ({cause}): "
-        "once every rank can run, --resume continues from the last checkpoint"
-    )

@@ -134,7 +134,8 @@ def _seed_everything(seed: int) -> None:
 
 
 class StopRequest:
-    """Ctrl-C / SIGTERM set a flag; the loop stops after the current step, on every rank."""
+    """Ctrl-C / SIGTERM set a flag; the loop stops after the current step, on every rank. A
+    SIGTERM from torchrun's agent once a peer has ended stops this rank at once, naming it."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -142,6 +143,8 @@ class StopRequest:
     @contextlib.contextmanager
     def installed(self):
         def handler(signum, frame):
+            if signum == signal.SIGTERM:
+                distributed.stop_if_a_peer_ended()
             if self.requested:  # a second Ctrl-C: stop now
                 raise KeyboardInterrupt
             self.requested = True

@@ -70,7 +70,7 @@ def test_a_dead_rank_is_named_and_the_run_resumes(tmp_path) -> None:
     stopped_in = time.monotonic() - killed_at
     assert agent.returncode != 0 and stopped_in < 60, stopped_in
     ours = [line for line in err.splitlines() if "error: rank 0:" in line]
-    assert ours and f"rank 1 (pid {victim[-1]}) stopped" in ours[0], err[-3000:]
+    assert len(ours) == 1 and f"rank 1 (pid {victim[-1]}) stopped" in ours[0], err[-3000:]
     assert "--resume continues from the last checkpoint" in ours[0]
     assert not any(line.startswith("[rank0]: Traceback") for line in err.splitlines())
     resumed = run_cli(*_args(tmp_path), "--resume", world=2)
@@ -112,57 +112,117 @@ CHILD = """
 import os, signal, socket, subprocess, sys, time
 import typer
 from dpr_cache.cli.app import guarded
+from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
+from dpr_cache.train.loop import StopRequest
 
-peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-if sys.argv[1] == "ended":
+peer_state, handler, where = sys.argv[1:4]
+peer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                        stdin=subprocess.PIPE)  # ends with this process
+if peer_state == "ended":
     peer.kill(); peer.wait()
-distributed.PEERS.update({0: (socket.gethostname(), os.getpid()),
-                          1: (socket.gethostname(), peer.pid)})
-print(peer.pid, flush=True)
-if sys.argv[2] == "installed":
+host = socket.gethostname()
+distributed.PEERS.update({0: (host, os.getpid()), 1: (host, peer.pid)})
+if handler == "installed":
     distributed.name_lost_rank_on_sigterm()
+print(peer.pid, flush=True)
 
-def step():
-    try:
-        raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500")
-    finally:  # the teardown, slow enough for the agent's SIGTERM to come first
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(2)
-        peer.kill()
+
+def sigterm():
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Failed(RuntimeError):  # the backend's error; the report starts by reading its text
+    def __str__(self):
+        if where == "reading the error":
+            sigterm()
+        return "[gloo] Connection closed by peer [127.0.0.1]:29500"
+
+
+class Stderr:  # the agent's SIGTERM right after this rank's own line
+    def __init__(self, real):
+        self.real = real
+    def write(self, text):
+        self.real.write(text)
+        if text.startswith("error:"):
+            sigterm()
+    def flush(self):
+        self.real.flush()
+
+
+def command():
+    if where == "unwinding":
+        try:
+            raise Failed()
+        finally:  # a teardown slow enough for the agent's SIGTERM to come first
+            sigterm()
+    if where == "reading the error":
+        raise Failed()
+    if where == "after another error's line":
+        sys.stderr = Stderr(sys.stderr)
+        raise InputError("data.train: no training file given")
+    if where == "the training loop":
+        with StopRequest().installed():
+            sigterm()
+            time.sleep(1)
+        sys.exit(5)
+    if where == "a forked worker":
+        child = os.fork()
+        if child == 0:
+            sigterm()
+            time.sleep(1)
+            os._exit(0)
+        print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
+
 
 try:
-    guarded(step)()
+    guarded(command)()
 except typer.Exit as e:
     sys.exit(e.exit_code)
 """
+LINE = ("error: rank 0: rank 1 (pid {}) stopped, and torchrun stopped this rank: once every rank "
+        "can run, --resume continues from the last checkpoint")  # fmt: skip
 
 
-def _run(peer: str, handler: str) -> tuple[int, int, str]:
-    os_env = {**child_env(), "RANK": "0"}
-    done = subprocess.run([sys.executable, "-c", CHILD, peer, handler], cwd=REPO, env=os_env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    return done.returncode, int(done.stdout.split()[0]), done.stderr
+def _run(peer: str, handler: str, where: str) -> tuple[int, list[str], list[str]]:
+    """The stand-in rank's exit code, its stdout's lines (the peer's pid first) and the lines
+    of stderr that are errors or tracebacks."""
+    done = subprocess.run([sys.executable, "-c", CHILD, peer, handler, where], cwd=REPO,
+                          env={**child_env(), "RANK": "0"}, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    out = done.stdout.split()
+    assert out, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "Traceback"))]
+    return done.returncode, out, said
 
 
-def test_a_sigterm_amid_the_failure_still_names_the_dead_rank() -> None:
-    code, pid, err = _run("ended", "installed")
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 1, err
-    assert lines == [
-        f"error: rank 0: rank 1 (pid {pid}) stopped, so this rank stops too (torchrun ended "
-        "this rank when its peer ended): once every rank can run, --resume continues from the "
-        "last checkpoint"
-    ], err
-    record("a rank killed", "the CLI's error mapping (rank 0 alone, its peer's process ended)",
-           "SIGTERM while unwinding from the collective's failure", True)  # fmt: skip
+MOMENTS = {"unwinding": "while unwinding from the failure", "reading the error": "while reading "
+           "the error", "the training loop": "inside the training loop"}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", list(MOMENTS))
+def test_a_sigterm_before_the_report_still_names_the_dead_rank(where) -> None:
+    code, out, said = _run("ended", "installed", where)
+    assert (code, said) == (1, [LINE.format(out[0])])
+    record("a rank killed", "the survivor's report (one process, its peer's process ended)",
+           f"torchrun's SIGTERM {MOMENTS[where]}", True)  # fmt: skip
+
+
+def test_a_sigterm_after_another_errors_line_adds_nothing() -> None:
+    code, _, said = _run("ended", "installed", "after another error's line")
+    assert (code, said) == (2, ["error: data.train: no training file given"])
+    record("a rank killed", "the survivor's report (one process, its peer's process ended)",
+           "torchrun's SIGTERM after another error's line", True)  # fmt: skip
+
+
+def test_a_forked_worker_is_not_a_rank() -> None:
+    code, out, said = _run("ended", "installed", "a forked worker")
+    assert (code, out[1:], said) == (0, ["-15"], [])
 
 
 @pytest.mark.parametrize("peer, handler", [("ended", "not installed"), ("running", "installed")])
 def test_without_the_handler_or_a_dead_peer_sigterm_ends_the_process(peer, handler) -> None:
     """Negative controls: without the handler the signal ends the process with no line (what
     happened before); with every peer running, a SIGTERM is a plain stop, as by default."""
-    code, _, err = _run(peer, handler)
-    assert code == -15, err
-    assert "error:" not in err
+    code, _, said = _run(peer, handler, "unwinding")
+    assert (code, said) == (-15, [])

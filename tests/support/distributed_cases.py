@@ -9,6 +9,7 @@ averaging and how many times a DDP comm hook saw each parameter.
 # No ``from __future__ import annotations``: DDP checks the comm hook's annotations as objects.
 import functools
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,8 @@ def main(rank: int, world: int, port: int, out_dir: str, cases: list[dict[str, A
     )
     torch.set_num_threads(1)
     env = distributed.setup("cpu")
+    handler = signal.getsignal(signal.SIGTERM)  # a dead peer named even if SIGTERM comes first
+    assert handler is distributed._on_sigterm, f"setup left SIGTERM to {handler}"
     try:
         for case in cases:
             try:
