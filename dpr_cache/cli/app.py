@@ -59,9 +59,9 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _say(line: str) -> None:
-    """The one line a failed command ends with. A SIGTERM after it is ignored: under torchrun,
+    """The one line a failed command ends with. Under torchrun a SIGTERM after it is ignored:
     the agent ends this rank once a peer has failed too, and the line already says why."""
-    if threading.current_thread() is threading.main_thread():
+    if rank_and_world()[1] > 1 and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(line, file=sys.stderr)
 

@@ -17,7 +17,10 @@ import sys
 import time
 
 import pytest
+import typer
 
+from dpr_cache.cli.app import guarded
+from dpr_cache.errors import InputError
 from dpr_cache.runtime.processes import child_env
 from tests.faults.inject import record, start
 from tests.support.cli import run_cli, toy_overrides
@@ -187,9 +190,9 @@ LINE = ("error: rank 0: rank 1 (pid {}) stopped, and torchrun stopped this rank:
 def _run(peer: str, handler: str, where: str) -> tuple[int, list[str], list[str]]:
     """The stand-in rank's exit code, its stdout's lines (the peer's pid first) and the lines
     of stderr that are errors or tracebacks."""
-    done = subprocess.run([sys.executable, "-c", CHILD, peer, handler, where], cwd=REPO,
-                          env={**child_env(), "RANK": "0"}, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    env = {**child_env(), "RANK": "0", "WORLD_SIZE": "2"}  # as torchrun sets them
+    done = subprocess.run([sys.executable, "-c", CHILD, peer, handler, where], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
     out = done.stdout.split()
     assert out, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "Traceback"))]
@@ -226,3 +229,24 @@ def test_without_the_handler_or_a_dead_peer_sigterm_ends_the_process(peer, handl
     happened before); with every peer running, a SIGTERM is a plain stop, as by default."""
     code, _, said = _run(peer, handler, "unwinding")
     assert (code, said) == (-15, [])
+
+
+def test_one_process_keeps_its_sigterm_after_an_error(monkeypatch) -> None:
+    """Outside torchrun an error's line leaves SIGTERM as it was (a process that ignored it
+    would pass that on to every process it starts)."""
+
+    def command():
+        raise InputError("data.train: no training file given")
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(typer.Exit):
+        guarded(command)()
+    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the control: as a rank under torchrun
+    try:
+        with pytest.raises(typer.Exit):
+            guarded(command)()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
