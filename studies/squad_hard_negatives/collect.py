@@ -117,16 +117,19 @@ def _hybrids(out, suffix, arms, split, per_q):
     """Each model fused with BM25 (linear, rrf): figures, tuned weights, differences to BM25."""
     models = [("off-the-shelf", out / f"references{suffix}" / "off-the-shelf", None)]
     for folder, runs in arms.items():
-        models += [(f"{folder} s{r['seed']}", out / f"{folder}{suffix}" / r["dir"], folder)
-                   for r in runs]  # fmt: skip
+        models += [(f"{folder} s{r['seed']}", out / f"{folder}{suffix}" / r["dir"],
+                    (folder, r["seed"])) for r in runs]  # fmt: skip
     rows, diffs = [], []
-    for name, run_dir, _ in models:
+    linear_by_run: dict[tuple[str, int], dict] = {}  # (folder, seed) -> per-question figures
+    for name, run_dir, run in models:
         if not (run_dir / "eval-rrf" / "metrics.json").is_file():
             continue
         linear, weights = linear_per_question(
             {h: run_dir / f"eval-linear-{h}" for h in "ab"}, split
         )
         rrf = per_question(run_dir / "eval-rrf" / "retrieval.json")
+        if run:
+            linear_by_run[run] = linear
         for method, figures in (("linear", linear), ("rrf", rrf)):
             row = {
                 "model": name,
@@ -137,6 +140,13 @@ def _hybrids(out, suffix, arms, split, per_q):
             rows.append(row)
             diffs.append(paired(f"BM25 + {name} ({method}) - BM25", [figures], [per_q["bm25"]],
                                 []))  # fmt: skip
+    seeds = sorted(s for f, s in linear_by_run if f == "round1" and ("round2-both", s) in
+                   linear_by_run)  # fmt: skip
+    if seeds:  # the fused rounds paired by seed, as the models alone are
+        diffs.append(paired(f"BM25 + round2-both - BM25 + round1 (linear), seeds "
+                            f"{','.join(map(str, seeds))}",
+                            [linear_by_run["round2-both", s] for s in seeds],
+                            [linear_by_run["round1", s] for s in seeds], seeds))  # fmt: skip
     return rows, diffs
 
 

@@ -31,6 +31,9 @@ def test_dry_run_writes_the_page(tmp_path: Path) -> None:
         "| round1 s1 | linear |",
         "| round2-both s1 | rrf |",
         "| train.both.jsonl |",
+        "where an answer starts a word",
+        "| BM25 + round2-both - BM25 + round1 (linear), seeds 1 |",
+        "| `mine` at NQ's size",
     ):
         assert row in page, row
     data = json.loads((out / "results.json").read_text())
