@@ -111,7 +111,7 @@ def format_lr(lr: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation; the sd is None below two values (not measured)."""
     mean = statistics.mean(values) if values else None
     return mean, statistics.stdev(values) if len(values) > 1 else None
@@ -145,7 +145,7 @@ def group(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["seeds"] = [r["seed"] for r in runs]
         row["per_seed"] = {m: [r[m] for r in runs] for m in METRICS}
         for name in (*METRICS, "peak_memory_bytes", "train_seconds", "train_wall_seconds"):
-            row[name], row[name + "_sd"] = _mean_sd(
+            row[name], row[name + "_sd"] = mean_sd(
                 [r[name] for r in runs if r.get(name) is not None]
             )
         row["steps"] = runs[0].get("steps")

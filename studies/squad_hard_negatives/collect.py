@@ -13,7 +13,7 @@ import numpy as np
 
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.retrieval.results import answer_flags
-from studies.squad_batch_size.runs import collect, machine_hours, train_seconds
+from studies.squad_batch_size.runs import collect, machine_hours, mean_sd, train_seconds
 
 KS = (1, 5, 20, 100)
 METRICS = (*(f"top{k}" for k in KS), "mrr@10")
@@ -41,10 +41,6 @@ def linear_per_question(eval_dirs: dict[str, Path], split: dict[str, list[int]])
             out[m][rows] = part[m]
         weights[half] = json.loads((eval_dirs[half] / "fusion.json").read_text())["weight"]
     return out, weights
-
-
-def _mean_sd(values: list[float]) -> tuple[float, float | None]:
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def _ci(diffs: list[np.ndarray], idx: np.ndarray) -> list[float]:
@@ -81,7 +77,7 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
         arms[folder] = runs
         row = {"arm": label, "seeds": [r["seed"] for r in runs], "steps": runs[0].get("steps")}
         for m in METRICS:
-            row[m], row[m + "_sd"] = _mean_sd([r[m] for r in runs])
+            row[m], row[m + "_sd"] = mean_sd([r[m] for r in runs])
         row["train_h"] = statistics.mean(train_seconds(r) for r in runs) / 3600
         rows.append(row)
         for r in runs:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
+from studies.squad_batch_size.runs import mean_sd
 from studies.squad_hard_negatives.collect import METRICS, gather
 
 HERE = Path(__file__).resolve().parent
@@ -171,13 +172,14 @@ def plot(data: dict[str, Any], png: Path) -> None:
 
     rows = [(r["arm"], r["top1"], r["mrr@10"], r.get("top1_sd"), r.get("mrr@10_sd"))
             for r in data["references"] + data["arms"]]  # fmt: skip
-    best = {}
+    by_arm: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (model, fusion) -> one per seed
     for h in data["hybrids"]:
-        key = (h["method"], h["model"].split(" ")[0])
-        if key not in best or h["top1"] > best[key]["top1"]:
-            best[key] = h
-    rows += [(f"BM25 + {h['model']} ({h['method']})", h["top1"], h["mrr@10"], None, None)
-             for h in best.values()]  # fmt: skip
+        by_arm.setdefault((h["model"].split(" ")[0], h["method"]), []).append(h)
+    for (model, method), hs in by_arm.items():  # the mean over seeds, as for the models alone
+        top1, top1_sd = mean_sd([h["top1"] for h in hs])
+        mrr, mrr_sd = mean_sd([h["mrr@10"] for h in hs])
+        seeds = f", {len(hs)} seeds" if len(hs) > 1 else ""
+        rows.append((f"BM25 + {model} ({method}{seeds})", top1, mrr, top1_sd, mrr_sd))
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
     y = range(len(rows))
     ax.barh([i - 0.2 for i in y], [r[1] for r in rows], 0.4, xerr=[r[3] or 0 for r in rows],
