@@ -75,6 +75,7 @@ class TrainConfig(_Section):
     length_order: bool = True  # gradcache: chunk rows longest first (less padding; exact)
     fast_dropout: bool = True  # CPU: dropout masks four to a 64-bit draw (model/fast_dropout)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    deterministic: bool = False  # CUDA: deterministic kernels (bit-exact reruns and resumes)
     num_threads: int | None = Field(None, ge=1)
     log_to: Literal["tensorboard", "none"] | None = None  # null = tensorboard when installed
     eval_every: int | None = Field(None, ge=1)  # validate (and keep the best model) every N steps

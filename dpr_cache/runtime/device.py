@@ -10,7 +10,7 @@ import torch
 
 from dpr_cache.errors import InputError
 
-__all__ = ["PRECISIONS", "resolve_device", "precision_dtype", "autocast"]
+__all__ = ["PRECISIONS", "resolve_device", "precision_dtype", "autocast", "deterministic_kernels"]
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -57,3 +57,15 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
+
+
+def deterministic_kernels(on: bool) -> None:
+    """Make every kernel deterministic (``torch.use_deterministic_algorithms``; cuBLAS gets the
+    fixed workspace it needs, set before its first use), or leave PyTorch's defaults. On CUDA
+    this is what makes two runs of one config, or a resumed run and an unbroken one, equal bit
+    for bit; on the CPU the kernels already are."""
+    if not on:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False

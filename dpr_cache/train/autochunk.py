@@ -125,16 +125,38 @@ def probe_cpu(payload: dict) -> int:
         ) from None
 
 
+OUT_OF_MEMORY = 2**62
+"""What a CUDA probe that ran out of memory reports: more than any budget."""
+
+
 def _probe_cuda(model: BiEncoder, payload: dict) -> int:
+    """Peak allocated memory of one chunk step on the model's GPU (OUT_OF_MEMORY when the
+    step does not fit at all)."""
     device = model.device
     model.zero_grad(set_to_none=True)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    with autocast(device, payload["precision"]):
-        _chunk_step(model, payload, device)
-    peak = peak_memory_bytes(device)
+    try:
+        with autocast(device, payload["precision"]):
+            _chunk_step(model, payload, device)
+        peak = peak_memory_bytes(device)
+    except torch.OutOfMemoryError:
+        peak = OUT_OF_MEMORY
     model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
     return peak
+
+
+def largest_fitting_chunk(
+    probe: ProbeSpec, shape: BatchShape, model: BiEncoder, local_batch: int, budget_bytes: int
+) -> int | None:
+    """The largest candidate chunk whose CUDA probe plus batch extras fits ``budget_bytes``
+    less the safety margin (None when not even a chunk of one does)."""
+    candidates = candidate_chunks(local_batch)
+    extras = batch_extras_bytes(model, shape, local_batch)
+    limit = int(budget_bytes * (1 - SAFETY_MARGIN))
+    best = _bisect(candidates, lambda c: _probe_cuda(model, probe.payload(c)) + extras <= limit)
+    return candidates[best] if best is not None else None
 
 
 def _bisect(candidates: list[int], fits: Callable[[int], bool]) -> int | None:

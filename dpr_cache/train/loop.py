@@ -21,12 +21,19 @@ import torch.distributed as dist
 from dpr_cache.config import Config, save_config
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
+from dpr_cache.runtime.device import deterministic_kernels
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.train.checkpoint import latest_checkpoint
 from dpr_cache.train.log import TrainLog, negatives_per_question
 from dpr_cache.train.recipe import step_batches
-from dpr_cache.train.trainer import NonFinite, batch_recipe, build_trainer, training_data
+from dpr_cache.train.trainer import (
+    NonFinite,
+    batch_recipe,
+    build_trainer,
+    out_of_memory,
+    training_data,
+)
 from dpr_cache.train.watch_setup import make_watcher
 
 __all__ = ["train"]
@@ -45,6 +52,7 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
     cfg, m = config.train, config.model
     out = config.output_path
     _check_start(config, resume)
+    deterministic_kernels(cfg.deterministic)
     env = distributed.setup(cfg.device)
     try:
         # -- set-up: data, trainer, resume, log ---------------------------------------------------
@@ -88,6 +96,10 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
                     result = trainer.step(batch)
                 except NonFinite as e:
                     raise _diverged(e, step, batch.digest(), batches, out / CHECKPOINTS) from None
+                except torch.OutOfMemoryError:
+                    result = None  # explained below, once the failed step's memory is freed
+                if result is None:
+                    raise out_of_memory(config, trainer, step)
                 log.record(step, batches.epoch_of(step), digest, result, trainer.model)
                 done, interrupted = step + 1, stop.agreed(env)
                 if done % cfg.checkpoint_every == 0 or done == total or interrupted:

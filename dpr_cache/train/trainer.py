@@ -33,7 +33,12 @@ from dpr_cache.runtime.atomic import write_dir_atomic
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.runtime.seeds import stream_seed
-from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
+from dpr_cache.train.autochunk import (
+    BatchShape,
+    ProbeSpec,
+    largest_fitting_chunk,
+    pick_chunk_size,
+)
 from dpr_cache.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -48,8 +53,14 @@ from dpr_cache.train.recipe import (
 )
 
 __all__ = [
-    "Trainer", "StepResult", "NonFinite", "build_trainer", "batch_recipe", "training_data",
-]  # fmt: skip
+    "Trainer",
+    "StepResult",
+    "NonFinite",
+    "build_trainer",
+    "batch_recipe",
+    "training_data",
+    "out_of_memory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -228,15 +239,49 @@ def batch_recipe(config: Config, model: BiEncoder) -> BatchRecipe:
 
 def chunk_size_of(config: Config, model: BiEncoder, env: DistEnv) -> int:
     """``train.chunk_size``, or the probe's choice for ``auto``."""
-    cfg, m = config.train, config.model
+    cfg = config.train
     if cfg.chunk_size != "auto":
         return int(cfg.chunk_size)
-    probe = ProbeSpec(
+    shape = BatchShape(cfg.batch_size, cfg.hard_negatives, cfg.loss_tile_size)
+    budget = parse_bytes(cfg.memory_budget)
+    return pick_chunk_size(probe_spec(config), shape, model, env, budget, config.output_path)
+
+
+def probe_spec(config: Config) -> ProbeSpec:
+    """What the chunk probe of ``config``'s model and lengths needs."""
+    cfg, m = config.train, config.model
+    return ProbeSpec(
         model=m.name_or_path, shared=m.shared, pooling=m.pooling, dropout=m.dropout,
         checkpointing=m.gradient_checkpointing, q_len=m.max_query_length,
         p_len=m.max_passage_length, p_chunk_size=cfg.p_chunk_size, threads=cfg.num_threads,
         precision=cfg.precision,
     )  # fmt: skip
+
+
+def out_of_memory(config: Config, trainer: Trainer, step: int) -> InputError:
+    """The one line for a step that ran out of GPU memory: the chunk (or full batch) that did
+    not fit and the largest chunk that does on this GPU, found by the chunk probe."""
+    cfg, device = config.train, trainer.env.device
+    trainer.optimizer.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else total
+    local = cfg.batch_size // trainer.env.world_size
     shape = BatchShape(cfg.batch_size, cfg.hard_negatives, cfg.loss_tile_size)
-    budget = parse_bytes(cfg.memory_budget)
-    return pick_chunk_size(probe, shape, model, env, budget, config.output_path)
+    fits = largest_fitting_chunk(probe_spec(config), shape, trainer.model, local, budget)
+    where = f"{torch.cuda.get_device_name(device)} ({total / 1e9:.1f} GB)"
+    what = (
+        f"a full batch of {local} questions"
+        if cfg.mode == "full"
+        else f"chunk {trainer.chunk_size}"
+    )
+    advice = (
+        f"chunk {fits} fits: set train.chunk_size={fits}"
+        + (" and train.mode=gradcache" if cfg.mode == "full" else "")
+        + " (or train.chunk_size=auto with train.memory_budget)"
+        if fits
+        else "not even a chunk of 1 fits: shorten model.max_passage_length or use a larger GPU"
+    )
+    return InputError(
+        f"train.chunk_size: {what} ran out of GPU memory at step {step + 1} on {where}; {advice}"
+    )

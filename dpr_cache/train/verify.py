@@ -13,6 +13,7 @@ import torch
 from dpr_cache.config import Config
 from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
 from dpr_cache.model.loading import load_biencoder
+from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
 from dpr_cache.train.trainer import batch_recipe, training_data
@@ -53,10 +54,9 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
         gradient_checkpointing=m.gradient_checkpointing, dropout=0.0, normalize=m.normalize,
         prefixes=(m.query_prefix, m.passage_prefix), source="model.name_or_path",
     )  # fmt: skip
-    if double:
-        model = model.double()
-    model.train()
-    batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step)
+    device = resolve_device(cfg.device, key="train.device")
+    model = model.to(device, torch.float64 if double else None).train()
+    batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step).to(device)
     results = compare_steps(
         model, batch, chunk=chunk, p_chunk=cfg.p_chunk_size, temperature=cfg.temperature,
         tile=cfg.loss_tile_size,
@@ -72,6 +72,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     return {
         "model": m.name_or_path,
         "dtype": dtype,
+        "device": str(device),
         "batch (questions x passages)": f"{batch.n_questions} x {batch.p_ids.numel()}",
         "chunk size": chunk,
         "loss full / gradcache": f"{full_loss:.10f} / {cache_loss:.10f}",

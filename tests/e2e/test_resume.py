@@ -71,3 +71,13 @@ def test_fresh_run_refuses_to_overwrite_checkpoints(tmp_path):
     run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
     proc = run_cli("train", "--config", "configs/toy.yaml", *args, "-q", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and "--resume" in proc.stderr
+
+
+def test_deterministic_kernels_train_the_same_weights_on_the_cpu(tmp_path):
+    """``train.deterministic`` turns on PyTorch's deterministic algorithms (CUDA's bit-exact
+    reruns); every kernel training uses has such a version on the CPU, where the weights equal
+    the default run's."""
+    want = uninterrupted(tmp_path / "a")
+    args = overrides(tmp_path / "b") + ["--set", "train.deterministic=true"]
+    run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
+    assert_identical(weights(tmp_path / "b" / "run" / "model"), want)
