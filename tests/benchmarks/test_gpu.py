@@ -1,0 +1,127 @@
+"""The GPU suite's dry run (no CUDA here): every section runs at toy size or says why it was
+skipped, both files are written, and the page states that its figures are a CPU rehearsal. The
+page's goals are checked on figures made up to sit on either side of each goal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.gpu_report import goals, render
+from dpr_cache.runtime.processes import child_env
+from tests.support.fixtures import REPO
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--dry-run"],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    return proc, json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
+
+
+def test_dry_run_runs_every_cpu_section_without_error(dry_run):
+    proc, report, page = dry_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["dry_run"] is True
+    sections = report["sections"]
+    assert list(sections) == [
+        "exactness",
+        "mixed_precision",
+        "memory",
+        "speed",
+        "encoding",
+        "command_line",
+    ]
+    for name, section in sections.items():
+        assert "result" in section, (name, section.get("error"), section.get("traceback"))
+    assert page.startswith("# dpr-cache on a GPU\n\n**Dry run on the CPU**")
+
+
+def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
+    _, report, _ = dry_run
+    s = report["sections"]
+    exact = s["exactness"]["result"]
+    assert all(row["ok"] for row in exact["fp64"])
+    assert all(row["ok"] for row in exact["replay"]) and exact["finite_difference"]["ok"]
+    assert all(row["ok"] for row in s["mixed_precision"]["result"]["rows"])
+    overflow = s["mixed_precision"]["result"]["fp16_overflow"]
+    assert overflow["ok"] and overflow["skipped"] >= 1
+    cli = s["command_line"]["result"]
+    assert cli["pipeline"]["ok"], cli["pipeline"]["commands"]
+    row = cli["resume"]["deterministic"]
+    assert row["killed_mid_run"] and row["resumed_vs_unbroken"]["bitwise_equal"], row
+    assert row["two_unbroken_runs"]["bitwise_equal"], row
+    speed = s["speed"]["result"]["comparisons"][0]
+    assert speed["best"]["dpr-cache"] and speed["best"]["full batch"]
+    assert s["encoding"]["result"]["command"]["marginal_passages_per_s"] > 0
+
+
+def _report(ratio_mem: float, cmnrl: float, full: float, encode_s: float) -> dict:
+    speed = {
+        "batch": 512,
+        "precision": "fp16",
+        "best": {
+            "dpr-cache": {"pairs_per_s": 100.0},
+            "CachedMNRL": {"pairs_per_s": 100.0 / cmnrl},
+            "full batch": {"pairs_per_s": 100.0 / full},
+        },
+    }
+    rows = [
+        {"batch": 128, "fits": True, "peak_bytes": 10},
+        {"batch": 8192, "fits": True, "peak_bytes": 10 * ratio_mem},
+    ]
+    return {
+        "sections": {
+            "memory": {"result": {"rows": rows}},
+            "speed": {"result": {"comparisons": [speed]}},
+            "encoding": {"result": {"nq_projected_s": encode_s}},
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    "figures, met",
+    [
+        ((1.1, 1.4, 0.9, 3000.0), [True, True, True, True]),
+        ((1.3, 1.2, 0.7, 4000.0), [False, False, False, False]),
+    ],
+)
+def test_goals_are_judged_on_either_side(figures, met):
+    judged = goals(_report(*figures))
+    assert [g["met"] for g in judged] == met
+    assert [g["goal"].split(":")[0] for g in judged][:1] == ["memory at B=8192 over B=128"]
+
+
+def test_a_skipped_or_failed_section_is_named_on_the_page():
+    report = {
+        "dry_run": False,
+        "environment": {
+            "device": "cuda:0",
+            "device_name": "H100",
+            "driver": "580",
+            "memory_bytes": 80 * 2**30,
+            "torch": "2.11",
+            "cuda": "13.0",
+            "python": "3.12",
+            "date": "today",
+            "host": {"cpu": "x", "cores": 16, "transformers": "5"},
+        },
+        "sections": {
+            "memory": {"skipped": "out of time (10 s left)"},
+            "speed": {"error": "RuntimeError: boom", "seconds": 3.0},
+        },
+    }
+    page = render({**report, "goals": goals(report)})
+    assert "Device: **H100**, driver 580, 80 GiB" in page
+    assert "## Memory\n\nSkipped: out of time (10 s left)." in page
+    assert "## Speed\n\nFailed after 3.0 s: `RuntimeError: boom`" in page

@@ -1,0 +1,46 @@
+"""The trainer and the command line on CUDA: an fp16 overflow skipped and counted, the toy
+pipeline (train fp16, index, eval, verify), resume after a kill, a chunk too large for the GPU,
+and NCCL's collectives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_cli, gpu_perf
+from benchmarks.gpu import default_tokenizer
+
+
+def test_fp16_overflow_steps_are_skipped_and_counted(cuda):
+    row = gpu_cli.fp16_overflow(cuda)
+    assert row["ok"], row
+
+
+def test_toy_pipeline_on_cuda(tmp_path):
+    row = gpu_cli.toy_pipeline(tmp_path, "cuda")
+    assert row["ok"], row["commands"]
+    assert row["logged_steps"] == 12
+
+
+def test_resume_after_a_kill_is_bit_exact_with_deterministic_kernels(tmp_path):
+    rows = gpu_cli.resume_equality(tmp_path, "cuda")
+    det = rows["deterministic"]
+    assert det["killed_mid_run"], rows
+    assert det["resumed_vs_unbroken"]["bitwise_equal"], rows
+    assert det["two_unbroken_runs"]["bitwise_equal"], rows
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory) -> Path:
+    return gpu_perf.write_base_model(tmp_path_factory.mktemp("base") / "m", default_tokenizer())
+
+
+def test_a_chunk_too_large_for_the_gpu_is_one_line(tmp_path, base_model):
+    row = gpu_cli.chunk_too_large(tmp_path, base_model, "cuda")
+    assert row["ok"], row
+
+
+def test_nccl_runs_the_gather_and_its_gradient():
+    row = gpu_cli.nccl_collectives()
+    assert row["ok"], row
