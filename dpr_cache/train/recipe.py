@@ -27,6 +27,7 @@ class BatchRecipe:
     seed: int
     query_prefix: str = ""
     passage_prefix: str = ""
+    teacher_scores: bool = False  # carry each passage row's teacher score (distillation)
 
     def batch(
         self,
@@ -51,6 +52,7 @@ class BatchRecipe:
             indices=indices,
             query_prefix=self.query_prefix,
             passage_prefix=self.passage_prefix,
+            teacher_scores=self.teacher_scores,
         )
 
 

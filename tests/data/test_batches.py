@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import build_batch
@@ -183,3 +184,32 @@ def test_works_on_a_cached_dataset(tokenizer, tmp_path: Path) -> None:
     batch = build([ds[i] for i in indices], tokenizer, pool_for_padding=ds, indices=indices)
     assert batch.p_inputs["input_ids"].shape[0] == 9
     assert [row_ids(batch)[3 * k] for k in range(3)] == [passage_hash(f"p{i}") for i in indices]
+
+
+def scored_example(i: int, hard: int) -> dict:
+    out = example(i, hard=hard)
+    for j, c in enumerate([*out["positive_ctxs"], *out["hard_negative_ctxs"]]):
+        c["teacher_score"] = 10.0 * i + j
+    return out
+
+
+def test_teacher_scores_follow_their_passage_rows(tokenizer) -> None:
+    examples = [scored_example(i, hard=5) for i in range(3)]
+    batch = build(examples, tokenizer, hard_negatives=3, teacher_scores=True, step=4)
+    assert batch.teacher_scores.dtype == torch.float64 and batch.teacher_scores.shape == (12,)
+    by_id = {
+        passage_hash(c["passage_id"]): c["teacher_score"]
+        for e in examples
+        for c in [*e["positive_ctxs"], *e["hard_negative_ctxs"]]
+    }
+    assert batch.teacher_scores.tolist() == [by_id[pid] for pid in row_ids(batch)]
+    assert batch.teacher_scores[::4].tolist() == [0.0, 10.0, 20.0]  # the positives
+    assert set(batch.loss_inputs()) == {"p_ids", "teacher_scores"}
+    assert build(examples, tokenizer, hard_negatives=3).teacher_scores is None
+    assert set(build(examples, tokenizer, hard_negatives=3).loss_inputs()) == {"p_ids"}
+
+
+def test_a_fill_from_other_questions_has_no_teacher_score(tokenizer) -> None:
+    examples = [scored_example(i, hard=1) for i in range(3)]
+    with pytest.raises(ValueError, match="no teacher score"):
+        build(examples, tokenizer, hard_negatives=2, teacher_scores=True)
