@@ -70,8 +70,14 @@ class Batch:
         return h.hexdigest()
 
 
-def _rng(seed: int, step: int, key: int) -> np.random.Generator:
-    return np.random.default_rng(stream_entropy(seed, step, key))
+NEGATIVE_DRAW = "stream_entropy(seed, epoch, question index)"
+"""How a question's hard negatives are drawn, recorded in checkpoints: once an epoch, from a
+stream of the seed, the epoch and the question's dataset index (not the step: the same under
+any batch size or number of ranks). A run resumes only under its own draw."""
+
+
+def _rng(seed: int, epoch: int, key: int) -> np.random.Generator:
+    return np.random.default_rng(stream_entropy(seed, epoch, key))
 
 
 def _shuffled(ctxs: Sequence[Mapping[str, Any]], rng: np.random.Generator) -> list:
@@ -86,8 +92,9 @@ def choose_step_negatives(
 ) -> list[Mapping[str, Any]]:
     """The ``hard_negatives`` negatives of one question, as DPR picks them, plus a fill.
 
-    DPR's rule: shuffle ``hard_negative_ctxs`` and take the first H; if the question has none,
-    use its shuffled ``negative_ctxs`` instead. A fixed
+    DPR's rule: shuffle ``hard_negative_ctxs`` and take the first H (a list longer than H gives
+    H of its entries, drawn anew each epoch; the file's order, e.g. a miner's best first, does
+    not matter); if the question has none, use its shuffled ``negative_ctxs`` instead. A fixed
     group size is needed for the loss, so if fewer than H remain, the rest is filled with
     positives of other questions drawn at random (from ``rng``) from ``pool``, avoiding passages
     already in the group where possible.
@@ -116,7 +123,7 @@ def build_batch(
     max_query_length: int,
     max_passage_length: int,
     seed: int,
-    step: int,
+    epoch: int,
     pool_for_padding: ExamplePool | None = None,
     indices: Sequence[int] | None = None,
     pad_to_multiple_of: int | None = None,
@@ -127,12 +134,12 @@ def build_batch(
     """Tokenize questions and their passage groups (positive + ``hard_negatives`` negatives).
 
     Each question's positive is its first ``positive_ctxs`` entry; negatives follow
-    :func:`choose_step_negatives`, with randomness drawn from ``(seed, step, key)`` where
-    ``key`` is the question's dataset index (``indices[i]``, default its position i). Pass the
-    dataset indices and the whole training set as ``pool_for_padding``: a rank then builds
-    exactly its slice of the global batch. Without a pool, the fill draws from the positives
-    of this batch. The prefixes are the model's prompts (see :mod:`dpr_cache.data.tokenize`).
-    With ``teacher_scores``, each passage row's
+    :func:`choose_step_negatives`, with randomness drawn from ``(seed, epoch, key)`` where
+    ``key`` is the question's dataset index (``indices[i]``, default its position i):
+    :data:`NEGATIVE_DRAW`. Pass the dataset indices and the whole training set as
+    ``pool_for_padding``: a rank then builds exactly its slice of the global batch. Without a
+    pool, the fill draws from the positives of this batch. The prefixes are the model's prompts
+    (see :mod:`dpr_cache.data.tokenize`). With ``teacher_scores``, each passage row's
     ``teacher_score`` goes with the batch (a row without one raises ValueError: the training
     files are checked for them when they are loaded).
     """
@@ -148,7 +155,7 @@ def build_batch(
     scores: list[float] = []
     for example, key in zip(examples, keys, strict=True):
         group = [example["positive_ctxs"][0]]
-        group += choose_step_negatives(example, hard_negatives, _rng(seed, step, key), pool)
+        group += choose_step_negatives(example, hard_negatives, _rng(seed, epoch, key), pool)
         for ctx in group:
             titles.append(ctx["title"])
             texts.append(ctx["text"])

@@ -47,7 +47,7 @@ class BatchRecipe:
             max_query_length=self.max_query_length,
             max_passage_length=self.max_passage_length,
             seed=self.seed,
-            step=step,
+            epoch=batches.epoch_of(step),
             pool_for_padding=dataset,
             indices=indices,
             query_prefix=self.query_prefix,
