@@ -255,8 +255,8 @@ def check_teacher_scores(stats: dict[str, Any], hard_negatives: int) -> None:
     with other questions' positives, which the teacher did not score for this question)."""
     if stats.get("unscored"):
         raise InputError(
-            f"{stats['unscored']} has no teacher_score, which train.loss needs (score the file "
-            "with dpr-cache score)"
+            f"{stats['unscored']} has no teacher_score, which train.loss needs on every "
+            "positive and hard negative"
         )
     fewest = stats.get("fewest_hard_negatives")
     if fewest is not None and fewest < hard_negatives:

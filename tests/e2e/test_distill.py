@@ -1,5 +1,5 @@
 """Distillation from the command line on the toy corpus with a stand-in teacher's scores:
-``verify`` proves each loss, ``train`` learns from them, the draw of many hard negatives."""
+``verify`` proves each loss, ``train`` learns from them with 15 hard negatives a question."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ LOSSES = {
     "distill_kl mixed": ["train.loss=distill_kl", "train.distill_weight=0.5"],
     "margin_mse mixed, tiled": [
         "train.loss=margin_mse", "train.distill_weight=0.3", "train.loss_tile_size=7",
+        "train.hard_negatives=2",
     ],
 }  # fmt: skip
 
@@ -64,14 +65,16 @@ def test_verify_calls_a_wrong_distillation_gradient_different(tmp_path, scored, 
     assert report["verdict"].startswith("DIFFERENT")
 
 
-def test_train_distills_with_many_hard_negatives_drawn_per_epoch(tmp_path, scored):
-    """A short run with distill_kl mixed in; the toy has 2 hard negatives a question, so
-    H = 2 draws them all and the config's checks pass."""
-    args = toy_overrides(tmp_path, **{"data.train": scored, "train.max_steps": 2})
-    extra = sets("train.loss=distill_kl", "train.distill_weight=0.5", "train.hard_negatives=2")
+def test_train_distills_with_fifteen_hard_negatives(tmp_path):
+    """A short run with distill_kl mixed in, H = 15 drawn from 16 scored hard negatives."""
+    scored = write_scored_toy(tmp_path / "scored.jsonl", extra=14)
+    args = toy_overrides(tmp_path, **{"data.train": scored, "train.max_steps": 2,
+                                      "train.batch_size": 8})  # fmt: skip
+    extra = sets("train.loss=distill_kl", "train.distill_weight=0.5", "train.hard_negatives=15")
     run_cli("train", "--config", "configs/toy.yaml", *args, *extra, "-q")
     log = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     steps = [x for x in log if "loss" in x]
     assert len(steps) == 2 and all(x["loss"] > 0 for x in steps)
     resolved = load_config(tmp_path / "run" / "config.yaml")
     assert (resolved.train.loss, resolved.train.distill_weight) == ("distill_kl", 0.5)
+    assert resolved.train.hard_negatives == 15

@@ -19,13 +19,21 @@ def overlap_score(question: str, ctx: dict) -> float:
     return float(len(words.intersection(text))) + len(text) / 1000.0
 
 
-def write_scored_toy(path: Path, *, unscored: int | None = None, bad: str | None = None) -> Path:
+def write_scored_toy(
+    path: Path, *, unscored: int | None = None, bad: str | None = None, extra: int = 0
+) -> Path:
     """data/toy/train.jsonl with ``teacher_score`` on every positive and hard negative; every
     other key kept. ``unscored``: that record's (0-based) second hard negative is left without
-    a score; ``bad``: that record's positive gets the JSON literal ``bad`` as its score."""
+    a score; ``bad``: the first record's positive gets the JSON literal ``bad`` as its score;
+    ``extra``: each record gets the positives of the next ``extra`` records (of other titles)
+    as further hard negatives (the toy has 2 a question)."""
+    records = [json.loads(x) for x in (TOY / "train.jsonl").read_text("utf-8").splitlines()]
     lines = []
-    for n, line in enumerate((TOY / "train.jsonl").read_text(encoding="utf-8").splitlines()):
-        record = json.loads(line)
+    for n, record in enumerate(records):
+        own = record["positive_ctxs"][0]
+        others = (records[(n + k) % len(records)]["positive_ctxs"][0] for k in range(1, 60))
+        others = [c for c in others if c["title"] != own["title"]][:extra]
+        record["hard_negative_ctxs"] = record["hard_negative_ctxs"] + [dict(c) for c in others]
         for key in ("positive_ctxs", "hard_negative_ctxs"):
             for ctx in record[key]:
                 ctx["teacher_score"] = overlap_score(record["question"], ctx)
