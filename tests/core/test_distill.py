@@ -311,3 +311,26 @@ def test_group_terms_never_build_the_batch_score_matrix(monkeypatch):
     assert shapes == []
     loss(q, p, distillation=Distillation("distill_kl", weight=0.5))
     assert shapes  # the control: the contrastive part builds its scores with a matmul
+
+
+def test_the_tiled_mix_builds_no_block_larger_than_a_tile(monkeypatch):
+    """Mixed with the tiled contrastive loss, forward and backward: only tile x tile blocks."""
+    q, p, _ = make(n_q=8, group=3, duplicates=False)
+    blocks, matmuls = [], []
+    real_mm, real_matmul = torch.mm, torch.Tensor.__matmul__
+
+    def mm(a, b, **kw):
+        blocks.append((a.shape[0], b.shape[1]))
+        return real_mm(a, b, **kw)
+
+    def matmul(a, b):
+        matmuls.append((tuple(a.shape), tuple(b.shape)))
+        return real_matmul(a, b)
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
+    spec = Distillation("margin_mse", weight=0.5)
+    mixed_loss(q, p, group_size=3, tile_size=4, distillation=spec,
+               teacher_scores=teacher_for(24)).backward()  # fmt: skip
+    assert blocks and max(r for r, _ in blocks) <= 4 and max(c for _, c in blocks) <= 4
+    assert matmuls == []
