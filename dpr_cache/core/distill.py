@@ -9,7 +9,7 @@ contrastive loss's scores)::
                = mean_i sum_g pt_ig * (log pt_ig - log_softmax(s_i)_g)
     margin_mse = mean_i mean_h ((s_i0 - s_ih) - (t_i0 - t_ih))^2        (h = 1 .. H)
 
-Mixed with the in-batch contrastive loss (section 2 of DESIGN.md) by ``weight``, the
+Mixed with the in-batch contrastive loss (:func:`contrastive_loss`) by ``weight``, the
 contrastive loss's share::
 
     loss = weight * contrastive + (1 - weight) * distill
