@@ -191,7 +191,7 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
         max_query_length=32,
         max_passage_length=256,
         seed=0,
-        step=0,
+        epoch=0,
         pool_for_padding=dataset,
         indices=indices,
     )
