@@ -242,7 +242,7 @@ def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> l
                 work / "cli", where, "fp16" if cuda else "fp32", plan.cli_steps
             ),
             "resume": gpu_cli.resume_equality(
-                work / "cli", where, steps=max(4, plan.cli_steps // 2)
+                work / "cli", where, steps=8, settings=plan.determinism
             ),
         }
         if cuda:

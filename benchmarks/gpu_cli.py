@@ -115,8 +115,9 @@ def _train_killed_then_resumed(out: Path, sets: list[str], kill_after: int) -> d
     killed = proc.poll() is None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    killed_mid_run = killed and marker.exists() and not (out / "model").exists()
     resumed = cli("train", "--config", TOY, *sets, "--resume", "-q")
-    return {"killed_mid_run": killed and not (out / "model").exists(), "resume": resumed}
+    return {"killed_mid_run": killed_mid_run, "resume": resumed}
 
 
 def resume_equality(
