@@ -65,7 +65,7 @@ def data_mine_negatives(
 ) -> None:
     """BM25 hard negatives (top passages without an answer, not the positive), as DPR mined them."""
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.negatives import mine_negatives
+    from dpr_cache.retrieval.mining.rules import mine_negatives
 
     report = mine_negatives(
         train, passages, out, cache_dir=cache_dir or default_cache_dir(), n=n, batch=batch,

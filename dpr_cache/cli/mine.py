@@ -62,9 +62,9 @@ def mine(
     """
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.model.loading import resolve_model_dir
-    from dpr_cache.retrieval.index import open_index, search_spec
-    from dpr_cache.retrieval.mine import mine as run
-    from dpr_cache.retrieval.negatives import MineSpec, NegativeRules
+    from dpr_cache.retrieval.dense.index import open_index, search_spec
+    from dpr_cache.retrieval.mining.miner import mine as run
+    from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules
     from dpr_cache.runtime import distributed
 
     if match not in ("string", "regex", "none"):

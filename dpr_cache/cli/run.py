@@ -68,7 +68,8 @@ def index(
     Examples: dpr-cache index -c configs/toy.yaml;
     dpr-cache index --embeddings 'vecs/*.npy' --out vecs/index --type ivfpq --memory-gb 8
     """
-    from dpr_cache.retrieval.build import build_index, index_embeddings, index_spec
+    from dpr_cache.retrieval.commands.index import build_index, index_embeddings
+    from dpr_cache.retrieval.commands.specs import index_spec
 
     options = {"index.type": type_, "index.memory_gb": memory_gb, "index.ivf_nlist": nlist,
                "index.pq_m": pq_m}  # fmt: skip
@@ -116,7 +117,7 @@ def eval_(
     """
     import shlex
 
-    from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
+    from dpr_cache.retrieval.commands.eval import evaluate, format_metrics_table
     from dpr_cache.runtime import distributed
 
     cfg = load(config, set_)

@@ -36,9 +36,9 @@ def encode(
     Example: dpr-cache encode --model runs/toy/model --passages data/toy/passages.tsv --out vecs
     """
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.shards import EncodeSpec
-    from dpr_cache.retrieval.store import STORE_DTYPES
-    from dpr_cache.retrieval.vectors import encode_file
+    from dpr_cache.retrieval.commands.encode import encode_file
+    from dpr_cache.retrieval.dense.shards import EncodeSpec
+    from dpr_cache.retrieval.dense.store import STORE_DTYPES
     from dpr_cache.runtime.device import PRECISIONS, resolve_device
 
     if store_dtype not in STORE_DTYPES:
@@ -93,8 +93,8 @@ def search(
     Example: dpr-cache search --index vecs/index --query-embeddings q/questions.npy --out run.trec
     """
 
-    from dpr_cache.retrieval.index import search_spec
-    from dpr_cache.retrieval.vectors import read_queries, search_to_run
+    from dpr_cache.retrieval.commands.search import read_queries, search_to_run
+    from dpr_cache.retrieval.dense.index import search_spec
 
     if (query_embeddings is None) == (questions is None):
         raise InputError("search: give --query-embeddings Q.npy or --questions FILE --model DIR")
@@ -102,8 +102,8 @@ def search(
     if fusion != "none":
         from dpr_cache.data.arrow_cache import default_cache_dir
         from dpr_cache.data.qas import read_qas
+        from dpr_cache.retrieval.commands.search import HybridSearch
         from dpr_cache.retrieval.fusion import FUSIONS, FusionSpec
-        from dpr_cache.retrieval.vectors import HybridSearch
 
         if fusion not in FUSIONS:
             raise InputError(f"--fusion: {fusion!r} is not one of {', '.join(FUSIONS)}")
@@ -124,9 +124,9 @@ def search(
         if model is None:
             raise InputError("search --questions: --model DIR is needed to encode them")
         from dpr_cache.model.loading import resolve_model_dir
-        from dpr_cache.retrieval.index import open_index, query_encoding
-        from dpr_cache.retrieval.shards import EncodeSpec
-        from dpr_cache.retrieval.vectors import question_vectors
+        from dpr_cache.retrieval.commands.encode import question_vectors
+        from dpr_cache.retrieval.dense.index import open_index, query_encoding
+        from dpr_cache.retrieval.dense.shards import EncodeSpec
         from dpr_cache.runtime.device import resolve_device
 
         model_dir = resolve_model_dir(model, Path("."))

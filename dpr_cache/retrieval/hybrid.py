@@ -15,12 +15,12 @@ import numpy as np
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import passage_columns, passage_rows
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.bm25 import Bm25Index
+from dpr_cache.retrieval.dense.index import OpenIndex, encoded_from, passage_rows_of, search_index
+from dpr_cache.retrieval.dense.search import Hits
 from dpr_cache.retrieval.fusion import FusionSpec, Ranking, fuse
-from dpr_cache.retrieval.index import OpenIndex, encoded_from, passage_rows_of, search_index
+from dpr_cache.retrieval.lexical import Bm25Index
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.retrieval.results import read_trec_run
-from dpr_cache.retrieval.search import Hits
 
 __all__ = [
     "TUNING_GRID", "Sparse", "open_sparse", "dense_rankings", "hybrid_search", "tune_weight",

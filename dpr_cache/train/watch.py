@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from dpr_cache.data.answers import has_answer
-from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
+from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.runtime.atomic import read_lines, write_atomic, write_dir_atomic, write_json_atomic
 

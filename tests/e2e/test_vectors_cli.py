@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from tests.support.cli import run_cli, toy_overrides
 from tests.support.fixtures import TOY
 

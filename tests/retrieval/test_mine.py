@@ -17,7 +17,7 @@ import regex
 import torch
 
 from dpr_cache.model.loading import load_encoder
-from dpr_cache.retrieval.encode import encode_question_texts
+from dpr_cache.retrieval.dense.encode import encode_question_texts
 from tests.support.cli import run_cli
 from tests.support.fixtures import TOY, index_vectors
 
@@ -169,9 +169,9 @@ def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
 
 
 def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
-    from dpr_cache.retrieval import mine as mining
-    from dpr_cache.retrieval.index import open_index
-    from dpr_cache.retrieval.negatives import MineSpec
+    from dpr_cache.retrieval.dense.index import open_index
+    from dpr_cache.retrieval.mining import miner as mining
+    from dpr_cache.retrieval.mining.rules import MineSpec
 
     out = tmp_path / "m.jsonl"
     spec = MineSpec(negatives=4, depth=20, batch=100)

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from dpr_cache.cli import app
 from dpr_cache.data.answers import has_answer
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.bm25 import K1, B, top_rows
-from dpr_cache.retrieval.negatives import mine_negatives
+from dpr_cache.retrieval.lexical import K1, B, top_rows
+from dpr_cache.retrieval.mining.rules import mine_negatives
 
 PASSAGES = [  # id, text, title
     ("p1", "The Seine flows through Paris and into the English Channel.", "Seine"),
@@ -201,7 +201,7 @@ def test_cli_prints_summary_and_one_line_errors(files, tmp_path) -> None:
 def test_margins_hold_below_a_negative_positive_score() -> None:
     """Absolute and relative margins drop what scores at or above the line below the positive,
     whatever the positive's sign (a relative margin of a negative score still lies below it)."""
-    from dpr_cache.retrieval.negatives import NegativeRules, drop_reason
+    from dpr_cache.retrieval.mining.rules import NegativeRules, drop_reason
 
     example = {"positive_ctxs": [{"passage_id": "p", "text": "positive"}], "answers": []}
     rel = NegativeRules(match=None, relative_margin=0.1)

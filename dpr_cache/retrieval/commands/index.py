@@ -1,6 +1,6 @@
 """The ``index`` command: encode a passages TSV into resumable shards (``index --config``), or
 take precomputed shards (``index --embeddings``: ours, or DPR's ``generate_dense_embeddings``
-pickles), then finish the index type asked for (see :mod:`dpr_cache.retrieval.index`).
+pickles), then finish the index type asked for (see :mod:`dpr_cache.retrieval.dense.index`).
 
 Layout of ``output_dir/index/`` when encoding::
 
@@ -9,7 +9,8 @@ Layout of ``output_dir/index/`` when encoding::
     meta.json                   type, shards, model fingerprint, passages file, encoding, timings
     faiss.index, faiss.ivfdata  approximate types only
 
-``<key>`` hashes all an embedding depends on (see :func:`~dpr_cache.retrieval.shards.shard_key`).
+``<key>`` hashes all an embedding depends on (see
+:func:`~dpr_cache.retrieval.dense.shards.shard_key`).
 The index type is rebuilt from the shards on every run, so switching it costs no re-encoding.
 :func:`build_index` reads the config; the others take plain arguments and the two specs.
 """
@@ -28,49 +29,20 @@ import torch
 from dpr_cache.config import Config
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
-from dpr_cache.retrieval.approximate import IndexSpec, check_index_spec
-from dpr_cache.retrieval.index import finish_index
-from dpr_cache.retrieval.shards import EncodeSpec, encode_passage_shards
-from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.commands.specs import (
+    encode_spec,
+    index_dir_of,
+    index_spec,
+    memory_bytes_of,
+)
+from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec
+from dpr_cache.retrieval.dense.index import finish_index
+from dpr_cache.retrieval.dense.shards import EncodeSpec, encode_passage_shards
+from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.lock import output_lock
 
-__all__ = [
-    "build_index",
-    "index_passages",
-    "index_embeddings",
-    "index_dir_of",
-    "index_spec",
-    "encode_spec",
-    "memory_bytes_of",
-]
-
-
-def index_dir_of(output_dir: Path) -> Path:
-    """Where a run's index lives: ``output_dir/index``."""
-    return Path(output_dir) / "index"
-
-
-def index_spec(config: Config, type_: str | None = None) -> IndexSpec:
-    """The FAISS settings of ``index.*`` (``type_`` overrides ``index.type``)."""
-    keep = {"type", "hnsw_m", "hnsw_ef_search", "ivf_nlist", "pq_m", "ivf_nprobe"}
-    spec = IndexSpec(**config.index.model_dump(include=keep))
-    return spec if type_ is None else dataclasses.replace(spec, type=type_)
-
-
-def encode_spec(config: Config) -> EncodeSpec:
-    """How ``index`` encodes ``data.passages``: ``model.*`` lengths and pooling, ``index.*``."""
-    return EncodeSpec(
-        max_length=config.model.max_passage_length, pooling=config.model.pooling,
-        normalize=config.model.normalize, query_prefix=config.model.query_prefix,
-        passage_prefix=config.model.passage_prefix, precision=config.index.precision,
-        store_dtype=config.index.store_dtype, shard_size=config.index.shard_size,
-        batch_size=config.index.batch_size, num_workers=config.data.num_workers,
-    )  # fmt: skip
-
-
-def memory_bytes_of(memory_gb: float) -> int:
-    return int(memory_gb * 1e9)
+__all__ = ["build_index", "index_passages", "index_embeddings"]
 
 
 def build_index(

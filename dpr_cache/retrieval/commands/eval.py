@@ -27,11 +27,15 @@ from dpr_cache.data.passages import load_passages
 from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
-from dpr_cache.retrieval.build import index_dir_of, index_spec, memory_bytes_of
-from dpr_cache.retrieval.encode import encode_question_texts
-from dpr_cache.retrieval.fusion import FusionSpec
-from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse, tune_weight
-from dpr_cache.retrieval.index import (
+from dpr_cache.retrieval.commands.specs import (
+    fusion_spec,
+    index_dir_of,
+    index_spec,
+    memory_bytes_of,
+    opened_type,
+)
+from dpr_cache.retrieval.dense.encode import encode_question_texts
+from dpr_cache.retrieval.dense.index import (
     OpenIndex,
     check_model,
     open_index,
@@ -39,6 +43,7 @@ from dpr_cache.retrieval.index import (
     query_encoding,
     search_index,
 )
+from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse, tune_weight
 from dpr_cache.retrieval.metrics import answer_qrels, judged_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
@@ -209,13 +214,6 @@ def _evaluate(
     return metrics
 
 
-def fusion_spec(config: Config) -> FusionSpec:
-    """``eval.fusion*`` as a spec (an ``auto`` weight is None: tuned)."""
-    e = config.eval
-    weight = None if e.fusion_weight == "auto" else float(e.fusion_weight)
-    return FusionSpec(e.fusion, weight, e.fusion_depth, e.fusion_rrf_k)
-
-
 def _encode(config: Config, model, qas: list, dev: torch.device):
     """The questions of ``qas`` encoded for search [n, d]."""
     return encode_question_texts(
@@ -286,11 +284,3 @@ def _hybrid(config, spec, opened, dataset, passages, q_embs, qas, qids, tune, qr
     hits = hybrid_search(opened, dataset, passages, q_embs, [q for q, _ in qas], qids, sparse,
                          spec, max(e.top_k), dev_dense)  # fmt: skip
     return hits, record
-
-
-def opened_type(index_dir: Path) -> str | None:
-    """The type recorded in an index folder's meta (None when there is none yet)."""
-    import json
-
-    meta = Path(index_dir) / "meta.json"
-    return json.loads(meta.read_text()).get("type") if meta.is_file() else None

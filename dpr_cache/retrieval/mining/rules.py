@@ -1,5 +1,5 @@
 """Hard negatives: which retrieved passages may be one, rule by rule (shared by the BM25 miner
-here and the model's miner, :mod:`dpr_cache.retrieval.mine`), and BM25's negatives for a DPR
+here and the model's miner, :mod:`dpr_cache.retrieval.mining.miner`), and BM25's negatives for a DPR
 training file, mined as DPR mined them.
 
 A candidate is dropped, and counted under the first rule that drops it, when it is the question's
@@ -33,7 +33,7 @@ from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import load_passages, passage_columns
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.bm25 import Bm25Index
+from dpr_cache.retrieval.lexical import Bm25Index
 from dpr_cache.retrieval.metrics import hit_metrics
 from dpr_cache.runtime.atomic import write_atomic
 

@@ -14,7 +14,7 @@ import torch
 
 from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_passages
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.retrieval.store import write_shard
+from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.processes import worker_init
 

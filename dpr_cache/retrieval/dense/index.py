@@ -21,15 +21,21 @@ import numpy as np
 from dpr_cache.data.passages import passage_rows
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint
-from dpr_cache.retrieval.approximate import (
+from dpr_cache.retrieval.dense.faiss_index import (
     IndexSpec,
     build_faiss_index,
     check_index_spec,
     hnsw_bytes,
     open_faiss_index,
 )
-from dpr_cache.retrieval.search import Hits, exact_search, index_search, merge_hits, plan_blocks
-from dpr_cache.retrieval.store import EmbeddingStore, Shard
+from dpr_cache.retrieval.dense.search import (
+    Hits,
+    exact_search,
+    index_search,
+    merge_hits,
+    plan_blocks,
+)
+from dpr_cache.retrieval.dense.store import EmbeddingStore, Shard
 from dpr_cache.runtime.atomic import write_json_atomic
 
 __all__ = [

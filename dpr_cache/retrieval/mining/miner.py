@@ -3,7 +3,7 @@
 For every question of a training file (DPR JSON or JSON Lines), the model's query tower searches
 an index its passage tower encoded (the bounded search ``eval`` uses: flat or IVF, the shards
 split over the ranks under ``torchrun``), and the passages it ranks highest in the window
-``[skip, skip + depth)`` that no rule drops (:mod:`dpr_cache.retrieval.negatives`: the positive,
+``[skip, skip + depth)`` that no rule drops (:mod:`dpr_cache.retrieval.mining.rules`: the positive,
 judged relevant, holding an answer, within a margin of the positive) become the record's
 ``hard_negative_ctxs`` (``passage_id``, ``title``, ``text``, ``score``), best first; with
 ``keep_bm25`` the file's own hard negatives follow them. Every other key is kept. The records go
@@ -32,17 +32,18 @@ from dpr_cache.data.passages import load_passages, passage_columns, passage_rows
 from dpr_cache.data.training import iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint
-from dpr_cache.retrieval.approximate import search_knobs
-from dpr_cache.retrieval.encode import encode_question_texts
-from dpr_cache.retrieval.index import (
+from dpr_cache.retrieval.dense.encode import encode_question_texts
+from dpr_cache.retrieval.dense.faiss_index import search_knobs
+from dpr_cache.retrieval.dense.index import (
     OpenIndex,
     check_model,
     encoded_from,
     query_encoding,
     search_index,
 )
+from dpr_cache.retrieval.dense.shards import DEFAULT_QUERY_LENGTH
 from dpr_cache.retrieval.metrics import read_qrels
-from dpr_cache.retrieval.mine_parts import (
+from dpr_cache.retrieval.mining.parts import (
     QID_KEYS,
     join_parts,
     parts_dir,
@@ -50,8 +51,7 @@ from dpr_cache.retrieval.mine_parts import (
     settings_of,
     write_part,
 )
-from dpr_cache.retrieval.negatives import MineSpec, check_spec, drop_reason
-from dpr_cache.retrieval.shards import DEFAULT_QUERY_LENGTH
+from dpr_cache.retrieval.mining.rules import MineSpec, check_spec, drop_reason
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.laps import Laps

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint
-from dpr_cache.retrieval.encode import encode_corpus
-from dpr_cache.retrieval.store import Shard, ids_path
+from dpr_cache.retrieval.dense.encode import encode_corpus
+from dpr_cache.retrieval.dense.store import Shard, ids_path
 
 __all__ = [
     "EncodeSpec",

@@ -16,8 +16,8 @@ from typing import Any
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint
-from dpr_cache.retrieval.approximate import search_knobs
-from dpr_cache.retrieval.negatives import RULES, MineSpec
+from dpr_cache.retrieval.dense.faiss_index import search_knobs
+from dpr_cache.retrieval.mining.rules import RULES, MineSpec
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
 
