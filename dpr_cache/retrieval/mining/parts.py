@@ -1,4 +1,4 @@
-"""The resumable parts of ``dpr-cache mine``: the training file's records read in parts, the
+"""The resumable parts of a mining run: the training file's records read in parts, the
 folder ``OUT.parts/`` that keeps the finished ones (emptied when the inputs change), and the parts
 joined into ``OUT`` with their counts summed."""
 
@@ -15,8 +15,6 @@ from typing import Any
 
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
-from dpr_cache.model.loading import model_fingerprint
-from dpr_cache.retrieval.dense.faiss_index import search_knobs
 from dpr_cache.retrieval.mining.rules import RULES, MineSpec
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
@@ -83,14 +81,15 @@ def write_part(
     return kept
 
 
-def parts_dir(out, model_dir, opened, train, spec, qrels, rank) -> Path:
-    """``OUT.parts/``, emptied unless its parts were mined with these very inputs."""
+def parts_dir(
+    out: Path, ranker: list[Any], train: Path, spec: MineSpec, qrels: Path | None, rank: int
+) -> Path:
+    """``OUT.parts/``, emptied unless its parts were mined with these very inputs (``ranker``:
+    what the ranking depends on)."""
     parts = out.with_name(out.name + ".parts")
     judged = [str(qrels), qrels.stat().st_size, qrels.stat().st_mtime_ns] if qrels else None
-    ident = [model_fingerprint(model_dir), opened.meta.get("shard_key"), opened.type,
-             opened.meta.get("model"), opened.meta.get("index_params"),
-             search_knobs(opened.faiss), str(train.resolve()),
-             train.stat().st_size, train.stat().st_mtime_ns, settings_of(spec), judged]  # fmt: skip
+    data = [str(train.resolve()), train.stat().st_size, train.stat().st_mtime_ns]
+    ident = [*ranker, *data, settings_of(spec), judged]
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
     if rank == 0:
         stamp = parts / "inputs.sha256"
