@@ -26,7 +26,7 @@ from dpr_cache.config import Config, save_config
 from dpr_cache.data.passages import load_passages
 from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
-from dpr_cache.model.loading import load_encoder, model_fingerprint, resolve_model_dir
+from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
 from dpr_cache.retrieval.commands.specs import (
     fusion_spec,
     index_dir_of,
@@ -34,15 +34,13 @@ from dpr_cache.retrieval.commands.specs import (
     memory_bytes_of,
     opened_type,
 )
-from dpr_cache.retrieval.dense.encode import encode_question_texts
 from dpr_cache.retrieval.dense.index import (
     OpenIndex,
-    check_model,
     open_index,
     passage_rows_of,
-    query_encoding,
     search_index,
 )
+from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse, tune_weight
 from dpr_cache.retrieval.metrics import answer_qrels, judged_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
@@ -138,26 +136,20 @@ def _evaluate(
     dataset = load_passages(passages, config.cache_path)
     laps.lap("open index, questions and passages")
     dev = resolve_device(device if device is not None else config.eval.device, key="eval.device")
+    run = QuestionRun(dev, config.eval.precision, config.eval.batch_size)
     m = config.model
-    query_prefix = m.query_prefix  # unset: the index's, which search and mine use too
-    if query_prefix is None:
-        query_prefix = query_encoding(opened)["prefixes"][0]
-    model = load_encoder(
-        model_dir, pooling=m.pooling, normalize=m.normalize,
-        prefixes=(query_prefix, m.passage_prefix), query_only=True,
-    ).to(dev)  # fmt: skip
-    check_model(model_dir, model, opened)
-    for key in ("pooling", "normalize"):  # a saved model keeps its own: say so, do not ignore
-        asked = getattr(config.model, key)
-        if f"model.{key}" in overridden and asked is not None and asked != getattr(model, key):
-            raise InputError(
-                f"model.{key}: {asked!r}, but {model_dir} was saved with "
-                f"{getattr(model, key)!r} (and its index encoded so)"
-            )
+    unrecorded = {
+        "pooling": m.pooling,
+        "normalize": m.normalize,
+        "prefixes": (m.query_prefix, m.passage_prefix),
+        "max_query_length": m.max_query_length,
+    }
+    model = query_tower(model_dir, opened, dev, unrecorded)
+    _check_encoding(config, overridden, model, opened)
     laps.lap("load the model")
-    q_embs = _encode(config, model, qas, dev)
+    q_embs = question_vectors(model, [q for q, _ in qas], run)
     spec = fusion_spec(config)
-    tune = _tune_questions(config, model, qrels, qids, dev) if spec.weight is None else None
+    tune = _tune_questions(config, model, qrels, qids, run) if spec.weight is None else None
     del model
     laps.lap("encode questions")
     k, memory = max(config.eval.top_k), memory_bytes_of(config.index.memory_gb)
@@ -214,15 +206,19 @@ def _evaluate(
     return metrics
 
 
-def _encode(config: Config, model, qas: list, dev: torch.device):
-    """The questions of ``qas`` encoded for search [n, d]."""
-    return encode_question_texts(
-        model, [q for q, _ in qas], max_length=config.model.max_query_length, device=dev,
-        precision=config.eval.precision, batch_size=config.eval.batch_size,
-    )  # fmt: skip
+def _check_encoding(config: Config, overridden: Sequence[str], model, opened: OpenIndex) -> None:
+    """A ``model.*`` override of how questions are encoded that contradicts the index (which
+    records how its questions must be encoded) is an error, never silently ignored."""
+    for key in ("pooling", "normalize", "query_prefix", "passage_prefix", "max_query_length"):
+        asked = getattr(config.model, key)
+        if f"model.{key}" in overridden and asked is not None and asked != getattr(model, key):
+            raise InputError(
+                f"model.{key}: {asked!r}, but the index was built with {getattr(model, key)!r}: "
+                "set it back or rerun `dpr-cache index`"
+            )
 
 
-def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, dev: torch.device):
+def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: QuestionRun):
     """The held-out questions that pick an ``auto`` weight: (qas, ids, vectors). Judged by
     ``data.qrels`` when set (some must be judged), else by their answers (every one needs
     some)."""
@@ -249,7 +245,7 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, dev: to
                     f"{tune_path} line {n}: question {question[:60]!r} has no answers to "
                     "judge the weight by (give them, or set data.qrels)"
                 )
-    return tune, qids, _encode(config, model, tune, dev)
+    return tune, qids, question_vectors(model, [q for q, _ in tune], run)
 
 
 def _hybrid(config, spec, opened, dataset, passages, q_embs, qas, qids, tune, qrels, rank,

@@ -95,6 +95,7 @@ def index_passages(
         "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
                   "pooling": encoded.pooling, "normalize": encoded.normalize,
                   "max_passage_length": encoded.max_length, "precision": encode.precision,
+                  "max_query_length": encode.max_query_length,
                   "query_prefix": encoded.query_prefix,
                   "passage_prefix": encoded.passage_prefix},
         "passages": encoded.signature,

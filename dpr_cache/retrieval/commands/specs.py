@@ -39,6 +39,7 @@ def encode_spec(config: Config) -> EncodeSpec:
     """How ``index`` encodes ``data.passages``: ``model.*`` lengths and pooling, ``index.*``."""
     return EncodeSpec(
         max_length=config.model.max_passage_length,
+        max_query_length=config.model.max_query_length,
         pooling=config.model.pooling,
         normalize=config.model.normalize,
         query_prefix=config.model.query_prefix,

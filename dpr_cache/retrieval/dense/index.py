@@ -213,12 +213,14 @@ def check_model(model_dir: Path, model, opened: OpenIndex) -> None:
 
 def query_encoding(opened: OpenIndex) -> dict:
     """How a question must be encoded to search this index: the pooling, normalization and
-    prompts its passages were encoded with (as the model saved them where not recorded)."""
+    prompts its passages were encoded with, and the question length it records (each None
+    where not recorded: as the model saved it)."""
     built = opened.meta.get("model") or {}
     return {
         "pooling": built.get("pooling"),
         "normalize": built.get("normalize"),
         "prefixes": (built.get("query_prefix"), built.get("passage_prefix")),
+        "max_query_length": built.get("max_query_length"),
     }
 
 

@@ -128,6 +128,7 @@ class EncodeSpec:
     ahead)."""
 
     max_length: int | None = None  # None: as the model saved it, else DPR's
+    max_query_length: int | None = None  # the questions' (recorded by an index); None: the model's
     pooling: str | None = None
     normalize: bool | None = None
     query_prefix: str | None = None

@@ -13,24 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dpr_cache.data.qas import record_question_id
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.mining.rules import RULES, MineSpec
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
 
-__all__ = ["QID_KEYS", "records", "write_part", "parts_dir", "join_parts", "settings_of"]
+__all__ = ["records", "write_part", "parts_dir", "join_parts", "settings_of"]
 
 
 def settings_of(spec: MineSpec) -> dict[str, Any]:
     return dataclasses.asdict(spec)
-
-
-QID_KEYS = ("id", "qid", "_id", "query_id")
-
-
-def _qid(obj: dict, n: int) -> str:
-    return next((str(obj[k]) for k in QID_KEYS if obj.get(k) not in (None, "")), str(n))
 
 
 def records(train: Path, size: int) -> Iterator[list[tuple[str, str, dict[str, Any]]]]:
@@ -41,7 +35,7 @@ def records(train: Path, size: int) -> Iterator[list[tuple[str, str, dict[str, A
     for n, (where, obj) in enumerate(iter_raw(train)):
         example = clean_example(obj, f"{train} {where}")
         light = {key: example[key] for key in ("question", "answers", "positive_ctxs")}
-        batch.append((where, _qid(obj, n), light))
+        batch.append((where, record_question_id(obj, n), light))
         if len(batch) == size:
             yield batch
             batch = []

@@ -14,17 +14,11 @@ import torch
 
 from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
-from dpr_cache.model.loading import load_encoder, model_fingerprint
-from dpr_cache.retrieval.dense.encode import encode_question_texts
+from dpr_cache.model.loading import model_fingerprint
 from dpr_cache.retrieval.dense.faiss_index import search_knobs
-from dpr_cache.retrieval.dense.index import (
-    OpenIndex,
-    check_model,
-    encoded_from,
-    query_encoding,
-    search_index,
-)
-from dpr_cache.retrieval.dense.shards import DEFAULT_QUERY_LENGTH, passages_signature
+from dpr_cache.retrieval.dense.index import OpenIndex, encoded_from, search_index
+from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
+from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.lexical import Bm25Index, top_rows
 from dpr_cache.runtime.laps import Laps
 
@@ -82,8 +76,7 @@ class ModelRanker:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        self.model = load_encoder(model_dir, query_only=True, **query_encoding(opened)).to(device)
-        check_model(model_dir, self.model, opened)
+        self.model = query_tower(model_dir, opened, device)
         if passages is None:
             if "passages" not in opened.meta:
                 raise InputError(f"{opened.path}: records no passages file: give --passages TSV")
@@ -101,10 +94,7 @@ class ModelRanker:
     def rank(
         self, questions: list[str], positive_rows: np.ndarray, k: int, laps: Laps
     ) -> Ranked | None:
-        length = self.model.max_query_length or DEFAULT_QUERY_LENGTH
-        queries = encode_question_texts(
-            self.model, questions, max_length=length, device=self.device
-        )
+        queries = question_vectors(self.model, questions, QuestionRun(self.device))
         laps.lap("encode questions")
         hits = search_index(
             self.opened,
