@@ -39,6 +39,7 @@ ALLOWED = {
 CONFIG_EDGE = {
     "__init__.py",  # load_config, public API
     "cli/app.py",
+    "cli/mine.py",
     "cli/vectors.py",
     "train/loop.py",
     "train/trainer.py",

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import data_app, guarded
+from dpr_cache.cli.app import Command, data_app, guarded
 
 
-@data_app.command("squad")
+@data_app.command("squad", cls=Command)
 @guarded
 def data_squad(
     source: Annotated[Path, typer.Option(help="SQuAD v1.1 dev JSON (.gz ok).")] = Path(
@@ -27,7 +27,7 @@ def data_squad(
     print(f"written to {out}")
 
 
-@data_app.command("nq")
+@data_app.command("nq", cls=Command)
 @guarded
 def data_nq(
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("data/nq"),
@@ -45,7 +45,7 @@ def data_nq(
         print(path)
 
 
-@data_app.command("beir")
+@data_app.command("beir", cls=Command)
 @guarded
 def data_beir(
     folder: Annotated[

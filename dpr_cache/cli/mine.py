@@ -9,11 +9,12 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import app, guarded
+from dpr_cache.cli.app import Command, app, guarded
+from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def mine(
     train: Annotated[Path, typer.Option(help="A DPR training file (JSON or JSON Lines).")],
@@ -51,9 +52,15 @@ def mine(
         typer.Option(help="Drop a candidate scoring at least positive - MARGIN x |positive|."),
     ] = None,
     batch: Annotated[int, typer.Option(help="Questions per part (resumable unit).")] = 2048,
-    memory_gb: Annotated[float, typer.Option("--memory-gb", help="Peak memory, in GB.")] = 4.0,
-    nprobe: Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")] = 16,
-    ef_search: Annotated[int, typer.Option(help="HNSW search breadth (an HNSW index).")] = 128,
+    memory_gb: Annotated[
+        float, typer.Option("--memory-gb", help="Peak memory, in GB.")
+    ] = default_of("index.memory_gb"),
+    nprobe: Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")] = default_of(
+        "index.ivf_nprobe"
+    ),
+    ef_search: Annotated[
+        int, typer.Option(help="HNSW search breadth (an HNSW index).")
+    ] = default_of("index.hnsw_ef_search"),
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,

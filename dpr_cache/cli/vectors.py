@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import app, guarded
-from dpr_cache.config import default_of
+from dpr_cache.cli.app import Command, app, guarded
+from dpr_cache.config import check_flags, default_of
 from dpr_cache.errors import InputError
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def encode(
     model: Annotated[str, typer.Option("--model", help="Model folder (or python:PKG).")],
@@ -21,14 +21,26 @@ def encode(
     questions: Annotated[Path | None, typer.Option(help="A DPR qas file.")] = None,
     pooling: Annotated[str | None, typer.Option(help="Default: as the model saved it.")] = None,
     max_length: Annotated[int | None, typer.Option(help="Default: as the model saved it.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Texts per forward.")] = 128,
-    shard_size: Annotated[int, typer.Option(help="Passages per shard.")] = 50_000,
-    store_dtype: Annotated[str, typer.Option(help="float16 | float32.")] = "float16",
-    num_workers: Annotated[int, typer.Option(help="Tokenizing processes.")] = 1,
+    batch_size: Annotated[int, typer.Option(help="Texts per forward.")] = default_of(
+        "index.batch_size"
+    ),
+    shard_size: Annotated[int, typer.Option(help="Passages per shard.")] = default_of(
+        "index.shard_size"
+    ),
+    store_dtype: Annotated[
+        str, typer.Option(help="The stored vectors' dtype: float16 or float32.")
+    ] = default_of("index.store_dtype"),
+    num_workers: Annotated[int, typer.Option(help="Tokenizing processes.")] = default_of(
+        "data.num_workers"
+    ),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow caches.")] = None,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
-    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 (autocast).")] = "fp32",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    device: Annotated[str, typer.Option(help="Where to encode: auto, cpu or cuda.")] = default_of(
+        "index.device"
+    ),
+    precision: Annotated[
+        str, typer.Option(help="The encoder's autocast: fp32, bf16 or fp16.")
+    ] = default_of("index.precision"),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Embedding shards (X.npy + X.ids.txt) of a passages TSV or a questions file.
 
@@ -40,26 +52,40 @@ def encode(
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.encode import encode_file
     from dpr_cache.retrieval.dense.shards import EncodeSpec
-    from dpr_cache.retrieval.dense.store import STORE_DTYPES
-    from dpr_cache.runtime.device import PRECISIONS, resolve_device
+    from dpr_cache.runtime.device import resolve_device
 
-    if store_dtype not in STORE_DTYPES:
-        raise InputError(f"--store-dtype: {store_dtype!r} is not one of {', '.join(STORE_DTYPES)}")
-    if precision not in PRECISIONS:
-        raise InputError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    check_flags(
+        "index",
+        {
+            "--batch-size": ("batch_size", batch_size),
+            "--shard-size": ("shard_size", shard_size),
+            "--store-dtype": ("store_dtype", store_dtype),
+            "--precision": ("precision", precision),
+        },
+    )
     spec = EncodeSpec(
-        max_length=max_length, pooling=pooling, precision=precision, store_dtype=store_dtype,
-        shard_size=shard_size, batch_size=batch_size, num_workers=num_workers,
-    )  # fmt: skip
+        max_length=max_length,
+        pooling=pooling,
+        precision=precision,
+        store_dtype=store_dtype,
+        shard_size=shard_size,
+        batch_size=batch_size,
+        num_workers=num_workers,
+    )
     paths = encode_file(
-        model, out, spec, passages=passages, questions=questions,
+        model,
+        out,
+        spec,
+        passages=passages,
+        questions=questions,
         device=resolve_device(device, key="--device"),
-        cache_dir=cache_dir or default_cache_dir(), progress=not quiet,
-    )  # fmt: skip
+        cache_dir=cache_dir or default_cache_dir(),
+        progress=not quiet,
+    )
     print(f"{len(paths)} shard(s) written to {out}")
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def search(
     index: Annotated[Path, typer.Option("--index", help="An index folder.")],
@@ -73,9 +99,15 @@ def search(
         typer.Option(help="A DPR qas file (with --model); ids from X.ids.txt, else row numbers."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model folder for --questions.")] = None,
-    memory_gb: Annotated[float, typer.Option("--memory-gb", help="Peak memory, in GB.")] = 4.0,
-    nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = 16,
-    ef_search: Annotated[int, typer.Option(help="HNSW search breadth.")] = 128,
+    memory_gb: Annotated[
+        float, typer.Option("--memory-gb", help="Peak memory, in GB.")
+    ] = default_of("index.memory_gb"),
+    nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = default_of(
+        "index.ivf_nprobe"
+    ),
+    ef_search: Annotated[int, typer.Option(help="HNSW search breadth.")] = default_of(
+        "index.hnsw_ef_search"
+    ),
     tag: Annotated[str, typer.Option(help="The run's name in its last column.")] = "dpr-cache",
     device: Annotated[
         str, typer.Option(help="Where --questions are encoded: auto, cpu or cuda.")
@@ -107,7 +139,6 @@ def search(
 
     Example: dpr-cache search --index vecs/index --query-embeddings q/questions.npy --out run.trec
     """
-    from dpr_cache.config import check_flags
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.search import HybridSearch, Queries, SearchSpec
     from dpr_cache.retrieval.commands.search import search as run
@@ -139,7 +170,7 @@ def search(
         print(f"run written to {path}")
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def export(
     model: Annotated[str, typer.Option("--model", help="A saved dpr-cache model folder.")],

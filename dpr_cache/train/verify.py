@@ -27,8 +27,9 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def compare_steps(model, batch, *, chunk: int, p_chunk: int | None, temperature: float,
-                  tile: int | None) -> dict[str, tuple[float, dict]]:  # fmt: skip
+def compare_steps(
+    model, batch, *, chunk: int, p_chunk: int | None, temperature: float, tile: int | None
+) -> dict[str, tuple[float, dict]]:
     """The loss and the gradients of a full-batch step and of a GradCache step on ``batch``."""
     towers = Towers(model.encode_query, model.encode_passage)
     loss_fn = make_loss_fn(temperature=temperature, tile_size=tile, group_size=batch.group_size)
@@ -49,18 +50,27 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     chunk = 8 if cfg.chunk_size == "auto" else int(cfg.chunk_size)
     dataset, batches = training_data(config, DistEnv())
     model = load_biencoder(
-        m.name_or_path, shared=m.shared, pooling=m.pooling,
-        gradient_checkpointing=m.gradient_checkpointing, dropout=0.0, normalize=m.normalize,
-        prefixes=(m.query_prefix, m.passage_prefix), source="model.name_or_path",
-    )  # fmt: skip
+        m.name_or_path,
+        shared=m.shared,
+        pooling=m.pooling,
+        gradient_checkpointing=m.gradient_checkpointing,
+        dropout=0.0,
+        normalize=m.normalize,
+        prefixes=(m.query_prefix, m.passage_prefix),
+        source="model.name_or_path",
+    )
     if double:
         model = model.double()
     model.train()
     batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step)
     results = compare_steps(
-        model, batch, chunk=chunk, p_chunk=cfg.p_chunk_size, temperature=cfg.temperature,
+        model,
+        batch,
+        chunk=chunk,
+        p_chunk=cfg.p_chunk_size,
+        temperature=cfg.temperature,
         tile=cfg.loss_tile_size,
-    )  # fmt: skip
+    )
     full_loss, full = results["full"]
     cache_loss, cached = results["gradcache"]
     scale = max(g.abs().max().item() for g in full.values())

@@ -61,9 +61,13 @@ class Validator:
         model.eval()
         try:
             p = encode_passage_texts(
-                model, self.passages["title"], self.passages["text"],
-                max_length=self.lengths[1], batch_size=self.batch_size, device=device,
-            )  # fmt: skip
+                model,
+                self.passages["title"],
+                self.passages["text"],
+                max_length=self.lengths[1],
+                batch_size=self.batch_size,
+                device=device,
+            )
             texts = [text for text, _ in self.questions]
             run = QuestionRun(device, batch_size=self.batch_size)
             q = question_vectors(model, texts, run, max_length=self.lengths[0])

@@ -78,24 +78,28 @@ def encode_file(
     model_dir = resolve_model_dir(model_path, Path("."))
     out = Path(out)
     with output_lock(out):
-        return _encode_file(model_dir, out, spec, passages, questions, device, cache_dir, progress)
-
-
-def _encode_file(model_dir, out, spec, passages, questions, device, cache_dir, progress):
-    if questions is not None:
-        vectors, ids, used = encode_questions(model_dir, questions, spec, device)
-        write_shard(out / QUESTIONS, vectors, ids, "float32")
-        record = {"model": str(model_dir), "questions": str(questions)}
-        write_json_atomic(out / "encode.json", {**record, **dataclasses.asdict(used)})
-        return [out / QUESTIONS]
-    encoded = encode_passage_shards(
-        Path(passages), model_dir, out, spec, device=device, cache_dir=cache_dir,
-        progress=progress,
-    )  # fmt: skip
-    record = {"model": str(model_dir), "passages": str(passages), "shard_key": encoded.key}
-    record.update(
-        dataclasses.asdict(spec), max_length=encoded.max_length, pooling=encoded.pooling,
-        normalize=encoded.normalize, passage_prefix=encoded.passage_prefix,
-    )  # fmt: skip
-    write_json_atomic(out / "encode.json", record)
-    return encoded.paths
+        if questions is not None:
+            vectors, ids, used = encode_questions(model_dir, questions, spec, device)
+            write_shard(out / QUESTIONS, vectors, ids, "float32")
+            record = {"model": str(model_dir), "questions": str(questions)}
+            write_json_atomic(out / "encode.json", {**record, **dataclasses.asdict(used)})
+            return [out / QUESTIONS]
+        encoded = encode_passage_shards(
+            Path(passages),
+            model_dir,
+            out,
+            spec,
+            device=device,
+            cache_dir=cache_dir,
+            progress=progress,
+        )
+        record = {"model": str(model_dir), "passages": str(passages), "shard_key": encoded.key}
+        record.update(
+            dataclasses.asdict(spec),
+            max_length=encoded.max_length,
+            pooling=encoded.pooling,
+            normalize=encoded.normalize,
+            passage_prefix=encoded.passage_prefix,
+        )
+        write_json_atomic(out / "encode.json", record)
+        return encoded.paths

@@ -39,10 +39,11 @@ from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec
 from dpr_cache.retrieval.dense.index import finish_index
 from dpr_cache.retrieval.dense.shards import EncodeSpec, encode_passage_shards
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.lock import output_lock
 
-__all__ = ["build_index", "index_passages", "index_embeddings"]
+__all__ = ["index_command", "build_index", "index_passages", "index_embeddings"]
 
 
 def build_index(
@@ -61,12 +62,18 @@ def build_index(
         raise InputError("data.passages: not set (a DPR passages TSV)")
     with output_lock(index_dir_of(config.output_path)):
         return index_passages(
-            Path(config.data.passages), model_dir, index_dir_of(config.output_path),
-            encode=encode_spec(config), index=index_spec(config),
+            Path(config.data.passages),
+            model_dir,
+            index_dir_of(config.output_path),
+            encode=encode_spec(config),
+            index=index_spec(config),
             memory_bytes=memory_bytes_of(config.index.memory_gb),
             device=resolve_device(config.index.device, key="index.device"),
-            cache_dir=config.cache_path, rank=rank, world_size=world_size, progress=progress,
-        )  # fmt: skip
+            cache_dir=config.cache_path,
+            rank=rank,
+            world_size=world_size,
+            progress=progress,
+        )
 
 
 def index_passages(
@@ -85,19 +92,31 @@ def index_passages(
 ) -> Path:
     """Encode ``passages`` into ``out/shards`` and, on rank 0, finish the index over them."""
     encoded = encode_passage_shards(
-        passages, model_dir, out / "shards", encode, device=device, cache_dir=cache_dir,
-        rank=rank, world_size=world_size, progress=progress,
+        passages,
+        model_dir,
+        out / "shards",
+        encode,
+        device=device,
+        cache_dir=cache_dir,
+        rank=rank,
+        world_size=world_size,
+        progress=progress,
         check=lambda n, dim: check_index_spec(index, n, dim, memory_bytes),
-    )  # fmt: skip
+    )
     if rank != 0:
         return out
     extra = {
-        "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
-                  "pooling": encoded.pooling, "normalize": encoded.normalize,
-                  "max_passage_length": encoded.max_length, "precision": encode.precision,
-                  "max_query_length": encode.max_query_length,
-                  "query_prefix": encoded.query_prefix,
-                  "passage_prefix": encoded.passage_prefix},
+        "model": {
+            "dir": str(model_dir),
+            "fingerprint": encoded.fingerprint,
+            "pooling": encoded.pooling,
+            "normalize": encoded.normalize,
+            "max_passage_length": encoded.max_length,
+            "precision": encode.precision,
+            "max_query_length": encode.max_query_length,
+            "query_prefix": encoded.query_prefix,
+            "passage_prefix": encoded.passage_prefix,
+        },
         "passages": encoded.signature,
         "shard_key": encoded.key,
         "encode": dataclasses.asdict(encode),
@@ -105,9 +124,10 @@ def index_passages(
             "encoded_passages": encoded.encoded,
             "encode_seconds": round(encoded.seconds, 3),
             "passages_per_second": round(encoded.encoded / encoded.seconds, 1)
-            if encoded.encoded else None,
+            if encoded.encoded
+            else None,
         },
-    }  # fmt: skip
+    }
     finish_index(out, EmbeddingStore.open(encoded.paths), index, memory_bytes, extra)
     return out
 
@@ -159,3 +179,36 @@ def _dpr_pickle_to_shard(path: Path, npy: Path, dtype: str) -> Path:
         raise InputError(f"{path}: vectors of shape {embs.shape[1:]}, expected one dimension")
     write_shard(npy, embs, ids, dtype)
     return npy
+
+
+def index_command(
+    config: Config,
+    model_dir: str | Path | None = None,
+    *,
+    embeddings: str | None = None,
+    out: Path | None = None,
+    progress: bool = True,
+) -> Path | None:
+    """``dpr-cache index``: precomputed shards (``embeddings`` into ``out``, by rank 0) or
+    ``data.passages`` encoded (under ``torchrun`` the ranks share the shards); the index folder
+    on the main rank, None on the others."""
+    if embeddings is not None:
+        if out is None:
+            raise InputError("index --embeddings: --out DIR is needed")
+        if int(os.environ.get("RANK", "0")) != 0:
+            return None
+        return index_embeddings(
+            embeddings,
+            out,
+            spec=index_spec(config),
+            memory_bytes=memory_bytes_of(config.index.memory_gb),
+            store_dtype=config.index.store_dtype,
+        )
+    env = distributed.setup(config.index.device, "index.device")
+    try:
+        path = build_index(
+            config, model_dir, rank=env.rank, world_size=env.world_size, progress=progress
+        )
+    finally:
+        distributed.teardown()
+    return path if env.is_main else None

@@ -16,7 +16,7 @@ from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.commands.specs import memory_bytes_of
-from dpr_cache.retrieval.dense.index import OpenIndex, open_index, search_index, search_spec
+from dpr_cache.retrieval.dense.index import Corpus, OpenIndex, open_index, search_index, search_spec
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.store import Shard, ids_path
 from dpr_cache.retrieval.fusion import FusionSpec
@@ -148,11 +148,9 @@ def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch,
     passages = hybrid.passages or Path(opened.meta.get("passages", {}).get("path", ""))
     if not passages.name:
         raise InputError(f"{opened.path}: records no passages file: give --passages TSV")
-    dataset = load_passages(passages, hybrid.cache_dir)
+    corpus = Corpus(opened, load_passages(passages, hybrid.cache_dir), passages)
     dense = dense_rankings(
-        opened,
-        dataset,
-        passages,
+        corpus,
         vectors,
         max(hybrid.fusion.depth, spec.k),
         memory_bytes_of(spec.memory_gb),
@@ -161,20 +159,11 @@ def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch,
     )
     if dense is None:
         return None
-    sparse = open_sparse(passages, dataset, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion)
-    hits = hybrid_search(
-        opened,
-        dataset,
-        passages,
-        vectors,
-        texts or qids,
-        qids,
-        sparse,
-        hybrid.fusion,
-        spec.k,
-        dense,
-    )
+    sparse = open_sparse(corpus, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion)
+    hits = hybrid_search(corpus, vectors, texts or qids, qids, sparse, hybrid.fusion, spec.k, dense)
     valid = np.unique(hits.rows[hits.rows >= 0])
-    ids = dict(zip(valid.tolist(), passage_columns(dataset, valid.tolist())["id"], strict=True))
+    ids = dict(
+        zip(valid.tolist(), passage_columns(corpus.dataset, valid.tolist())["id"], strict=True)
+    )
     pids = np.array([[ids.get(int(r), "") for r in row] for row in hits.rows], dtype=object)
     return hits, pids

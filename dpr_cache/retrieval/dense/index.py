@@ -39,9 +39,18 @@ from dpr_cache.retrieval.dense.store import EmbeddingStore, Shard
 from dpr_cache.runtime.atomic import write_json_atomic
 
 __all__ = [
-    "META_FILE", "FORMAT", "OpenIndex", "finish_index", "open_index", "search_index",
-    "check_model", "encoded_from", "passage_rows_of", "query_encoding",
-]  # fmt: skip
+    "META_FILE",
+    "FORMAT",
+    "OpenIndex",
+    "finish_index",
+    "open_index",
+    "search_index",
+    "check_model",
+    "encoded_from",
+    "passage_rows_of",
+    "Corpus",
+    "query_encoding",
+]
 
 log = logging.getLogger(__name__)
 
@@ -256,3 +265,22 @@ def passage_rows_of(opened: OpenIndex, dataset, path: Path, hit_rows: np.ndarray
         first = ids[missing][0]
         raise InputError(f"{path}: has no passage {first!r} (an id of the index at {opened.path})")
     return rows
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """An index and the passages file it searches: the opened index, the file's passages
+    (memory-mapped) and its path. A search's hits are store rows; :meth:`rows_of` makes them
+    rows of the passages."""
+
+    index: OpenIndex
+    dataset: Any
+    path: Path
+
+    def encoded_from_file(self) -> bool:
+        """See :func:`encoded_from`."""
+        return encoded_from(self.index, self.dataset, self.path)
+
+    def rows_of(self, hit_rows: np.ndarray) -> np.ndarray:
+        """See :func:`passage_rows_of`."""
+        return passage_rows_of(self.index, self.dataset, self.path, hit_rows)
