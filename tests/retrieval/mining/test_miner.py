@@ -8,17 +8,16 @@ from __future__ import annotations
 import csv
 import json
 import time
-import unicodedata
 from pathlib import Path
 
 import numpy as np
 import pytest
-import regex
 import torch
 
 from dpr_cache.model.loading import load_encoder
 from dpr_cache.retrieval.dense.encode import encode_question_texts
 from tests.support.cli import run_cli
+from tests.support.dpr_answers import dpr_has_answer
 from tests.support.fixtures import TOY, index_vectors
 
 TINY = TOY / "tiny-bert"
@@ -39,25 +38,6 @@ def _mine(index: Path, out: Path, *extra: str, check: bool = True):
     return run_cli("mine", "--model", str(TINY), "--index", str(index), "--train", str(TRAIN),
                    "--out", str(out), "--cache-dir", str(index.parent / "cache"), "-q", *extra,
                    check=check)  # fmt: skip
-
-
-_TOKEN = regex.compile(r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])", regex.I | regex.U | regex.M)
-
-
-def _dpr_has_answer(answers: list[str], text: str) -> bool:
-    """DPR's string match: the NFD-normalized, lowercased tokens (runs of letters, digits and
-    marks, or any other visible character) of an answer occur contiguously in the text's."""
-
-    def words(s: str) -> list[str]:
-        return [m.group().lower() for m in _TOKEN.finditer(unicodedata.normalize("NFD", s))]
-
-    tokens = words(text)
-    for answer in answers:
-        want = words(answer)
-        n = len(want)
-        if n and any(tokens[i : i + n] == want for i in range(len(tokens) - n + 1)):
-            return True
-    return False
 
 
 def _reference(
@@ -84,7 +64,7 @@ def _reference(
             pos = float(scores[row_of[record["positive_ctxs"][0]["passage_id"]]])
             ceiling = pos - relative_margin * abs(pos)
         kept = [ids[r] for r in order if ids[r] not in pos_ids and texts[ids[r]] not in pos_texts
-                and not _dpr_has_answer(record["answers"], texts[ids[r]])
+                and not dpr_has_answer(record["answers"], texts[ids[r]])
                 and scores[r] < ceiling]  # fmt: skip
         out.append(kept[:negatives])
         every.append(dict(zip(ids, scores.tolist(), strict=True)))
@@ -105,10 +85,10 @@ def _equal_up_to_ties(got: list[list[str]], reference) -> None:
 
 def test_the_reference_answer_rule_is_dprs() -> None:
     """The test's own answer rule on DPR's cases: whole tokens, case and accents folded."""
-    assert _dpr_has_answer(["Denver Broncos"], "the denver broncos won")
-    assert not _dpr_has_answer(["Denver"], "Denverites cheered")  # a token, not a prefix
-    assert _dpr_has_answer(["Café"], "a CAFÉ opened")
-    assert not _dpr_has_answer(["50"], "Super Bowl 500")
+    assert dpr_has_answer(["Denver Broncos"], "the denver broncos won")
+    assert not dpr_has_answer(["Denver"], "Denverites cheered")  # a token, not a prefix
+    assert dpr_has_answer(["Café"], "a CAFÉ opened")
+    assert not dpr_has_answer(["50"], "Super Bowl 500")
 
 
 def _pids(record: dict) -> list[str]:
