@@ -452,7 +452,7 @@ def model_encode_rate(
     import csv
 
     from dpr_cache.data.tokenize import tokenize_passages
-    from dpr_cache.retrieval.encode import encode_tokenized
+    from dpr_cache.retrieval.dense.encode import encode_tokenized
 
     titles, texts = [], []
     with open(feats_source, newline="") as f:

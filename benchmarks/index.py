@@ -1,6 +1,6 @@
 """Corpus encoding speed: length-sorted dynamic batches against fixed-order padded batches.
 
-Both variants run :func:`dpr_cache.retrieval.encode.encode_passage_texts` (the ``index``
+Both variants run :func:`dpr_cache.retrieval.dense.encode.encode_passage_texts` (the ``index``
 command's code) on the same passages, model and batch size, in one process after a one-batch
 warm-up::
 
@@ -35,7 +35,7 @@ def run_index_bench(
     from dpr_cache.data.passages import read_passages
     from dpr_cache.data.tokenize import tokenize_passages
     from dpr_cache.model.biencoder import BiEncoder
-    from dpr_cache.retrieval.encode import encode_passage_texts
+    from dpr_cache.retrieval.dense.encode import encode_passage_texts
 
     if threads:
         torch.set_num_threads(threads)

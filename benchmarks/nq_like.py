@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpr_cache.retrieval.store import write_shard
+from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = [

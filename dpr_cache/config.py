@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_text_atomic
 
-__all__ = ["Config", "load_config", "save_config", "parse_bytes"]
+__all__ = [
+    "Config",
+    "load_config",
+    "save_config",
+    "parse_bytes",
+    "default_of",
+    "check_flags",
+]
 
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -237,22 +245,42 @@ def parse_bytes(text: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
-def _apply_override(raw: dict, item: str, where: str) -> None:
+def _apply_override(raw: dict, item: str) -> str:
+    """Set ``KEY=VALUE`` in ``raw``; returns the key. VALUE is read as YAML, except that a key
+    typed as a string takes the text as typed (``query: `` stays a string, not a mapping),
+    unquoted when it is a quoted YAML string, and None when empty or ``null``."""
     if "=" not in item:
-        raise InputError(f"{where}: override {item!r} is not KEY=VALUE")
+        raise InputError(f"--set: {item!r} is not KEY=VALUE")
     key, _, text = item.partition("=")
-    parts = key.strip().split(".")
+    key = key.strip()
+    parts = key.split(".")
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
+        value = text
+    if _is_text(parts) and value is not None and not isinstance(value, str):
         value = text
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise InputError(f"{where}: override {key!r}: {part!r} is not a section")
+            raise InputError(f"--set {key}: {part!r} is not a section")
         node = child
     node[parts[-1]] = value
+    return key
+
+
+def _is_text(parts: list[str]) -> bool:
+    """True when the config key ``parts`` is typed as a string (or a string or None)."""
+    model: Any = Config
+    for part in parts:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return False
+        model = field.annotation
+    return model is str or (
+        str in typing.get_args(model) and set(typing.get_args(model)) <= {str, type(None)}
+    )
 
 
 def _did_you_mean(loc: tuple) -> str:
@@ -268,18 +296,23 @@ def _did_you_mean(loc: tuple) -> str:
     return f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
 
 
-def _one_line(error: ValidationError, source: str) -> str:
-    parts = []
+def _one_line(error: ValidationError, source: str, overridden: set[str]) -> str:
+    """The errors on one line: those of keys given with ``--set`` blamed on it, the others on
+    ``source`` (the file)."""
+    by_source: dict[str, list[str]] = {}
     for item in error.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
         if item["type"] == "extra_forbidden":
-            parts.append(f"unknown key '{key}'{_did_you_mean(item['loc'])}")
+            part = f"unknown key '{key}'{_did_you_mean(item['loc'])}"
         else:
             message = item["msg"].removeprefix("Value error, ")
             got = item.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
-            parts.append(f"{key}: {message}{shown}")
-    return f"{source}: " + "; ".join(parts)
+            part = f"{key}: {message}{shown}"
+        given = any(o == key or o.startswith(key + ".") for o in overridden)
+        where = "--set" if given else source
+        by_source.setdefault(where, []).append(part)
+    return "; ".join(f"{where}: " + "; ".join(parts) for where, parts in by_source.items())
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -298,12 +331,39 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise InputError(f"{file}:{where} not valid YAML") from None
         if not isinstance(raw, dict):
             raise InputError(f"{file}: the top level must be a mapping of sections")
-    for item in overrides or []:
-        _apply_override(raw, item, source)
+    overridden = {_apply_override(raw, item) for item in overrides or []}
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise InputError(_one_line(exc, source)) from None
+        raise InputError(_one_line(exc, source, overridden)) from None
+
+
+def default_of(key: str) -> Any:
+    """The default of a config key (``section.name``), for a flag that mirrors it."""
+    section, name = key.split(".")
+    field = Config.model_fields[section].annotation.model_fields[name]
+    return field.get_default(call_default_factory=True)
+
+
+def check_flags(section: str, flags: dict[str, tuple[str, Any]]) -> Any:
+    """Command-line flags that mirror keys of a config section (``{flag: (key, value)}``),
+    checked by the section's own validators: the section, or InputError naming the flags."""
+    model = Config.model_fields[section].annotation
+    try:
+        return model.model_validate({key: value for key, value in flags.values()})
+    except ValidationError as exc:
+        flag_of = {key: flag for flag, (key, _) in flags.items()}
+        parts = []
+        for item in exc.errors():
+            message = item["msg"].removeprefix("Value error, ")
+            for key, flag in flag_of.items():
+                message = message.replace(f"{section}.{key}", flag)
+            loc = [str(p) for p in item["loc"]]
+            if loc:
+                got = item.get("input")
+                message = f"{flag_of.get(loc[0], loc[0])}: {message} (got {got!r})"
+            parts.append(message)
+        raise InputError("; ".join(parts)) from None
 
 
 def save_config(config: Config, path: str | Path) -> Path:

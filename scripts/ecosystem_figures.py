@@ -24,7 +24,7 @@ from dpr_cache.data.passages import read_passages
 from dpr_cache.data.qas import read_qas
 from dpr_cache.model.dpr_formats import export_dpr_hf
 from dpr_cache.model.loading import load_biencoder
-from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
+from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
 
 CPU = torch.device("cpu")
 

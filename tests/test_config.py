@@ -55,12 +55,53 @@ def test_overrides_are_typed(tmp_path):
     ],
 )
 def test_errors_name_the_key_and_file(tmp_path, text, overrides, message):
+    """A key's error names where it was given: the file, or --set (a rule joining keys, as
+    chunk_size auto with no memory budget, names the file)."""
     path = write(tmp_path, text)
     with pytest.raises(InputError) as err:
         load_config(path, overrides)
     assert message in str(err.value)
-    assert str(path) in str(err.value)
+    if overrides:
+        assert str(err.value).startswith(("--set: ", f"{path}: ")), str(err.value)
+    else:
+        assert str(err.value).startswith(f"{path}: "), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_an_unknown_key_given_with_set_is_blamed_on_set(tmp_path):
+    path = write(tmp_path, "train:\n  lrr: 1\n")
+    with pytest.raises(InputError) as err:
+        load_config(path, ["eval.topk=[1]"])
+    assert str(err.value) == (
+        f"{path}: unknown key 'train.lrr' (did you mean 'train.lr'?); "
+        "--set: unknown key 'eval.topk' (did you mean 'eval.top_k'?)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        ("query: ", "query: "),  # the shell's text for model.query_prefix="query: "
+        ("'query: '", "query: "),  # a quoted YAML string: unquoted
+        ("passage: a, b", "passage: a, b"),
+        ("123", "123"),
+        ("true", "true"),
+        ("[x]", "[x]"),
+        ("", None),
+        ("null", None),
+    ],
+)
+def test_a_string_key_takes_the_text_as_typed(typed, expected):
+    cfg = load_config(None, [f"model.query_prefix={typed}"])
+    assert cfg.model.query_prefix == expected
+
+
+def test_other_keys_still_read_yaml():
+    """Negative control: a key typed otherwise still reads its value as YAML."""
+    cfg = load_config(None, ["eval.top_k=[1, 3]", "data.train=[a.jsonl, b.jsonl]"])
+    assert cfg.eval.top_k == [1, 3] and cfg.data.train == ["a.jsonl", "b.jsonl"]
+    with pytest.raises(InputError, match="--set: model.max_query_length"):
+        load_config(None, ["model.max_query_length=query: "])
 
 
 def test_missing_file(tmp_path):

@@ -39,13 +39,37 @@ ALLOWED = {
 CONFIG_EDGE = {
     "__init__.py",  # load_config, public API
     "cli/app.py",
+    "cli/mine.py",
+    "cli/vectors.py",
     "train/loop.py",
     "train/trainer.py",
     "train/bench.py",
     "train/verify.py",
     "train/watch_setup.py",
-    "retrieval/build.py",
-    "retrieval/evaluate.py",
+    "retrieval/commands/index.py",
+    "retrieval/commands/eval.py",
+    "retrieval/commands/specs.py",
+}
+# the rooms of retrieval/ -> the rooms each may import (itself included)
+RETRIEVAL = PACKAGE / "retrieval"
+ROOMS_ALLOWED = {
+    "dense": {"dense"},
+    "lexical": {"lexical"},
+    "fusion": {"fusion"},
+    "metrics": {"metrics"},
+    "results": {"results"},
+    "hybrid": {"hybrid", "dense", "lexical", "fusion", "metrics", "results"},
+    "mining": {"mining", "dense", "lexical", "metrics"},
+    "commands": {
+        "commands",
+        "dense",
+        "lexical",
+        "fusion",
+        "hybrid",
+        "mining",
+        "metrics",
+        "results",
+    },
 }
 
 
@@ -108,6 +132,49 @@ def test_config_stays_at_the_edge() -> None:
         if "dpr_cache.config" in _imports(p) and p.name != "config.py"
     }
     assert users == CONFIG_EDGE
+
+
+def _room(path: Path) -> str:
+    rel = path.relative_to(RETRIEVAL)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _rooms(names: set[str]) -> set[str]:
+    """The rooms of retrieval/ among the module names ``names``."""
+    prefix = "dpr_cache.retrieval."
+    return {n[len(prefix) :].split(".")[0] for n in names if n.startswith(prefix)}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for p in sorted(RETRIEVAL.rglob("*.py"))
+        if p.name != "__init__.py" or p.parent != RETRIEVAL
+    ],
+    ids=lambda p: str(p.relative_to(RETRIEVAL)),
+)
+def test_retrieval_rooms_import_one_way(path: Path) -> None:
+    """Dense search knows nothing of BM25, fusion or mining; only commands/ sits on top."""
+    room = _room(path)
+    wrong = _rooms(_imports(path)) - ROOMS_ALLOWED[room]
+    assert not wrong, f"{path.relative_to(REPO)} ({room}) imports {sorted(wrong)}"
+
+
+def test_only_the_commands_read_a_config() -> None:
+    readers = {
+        str(p.relative_to(RETRIEVAL))
+        for p in RETRIEVAL.rglob("*.py")
+        if "dpr_cache.config" in _imports(p)
+    }
+    assert readers and all(r.startswith("commands/") for r in readers), sorted(readers)
+
+
+def test_the_room_checker_sees_a_wrong_import(tmp_path: Path) -> None:
+    """Negative control: dense code importing the miner is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from dpr_cache.retrieval.mining.rules import drop_reason\n")
+    assert _rooms(_imports(bad)) - ROOMS_ALLOWED["dense"] == {"mining"}
 
 
 def test_the_package_imports_neither_benchmarks_nor_studies_nor_tests() -> None:

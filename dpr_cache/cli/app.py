@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime.quiet import quiet_libraries
 
 __all__ = [
+    "Command",
     "app",
     "data_app",
     "guarded",
@@ -33,13 +35,41 @@ __all__ = [
     "main",
 ]
 
+
+class _BareFlags:
+    """--help shows a boolean flag (``--quiet``, ``--help``) with no value: it takes none."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_bool_flag", False):
+                param.metavar = ""
+        return params
+
+
+class Command(_BareFlags, TyperCommand):
+    """A command of the app (``@app.command(cls=Command)``)."""
+
+
+class _Group(_BareFlags, TyperGroup):
+    pass
+
+
+# markdown: a help paragraph is one flowing text, never broken where the docstring wraps
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     help="Dense Passage Retrieval with huge simulated batches (GradCache) on small hardware.",
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
-data_app = typer.Typer(no_args_is_help=True, help="Build or fetch data in DPR's formats.")
+data_app = typer.Typer(
+    cls=_Group,
+    no_args_is_help=True,
+    help="Build or fetch data in DPR's formats.",
+    rich_markup_mode="markdown",
+)
 app.add_typer(data_app, name="data")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config.")]

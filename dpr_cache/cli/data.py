@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import data_app, guarded
+from dpr_cache.cli.app import Command, data_app, guarded
 
 
-@data_app.command("squad")
+@data_app.command("squad", cls=Command)
 @guarded
 def data_squad(
     source: Annotated[Path, typer.Option(help="SQuAD v1.1 dev JSON (.gz ok).")] = Path(
@@ -27,7 +27,7 @@ def data_squad(
     print(f"written to {out}")
 
 
-@data_app.command("nq")
+@data_app.command("nq", cls=Command)
 @guarded
 def data_nq(
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("data/nq"),
@@ -45,37 +45,7 @@ def data_nq(
         print(path)
 
 
-@data_app.command("mine-negatives")
-@guarded
-def data_mine_negatives(
-    train: Annotated[Path, typer.Option(help="DPR training file (JSON or JSONL).")] = Path(
-        "data/squad/train.jsonl"
-    ),
-    passages: Annotated[Path, typer.Option(help="Passages TSV to search.")] = Path(
-        "data/squad/passages.tsv"
-    ),
-    out: Annotated[Path, typer.Option(help="Output JSONL.")] = Path("data/squad/train.bm25.jsonl"),
-    n: Annotated[int, typer.Option("--n", help="Hard negatives kept per question.")] = 30,
-    batch: Annotated[int, typer.Option(help="Questions ranked per batch.")] = 256,
-    depth: Annotated[int, typer.Option(help="BM25 passages ranked per question.")] = 100,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help="Arrow and BM25 caches (default ~/.cache/dpr-cache).")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-) -> None:
-    """BM25 hard negatives (top passages without an answer, not the positive), as DPR mined them."""
-    from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.negatives import mine_negatives
-
-    report = mine_negatives(
-        train, passages, out, cache_dir=cache_dir or default_cache_dir(), n=n, batch=batch,
-        depth=depth, progress=not quiet,
-    )  # fmt: skip
-    print(report.summary())
-    print(f"written to {report.out}")
-
-
-@data_app.command("beir")
+@data_app.command("beir", cls=Command)
 @guarded
 def data_beir(
     folder: Annotated[

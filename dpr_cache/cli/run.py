@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import ConfigOpt, ModelOpt, SetOpt, app, guarded, load, rank_and_world
+from dpr_cache.cli.app import (
+    Command,
+    ConfigOpt,
+    ModelOpt,
+    SetOpt,
+    app,
+    guarded,
+    load,
+    rank_and_world,
+)
 from dpr_cache.errors import InputError
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def train(
     config: ConfigOpt,
@@ -30,7 +39,7 @@ def train(
     from dpr_cache.train.loop import train as run
 
     model_dir = run(load(config, set_), resume=resume, progress=not quiet)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if rank_and_world()[0] == 0:
         print(f"model saved to {model_dir}")
 
 
@@ -43,7 +52,7 @@ TypeOpt = Annotated[
 ]
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def index(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML run config.")] = None,
@@ -58,7 +67,7 @@ def index(
     type_: TypeOpt = None,
     nlist: Annotated[int | None, typer.Option(help="IVF lists (default index.ivf_nlist).")] = None,
     pq_m: Annotated[int | None, typer.Option(help="PQ sub-vectors (default index.pq_m).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Index data.passages (--config) or precomputed shards (--embeddings GLOB --out DIR).
 
@@ -68,37 +77,26 @@ def index(
     Examples: dpr-cache index -c configs/toy.yaml;
     dpr-cache index --embeddings 'vecs/*.npy' --out vecs/index --type ivfpq --memory-gb 8
     """
-    from dpr_cache.retrieval.build import build_index, index_embeddings, index_spec
+    from dpr_cache.retrieval.commands.index import index_command
 
-    options = {"index.type": type_, "index.memory_gb": memory_gb, "index.ivf_nlist": nlist,
-               "index.pq_m": pq_m}  # fmt: skip
+    options = {
+        "index.type": type_,
+        "index.memory_gb": memory_gb,
+        "index.ivf_nlist": nlist,
+        "index.pq_m": pq_m,
+    }
     extra = [f"{key}={value}" for key, value in options.items() if value is not None]
     cfg = load(config, [*(set_ or []), *extra])  # validated like --set: one-line errors
-    if embeddings is not None:
-        if out is None:
-            raise InputError("index --embeddings: --out DIR is needed")
-        if rank_and_world()[0] == 0:
-            path = index_embeddings(
-                embeddings, out, spec=index_spec(cfg), memory_bytes=int(cfg.index.memory_gb * 1e9),
-                store_dtype=cfg.index.store_dtype,
-            )  # fmt: skip
-            print(f"index written to {path}")
-        return
-    if config is None:
+    if embeddings is None and config is None:
         raise InputError("index: give --config FILE (to encode data.passages) or --embeddings")
-    _refuse_train_keys(set_, "index", cfg)
-    from dpr_cache.runtime import distributed
-
-    env = distributed.setup(cfg.index.device, "index.device")
-    try:
-        path = build_index(cfg, model, rank=env.rank, world_size=env.world_size, progress=not quiet)
-    finally:
-        distributed.teardown()
-    if env.is_main:
+    if embeddings is None:
+        _refuse_train_keys(set_, "index", cfg)
+    path = index_command(cfg, model, embeddings=embeddings, out=out, progress=not quiet)
+    if path is not None:
         print(f"index written to {path}")
 
 
-@app.command("eval")
+@app.command("eval", cls=Command)
 @guarded
 def eval_(
     config: ConfigOpt,
@@ -107,29 +105,25 @@ def eval_(
     out: Annotated[
         Path | None, typer.Option(help="Where the results go (default output_dir/eval).")
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Search data.dev_qa questions, judge them (DPR's answer match, or data.qrels), print the
     metrics; writes retrieval.json, run.trec, metrics.json.
 
     Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
     """
-    import shlex
-
-    from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
-    from dpr_cache.runtime import distributed
+    from dpr_cache.retrieval.commands.eval import eval_command, format_metrics_table
 
     cfg = load(config, set_)
     _refuse_train_keys(set_, "eval", cfg)
-    env = distributed.setup(cfg.eval.device, "eval.device")
-    try:
-        metrics = evaluate(
-            cfg, model, out_dir=out, progress=not quiet, rank=env.rank,
-            world_size=env.world_size, overridden=[s.split("=", 1)[0].strip() for s in set_ or []],
-            command=shlex.join(["dpr-cache", *sys.argv[1:]]),
-        )  # fmt: skip
-    finally:
-        distributed.teardown()
+    metrics = eval_command(
+        cfg,
+        model,
+        out_dir=out,
+        progress=not quiet,
+        overridden=[s.split("=", 1)[0].strip() for s in set_ or []],
+        command=shlex.join(["dpr-cache", *sys.argv[1:]]),
+    )
     if metrics is not None:
         print(format_metrics_table(metrics))
         print(f"results in {out or cfg.output_path / 'eval'}")
@@ -150,11 +144,12 @@ def _refuse_train_keys(overrides: list[str] | None, command: str, cfg) -> None:
         if trained != default and used == default:
             print(
                 f"note: {command} encodes with {command}.{name}: {used} (train.{name}: "
-                f"{trained} is train's own)", file=sys.stderr,
-            )  # fmt: skip
+                f"{trained} is train's own)",
+                file=sys.stderr,
+            )
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def verify(
     config: ConfigOpt,
@@ -172,7 +167,7 @@ def verify(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def bench(
     config: ConfigOpt,

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import app, guarded, rank_and_world
+from dpr_cache.cli.app import Command, app, guarded
+from dpr_cache.config import check_flags, default_of
 from dpr_cache.errors import InputError
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def encode(
     model: Annotated[str, typer.Option("--model", help="Model folder (or python:PKG).")],
@@ -20,44 +21,71 @@ def encode(
     questions: Annotated[Path | None, typer.Option(help="A DPR qas file.")] = None,
     pooling: Annotated[str | None, typer.Option(help="Default: as the model saved it.")] = None,
     max_length: Annotated[int | None, typer.Option(help="Default: as the model saved it.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Texts per forward.")] = 128,
-    shard_size: Annotated[int, typer.Option(help="Passages per shard.")] = 50_000,
-    store_dtype: Annotated[str, typer.Option(help="float16 | float32.")] = "float16",
-    num_workers: Annotated[int, typer.Option(help="Tokenizing processes.")] = 1,
+    batch_size: Annotated[int, typer.Option(help="Texts per forward.")] = default_of(
+        "index.batch_size"
+    ),
+    shard_size: Annotated[int, typer.Option(help="Passages per shard.")] = default_of(
+        "index.shard_size"
+    ),
+    store_dtype: Annotated[
+        str, typer.Option(help="The stored vectors' dtype: float16 or float32.")
+    ] = default_of("index.store_dtype"),
+    num_workers: Annotated[int, typer.Option(help="Tokenizing processes.")] = default_of(
+        "data.num_workers"
+    ),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow caches.")] = None,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
-    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 (autocast).")] = "fp32",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    device: Annotated[str, typer.Option(help="Where to encode: auto, cpu or cuda.")] = default_of(
+        "index.device"
+    ),
+    precision: Annotated[
+        str, typer.Option(help="The encoder's autocast: fp32, bf16 or fp16.")
+    ] = default_of("index.precision"),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Embedding shards (X.npy + X.ids.txt) of a passages TSV or a questions file.
 
-    Question ids are the file's row numbers from 0. No config: the model folder says how.
+    Question ids are the file's own (X.ids.txt beside it), else its row numbers from 0. No config:
+    the model folder says how.
 
     Example: dpr-cache encode --model runs/toy/model --passages data/toy/passages.tsv --out vecs
     """
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.shards import EncodeSpec
-    from dpr_cache.retrieval.store import STORE_DTYPES
-    from dpr_cache.retrieval.vectors import encode_file
-    from dpr_cache.runtime.device import PRECISIONS, resolve_device
+    from dpr_cache.retrieval.commands.encode import encode_file
+    from dpr_cache.retrieval.dense.shards import EncodeSpec
+    from dpr_cache.runtime.device import resolve_device
 
-    if store_dtype not in STORE_DTYPES:
-        raise InputError(f"--store-dtype: {store_dtype!r} is not one of {', '.join(STORE_DTYPES)}")
-    if precision not in PRECISIONS:
-        raise InputError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    check_flags(
+        "index",
+        {
+            "--batch-size": ("batch_size", batch_size),
+            "--shard-size": ("shard_size", shard_size),
+            "--store-dtype": ("store_dtype", store_dtype),
+            "--precision": ("precision", precision),
+        },
+    )
     spec = EncodeSpec(
-        max_length=max_length, pooling=pooling, precision=precision, store_dtype=store_dtype,
-        shard_size=shard_size, batch_size=batch_size, num_workers=num_workers,
-    )  # fmt: skip
+        max_length=max_length,
+        pooling=pooling,
+        precision=precision,
+        store_dtype=store_dtype,
+        shard_size=shard_size,
+        batch_size=batch_size,
+        num_workers=num_workers,
+    )
     paths = encode_file(
-        model, out, spec, passages=passages, questions=questions,
+        model,
+        out,
+        spec,
+        passages=passages,
+        questions=questions,
         device=resolve_device(device, key="--device"),
-        cache_dir=cache_dir or default_cache_dir(), progress=not quiet,
-    )  # fmt: skip
+        cache_dir=cache_dir or default_cache_dir(),
+        progress=not quiet,
+    )
     print(f"{len(paths)} shard(s) written to {out}")
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def search(
     index: Annotated[Path, typer.Option("--index", help="An index folder.")],
@@ -66,17 +94,36 @@ def search(
     query_embeddings: Annotated[
         Path | None, typer.Option(help="Q.npy (ids from Q.ids.txt beside it, else row numbers).")
     ] = None,
-    questions: Annotated[Path | None, typer.Option(help="A DPR qas file (with --model).")] = None,
+    questions: Annotated[
+        Path | None,
+        typer.Option(help="A DPR qas file (with --model); ids from X.ids.txt, else row numbers."),
+    ] = None,
     model: Annotated[str | None, typer.Option(help="Model folder for --questions.")] = None,
-    memory_gb: Annotated[float, typer.Option("--memory-gb", help="Peak memory, in GB.")] = 4.0,
-    nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = 16,
-    ef_search: Annotated[int, typer.Option(help="HNSW search breadth.")] = 128,
+    memory_gb: Annotated[
+        float, typer.Option("--memory-gb", help="Peak memory, in GB.")
+    ] = default_of("index.memory_gb"),
+    nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = default_of(
+        "index.ivf_nprobe"
+    ),
+    ef_search: Annotated[int, typer.Option(help="HNSW search breadth.")] = default_of(
+        "index.hnsw_ef_search"
+    ),
     tag: Annotated[str, typer.Option(help="The run's name in its last column.")] = "dpr-cache",
+    device: Annotated[
+        str, typer.Option(help="Where --questions are encoded: auto, cpu or cuda.")
+    ] = "auto",
+    precision: Annotated[
+        str, typer.Option(help="The question encoder's autocast: fp32, bf16 or fp16.")
+    ] = "fp32",
     fusion: Annotated[
-        str, typer.Option(help="none | linear (BM25 + weight x dense) | rrf, with BM25.")
-    ] = "none",
-    fusion_weight: Annotated[float, typer.Option(help="linear: the dense score's weight.")] = 1.1,
-    fusion_depth: Annotated[int, typer.Option(help="Candidates from each side.")] = 1000,
+        str, typer.Option(help="none, linear (BM25 + weight x dense) or rrf, with BM25.")
+    ] = default_of("eval.fusion"),
+    fusion_weight: Annotated[
+        float, typer.Option(help="linear: the dense score's weight.")
+    ] = default_of("eval.fusion_weight"),
+    fusion_depth: Annotated[int, typer.Option(help="Candidates from each side.")] = default_of(
+        "eval.fusion_depth"
+    ),
     bm25_run: Annotated[
         Path | None, typer.Option(help="A TREC run to fuse (rrf) instead of building BM25.")
     ] = None,
@@ -92,72 +139,38 @@ def search(
 
     Example: dpr-cache search --index vecs/index --query-embeddings q/questions.npy --out run.trec
     """
+    from dpr_cache.data.arrow_cache import default_cache_dir
+    from dpr_cache.retrieval.commands.search import HybridSearch, Queries, SearchSpec
+    from dpr_cache.retrieval.commands.search import search as run
+    from dpr_cache.retrieval.fusion import FusionSpec
 
-    from dpr_cache.retrieval.index import search_spec
-    from dpr_cache.retrieval.vectors import read_queries, search_to_run
-
-    if (query_embeddings is None) == (questions is None):
-        raise InputError("search: give --query-embeddings Q.npy or --questions FILE --model DIR")
+    settings = check_flags(
+        "eval",
+        {
+            "--fusion": ("fusion", fusion),
+            "--fusion-weight": ("fusion_weight", fusion_weight),
+            "--fusion-depth": ("fusion_depth", fusion_depth),
+            "--k": ("top_k", [k]),
+            "--bm25-run": ("bm25_run", None if bm25_run is None else str(bm25_run)),
+            "--precision": ("precision", precision),
+        },
+    )
     hybrid = None
-    if fusion != "none":
-        from dpr_cache.data.arrow_cache import default_cache_dir
-        from dpr_cache.data.qas import read_qas
-        from dpr_cache.retrieval.fusion import FUSIONS, FusionSpec
-        from dpr_cache.retrieval.vectors import HybridSearch
-
-        if fusion not in FUSIONS:
-            raise InputError(f"--fusion: {fusion!r} is not one of {', '.join(FUSIONS)}")
-        if fusion_weight < 0:
-            raise InputError(f"--fusion-weight: must be >= 0 (got {fusion_weight:g})")
-        if fusion_depth < k:
-            raise InputError(
-                f"--fusion-depth: {fusion_depth} candidates a side cannot fill --k {k}"
-            )
-        texts = [q for q, _ in read_qas(questions)] if questions is not None else None
-        hybrid = HybridSearch(
-            FusionSpec(fusion, fusion_weight, fusion_depth), cache_dir or default_cache_dir(),
-            texts, passages, bm25_run,
-        )  # fmt: skip
-    if query_embeddings is not None:
-        queries, qids = read_queries(query_embeddings)
-    else:
-        if model is None:
-            raise InputError("search --questions: --model DIR is needed to encode them")
-        from dpr_cache.model.loading import resolve_model_dir
-        from dpr_cache.retrieval.index import open_index, query_encoding
-        from dpr_cache.retrieval.shards import EncodeSpec
-        from dpr_cache.retrieval.vectors import question_vectors
-        from dpr_cache.runtime.device import resolve_device
-
-        model_dir = resolve_model_dir(model, Path("."))
-        built = query_encoding(open_index(index))  # questions encoded as the passages were
-        spec = EncodeSpec(
-            pooling=built["pooling"],
-            normalize=built["normalize"],
-            query_prefix=built["prefixes"][0],
-            passage_prefix=built["prefixes"][1],
-        )
-        queries, qids, _ = question_vectors(model_dir, questions, spec, resolve_device("cpu"))
-    spec = search_spec(index, nprobe, ef_search)
-    rank, world = rank_and_world()
-    if world > 1:
-        from dpr_cache.runtime import distributed
-
-        env = distributed.setup("cpu")
-        rank, world = env.rank, env.world_size
-    try:
-        path = search_to_run(
-            index, queries, qids, out, k=k, memory_bytes=int(memory_gb * 1e9), spec=spec,
-            tag=tag, rank=rank, world_size=world, hybrid=hybrid,
-        )  # fmt: skip
-    finally:
-        if world > 1:
-            distributed.teardown()
+    if settings.fusion != "none":
+        spec = FusionSpec(settings.fusion, settings.fusion_weight, settings.fusion_depth)
+        hybrid = HybridSearch(spec, cache_dir or default_cache_dir(), passages, bm25_run)
+    path = run(
+        index,
+        Queries(query_embeddings, questions, model),
+        out,
+        SearchSpec(k, memory_gb, nprobe, ef_search, tag, device, precision),
+        hybrid,
+    )
     if path is not None:
         print(f"run written to {path}")
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def export(
     model: Annotated[str, typer.Option("--model", help="A saved dpr-cache model folder.")],

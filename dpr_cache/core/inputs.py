@@ -8,8 +8,13 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "Inputs", "batch_rows", "group_size_of", "order_by_length", "split_inputs", "trim_padding"
-]  # fmt: skip
+    "Inputs",
+    "batch_rows",
+    "group_size_of",
+    "order_by_length",
+    "split_inputs",
+    "trim_padding",
+]
 
 Inputs = Mapping[str, Tensor]
 

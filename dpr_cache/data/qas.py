@@ -56,9 +56,18 @@ def read_qas(path: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
+QID_KEYS = ("id", "qid", "_id", "query_id")
+
+
+def record_question_id(record: dict, n: int) -> str:
+    """A training record's question id, by the rule :func:`question_ids` follows: the file's
+    own (the record's ``id``, ``qid``, ``_id`` or ``query_id``), else its row ``n`` from 0."""
+    return next((str(record[k]) for k in QID_KEYS if record.get(k) not in (None, "")), str(n))
+
+
 def question_ids(qas_path: Path, n: int) -> list[str]:
-    """The questions' ids: ``X.ids.txt`` beside a qas file ``X.tsv`` (BEIR's query ids, one a
-    line), else the row numbers from 0."""
+    """The questions' ids, the one rule every command follows: the file's own (``X.ids.txt``
+    beside a qas file ``X.tsv``, BEIR's query ids, one a line), else the row numbers from 0."""
     ids_file = qas_path.with_suffix(".ids.txt")
     if not ids_file.is_file():
         return [str(i) for i in range(n)]

@@ -170,13 +170,28 @@ class BiEncoder(nn.Module):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, tower, length, prompt in (
-            ("query_encoder", self.query_encoder, self.max_query_length,
-             ("query", self.query_prefix)),
-            ("passage_encoder", self.passage_encoder, self.max_passage_length,
-             ("document", self.passage_prefix)),
-        ):  # fmt: skip
-            write_tower(tower, out_dir / name, tokenizer=self.tokenizer, pooling=self.pooling,
-                        normalize=self.normalize, max_length=length, prompt=prompt)  # fmt: skip
+            (
+                "query_encoder",
+                self.query_encoder,
+                self.max_query_length,
+                ("query", self.query_prefix),
+            ),
+            (
+                "passage_encoder",
+                self.passage_encoder,
+                self.max_passage_length,
+                ("document", self.passage_prefix),
+            ),
+        ):
+            write_tower(
+                tower,
+                out_dir / name,
+                tokenizer=self.tokenizer,
+                pooling=self.pooling,
+                normalize=self.normalize,
+                max_length=length,
+                prompt=prompt,
+            )
         meta = {
             "shared": self.shared,
             "pooling": self.pooling,

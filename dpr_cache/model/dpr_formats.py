@@ -84,10 +84,21 @@ def export_dpr_hf(model, out: Path) -> Path:
 
 
 def _bert_fields(config) -> dict:
-    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "hidden_act", "hidden_dropout_prob",
-            "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-            "initializer_range", "layer_norm_eps", "pad_token_id")  # fmt: skip
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "initializer_range",
+        "layer_norm_eps",
+        "pad_token_id",
+    )
     return {k: getattr(config, k) for k in keys if hasattr(config, k)}
 
 
@@ -111,12 +122,14 @@ def _config_from_weights(weights: dict[str, torch.Tensor]) -> dict:
     numbers = [re.match(r"encoder\.layer\.(\d+)\.", k) for k in weights]
     layers = 1 + max(int(m.group(1)) for m in numbers if m)
     return {
-        "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
         "num_attention_heads": max(1, hidden // 64),
         "intermediate_size": weights["encoder.layer.0.intermediate.dense.weight"].shape[0],
         "max_position_embeddings": weights["embeddings.position_embeddings.weight"].shape[0],
         "type_vocab_size": weights["embeddings.token_type_embeddings.weight"].shape[0],
-    }  # fmt: skip
+    }
 
 
 def load_dpr_towers(path: Path, dropout: float | None = None):
@@ -128,8 +141,10 @@ def load_dpr_towers(path: Path, dropout: float | None = None):
         q = DPRQuestionEncoder.from_pretrained(path / "question_encoder")
         c = DPRContextEncoder.from_pretrained(path / "ctx_encoder")
         if q.config.projection_dim or c.config.projection_dim:
-            raise InputError(f"{path}: a DPR model with a projection layer (projection_dim > 0) "
-                             "is not supported: its vectors are not the [CLS] state")  # fmt: skip
+            raise InputError(
+                f"{path}: a DPR model with a projection layer (projection_dim > 0) "
+                "is not supported: its vectors are not the [CLS] state"
+            )
         towers = []
         for dpr, inner in ((q, q.question_encoder), (c, c.ctx_encoder)):
             towers.append(
@@ -147,8 +162,10 @@ def load_dpr_towers(path: Path, dropout: float | None = None):
     weights = state.get("model_dict", state) if isinstance(state, dict) else None
     names = [str(k) for k in weights] if isinstance(weights, dict) else []
     if any(k.startswith(("question_model.encode_proj", "ctx_model.encode_proj")) for k in names):
-        raise InputError(f"{path}: a DPR model with a projection layer (encode_proj) is not "
-                         "supported: its vectors are not the [CLS] state")  # fmt: skip
+        raise InputError(
+            f"{path}: a DPR model with a projection layer (encode_proj) is not "
+            "supported: its vectors are not the [CLS] state"
+        )
     if not any(k.startswith("question_model.") for k in names):
         raise InputError(f"{path}: not a DPR biencoder checkpoint (no question_model.* weights)")
     beside = path.parent / "config.json"  # a BERT config beside it, else read off the shapes
@@ -164,6 +181,8 @@ def load_dpr_towers(path: Path, dropout: float | None = None):
             fields = {**fields, **_bert_fields(BertConfig.from_pretrained(path.parent))}
         towers.append(_bert_from(fields, part, dropout))
     if not any((path.parent / f).is_file() for f in ("vocab.txt", "tokenizer.json")):
-        raise InputError(f"{path}: no tokenizer beside it (DPR checkpoints carry none): put its "
-                         "BERT's vocab.txt or tokenizer.json in the same folder")  # fmt: skip
+        raise InputError(
+            f"{path}: no tokenizer beside it (DPR checkpoints carry none): put its "
+            "BERT's vocab.txt or tokenizer.json in the same folder"
+        )
     return towers[0], towers[1], AutoTokenizer.from_pretrained(path.parent)

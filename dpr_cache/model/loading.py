@@ -78,9 +78,12 @@ def load_encoder(
     both towers, in eval mode."""
     saved = (Path(model_dir) / "query_encoder").is_dir() or dpr_kind(Path(model_dir)) is not None
     model = load_biencoder(
-        model_dir, shared=query_only or not saved, pooling=pooling, normalize=normalize,
+        model_dir,
+        shared=query_only or not saved,
+        pooling=pooling,
+        normalize=normalize,
         prefixes=prefixes,
-    )  # fmt: skip
+    )
     return model.eval()
 
 

@@ -70,11 +70,14 @@ def write_tower(
     if text:
         settings.update(prompts={name: text}, default_prompt_name=name)
     _write_json(out / "config_sentence_transformers.json", settings)
-    _write_json(out / "1_Pooling" / "config.json", {
-        "word_embedding_dimension": int(tower.config.hidden_size),
-        "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    })  # fmt: skip
+    _write_json(
+        out / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": int(tower.config.hidden_size),
+            "pooling_mode_cls_token": pooling == "cls",
+            "pooling_mode_mean_tokens": pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        },
+    )
     return out

@@ -27,12 +27,18 @@ Ranking = tuple[np.ndarray, np.ndarray]  # (rows [n], scores [n]) best first; ro
 @dataclass(frozen=True)
 class FusionSpec:
     """How the two rankings become one: the method, linear's dense weight (None: tuned on
-    held-out questions), the candidates taken from each side, and RRF's constant."""
+    held-out questions), the candidates taken from each side, and RRF's constant. Built from
+    settings ``config.py`` validated (``eval.fusion*``, or ``search``'s flags that mirror them);
+    an unknown method is refused here too, for callers of the API."""
 
     method: str = "none"
     weight: float | None = 1.1
     depth: int = 1000
     rrf_k: int = 60
+
+    def __post_init__(self) -> None:
+        if self.method not in FUSIONS:
+            raise ValueError(f"fusion method must be one of {FUSIONS}, got {self.method!r}")
 
 
 def _valid(ranking: Ranking) -> Ranking:
@@ -95,8 +101,6 @@ def fuse(
     ``spec.weight``; rrf has none, so one): a list of (scores [n, k] float32, -inf where fewer;
     rows [n, k], -1 there). ``dense_of(i, rows)`` / ``sparse_of(i, rows)`` score question i's
     missing rows (linear only)."""
-    if spec.method not in FUSIONS[1:]:
-        raise ValueError(f"fusion method must be one of {FUSIONS[1:]}, got {spec.method!r}")
     grid = (spec.weight,) if weights is None else tuple(weights)
     if spec.method == "rrf":
         grid = (None,)
@@ -105,9 +109,13 @@ def fuse(
     for i in range(n):
         if spec.method == "linear":
             fused = fuse_linear(
-                dense[i], sparse[i], grid, lambda r, i=i: dense_of(i, r),
-                lambda r, i=i: sparse_of(i, r), k,
-            )  # fmt: skip
+                dense[i],
+                sparse[i],
+                grid,
+                lambda r, i=i: dense_of(i, r),
+                lambda r, i=i: sparse_of(i, r),
+                k,
+            )
         else:
             fused = [fuse_rrf([sparse[i], dense[i]], k, spec.rrf_k)]
         for (scores, rows), (r, s) in zip(out, fused, strict=True):

@@ -15,16 +15,21 @@ import numpy as np
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import passage_columns, passage_rows
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.bm25 import Bm25Index
+from dpr_cache.retrieval.dense.index import Corpus, search_index
+from dpr_cache.retrieval.dense.search import Hits
 from dpr_cache.retrieval.fusion import FusionSpec, Ranking, fuse
-from dpr_cache.retrieval.index import OpenIndex, encoded_from, passage_rows_of, search_index
+from dpr_cache.retrieval.lexical import Bm25Index
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.retrieval.results import read_trec_run
-from dpr_cache.retrieval.search import Hits
 
 __all__ = [
-    "TUNING_GRID", "Sparse", "open_sparse", "dense_rankings", "hybrid_search", "tune_weight",
-]  # fmt: skip
+    "TUNING_GRID",
+    "Sparse",
+    "open_sparse",
+    "dense_rankings",
+    "hybrid_search",
+    "tune_weight",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,65 +53,75 @@ class Sparse:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
         missing = [q for q in qids if q not in self.run]
         if missing:
-            log.warning("%s: no ranking for %d of %d questions (first %r): BM25 adds nothing to "
-                        "them", self.source, len(missing), len(qids), missing[0])  # fmt: skip
+            log.warning(
+                "%s: no ranking for %d of %d questions (first %r): BM25 adds nothing to them",
+                self.source,
+                len(missing),
+                len(qids),
+                missing[0],
+            )
         return [tuple(a[:depth] for a in self.run.get(q, empty)) for q in qids]
 
 
 def open_sparse(
-    passages: Path, dataset, cache_dir: Path, run: str | Path | None, spec: FusionSpec
+    corpus: Corpus, cache_dir: Path, run: str | Path | None, spec: FusionSpec
 ) -> Sparse:
-    """BM25 from ``run`` (a TREC run; RRF only) or built over ``passages`` (saved, reused).
+    """BM25 from ``run`` (a TREC run; RRF only, as the config's check says) or built over the
+    corpus's passages (saved, reused).
     Rank 0 alone fuses, so it alone opens BM25, once every collective search is done: a first
     build can take long, and no rank waits on it."""
     if run is None:
-        return Sparse(index=Bm25Index.open(passages, cache_dir), source=str(passages))
-    if spec.method == "linear":
-        raise InputError(
-            f"{run}: linear fusion needs the BM25 score of every candidate, which a run does "
-            "not hold for the passages it did not retrieve: fuse a run with rrf, or give no "
-            "run (eval.bm25_run, --bm25-run) to build BM25 over the passages"
-        )
+        return Sparse(index=Bm25Index.open(corpus.path, cache_dir), source=str(corpus.path))
     ranked = read_trec_run(Path(run))  # qid -> [(pid, score)] best first
     pids = [pid for pairs in ranked.values() for pid, _ in pairs]
-    rows = passage_rows(dataset, pids)  # one lookup for the whole run
+    rows = passage_rows(corpus.dataset, pids)  # one lookup for the whole run
     if (rows < 0).any():
         bad = int(np.flatnonzero(rows < 0)[0])
         qid = next(q for q, pairs in ranked.items() if any(p == pids[bad] for p, _ in pairs))
-        raise InputError(f"{run}: passage {pids[bad]!r} (question {qid}) is not in {passages}")
+        raise InputError(f"{run}: passage {pids[bad]!r} (question {qid}) is not in {corpus.path}")
     by_qid, start = {}, 0
     for qid, pairs in ranked.items():
-        by_qid[qid] = (rows[start : start + len(pairs)],
-                       np.array([s for _, s in pairs], np.float32))  # fmt: skip
+        by_qid[qid] = (
+            rows[start : start + len(pairs)],
+            np.array([s for _, s in pairs], np.float32),
+        )
         start += len(pairs)
     return Sparse(run=by_qid, source=str(run))
 
 
 def dense_rankings(
-    opened: OpenIndex, dataset, passages: Path, queries: np.ndarray, depth: int,
-    memory_bytes: int, *, rank: int = 0, world_size: int = 1,
-) -> list[Ranking] | None:  # fmt: skip
+    corpus: Corpus,
+    queries: np.ndarray,
+    depth: int,
+    memory_bytes: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[Ranking] | None:
     """Each question's dense top ``depth`` over passage rows: the collective part of a hybrid
     search (every rank scans its shards; None on ranks but 0)."""
-    hits = search_index(opened, queries, depth, memory_bytes, rank=rank, world_size=world_size)
+    hits = search_index(
+        corpus.index, queries, depth, memory_bytes, rank=rank, world_size=world_size
+    )
     if hits is None:
         return None
-    rows = passage_rows_of(opened, dataset, passages, hits.rows)
+    rows = corpus.rows_of(hits.rows)
     return [(rows[i], hits.scores[i]) for i in range(len(rows))]
 
 
-def _scorers(opened: OpenIndex, dataset, passages, queries, questions, sparse, spec):
+def _scorers(corpus: Corpus, queries, questions, sparse, spec):
     """Linear fusion's scorers of the rows one side did not rank (None for rrf)."""
     if spec.method != "linear":
         return None, None
-    if not encoded_from(opened, dataset, passages):
+    if not corpus.encoded_from_file():
         raise InputError(
-            f"{opened.path}: holds precomputed vectors: linear fusion scores passages by their "
-            "stored vectors, which needs an index `dpr-cache index` encoded from the passages"
+            f"{corpus.index.path}: holds precomputed vectors: linear fusion scores passages by "
+            "their stored vectors, which needs an index `dpr-cache index` encoded from the "
+            "passages"
         )
 
     def dense_of(i: int, rows: np.ndarray) -> np.ndarray:
-        return opened.store.take(rows) @ queries[i]
+        return corpus.index.store.take(rows) @ queries[i]
 
     def sparse_of(i: int, rows: np.ndarray) -> np.ndarray:
         return sparse.index.scores(questions[i])[rows]
@@ -115,26 +130,41 @@ def _scorers(opened: OpenIndex, dataset, passages, queries, questions, sparse, s
 
 
 def hybrid_search(
-    opened: OpenIndex, dataset, passages: Path, queries: np.ndarray, questions: Sequence[str],
-    qids: Sequence[str], sparse: Sparse, spec: FusionSpec, k: int, dense: list[Ranking], *,
+    corpus: Corpus,
+    queries: np.ndarray,
+    questions: Sequence[str],
+    qids: Sequence[str],
+    sparse: Sparse,
+    spec: FusionSpec,
+    k: int,
+    dense: list[Ranking],
+    *,
     weight: float | None = None,
-) -> Hits:  # fmt: skip
+) -> Hits:
     """The fused top ``k`` of each question (rows are passage rows), from its ``dense``
     rankings (:func:`dense_rankings`) and BM25's."""
     bm25 = sparse.rankings(questions, qids, spec.depth)
-    dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
+    dense_of, sparse_of = _scorers(corpus, queries, questions, sparse, spec)
     weights = None if weight is None else [weight]
-    [(scores, rows)] = fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of,
-                            weights=weights)  # fmt: skip
+    [(scores, rows)] = fuse(
+        spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of, weights=weights
+    )
     return Hits(scores, rows)
 
 
 def tune_weight(
-    opened: OpenIndex, dataset, passages: Path, queries: np.ndarray,
-    qas: Sequence[tuple[str, list[str]]], sparse: Sparse, spec: FusionSpec, metric: str,
-    dense: list[Ranking], match: str = "string", *, qids: Sequence[str] | None = None,
+    corpus: Corpus,
+    queries: np.ndarray,
+    qas: Sequence[tuple[str, list[str]]],
+    sparse: Sparse,
+    spec: FusionSpec,
+    metric: str,
+    dense: list[Ranking],
+    match: str = "string",
+    *,
+    qids: Sequence[str] | None = None,
     qrels: dict[str, dict[str, int]] | None = None,
-) -> tuple[float, dict[str, float]]:  # fmt: skip
+) -> tuple[float, dict[str, float]]:
     """The weight of :data:`TUNING_GRID` with the best ``metric`` (``top{k}`` or ``mrr@10``) on
     the held-out questions ``qas`` (their ``dense`` rankings from :func:`dense_rankings`), and
     every weight's figure. Relevant: a passage ``qrels`` grades above 0 for the question's id
@@ -143,12 +173,11 @@ def tune_weight(
     questions = [q for q, _ in qas]
     qids = [str(i) for i in range(len(qas))] if qids is None else list(qids)
     bm25 = sparse.rankings(questions, qids, spec.depth)
-    dense_of, sparse_of = _scorers(opened, dataset, passages, queries, questions, sparse, spec)
-    fused = fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of,
-                 weights=TUNING_GRID)  # fmt: skip
+    dense_of, sparse_of = _scorers(corpus, queries, questions, sparse, spec)
+    fused = fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of, weights=TUNING_GRID)
     rows = np.unique(np.concatenate([r.ravel() for _, r in fused]))
     rows = rows[rows >= 0]
-    columns = passage_columns(dataset, rows.tolist())
+    columns = passage_columns(corpus.dataset, rows.tolist())
     texts = dict(zip(rows.tolist(), columns["text"], strict=True))
     pids = dict(zip(rows.tolist(), columns["id"], strict=True))
     answered: dict[tuple[int, int], bool] = {}  # (question, row): the same under many weights
@@ -165,8 +194,10 @@ def tune_weight(
 
     grid = {}
     for w, (_, top) in zip(TUNING_GRID, fused, strict=True):
-        ranks = [first_relevant_rank([relevant(q, r) for r in q_rows])
-                 for q, q_rows in enumerate(top.tolist())]  # fmt: skip
+        ranks = [
+            first_relevant_rank([relevant(q, r) for r in q_rows])
+            for q, q_rows in enumerate(top.tolist())
+        ]
         grid[f"{w:g}"] = float(hit_metrics(ranks, [k])[metric].mean())
     best = max(TUNING_GRID, key=lambda w: (grid[f"{w:g}"], -abs(np.log(w))))
     return best, grid

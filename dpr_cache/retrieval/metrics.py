@@ -125,6 +125,9 @@ def judged_qrels(qrels: Qrels, qids: Sequence[str], path: str) -> Qrels:
     if len(judged) < len(qids) or len(judged) < len(qrels):
         logging.getLogger(__name__).warning(
             "%s: %d of %d questions judged (%d qrels questions not evaluated)",
-            path, len(judged), len(qids), len(qrels) - len(judged),
-        )  # fmt: skip
+            path,
+            len(judged),
+            len(qids),
+            len(qrels) - len(judged),
+        )
     return judged

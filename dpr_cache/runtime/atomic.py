@@ -52,13 +52,17 @@ class DiskFull(OSError):
         need = f"about {_human(needed)}" if needed else f"over {_human(written)}"
         limit = _file_size_limit()
         if code == errno.EFBIG or (code is None and limit is not None and written >= limit):
-            message = (f"cannot write {path}: it needs {need}, over this process's file size "
-                       f"limit of {_human(limit or 0)} (ulimit -f): raise the limit and run "
-                       "again (what was written before is kept)")  # fmt: skip
+            message = (
+                f"cannot write {path}: it needs {need}, over this process's file size "
+                f"limit of {_human(limit or 0)} (ulimit -f): raise the limit and run "
+                "again (what was written before is kept)"
+            )
         else:
-            message = (f"no space left to write {path}: it needs {need}, {_human(free)} are "
-                       "free there; free some space and run again (what was written before is "
-                       "kept)")  # fmt: skip
+            message = (
+                f"no space left to write {path}: it needs {need}, {_human(free)} are "
+                "free there; free some space and run again (what was written before is "
+                "kept)"
+            )
         super().__init__(errno.ENOSPC, message)
         self.path, self.needed, self.free, self.code = path, needed, free, code
 

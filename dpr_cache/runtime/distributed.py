@@ -30,15 +30,30 @@ from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.processes import alive, state
 
 __all__ = [
-    "DistEnv", "setup", "teardown", "barrier", "rank0_says", "all_mean", "lost_rank",
-    "name_lost_rank_on_sigterm", "stop_if_a_peer_ended", "PEERS",
-]  # fmt: skip
+    "DistEnv",
+    "setup",
+    "teardown",
+    "barrier",
+    "rank0_says",
+    "all_mean",
+    "lost_rank",
+    "name_lost_rank_on_sigterm",
+    "stop_if_a_peer_ended",
+    "PEERS",
+]
 
 PEERS: dict[int, tuple[str, int]] = {}
 """Every rank's (host, pid), once the group has formed (empty on one process)."""
 _RANK_PROCESS: list[int] = []  # the pid that installed the SIGTERM handler (not a forked worker)
-_GONE_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-               "nccl", "gloo")  # fmt: skip
+_GONE_WORDS = (
+    "closed by peer",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "nccl",
+    "gloo",
+)
 _NEXT = "once every rank can run, --resume continues from the last checkpoint"
 
 
@@ -128,8 +143,11 @@ def lost_rank(error: BaseException, wait: float = 5.0) -> str | None:
         if not gone:
             time.sleep(0.2)
     if not gone:  # alive but not answering: a peer held by a signal (SIGSTOP, a debugger)
-        gone = [f"rank {r} (pid {pid}, not answering)" for r, pid in _local_peers()
-                if state(pid) in ("T", "t")]  # fmt: skip
+        gone = [
+            f"rank {r} (pid {pid}, not answering)"
+            for r, pid in _local_peers()
+            if state(pid) in ("T", "t")
+        ]
     if not gone:
         host = socket.gethostname()
         others = sorted({h for r, (h, _) in PEERS.items() if h != host})

@@ -47,8 +47,9 @@ def output_lock(target: str | Path, *, is_file: bool = False) -> Iterator[None]:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # EACCES or EAGAIN: held by another process
-            raise InputError(f"{target}: in use by {_holder(fd)}: wait for it to end, or write "
-                             "somewhere else") from None  # fmt: skip
+            raise InputError(
+                f"{target}: in use by {_holder(fd)}: wait for it to end, or write somewhere else"
+            ) from None
         me = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -67,7 +68,6 @@ def _holder(fd: int) -> str:
     try:
         text = os.pread(fd, 4096, 0).decode(errors="replace")
         who = json.loads(text)
-        return (f"pid {who['pid']} on {who['host']} since {who['started']} "
-                f"({who['command']})")  # fmt: skip
+        return f"pid {who['pid']} on {who['host']} since {who['started']} ({who['command']})"
     except (ValueError, KeyError, TypeError):
         return "another process (its lock file says no more)"

@@ -104,9 +104,14 @@ def _chunk_step(model: BiEncoder, payload: dict, device: torch.device) -> None:
 
     vocab = int(model.query_encoder.config.vocab_size)
     q, p, _ = synthetic_batch(
-        model.tokenizer, vocab, payload["q_rows"], payload["p_rows"],
-        payload["q_len"], payload["p_len"], seed=0,
-    )  # fmt: skip
+        model.tokenizer,
+        vocab,
+        payload["q_rows"],
+        payload["p_rows"],
+        payload["q_len"],
+        payload["p_len"],
+        seed=0,
+    )
     q = {k: v.to(device) for k, v in q.items()}
     p = {k: v.to(device) for k, v in p.items()}
     q_reps, p_reps = model.encode_query(q), model.encode_passage(p)

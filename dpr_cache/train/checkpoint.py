@@ -32,8 +32,12 @@ from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_
 from dpr_cache.runtime.distributed import DistEnv
 
 __all__ = [
-    "save_checkpoint", "latest_checkpoint", "sound_checkpoint", "load_checkpoint", "rng_states",
-]  # fmt: skip
+    "save_checkpoint",
+    "latest_checkpoint",
+    "sound_checkpoint",
+    "load_checkpoint",
+    "rng_states",
+]
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +118,11 @@ def sound_checkpoint(root: Path) -> Path | None:
         stored = path / CHECKSUM_FILE
         if stored.is_file() and stored.read_text().strip() == _sha256(path / STATE_FILE):
             return path
-        why = ("its bytes do not match its checksum" if stored.is_file()
-               else "it has no checksum: cut short, or written by an earlier version")  # fmt: skip
+        why = (
+            "its bytes do not match its checksum"
+            if stored.is_file()
+            else "it has no checksum: cut short, or written by an earlier version"
+        )
         log.warning("%s: damaged (%s): passed over for the checkpoint before it", path, why)
     return None
 

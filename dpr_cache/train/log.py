@@ -58,9 +58,12 @@ class TrainLog(contextlib.AbstractContextManager):
             self.skipped = json.loads(kept[-1]).get("skipped_steps", 0) if kept else 0
         self.file = open(self.path, "a", encoding="utf-8") if env.is_main else None  # noqa: SIM115
         self.bar = tqdm(
-            total=total, initial=start, disable=not (progress and env.is_main), desc=desc,
+            total=total,
+            initial=start,
+            disable=not (progress and env.is_main),
+            desc=desc,
             dynamic_ncols=True,
-        )  # fmt: skip
+        )
 
     def record(self, step: int, epoch: int, digest: str | None, result: StepResult, model) -> None:
         """Log step ``step`` (0-based): its line (every ``log_every`` steps and whenever it
@@ -69,13 +72,17 @@ class TrainLog(contextlib.AbstractContextManager):
         self.skipped += result.skipped
         if self.env.is_main:
             record = {
-                "step": done, "epoch": epoch, "loss": result.loss, "lr": result.lr,
-                "grad_norm": result.grad_norm, **self.fixed,
+                "step": done,
+                "epoch": epoch,
+                "loss": result.loss,
+                "lr": result.lr,
+                "grad_norm": result.grad_norm,
+                **self.fixed,
                 "batch_digest": digest,  # rank 0's slice
                 "seconds": round(result.seconds, 4),
                 "pairs_per_second": round(self.fixed["batch_size"] / result.seconds, 2),
                 "peak_memory_bytes": memory.peak_memory_bytes(self.env.device),
-            }  # fmt: skip
+            }
             if result.loss_scale is not None:
                 record["loss_scale"] = result.loss_scale
             if self.skipped:  # fp16 steps skipped for a loss or gradient not finite, so far

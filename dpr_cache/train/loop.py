@@ -79,13 +79,27 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
         }
         watcher = make_watcher(config, env.device, start) if env.is_main else None
         log = TrainLog(
-            out, env, start=start, total=total, fixed=fixed, watcher=watcher,
-            log_every=cfg.log_every, progress=progress, desc=f"train {cfg.mode} B={cfg.batch_size}",
-        )  # fmt: skip
+            out,
+            env,
+            start=start,
+            total=total,
+            fixed=fixed,
+            watcher=watcher,
+            log_every=cfg.log_every,
+            progress=progress,
+            desc=f"train {cfg.mode} B={cfg.batch_size}",
+        )
         loader = step_batches(
-            recipe, dataset, batches, trainer.model.tokenizer, start, total,
-            rank=env.rank, world_size=env.world_size, num_workers=config.data.num_workers,
-        )  # fmt: skip
+            recipe,
+            dataset,
+            batches,
+            trainer.model.tokenizer,
+            start,
+            total,
+            rank=env.rank,
+            world_size=env.world_size,
+            num_workers=config.data.num_workers,
+        )
 
         # -- the loop: step, log, checkpoint ------------------------------------------------------
         stop = StopRequest()

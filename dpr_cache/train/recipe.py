@@ -13,8 +13,12 @@ from dpr_cache.data.collate import Batch, build_batch
 from dpr_cache.runtime.processes import worker_init
 
 __all__ = [
-    "BatchRecipe", "step_batches", "param_groups", "linear_warmup_decay", "flat_softmax_warning"
-]  # fmt: skip
+    "BatchRecipe",
+    "step_batches",
+    "param_groups",
+    "linear_warmup_decay",
+    "flat_softmax_warning",
+]
 
 
 @dataclass(frozen=True)

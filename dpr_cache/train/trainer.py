@@ -182,10 +182,15 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     Each rank then draws dropout from its own stream (rank 0's is a single process's)."""
     cfg, m = config.train, config.model
     model = load_biencoder(
-        m.name_or_path, shared=m.shared, pooling=m.pooling, dropout=m.dropout,
-        gradient_checkpointing=m.gradient_checkpointing, normalize=m.normalize,
-        prefixes=(m.query_prefix, m.passage_prefix), source="model.name_or_path",
-    ).to(env.device)  # fmt: skip
+        m.name_or_path,
+        shared=m.shared,
+        pooling=m.pooling,
+        dropout=m.dropout,
+        gradient_checkpointing=m.gradient_checkpointing,
+        normalize=m.normalize,
+        prefixes=(m.query_prefix, m.passage_prefix),
+        source="model.name_or_path",
+    ).to(env.device)
     if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
         logger.warning("%s", warning)
     if cfg.fast_dropout and env.device.type == "cpu":  # CUDA keeps its fused kernels
@@ -202,19 +207,35 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     towers = wrap_towers(model, env)  # DDP broadcasts rank 0's weights
     torch.manual_seed(stream_seed("dropout", cfg.seed, env.rank))
     loss_fn = make_loss_fn(
-        temperature=cfg.temperature, tile_size=cfg.loss_tile_size,
-        group_size=1 + cfg.hard_negatives, rank=env.rank, world_size=env.world_size,
+        temperature=cfg.temperature,
+        tile_size=cfg.loss_tile_size,
+        group_size=1 + cfg.hard_negatives,
+        rank=env.rank,
+        world_size=env.world_size,
         distillation=distillation_of(config),
-    )  # fmt: skip
+    )
     stepper = make_stepper(
-        cfg.mode, towers, loss_fn, chunk_size=chunk_size, p_chunk_size=cfg.p_chunk_size,
-        scaler=scaler, keep_last_graph=cfg.keep_last_graph, length_order=cfg.length_order,
+        cfg.mode,
+        towers,
+        loss_fn,
+        chunk_size=chunk_size,
+        p_chunk_size=cfg.p_chunk_size,
+        scaler=scaler,
+        keep_last_graph=cfg.keep_last_graph,
+        length_order=cfg.length_order,
         release_memory=memory.trim,
-    )  # fmt: skip
+    )
     return Trainer(
-        model, optimizer, scheduler, scaler, stepper, env, chunk_size, cfg.precision,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        stepper,
+        env,
+        chunk_size,
+        cfg.precision,
         cfg.max_grad_norm,
-    )  # fmt: skip
+    )
 
 
 def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:
@@ -240,9 +261,14 @@ def batch_recipe(config: Config, model: BiEncoder) -> BatchRecipe:
     """How a step's examples become the batch ``model`` trains on (its prompts included)."""
     cfg, m = config.train, config.model
     return BatchRecipe(
-        cfg.hard_negatives, m.max_query_length, m.max_passage_length, cfg.seed,
-        model.query_prefix, model.passage_prefix, distillation_of(config) is not None,
-    )  # fmt: skip
+        cfg.hard_negatives,
+        m.max_query_length,
+        m.max_passage_length,
+        cfg.seed,
+        model.query_prefix,
+        model.passage_prefix,
+        distillation_of(config) is not None,
+    )
 
 
 def distillation_of(config: Config) -> Distillation | None:
@@ -270,11 +296,17 @@ def probe_spec(config: Config) -> ProbeSpec:
     """What the chunk probe of ``config``'s model and lengths needs."""
     cfg, m = config.train, config.model
     return ProbeSpec(
-        model=m.name_or_path, shared=m.shared, pooling=m.pooling, dropout=m.dropout,
-        checkpointing=m.gradient_checkpointing, q_len=m.max_query_length,
-        p_len=m.max_passage_length, p_chunk_size=cfg.p_chunk_size, threads=cfg.num_threads,
+        model=m.name_or_path,
+        shared=m.shared,
+        pooling=m.pooling,
+        dropout=m.dropout,
+        checkpointing=m.gradient_checkpointing,
+        q_len=m.max_query_length,
+        p_len=m.max_passage_length,
+        p_chunk_size=cfg.p_chunk_size,
+        threads=cfg.num_threads,
         precision=cfg.precision,
-    )  # fmt: skip
+    )
 
 
 def out_of_memory(config: Config, trainer: Trainer, step: int) -> InputError:

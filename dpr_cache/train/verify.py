@@ -29,16 +29,25 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def compare_steps(model, batch, *, chunk: int, p_chunk: int | None, temperature: float,
-                  tile: int | None, distillation: Distillation | None = None,
-                  ) -> dict[str, tuple[float, dict]]:  # fmt: skip
+def compare_steps(
+    model,
+    batch,
+    *,
+    chunk: int,
+    p_chunk: int | None,
+    temperature: float,
+    tile: int | None,
+    distillation: Distillation | None = None,
+) -> dict[str, tuple[float, dict]]:
     """The loss and the gradients of a full-batch step and of a GradCache step on ``batch``,
     for the contrastive loss or its mix with ``distillation``."""
     towers = Towers(model.encode_query, model.encode_passage)
     loss_fn = make_loss_fn(
-        temperature=temperature, tile_size=tile, group_size=batch.group_size,
+        temperature=temperature,
+        tile_size=tile,
+        group_size=batch.group_size,
         distillation=distillation,
-    )  # fmt: skip
+    )
     results = {}
     for mode in ("full", "gradcache"):
         model.zero_grad(set_to_none=True)
@@ -56,17 +65,27 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     chunk = 8 if cfg.chunk_size == "auto" else int(cfg.chunk_size)
     dataset, batches = training_data(config, DistEnv())
     model = load_biencoder(
-        m.name_or_path, shared=m.shared, pooling=m.pooling,
-        gradient_checkpointing=m.gradient_checkpointing, dropout=0.0, normalize=m.normalize,
-        prefixes=(m.query_prefix, m.passage_prefix), source="model.name_or_path",
-    )  # fmt: skip
+        m.name_or_path,
+        shared=m.shared,
+        pooling=m.pooling,
+        gradient_checkpointing=m.gradient_checkpointing,
+        dropout=0.0,
+        normalize=m.normalize,
+        prefixes=(m.query_prefix, m.passage_prefix),
+        source="model.name_or_path",
+    )
     device = resolve_device(cfg.device, key="train.device")
     model = model.to(device, torch.float64 if double else None).train()
     batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step).to(device)
     results = compare_steps(
-        model, batch, chunk=chunk, p_chunk=cfg.p_chunk_size, temperature=cfg.temperature,
-        tile=cfg.loss_tile_size, distillation=distillation_of(config),
-    )  # fmt: skip
+        model,
+        batch,
+        chunk=chunk,
+        p_chunk=cfg.p_chunk_size,
+        temperature=cfg.temperature,
+        tile=cfg.loss_tile_size,
+        distillation=distillation_of(config),
+    )
     full_loss, full = results["full"]
     cache_loss, cached = results["gradcache"]
     scale = max(g.abs().max().item() for g in full.values())

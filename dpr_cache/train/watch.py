@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from dpr_cache.data.answers import has_answer
-from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
+from dpr_cache.retrieval.dense.encode import encode_passage_texts
+from dpr_cache.retrieval.dense.questions import QuestionRun, question_vectors
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.runtime.atomic import read_lines, write_atomic, write_dir_atomic, write_json_atomic
 
@@ -60,13 +61,16 @@ class Validator:
         model.eval()
         try:
             p = encode_passage_texts(
-                model, self.passages["title"], self.passages["text"],
-                max_length=self.lengths[1], batch_size=self.batch_size, device=device,
-            )  # fmt: skip
-            q = encode_question_texts(
-                model, [text for text, _ in self.questions], max_length=self.lengths[0],
-                device=device, batch_size=self.batch_size,
-            )  # fmt: skip
+                model,
+                self.passages["title"],
+                self.passages["text"],
+                max_length=self.lengths[1],
+                batch_size=self.batch_size,
+                device=device,
+            )
+            texts = [text for text, _ in self.questions]
+            run = QuestionRun(device, batch_size=self.batch_size)
+            q = question_vectors(model, texts, run, max_length=self.lengths[0])
         finally:
             model.train(was_training)
         k_max = min(max(self.ks), len(p))

@@ -37,12 +37,19 @@ def make_watcher(config: Config, device: torch.device, start_step: int = 0) -> W
         n = min(cfg.eval_passages, len(dataset))
         rows = np.sort(np.random.default_rng(0).choice(len(dataset), size=n, replace=False))
         validator = Validator(
-            questions, passage_columns(dataset, rows.tolist()), config.eval.top_k,
+            questions,
+            passage_columns(dataset, rows.tolist()),
+            config.eval.top_k,
             max_query_length=config.model.max_query_length,
             max_passage_length=config.model.max_passage_length,
-            batch_size=config.index.batch_size, match=config.eval.match,
-        )  # fmt: skip
+            batch_size=config.index.batch_size,
+            match=config.eval.match,
+        )
     return Watcher(
-        config.output_path, tensorboard=tensorboard, validator=validator,
-        eval_every=cfg.eval_every, device=device, start_step=start_step,
-    )  # fmt: skip
+        config.output_path,
+        tensorboard=tensorboard,
+        validator=validator,
+        eval_every=cfg.eval_every,
+        device=device,
+        start_step=start_step,
+    )

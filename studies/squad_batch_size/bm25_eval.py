@@ -1,7 +1,8 @@
 """BM25 on the dev questions, written like a `dpr-cache eval` run so the same checks apply.
 
-Uses the BM25 that mines the hard negatives (dpr_cache.retrieval.bm25: bm25s, Lucene, k1=0.9, b=0.4,
-title + text) over ``data.passages``, answers matched by DPR's rule (``eval.match``). Writes
+Uses the BM25 that mines the hard negatives (dpr_cache.retrieval.lexical: bm25s, Lucene,
+k1=0.9, b=0.4, title + text) over ``data.passages``, answers matched by DPR's rule
+(``eval.match``). Writes
 ``OUT/eval/{retrieval.json,metrics.json,config.yaml}`` and ``OUT/run.json``.
 
     .venv/bin/python -m studies.squad_batch_size.bm25_eval -c configs/squad_reproduce.yaml \
@@ -19,7 +20,7 @@ from dpr_cache.config import load_config, save_config
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import load_passages, passage_columns
 from dpr_cache.data.qas import read_qas
-from dpr_cache.retrieval.bm25 import Bm25Index
+from dpr_cache.retrieval.lexical import Bm25Index
 from dpr_cache.retrieval.metrics import answer_qrels, ranking_metrics
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,

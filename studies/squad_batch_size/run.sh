@@ -182,8 +182,8 @@ pair() {  # seed lr: accumulation and GradCache on the same examples per update
 # -- data -------------------------------------------------------------------------------------
 if [[ $DRY_RUN != 1 && ! -f data/squad/train.jsonl ]]; then "${BIN[@]}" data squad; fi
 if [[ ! -f $TRAIN ]]; then
-  "${BIN[@]}" data mine-negatives --train "$SOURCE_TRAIN" --passages "$PASSAGES" --out "$TRAIN" -q \
-    | tee "$OUT/mine-negatives.txt"
+  "${BIN[@]}" mine --ranker bm25 --train "$SOURCE_TRAIN" --passages "$PASSAGES" --out "$TRAIN" -q \
+    | tee "$OUT/mine-bm25.txt"
 fi
 N_TRAIN=$(grep -c . "$TRAIN")
 

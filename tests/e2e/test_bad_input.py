@@ -41,7 +41,7 @@ def test_missing_config_file(tmp_path):
 
 
 def test_unknown_key(tmp_path):
-    expect_error(train(tmp_path, "train.lrr=1"), "configs/toy.yaml", "unknown key 'train.lrr'")
+    expect_error(train(tmp_path, "train.lrr=1"), "--set: unknown key 'train.lrr'")
 
 
 def test_mistyped_and_negative_values(tmp_path):

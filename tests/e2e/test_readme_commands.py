@@ -30,7 +30,7 @@ NETWORK = {"dpr-cache data nq --gunzip", "dpr-cache train --config configs/nq_bs
 LONG = {
     "python -m benchmarks.realtext --out docs/bench": "tests/benchmarks/test_realtext.py",
     "python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench":
-        "tests/benchmarks/test_bench.py",
+        "tests/benchmarks/test_synthetic.py",
     "studies/squad_batch_size/run.sh": "tests/studies/test_run_dry.py",
 }  # fmt: skip
 

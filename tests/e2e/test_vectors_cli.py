@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.metrics import read_qrels
 from tests.support.cli import run_cli, toy_overrides
-from tests.support.fixtures import TOY
+from tests.support.fixtures import REPO, TOY
 
 TINY = str(TOY / "tiny-bert")
 
@@ -193,3 +194,43 @@ def test_bad_input_is_one_line(encoded: Path, tmp_path: Path) -> None:
     _expect_error(run_cli("search", "--index", str(tmp_path / "i"), "--query-embeddings",
                           str(encoded / "q" / "questions.npy"), "--out", str(tmp_path / "r.trec"),
                           check=False), shard.name, "no such shard")  # fmt: skip
+
+
+def test_eval_and_search_rank_the_same_questions_alike(tmp_path: Path) -> None:
+    """A question is encoded one way: ``search --questions`` gives the very run ``eval`` wrote,
+    with a question length (12) that is neither the model's saved one nor DPR's."""
+    args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
+    args += ["--set", "model.max_query_length=12"]
+    run_cli("index", *args)
+    run_cli("eval", *args)
+    run_cli("search", "--index", str(tmp_path / "run" / "index"), "--questions",
+            str(TOY / "dev.qa.tsv"), "--model", TINY, "--k", "100", "--out",
+            str(tmp_path / "search.trec"))  # fmt: skip
+    searched = (tmp_path / "search.trec").read_text()
+    assert searched == (tmp_path / "run" / "eval" / "run.trec").read_text()
+    # negative control: the same questions cut at the model's own length rank otherwise
+    run_cli("encode", "--model", TINY, "--questions", str(TOY / "dev.qa.tsv"), "--pooling",
+            "mean", "--max-length", "32", "--out", str(tmp_path / "q32"))  # fmt: skip
+    run_cli("search", "--index", str(tmp_path / "run" / "index"), "--query-embeddings",
+            str(tmp_path / "q32" / "questions.npy"), "--k", "100", "--out",
+            str(tmp_path / "q32.trec"))  # fmt: skip
+    assert (tmp_path / "q32.trec").read_text() != searched
+
+
+def test_a_beir_run_is_named_as_its_qrels(tmp_path: Path) -> None:
+    """``search --questions`` and ``encode --questions`` name a BEIR set's questions by its
+    query ids (``questions.ids.txt``), so its qrels judge the run."""
+    beir = tmp_path / "beir"
+    run_cli("data", "beir", str(REPO / "data" / "beir-sample"), "--out", str(beir))
+    args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
+    args += ["--set", f"data.passages={beir / 'passages.tsv'}"]
+    run_cli("index", *args)
+    run_cli("search", "--index", str(tmp_path / "run" / "index"), "--questions",
+            str(beir / "questions.tsv"), "--model", TINY, "--k", "5", "--out",
+            str(tmp_path / "run.trec"))  # fmt: skip
+    judged = read_qrels(beir / "qrels.trec")
+    ids = (beir / "questions.ids.txt").read_text().splitlines()
+    assert list(_run(tmp_path / "run.trec")) == ids and set(ids) == set(judged)
+    run_cli("encode", "--model", TINY, "--questions", str(beir / "questions.tsv"), "--out",
+            str(tmp_path / "q"))  # fmt: skip
+    assert (tmp_path / "q" / "questions.ids.txt").read_text().splitlines() == ids

@@ -17,7 +17,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.dpr_formats import export_dpr_hf
 from dpr_cache.model.loading import load_biencoder, model_fingerprint
-from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
+from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
 from tests.support.fixtures import TOY
 
 st = pytest.importorskip("sentence_transformers")

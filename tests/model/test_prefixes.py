@@ -15,7 +15,7 @@ import yaml
 from dpr_cache.data.tokenize import tokenize_passages, tokenize_questions
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.loading import load_biencoder
-from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
+from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
 from tests.support.cli import run_cli, toy_overrides
 from tests.support.fixtures import TOY
 

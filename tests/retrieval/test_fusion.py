@@ -98,7 +98,7 @@ def test_eval_weights_zero_and_huge_give_bm25_and_dense(toy_run) -> None:
     assert {q: [p for p, _ in r] for q, r in read_trec_run(search).items()} == fused[0]
     from dpr_cache.data.passages import load_passages, passage_columns
     from dpr_cache.data.qas import read_qas
-    from dpr_cache.retrieval.bm25 import Bm25Index
+    from dpr_cache.retrieval.lexical import Bm25Index
 
     bm25 = Bm25Index.open(TOY / "passages.tsv", root / "cache")
     ids = passage_columns(load_passages(TOY / "passages.tsv", root / "cache"), range(bm25.rows))
@@ -123,7 +123,7 @@ def test_a_bm25_run_fuses_like_bm25_built_here(toy_run) -> None:
             "--set", "eval.fusion_depth=30")  # fmt: skip
     from dpr_cache.data.passages import load_passages, passage_columns
     from dpr_cache.data.qas import read_qas
-    from dpr_cache.retrieval.bm25 import Bm25Index
+    from dpr_cache.retrieval.lexical import Bm25Index
 
     bm25 = Bm25Index.open(TOY / "passages.tsv", root / "cache")
     ids = passage_columns(load_passages(TOY / "passages.tsv", root / "cache"), range(bm25.rows))

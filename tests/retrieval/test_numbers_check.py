@@ -24,56 +24,23 @@ import csv
 import gzip
 import json
 import os
-import unicodedata
 from pathlib import Path
 
 import numpy as np
 import pytest
-import regex
 import torch
 
 from dpr_cache.config import Config, load_config
 from dpr_cache.data.passages import read_passages
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.model.loading import load_encoder
-from dpr_cache.retrieval.build import build_index
-from dpr_cache.retrieval.index import open_index, search_index
+from dpr_cache.retrieval.commands.index import build_index
+from dpr_cache.retrieval.dense.index import open_index, search_index
 from dpr_cache.runtime.memory import rss_bytes
+from tests.support.dpr_answers import dpr_has_answer
 from tests.support.fixtures import index_vectors
 
 N_LARGE = 300
-
-
-# DPR's SimpleTokenizer: runs of letters, digits and marks, or any single other character that
-# is not a separator or a control; compared lower-cased after NFD. A "string" answer matches when
-# its tokens occur contiguously in the passage text's tokens (answers without tokens never match).
-_DPR_WORD = regex.compile(r"[\p{L}\p{N}\p{M}]+|[^\p{Z}\p{C}]")
-
-
-def _dpr_words(text: str) -> list[str]:
-    return [w.lower() for w in _DPR_WORD.findall(unicodedata.normalize("NFD", text))]
-
-
-def answer_in_text(answers: list[str], text: str, match: str = "string") -> bool:
-    """DPR's has_answer, written from its description (string match) or as a regex search."""
-    text = unicodedata.normalize("NFD", text)
-    if match == "regex":
-        for answer in answers:
-            try:
-                pattern = regex.compile(
-                    unicodedata.normalize("NFD", answer), regex.IGNORECASE | regex.MULTILINE
-                )
-            except regex.error:
-                continue
-            if pattern.search(text):
-                return True
-        return False
-    words = _dpr_words(text)
-    for answer in answers:
-        needle = _dpr_words(answer)
-        if needle and any(words[i : i + len(needle)] == needle for i in range(len(words))):
-            return True
-    return False
 
 
 def recompute_metrics(retrieval: Path, ks: list[int], match: str = "string") -> dict[str, float]:
@@ -82,7 +49,7 @@ def recompute_metrics(retrieval: Path, ks: list[int], match: str = "string") -> 
     first_hits = []
     for entry in entries:
         ctxs = entry["ctxs"]
-        hits = (r for r, c in enumerate(ctxs) if answer_in_text(entry["answers"], c["text"], match))
+        hits = (r for r, c in enumerate(ctxs) if dpr_has_answer(entry["answers"], c["text"], match))
         first_hits.append(next(hits, None))
     n = len(entries)
     out: dict[str, float] = {
@@ -230,14 +197,14 @@ def test_metrics_recomputed_from_ctx_texts(corpus, built) -> None:
 
 def test_reference_answer_rule_follows_dpr() -> None:
     """The test's own answer rule on cases DPR's description settles."""
-    assert answer_in_text(["1856"], "born on 10 July 1856 into")
-    assert answer_in_text(["Nikola Tesla"], "nikola  TESLA, inventor")  # case, spacing
-    assert not answer_in_text(["Tesla"], "Teslas")  # whole tokens only
-    assert not answer_in_text(["New York"], "New Jersey and York")  # contiguous only
-    assert answer_in_text(["U.S."], "the U.S. army")  # punctuation is a token of its own
-    assert not answer_in_text(["café"], "cafe")  # NFD keeps the accent as a mark
-    assert not answer_in_text(["", " "], "anything")
-    assert answer_in_text([r"18\d\d"], "born in 1856", match="regex")
+    assert dpr_has_answer(["1856"], "born on 10 July 1856 into")
+    assert dpr_has_answer(["Nikola Tesla"], "nikola  TESLA, inventor")  # case, spacing
+    assert not dpr_has_answer(["Tesla"], "Teslas")  # whole tokens only
+    assert not dpr_has_answer(["New York"], "New Jersey and York")  # contiguous only
+    assert dpr_has_answer(["U.S."], "the U.S. army")  # punctuation is a token of its own
+    assert not dpr_has_answer(["café"], "cafe")  # NFD keeps the accent as a mark
+    assert not dpr_has_answer(["", " "], "anything")
+    assert dpr_has_answer([r"18\d\d"], "born in 1856", match="regex")
 
 
 def test_question_check_catches_a_dropped_ctx(corpus, built, tmp_path) -> None:

@@ -65,7 +65,7 @@ def index_vectors(index_dir: Path):
     """(every vector of an index folder as float32 [rows, dim], their ids): small indexes only."""
     import numpy as np
 
-    from dpr_cache.retrieval.index import open_index
+    from dpr_cache.retrieval.dense.index import open_index
 
     store = open_index(index_dir).store
     vectors = np.concatenate([block.copy() for _, block in store.blocks(4096)])

@@ -20,13 +20,13 @@ from dpr_cache.config import Config
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.retrieval.approximate import IndexSpec, check_index_spec, hnsw_bytes
-from dpr_cache.retrieval.build import build_index
-from dpr_cache.retrieval.encode import encode_passage_texts, encode_question_texts
-from dpr_cache.retrieval.evaluate import evaluate, format_metrics_table
-from dpr_cache.retrieval.index import finish_index, open_index, search_index
-from dpr_cache.retrieval.shards import shard_key
-from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.commands.eval import evaluate, format_metrics_table
+from dpr_cache.retrieval.commands.index import build_index
+from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
+from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec, hnsw_bytes
+from dpr_cache.retrieval.dense.index import finish_index, open_index, search_index
+from dpr_cache.retrieval.dense.shards import shard_key
+from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from tests.support.fixtures import index_vectors
 
 BUDGET = 32 * 10**9  # memory budgets here only size the blocks (capped by the shards)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval import search as search_module
-from dpr_cache.retrieval.search import Hits, exact_search, merge_hits, plan_blocks
-from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.dense import search as search_module
+from dpr_cache.retrieval.dense.search import Hits, exact_search, merge_hits, plan_blocks
+from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.runtime.memory import rss_bytes
 
 DIM = 16

@@ -1,4 +1,4 @@
-"""The resumable parts of ``dpr-cache mine``: the training file's records read in parts, the
+"""The resumable parts of a mining run: the training file's records read in parts, the
 folder ``OUT.parts/`` that keeps the finished ones (emptied when the inputs change), and the parts
 joined into ``OUT`` with their counts summed."""
 
@@ -13,26 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dpr_cache.data.qas import record_question_id
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
-from dpr_cache.model.loading import model_fingerprint
-from dpr_cache.retrieval.approximate import search_knobs
-from dpr_cache.retrieval.negatives import RULES, MineSpec
+from dpr_cache.retrieval.mining.rules import RULES, MineSpec
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
 
-__all__ = ["QID_KEYS", "records", "write_part", "parts_dir", "join_parts", "settings_of"]
+__all__ = ["records", "write_part", "parts_dir", "join_parts", "settings_of"]
 
 
 def settings_of(spec: MineSpec) -> dict[str, Any]:
     return dataclasses.asdict(spec)
-
-
-QID_KEYS = ("id", "qid", "_id", "query_id")
-
-
-def _qid(obj: dict, n: int) -> str:
-    return next((str(obj[k]) for k in QID_KEYS if obj.get(k) not in (None, "")), str(n))
 
 
 def records(train: Path, size: int) -> Iterator[list[tuple[str, str, dict[str, Any]]]]:
@@ -43,7 +35,7 @@ def records(train: Path, size: int) -> Iterator[list[tuple[str, str, dict[str, A
     for n, (where, obj) in enumerate(iter_raw(train)):
         example = clean_example(obj, f"{train} {where}")
         light = {key: example[key] for key in ("question", "answers", "positive_ctxs")}
-        batch.append((where, _qid(obj, n), light))
+        batch.append((where, record_question_id(obj, n), light))
         if len(batch) == size:
             yield batch
             batch = []
@@ -83,14 +75,15 @@ def write_part(
     return kept
 
 
-def parts_dir(out, model_dir, opened, train, spec, qrels, rank) -> Path:
-    """``OUT.parts/``, emptied unless its parts were mined with these very inputs."""
+def parts_dir(
+    out: Path, ranker: list[Any], train: Path, spec: MineSpec, qrels: Path | None, rank: int
+) -> Path:
+    """``OUT.parts/``, emptied unless its parts were mined with these very inputs (``ranker``:
+    what the ranking depends on)."""
     parts = out.with_name(out.name + ".parts")
     judged = [str(qrels), qrels.stat().st_size, qrels.stat().st_mtime_ns] if qrels else None
-    ident = [model_fingerprint(model_dir), opened.meta.get("shard_key"), opened.type,
-             opened.meta.get("model"), opened.meta.get("index_params"),
-             search_knobs(opened.faiss), str(train.resolve()),
-             train.stat().st_size, train.stat().st_mtime_ns, settings_of(spec), judged]  # fmt: skip
+    data = [str(train.resolve()), train.stat().st_size, train.stat().st_mtime_ns]
+    ident = [*ranker, *data, settings_of(spec), judged]
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()
     if rank == 0:
         stamp = parts / "inputs.sha256"

@@ -14,7 +14,7 @@ import torch
 
 from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_passages
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.retrieval.store import write_shard
+from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.processes import worker_init
 
@@ -86,9 +86,11 @@ def encode_question_texts(
     out = np.empty((len(questions), model.dim), dtype=np.float32)
     for start in range(0, len(questions), batch_size):
         inputs = encode_questions(
-            model.tokenizer, questions[start : start + batch_size], max_length,
+            model.tokenizer,
+            questions[start : start + batch_size],
+            max_length,
             prefix=model.query_prefix,
-        )  # fmt: skip
+        )
         with torch.inference_mode(), autocast(device, precision):
             reps = model.encode_query({k: v.to(device) for k, v in inputs.items()})
         out[start : start + len(reps)] = reps.float().cpu().numpy()
@@ -151,9 +153,15 @@ def encode_corpus(
             chunk_start, chunk_ids, feats = next(items)
             assert chunk_start == start + done  # chunks arrive in order
             embs[done : done + len(chunk_ids)] = encode_tokenized(
-                model, feats, max_length=max_length, batch_size=batch_size, device=device,
-                precision=precision, sort_by_length=sort_by_length, on_batch=on_batch,
-            )  # fmt: skip
+                model,
+                feats,
+                max_length=max_length,
+                batch_size=batch_size,
+                device=device,
+                precision=precision,
+                sort_by_length=sort_by_length,
+                on_batch=on_batch,
+            )
             ids += chunk_ids
             done += len(chunk_ids)
         write_shard(path, embs, ids, store_dtype)

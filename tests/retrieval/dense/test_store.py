@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.store import EmbeddingStore, Shard, ids_path, write_shard
+from dpr_cache.retrieval.dense.store import EmbeddingStore, Shard, ids_path, write_shard
 
 
 def _write(tmp: Path, sizes=(7, 1, 12), dim=5, dtype="float16", seed=0) -> np.ndarray:

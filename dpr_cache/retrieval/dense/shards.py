@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint
-from dpr_cache.retrieval.encode import encode_corpus
-from dpr_cache.retrieval.store import Shard, ids_path
+from dpr_cache.retrieval.dense.encode import encode_corpus
+from dpr_cache.retrieval.dense.store import Shard, ids_path
 
 __all__ = [
     "EncodeSpec",
@@ -80,8 +80,11 @@ def remove_stale(shard_dir: Path, key: str, temporary: bool) -> None:
     if other:
         log.warning(
             "%s: removed %d shard(s) encoded with another model, corpus or setting; encoding "
-            "afresh as %s", shard_dir, other, key,
-        )  # fmt: skip
+            "afresh as %s",
+            shard_dir,
+            other,
+            key,
+        )
 
 
 def shard_key(
@@ -128,6 +131,7 @@ class EncodeSpec:
     ahead)."""
 
     max_length: int | None = None  # None: as the model saved it, else DPR's
+    max_query_length: int | None = None  # the questions' (recorded by an index); None: the model's
     pooling: str | None = None
     normalize: bool | None = None
     query_prefix: str | None = None
@@ -184,18 +188,26 @@ def encode_passage_shards(
     if n == 0:
         raise InputError(f"{passages}: no passages")
     model = load_encoder(
-        model_dir, pooling=spec.pooling, normalize=spec.normalize,
+        model_dir,
+        pooling=spec.pooling,
+        normalize=spec.normalize,
         prefixes=(spec.query_prefix, spec.passage_prefix),
-    ).to(device)  # fmt: skip
+    ).to(device)
     if check is not None:
         check(n, model.dim)
     length = spec.max_length or model.max_passage_length or DEFAULT_PASSAGE_LENGTH
     fingerprint, signature = model_fingerprint(model_dir), passages_signature(passages)
     key = shard_key(
-        fingerprint, signature, shard_size=spec.shard_size, max_length=length,
-        pooling=model.pooling, precision=spec.precision, store_dtype=spec.store_dtype,
-        normalize=model.normalize, passage_prefix=model.passage_prefix,
-    )  # fmt: skip
+        fingerprint,
+        signature,
+        shard_size=spec.shard_size,
+        max_length=length,
+        pooling=model.pooling,
+        precision=spec.precision,
+        store_dtype=spec.store_dtype,
+        normalize=model.normalize,
+        passage_prefix=model.passage_prefix,
+    )
     shard_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # other ranks only write this key's files; their tmp files must survive
         remove_stale(shard_dir, key, temporary=world_size == 1)
@@ -211,16 +223,32 @@ def encode_passage_shards(
     start = time.perf_counter()
     with bar:
         encode_corpus(
-            model, dataset, mine, max_length=length, batch_size=spec.batch_size,
-            device=device, precision=spec.precision, store_dtype=spec.store_dtype,
-            num_workers=spec.num_workers, sort_by_length=spec.sort_by_length,
+            model,
+            dataset,
+            mine,
+            max_length=length,
+            batch_size=spec.batch_size,
+            device=device,
+            precision=spec.precision,
+            store_dtype=spec.store_dtype,
+            num_workers=spec.num_workers,
+            sort_by_length=spec.sort_by_length,
             on_batch=bar.update,
-        )  # fmt: skip
+        )
     seconds = time.perf_counter() - start
     if rank == 0:
         wait_for_shards(shard_dir, key, sizes)
     paths = [shard_path(shard_dir, key, k) for k in range(len(sizes))]
     return EncodedShards(
-        paths, key, fingerprint, signature, length, model.pooling, model.normalize,
-        model.query_prefix, model.passage_prefix, todo, seconds,
-    )  # fmt: skip
+        paths,
+        key,
+        fingerprint,
+        signature,
+        length,
+        model.pooling,
+        model.normalize,
+        model.query_prefix,
+        model.passage_prefix,
+        todo,
+        seconds,
+    )

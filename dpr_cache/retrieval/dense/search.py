@@ -17,7 +17,7 @@ import faiss
 import numpy as np
 
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.store import EmbeddingStore
+from dpr_cache.retrieval.dense.store import EmbeddingStore
 from dpr_cache.runtime.memory import rss_bytes
 
 __all__ = ["Hits", "BlockPlan", "plan_blocks", "exact_search", "index_search", "merge_hits"]

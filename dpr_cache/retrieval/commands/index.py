@@ -1,6 +1,6 @@
 """The ``index`` command: encode a passages TSV into resumable shards (``index --config``), or
 take precomputed shards (``index --embeddings``: ours, or DPR's ``generate_dense_embeddings``
-pickles), then finish the index type asked for (see :mod:`dpr_cache.retrieval.index`).
+pickles), then finish the index type asked for (see :mod:`dpr_cache.retrieval.dense.index`).
 
 Layout of ``output_dir/index/`` when encoding::
 
@@ -9,7 +9,8 @@ Layout of ``output_dir/index/`` when encoding::
     meta.json                   type, shards, model fingerprint, passages file, encoding, timings
     faiss.index, faiss.ivfdata  approximate types only
 
-``<key>`` hashes all an embedding depends on (see :func:`~dpr_cache.retrieval.shards.shard_key`).
+``<key>`` hashes all an embedding depends on (see
+:func:`~dpr_cache.retrieval.dense.shards.shard_key`).
 The index type is rebuilt from the shards on every run, so switching it costs no re-encoding.
 :func:`build_index` reads the config; the others take plain arguments and the two specs.
 """
@@ -28,49 +29,21 @@ import torch
 from dpr_cache.config import Config
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
-from dpr_cache.retrieval.approximate import IndexSpec, check_index_spec
-from dpr_cache.retrieval.index import finish_index
-from dpr_cache.retrieval.shards import EncodeSpec, encode_passage_shards
-from dpr_cache.retrieval.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.commands.specs import (
+    encode_spec,
+    index_dir_of,
+    index_spec,
+    memory_bytes_of,
+)
+from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec
+from dpr_cache.retrieval.dense.index import finish_index
+from dpr_cache.retrieval.dense.shards import EncodeSpec, encode_passage_shards
+from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.lock import output_lock
 
-__all__ = [
-    "build_index",
-    "index_passages",
-    "index_embeddings",
-    "index_dir_of",
-    "index_spec",
-    "encode_spec",
-    "memory_bytes_of",
-]
-
-
-def index_dir_of(output_dir: Path) -> Path:
-    """Where a run's index lives: ``output_dir/index``."""
-    return Path(output_dir) / "index"
-
-
-def index_spec(config: Config, type_: str | None = None) -> IndexSpec:
-    """The FAISS settings of ``index.*`` (``type_`` overrides ``index.type``)."""
-    keep = {"type", "hnsw_m", "hnsw_ef_search", "ivf_nlist", "pq_m", "ivf_nprobe"}
-    spec = IndexSpec(**config.index.model_dump(include=keep))
-    return spec if type_ is None else dataclasses.replace(spec, type=type_)
-
-
-def encode_spec(config: Config) -> EncodeSpec:
-    """How ``index`` encodes ``data.passages``: ``model.*`` lengths and pooling, ``index.*``."""
-    return EncodeSpec(
-        max_length=config.model.max_passage_length, pooling=config.model.pooling,
-        normalize=config.model.normalize, query_prefix=config.model.query_prefix,
-        passage_prefix=config.model.passage_prefix, precision=config.index.precision,
-        store_dtype=config.index.store_dtype, shard_size=config.index.shard_size,
-        batch_size=config.index.batch_size, num_workers=config.data.num_workers,
-    )  # fmt: skip
-
-
-def memory_bytes_of(memory_gb: float) -> int:
-    return int(memory_gb * 1e9)
+__all__ = ["index_command", "build_index", "index_passages", "index_embeddings"]
 
 
 def build_index(
@@ -89,12 +62,18 @@ def build_index(
         raise InputError("data.passages: not set (a DPR passages TSV)")
     with output_lock(index_dir_of(config.output_path)):
         return index_passages(
-            Path(config.data.passages), model_dir, index_dir_of(config.output_path),
-            encode=encode_spec(config), index=index_spec(config),
+            Path(config.data.passages),
+            model_dir,
+            index_dir_of(config.output_path),
+            encode=encode_spec(config),
+            index=index_spec(config),
             memory_bytes=memory_bytes_of(config.index.memory_gb),
             device=resolve_device(config.index.device, key="index.device"),
-            cache_dir=config.cache_path, rank=rank, world_size=world_size, progress=progress,
-        )  # fmt: skip
+            cache_dir=config.cache_path,
+            rank=rank,
+            world_size=world_size,
+            progress=progress,
+        )
 
 
 def index_passages(
@@ -113,18 +92,31 @@ def index_passages(
 ) -> Path:
     """Encode ``passages`` into ``out/shards`` and, on rank 0, finish the index over them."""
     encoded = encode_passage_shards(
-        passages, model_dir, out / "shards", encode, device=device, cache_dir=cache_dir,
-        rank=rank, world_size=world_size, progress=progress,
+        passages,
+        model_dir,
+        out / "shards",
+        encode,
+        device=device,
+        cache_dir=cache_dir,
+        rank=rank,
+        world_size=world_size,
+        progress=progress,
         check=lambda n, dim: check_index_spec(index, n, dim, memory_bytes),
-    )  # fmt: skip
+    )
     if rank != 0:
         return out
     extra = {
-        "model": {"dir": str(model_dir), "fingerprint": encoded.fingerprint,
-                  "pooling": encoded.pooling, "normalize": encoded.normalize,
-                  "max_passage_length": encoded.max_length, "precision": encode.precision,
-                  "query_prefix": encoded.query_prefix,
-                  "passage_prefix": encoded.passage_prefix},
+        "model": {
+            "dir": str(model_dir),
+            "fingerprint": encoded.fingerprint,
+            "pooling": encoded.pooling,
+            "normalize": encoded.normalize,
+            "max_passage_length": encoded.max_length,
+            "precision": encode.precision,
+            "max_query_length": encode.max_query_length,
+            "query_prefix": encoded.query_prefix,
+            "passage_prefix": encoded.passage_prefix,
+        },
         "passages": encoded.signature,
         "shard_key": encoded.key,
         "encode": dataclasses.asdict(encode),
@@ -132,9 +124,10 @@ def index_passages(
             "encoded_passages": encoded.encoded,
             "encode_seconds": round(encoded.seconds, 3),
             "passages_per_second": round(encoded.encoded / encoded.seconds, 1)
-            if encoded.encoded else None,
+            if encoded.encoded
+            else None,
         },
-    }  # fmt: skip
+    }
     finish_index(out, EmbeddingStore.open(encoded.paths), index, memory_bytes, extra)
     return out
 
@@ -186,3 +179,36 @@ def _dpr_pickle_to_shard(path: Path, npy: Path, dtype: str) -> Path:
         raise InputError(f"{path}: vectors of shape {embs.shape[1:]}, expected one dimension")
     write_shard(npy, embs, ids, dtype)
     return npy
+
+
+def index_command(
+    config: Config,
+    model_dir: str | Path | None = None,
+    *,
+    embeddings: str | None = None,
+    out: Path | None = None,
+    progress: bool = True,
+) -> Path | None:
+    """``dpr-cache index``: precomputed shards (``embeddings`` into ``out``, by rank 0) or
+    ``data.passages`` encoded (under ``torchrun`` the ranks share the shards); the index folder
+    on the main rank, None on the others."""
+    if embeddings is not None:
+        if out is None:
+            raise InputError("index --embeddings: --out DIR is needed")
+        if int(os.environ.get("RANK", "0")) != 0:
+            return None
+        return index_embeddings(
+            embeddings,
+            out,
+            spec=index_spec(config),
+            memory_bytes=memory_bytes_of(config.index.memory_gb),
+            store_dtype=config.index.store_dtype,
+        )
+    env = distributed.setup(config.index.device, "index.device")
+    try:
+        path = build_index(
+            config, model_dir, rank=env.rank, world_size=env.world_size, progress=progress
+        )
+    finally:
+        distributed.teardown()
+    return path if env.is_main else None

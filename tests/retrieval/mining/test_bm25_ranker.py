@@ -1,4 +1,5 @@
-"""BM25 hard negatives: DPR's exclusion rules, BM25 order (checked by hand), determinism."""
+"""`mine --ranker bm25`: DPR's exclusion rules, BM25 order (checked by hand), the hit rates of
+the window, determinism, and bad input as one line."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from typer.testing import CliRunner
 from dpr_cache.cli import app
 from dpr_cache.data.answers import has_answer
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.bm25 import K1, B, top_rows
-from dpr_cache.retrieval.negatives import mine_negatives
+from dpr_cache.retrieval.commands.mine import RankerSpec, format_summary, mine_file
+from dpr_cache.retrieval.lexical import K1, B, top_rows
+from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules
 
 PASSAGES = [  # id, text, title
     ("p1", "The Seine flows through Paris and into the English Channel.", "Seine"),
@@ -71,11 +73,18 @@ def files(tmp_path) -> dict[str, Path]:
     return {"train": train, "passages": _write_passages(tmp_path / "passages.tsv")}
 
 
-def _mine(files, out: Path, **kw):
-    kw.setdefault("progress", False)
-    kw.setdefault("cache_dir", out.parent / "cache")
-    report = mine_negatives(files["train"], files["passages"], out, **kw)
-    return report, [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+def _mine(files, out: Path, rules: NegativeRules = NegativeRules(), **kw):
+    """BM25's negatives of ``files``; the summary and the records written."""
+    summary = mine_file(
+        RankerSpec("bm25", passages=files["passages"]),
+        files["train"],
+        out,
+        MineSpec(rules=rules, **kw),
+        qrels=None,
+        cache_dir=out.parent / "cache",
+        progress=False,
+    )
+    return summary, [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
 
 
 def _tokens(text: str) -> list[str]:
@@ -100,8 +109,8 @@ def _lucene_bm25(question: str) -> dict[str, float]:
 
 
 def test_negatives_follow_dpr_rules_and_bm25_order(files, tmp_path) -> None:
-    report, out = _mine(files, tmp_path / "out.jsonl", n=30)
-    assert len(out) == len(RECORDS) == report.questions
+    summary, out = _mine(files, tmp_path / "out.jsonl", negatives=30)
+    assert len(out) == len(RECORDS) == summary["questions"]
     texts = {pid: text for pid, text, _ in PASSAGES}
     order = [pid for pid, _, _ in PASSAGES]
     for record, mined in zip(RECORDS, out, strict=True):
@@ -146,15 +155,21 @@ def test_other_keys_are_kept_unchanged(files, tmp_path) -> None:
     assert list(out[0]).index("hard_negative_ctxs") == list(RECORDS[0]).index("hard_negative_ctxs")
 
 
-def test_n_caps_the_list_and_hit_rates_use_the_ranking(files, tmp_path) -> None:
-    report, out = _mine(files, tmp_path / "out.jsonl", n=1)
+def test_negatives_cap_the_list_and_hit_rates_use_the_ranking(files, tmp_path) -> None:
+    summary, out = _mine(files, tmp_path / "out.jsonl", negatives=1)
     assert all(len(m["hard_negative_ctxs"]) == 1 for m in out)
     # q1: p1 (its positive, with the answer) ranks first; q2: p9 (with 1889) is below the tower
-    # copies; q3: no passage has "nothing here".
-    assert report.first_hits[0] == 0 and report.first_hits[1] > 0 and report.first_hits[2] is None
-    rates = report.hit_rates()
-    assert rates["top1"] == pytest.approx(100 / 3) and rates["top100"] == pytest.approx(200 / 3)
-    assert "3 training questions" in report.summary()
+    # copies, in the top 5; q3: no passage has "nothing here".
+    rates = summary["answer_in_top"]
+    assert rates["top1"] == pytest.approx(100 / 3, abs=0.01)
+    assert rates["top5"] == rates["top100"] == pytest.approx(200 / 3, abs=0.01)
+    assert summary["mined_by"] == {
+        "ranker": "bm25",
+        "passages": str(files["passages"]),
+        "qrels": None,
+    }
+    text = format_summary(summary)
+    assert "questions: 3" in text and "window's top-1/5/20/100 (%): 33.3 / 66.7" in text
 
 
 def test_deterministic_and_json_array_input(files, tmp_path) -> None:
@@ -189,19 +204,43 @@ def test_bad_input_names_file_and_line(files, tmp_path) -> None:
 
 
 def test_cli_prints_summary_and_one_line_errors(files, tmp_path) -> None:
-    args = ["data", "mine-negatives", "--train", str(files["train"])]
-    args += ["--passages", str(files["passages"]), "-q"]
-    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o.jsonl"), "--n", "2"])
+    args = ["mine", "--ranker", "bm25", "--train", str(files["train"])]
+    args += ["--passages", str(files["passages"]), "-q", "--cache-dir", str(tmp_path / "cache")]
+    out = tmp_path / "o.jsonl"
+    result = CliRunner().invoke(app, [*args, "--out", str(out), "--negatives", "2"])
     assert result.exit_code == 0, result.output
-    assert "BM25 top-1/5/20/100 hit rate on 3 training questions" in result.output
-    result = CliRunner().invoke(app, [*args, "--out", str(files["train"])])
-    assert result.exit_code == 2
+    assert "questions: 3" in result.output and 'mined by: bm25 "' in result.output
+    assert json.loads(out.with_suffix(".summary.json").read_text())["negatives"] == 6
+    for extra, message in [
+        (["--out", str(files["train"])], "must not overwrite"),
+        (["--out", str(out), "--model", "m"], "--ranker bm25: ranks with no --model"),
+        (["--out", str(out), "--ranker", "bm26"], "--ranker: 'bm26' is not one of model, bm25"),
+    ]:
+        result = CliRunner().invoke(app, [*args, *extra])
+        assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_margins_apply_to_bm25_scores(files, tmp_path) -> None:
+    """The one loop gives BM25 the model's rules too: with a margin of 0 every candidate scoring
+    at least its positive's BM25 score is dropped."""
+    summary, out = _mine(files, tmp_path / "m.jsonl", NegativeRules(margin=0.0))
+    plain = _mine(files, tmp_path / "p.jsonl")[1]
+    bm25 = _lucene_bm25(RECORDS[0]["question"])
+    kept = [c["passage_id"] for c in out[0]["hard_negative_ctxs"]]
+    assert kept and all(bm25[p] < bm25["p1"] for p in kept)
+    dropped = [
+        c["passage_id"] for c in plain[0]["hard_negative_ctxs"] if c["passage_id"] not in kept
+    ]
+    assert all(bm25[p] >= bm25["p1"] for p in dropped)
+    assert summary["dropped"]["margin"] == sum(len(m["hard_negative_ctxs"]) for m in plain) - sum(
+        len(m["hard_negative_ctxs"]) for m in out
+    )
 
 
 def test_margins_hold_below_a_negative_positive_score() -> None:
     """Absolute and relative margins drop what scores at or above the line below the positive,
     whatever the positive's sign (a relative margin of a negative score still lies below it)."""
-    from dpr_cache.retrieval.negatives import NegativeRules, drop_reason
+    from dpr_cache.retrieval.mining.rules import NegativeRules, drop_reason
 
     example = {"positive_ctxs": [{"passage_id": "p", "text": "positive"}], "answers": []}
     rel = NegativeRules(match=None, relative_margin=0.1)

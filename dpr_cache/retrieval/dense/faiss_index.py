@@ -23,7 +23,7 @@ import faiss
 import numpy as np
 
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.store import EmbeddingStore
+from dpr_cache.retrieval.dense.store import EmbeddingStore
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = [

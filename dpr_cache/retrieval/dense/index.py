@@ -21,21 +21,36 @@ import numpy as np
 from dpr_cache.data.passages import passage_rows
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint
-from dpr_cache.retrieval.approximate import (
+from dpr_cache.retrieval.dense.faiss_index import (
     IndexSpec,
     build_faiss_index,
     check_index_spec,
     hnsw_bytes,
     open_faiss_index,
 )
-from dpr_cache.retrieval.search import Hits, exact_search, index_search, merge_hits, plan_blocks
-from dpr_cache.retrieval.store import EmbeddingStore, Shard
+from dpr_cache.retrieval.dense.search import (
+    Hits,
+    exact_search,
+    index_search,
+    merge_hits,
+    plan_blocks,
+)
+from dpr_cache.retrieval.dense.store import EmbeddingStore, Shard
 from dpr_cache.runtime.atomic import write_json_atomic
 
 __all__ = [
-    "META_FILE", "FORMAT", "OpenIndex", "finish_index", "open_index", "search_index",
-    "check_model", "encoded_from", "passage_rows_of", "query_encoding",
-]  # fmt: skip
+    "META_FILE",
+    "FORMAT",
+    "OpenIndex",
+    "finish_index",
+    "open_index",
+    "search_index",
+    "check_model",
+    "encoded_from",
+    "passage_rows_of",
+    "Corpus",
+    "query_encoding",
+]
 
 log = logging.getLogger(__name__)
 
@@ -207,12 +222,14 @@ def check_model(model_dir: Path, model, opened: OpenIndex) -> None:
 
 def query_encoding(opened: OpenIndex) -> dict:
     """How a question must be encoded to search this index: the pooling, normalization and
-    prompts its passages were encoded with (as the model saved them where not recorded)."""
+    prompts its passages were encoded with, and the question length it records (each None
+    where not recorded: as the model saved it)."""
     built = opened.meta.get("model") or {}
     return {
         "pooling": built.get("pooling"),
         "normalize": built.get("normalize"),
         "prefixes": (built.get("query_prefix"), built.get("passage_prefix")),
+        "max_query_length": built.get("max_query_length"),
     }
 
 
@@ -248,3 +265,22 @@ def passage_rows_of(opened: OpenIndex, dataset, path: Path, hit_rows: np.ndarray
         first = ids[missing][0]
         raise InputError(f"{path}: has no passage {first!r} (an id of the index at {opened.path})")
     return rows
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """An index and the passages file it searches: the opened index, the file's passages
+    (memory-mapped) and its path. A search's hits are store rows; :meth:`rows_of` makes them
+    rows of the passages."""
+
+    index: OpenIndex
+    dataset: Any
+    path: Path
+
+    def encoded_from_file(self) -> bool:
+        """See :func:`encoded_from`."""
+        return encoded_from(self.index, self.dataset, self.path)
+
+    def rows_of(self, hit_rows: np.ndarray) -> np.ndarray:
+        """See :func:`passage_rows_of`."""
+        return passage_rows_of(self.index, self.dataset, self.path, hit_rows)

@@ -1,0 +1,126 @@
+"""``dpr-cache mine``: hard negatives for a training file, ranked by the model over its index or
+by BM25 over the passages (:mod:`dpr_cache.retrieval.mining.miner`, the one candidate loop for
+both), written under the lock on ``OUT``; under ``torchrun`` the index's shards are split over
+the ranks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpr_cache.errors import InputError
+from dpr_cache.model.loading import resolve_model_dir
+from dpr_cache.retrieval.commands.specs import memory_bytes_of
+from dpr_cache.retrieval.dense.index import open_index, search_spec
+from dpr_cache.retrieval.mining.miner import mine
+from dpr_cache.retrieval.mining.rankers import RANKERS, Bm25Ranker, ModelRanker
+from dpr_cache.retrieval.mining.rules import MineSpec, check_spec
+from dpr_cache.runtime import distributed
+from dpr_cache.runtime.laps import Laps
+from dpr_cache.runtime.lock import output_lock
+
+__all__ = ["RankerSpec", "mine_file", "format_summary"]
+
+
+@dataclass(frozen=True)
+class RankerSpec:
+    """What ranks the candidates: ``model`` (the model that encoded ``index``; ``passages``
+    default to the index's own) or ``bm25`` (over ``passages``), and how a search may run."""
+
+    name: str = "model"
+    model: str | None = None
+    index: Path | None = None
+    passages: Path | None = None
+    nprobe: int = 16
+    ef_search: int = 128
+    memory_gb: float = 4.0
+    device: str = "auto"
+
+    def check(self) -> None:
+        """InputError when the ranker is unknown or its inputs are missing or foreign."""
+        if self.name not in RANKERS:
+            raise InputError(f"--ranker: {self.name!r} is not one of {', '.join(RANKERS)}")
+        if self.name == "model" and (self.model is None or self.index is None):
+            raise InputError("mine --ranker model: give --model DIR and --index DIR")
+        if self.name == "bm25":
+            if self.passages is None:
+                raise InputError("mine --ranker bm25: give --passages TSV")
+            if self.model is not None or self.index is not None:
+                raise InputError("mine --ranker bm25: ranks with no --model or --index")
+
+
+def mine_file(
+    ranker: RankerSpec,
+    train: Path,
+    out: Path,
+    spec: MineSpec,
+    *,
+    qrels: Path | None,
+    cache_dir: Path,
+    progress: bool = True,
+    command: str = "",
+) -> dict[str, Any] | None:
+    """Mine ``train`` into ``out`` with the ranker asked for; rank 0 returns the summary."""
+    ranker.check()
+    check_spec(spec)
+    env = distributed.setup(ranker.device, "--device")
+    try:
+        with output_lock(out, is_file=True):
+            laps = Laps()
+            if ranker.name == "bm25":
+                ranks = Bm25Ranker(ranker.passages, cache_dir=cache_dir, rank=env.rank)
+            else:
+                opened = open_index(
+                    ranker.index, search_spec(ranker.index, ranker.nprobe, ranker.ef_search)
+                )
+                ranks = ModelRanker(
+                    resolve_model_dir(ranker.model, Path(".")),
+                    opened,
+                    ranker.passages,
+                    cache_dir=cache_dir,
+                    memory_bytes=memory_bytes_of(ranker.memory_gb),
+                    device=env.device,
+                    rank=env.rank,
+                    world_size=env.world_size,
+                )
+            return mine(
+                ranks,
+                train,
+                out,
+                spec,
+                qrels=qrels,
+                rank=env.rank,
+                progress=progress,
+                command=command,
+                laps=laps,
+            )
+    finally:
+        distributed.teardown()
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """What a mining run did, a line a figure."""
+    n = max(summary.get("questions", 0), 1)
+    negatives = summary.get("negatives", 0)
+    lines = [
+        f"questions: {summary.get('questions', 0)}",
+        f"hard negatives: {negatives} ({negatives / n:.1f} a question; "
+        f"{summary.get('short', 0)} questions with fewer than asked)",
+        f"candidates looked at: {summary.get('candidates', 0)} (top "
+        f"{summary['settings']['skip']} skipped: {summary.get('skipped_top', 0)})",
+    ]
+    lines += [f"dropped, {rule}: {count}" for rule, count in summary["dropped"].items()]
+    if summary["settings"]["keep_bm25"]:
+        lines.append(f"the file's own kept: {summary.get('kept_bm25', 0)}")
+    if summary.get("answer_in_top"):
+        ks = "/".join(key[3:] for key in summary["answer_in_top"])
+        rates = " / ".join(f"{v:.1f}" for v in summary["answer_in_top"].values())
+        lines.append(f"questions with an answer in the window's top-{ks} (%): {rates}")
+    by = summary["mined_by"]
+    what = by["model"] if by["ranker"] == "model" else by["passages"]
+    lines.append(f"mined by: {by['ranker']} {json.dumps(what)}")
+    stages = ", ".join(f"{name} {s:.1f}" for name, s in summary["seconds_by_stage"].items())
+    lines.append(f"seconds: {summary['seconds']:.1f} ({stages})")
+    return "\n".join(lines)

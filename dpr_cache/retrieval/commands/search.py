@@ -1,0 +1,169 @@
+"""``dpr-cache search``: queries against an index folder (fused with BM25 when asked), written
+as a TREC run. The queries are precomputed vectors (``Q.npy``, their ids in ``Q.ids.txt``) or a
+questions file the model encodes as the index asks
+(:mod:`~dpr_cache.retrieval.dense.questions`), its ids the file's own (``X.ids.txt``) else its
+row numbers, as ``eval`` names them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dpr_cache.data.passages import load_passages, passage_columns
+from dpr_cache.data.qas import question_ids, read_qas
+from dpr_cache.errors import InputError
+from dpr_cache.model.loading import resolve_model_dir
+from dpr_cache.retrieval.commands.specs import memory_bytes_of
+from dpr_cache.retrieval.dense.index import Corpus, OpenIndex, open_index, search_index, search_spec
+from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
+from dpr_cache.retrieval.dense.store import Shard, ids_path
+from dpr_cache.retrieval.fusion import FusionSpec
+from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse
+from dpr_cache.retrieval.results import write_trec_run
+from dpr_cache.runtime import distributed
+from dpr_cache.runtime.lock import output_lock
+
+__all__ = ["Queries", "SearchSpec", "HybridSearch", "read_queries", "search"]
+
+
+@dataclass(frozen=True)
+class Queries:
+    """What to search: precomputed vectors (``embeddings``), or the questions of a qas file
+    (``questions``) encoded by ``model``."""
+
+    embeddings: Path | None = None
+    questions: Path | None = None
+    model: str | None = None
+
+    def check(self) -> None:
+        """InputError unless exactly one kind of query is given, with what it needs."""
+        if (self.embeddings is None) == (self.questions is None):
+            raise InputError(
+                "search: give --query-embeddings Q.npy or --questions FILE --model DIR"
+            )
+        if self.questions is not None and self.model is None:
+            raise InputError("search --questions: --model DIR is needed to encode them")
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """How deep and in how much memory to search, with which index knobs, where the questions
+    are encoded, and the run's name."""
+
+    k: int = 100
+    memory_gb: float = 4.0
+    nprobe: int = 16
+    ef_search: int = 128
+    tag: str = "dpr-cache"
+    device: str = "auto"
+    precision: str = "fp32"
+
+
+@dataclass(frozen=True)
+class HybridSearch:
+    """BM25 for ``search`` to fuse: from ``bm25_run`` (rrf), else built over ``passages`` (the
+    index's own by default) for the question texts."""
+
+    fusion: FusionSpec
+    cache_dir: Path
+    passages: Path | None = None
+    bm25_run: Path | None = None
+
+
+def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
+    """Query vectors [n, d] float32 of a ``Q.npy`` and their ids (``Q.ids.txt`` beside it, else
+    the row numbers)."""
+    shard = Shard.open(path)
+    vectors = shard.read(0, np.empty((shard.rows, shard.dim), shard.dtype)).astype(np.float32)
+    ids_file = ids_path(Path(path))
+    if not ids_file.is_file():
+        return vectors, [str(i) for i in range(shard.rows)]
+    ids = ids_file.read_text(encoding="utf-8").splitlines()
+    if len(ids) != shard.rows:
+        raise InputError(f"{ids_file}: {len(ids)} ids for the {shard.rows} rows of {path}")
+    return vectors, ids
+
+
+def search(
+    index_dir: Path,
+    queries: Queries,
+    out: Path,
+    spec: SearchSpec,
+    hybrid: HybridSearch | None = None,
+) -> Path | None:
+    """Search the queries in the index (fused with BM25 per ``hybrid``); rank 0 writes the TREC
+    run ``out`` and returns it. Under ``torchrun`` each rank scans its share of the shards."""
+    queries.check()
+    out = Path(out)
+    env = distributed.setup(spec.device, "--device")
+    try:
+        with output_lock(out, is_file=True):
+            opened = open_index(index_dir, search_spec(index_dir, spec.nprobe, spec.ef_search))
+            vectors, qids, texts = _queries(
+                queries, opened, QuestionRun(env.device, spec.precision)
+            )
+            memory = memory_bytes_of(spec.memory_gb)
+            if hybrid is None:
+                hits = search_index(
+                    opened, vectors, spec.k, memory, rank=env.rank, world_size=env.world_size
+                )
+                if hits is None:
+                    return None
+                pids = opened.store.ids_of(hits.rows)
+            else:
+                found = _fused(opened, vectors, qids, texts, spec, hybrid, env)
+                if found is None:
+                    return None
+                hits, pids = found
+            write_trec_run(out, qids, pids, hits.scores, spec.tag)
+            return out
+    finally:
+        distributed.teardown()
+
+
+def _queries(
+    queries: Queries, opened: OpenIndex, run: QuestionRun
+) -> tuple[np.ndarray, list[str], list[str] | None]:
+    """The query vectors, their ids and (for a questions file) their texts."""
+    if queries.embeddings is not None:
+        vectors, qids = read_queries(queries.embeddings)
+        return vectors, qids, None
+    qas = read_qas(Path(queries.questions))
+    if not qas:
+        raise InputError(f"{queries.questions}: no questions")
+    texts = [question for question, _ in qas]
+    model = query_tower(resolve_model_dir(queries.model, Path(".")), opened, run.device)
+    return question_vectors(model, texts, run), question_ids(queries.questions, len(qas)), texts
+
+
+def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch, env):
+    """The fused hits and their passage ids; None on ranks but 0."""
+    if texts is None and hybrid.bm25_run is None:
+        raise InputError(
+            "search --fusion: BM25 needs the question texts (--questions) or a run "
+            "(--bm25-run) keyed by the query ids"
+        )
+    passages = hybrid.passages or Path(opened.meta.get("passages", {}).get("path", ""))
+    if not passages.name:
+        raise InputError(f"{opened.path}: records no passages file: give --passages TSV")
+    corpus = Corpus(opened, load_passages(passages, hybrid.cache_dir), passages)
+    dense = dense_rankings(
+        corpus,
+        vectors,
+        max(hybrid.fusion.depth, spec.k),
+        memory_bytes_of(spec.memory_gb),
+        rank=env.rank,
+        world_size=env.world_size,
+    )
+    if dense is None:
+        return None
+    sparse = open_sparse(corpus, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion)
+    hits = hybrid_search(corpus, vectors, texts or qids, qids, sparse, hybrid.fusion, spec.k, dense)
+    valid = np.unique(hits.rows[hits.rows >= 0])
+    ids = dict(
+        zip(valid.tolist(), passage_columns(corpus.dataset, valid.tolist())["id"], strict=True)
+    )
+    pids = np.array([[ids.get(int(r), "") for r in row] for row in hits.rows], dtype=object)
+    return hits, pids

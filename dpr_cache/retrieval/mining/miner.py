@@ -1,0 +1,246 @@
+"""The one miner: hard negatives for every question of a training file, whatever ranks them.
+
+For each question (DPR JSON or JSON Lines), a ranker (:mod:`~dpr_cache.retrieval.mining.rankers`:
+the model over its index, or BM25) gives its candidates best first; :func:`negatives_of` walks the
+window ``[skip, skip + depth)`` of them, and those no rule drops
+(:mod:`~dpr_cache.retrieval.mining.rules`: the positive, judged relevant, holding an answer,
+within a margin of the positive) become the record's ``hard_negative_ctxs`` (``passage_id``,
+``title``, ``text``, ``score``), best first; with ``keep_bm25`` the file's own hard negatives
+follow them. Every other key is kept. The records go to ``OUT`` as JSON Lines, with what mined
+them, what each rule dropped and the seconds each stage took beside it
+(``<OUT stem>.summary.json``).
+
+Resumable: the questions go in parts of ``batch``, each written whole into ``OUT.parts/``; a rerun
+with the same ranker, file and settings keeps the finished parts. A question's id (for the qrels)
+is its record's ``id``, ``qid``, ``_id`` or ``query_id``, else its place in the file from 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dpr_cache.data.answers import has_answer
+from dpr_cache.data.passages import passage_columns, passage_rows
+from dpr_cache.data.training import iter_raw
+from dpr_cache.errors import InputError
+from dpr_cache.retrieval.metrics import hit_metrics, read_qrels
+from dpr_cache.retrieval.mining.parts import (
+    join_parts,
+    parts_dir,
+    records,
+    settings_of,
+    write_part,
+)
+from dpr_cache.retrieval.mining.rankers import Ranked, Ranker
+from dpr_cache.retrieval.mining.rules import MineSpec, check_spec, drop_reason
+from dpr_cache.runtime import distributed
+from dpr_cache.runtime.atomic import write_json_atomic
+from dpr_cache.runtime.laps import Laps
+
+__all__ = ["mine", "mine_part", "negatives_of", "summary_path", "HIT_KS"]
+
+HIT_KS = (1, 5, 20, 100)
+ANSWER_AT = "answer_at_"  # a part's count of questions whose first answer is at a window rank
+
+
+def summary_path(out: Path) -> Path:
+    """Where a mined file's summary goes: ``<OUT stem>.summary.json`` beside it."""
+    return Path(out).with_suffix(".summary.json")
+
+
+def mine(
+    ranker: Ranker,
+    train: Path,
+    out: Path,
+    spec: MineSpec,
+    *,
+    qrels: Path | None = None,
+    rank: int = 0,
+    progress: bool = True,
+    command: str = "",
+    laps: Laps | None = None,
+) -> dict[str, Any] | None:
+    """Mine ``train`` into ``out`` (see the module docstring); rank 0 returns the summary. The
+    caller holds the lock on ``out``."""
+    check_spec(spec)
+    train, out = Path(train), Path(out)
+    if out.resolve() == train.resolve():
+        raise InputError(f"{out}: the output must not overwrite the training file")
+    laps = laps or Laps()
+    judged = read_qrels(qrels) if qrels is not None else None
+    parts = parts_dir(out, ranker.inputs(), train, spec, qrels, rank)
+    laps.lap("load the ranker and passages")
+    bar = tqdm(unit="q", desc="mine", disable=not (progress and rank == 0), dynamic_ncols=True)
+    n_parts = 0
+    with bar:
+        raw = iter_raw(train)  # the whole records again, streamed beside the parts (rank 0)
+        for batch in records(train, spec.batch):
+            laps.lap("read the training file")
+            part = parts / f"part-{n_parts:06d}.jsonl"  # done once its counts (.json) follow it
+            if not distributed.rank0_says(part.with_suffix(".json").is_file()):
+                mined, counts = mine_part(ranker, batch, train, spec, judged, laps)
+                if rank == 0:
+                    counts["kept_bm25"] = write_part(part, raw, mined, spec.keep_bm25, train)
+                    write_json_atomic(part.with_suffix(".json"), counts)
+                laps.lap("write the part")
+            elif rank == 0:
+                for _ in itertools.islice(raw, len(batch)):  # past the finished part's records
+                    pass
+            n_parts += 1
+            bar.update(len(batch))
+    distributed.barrier()
+    if rank != 0:
+        return None
+    summary = join_parts(parts, out, n_parts)
+    summary["answer_in_top"] = _hit_rates(summary, spec)
+    laps.lap("join the parts into OUT")
+    stages = laps.seconds()
+    mined_by = {**ranker.mined_by(), "qrels": str(qrels) if qrels else None}
+    summary.update(
+        train=str(train),
+        out=str(out),
+        settings=settings_of(spec),
+        command=command,
+        seconds=round(sum(stages.values()), 1),
+        seconds_by_stage=stages,
+        mined_by=mined_by,
+    )
+    write_json_atomic(summary_path(out), summary)
+    shutil.rmtree(parts, ignore_errors=True)
+    return summary
+
+
+def mine_part(
+    ranker: Ranker,
+    batch: list,
+    train: Path,
+    spec: MineSpec,
+    qrels: dict | None,
+    laps: Laps,
+) -> tuple[list[list[dict]], dict[str, Any]]:
+    """Each question's mined negatives (empty on ranks but 0) and the counts."""
+    examples = [b[2] for b in batch]
+    if spec.rules.match is not None:
+        for where, _, example in batch:
+            if not example["answers"]:
+                raise InputError(
+                    f"{train} {where}: question {example['question'][:60]!r} has no answers "
+                    "to match (--match none, or --qrels, mines without them)"
+                )
+    positive_rows = _positive_rows(ranker, batch, train)
+    laps.lap("find the positives")
+    window = spec.skip + spec.depth
+    ranked = ranker.rank([e["question"] for e in examples], positive_rows, window, laps)
+    if ranked is None:
+        return [], {}
+    rows = sorted({int(r) for r in ranked.rows[:, spec.skip :].ravel() if r >= 0})
+    found = passage_columns(ranker.dataset, rows)
+    laps.lap("read the candidates")
+    where = {row: i for i, row in enumerate(rows)}
+    counts: Counter = Counter(questions=len(batch))
+    mined = []
+    for q, (_, qid, example) in enumerate(batch):
+        judged = frozenset(p for p, g in (qrels or {}).get(qid, {}).items() if g > 0)
+        negatives, answer_at = negatives_of(example, ranked, q, found, where, spec, judged, counts)
+        mined.append(negatives)
+        counts[f"{ANSWER_AT}{answer_at}"] += 1
+    laps.lap("apply the rules")
+    return mined, dict(counts)
+
+
+def negatives_of(
+    example: dict,
+    ranked: Ranked,
+    q: int,
+    found: dict[str, list],
+    where: dict[int, int],
+    spec: MineSpec,
+    judged: frozenset[str],
+    counts: Counter,
+) -> tuple[list[dict], int | None]:
+    """The candidate loop: question ``q``'s candidates in its window, best first, kept unless a
+    rule drops them, until ``spec.negatives`` are kept; and the rank in the window of the first
+    candidate holding an answer (None: none does, or answers are not matched)."""
+    rows, scores = ranked.rows[q], ranked.scores[q]
+    pos_score = None if np.isnan(ranked.positive[q]) else float(ranked.positive[q])
+    out: list[dict] = []
+    answer_at = None
+    counts["skipped_top"] += int((rows[: spec.skip] >= 0).sum())
+    window = zip(rows[spec.skip :].tolist(), scores[spec.skip :].tolist(), strict=True)
+    for at, (row, score) in enumerate(window):
+        if row < 0:
+            break
+        i = where[row]
+        pid, text = found["id"][i], found["text"][i]
+        holds = None
+        if spec.rules.match is not None and answer_at is None:
+            holds = has_answer(example["answers"], text, spec.rules.match)
+            answer_at = at if holds else None
+        if len(out) == spec.negatives:
+            if answer_at is not None or spec.rules.match is None:
+                break
+            continue  # full: only looking for the first answer now
+        counts["candidates"] += 1
+        reason = drop_reason(
+            example,
+            pid,
+            text,
+            score,
+            spec.rules,
+            positive_score=pos_score,
+            judged=judged,
+            holds_answer=holds,
+        )
+        if reason is not None:
+            counts[f"dropped_{reason}"] += 1
+            continue
+        out.append(
+            {
+                "passage_id": pid,
+                "title": found["title"][i],
+                "text": text,
+                "score": round(float(score), 4),
+            }
+        )
+    counts["negatives"] += len(out)
+    counts["short"] += len(out) < spec.negatives
+    return out, answer_at
+
+
+def _positive_rows(ranker: Ranker, batch: list, train: Path) -> np.ndarray:
+    """The passages row of each question's first positive (-1: none); InputError when a
+    positive is not among the ranker's passages."""
+    ids = [b[2]["positive_ctxs"][0]["passage_id"] if b[2]["positive_ctxs"] else None for b in batch]
+    asked = [(i, pid) for i, pid in enumerate(ids) if pid is not None]
+    rows = np.full(len(batch), -1, np.int64)
+    found = passage_rows(ranker.dataset, [pid for _, pid in asked]) if asked else []
+    for (i, pid), row in zip(asked, found, strict=True):
+        if row < 0:
+            raise InputError(
+                f"{train} {batch[i][0]}: positive passage {pid!r} is not among the passages "
+                f"of {ranker.passages}"
+            )
+        rows[i] = row
+    return rows
+
+
+def _hit_rates(summary: dict[str, Any], spec: MineSpec) -> dict[str, float]:
+    """Percentage of questions with an answer-bearing candidate among the window's first k
+    (the ``answer_at_*`` counts taken out of ``summary``); empty when answers are not matched."""
+    ranks: list[float] = []
+    for key in [k for k in summary if k.startswith(ANSWER_AT)]:
+        at = key[len(ANSWER_AT) :]
+        ranks += [math.inf if at == "None" else int(at)] * summary.pop(key)
+    if spec.rules.match is None or not ranks:
+        return {}
+    ks = tuple(k for k in HIT_KS if k <= spec.depth) or (spec.depth,)
+    hits = hit_metrics(ranks, ks)
+    return {f"top{k}": round(float(hits[f"top{k}"].mean()), 2) for k in ks}

@@ -1,0 +1,98 @@
+"""Hard negatives: which ranked passages may be one, rule by rule, and how deep a miner looks.
+
+A candidate is dropped, and counted under the first rule that drops it, when it is the question's
+positive (``positive_id``: the same passage id; ``positive_text``: the same text), is judged
+relevant (``judged``: the qrels say so), holds an answer (``answer``: DPR's ``has_answer`` on the
+passage text, string or regex match) or scores within a margin of the positive (``margin``: a
+likely false negative; absolute, ``score >= positive - margin``, or relative,
+``score >= positive - relative_margin * |positive|``: sentence-transformers' miner's rules, the
+relative one also sensible for a positive scoring below 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpr_cache.data.answers import has_answer
+from dpr_cache.errors import InputError
+
+__all__ = ["RULES", "NegativeRules", "MineSpec", "check_spec", "drop_reason"]
+
+RULES = ("positive_id", "positive_text", "judged", "answer", "margin")
+
+
+@dataclass(frozen=True)
+class NegativeRules:
+    """Which candidates cannot be hard negatives: answer matching (``match``: string | regex, None:
+    answers not looked at) and the margins below the positive's score (None: no margin)."""
+
+    match: str | None = "string"
+    margin: float | None = None
+    relative_margin: float | None = None
+
+
+def drop_reason(
+    example: Mapping[str, Any],
+    pid: str,
+    text: str,
+    score: float,
+    rules: NegativeRules,
+    *,
+    positive_score: float | None = None,
+    judged: frozenset[str] = frozenset(),
+    holds_answer: bool | None = None,
+) -> str | None:
+    """The first rule of :data:`RULES` that drops this candidate, or None (a hard negative).
+    ``holds_answer``: the answer check done already (None: done here, when ``rules.match``)."""
+    positives = example["positive_ctxs"]
+    if pid in {ctx["passage_id"] for ctx in positives}:
+        return "positive_id"
+    if text in {ctx["text"] for ctx in positives}:
+        return "positive_text"
+    if pid in judged:
+        return "judged"
+    if rules.match is not None:
+        if holds_answer is None:
+            holds_answer = has_answer(example["answers"], text, rules.match)
+        if holds_answer:
+            return "answer"
+    if positive_score is not None:
+        if rules.margin is not None and score >= positive_score - rules.margin:
+            return "margin"
+        if rules.relative_margin is not None and score >= positive_score - (
+            rules.relative_margin * abs(positive_score)
+        ):
+            return "margin"
+    return None
+
+
+@dataclass(frozen=True)
+class MineSpec:
+    """How deep to look, what to keep, and which candidates may not be negatives."""
+
+    negatives: int = 30  # kept per question, at most
+    depth: int = 100  # candidates ranked per question, after the skipped ones
+    skip: int = 0  # the ranker's top ranks left out (likely unlabelled positives)
+    keep_bm25: bool = False  # the file's own hard negatives stay, after the mined ones
+    rules: NegativeRules = field(default_factory=NegativeRules)
+    batch: int = 2048  # questions per part (one search pass over the index each)
+
+
+def check_spec(spec: MineSpec) -> None:
+    """InputError for settings that are out of range or contradict each other."""
+    if spec.negatives < 1 or spec.depth < 1 or spec.skip < 0 or spec.batch < 1:
+        raise InputError("mine: --negatives, --depth and --batch must be >= 1, --skip >= 0")
+    if spec.negatives > spec.depth:
+        raise InputError(
+            f"mine: --negatives {spec.negatives} is more than the --depth {spec.depth} "
+            "candidates a question is given"
+        )
+    margins = (spec.rules.margin, spec.rules.relative_margin)
+    if spec.rules.margin is not None and spec.rules.margin < 0:
+        raise InputError(f"mine: --margin {spec.rules.margin} must be >= 0")
+    if spec.rules.relative_margin is not None and not 0 <= spec.rules.relative_margin < 1:
+        raise InputError(f"mine: --relative-margin {spec.rules.relative_margin} must be in [0, 1)")
+    if all(m is not None for m in margins):
+        raise InputError("mine: give --margin or --relative-margin, not both")

@@ -1,0 +1,42 @@
+"""The CLI's ``--help``: each command's summary reads as whole sentences (the docstring's first
+paragraph on one line, never broken where the source wraps), and a boolean flag shows no value."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from dpr_cache.cli import app
+
+WIDE = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}  # no wrapping by the terminal's width
+
+
+def _commands() -> dict[str, object]:
+    group = get_command(app)
+    return {name: command for name, command in group.commands.items() if name != "data"}
+
+
+def _summary(command) -> str:
+    """The docstring's first paragraph, its line breaks as spaces."""
+    first = inspect.cleandoc(command.callback.__doc__ or "").split("\n\n")[0]
+    return " ".join(first.split())
+
+
+def test_the_command_list_shows_each_summary_whole() -> None:
+    shown = CliRunner().invoke(app, ["--help"], env=WIDE).output
+    lines = [" ".join(line.strip("│ ").split()) for line in shown.splitlines()]
+    for name, command in _commands().items():
+        summary = _summary(command)
+        assert "\n" not in summary and len(summary.split()) > 3, name
+        assert any(line == f"{name} {summary}" for line in lines), (name, summary)
+
+
+@pytest.mark.parametrize("name", ["train", "index", "eval", "encode", "search", "mine"])
+def test_a_boolean_flag_shows_no_value(name: str) -> None:
+    shown = CliRunner().invoke(app, [name, "--help"], env=WIDE).output
+    assert "--help" in shown and ("--quiet" in shown or name == "search")
+    assert "<bool>" not in shown
+    assert "<int>" in shown or "<path>" in shown or "<str>" in shown  # control: values shown
