@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
@@ -106,7 +107,14 @@ def load_cross_encoder(
     except ModelNotFound as e:
         raise InputError(f"cross-encoder: {e}") from None
     config = _cross_encoder_config(folder)
-    tokenizer = load_tokenizer(folder)
+    try:
+        tokenizer = load_tokenizer(folder)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            folder, config=config, dtype=torch.float32, output_loading_info=True
+        )
+    except (OSError, ValueError, SafetensorError) as e:  # unreadable weights or tokenizer files
+        msg = " ".join(str(e).split())[:200]
+        raise InputError(f"{folder}: cannot load the cross-encoder ({msg})") from None
     if tokenizer is None:
         raise InputError(f"{folder}: no tokenizer files in the cross-encoder folder")
     limit = _model_limit(config, tokenizer)
@@ -114,9 +122,6 @@ def load_cross_encoder(
         max_length = limit or DEFAULT_MAX_LENGTH
     elif max_length < 1 or (limit is not None and max_length > limit):
         raise InputError(f"{folder}: max length {max_length} is outside 1..{limit} for this model")
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        folder, config=config, dtype=torch.float32, output_loading_info=True
-    )
     if info["missing_keys"]:
         missing = ", ".join(sorted(info["missing_keys"])[:3])
         raise InputError(f"{folder}: not a cross-encoder: no trained classifier head ({missing})")
@@ -126,6 +131,8 @@ def load_cross_encoder(
 
 def _cross_encoder_config(folder: Path):
     """The folder's config if it names a sequence classifier of 1 or 2 labels; else InputError."""
+    if not folder.exists():
+        raise InputError(f"{folder}: no such cross-encoder folder")
     if not (folder / "config.json").is_file():
         kind = "a bi-encoder folder" if (folder / "query_encoder").is_dir() else "no config.json"
         raise InputError(f"{folder}: not a cross-encoder folder ({kind})")

@@ -222,6 +222,18 @@ def test_a_folder_without_a_model_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError) as excinfo:
         load_cross_encoder(tmp_path, device="cpu")
     assert "no config.json" in one_line_error(excinfo, tmp_path)
+    with pytest.raises(InputError) as excinfo:
+        load_cross_encoder(tmp_path / "missing", device="cpu")
+    assert "no such" in one_line_error(excinfo, tmp_path / "missing")
+
+
+def test_unreadable_weights_are_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    shutil.copytree(CROSS, folder)
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(InputError) as excinfo:
+        load_cross_encoder(folder, device="cpu")
+    assert "cannot load" in one_line_error(excinfo, folder)
 
 
 def test_non_finite_scores_are_refused(tmp_path: Path, pairs) -> None:
