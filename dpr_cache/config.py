@@ -73,6 +73,9 @@ class TrainConfig(_Section):
     warmup_steps: int = Field(0, ge=0)
     max_grad_norm: float | None = Field(2.0, gt=0.0)  # DPR clips at 2.0; null = no clipping
     temperature: float = Field(1.0, gt=0.0)
+    loss: Literal["contrastive", "distill_kl", "margin_mse"] = "contrastive"
+    distill_weight: float | None = Field(None, ge=0.0, lt=1.0)  # contrastive share; null = 0
+    teacher_temperature: float | None = Field(None, gt=0.0)  # distill_kl; null = 1
     loss_tile_size: int | None = Field(None, ge=1)
     precision: Precision = "fp32"
     seed: int = 42
@@ -102,6 +105,27 @@ class TrainConfig(_Section):
         if value is not None:
             parse_bytes(value)
         return value
+
+    @model_validator(mode="after")
+    def _loss_consistent(self) -> TrainConfig:
+        if self.loss == "contrastive":
+            for key in ("distill_weight", "teacher_temperature"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"train.{key} is set but train.loss is contrastive: set train.loss to "
+                        "distill_kl or margin_mse, or leave it null"
+                    )
+        elif self.hard_negatives < 1:
+            raise ValueError(
+                f"train.hard_negatives: train.loss {self.loss} learns the teacher's scores of "
+                "each question's positive and hard negatives: set it to 1 or more"
+            )
+        if self.loss == "margin_mse" and self.teacher_temperature is not None:
+            raise ValueError(
+                "train.teacher_temperature is set but train.loss margin_mse reads the teacher's "
+                "raw margins: leave it null, or use distill_kl"
+            )
+        return self
 
 
 class IndexConfig(_Section):

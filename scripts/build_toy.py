@@ -1,5 +1,5 @@
 """Build data/toy/ from the SQuAD v1.1 dev split in DPR's formats: corpus, train file, dev qas,
-tiny BERT.
+tiny BERT, tiny cross-encoder.
 
 The source is what ``dpr-cache data squad`` writes to data/squad/ from the shipped
 ``dev-v1.1.json.gz``. Run from the repo root with the package installed:
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))  # the tiny BERT builder lives with the tests that
 
 from dpr_cache.data.answers import has_answer, tokenize  # noqa: E402
 from dpr_cache.runtime.atomic import write_dir_atomic  # noqa: E402
-from tests.support.tiny_bert import build_tiny_bert  # noqa: E402
+from tests.support.tiny_bert import build_tiny_bert, build_tiny_cross_encoder  # noqa: E402
 
 DEFAULT_SRC = ROOT / "data" / "squad"
 DEFAULT_OUT = ROOT / "data" / "toy"
@@ -164,7 +164,7 @@ def write_dev_qa(path: Path, dev: list[dict]) -> None:
 
 
 README = """\
-# Toy corpus (SQuAD v1.1 excerpt) and tiny BERT
+# Toy corpus (SQuAD v1.1 excerpt), tiny BERT and tiny cross-encoder
 
 A small retrieval set for the demo (`make demo`, `configs/toy.yaml`) and the tests. It is **not**
 a benchmark: it exists so that a tiny model trained for under a minute can show that it learns.
@@ -198,6 +198,10 @@ this folder:
 - **tiny-bert/**: a random-init BERT (hidden 64, 2 layers, 2 heads, 256 positions, seed 0) with a
   lower-casing, accent-stripping WordPiece vocabulary (at most 2,000 tokens) learned on the corpus
   passages, titles and train questions (`tests.support.tiny_bert.build_tiny_bert`).
+- **tiny-cross-encoder/**: a random-init `BertForSequenceClassification` with one logit (hidden 8,
+  2 layers, 2 heads, 256 positions, weights drawn with std 0.5 so that its scores spread over about
+  a unit, seed 0) and a copy of tiny-bert's tokenizer: a teacher for `dpr-cache score` in the
+  tests (`tests.support.tiny_bert.build_tiny_cross_encoder`). Its scores mean nothing.
 
 ## Files
 
@@ -207,6 +211,7 @@ this folder:
 | `train.jsonl` | {n_train} | DPR training objects (one a line), extra key `id` |
 | `dev.qa.tsv` | {n_dev} | DPR qas: `question<TAB>["answer", ...]`, no header |
 | `tiny-bert/` | - | Hugging Face folder: `AutoModel` / `AutoTokenizer` load it offline |
+| `tiny-cross-encoder/` | - | Hugging Face folder for `AutoModelForSequenceClassification` |
 
 {n_full} of {n_train} train questions have {hard} hard negatives.
 """
@@ -240,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         write_dev_qa(out / "dev.qa.tsv", dev)
         texts = [text for _, text, _ in corpus] + list(ARTICLES) + [q["question"] for q in train]
         build_tiny_bert(texts, out / "tiny-bert")
+        build_tiny_cross_encoder(out / "tiny-bert", out / "tiny-cross-encoder")
         (out / "README.md").write_text(
             README.format(
                 n_articles=len(ARTICLES),

@@ -43,6 +43,15 @@ def test_overrides_are_typed(tmp_path):
         ("", ["train.memory_budget=lots"], "not a size"),
         ("", ["trainlr"], "not KEY=VALUE"),
         ("train: [1, 2\n", [], "not valid YAML"),
+        ("", ["train.loss=distill"], "train.loss"),
+        ("", ["train.distill_weight=0.5"], "train.distill_weight is set but train.loss is"),
+        ("", ["train.teacher_temperature=2"], "train.teacher_temperature is set but"),
+        ("", ["train.loss=margin_mse", "train.teacher_temperature=2"], "raw margins"),
+        ("", ["train.loss=distill_kl", "train.teacher_temperature=0"], "teacher_temperature"),
+        ("", ["train.loss=distill_kl", "train.teacher_temperature=-1"], "greater than 0"),
+        ("", ["train.loss=distill_kl", "train.distill_weight=1"], "train.distill_weight"),
+        ("", ["train.loss=distill_kl", "train.distill_weight=-0.1"], "train.distill_weight"),
+        ("", ["train.loss=margin_mse", "train.hard_negatives=0"], "train.hard_negatives"),
     ],
 )
 def test_errors_name_the_key_and_file(tmp_path, text, overrides, message):
@@ -106,6 +115,18 @@ def test_resolved_config_round_trips(tmp_path):
     again = load_config(path)
     assert again == cfg
     assert yaml.safe_load(path.read_text())["train"]["seed"] == 7
+
+
+def test_distillation_keys_load_and_round_trip(tmp_path):
+    sets = ["train.loss=distill_kl", "train.distill_weight=0.25", "train.teacher_temperature=2"]
+    cfg = load_config(REPO / "configs" / "toy.yaml", sets)
+    assert (cfg.train.loss, cfg.train.distill_weight, cfg.train.teacher_temperature) == (
+        "distill_kl", 0.25, 2.0,
+    )  # fmt: skip
+    assert load_config(save_config(cfg, tmp_path / "config.yaml")) == cfg
+    plain = load_config(REPO / "configs" / "toy.yaml")
+    assert plain.train.loss == "contrastive" and plain.train.distill_weight is None
+    assert load_config(save_config(plain, tmp_path / "plain.yaml")) == plain
 
 
 def test_parse_bytes():

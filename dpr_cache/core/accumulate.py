@@ -17,7 +17,10 @@ from dpr_cache.core.engine import Encoder
 from dpr_cache.core.inputs import Inputs, batch_rows, group_size_of, split_inputs, trim_padding
 from dpr_cache.core.loss import loss_dtype
 
-__all__ = ["FullBatch", "Accumulate"]
+__all__ = ["FullBatch", "Accumulate", "PASSAGE_ROW_KWARGS"]
+
+PASSAGE_ROW_KWARGS = ("p_ids", "teacher_scores")
+"""Loss arguments with one value a passage row: each micro-batch gets its rows' values."""
 
 
 class FullBatch:
@@ -92,11 +95,14 @@ class Accumulate:
         n_q = batch_rows(q_inputs)
         q_chunks = split_inputs(q_inputs, self.micro_batch)
         p_chunks = split_inputs(p_inputs, self.micro_batch * group)
-        p_ids = loss_kwargs.pop("p_ids", None)
-        id_chunks = p_ids.split(self.micro_batch * group) if p_ids is not None else None
+        row_chunks = {
+            key: loss_kwargs.pop(key).split(self.micro_batch * group)
+            for key in PASSAGE_ROW_KWARGS
+            if loss_kwargs.get(key) is not None
+        }
         losses = []
         for i, (q_chunk, p_chunk) in enumerate(zip(q_chunks, p_chunks, strict=True)):
-            kwargs = dict(loss_kwargs, p_ids=id_chunks[i]) if id_chunks is not None else loss_kwargs
+            kwargs = dict(loss_kwargs, **{key: parts[i] for key, parts in row_chunks.items()})
             if self.trim_padding:
                 q_chunk, p_chunk = trim_padding(q_chunk), trim_padding(p_chunk)
             weight = batch_rows(q_chunk) / n_q

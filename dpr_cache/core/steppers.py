@@ -1,7 +1,8 @@
 """The step object a training mode asks for (gradcache | full | accumulate) and its loss.
 
 Shared by the trainer, ``verify`` and ``bench`` so that all three run the same code path. Each
-step object has ``.step(q_inputs, p_inputs, p_ids=...) -> loss`` and fills ``.grad``.
+step object has ``.step(q_inputs, p_inputs, p_ids=..., teacher_scores=...) -> loss`` and fills
+``.grad``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from dpr_cache.core.accumulate import Accumulate, FullBatch
+from dpr_cache.core.distill import Distillation, mixed_loss
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.gather import all_finite_or_nan, gather_no_grad, gather_with_grad
-from dpr_cache.core.loss import contrastive_loss
 
 __all__ = ["MODES", "Towers", "make_loss_fn", "make_stepper"]
 
@@ -29,23 +30,40 @@ def make_loss_fn(
     group_size: int,
     rank: int = 0,
     world_size: int = 1,
+    distillation: Distillation | None = None,
 ) -> Callable[..., Tensor]:
-    """DPR's loss of this rank's questions against the passages of every rank."""
+    """DPR's loss of this rank's questions against the passages of every rank, mixed with
+    ``distillation``'s loss (see :func:`mixed_loss`) when given.
 
-    def loss_fn(q_reps: Tensor, p_reps: Tensor, p_ids: Tensor | None = None) -> Tensor:
-        offset = 0
-        if world_size > 1:
-            offset = rank * p_reps.shape[0]
-            p_reps = gather_with_grad(p_reps)
-            p_ids = gather_no_grad(p_ids) if p_ids is not None else None
-        loss = contrastive_loss(
+    The distillation terms of a question read its own group only, which lies in this rank's
+    passage rows: they use the local rows and ``teacher_scores`` ([local passage rows]). Each
+    rank's loss is a mean over its questions, so DDP's average over ranks gives the global
+    batch's mean, as for the contrastive loss.
+    """
+
+    def loss_fn(
+        q_reps: Tensor,
+        p_reps: Tensor,
+        p_ids: Tensor | None = None,
+        teacher_scores: Tensor | None = None,
+    ) -> Tensor:
+        gathered = {}
+        if world_size > 1 and (distillation is None or distillation.weight > 0):
+            gathered = {
+                "all_p_reps": gather_with_grad(p_reps),
+                "all_p_ids": gather_no_grad(p_ids) if p_ids is not None else None,
+                "positive_offset": rank * p_reps.shape[0],
+            }
+        loss = mixed_loss(
             q_reps,
             p_reps,
+            group_size=group_size,
             temperature=temperature,
             tile_size=tile_size,
+            distillation=distillation,
             p_ids=p_ids,
-            group_size=group_size,
-            positive_offset=offset,
+            teacher_scores=teacher_scores,
+            **gathered,
         )
         return all_finite_or_nan(loss) if world_size > 1 else loss
 

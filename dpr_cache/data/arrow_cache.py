@@ -19,7 +19,7 @@ from datasets import Dataset, Features
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
 
 # Bump when the cached layout or the parsing rules change: old cache files are then ignored.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def default_cache_dir() -> Path:

@@ -41,6 +41,7 @@ class Batch:
     p_ids: Tensor
     n_questions: int
     group_size: int
+    teacher_scores: Tensor | None = None  # [passage rows] float64, when the loss needs them
 
     def to(self, device: torch.device | str) -> Batch:
         """A copy with every tensor moved to ``device``."""
@@ -50,7 +51,15 @@ class Batch:
             self.p_ids.to(device),
             self.n_questions,
             self.group_size,
+            None if self.teacher_scores is None else self.teacher_scores.to(device),
         )
+
+    def loss_inputs(self) -> dict[str, Tensor]:
+        """What the loss takes besides the reps: the passage ids, and the teacher's scores of
+        the passage rows when the batch has them."""
+        if self.teacher_scores is None:
+            return {"p_ids": self.p_ids}
+        return {"p_ids": self.p_ids, "teacher_scores": self.teacher_scores}
 
     def digest(self) -> str:
         """16 hex digits identifying the batch's contents: question tokens and passage ids, in
@@ -61,8 +70,14 @@ class Batch:
         return h.hexdigest()
 
 
-def _rng(seed: int, step: int, key: int) -> np.random.Generator:
-    return np.random.default_rng(stream_entropy(seed, step, key))
+NEGATIVE_DRAW = "stream_entropy(seed, epoch, question index)"
+"""How a question's hard negatives are drawn, recorded in checkpoints: once an epoch, from a
+stream of the seed, the epoch and the question's dataset index (not the step: the same under
+any batch size or number of ranks). A run resumes only under its own draw."""
+
+
+def _rng(seed: int, epoch: int, key: int) -> np.random.Generator:
+    return np.random.default_rng(stream_entropy(seed, epoch, key))
 
 
 def _shuffled(ctxs: Sequence[Mapping[str, Any]], rng: np.random.Generator) -> list:
@@ -77,10 +92,12 @@ def choose_step_negatives(
 ) -> list[Mapping[str, Any]]:
     """The ``hard_negatives`` negatives of one question, as DPR picks them, plus a fill.
 
-    DPR's rule: shuffle ``hard_negative_ctxs`` and take the first H; if the question has none,
-    use its shuffled ``negative_ctxs`` instead. A fixed group size is needed for the loss, so if
-    fewer than H remain, the rest is filled with positives of other questions drawn at random
-    (from ``rng``) from ``pool``, avoiding passages already in the group where possible.
+    DPR's rule: shuffle ``hard_negative_ctxs`` and take the first H (a list longer than H gives
+    H of its entries, drawn anew each epoch; the file's order, e.g. a miner's best first, does
+    not matter); if the question has none, use its shuffled ``negative_ctxs`` instead. A fixed
+    group size is needed for the loss, so if fewer than H remain, the rest is filled with
+    positives of other questions drawn at random (from ``rng``) from ``pool``, avoiding passages
+    already in the group where possible.
     """
     if hard_negatives <= 0:
         return []
@@ -106,21 +123,25 @@ def build_batch(
     max_query_length: int,
     max_passage_length: int,
     seed: int,
-    step: int,
+    epoch: int,
     pool_for_padding: ExamplePool | None = None,
     indices: Sequence[int] | None = None,
     pad_to_multiple_of: int | None = None,
     query_prefix: str = "",
     passage_prefix: str = "",
+    teacher_scores: bool = False,
 ) -> Batch:
     """Tokenize questions and their passage groups (positive + ``hard_negatives`` negatives).
 
     Each question's positive is its first ``positive_ctxs`` entry; negatives follow
-    :func:`choose_step_negatives`, with randomness drawn from ``(seed, step, key)`` where
-    ``key`` is the question's dataset index (``indices[i]``, default its position i). Pass the
-    dataset indices and the whole training set as ``pool_for_padding``: a rank then builds
-    exactly its slice of the global batch. Without a pool, the fill draws from the positives
-    of this batch. The prefixes are the model's prompts (see :mod:`dpr_cache.data.tokenize`).
+    :func:`choose_step_negatives`, with randomness drawn from ``(seed, epoch, key)`` where
+    ``key`` is the question's dataset index (``indices[i]``, default its position i):
+    :data:`NEGATIVE_DRAW`. Pass the dataset indices and the whole training set as
+    ``pool_for_padding``: a rank then builds exactly its slice of the global batch. Without a
+    pool, the fill draws from the positives of this batch. The prefixes are the model's prompts
+    (see :mod:`dpr_cache.data.tokenize`). With ``teacher_scores``, each passage row's
+    ``teacher_score`` goes with the batch (a row without one raises ValueError: the training
+    files are checked for them when they are loaded).
     """
     if indices is not None and len(indices) != len(examples):
         raise ValueError("indices must match examples in length")
@@ -131,13 +152,16 @@ def build_batch(
     titles: list[str] = []
     texts: list[str] = []
     pids: list[int] = []
+    scores: list[float] = []
     for example, key in zip(examples, keys, strict=True):
         group = [example["positive_ctxs"][0]]
-        group += choose_step_negatives(example, hard_negatives, _rng(seed, step, key), pool)
+        group += choose_step_negatives(example, hard_negatives, _rng(seed, epoch, key), pool)
         for ctx in group:
             titles.append(ctx["title"])
             texts.append(ctx["text"])
             pids.append(passage_hash(ctx["passage_id"]))
+        if teacher_scores:
+            scores += _teacher_scores(example, group, key)
     questions = [example["question"] for example in examples]
     return Batch(
         q_inputs=encode_questions(
@@ -149,4 +173,21 @@ def build_batch(
         p_ids=torch.tensor(pids, dtype=torch.long),
         n_questions=len(examples),
         group_size=1 + max(hard_negatives, 0),
+        teacher_scores=torch.tensor(scores, dtype=torch.float64) if teacher_scores else None,
     )
+
+
+def _teacher_scores(example: Mapping[str, Any], group: list, key: int) -> list[float]:
+    """The teacher's score of each passage of a question's group; the group's ctxs must be the
+    question's own (a fill from other questions has no score for this one)."""
+    own = [example["positive_ctxs"][0], *(example.get("hard_negative_ctxs") or [])]
+    out = []
+    for ctx in group:
+        score = ctx.get("teacher_score")
+        if score is None or not any(ctx is c or ctx == c for c in own):
+            raise ValueError(
+                f"question {key}: a passage of its group has no teacher score for it "
+                f"({ctx.get('passage_id')!r})"
+            )
+        out.append(float(score))
+    return out

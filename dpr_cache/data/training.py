@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,14 @@ log = logging.getLogger(__name__)
 CTX_KEYS = ("positive_ctxs", "hard_negative_ctxs", "negative_ctxs")
 # Keys that DPR-style files use for a passage's id, in order of preference.
 _ID_KEYS = ("passage_id", "psg_id", "id", "docid")
-_CTX = pa.struct([("title", pa.string()), ("text", pa.string()), ("passage_id", pa.string())])
+_CTX = pa.struct(
+    [
+        ("title", pa.string()),
+        ("text", pa.string()),
+        ("passage_id", pa.string()),
+        ("teacher_score", pa.float64()),  # null where the file gives none
+    ]
+)
 TRAIN_FEATURES = Features.from_arrow_schema(
     pa.schema(
         [("question", pa.string()), ("answers", pa.list_(pa.string()))]
@@ -34,11 +42,31 @@ TRAIN_FEATURES = Features.from_arrow_schema(
 
 @dataclass
 class ParseStats:
-    """Counts gathered while reading a training file."""
+    """Counts gathered while reading a training file, and where its teacher scores run short:
+    the first kept record whose positive or one of whose hard negatives has no
+    ``teacher_score`` (``where: key[j]``), and the fewest hard negatives a kept record has."""
 
     read: int = 0
     kept: int = 0
     dropped_no_positive: int = 0
+    unscored: str | None = None
+    fewest_hard_negatives: int | None = None
+    fewest_where: str | None = None
+
+    def count_teacher(self, example: dict[str, Any], where: str) -> None:
+        """Note a kept example's teacher scores and hard negatives."""
+        if self.unscored is None:
+            ctxs = [("positive_ctxs", 0, example["positive_ctxs"][0])]
+            ctxs += [
+                ("hard_negative_ctxs", j, c) for j, c in enumerate(example["hard_negative_ctxs"])
+            ]
+            for key, j, ctx in ctxs:
+                if ctx.get("teacher_score") is None:
+                    self.unscored = f"{where}: {key}[{j}]"
+                    break
+        n = len(example["hard_negative_ctxs"])
+        if self.fewest_hard_negatives is None or n < self.fewest_hard_negatives:
+            self.fewest_hard_negatives, self.fewest_where = n, where
 
 
 def _short(err: Exception) -> str:
@@ -116,14 +144,24 @@ def _ctxs(obj: dict, key: str, where: str) -> list[dict[str, str]]:
         title = "" if ctx.get("title") is None else str(ctx["title"])
         text = str(ctx["text"])
         pid = next((ctx[k] for k in _ID_KEYS if ctx.get(k) not in (None, "")), None)
-        out.append(
-            {
-                "title": title,
-                "text": text,
-                "passage_id": derived_passage_id(title, text) if pid is None else str(pid),
-            }
-        )
+        clean = {
+            "title": title,
+            "text": text,
+            "passage_id": derived_passage_id(title, text) if pid is None else str(pid),
+        }
+        if ctx.get("teacher_score") is not None:
+            clean["teacher_score"] = _teacher_score(ctx["teacher_score"], f"{where}: {key}[{j}]")
+        out.append(clean)
     return out
+
+
+def _teacher_score(value: Any, where: str) -> float:
+    """A ctx's ``teacher_score`` as a finite float; InputError naming ``where`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: teacher_score must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise InputError(f"{where}: teacher_score is not finite ({value})")
+    return float(value)
 
 
 def clean_example(obj: Any, where: str) -> dict[str, Any]:
@@ -155,6 +193,7 @@ def iter_training_examples(path: Path, stats: ParseStats | None = None) -> Itera
             stats.dropped_no_positive += 1
             continue
         stats.kept += 1
+        stats.count_teacher(example, f"{path} {where}")
         yield example
 
 
@@ -165,8 +204,8 @@ def load_training_set(
 
     The file is parsed once into ``cache_dir`` (keyed by path, size and mtime); later calls reuse
     that copy. Columns: question, answers, positive_ctxs, hard_negative_ctxs, negative_ctxs (each
-    ctx: title, text, passage_id as a string). If ``stats`` is given it is filled with
-    ``read``, ``kept``, ``dropped_no_positive``, ``cache_file`` and ``from_cache``.
+    ctx: title, text, passage_id as a string, teacher_score as a float or None). If ``stats`` is
+    given it is filled with :class:`ParseStats`' fields, ``cache_file`` and ``from_cache``.
     """
     path = Path(path)
     open_binary(path).close()  # InputError if missing
@@ -192,9 +231,36 @@ def load_training_set(
     return open_arrow(arrow)
 
 
-def load_training_sets(paths: list[Path], cache_dir: Path) -> Dataset:
+def load_training_sets(
+    paths: list[Path], cache_dir: Path, *, scored_negatives: int | None = None
+) -> Dataset:
     """Several training files as one dataset, in the order given (DPR trains on nq-train and
     nq-adv-hn-train together): each is streamed into its own Arrow cache, and the caches are
-    joined without a copy."""
-    parts = [load_training_set(path, cache_dir) for path in paths]
+    joined without a copy. With ``scored_negatives`` H, every record must bring a
+    ``teacher_score`` on its positive and at least H hard negatives, all scored (see
+    :func:`check_teacher_scores`)."""
+    parts = []
+    for path in paths:
+        stats: dict[str, Any] = {}
+        parts.append(load_training_set(path, cache_dir, stats=stats))
+        if scored_negatives is not None:
+            check_teacher_scores(stats, scored_negatives)
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
+def check_teacher_scores(stats: dict[str, Any], hard_negatives: int) -> None:
+    """Raise InputError naming the file and record unless every record of a loaded file (its
+    ``stats``) has a ``teacher_score`` on its first positive and on each of its hard negatives
+    (any of them may be drawn), and at least ``hard_negatives`` of them (fewer would be filled
+    with other questions' positives, which the teacher did not score for this question)."""
+    if stats.get("unscored"):
+        raise InputError(
+            f"{stats['unscored']} has no teacher_score, which train.loss needs on every "
+            "positive and hard negative"
+        )
+    fewest = stats.get("fewest_hard_negatives")
+    if fewest is not None and fewest < hard_negatives:
+        raise InputError(
+            f"{stats['fewest_where']}: {fewest} hard negatives, but train.hard_negatives is "
+            f"{hard_negatives} and train.loss needs each of them scored by the teacher"
+        )

@@ -6,7 +6,8 @@ swapped into place, with its SHA-256 beside it (``state.sha256``); the oldest ar
 with a flipped bit is reported and passed over for the one before it. It refuses a checkpoint of
 another layout (:data:`FORMAT`), another world size (the ranks' RNG streams and data slices would
 not line up) and another way of drawing the epochs' batch orders
-(:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would differ).
+(:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would differ) or the
+questions' hard negatives (:data:`dpr_cache.data.collate.NEGATIVE_DRAW`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dpr_cache.data.batches import EPOCH_ORDER
+from dpr_cache.data.collate import NEGATIVE_DRAW
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
@@ -35,6 +37,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_STEP_DRAW = "stream_entropy(seed, step, question index)"
+"""The hard-negative draw of checkpoints that do not record theirs (one draw a step)."""
 STATE_FILE, CHECKSUM_FILE = "state.pt", "state.sha256"
 FORMAT = 3
 """The layout of ``state.pt``; a checkpoint of another layout is refused, not converted."""
@@ -78,6 +82,7 @@ def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEn
             "rng": gathered,
             "world_size": env.world_size,
             "epoch_order": EPOCH_ORDER,
+            "negative_draw": NEGATIVE_DRAW,
         }
 
         size = _tensor_bytes(state)
@@ -153,6 +158,12 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
         raise InputError(
             f"{path}: its run draws batch orders as {order}, this dpr-cache as {EPOCH_ORDER}; "
             "finish it with the dpr-cache that started it, or train afresh"
+        )
+    draw = state.get("negative_draw", _STEP_DRAW)
+    if draw != NEGATIVE_DRAW:
+        raise InputError(
+            f"{path}: its run draws hard negatives as {draw}, this dpr-cache as "
+            f"{NEGATIVE_DRAW}; finish it with the dpr-cache that started it, or train afresh"
         )
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     if missing or unexpected:

@@ -27,6 +27,7 @@ class BatchRecipe:
     seed: int
     query_prefix: str = ""
     passage_prefix: str = ""
+    teacher_scores: bool = False  # carry each passage row's teacher score (distillation)
 
     def batch(
         self,
@@ -46,11 +47,12 @@ class BatchRecipe:
             max_query_length=self.max_query_length,
             max_passage_length=self.max_passage_length,
             seed=self.seed,
-            step=step,
+            epoch=batches.epoch_of(step),
             pool_for_padding=dataset,
             indices=indices,
             query_prefix=self.query_prefix,
             passage_prefix=self.passage_prefix,
+            teacher_scores=self.teacher_scores,
         )
 
 

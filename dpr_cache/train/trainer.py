@@ -9,6 +9,7 @@ batch or accumulation) over the loss. :meth:`Trainer.step` is one update: the st
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ import torch
 from datasets import Dataset
 
 from dpr_cache.config import Config, parse_bytes
+from dpr_cache.core.distill import Distillation
 from dpr_cache.core.steppers import make_loss_fn, make_stepper
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch
@@ -49,6 +51,7 @@ from dpr_cache.train.recipe import (
 
 __all__ = [
     "Trainer", "StepResult", "NonFinite", "build_trainer", "batch_recipe", "training_data",
+    "distillation_of",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -96,7 +99,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             with autocast(self.env.device, self.precision):
-                loss = self.stepper.step(batch.q_inputs, batch.p_inputs, p_ids=batch.p_ids)
+                loss = self.stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
         except FloatingPointError:
             if self.scaler is None:
                 raise NonFinite("loss") from None
@@ -190,6 +193,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     loss_fn = make_loss_fn(
         temperature=cfg.temperature, tile_size=cfg.loss_tile_size,
         group_size=1 + cfg.hard_negatives, rank=env.rank, world_size=env.world_size,
+        distillation=distillation_of(config),
     )  # fmt: skip
     stepper = make_stepper(
         cfg.mode, towers, loss_fn, chunk_size=chunk_size, p_chunk_size=cfg.p_chunk_size,
@@ -204,16 +208,20 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
 
 def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:
     """The ``data.train`` files as one dataset (rank 0 fills the Arrow caches, the other ranks
-    then open them) and the steps' batches over it."""
+    then open them) and the steps' batches over it. A distillation loss needs every record's
+    positive and ``train.hard_negatives`` hard negatives scored by the teacher (checked here,
+    before any step)."""
     files = config.train_files
     if not files:
         raise InputError("data.train: no training file given")
-    dataset = load_training_sets(files, config.cache_path) if env.is_main else None
+    cfg = config.train
+    scored = cfg.hard_negatives if distillation_of(config) is not None else None
+    load = functools.partial(load_training_sets, files, config.cache_path, scored_negatives=scored)
+    dataset = load() if env.is_main else None
     distributed.barrier()
     if dataset is None:
-        dataset = load_training_sets(files, config.cache_path)
+        dataset = load()
     source = ", ".join(str(f) for f in files)
-    cfg = config.train
     return dataset, TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=source)
 
 
@@ -222,8 +230,19 @@ def batch_recipe(config: Config, model: BiEncoder) -> BatchRecipe:
     cfg, m = config.train, config.model
     return BatchRecipe(
         cfg.hard_negatives, m.max_query_length, m.max_passage_length, cfg.seed,
-        model.query_prefix, model.passage_prefix,
+        model.query_prefix, model.passage_prefix, distillation_of(config) is not None,
     )  # fmt: skip
+
+
+def distillation_of(config: Config) -> Distillation | None:
+    """``train.loss`` and its keys as the core's spec; None for the contrastive loss alone.
+    Unset keys take the spec's defaults: ``distill_weight`` 0 (distillation alone),
+    ``teacher_temperature`` 1."""
+    cfg = config.train
+    if cfg.loss == "contrastive":
+        return None
+    given = {"weight": cfg.distill_weight, "teacher_temperature": cfg.teacher_temperature}
+    return Distillation(cfg.loss, **{k: v for k, v in given.items() if v is not None})
 
 
 def chunk_size_of(config: Config, model: BiEncoder, env: DistEnv) -> int:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import torch
 
 from dpr_cache.config import Config
+from dpr_cache.core.distill import Distillation
 from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
 from dpr_cache.model.loading import load_biencoder
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
-from dpr_cache.train.trainer import batch_recipe, training_data
+from dpr_cache.train.trainer import batch_recipe, distillation_of, training_data
 
 __all__ = ["verify", "compare_steps", "BOUNDS"]
 
@@ -28,17 +29,22 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def compare_steps(model, batch, *, chunk: int, p_chunk: int | None, temperature: float,
-                  tile: int | None) -> dict[str, tuple[float, dict]]:  # fmt: skip
-    """The loss and the gradients of a full-batch step and of a GradCache step on ``batch``."""
+                  tile: int | None, distillation: Distillation | None = None,
+                  ) -> dict[str, tuple[float, dict]]:  # fmt: skip
+    """The loss and the gradients of a full-batch step and of a GradCache step on ``batch``,
+    for the contrastive loss or its mix with ``distillation``."""
     towers = Towers(model.encode_query, model.encode_passage)
-    loss_fn = make_loss_fn(temperature=temperature, tile_size=tile, group_size=batch.group_size)
+    loss_fn = make_loss_fn(
+        temperature=temperature, tile_size=tile, group_size=batch.group_size,
+        distillation=distillation,
+    )  # fmt: skip
     results = {}
     for mode in ("full", "gradcache"):
         model.zero_grad(set_to_none=True)
         stepper = make_stepper(
             mode, towers, loss_fn, chunk_size=chunk, p_chunk_size=p_chunk, release_memory=trim
         )
-        loss = stepper.step(batch.q_inputs, batch.p_inputs, p_ids=batch.p_ids)
+        loss = stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
         results[mode] = (float(loss), _grads(model))
     return results
 
@@ -59,7 +65,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step)
     results = compare_steps(
         model, batch, chunk=chunk, p_chunk=cfg.p_chunk_size, temperature=cfg.temperature,
-        tile=cfg.loss_tile_size,
+        tile=cfg.loss_tile_size, distillation=distillation_of(config),
     )  # fmt: skip
     full_loss, full = results["full"]
     cache_loss, cached = results["gradcache"]
@@ -71,6 +77,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     gap, bound = worst / scale, BOUNDS[dtype]
     return {
         "model": m.name_or_path,
+        "loss": _loss_name(config),
         "dtype": dtype,
         "batch (questions x passages)": f"{batch.n_questions} x {batch.p_ids.numel()}",
         "chunk size": chunk,
@@ -81,3 +88,15 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
         if gap <= bound
         else "DIFFERENT: the gap is over the bound",
     }
+
+
+def _loss_name(config: Config) -> str:
+    """The configured loss in words: its name, its mix and its temperatures."""
+    spec, cfg = distillation_of(config), config.train
+    if spec is None:
+        return f"contrastive (temperature {cfg.temperature:g})"
+    mix = f"{spec.weight:g} x contrastive + {1 - spec.weight:g} x " if spec.weight else ""
+    teacher = (
+        f", teacher temperature {spec.teacher_temperature:g}" if spec.loss == "distill_kl" else ""
+    )
+    return f"{mix}{spec.loss} (temperature {cfg.temperature:g}{teacher})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import build_batch
@@ -49,7 +50,7 @@ def build(examples, tokenizer, **kw):
         max_query_length=16,
         max_passage_length=16,
         seed=0,
-        step=0,
+        epoch=0,
     )
     return build_batch(examples, **{**args, **kw})
 
@@ -99,9 +100,9 @@ def test_rows_are_positive_then_hard_negatives(tokenizer) -> None:
     assert ids[0] == passage_hash("p0") and ids[3] == passage_hash("p1")
     assert {ids[1], ids[2]} < {passage_hash(f"h0.{j}") for j in range(3)}
     assert {ids[4], ids[5]} == {passage_hash("h1.0"), passage_hash("h1.1")}
-    # deterministic for a (seed, step), and the shuffle depends on them
+    # deterministic for a (seed, epoch), and the shuffle depends on them
     assert row_ids(build(examples, tokenizer)) == ids
-    picks = {tuple(row_ids(build(examples, tokenizer, step=s))[1:3]) for s in range(20)}
+    picks = {tuple(row_ids(build(examples, tokenizer, epoch=e))[1:3]) for e in range(20)}
     assert len(picks) > 1
 
 
@@ -144,7 +145,7 @@ def test_too_few_negatives_are_filled_with_other_positives(tokenizer) -> None:
 def test_rank_batches_are_slices_of_the_global_batch(tokenizer) -> None:
     pool = [example(i, hard=i % 2, neg=3) for i in range(12)]
     indices = TrainBatches(12, 4, seed=3).batch_indices(2)
-    kw = dict(pool_for_padding=pool, hard_negatives=2, seed=3, step=2)
+    kw = dict(pool_for_padding=pool, hard_negatives=2, seed=3, epoch=2)
     whole = build([pool[i] for i in indices], tokenizer, indices=indices, **kw)
     parts = []
     for rank in range(2):
@@ -183,3 +184,73 @@ def test_works_on_a_cached_dataset(tokenizer, tmp_path: Path) -> None:
     batch = build([ds[i] for i in indices], tokenizer, pool_for_padding=ds, indices=indices)
     assert batch.p_inputs["input_ids"].shape[0] == 9
     assert [row_ids(batch)[3 * k] for k in range(3)] == [passage_hash(f"p{i}") for i in indices]
+
+
+def test_many_hard_negatives_are_drawn_per_epoch_seeded(tokenizer) -> None:
+    """H = 15 of a list of 30: distinct, the question's own, the same for a (seed, epoch, index)
+    whatever the batch around it, another draw in another epoch or under another seed."""
+    examples = [example(i, hard=30) for i in range(3)]
+
+    def negatives(epoch: int, seed: int = 0, who: list[int] = (0, 1, 2)) -> list[list[int]]:
+        batch = build([examples[i] for i in who], tokenizer, hard_negatives=15, epoch=epoch,
+                      seed=seed, indices=list(who))  # fmt: skip
+        ids = row_ids(batch)
+        return [ids[k * 16 + 1 : (k + 1) * 16] for k in range(len(who))]
+
+    first = negatives(0)
+    for i, drawn in enumerate(first):
+        assert len(set(drawn)) == 15 and set(drawn) < {passage_hash(f"h{i}.{j}") for j in range(30)}
+    assert negatives(0) == first
+    assert negatives(0, who=[2])[0] == first[2]  # its own draw, alone in a batch or not
+    assert all(negatives(1)[i] != first[i] for i in range(3))
+    assert all(negatives(0, seed=1)[i] != first[i] for i in range(3))
+
+
+def scored_example(i: int, hard: int) -> dict:
+    out = example(i, hard=hard)
+    for j, c in enumerate([*out["positive_ctxs"], *out["hard_negative_ctxs"]]):
+        c["teacher_score"] = 10.0 * i + j
+    return out
+
+
+def test_teacher_scores_follow_their_passage_rows(tokenizer) -> None:
+    examples = [scored_example(i, hard=5) for i in range(3)]
+    batch = build(examples, tokenizer, hard_negatives=3, teacher_scores=True, epoch=4)
+    assert batch.teacher_scores.dtype == torch.float64 and batch.teacher_scores.shape == (12,)
+    by_id = {
+        passage_hash(c["passage_id"]): c["teacher_score"]
+        for e in examples
+        for c in [*e["positive_ctxs"], *e["hard_negative_ctxs"]]
+    }
+    assert batch.teacher_scores.tolist() == [by_id[pid] for pid in row_ids(batch)]
+    assert batch.teacher_scores[::4].tolist() == [0.0, 10.0, 20.0]  # the positives
+    assert set(batch.loss_inputs()) == {"p_ids", "teacher_scores"}
+    assert build(examples, tokenizer, hard_negatives=3).teacher_scores is None
+    assert set(build(examples, tokenizer, hard_negatives=3).loss_inputs()) == {"p_ids"}
+
+
+def test_a_fill_from_other_questions_has_no_teacher_score(tokenizer) -> None:
+    examples = [scored_example(i, hard=1) for i in range(3)]
+    with pytest.raises(ValueError, match="no teacher score"):
+        build(examples, tokenizer, hard_negatives=2, teacher_scores=True)
+
+
+def test_the_recipe_draws_a_step_s_negatives_from_its_epoch(tokenizer) -> None:
+    """The trainer's batches: a question's negatives are its epoch's draw, whichever step and
+    batch size bring it, and another epoch draws again."""
+    from dpr_cache.train.recipe import BatchRecipe
+
+    pool = [example(i, hard=30) for i in range(6)]
+    recipe = BatchRecipe(hard_negatives=15, max_query_length=16, max_passage_length=16, seed=3)
+
+    def groups(batch_size: int, step: int) -> dict[int, list[int]]:
+        batches = TrainBatches(6, batch_size, seed=3)
+        ids = row_ids(recipe.batch(pool, batches, tokenizer, step))
+        who = batches.batch_indices(step)
+        return {q: ids[k * 16 + 1 : (k + 1) * 16] for k, q in enumerate(who)}
+
+    epoch0 = {**groups(3, 0), **groups(3, 1)}
+    assert epoch0 == groups(6, 0)  # one batch of 6 or two of 3: the same draws
+    epoch1 = {**groups(3, 2), **groups(3, 3)}
+    assert all(epoch1[q] != epoch0[q] for q in range(6))
+    assert epoch1 == groups(6, 1)

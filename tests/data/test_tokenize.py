@@ -35,7 +35,7 @@ def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
     """A passage in a training batch and the same passage encoded for the index: same ids."""
     batch = build_batch(
         examples, tokenizer=tok, hard_negatives=1, max_query_length=32, max_passage_length=48,
-        seed=0, step=0,
+        seed=0, epoch=0,
     )  # fmt: skip
     ctxs = [e["positive_ctxs"][0] for e in examples]  # each group's first row
     indexed = tokenize_passages(tok, [c["title"] for c in ctxs], [c["text"] for c in ctxs], 48)
@@ -52,7 +52,7 @@ def test_a_training_batch_equals_the_tokenizers_padded_batch(tok, examples) -> N
     """Every tensor of a step's passages, padding included, as the tokenizer pads them."""
     batch = build_batch(
         examples, tokenizer=tok, hard_negatives=1, max_query_length=32, max_passage_length=48,
-        seed=0, step=0,
+        seed=0, epoch=0,
     )  # fmt: skip
     ids = batch.p_inputs["input_ids"].tolist()
     ctxs = []

@@ -50,22 +50,40 @@ EXPECTED = [
         "question": "who wrote hamlet?",
         "answers": ["Shakespeare"],
         "positive_ctxs": [
-            {"title": "Hamlet", "text": "Hamlet is a tragedy by Shakespeare.", "passage_id": "7"}
+            {
+                "title": "Hamlet",
+                "text": "Hamlet is a tragedy by Shakespeare.",
+                "passage_id": "7",
+                "teacher_score": None,
+            }
         ],
         "hard_negative_ctxs": [
             {
                 "title": "Macbeth",
                 "text": "Macbeth is a play.",
                 "passage_id": derived_passage_id("Macbeth", "Macbeth is a play."),
+                "teacher_score": None,
             }
         ],
-        "negative_ctxs": [{"title": "Paris", "text": "Paris is in France.", "passage_id": "9"}],
+        "negative_ctxs": [
+            {
+                "title": "Paris",
+                "text": "Paris is in France.",
+                "passage_id": "9",
+                "teacher_score": None,
+            }
+        ],
     },
     {
         "question": "capital of france?",
         "answers": ["Paris"],
         "positive_ctxs": [
-            {"title": "Paris", "text": "Paris is the capital of France.", "passage_id": "12"}
+            {
+                "title": "Paris",
+                "text": "Paris is the capital of France.",
+                "passage_id": "12",
+                "teacher_score": None,
+            }
         ],
         "hard_negative_ctxs": [],
         "negative_ctxs": [],
@@ -195,3 +213,57 @@ def test_a_config_takes_one_training_file_or_a_list(tmp_path: Path) -> None:
     assert load_config(None, []).train_files == []
     with pytest.raises(InputError, match="data.train"):
         load_config(None, ["data.train=[1, [2]]"])
+
+
+def scored(question: str, scores: list, n_hard: int | None = None) -> dict:
+    """A record whose positive and hard negatives carry ``scores`` (None: no teacher_score)."""
+    ctxs = []
+    for j, score in enumerate(scores):
+        c = ctx(f"{question}-{j}", text=f"passage {j}")
+        if score is not None:
+            c["teacher_score"] = score
+        ctxs.append(c)
+    return {"question": question, "answers": ["a"], "positive_ctxs": ctxs[:1],
+            "hard_negative_ctxs": ctxs[1:], "negative_ctxs": [ctx("n", text="neg")]}  # fmt: skip
+
+
+def test_teacher_scores_are_read_from_json_and_jsonl(tmp_path: Path) -> None:
+    records = [scored("q0", [9.5, 1, -2.25]), scored("q1", [3.0, 2.5])]
+    stats: dict = {}
+    a = load_training_set(write_json(tmp_path / "t.json", records), tmp_path / "c", stats=stats)
+    b = load_training_set(write_jsonl(tmp_path / "t.jsonl", records), tmp_path / "c")
+    assert rows(a) == rows(b)
+    first = rows(a)[0]
+    assert [c["teacher_score"] for c in first["positive_ctxs"]] == [9.5]
+    assert [c["teacher_score"] for c in first["hard_negative_ctxs"]] == [1.0, -2.25]
+    assert first["negative_ctxs"][0]["teacher_score"] is None  # not needed: never checked
+    assert stats["unscored"] is None and stats["fewest_hard_negatives"] == 1
+    training.check_teacher_scores(stats, 1)  # enough for H = 1
+    with pytest.raises(InputError, match=r"t.json item 1: 1 hard negatives.*hard_negatives is 2"):
+        training.check_teacher_scores(stats, 2)
+
+
+@pytest.mark.parametrize(
+    ("records", "where"),
+    [
+        ([scored("q0", [1.0, 2.0]), scored("q1", [None, 2.0])], "line 2: positive_ctxs[0]"),
+        ([scored("q0", [1.0, 2.0, None])], "line 1: hard_negative_ctxs[1]"),
+    ],
+)
+def test_a_missing_teacher_score_is_named_with_file_and_record(tmp_path, records, where):
+    stats: dict = {}
+    load_training_set(write_jsonl(tmp_path / "t.jsonl", records), tmp_path / "c", stats=stats)
+    with pytest.raises(InputError) as err:
+        training.check_teacher_scores(stats, 1)
+    assert f"t.jsonl {where} has no teacher_score" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", '"high"', "true"])
+def test_a_bad_teacher_score_is_named(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "t.jsonl"
+    good = json.dumps(scored("q0", [1.0, 0.5]))
+    broken = json.dumps(scored("q1", [1.0, 12345.0])).replace("12345.0", bad)
+    path.write_text(good + "\n" + broken + "\n")
+    with pytest.raises(InputError, match=r"t.jsonl line 2: hard_negative_ctxs\[0\]: teacher_score"):
+        load_training_set(path, tmp_path / "c")

@@ -98,3 +98,64 @@ def test_an_os_error_keeps_its_errno_and_path_and_exits_1(tmp_path):
     expect_error(proc, "[Errno 20]", "Not a directory", str(blocker), code=1)
     assert blocker.read_text() == "not a folder"
     assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("config.yaml"))
+
+
+# -- distillation: the teacher's scores --------------------------------------------------------
+
+
+def test_a_record_without_a_teacher_score_is_named_and_nothing_written_is_lost(tmp_path):
+    from tests.support.teacher import write_scored_toy
+
+    args = toy_overrides(tmp_path, **{"train.max_steps": 2})
+    run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
+    run = tmp_path / "run"
+
+    def written() -> dict:  # the run's files but the lock (which names its last holder)
+        return {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+    before = written()
+    path = write_scored_toy(tmp_path / "scored.jsonl", unscored=4)
+    more = ["--set", f"data.train={path}", "--set", "train.loss=distill_kl", "--set",
+            "train.max_steps=4"]  # fmt: skip
+    proc = run_cli("train", "--config", "configs/toy.yaml", *args, *more, "--resume", "-q",
+                   check=False)  # fmt: skip
+    expect_error(proc, "scored.jsonl line 5: hard_negative_ctxs[1] has no teacher_score")
+    assert written() == before and len(before) > 10
+
+
+def test_a_contrastive_run_needs_no_teacher_score(tmp_path):
+    from tests.support.teacher import write_scored_toy
+
+    path = write_scored_toy(tmp_path / "scored.jsonl", unscored=4)
+    proc = train(tmp_path, f"data.train={path}", "train.max_steps=1")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("bad", ["NaN", "-Infinity", '"high"'])
+def test_a_bad_teacher_score_is_named(tmp_path, bad):
+    from tests.support.teacher import write_scored_toy
+
+    path = write_scored_toy(tmp_path / "scored.jsonl", bad=bad)
+    proc = train(tmp_path, f"data.train={path}", "train.loss=margin_mse")
+    expect_error(proc, "scored.jsonl line 1: positive_ctxs[0]: teacher_score")
+
+
+def test_fewer_scored_hard_negatives_than_asked_is_named(tmp_path):
+    from tests.support.teacher import write_scored_toy
+
+    path = write_scored_toy(tmp_path / "scored.jsonl")
+    proc = train(tmp_path, f"data.train={path}", "train.loss=distill_kl", "train.hard_negatives=3")
+    expect_error(proc, "scored.jsonl line 1: 2 hard negatives", "train.hard_negatives is 3")
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragments"),
+    [
+        (["train.distill_weight=0.5"], ["train.distill_weight is set", "contrastive"]),
+        (["train.loss=distill_kl", "train.teacher_temperature=0"], ["train.teacher_temperature"]),
+        (["train.loss=margin_mse", "train.teacher_temperature=2"], ["train.teacher_temperature"]),
+        (["train.loss=distill_kl", "train.hard_negatives=0"], ["train.hard_negatives"]),
+    ],
+)
+def test_contradicting_distillation_options_name_the_key(tmp_path, sets, fragments):
+    expect_error(train(tmp_path, *sets), "configs/toy.yaml", *fragments)

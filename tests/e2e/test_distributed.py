@@ -20,6 +20,7 @@ import torch.distributed as dist
 import yaml
 
 from dpr_cache.core.accumulate import FullBatch
+from dpr_cache.core.distill import mixed_loss
 from dpr_cache.core.loss import contrastive_loss
 from tests.support import distributed_cases as w
 from tests.support.cli import free_port
@@ -164,6 +165,86 @@ def test_negative_control_gather_without_gradient_is_wrong(spawned, case):
             err = max_relative_error(result["steps"][step]["grads"], want)
             print(f"{case['name']} step {step}: max relative error {err:.2e}")
             assert err > 1e-3
+
+
+# -- distillation: each rank's group terms on its own rows, the same normalisation -------------
+
+DISTILL = [
+    {"name": "distill-kl-gradcache-separate", "mode": "gradcache", "shared": False,
+     "distill": "distill_kl"},
+    {"name": "distill-kl-mixed-gradcache-shared-tiled", "mode": "gradcache", "shared": True,
+     "distill": "distill_kl", "weight": 0.5, "tile": 3},
+    {"name": "margin-mse-gradcache-shared", "mode": "gradcache", "shared": True,
+     "distill": "margin_mse"},
+    {"name": "margin-mse-mixed-full-separate", "mode": "full", "shared": False,
+     "distill": "margin_mse", "weight": 0.3},
+]  # fmt: skip
+DISTILL_CONTROL = [
+    {"name": "distill-kl-wrong-teacher", "mode": "gradcache", "shared": False,
+     "distill": "distill_kl", "wrong_teacher": True},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def spawned_distill(tmp_path_factory) -> Path:
+    """The distillation cases on 2 spawned ranks (apart, so ``-k distill`` runs only them)."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("dist-distill")
+    context = mp.start_processes(
+        w.main,
+        args=(WORLD, free_port(), str(out), DISTILL + DISTILL_CONTROL),
+        nprocs=WORLD,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + SPAWN_TIMEOUT
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for proc in context.processes:
+                proc.kill()
+            pytest.fail(f"distributed workers did not finish within {SPAWN_TIMEOUT}s")
+    return out
+
+
+@functools.cache
+def distill_reference(case_name: str, step: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """One process, the whole global batch, the untiled loss with the case's distillation."""
+    case = next(c for c in DISTILL + DISTILL_CONTROL if c["name"] == case_name)
+    model = w.make_model(case["shared"])
+    q_inputs, p_inputs, p_ids = w.global_batch(step)
+    loss_fn = functools.partial(
+        mixed_loss, temperature=w.TEMPERATURE, group_size=w.GROUP, p_ids=p_ids,
+        distillation=w.distillation(case), teacher_scores=w.teacher_scores(step),
+    )  # fmt: skip
+    model.zero_grad(set_to_none=True)
+    loss = FullBatch(model.encode_query, model.encode_passage, loss_fn).step(q_inputs, p_inputs)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return float(loss), grads
+
+
+@pytest.mark.parametrize("case", DISTILL, ids=[c["name"] for c in DISTILL])
+def test_two_ranks_give_the_single_process_gradient_with_distillation(spawned_distill, case):
+    per_rank = results(spawned_distill, case)
+    for step in range(w.STEPS):
+        want_loss, want = distill_reference(case["name"], step)
+        losses = [r["steps"][step]["loss"] for r in per_rank]
+        assert sum(losses) / WORLD == pytest.approx(want_loss, rel=1e-12)
+        for rank, result in enumerate(per_rank):
+            err = max_relative_error(result["steps"][step]["grads"], want)
+            print(f"{case['name']} step {step} rank {rank}: max relative error {err:.2e}")
+            assert err < 1e-6
+            assert all(set(s["params"].values()) == {1} for s in result["steps"][step]["syncs"])
+
+
+def test_negative_control_distillation_with_another_rank_s_teacher_is_wrong(spawned_distill):
+    """Rank 1 reading rank 0's teacher scores gives another gradient: the scores must be the
+    rank's own rows'."""
+    (case,) = DISTILL_CONTROL
+    for step in range(w.STEPS):
+        _, want = distill_reference(case["name"], step)
+        for result in results(spawned_distill, case):
+            assert max_relative_error(result["steps"][step]["grads"], want) > 1e-3
 
 
 def test_every_global_batch_is_full_so_no_rank_waits_alone():

@@ -28,7 +28,7 @@ def test_the_readme_example_runs_and_steps() -> None:
         examples = [json.loads(line) for line in f][:8]
     batch = build_batch(
         examples, tokenizer=load_tokenizer(TOY / "tiny-bert"), hard_negatives=1,
-        max_query_length=16, max_passage_length=32, seed=0, step=0,
+        max_query_length=16, max_passage_length=32, seed=0, epoch=0,
     )  # fmt: skip
     scope = {"batches": [(batch.q_inputs, batch.p_inputs, batch.p_ids)]}
     torch.manual_seed(0)

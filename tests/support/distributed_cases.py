@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from dpr_cache.core.distill import Distillation
 from dpr_cache.core.gather import gather_no_grad
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.core.steppers import make_loss_fn, make_stepper
@@ -64,6 +65,19 @@ def global_batch(step: int) -> tuple[dict, dict, Tensor]:
         for key in p_inputs:
             p_inputs[key][dup] = p_inputs[key][orig]
     return q_inputs, p_inputs, p_ids
+
+
+def teacher_scores(step: int) -> Tensor:
+    """The teacher's scores of a global batch's passage rows (float64)."""
+    gen = torch.Generator().manual_seed(30 + step)
+    return 3.0 * torch.randn(N_Q * GROUP, generator=gen, dtype=torch.float64)
+
+
+def distillation(case: dict[str, Any]) -> Distillation | None:
+    """A case's distillation spec (``distill``: the loss, ``weight``: the contrastive share)."""
+    if "distill" not in case:
+        return None
+    return Distillation(case["distill"], weight=case.get("weight", 0.0), teacher_temperature=2.0)
 
 
 def rank_rows(inputs: dict, rank: int, world: int) -> dict:
@@ -126,7 +140,7 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
     else:
         loss_fn = make_loss_fn(
             temperature=TEMPERATURE, tile_size=case.get("tile"), group_size=GROUP,
-            rank=env.rank, world_size=env.world_size,
+            rank=env.rank, world_size=env.world_size, distillation=distillation(case),
         )  # fmt: skip
     if case.get("sync_every_chunk"):  # the counter's own control: no no_sync at all
         towers.no_sync = None
@@ -137,10 +151,17 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
     for step in range(STEPS):
         q_inputs, p_inputs, p_ids = global_batch(step)
         model.zero_grad(set_to_none=True)
+        extra = {}
+        if "distill" in case:  # the control reads rank 0's scores on every rank
+            teacher_rank = 0 if case.get("wrong_teacher") else env.rank
+            extra["teacher_scores"] = rank_rows(
+                {"t": teacher_scores(step)}, teacher_rank, env.world_size
+            )["t"]
         loss = stepper.step(
             rank_rows(q_inputs, env.rank, env.world_size),
             rank_rows(p_inputs, env.rank, env.world_size),
             p_ids=rank_rows({"ids": p_ids}, env.rank, env.world_size)["ids"],
+            **extra,
         )
         steps.append(
             {

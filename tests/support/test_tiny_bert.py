@@ -1,18 +1,26 @@
-"""The tiny offline BERT: vocabulary learning, Hugging Face loading, pair encoding, determinism."""
+"""The tiny offline BERT: vocabulary learning, Hugging Face loading, pair encoding, determinism;
+the tiny cross-encoder built on its tokenizer: loading, determinism, the committed copy."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_bert import SPECIAL_TOKENS, build_tiny_bert, learn_wordpiece_vocab
+from tests.support.tiny_bert import (
+    SPECIAL_TOKENS,
+    build_tiny_bert,
+    build_tiny_cross_encoder,
+    learn_wordpiece_vocab,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 TOY_BERT = Path(__file__).resolve().parents[2] / "data" / "toy" / "tiny-bert"
+TOY_CROSS_ENCODER = TOY_BERT.parent / "tiny-cross-encoder"
 SENTENCES = [
     "Super Bowl 50 was an American football game.",
     "The Denver Broncos defeated the Carolina Panthers.",
@@ -99,3 +107,49 @@ def test_committed_tiny_bert_encodes_to_64_dims() -> None:
     assert torch.isfinite(hidden).all()
     assert model.config.max_position_embeddings == 256
     assert tok.unk_token_id not in enc["input_ids"][0].tolist()
+
+
+def test_cross_encoder_loads_with_the_bert_tokenizer(built: Path, tmp_path: Path) -> None:
+    cross = build_tiny_cross_encoder(built, tmp_path / "ce", num_labels=2)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(cross)
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert model.config.num_labels == 2 and model.config.hidden_size == 8
+    assert (cross / "tokenizer.json").read_bytes() == (built / "tokenizer.json").read_bytes()
+    tok = transformers.AutoTokenizer.from_pretrained(cross)
+    assert model.config.vocab_size == len(tok)
+    assert model.config.max_position_embeddings == tok.model_max_length
+
+
+def test_cross_encoder_same_seed_identical_other_seed_not(built: Path, tmp_path: Path) -> None:
+    one = build_tiny_cross_encoder(built, tmp_path / "one")
+    again = build_tiny_cross_encoder(built, tmp_path / "again")
+    other = build_tiny_cross_encoder(built, tmp_path / "other", seed=1)
+    names = sorted(p.name for p in one.iterdir())
+    assert names == sorted(p.name for p in again.iterdir())
+    assert "model.safetensors" in names
+    for name in names:
+        assert (one / name).read_bytes() == (again / name).read_bytes(), name
+    assert (one / "model.safetensors").read_bytes() != (other / "model.safetensors").read_bytes()
+
+
+@pytest.mark.skipif(not TOY_CROSS_ENCODER.is_dir(), reason="data/toy/tiny-cross-encoder not built")
+def test_committed_cross_encoder_is_what_the_builder_writes(tmp_path: Path) -> None:
+    """The committed folder equals a rebuild from the committed tiny BERT, file by file, but for
+    the transformers version stamped in config.json."""
+    rebuilt = build_tiny_cross_encoder(TOY_BERT, tmp_path / "ce")
+    names = sorted(p.name for p in TOY_CROSS_ENCODER.iterdir())
+    assert names == sorted(p.name for p in rebuilt.iterdir())
+    for name in names:
+        if name == "config.json":
+            assert _unstamped(TOY_CROSS_ENCODER / name) == _unstamped(rebuilt / name)
+        else:
+            assert (TOY_CROSS_ENCODER / name).read_bytes() == (rebuilt / name).read_bytes(), name
+    size = sum(p.stat().st_size for p in TOY_CROSS_ENCODER.iterdir())
+    assert size < 200_000  # a small folder in git: the weights ~80 kB, the tokenizer ~43 kB
+
+
+def _unstamped(config_file: Path) -> dict:
+    """A config.json without the transformers version that saved it."""
+    config = json.loads(config_file.read_text())
+    config.pop("transformers_version")
+    return config

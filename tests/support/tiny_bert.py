@@ -1,7 +1,9 @@
-"""Build a tiny random-init BERT and its WordPiece tokenizer, for offline tests and the toy demo.
+"""Build a tiny random-init BERT and its WordPiece tokenizer, for offline tests and the toy demo,
+and a tiny random-init cross-encoder with the same tokenizer (a teacher for ``dpr-cache score``).
 
-The tokenizer lower-cases and strips accents, like ``bert-base-uncased``. The folder loads with
-``AutoModel.from_pretrained`` and ``AutoTokenizer.from_pretrained`` and needs no network.
+The tokenizer lower-cases and strips accents, like ``bert-base-uncased``. The folders load with
+``AutoModel.from_pretrained`` (``AutoModelForSequenceClassification`` for the cross-encoder) and
+``AutoTokenizer.from_pretrained`` and need no network.
 
 The vocabulary is learned here rather than with ``tokenizers.trainers.WordPieceTrainer``: that
 trainer breaks ties through Rust hash-map order, so its vocabulary changes from run to run.
@@ -11,6 +13,7 @@ The learner below is the same frequency-merge scheme with ties broken by the tok
 from __future__ import annotations
 
 import heapq
+import shutil
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from itertools import pairwise
@@ -18,6 +21,12 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PREFIX = "##"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
 
 
 def _bert_pipeline():
@@ -169,6 +178,57 @@ def build_tiny_bert(
     try:
         torch.manual_seed(seed)
         model = BertModel(config)
+    finally:
+        torch.random.set_rng_state(rng)
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def build_tiny_cross_encoder(
+    bert_dir: Path,
+    out_dir: Path,
+    *,
+    num_labels: int = 1,
+    hidden: int = 8,
+    layers: int = 2,
+    heads: int = 2,
+    intermediate: int = 16,
+    init_std: float = 0.5,
+    seed: int = 0,
+) -> Path:
+    """Write a random-init ``BertForSequenceClassification`` (``num_labels`` logits) and a copy of
+    the tokenizer files of the tiny BERT in ``bert_dir`` to out_dir: a cross-encoder for offline
+    tests.
+
+    Its weights are drawn with std ``init_std`` (BERT's is 0.02), so that its scores spread over
+    about a unit, as a trained cross-encoder's logits do, rather than all rounding to one value.
+    The same folder, sizes and seed give byte-identical files.
+    """
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (Path(bert_dir) / name).is_file():
+            shutil.copyfile(Path(bert_dir) / name, out_dir / name)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=tokenizer.model_max_length,
+        type_vocab_size=2,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=init_std,
+        num_labels=num_labels,
+    )
+    rng = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = BertForSequenceClassification(config)
     finally:
         torch.random.set_rng_state(rng)
     model.save_pretrained(str(out_dir))

@@ -84,10 +84,15 @@ def test_a_checkpoint_of_another_layout_or_epoch_order_is_refused(tmp_path) -> N
         ("format", None, rf"format None, this one reads {FORMAT}\)"),
         ("format", 1, "a checkpoint of another dpr-cache version"),
         ("epoch_order", "seed + epoch", r"draws batch orders as seed \+ epoch, this dpr-cache"),
+        ("negative_draw", "per step", "draws hard negatives as per step, this dpr-cache"),
     ):
         torch.save({**state, key: value}, path / STATE_FILE)
         with pytest.raises(InputError, match=message):
             load_checkpoint(path, model, optimizer, scheduler, None, DistEnv())
+    older = {k: v for k, v in state.items() if k != "negative_draw"}  # drew a step's own
+    torch.save(older, path / STATE_FILE)
+    with pytest.raises(InputError, match=r"hard negatives as stream_entropy\(seed, step, q"):
+        load_checkpoint(path, model, optimizer, scheduler, None, DistEnv())
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path) -> None:
