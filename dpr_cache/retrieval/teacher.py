@@ -35,7 +35,6 @@ from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, questi
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.fusion import FusionSpec, linear_scores
 from dpr_cache.retrieval.lexical import Bm25Index
-from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import PRECISIONS
 
 __all__ = [
@@ -295,23 +294,14 @@ class HybridTeacher(Bm25Teacher):
         ]
 
 
-def open_teacher(
-    spec: TeacherSpec, *, cache_dir: Path, device: torch.device, rank: int = 0
-) -> Teacher:
-    """The teacher ``spec`` names, on ``device``. Under ``torchrun`` rank 0 opens it first (a
-    first BM25 build is written once), the other ranks after it."""
+def open_teacher(spec: TeacherSpec, *, cache_dir: Path, device: torch.device) -> Teacher:
+    """The teacher ``spec`` names, on ``device``."""
     spec.check()
-
-    def open_() -> Teacher:
-        if spec.kind == "bm25":
-            return Bm25Teacher(spec.passages, cache_dir)
-        if spec.kind == "hybrid":
-            return HybridTeacher(spec, cache_dir, device)
-        return CrossEncoderTeacher(spec, device)
-
-    teacher = open_() if rank == 0 else None
-    distributed.barrier()
-    return teacher if teacher is not None else open_()
+    if spec.kind == "bm25":
+        return Bm25Teacher(spec.passages, cache_dir)
+    if spec.kind == "hybrid":
+        return HybridTeacher(spec, cache_dir, device)
+    return CrossEncoderTeacher(spec, device)
 
 
 def score_groups(teacher: Teacher, groups: Sequence[Group]) -> list[np.ndarray]:

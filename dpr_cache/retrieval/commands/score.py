@@ -34,7 +34,12 @@ def score_file(
     try:
         with output_lock(out, is_file=True):
             laps = Laps()
-            scorer = open_teacher(teacher, cache_dir=cache_dir, device=env.device, rank=env.rank)
+            scorer = None
+            if env.rank == 0:  # first: a first BM25 build is written once
+                scorer = open_teacher(teacher, cache_dir=cache_dir, device=env.device)
+            distributed.barrier()
+            if scorer is None:
+                scorer = open_teacher(teacher, cache_dir=cache_dir, device=env.device)
             return score(
                 scorer,
                 train,
