@@ -284,3 +284,28 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
             lines,
         )
         assert out.read_text() == "an earlier output\n"  # nothing written is lost
+
+
+def test_a_non_finite_score_of_any_teacher_names_the_record_and_ctx() -> None:
+    from dpr_cache.errors import InputError
+    from dpr_cache.retrieval.scoring import groups_of
+    from dpr_cache.retrieval.teacher import score_groups
+
+    class Stub:  # a teacher scoring 0, 1, 2, ...; with ``bad``, the second group's 2nd NaN
+        def __init__(self, bad: bool) -> None:
+            self.bad = bad
+
+        def score(self, groups):
+            out = [np.arange(len(g.passages), dtype=np.float64) for g in groups]
+            if self.bad:
+                out[1][1] = np.nan
+            return out
+
+    groups = groups_of(Path("t.jsonl"), [("line 1", RECORDS[0]), ("line 2", RECORDS[1])])
+    with pytest.raises(InputError) as excinfo:
+        score_groups(Stub(bad=True), groups)
+    assert str(excinfo.value) == (
+        "t.jsonl line 2: hard_negative_ctxs[0]: the teacher scored it nan, not a finite number"
+    )
+    # negative control: finite scores pass through
+    assert [s.tolist() for s in score_groups(Stub(bad=False), groups)] == [[0, 1, 2], [0, 1, 2]]
