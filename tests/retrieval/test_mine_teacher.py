@@ -116,3 +116,26 @@ def test_teacher_options_are_checked_in_one_line(train, tmp_path) -> None:
         assert done.returncode == 2 and len(lines) == 1, (extra, lines)
         assert lines[0].startswith("error: ") and message in lines[0], (extra, lines)
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_two_ranks_clean_as_one_process(train, tmp_path) -> None:
+    """The teacher scores on rank 0 alone; the other rank waits and the file is the same."""
+    extra = [
+        "--negatives",
+        "3",
+        "--teacher",
+        "bm25",
+        "--teacher-relative",
+        "0.9",
+        "--device",
+        "cpu",
+    ]
+    _mine(train, tmp_path / "one.jsonl", *extra)
+    run_cli("mine", "--ranker", "bm25", "--passages", str(PASSAGES), "--train", str(train),
+            "--out", str(tmp_path / "two.jsonl"), "--cache-dir", str(train.parent / "cache"),
+            "--depth", str(DEPTH), "-q", *extra, world=2)  # fmt: skip
+    one = (tmp_path / "one.jsonl").read_bytes()
+    assert one and (tmp_path / "two.jsonl").read_bytes() == one
+    summaries = [json.loads((tmp_path / f"{n}.summary.json").read_text()) for n in ("one", "two")]
+    assert summaries[0]["dropped"] == summaries[1]["dropped"]
+    assert summaries[0]["dropped"]["teacher"] > 0
