@@ -8,7 +8,7 @@ import importlib
 
 from dpr_cache.cli.app import app, main
 
-for _module in ("run", "vectors", "mine", "data"):
+for _module in ("run", "vectors", "mine", "score", "data"):
     importlib.import_module(f"dpr_cache.cli.{_module}")
 
 __all__ = ["app", "main"]

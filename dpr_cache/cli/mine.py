@@ -51,6 +51,30 @@ def mine(
         float | None,
         typer.Option(help="Drop a candidate scoring at least positive - MARGIN x |positive|."),
     ] = None,
+    teacher: Annotated[
+        str | None,
+        typer.Option(
+            help="Drop candidates a teacher (bm25, hybrid or a cross-encoder folder) "
+            "scores near the positive."
+        ),
+    ] = None,
+    teacher_margin: Annotated[
+        float | None,
+        typer.Option(help="Drop a candidate the teacher scores at least positive - MARGIN."),
+    ] = None,
+    teacher_relative: Annotated[
+        float | None,
+        typer.Option(
+            help="Drop a candidate the teacher scores at least R x its positive "
+            "(positive - (1 - R) x |positive|; 0.95: NV-Retriever's)."
+        ),
+    ] = None,
+    fusion_weight: Annotated[
+        float | None, typer.Option(help="--teacher hybrid: the dense score's weight.")
+    ] = None,
+    precision: Annotated[
+        str, typer.Option(help="A cross-encoder teacher's: auto, fp32, bf16 or fp16.")
+    ] = "auto",
     batch: Annotated[int, typer.Option(help="Questions per part (resumable unit).")] = 2048,
     memory_gb: Annotated[
         float, typer.Option("--memory-gb", help="Peak memory, in GB.")
@@ -80,10 +104,24 @@ def mine(
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.mine import RankerSpec, format_summary, mine_file
     from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules
+    from dpr_cache.retrieval.teacher import TeacherSpec
 
     if match not in ("string", "regex", "none"):
         raise InputError(f"--match: {match!r} is not one of string, regex, none")
-    rules = NegativeRules(None if match == "none" else match, margin, relative_margin)
+    if teacher is None and (fusion_weight is not None or precision != "auto"):
+        raise InputError("--fusion-weight and --precision are the teacher's: give --teacher")
+    rules = NegativeRules(
+        None if match == "none" else match,
+        margin,
+        relative_margin,
+        teacher_margin,
+        teacher_relative,
+    )
+    taught = None
+    if teacher is not None:
+        taught = TeacherSpec(
+            teacher, fusion_weight=fusion_weight, precision=precision, device=device
+        )
     spec = MineSpec(negatives, depth, skip, keep_bm25, rules, batch)
     ranks = RankerSpec(ranker, model, index, passages, nprobe, ef_search, memory_gb, device)
     summary = mine_file(
@@ -95,6 +133,7 @@ def mine(
         cache_dir=cache_dir or default_cache_dir(),
         progress=not quiet,
         command=shlex.join(["dpr-cache", *sys.argv[1:]]),
+        teacher=taught,
     )
     if summary is not None:
         print(format_summary(summary))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FUSIONS", "FusionSpec", "fuse_linear", "fuse_rrf", "fuse"]
+__all__ = ["FUSIONS", "FusionSpec", "linear_scores", "fuse_linear", "fuse_rrf", "fuse"]
 
 FUSIONS = ("none", "linear", "rrf")
 Ranking = tuple[np.ndarray, np.ndarray]  # (rows [n], scores [n]) best first; row -1: no passage
@@ -53,6 +53,11 @@ def _ranked(rows: np.ndarray, scores: np.ndarray, k: int) -> Ranking:
     return rows[order], scores[order]
 
 
+def linear_scores(sparse: np.ndarray, dense: np.ndarray, weight: float) -> np.ndarray:
+    """The linear hybrid's score of passages: ``BM25 + weight * dense`` (float64)."""
+    return np.asarray(sparse, np.float64) + weight * np.asarray(dense, np.float64)
+
+
 def fuse_linear(
     dense: Ranking,
     sparse: Ranking,
@@ -74,7 +79,7 @@ def fuse_linear(
         dense_all[~in_d] = dense_of(rows[~in_d])
     if (~in_s).any():
         sparse_all[~in_s] = sparse_of(rows[~in_s])
-    return [_ranked(rows, sparse_all + w * dense_all, k) for w in weights]
+    return [_ranked(rows, linear_scores(sparse_all, dense_all, w), k) for w in weights]
 
 
 def fuse_rrf(rankings: Sequence[Ranking], k: int, rrf_k: int = 60) -> Ranking:

@@ -63,7 +63,7 @@ def _hold(target: Path, is_file: bool) -> subprocess.Popen:
     return holder
 
 
-@pytest.mark.parametrize("command", ["encode", "index", "mine"])
+@pytest.mark.parametrize("command", ["encode", "index", "mine", "score"])
 def test_a_command_into_an_output_another_process_writes_is_refused(
     tmp_path, toy_run, command
 ) -> None:
@@ -71,7 +71,8 @@ def test_a_command_into_an_output_another_process_writes_is_refused(
     holder here is a process that takes the output's lock and waits: the real command must
     refuse at once, write nothing, then run once the holder is gone."""
     model, cache = toy_run / "run" / "model", ["--cache-dir", str(toy_run / "cache")]
-    out = tmp_path / ("mined.jsonl" if command == "mine" else "out")
+    to_file = command in ("mine", "score")
+    out = tmp_path / ("mined.jsonl" if to_file else "out")
     args = {
         "encode": ["encode", "--model", str(model), "--passages", str(TOY / "passages.tsv"),
                    "--out", str(out), *cache],
@@ -80,12 +81,14 @@ def test_a_command_into_an_output_another_process_writes_is_refused(
         "mine": ["mine", "--model", str(model), "--index", str(toy_run / "run" / "index"),
                  "--train", str(TOY / "train.jsonl"), "--out", str(out), "--negatives", "3",
                  "--depth", "10", *cache],
+        "score": ["score", "--teacher", "bm25", "--passages", str(TOY / "passages.tsv"),
+                  "--train", str(TOY / "train.jsonl"), "--out", str(out), *cache],
     }[command]  # fmt: skip
-    holder = _hold(out, is_file=command == "mine")
+    holder = _hold(out, is_file=to_file)
     second = run_cli(*args, "-q", check=False)
     assert second.returncode == 2 and f"in use by pid {holder.pid}" in second.stderr
     written = [p.name for p in tmp_path.rglob("*") if not p.name.endswith(".lock")]
-    assert written == (["out"] if command != "mine" else []), written  # the lock's folder only
+    assert written == ([] if to_file else ["out"]), written  # the lock's folder only
     assert kill_when(holder, lambda: True)
     assert run_cli(*args, "-q").returncode == 0 and out.exists()
     record("two commands, one folder", command, f"a second {command} into the same output", True)

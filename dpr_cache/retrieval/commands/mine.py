@@ -1,10 +1,12 @@
 """``dpr-cache mine``: hard negatives for a training file, ranked by the model over its index or
 by BM25 over the passages (:mod:`dpr_cache.retrieval.mining.miner`, the one candidate loop for
 both), written under the lock on ``OUT``; under ``torchrun`` the index's shards are split over
-the ranks."""
+the ranks. A teacher (:mod:`dpr_cache.retrieval.teacher`), on rank 0, drops the candidates it
+scores near the positive."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from dpr_cache.retrieval.dense.index import open_index, search_spec
 from dpr_cache.retrieval.mining.miner import mine
 from dpr_cache.retrieval.mining.rankers import RANKERS, Bm25Ranker, ModelRanker
 from dpr_cache.retrieval.mining.rules import MineSpec, check_spec
+from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
@@ -38,8 +41,9 @@ class RankerSpec:
     memory_gb: float = 4.0
     device: str = "auto"
 
-    def check(self) -> None:
-        """InputError when the ranker is unknown or its inputs are missing or foreign."""
+    def check(self, hybrid_teacher: bool = False) -> None:
+        """InputError when the ranker is unknown or its inputs are missing or foreign (a hybrid
+        teacher takes --model and --index under either ranker)."""
         if self.name not in RANKERS:
             raise InputError(f"--ranker: {self.name!r} is not one of {', '.join(RANKERS)}")
         if self.name == "model" and (self.model is None or self.index is None):
@@ -47,7 +51,7 @@ class RankerSpec:
         if self.name == "bm25":
             if self.passages is None:
                 raise InputError("mine --ranker bm25: give --passages TSV")
-            if self.model is not None or self.index is not None:
+            if not hybrid_teacher and (self.model is not None or self.index is not None):
                 raise InputError("mine --ranker bm25: ranks with no --model or --index")
 
 
@@ -61,10 +65,17 @@ def mine_file(
     cache_dir: Path,
     progress: bool = True,
     command: str = "",
+    teacher: TeacherSpec | None = None,
 ) -> dict[str, Any] | None:
-    """Mine ``train`` into ``out`` with the ranker asked for; rank 0 returns the summary."""
-    ranker.check()
+    """Mine ``train`` into ``out`` with the ranker asked for; rank 0 returns the summary.
+    ``teacher`` (its own options; the passages, model and index are the ranker's) scores the
+    candidates for the teacher rule."""
+    ranker.check(hybrid_teacher=teacher is not None and teacher.kind == "hybrid")
     check_spec(spec)
+    if teacher is None and spec.rules.by_teacher:
+        raise InputError("mine: --teacher-margin and --teacher-relative need --teacher")
+    if teacher is not None and not spec.rules.by_teacher:
+        raise InputError("mine: --teacher needs --teacher-margin or --teacher-relative")
     env = distributed.setup(ranker.device, "--device")
     try:
         with output_lock(out, is_file=True):
@@ -85,6 +96,15 @@ def mine_file(
                     rank=env.rank,
                     world_size=env.world_size,
                 )
+            laps.lap("load the ranker and passages")
+            scorer = None
+            if teacher is not None and env.rank == 0:
+                scorer = open_teacher(
+                    _teacher_of(teacher, ranker, ranks.passages),
+                    cache_dir=cache_dir,
+                    device=env.device,
+                )
+            laps.lap("load the teacher")
             return mine(
                 ranks,
                 train,
@@ -95,9 +115,21 @@ def mine_file(
                 progress=progress,
                 command=command,
                 laps=laps,
+                teacher=scorer,
             )
     finally:
         distributed.teardown()
+
+
+def _teacher_of(teacher: TeacherSpec, ranker: RankerSpec, passages: Path) -> TeacherSpec:
+    """The teacher with the ranker's passages (bm25, hybrid), model and index (hybrid)."""
+    if teacher.kind == "bm25":
+        return dataclasses.replace(teacher, passages=passages)
+    if teacher.kind == "hybrid":
+        return dataclasses.replace(
+            teacher, passages=passages, model=ranker.model, index=ranker.index
+        )
+    return teacher
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -121,6 +153,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     by = summary["mined_by"]
     what = by["model"] if by["ranker"] == "model" else by["passages"]
     lines.append(f"mined by: {by['ranker']} {json.dumps(what)}")
+    if "teacher" in by:
+        lines.append(f"teacher: {json.dumps(by['teacher'])}")
     stages = ", ".join(f"{name} {s:.1f}" for name, s in summary["seconds_by_stage"].items())
     lines.append(f"seconds: {summary['seconds']:.1f} ({stages})")
     return "\n".join(lines)

@@ -4,11 +4,11 @@ For each question (DPR JSON or JSON Lines), a ranker (:mod:`~dpr_cache.retrieval
 the model over its index, or BM25) gives its candidates best first; :func:`negatives_of` walks the
 window ``[skip, skip + depth)`` of them, and those no rule drops
 (:mod:`~dpr_cache.retrieval.mining.rules`: the positive, judged relevant, holding an answer,
-within a margin of the positive) become the record's ``hard_negative_ctxs`` (``passage_id``,
-``title``, ``text``, ``score``), best first; with ``keep_bm25`` the file's own hard negatives
-follow them. Every other key is kept. The records go to ``OUT`` as JSON Lines, with what mined
-them, what each rule dropped and the seconds each stage took beside it
-(``<OUT stem>.summary.json``).
+within a margin of the positive by the ranker's score or a teacher's) become the record's
+``hard_negative_ctxs`` (``passage_id``, ``title``, ``text``, ``score``), best first; with
+``keep_bm25`` the file's own hard negatives follow them. Every other key is kept. The records go
+to ``OUT`` as JSON Lines, with what mined them, what each rule dropped and the seconds each stage
+took beside it (``<OUT stem>.summary.json``).
 
 Resumable: the questions go in parts of ``batch``, each written whole into ``OUT.parts/``; a rerun
 with the same ranker, file and settings keeps the finished parts. A question's id (for the qrels)
@@ -41,6 +41,7 @@ from dpr_cache.retrieval.mining.parts import (
 )
 from dpr_cache.retrieval.mining.rankers import Ranked, Ranker
 from dpr_cache.retrieval.mining.rules import MineSpec, check_spec, drop_reason
+from dpr_cache.retrieval.teacher import Group, Passage, Teacher, passage_of, score_groups
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.laps import Laps
@@ -67,16 +68,21 @@ def mine(
     progress: bool = True,
     command: str = "",
     laps: Laps | None = None,
+    teacher: Teacher | None = None,
 ) -> dict[str, Any] | None:
     """Mine ``train`` into ``out`` (see the module docstring); rank 0 returns the summary. The
-    caller holds the lock on ``out``."""
+    caller holds the lock on ``out``. ``teacher`` (rank 0's; None elsewhere) scores the window's
+    candidates and the positive for the teacher rule."""
     check_spec(spec)
+    if spec.rules.by_teacher and rank == 0 and teacher is None:
+        raise InputError("mine: --teacher-margin and --teacher-relative need --teacher")
     train, out = Path(train), Path(out)
     if out.resolve() == train.resolve():
         raise InputError(f"{out}: the output must not overwrite the training file")
     laps = laps or Laps()
     judged = read_qrels(qrels) if qrels is not None else None
-    parts = parts_dir(out, ranker.inputs(), train, spec, qrels, rank)
+    inputs = ranker.inputs() + ([teacher.inputs()] if teacher is not None else [])
+    parts = parts_dir(out, inputs, train, spec, qrels, rank)
     laps.lap("load the ranker and passages")
     bar = tqdm(unit="q", desc="mine", disable=not (progress and rank == 0), dynamic_ncols=True)
     n_parts = 0
@@ -86,7 +92,7 @@ def mine(
             laps.lap("read the training file")
             part = parts / f"part-{n_parts:06d}.jsonl"  # done once its counts (.json) follow it
             if not distributed.rank0_says(part.with_suffix(".json").is_file()):
-                mined, counts = mine_part(ranker, batch, train, spec, judged, laps)
+                mined, counts = mine_part(ranker, batch, train, spec, judged, laps, teacher)
                 if rank == 0:
                     counts["kept_bm25"] = write_part(part, raw, mined, spec.keep_bm25, train)
                     write_json_atomic(part.with_suffix(".json"), counts)
@@ -104,6 +110,8 @@ def mine(
     laps.lap("join the parts into OUT")
     stages = laps.seconds()
     mined_by = {**ranker.mined_by(), "qrels": str(qrels) if qrels else None}
+    if teacher is not None:
+        mined_by["teacher"] = teacher.describe()
     summary.update(
         train=str(train),
         out=str(out),
@@ -125,6 +133,7 @@ def mine_part(
     spec: MineSpec,
     qrels: dict | None,
     laps: Laps,
+    teacher: Teacher | None = None,
 ) -> tuple[list[list[dict]], dict[str, Any]]:
     """Each question's mined negatives (empty on ranks but 0) and the counts."""
     examples = [b[2] for b in batch]
@@ -145,11 +154,17 @@ def mine_part(
     found = passage_columns(ranker.dataset, rows)
     laps.lap("read the candidates")
     where = {row: i for i, row in enumerate(rows)}
+    taught = [None] * len(batch)
+    if teacher is not None and spec.rules.by_teacher:
+        taught = _teacher_scores(teacher, batch, ranked, found, where, spec, train)
+        laps.lap("score with the teacher")
     counts: Counter = Counter(questions=len(batch))
     mined = []
     for q, (_, qid, example) in enumerate(batch):
         judged = frozenset(p for p, g in (qrels or {}).get(qid, {}).items() if g > 0)
-        negatives, answer_at = negatives_of(example, ranked, q, found, where, spec, judged, counts)
+        negatives, answer_at = negatives_of(
+            example, ranked, q, found, where, spec, judged, counts, taught[q]
+        )
         mined.append(negatives)
         counts[f"{ANSWER_AT}{answer_at}"] += 1
     laps.lap("apply the rules")
@@ -165,10 +180,12 @@ def negatives_of(
     spec: MineSpec,
     judged: frozenset[str],
     counts: Counter,
+    taught: tuple[float, dict[int, float]] | None = None,
 ) -> tuple[list[dict], int | None]:
     """The candidate loop: question ``q``'s candidates in its window, best first, kept unless a
     rule drops them, until ``spec.negatives`` are kept; and the rank in the window of the first
-    candidate holding an answer (None: none does, or answers are not matched)."""
+    candidate holding an answer (None: none does, or answers are not matched). ``taught``: the
+    teacher's score of the positive and of each candidate row (None: no teacher rule)."""
     rows, scores = ranked.rows[q], ranked.scores[q]
     pos_score = None if np.isnan(ranked.positive[q]) else float(ranked.positive[q])
     out: list[dict] = []
@@ -198,6 +215,7 @@ def negatives_of(
             positive_score=pos_score,
             judged=judged,
             holds_answer=holds,
+            teacher=None if taught is None else (taught[1][row], taught[0]),
         )
         if reason is not None:
             counts[f"dropped_{reason}"] += 1
@@ -213,6 +231,35 @@ def negatives_of(
     counts["negatives"] += len(out)
     counts["short"] += len(out) < spec.negatives
     return out, answer_at
+
+
+def _teacher_scores(
+    teacher: Teacher,
+    batch: list,
+    ranked: Ranked,
+    found: dict[str, list],
+    where: dict[int, int],
+    spec: MineSpec,
+    train: Path,
+) -> list[tuple[float, dict[int, float]] | None]:
+    """For each question with a positive: the teacher's score of its first positive and of
+    each candidate row of its window (None: no positive, so no teacher rule)."""
+    asked, groups = [], []
+    for q, (at, _, example) in enumerate(batch):
+        if not example["positive_ctxs"]:
+            continue
+        rows = [r for r in ranked.rows[q, spec.skip :].tolist() if r >= 0]
+        candidates = [where[r] for r in rows]
+        passages = [passage_of(example["positive_ctxs"][0])] + [
+            Passage(found["id"][i], found["title"][i], found["text"][i]) for i in candidates
+        ]
+        names = ["positive_ctxs[0]"] + [f"candidate {found['id'][i]!r}" for i in candidates]
+        groups.append(Group(f"{train} {at}", example["question"], passages, names))
+        asked.append((q, rows))
+    taught: list[tuple[float, dict[int, float]] | None] = [None] * len(batch)
+    for (q, rows), scores in zip(asked, score_groups(teacher, groups), strict=True):
+        taught[q] = (float(scores[0]), dict(zip(rows, scores[1:].tolist(), strict=True)))
+    return taught
 
 
 def _positive_rows(ranker: Ranker, batch: list, train: Path) -> np.ndarray:

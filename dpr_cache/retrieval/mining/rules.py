@@ -6,7 +6,11 @@ relevant (``judged``: the qrels say so), holds an answer (``answer``: DPR's ``ha
 passage text, string or regex match) or scores within a margin of the positive (``margin``: a
 likely false negative; absolute, ``score >= positive - margin``, or relative,
 ``score >= positive - relative_margin * |positive|``: sentence-transformers' miner's rules, the
-relative one also sensible for a positive scoring below 0).
+relative one also sensible for a positive scoring below 0) or scores, by a teacher
+(:mod:`dpr_cache.retrieval.teacher`), within a margin of the question's positive or above it
+(``teacher``: absolute, ``teacher >= teacher's positive - teacher_margin``, or relative,
+``teacher >= teacher's positive - (1 - teacher_relative) * |teacher's positive|``: with 0.95,
+NV-Retriever's 95%-of-positive rule; either drops when both are given).
 """
 
 from __future__ import annotations
@@ -20,17 +24,24 @@ from dpr_cache.errors import InputError
 
 __all__ = ["RULES", "NegativeRules", "MineSpec", "check_spec", "drop_reason"]
 
-RULES = ("positive_id", "positive_text", "judged", "answer", "margin")
+RULES = ("positive_id", "positive_text", "judged", "answer", "margin", "teacher")
 
 
 @dataclass(frozen=True)
 class NegativeRules:
     """Which candidates cannot be hard negatives: answer matching (``match``: string | regex, None:
-    answers not looked at) and the margins below the positive's score (None: no margin)."""
+    answers not looked at), the margins below the positive's score (None: no margin) and the
+    teacher's (None: no teacher rule)."""
 
     match: str | None = "string"
     margin: float | None = None
     relative_margin: float | None = None
+    teacher_margin: float | None = None
+    teacher_relative: float | None = None
+
+    @property
+    def by_teacher(self) -> bool:
+        return self.teacher_margin is not None or self.teacher_relative is not None
 
 
 def drop_reason(
@@ -43,9 +54,11 @@ def drop_reason(
     positive_score: float | None = None,
     judged: frozenset[str] = frozenset(),
     holds_answer: bool | None = None,
+    teacher: tuple[float, float] | None = None,
 ) -> str | None:
     """The first rule of :data:`RULES` that drops this candidate, or None (a hard negative).
-    ``holds_answer``: the answer check done already (None: done here, when ``rules.match``)."""
+    ``holds_answer``: the answer check done already (None: done here, when ``rules.match``);
+    ``teacher``: the teacher's scores of the candidate and of the positive (None: no rule)."""
     positives = example["positive_ctxs"]
     if pid in {ctx["passage_id"] for ctx in positives}:
         return "positive_id"
@@ -65,7 +78,17 @@ def drop_reason(
             rules.relative_margin * abs(positive_score)
         ):
             return "margin"
+    if teacher is not None and _near_teacher_positive(*teacher, rules):
+        return "teacher"
     return None
+
+
+def _near_teacher_positive(score: float, positive: float, rules: NegativeRules) -> bool:
+    """The teacher scores the candidate within its margin of the positive, or above it."""
+    if rules.teacher_margin is not None and score >= positive - rules.teacher_margin:
+        return True
+    relative = rules.teacher_relative
+    return relative is not None and score >= positive - (1 - relative) * abs(positive)
 
 
 @dataclass(frozen=True)
@@ -96,3 +119,8 @@ def check_spec(spec: MineSpec) -> None:
         raise InputError(f"mine: --relative-margin {spec.rules.relative_margin} must be in [0, 1)")
     if all(m is not None for m in margins):
         raise InputError("mine: give --margin or --relative-margin, not both")
+    if spec.rules.teacher_margin is not None and spec.rules.teacher_margin < 0:
+        raise InputError(f"mine: --teacher-margin {spec.rules.teacher_margin} must be >= 0")
+    relative = spec.rules.teacher_relative
+    if relative is not None and not 0 < relative <= 1:
+        raise InputError(f"mine: --teacher-relative {relative} must be in (0, 1]")

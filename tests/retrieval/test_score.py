@@ -1,0 +1,311 @@
+"""``dpr-cache score``: each teacher's scores against a reference computed here (transformers run
+directly for the cross-encoder, bm25s for BM25, BM25 + w * the index's stored vectors for the
+hybrid), every other key kept, a cut run resumed from its parts, 2 gloo ranks writing the file one
+process writes, and bad input as one line with nothing written lost."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from dpr_cache.model.loading import load_encoder
+from dpr_cache.retrieval.dense.encode import encode_question_texts
+from tests.support.cli import run_cli
+from tests.support.fixtures import TOY, index_vectors
+
+TINY = TOY / "tiny-bert"
+CROSS = TOY / "tiny-cross-encoder"
+PASSAGES = TOY / "passages.tsv"
+RECORDS = [json.loads(line) for line in (TOY / "train.jsonl").read_text().splitlines()]
+SCORED = ("positive_ctxs", "hard_negative_ctxs")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """A cache folder and the toy passages indexed by the tiny BERT (both towers)."""
+    root = tmp_path_factory.mktemp("score")
+    run_cli("index", "--config", "configs/toy.yaml", "--model", str(TINY), "-q", "--set",
+            f"output_dir={root}", "--set", f"data.cache_dir={root / 'cache'}")  # fmt: skip
+    return root
+
+
+@pytest.fixture(scope="module")
+def train(root) -> Path:
+    """The first 40 toy records, one of them without a title on a hard negative."""
+    records = [json.loads(json.dumps(r)) for r in RECORDS[:40]]
+    records[3]["hard_negative_ctxs"][0]["title"] = ""
+    path = root / "train40.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _score(root: Path, train: Path, out: Path, *extra: str, check: bool = True, world: int = 1):
+    return run_cli("score", "--train", str(train), "--out", str(out), "--cache-dir",
+                   str(root / "cache"), "-q", *extra, check=check, world=world)  # fmt: skip
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _scores(records: list[dict]) -> list[list[float]]:
+    return [[c["teacher_score"] for key in SCORED for c in r[key]] for r in records]
+
+
+def _without_scores(record: dict) -> dict:
+    record = json.loads(json.dumps(record))
+    for key in SCORED:
+        for ctx in record[key]:
+            del ctx["teacher_score"]
+    return record
+
+
+def _check_keys_kept(scored: list[dict], train: Path) -> None:
+    original = _read(train)
+    assert [_without_scores(r) for r in scored] == original
+    for record in scored:
+        assert all(isinstance(c["teacher_score"], float) for k in SCORED for c in record[k])
+        assert all("teacher_score" not in c for c in record.get("negative_ctxs", []))
+
+
+def test_cross_encoder_scores_equal_transformers(root, train, tmp_path) -> None:
+    out = tmp_path / "ce.jsonl"
+    done = _score(root, train, out, "--teacher", str(CROSS), "--batch", "7", "--batch-size", "5")
+    scored = _read(out)
+    _check_keys_kept(scored, train)
+    tokenizer = AutoTokenizer.from_pretrained(CROSS)
+    model = AutoModelForSequenceClassification.from_pretrained(CROSS).eval()
+    want = []
+    for record in _read(train):  # one pair at a time, no padding, fp32
+        row = []
+        for ctx in [c for key in SCORED for c in record[key]]:
+            passage = f"{ctx['title']} {ctx['text']}" if ctx["title"] else ctx["text"]
+            inputs = tokenizer(record["question"], passage, truncation="only_second",
+                               max_length=256, return_tensors="pt")  # fmt: skip
+            with torch.no_grad():
+                row.append(float(model(**inputs).logits[0, 0]))
+        want.append(row)
+    got = _scores(scored)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
+    flat = np.concatenate([np.array(g) for g in got])
+    assert flat.std() > 0.05  # negative control: the scores differ far beyond the tolerance
+    summary = json.loads((tmp_path / "ce.summary.json").read_text())
+    assert summary["questions"] == 40 and summary["positives"] == 40
+    assert summary["hard_negatives"] == sum(len(r["hard_negative_ctxs"]) for r in scored)
+    assert summary["teacher"]["teacher"] == "cross-encoder"
+    assert summary["teacher"]["precision"] == "fp32" and summary["settings"]["batch"] == 7
+    assert {"load the teacher", "score", "write the part"} <= set(summary["seconds_by_stage"])
+    assert "scored: 40 positives" in done.stdout
+    assert not (tmp_path / "ce.jsonl.parts").exists()
+
+
+def _bm25_reference(records: list[dict]) -> list[list[float]]:
+    """bm25s over the toy passages (title + text, Lucene's k1=0.9, b=0.4, English stopwords)."""
+    with open(PASSAGES, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))[1:]
+    row_of = {pid: r for r, (pid, _, _) in enumerate(rows)}
+    retriever = bm25s.BM25(k1=0.9, b=0.4, method="lucene")
+    corpus = [f"{title} {text}" for _, text, title in rows]
+    retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False),
+                    show_progress=False)  # fmt: skip
+    out = []
+    for record in records:
+        query = bm25s.tokenize([record["question"]], stopwords="en", return_ids=False,
+                               show_progress=False)[0]  # fmt: skip
+        every = retriever.get_scores(query)
+        out.append([float(every[row_of[c["passage_id"]]]) for k in SCORED for c in record[k]])
+    return out
+
+
+def test_bm25_scores_equal_bm25s(root, train, tmp_path) -> None:
+    out = tmp_path / "bm25.jsonl"
+    _score(root, train, out, "--teacher", "bm25", "--passages", str(PASSAGES))
+    scored = _read(out)
+    _check_keys_kept(scored, train)
+    got, want = _scores(scored), _bm25_reference(_read(train))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+    # negative control: positives tend to share the question's words, hard negatives less so
+    assert np.mean([g[0] for g in got]) > 1 and len({round(x, 3) for g in got for x in g}) > 20
+    summary = json.loads((tmp_path / "bm25.summary.json").read_text())
+    assert summary["teacher"] == {"teacher": "bm25", "passages": str(PASSAGES)}
+
+
+def test_hybrid_scores_are_bm25_plus_w_dense(root, train, tmp_path) -> None:
+    out = tmp_path / "hybrid.jsonl"
+    _score(root, train, out, "--teacher", "hybrid", "--model", str(TINY), "--index",
+           str(root / "index"), "--fusion-weight", "3.5")  # fmt: skip
+    scored = _read(out)
+    _check_keys_kept(scored, train)
+    vectors, ids = index_vectors(root / "index")  # the stored float16, as float32
+    row_of = {pid: r for r, pid in enumerate(ids)}
+    records = _read(train)
+    model = load_encoder(TINY, pooling="mean", query_only=True)  # as the toy config indexed
+    q = encode_question_texts(model, [r["question"] for r in records], max_length=32,
+                              device=torch.device("cpu"))  # fmt: skip
+    bm25 = _bm25_reference(records)
+    got = _scores(scored)
+    dense_parts = []
+    for i, record in enumerate(records):
+        rows = [row_of[c["passage_id"]] for k in SCORED for c in record[k]]
+        dense = vectors[rows].astype(np.float64) @ q[i].astype(np.float64)
+        dense_parts.append(dense)
+        np.testing.assert_allclose(got[i], np.array(bm25[i]) + 3.5 * dense, rtol=1e-5, atol=1e-4)
+    # negative control: the dense part matters (it moves the scores far beyond the tolerance)
+    assert np.abs(np.concatenate(dense_parts)).max() * 3.5 > 0.1
+    summary = json.loads((tmp_path / "hybrid.summary.json").read_text())
+    assert summary["teacher"]["teacher"] == "hybrid" and summary["teacher"]["fusion_weight"] == 3.5
+
+
+def test_a_cut_run_resumes_its_parts(root, train, tmp_path, monkeypatch) -> None:
+    from dpr_cache.retrieval import scoring
+    from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
+
+    out = tmp_path / "r.jsonl"
+    teacher = open_teacher(
+        TeacherSpec("bm25", PASSAGES), cache_dir=root / "cache", device=torch.device("cpu")
+    )
+    spec = scoring.ScoreSpec(batch=15)  # parts of 15, 15, 10 records
+
+    def run() -> None:
+        scoring.score(teacher, train, out, spec, progress=False)
+
+    run()
+    whole = out.read_bytes()
+    out.unlink()
+    real, calls = scoring.groups_of, []
+
+    def cut_after_two(path, batch):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is cut: parts 0 and 1 are on disk
+        calls.append(batch[0][0])
+        return real(path, batch)
+
+    monkeypatch.setattr(scoring, "groups_of", cut_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    parts = tmp_path / "r.jsonl.parts"
+    assert sorted(p.name for p in parts.glob("part-*.jsonl")) == [
+        "part-000000.jsonl",
+        "part-000001.jsonl",
+    ]
+    assert not out.exists()
+    calls.clear()
+    monkeypatch.setattr(
+        scoring, "groups_of", lambda path, b: calls.append(b[0][0]) or real(path, b)
+    )
+    run()
+    assert calls == ["line 31"] and out.read_bytes() == whole  # only the third part was scored
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert summary["questions"] == 40  # the kept parts' counts are summed in
+    parts.mkdir()  # parts of other inputs are not taken
+    (parts / "inputs.sha256").write_text("another run")
+    (parts / "part-000000.jsonl").write_text("{}\n")
+    (parts / "part-000000.json").write_text("{}")
+    out.unlink()
+    calls.clear()
+    run()
+    assert calls == ["line 1", "line 16", "line 31"] and out.read_bytes() == whole
+
+
+def test_two_ranks_write_the_file_of_one_process(root, train, tmp_path) -> None:
+    common = ["--teacher", str(CROSS), "--batch", "7", "--device", "cpu"]  # 3 + 4 records a rank
+    _score(root, train, tmp_path / "one.jsonl", *common)
+    _score(root, train, tmp_path / "two.jsonl", *common, world=2)
+    one, two = _read(tmp_path / "one.jsonl"), _read(tmp_path / "two.jsonl")
+    assert len(one) == 40 and [_without_scores(r) for r in two] == _read(train)
+    # each rank batches its share's pairs its own way (one thread a rank): the same scores up
+    # to float rounding, each in its record's place
+    for a, b in zip(_scores(one), _scores(two), strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    # negative control: any two records' scores differ far beyond the tolerance, so a record
+    # written with another's scores would fail
+    rows = np.array(_scores(one))  # [40, 3]: a positive and 2 hard negatives each
+    apart = np.abs(rows[:, None, :] - rows[None, :, :]).max(axis=-1)
+    assert apart[~np.eye(40, dtype=bool)].min() > 1e-3
+
+
+def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
+    out = tmp_path / "o.jsonl"
+    out.write_text("an earlier output\n")
+    no_id = tmp_path / "noid.jsonl"
+    record = json.loads(json.dumps(RECORDS[0]))
+    del record["hard_negative_ctxs"][1]["passage_id"]
+    no_id.write_text(json.dumps(RECORDS[1]) + "\n" + json.dumps(record) + "\n")
+    foreign = tmp_path / "foreign.jsonl"
+    record = json.loads(json.dumps(RECORDS[0]))
+    record["positive_ctxs"][0]["passage_id"] = "nowhere"
+    foreign.write_text(json.dumps(record) + "\n")
+    inf = tmp_path / "inf"
+    model = AutoModelForSequenceClassification.from_pretrained(CROSS)
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("inf"))
+    model.save_pretrained(inf)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(CROSS / name, inf)
+    bm25 = ["--teacher", "bm25", "--passages", str(PASSAGES)]
+    index = ["--model", str(TINY), "--index", str(root / "index")]
+    cases = [
+        (["--teacher", str(TINY)], f"{TINY}: not a cross-encoder"),
+        ([*bm25, "--fusion-weight", "2"], "--teacher bm25: takes no --fusion-weight"),
+        ([*bm25, *index], "--teacher bm25: takes no --model, --index"),
+        (["--teacher", "hybrid", "--model", str(TINY)], "hybrid: give --model DIR and --index"),
+        (["--teacher", "bm25"], "--teacher bm25: give --passages TSV"),
+        (["--teacher", str(CROSS), "--passages", str(PASSAGES)], "takes no --passages"),
+        (["--teacher", str(CROSS), "--precision", "fp16", "--device", "cpu"], "fp16 needs a GPU"),
+        (["--teacher", str(CROSS), "--precision", "fp8"], "--precision: 'fp8' is not one of"),
+        ([*bm25, "--precision", "bf16"], "bm25 scores in fp32"),
+        ([*bm25, "--train", str(no_id)],
+         f"{no_id} line 2: hard_negative_ctxs[1] has no passage_id"),
+        ([*bm25, "--train", str(foreign)],
+         f"{foreign} line 1: positive_ctxs[0]: passage 'nowhere'"),
+        (["--teacher", str(inf)], f"{train} line 1: positive_ctxs[0]: the cross-encoder {inf} "
+                                  "scored it inf or NaN under fp32"),
+        ([*bm25, "--batch", "0"], "--batch 0 must be >= 1"),
+    ]  # fmt: skip
+    for extra, message in cases:
+        if "--train" not in extra:
+            extra = [*extra, "--train", str(train)]
+        done = run_cli("score", "--out", str(out), "--cache-dir", str(root / "cache"), "-q",
+                       *extra, check=False)  # fmt: skip
+        assert done.returncode == 2, (extra, done.stderr[-500:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+            extra,
+            lines,
+        )
+        assert out.read_text() == "an earlier output\n"  # nothing written is lost
+
+
+def test_a_non_finite_score_of_any_teacher_names_the_record_and_ctx() -> None:
+    from dpr_cache.errors import InputError
+    from dpr_cache.retrieval.scoring import groups_of
+    from dpr_cache.retrieval.teacher import score_groups
+
+    class Stub:  # a teacher scoring 0, 1, 2, ...; with ``bad``, the second group's 2nd NaN
+        def __init__(self, bad: bool) -> None:
+            self.bad = bad
+
+        def score(self, groups):
+            out = [np.arange(len(g.passages), dtype=np.float64) for g in groups]
+            if self.bad:
+                out[1][1] = np.nan
+            return out
+
+    groups = groups_of(Path("t.jsonl"), [("line 1", RECORDS[0]), ("line 2", RECORDS[1])])
+    with pytest.raises(InputError) as excinfo:
+        score_groups(Stub(bad=True), groups)
+    assert str(excinfo.value) == (
+        "t.jsonl line 2: hard_negative_ctxs[0]: the teacher scored it nan, not a finite number"
+    )
+    # negative control: finite scores pass through
+    assert [s.tolist() for s in score_groups(Stub(bad=False), groups)] == [[0, 1, 2], [0, 1, 2]]
