@@ -1,4 +1,4 @@
 """Benchmarks: time and memory of the training step, the loss and corpus encoding, beside peers.
 
-Above train and retrieval: it measures their code, and nothing imports it but the CLI.
+Beside the package: it measures the package's code, and nothing in the package imports it.
 """

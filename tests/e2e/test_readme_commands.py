@@ -2,7 +2,8 @@
 (the installed package and this venv on ``PATH``, as after ``source .venv/bin/activate``).
 
 Each command of a ``bash`` block is of one kind, and a command of no kind fails this test:
-- the demo's pipeline: the very lines of the Makefile's ``demo`` recipe (``make demo`` runs them);
+- the demo's pipeline: the very lines of the Makefile's ``demo`` recipe, its fresh start
+  included, so the block runs as printed (``make demo`` runs them);
 - run: runs as printed, in README order, and exits 0;
 - network: needs the internet (DPR's files, a hub model); run with every download sent to a port
   where nothing listens, it must stop at once with a one-line ``error:`` and exit 2 (the headline
@@ -53,10 +54,11 @@ def readme_commands() -> list[str]:
 
 
 def demo_commands() -> list[str]:
-    """The ``dpr-cache`` lines of the Makefile's demo recipe, as a user types them."""
+    """The lines of the Makefile's demo recipe (the fresh start, then the pipeline), as a user
+    types them."""
     recipe = (REPO / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
     lines = [line.strip().replace("$(VENV)/bin/", "") for line in recipe.splitlines()[1:]]
-    return [" ".join(line.split()) for line in lines if line.startswith("dpr-cache")]
+    return [" ".join(line.split()) for line in lines if line.startswith(("dpr-cache", "rm -rf"))]
 
 
 def _copy_checkout(dest: Path) -> None:
