@@ -158,4 +158,4 @@ def test_fewer_scored_hard_negatives_than_asked_is_named(tmp_path):
     ],
 )
 def test_contradicting_distillation_options_name_the_key(tmp_path, sets, fragments):
-    expect_error(train(tmp_path, *sets), "configs/toy.yaml", *fragments)
+    expect_error(train(tmp_path, *sets), "--set", *fragments)
