@@ -65,6 +65,9 @@ GPU_PLAN = Plan(
     model_rows=20_000,
     cli_steps=12,
     determinism=(False, True),
+    score_pairs=60_000,
+    score_precisions=["fp32", "bf16", "fp16"],
+    score_batch=256,
 )
 DRY_PLAN = Plan(
     exact_sizes=["tiny"],
@@ -86,6 +89,9 @@ DRY_PLAN = Plan(
     model_rows=200,
     cli_steps=3,
     determinism=(True,),  # the CPU's kernels are deterministic either way
+    score_pairs=64,
+    score_precisions=["fp32"],
+    score_batch=16,
 )
 
 
@@ -235,6 +241,21 @@ def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> l
             "share_of_limit": limit_s / projected if projected else None,
         }
 
+    def teacher_scoring():
+        from dpr_cache.data.squad import build_squad
+
+        if not (squad_dir / "passages.tsv").exists():
+            build_squad(SQUAD, squad_dir)
+        return gpu_perf.teacher_score_rate(
+            tokenizer,
+            squad_dir,
+            work,
+            device,
+            plan.score_pairs,
+            plan.score_precisions,
+            plan.score_batch,
+        )
+
     def command_line():
         where = "cuda" if cuda else "cpu"
         out = {
@@ -256,6 +277,7 @@ def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> l
         ("memory", False, 60, memory),
         ("speed", False, 90, speed),
         ("encoding", False, 45, encoding),
+        ("teacher_scoring", False, 30, teacher_scoring),
         ("command_line", False, 90, command_line),
     ]
 

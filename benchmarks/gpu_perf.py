@@ -439,6 +439,84 @@ def encode_rate(
     }
 
 
+NQ_SCORE_PAIRS = 58_880 * (1 + 30)  # DPR's NQ training questions, a positive and 30 negatives
+
+
+def teacher_score_rate(
+    tokenizer_dir: str,
+    squad_dir: Path,
+    work: Path,
+    device: torch.device,
+    n_pairs: int,
+    precisions: list[str],
+    batch_size: int,
+) -> dict:
+    """``score``'s cross-encoder loop (length-sorted batches of tokenized pairs) on ``n_pairs``
+    pairs of SQuAD dev questions and 100-word passages, with a cross-encoder of
+    all-MiniLM-L6-v2's shape (6 layers, 384 wide; random weights: the cost is the shape's), at
+    each precision; projected to NQ's training set (58,880 questions x 31 passages)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from dpr_cache.data.qas import read_qas
+    from dpr_cache.model.cross_encoder import Pair, load_cross_encoder, score_pairs
+
+    folder = work / "cross-encoder"
+    if not folder.exists():
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        config = BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=384,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            intermediate_size=1536,
+            num_labels=1,
+        )
+        torch.manual_seed(0)
+        BertForSequenceClassification(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    encoder = load_cross_encoder(folder, max_length=256, device=device)
+    questions = [q for q, _ in read_qas(squad_dir / "dev.qa.tsv")]
+    tsv = _passages_tsv(squad_dir, work / "score_passages.tsv", 5_000)
+    import csv
+
+    with open(tsv, newline="") as f:
+        passages = [(r["title"], r["text"]) for r in csv.DictReader(f, delimiter="\t")]
+    pairs = [
+        Pair(questions[i % len(questions)], *passages[(i * 7) % len(passages)])
+        for i in range(n_pairs)
+    ]
+    rows = []
+    for precision in precisions:
+        score_pairs(encoder, pairs[:batch_size], batch_size=batch_size, precision=precision)
+        _sync(device)
+        start = time.perf_counter()
+        score_pairs(encoder, pairs, batch_size=batch_size, precision=precision)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        rate = n_pairs / seconds
+        rows.append(
+            {
+                "precision": precision,
+                "pairs": n_pairs,
+                "seconds": seconds,
+                "pairs_a_second": rate,
+                "nq_hours": NQ_SCORE_PAIRS / rate / 3600,
+            }
+        )
+    return {
+        "rows": rows,
+        "batch_size": batch_size,
+        "max_length": 256,
+        "model": {"layers": 6, "hidden": 384},
+        "nq_pairs": NQ_SCORE_PAIRS,
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def model_encode_rate(
     model,
     feats_source: Path,

@@ -354,11 +354,32 @@ def _short(command: str) -> str:
     return " ".join(out)
 
 
+def _teacher_scoring(r: dict) -> list[str]:
+    shape = r["model"]
+    lines = [
+        "",
+        f"`score`'s cross-encoder loop, a cross-encoder of {shape['layers']} layers x "
+        f"{shape['hidden']} (all-MiniLM-L6-v2's shape), pairs cut at {r['max_length']} tokens, "
+        f"length-sorted batches of {r['batch_size']}; NQ's training set is "
+        f"{r['nq_pairs']:,} pairs (58,880 questions x 31 passages):",
+        "",
+        "| precision | pairs | seconds | pairs/s | NQ (h) |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for row in r["rows"]:
+        lines.append(
+            f"| {row['precision']} | {row['pairs']:,} | {row['seconds']:.1f} | "
+            f"{row['pairs_a_second']:,.0f} | {row['nq_hours']:.2f} |"
+        )
+    return lines
+
+
 _SECTION = {
     "exactness": _exactness,
     "mixed_precision": _mixed,
     "memory": _memory,
     "speed": _speed,
     "encoding": _encoding,
+    "teacher_scoring": _teacher_scoring,
     "command_line": _command_line,
 }

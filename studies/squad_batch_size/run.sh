@@ -14,7 +14,8 @@
 # Runs go in this order, so a cut study loses the last ones: the pair at seed 1, the sequential
 # batch, the pair at seeds 2 and 3, the larger-lr pair. ONLY="name ..." runs just those folders.
 # Knobs (environment): SEEDS, EPOCHS, LR, HIGH_LR, TEMPERATURE, WARMUP_PCT, CHUNK, BATCH,
-# FULL_BATCH, P_LEN, OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the
+# FULL_BATCH, P_LEN, HARD (hard negatives a question), SETS (more "key=value" settings for every
+# trained run, e.g. a distillation loss: recorded in run.json and checked like the rest), OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the
 # whole study), TRAIN (the training file, hard negatives and all: default BM25's, mined first if
 # missing; studies/squad_hard_negatives trains its second round on the model's own), PAGE=0 (the
 # runs and their numbers check only, no table: for a study that writes its own page).
@@ -35,6 +36,8 @@ WARMUP_PCT=${WARMUP_PCT:-10}  # warmup = this % of each run's own steps
 CHUNK=${CHUNK:-8}          # accumulation's micro-batch and GradCache's chunk: 8 questions
 BATCH=${BATCH:-128}
 FULL_BATCH=${FULL_BATCH:-8}
+HARD=${HARD:-1}            # DPR's one hard negative a question
+SETS=${SETS:-}
 ONLY=${ONLY:-}
 if [[ -n ${CODE:-} ]]; then
   export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
@@ -94,7 +97,8 @@ write_run_json() {  # dir setting mode batch seed lr warmup train_s index_s eval
   cat > "$1/run.json.tmp" <<EOF
 {"model": "minilm", "setting": "$2", "mode": "$3", "batch_size": $4, "chunk_size": $CHUNK,
  "seed": $5, "epochs": $EPOCHS, "lr": $6, "warmup_pct": $WARMUP_PCT, "warmup_steps": $7,
- "max_passage_length": $P_LEN, "temperature": $TEMPERATURE, "train_wall_seconds": $8,
+ "max_passage_length": $P_LEN, "temperature": $TEMPERATURE, "hard_negatives": $HARD,
+ "sets": "$SETS", "train_wall_seconds": $8,
  "index_seconds": $9, "eval_seconds": ${10}, "code": "$COMMIT", "dry_run": $DRY_RUN,
  "train": "$TRAIN"}
 EOF
@@ -103,12 +107,17 @@ EOF
 
 # A finished run made with another recipe must not be skipped into this one's table.
 check_recipe() {  # dir lr
-  "$PY" - "$1/run.json" "$EPOCHS" "$2" "$WARMUP_PCT" "$CHUNK" "$P_LEN" "$TEMPERATURE" <<'PYEOF'
+  "$PY" - "$1/run.json" "$SETS" "$EPOCHS" "$2" "$WARMUP_PCT" "$CHUNK" "$P_LEN" "$TEMPERATURE" \
+    "$HARD" <<'PYEOF'
 import json, sys
 run = json.load(open(sys.argv[1]))
-keys = ("epochs", "lr", "warmup_pct", "chunk_size", "max_passage_length", "temperature")
-want = dict(zip(keys, map(float, sys.argv[2:])))
+run.setdefault("hard_negatives", 1)  # a run.json without the key: one a question
+keys = ("epochs", "lr", "warmup_pct", "chunk_size", "max_passage_length", "temperature",
+        "hard_negatives")
+want = dict(zip(keys, map(float, sys.argv[3:])))
 diff = [f"{k} {run.get(k)} (asked {v:g})" for k, v in want.items() if float(run.get(k, -1)) != v]
+if run.get("sets", "") != sys.argv[2]:
+    diff.append(f"sets {run.get('sets', '')!r} (asked {sys.argv[2]!r})")
 if diff:
     sys.exit(f"error: {sys.argv[1]}: made with {', '.join(diff)}; use another OUT=")
 PYEOF
@@ -154,10 +163,12 @@ trained() {  # mode batch seed lr
   local sets=(--set "output_dir=$dir" --set "model.name_or_path=$BASE_MODEL"
     --set "data.train=$TRAIN"
     --set "train.mode=$mode" --set "train.batch_size=$batch" --set "train.chunk_size=$CHUNK"
-    --set "train.hard_negatives=1" --set "train.epochs=$EPOCHS" --set "train.lr=$lr"
+    --set "train.hard_negatives=$HARD" --set "train.epochs=$EPOCHS" --set "train.lr=$lr"
     --set "train.temperature=$TEMPERATURE"
     --set "train.warmup_steps=$warmup" --set "train.seed=$seed"
     --set "train.checkpoint_every=$(( batch >= 1024 ? 1 : 1024 / batch ))")  # every ~3 min
+  local item
+  for item in $SETS; do sets+=(--set "$item"); done
   if [[ ! -d $dir/model ]]; then
     [[ -d $dir/checkpoints ]] && resume=(--resume)
     local status=0

@@ -28,7 +28,7 @@ HEAD = " | ".join(NAMES[m] for m in METRICS)
 RULE = "|".join("--:" for _ in METRICS)
 
 
-def _v(value, sd=None) -> str:
+def cell(value, sd=None) -> str:
     return "–" if value is None else f"{value:.1f}" + (f" ± {sd:.1f}" if sd is not None else "")
 
 
@@ -38,15 +38,17 @@ def arms_table(data: dict[str, Any]) -> list[str]:
         f"|---|---|--:|{RULE}|--:|",
     ]
     for r in data["references"]:
-        lines.append(f"| {r['arm']} | – | – | " + " | ".join(_v(r[m]) for m in METRICS) + " | – |")
+        lines.append(
+            f"| {r['arm']} | – | – | " + " | ".join(cell(r[m]) for m in METRICS) + " | – |"
+        )
     for r in data["arms"]:
-        cells = " | ".join(_v(r[m], r.get(m + "_sd")) for m in METRICS)
+        cells = " | ".join(cell(r[m], r.get(m + "_sd")) for m in METRICS)
         seeds = ",".join(map(str, r["seeds"]))
         lines.append(f"| {r['arm']} | {seeds} | {r['steps']:,} | {cells} | {r['train_h']:.2f} |")
     return lines
 
 
-def _d(row: dict[str, Any], m: str) -> str:
+def diff_cell(row: dict[str, Any], m: str) -> str:
     lo, hi = row[m + "_ci"]
     text = f"{row[m]:+.1f} [{lo:+.1f}, {hi:+.1f}]"
     return text + (f" ± {row[m + '_sd']:.1f}" if row.get(m + "_sd") is not None else "")
@@ -55,7 +57,7 @@ def _d(row: dict[str, Any], m: str) -> str:
 def diffs_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"| difference | {' | '.join('Δ ' + NAMES[m] for m in METRICS)} |", f"|---|{RULE}|"]
     return lines + [
-        f"| {r['pair']} | " + " | ".join(_d(r, m) for m in METRICS) + " |" for r in rows
+        f"| {r['pair']} | " + " | ".join(diff_cell(r, m) for m in METRICS) + " |" for r in rows
     ]
 
 
@@ -66,7 +68,7 @@ def hybrids_table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in rows:
         w = "–" if not r["weights"] else f"{r['weights']['a']:g} / {r['weights']['b']:g}"
-        cells = " | ".join(_v(r[m]) for m in METRICS)
+        cells = " | ".join(cell(r[m]) for m in METRICS)
         lines.append(f"| {r['model']} | {r['method']} | {w} | {cells} |")
     return lines
 
@@ -98,7 +100,7 @@ def goals(data: dict[str, Any], root: str = "../../") -> list[str]:
         for m in ("top1", "mrr@10"):
             lo = pooled[m + "_ci"][0]
             lines.append(f"| round 2 (b) ahead of round 1 at {NAMES[m]}, interval above 0 | "
-                         f"{_d(pooled, m)} | {'yes' if lo > 0 else 'no'} |")  # fmt: skip
+                         f"{diff_cell(pooled, m)} | {'yes' if lo > 0 else 'no'} |")  # fmt: skip
     best = None
     for d in [d for d in data["hybrid_diffs"] if d["pair"].endswith(") - BM25")]:
         ahead = all(d[m + "_ci"][0] > 0 for m in ("top1", "top5", "top20"))
@@ -107,7 +109,7 @@ def goals(data: dict[str, Any], root: str = "../../") -> list[str]:
     if best:
         d = best[1]
         lines.append(f"| a hybrid ahead of BM25 at top-1, 5, 20 | {d['pair']}: "
-                     f"{', '.join(_d(d, m) for m in ('top1', 'top5', 'top20'))} | "
+                     f"{', '.join(diff_cell(d, m) for m in ('top1', 'top5', 'top20'))} | "
                      f"{'yes' if best[0][0] else 'no'} |")  # fmt: skip
     lines.append("| `mine` at NQ's size (58,880 questions, 21M passages) | projected from measured "
                  f"rates on [docs/bench/mine.md]({root}docs/bench/mine.md): 3.2 h on 2 cores, peak "

@@ -40,6 +40,7 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
         "memory",
         "speed",
         "encoding",
+        "teacher_scoring",
         "command_line",
     ]
     for name, section in sections.items():
@@ -64,6 +65,8 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     speed = s["speed"]["result"]["comparisons"][0]
     assert speed["best"]["dpr-cache"] and speed["best"]["full batch"]
     assert s["encoding"]["result"]["command"]["marginal_passages_per_s"] > 0
+    scoring = s["teacher_scoring"]["result"]["rows"][0]
+    assert scoring["pairs"] == 64 and scoring["pairs_a_second"] > 0
 
 
 def _report(ratio_mem: float, cmnrl: float, full: float, encode_s: float) -> dict:

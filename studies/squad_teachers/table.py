@@ -1,0 +1,342 @@
+"""The teacher study as a page, a plot and the README's table, from the runs of ``run.sh`` (or
+from the ``results.json`` an earlier build left beside the page: ``--kept``).
+
+    .venv/bin/python -m studies.squad_teachers.table --runs runs/squad_teachers \
+        [--readme README.md] [--md PATH --png PATH] [--kept]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
+from studies.squad_batch_size.runs import mean_sd
+from studies.squad_hard_negatives.collect import METRICS
+from studies.squad_hard_negatives.table import (
+    HEAD,
+    NAMES,
+    RULE,
+    cell,
+    diff_cell,
+    diffs_table,
+    hybrids_table,
+)
+from studies.squad_teachers.collect import gather
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+README_BEGIN, README_END = "<!-- teachers_table:begin -->", "<!-- teachers_table:end -->"
+GPU_PAGE = REPO / "docs" / "bench" / "gpu.json"
+BEFORE = {"dense": 71.6, "bm25": 79.5, "hybrid": 85.6}  # studies/squad_hard_negatives, top-1
+
+
+def arms_table(data: dict[str, Any]) -> list[str]:
+    lines = [
+        f"| retriever | seeds | H | updates | {HEAD} | train (h a run) |",
+        f"|---|---|--:|--:|{RULE}|--:|",
+    ]
+    for r in data["references"]:
+        cells = " | ".join(cell(r[m]) for m in METRICS)
+        lines.append(f"| {r['arm']} | – | – | – | {cells} | – |")
+    for r in data["arms"]:
+        cells = " | ".join(cell(r[m], r.get(m + "_sd")) for m in METRICS)
+        seeds = ",".join(map(str, r["seeds"]))
+        lines.append(
+            f"| {r['arm']} | {seeds} | {r['hard_negatives']} | {r['steps']:,} | {cells} | "
+            f"{r['train_h']:.2f} |"
+        )
+    return lines
+
+
+def teacher_lines(setup: dict[str, Any]) -> list[str]:
+    teacher = setup.get("teacher")
+    if not teacher:
+        return ["(the teacher is not set up yet)"]
+    first = teacher["positive_first"]
+    lines = [
+        f"The teacher: BM25 + {teacher['weight']:g} x round 1's cosine (the weight picked by "
+        "`eval.fusion_weight: auto` on the training questions), at softmax temperature "
+        f"{teacher['teacher_temperature']:g}: its scores spread {teacher['spread']['teacher']:.2f} "
+        "within a question's group (the positive and its "
+        f"{teacher['candidates_a_group']:.1f} mined candidates), round 1's at the training "
+        f"temperature {teacher['spread']['round1']:.2f}. Over the "
+        f"{teacher['groups']:,} training questions, the positive outscores every candidate for "
+        f"the teacher in {first['teacher']:.1f}%, for round 1 in {first['round1']:.1f}%, for "
+        f"BM25 alone in {first['bm25']:.1f}%.",
+        "",
+        "| file | questions | candidates | a question | short | looked at | dropped: answer | "
+        "round 1's margin | teacher |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for kind in ("mined", "cleaned-all"):
+        s = setup.get(kind)
+        if s:
+            d = s["dropped"]
+            lines.append(
+                f"| train.{kind}.jsonl | {s['questions']:,} | {s['negatives']:,} | "
+                f"{s['negatives'] / s['questions']:.1f} | {s['short']:,} | {s['candidates']:,} | "
+                f"{d['answer']:,} | {d['margin']:,} | {d.get('teacher', 0):,} |"
+            )
+    kept = setup.get("candidates_keep")
+    if kept:
+        lines += [
+            "",
+            f"Every arm trains on the {kept['kept']:,} questions with at least {kept['hard']} "
+            f"mined candidates ({kept['dropped']:,} with fewer left out: the distillation loss "
+            "needs H of a question's own candidates scored), in the same order.",
+        ]
+    return lines
+
+
+def cost_lines(data: dict[str, Any]) -> list[str]:
+    lines = ["| part | machine hours |", "|---|--:|"]
+    names = {r["folder"]: r["arm"].split(":")[0] for r in data["arms"]}
+    for part, hours in data["costs"].items():
+        lines.append(f"| {names.get(part, part)} | {hours:.2f} |")
+    return lines + [f"| all | {data['hours']:.2f} |"]
+
+
+def _gpu_rate() -> dict[str, Any] | None:
+    """score's fastest cross-encoder rate on the GPU, when the GPU suite has measured it: its
+    row (precision, pairs a second) and the device."""
+    if not GPU_PAGE.is_file():
+        return None
+    report = json.loads(GPU_PAGE.read_text())
+    result = report["sections"].get("teacher_scoring", {}).get("result")
+    if report.get("dry_run") or not result:
+        return None
+    fastest = max(result["rows"], key=lambda row: row["pairs_a_second"])
+    env = report["environment"]
+    return {**fastest, "device": env.get("device_name", env.get("device", "GPU"))}
+
+
+def score_lines(setup: dict[str, Any], root: str) -> list[str]:
+    rate = setup.get("score_rate")
+    if not rate:
+        return ["(not measured yet)"]
+    nq = rate["nq"]
+    cpu = rate["cpu"]
+    shape = rate["model"]
+    lines = [
+        f"`dpr-cache score` with a cross-encoder the size of the base model ({shape['layers']} "
+        f"layers, {shape['hidden']} wide, {shape['parameters'] / 1e6:.1f}M parameters with a "
+        f"fresh one-logit head), {rate['pairs']:,} pairs of {rate['questions']} training "
+        f"questions, {rate['tokens_a_pair']:.0f} tokens a pair (cut at {rate['max_length']}), "
+        f"batches of {rate['batch_size']}, {rate['precision']}, on {cpu['model']} "
+        f"({cpu['cores']} cores; flags {', '.join(cpu['flags']) or 'none of note'}; load "
+        f"{rate['load_average']['before'][0]:.1f} before): {rate['pairs_a_second']:.1f} pairs a "
+        f"second. NQ's training set, {nq['questions']:,} questions x (1 + 30) passages = "
+        f"{nq['pairs']:,} pairs: **{nq['hours']:.1f} h** on this CPU, projected.",
+    ]
+    gpu = _gpu_rate()
+    if gpu:
+        lines.append(
+            f"On the GPU ({gpu['device']}, {gpu['precision']}): {gpu['pairs_a_second']:,.0f} "
+            "pairs a second, "
+            f"**{nq['pairs'] / gpu['pairs_a_second'] / 3600:.2f} h** for NQ "
+            f"([docs/bench/gpu.md]({root}docs/bench/gpu.md))."
+        )
+    else:
+        lines.append(
+            "On a GPU: not measured yet; the GPU suite measures it when a session has one "
+            f"([docs/bench/README.md]({root}docs/bench/README.md))."
+        )
+    return lines
+
+
+def _pooled(data: dict[str, Any], arm: str) -> dict[str, Any] | None:
+    rows = [d for d in data["diffs"] if d["pair"].startswith(f"{arm} - control, all seeds")]
+    if rows:
+        return rows[0]
+    rows = [d for d in data["diffs"] if d["pair"].startswith(f"{arm} - control, seed")]
+    return rows[0] if rows else None
+
+
+def goals(data: dict[str, Any], root: str = "../../") -> list[str]:
+    """The issue's goals, each with what was measured."""
+    lines = ["| goal | measured | met |", "|---|---|---|"]
+    pooled = _pooled(data, "distill")
+    if pooled:
+        for m in ("top1", "mrr@10"):
+            met = "yes" if pooled[m + "_ci"][0] > 0 else "no"
+            lines.append(
+                f"| distill ahead of the control at {NAMES[m]}, interval above 0 | "
+                f"{pooled['pair']}: {diff_cell(pooled, m)} | {met} |"
+            )
+    if data["arms"]:
+        top = max(data["arms"], key=lambda r: r["top1"])
+        met = "yes" if top["top1"] >= BEFORE["bm25"] else "no"
+        lines.append(
+            f"| a dense model alone at or above BM25's top-1 ({BEFORE['bm25']}) | "
+            f"best: {top['arm'].split(':')[0]}, {cell(top['top1'], top.get('top1_sd'))} | {met} |"
+        )
+    fused = [h for h in data["hybrids"] if h["folder"] == "distill" and h["method"] == "linear"]
+    if fused:
+        top1, sd = mean_sd([h["top1"] for h in fused])
+        met = "yes" if top1 > BEFORE["hybrid"] else "no"
+        lines.append(
+            f"| BM25 + distill ahead of the best hybrid so far (top-1 {BEFORE['hybrid']}) | "
+            f"{cell(top1, sd)} over {len(fused)} seed(s) | {met} |"
+        )
+    rate = data["setup"].get("score_rate")
+    if rate:
+        gpu = _gpu_rate()
+        on_gpu = (
+            f"; GPU {rate['nq']['pairs'] / gpu['pairs_a_second'] / 3600:.2f} h"
+            if gpu
+            else "; GPU: not yet measured"
+        )
+        lines.append(
+            "| `score` with a cross-encoder at NQ's size, projected | "
+            f"CPU {rate['nq']['hours']:.1f} h{on_gpu} | "
+            f"{'yes' if gpu else 'CPU only'} |"
+        )
+    return lines
+
+
+def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
+    best = data.get("best")
+    picked = (
+        f"The best arm, picked at seed 1 by MRR@10 on dev and run at every seed: **{best}**. Its "
+        "seed-1 difference helped pick it; the row over the seeds after the pick does not."
+        if best
+        else "The best arm is not picked yet."
+    )
+    parts = [
+        "# SQuAD teacher study: results",
+        "",
+        f"SQuAD v1.1 dev, {data['questions']:,} questions over all 2,067 paragraphs (the method, "
+        "what was run and how: [README.md](README.md)). Figures in points; ± is the sample sd "
+        "over seeds; [a, b] a 95% bootstrap interval over the questions, paired by seed and by "
+        f"question. Machine time of everything on this page: {data['hours']:.1f} h.",
+        "",
+        f"![top-1 and MRR@10]({png})",
+        "",
+        "## Retrievers",
+        "",
+        *arms_table(data),
+        "",
+        "## Each treatment against the control, the same seed (the same questions in every update)",
+        "",
+        picked,
+        "",
+        *diffs_table(data["diffs"]),
+        "",
+        "## The teacher and the candidates",
+        "",
+        *teacher_lines(data["setup"]),
+        "",
+        "## BM25 + dense",
+        "",
+        "Linear: BM25 + weight x dense score over the union of each side's top 1,000, the "
+        "missing side's score computed; the weight picked (MRR@10, a grid of 17 from 0.01 to "
+        "1,000) on the other half of the dev articles, so no question is scored with a weight "
+        "tuned on it. RRF: k = 60, the same candidates.",
+        "",
+        *hybrids_table(data["hybrids"]),
+        "",
+        *diffs_table(data["hybrid_diffs"]),
+        "",
+        "## What each part cost",
+        "",
+        *cost_lines(data),
+        "",
+        "## `score` at NQ's size",
+        "",
+        *score_lines(data["setup"], "../../"),
+        "",
+        "## Goals",
+        "",
+        *goals(data),
+    ]
+    if reading:
+        parts += ["", reading.strip()]
+    return "\n".join(parts) + "\n"
+
+
+def plot(data: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [
+        (r["arm"].split(":")[0], r["top1"], r["mrr@10"], r.get("top1_sd"), r.get("mrr@10_sd"))
+        for r in data["references"] + data["arms"]
+    ]
+    by_arm: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for h in data["hybrids"]:
+        by_arm.setdefault((h["folder"], h["method"]), []).append(h)
+    for (folder, method), hs in by_arm.items():
+        top1, top1_sd = mean_sd([h["top1"] for h in hs])
+        mrr, mrr_sd = mean_sd([h["mrr@10"] for h in hs])
+        rows.append((f"BM25 + {folder} ({method})", top1, mrr, top1_sd, mrr_sd))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+    y = range(len(rows))
+    for shift, i, sd, label in ((-0.2, 1, 3, "top-1"), (0.2, 2, 4, "MRR@10")):
+        ax.barh(
+            [k + shift for k in y],
+            [r[i] for r in rows],
+            0.4,
+            xerr=[r[sd] or 0 for r in rows],
+            label=label,
+        )
+    ax.axvline(BEFORE["bm25"], color="grey", linestyle=":", label="BM25 top-1")
+    ax.set_yticks(list(y), [r[0] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    lo = min(min(r[1], r[2]) for r in rows)
+    ax.set_xlim(max(0, lo - 5), 100)
+    ax.set_xlabel("points (SQuAD dev)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    write_atomic(png, functools.partial(fig.savefig, dpi=110, format="png"))
+    plt.close(fig)
+
+
+def readme_block(data: dict[str, Any]) -> list[str]:
+    pooled = [d for d in data["diffs"] if "all seeds" in d["pair"] or "after" in d["pair"]]
+    return [*arms_table(data), "", *diffs_table(pooled), "", *goals(data, root="")]
+
+
+def write_readme(readme: Path, data: dict[str, Any]) -> None:
+    text = readme.read_text(encoding="utf-8")
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"error: {readme}: no {README_BEGIN} ... {README_END} markers")
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    block = "\n".join(readme_block(data))
+    write_text_atomic(readme, f"{head}{README_BEGIN}\n{block}\n{README_END}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=Path("runs/squad_teachers"))
+    parser.add_argument("--suffix", default="")
+    parser.add_argument("--md", type=Path, default=HERE / "results.md")
+    parser.add_argument("--png", type=Path, default=HERE / "plot.png")
+    parser.add_argument("--readme", type=Path, default=None)
+    parser.add_argument("--kept", action="store_true", help="From results.json beside --md.")
+    args = parser.parse_args()
+    kept = args.md.with_suffix(".json")
+    data = json.loads(kept.read_text()) if args.kept else gather(args.runs, args.suffix)
+    if args.readme:  # checked first: nothing is written when the markers are missing
+        text = args.readme.read_text(encoding="utf-8")
+        if README_BEGIN not in text or README_END not in text:
+            raise SystemExit(f"error: {args.readme}: no {README_BEGIN} ... {README_END} markers")
+    reading = HERE / "reading.md"
+    md = markdown(data, args.png.name, reading.read_text() if reading.is_file() else None)
+    write_text_atomic(args.md, md)
+    write_json_atomic(kept, data)
+    plot(data, args.png)
+    if args.readme:
+        write_readme(args.readme, data)
+    print(f"written to {args.md}")
+
+
+if __name__ == "__main__":
+    main()

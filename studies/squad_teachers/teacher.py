@@ -1,0 +1,187 @@
+"""The teacher study's set-up steps, from the training questions only (dev stays unseen):
+
+    python -m studies.squad_teachers.teacher keep --hard 3 --by MINED --train FILE --out FILE
+    python -m studies.squad_teachers.teacher qa --train FILE --out TSV
+    python -m studies.squad_teachers.teacher temperature --hybrid FILE --bm25 FILE --weight W \
+        --out JSON
+    python -m studies.squad_teachers.teacher best --runs DIR --seed 1 --out JSON
+
+``keep``: the records of a training file whose question has at least ``--hard`` candidates in
+the mined file ``--by`` (the distillation loss learns the teacher's scores of H of a question's own
+candidates, so a question with fewer cannot be in it), with what was dropped in
+``<out stem>.keep.json``: every arm's file keeps the same questions, in the same order, so the
+arms' updates hold the same questions.
+
+``qa``: the training questions as a qas file, for picking the hybrid teacher's weight with
+``dpr-cache eval`` on them. ``temperature``: the teacher's softmax temperature, chosen so that the
+teacher's scores divided by it spread within a question's group (its positive and its mined
+candidates) as much as round 1's own scores at the training temperature do; round 1's dense score
+is read off as ``(hybrid - bm25) / weight`` from the same file scored by both teachers.
+``best``: the better of the two treatment arms at the first seed (MRR@10 on dev), fixed once
+written, so the study's later seeds run the arm it picked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpr_cache.data.qas import record_question_id
+from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
+
+TREATMENTS = ("distill", "cleaned")
+TRAIN_TEMPERATURE = 0.05  # the batch-size study's recipe (studies/squad_batch_size/run.sh)
+
+
+def keep(by: Path, hard: int, train: Path, out: Path) -> dict[str, Any]:
+    """``train``'s records whose question has ``hard`` or more candidates in ``by``."""
+    enough = {
+        record_question_id(r, n)
+        for n, r in enumerate(_records(by))
+        if len(r["hard_negative_ctxs"]) >= hard
+    }
+    kept = dropped = 0
+    tmp = out.with_name(out.name + ".tmp")
+    with train.open(encoding="utf-8") as f, tmp.open("w", encoding="utf-8") as g:
+        for n, line in enumerate(line for line in f if line.strip()):
+            if record_question_id(json.loads(line), n) in enough:
+                g.write(line)
+                kept += 1
+            else:
+                dropped += 1
+    tmp.replace(out)
+    record = {"hard": hard, "by": str(by), "train": str(train), "kept": kept, "dropped": dropped}
+    write_json_atomic(out.with_suffix(".keep.json"), record)
+    return record
+
+
+def write_qa(train: Path, out: Path) -> int:
+    """The training file's questions and answers as a DPR qas file; the number written."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, delimiter="\t", lineterminator="\n")
+    n = 0
+    for record in _records(train):
+        writer.writerow([record["question"], json.dumps(record["answers"], ensure_ascii=False)])
+        n += 1
+    write_text_atomic(out, buffer.getvalue())
+    return n
+
+
+def _records(path: Path) -> Iterator[dict[str, Any]]:
+    """A JSON Lines file's records, one at a time."""
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _groups(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Each record's id and its teacher scores: the positive's, then its hard negatives'."""
+    for n, record in enumerate(_records(path)):
+        ctxs = record["positive_ctxs"][:1] + record["hard_negative_ctxs"]
+        yield (
+            record_question_id(record, n),
+            np.array([c["teacher_score"] for c in ctxs], dtype=np.float64),
+        )
+
+
+def spread(groups: list[np.ndarray]) -> float:
+    """The pooled within-group standard deviation: sqrt(mean over groups of the variance of
+    each group's scores about its own mean)."""
+    return math.sqrt(float(np.mean([g.var() for g in groups if g.size > 1])))
+
+
+def positive_first(groups: list[np.ndarray]) -> float:
+    """The share (%) of groups whose positive (first) outscores every candidate."""
+    return 100.0 * float(np.mean([g[0] > g[1:].max() for g in groups if g.size > 1]))
+
+
+def teacher_temperature(hybrid: Path, bm25: Path, weight: float) -> dict[str, Any]:
+    """The temperature that gives the teacher's scores round 1's spread, and what it rests on."""
+    teacher, lexical, student = [], [], []
+    for (qid, h), (qid_b, b) in zip(_groups(hybrid), _groups(bm25), strict=True):
+        if qid != qid_b or h.shape != b.shape:
+            raise SystemExit(f"error: {hybrid} and {bm25} differ at question {qid!r}")
+        teacher.append(h)
+        lexical.append(b)
+        student.append((h - b) / weight / TRAIN_TEMPERATURE)
+    t_spread, s_spread = spread(teacher), spread(student)
+    return {
+        "teacher_temperature": round(t_spread / s_spread, 4),
+        "weight": weight,
+        "train_temperature": TRAIN_TEMPERATURE,
+        "groups": len(teacher),
+        "candidates_a_group": float(np.mean([g.size - 1 for g in teacher])),
+        "spread": {"teacher": t_spread, "round1": s_spread},
+        "positive_first": {
+            "teacher": positive_first(teacher),
+            "round1": positive_first(student),
+            "bm25": positive_first(lexical),
+        },
+    }
+
+
+def best_arm(runs: Path, suffix: str, seed: int) -> dict[str, Any]:
+    """The treatment arm with the higher MRR@10 at ``seed`` (distill on a tie)."""
+    figures = {}
+    for arm in TREATMENTS:
+        matches = sorted((runs / f"{arm}{suffix}").glob(f"gradcache-b*-s{seed}/eval/metrics.json"))
+        if not matches:
+            raise SystemExit(f"error: {runs}/{arm}{suffix}: no finished run at seed {seed}")
+        figures[arm] = json.loads(matches[0].read_text())["mrr@10"]
+    arm = max(TREATMENTS, key=lambda a: (figures[a], a == "distill"))
+    return {"arm": arm, "by": "mrr@10", "seed": seed, "figures": figures}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    kept = sub.add_parser("keep")
+    kept.add_argument("--hard", type=int, required=True)
+    kept.add_argument("--by", type=Path, required=True)
+    kept.add_argument("--train", type=Path, required=True)
+    kept.add_argument("--out", type=Path, required=True)
+    qa = sub.add_parser("qa")
+    qa.add_argument("--train", type=Path, required=True)
+    qa.add_argument("--out", type=Path, required=True)
+    temp = sub.add_parser("temperature")
+    temp.add_argument("--hybrid", type=Path, required=True)
+    temp.add_argument("--bm25", type=Path, required=True)
+    temp.add_argument("--weight", type=float, required=True)
+    temp.add_argument("--out", type=Path, required=True)
+    best = sub.add_parser("best")
+    best.add_argument("--runs", type=Path, required=True)
+    best.add_argument("--suffix", default="")
+    best.add_argument("--seed", type=int, required=True)
+    best.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.out.is_file() and args.step != "qa":
+        print(f"== {args.out}: done, skipped")
+        return
+    if args.step == "keep":
+        record = keep(args.by, args.hard, args.train, args.out)
+        print(
+            f"{args.out}: {record['kept']} questions kept, {record['dropped']} with fewer than "
+            f"{args.hard} candidates dropped"
+        )
+    elif args.step == "qa":
+        print(f"{write_qa(args.train, args.out)} questions written to {args.out}")
+    elif args.step == "temperature":
+        write_json_atomic(args.out, teacher_temperature(args.hybrid, args.bm25, args.weight))
+        print(f"written to {args.out}")
+    else:
+        chosen = best_arm(args.runs, args.suffix, args.seed)
+        write_json_atomic(args.out, chosen)
+        print(f"best arm at seed {args.seed}: {chosen['arm']} ({chosen['figures']})")
+
+
+if __name__ == "__main__":
+    main()

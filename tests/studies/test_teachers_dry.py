@@ -1,0 +1,156 @@
+"""studies/squad_teachers/run.sh end to end at toy scale (DRY_RUN=1: toy data, tiny BERT, 2 steps
+a run, one seed): round 1, BM25, mining, the teacher's weight, scores and temperature, cleaning,
+score's rate, the three arms, the pick of the best, every hybrid and the page; and the study's
+set-up steps against figures worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from studies.squad_teachers.teacher import best_arm, keep, spread, teacher_temperature, write_qa
+from tests.support.fixtures import REPO
+
+SCRIPT = REPO / "studies" / "squad_teachers" / "run.sh"
+
+
+def test_dry_run_writes_the_page(tmp_path: Path) -> None:
+    out = tmp_path / "teachers-dry"
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), "PY": sys.executable, "SEEDS": "1"}
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1800, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = (out / "results.md").read_text()
+    for row in (
+        "| BM25 (bm25s) |",
+        "| control: contrastive, mined candidates | 1 | 3 | 2 |",
+        "| distill: distill_kl + contrastive, mined candidates | 1 | 3 | 2 |",
+        "| cleaned: contrastive, teacher-cleaned candidates | 1 | 3 | 2 |",
+        "| distill - control, seed 1 |",
+        "| cleaned - control, seed 1 |",
+        "| distill s1 | linear |",
+        "| BM25 + distill - BM25 + control (linear), seeds 1 |",
+        "| train.cleaned-all.jsonl |",
+        "pairs a second",
+        "| `score` with a cross-encoder at NQ's size, projected |",
+    ):
+        assert row in page, row
+    # the distilled run learnt from the teacher: its config names the loss and the temperature
+    teacher = json.loads((out / "teacher" / "teacher.json").read_text())
+    config = (out / "distill-dry" / "gradcache-b32-s1" / "config.yaml").read_text()
+    assert "loss: distill_kl" in config
+    assert f"teacher_temperature: {teacher['teacher_temperature']}" in config
+    assert (
+        "loss: contrastive"
+        in (out / "control-dry" / "gradcache-b32-s1" / "config.yaml").read_text()
+    )
+    # every arm trains on the same questions in the same order
+    ids = {}
+    for name in ("scored", "cleaned"):
+        ids[name] = [json.loads(line)["id"] for line in (out / f"train.{name}.jsonl").open()]
+    assert ids["scored"] == ids["cleaned"] and ids["scored"]
+    scored = [json.loads(line) for line in (out / "train.scored.jsonl").open()]
+    assert all(len(r["hard_negative_ctxs"]) >= 3 for r in scored)
+    assert all("teacher_score" in c for r in scored for c in r["hard_negative_ctxs"])
+    # the cleaning dropped candidates by the teacher's rule, and only the cleaned file did
+    summaries = {
+        k: json.loads((out / f"train.{k}.summary.json").read_text())
+        for k in ("mined", "cleaned-all")
+    }
+    assert summaries["mined"]["dropped"]["teacher"] == 0
+    assert summaries["cleaned-all"]["dropped"]["teacher"] > 0
+    best = json.loads((out / "best.json").read_text())
+    assert best["arm"] in ("distill", "cleaned")
+    rate = json.loads((out / "score-rate" / "rate.json").read_text())
+    assert rate["pairs"] > 0 and rate["pairs_a_second"] > 0 and rate["nq"]["pairs"] == 58_880 * 31
+    assert (out / "plot.png").stat().st_size > 0
+
+
+def _record(qid: str, scores: list[float]) -> dict:
+    ctx = [
+        {"passage_id": str(i), "title": "t", "text": "x", "teacher_score": s}
+        for i, s in enumerate(scores)
+    ]
+    return {
+        "id": qid,
+        "question": f"q {qid}?",
+        "answers": ["a"],
+        "positive_ctxs": ctx[:1],
+        "hard_negative_ctxs": ctx[1:],
+    }
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_temperature_gives_the_teacher_round_ones_spread(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    weight = 20.0
+    bm25, hybrid = [], []
+    dense_groups, teacher_groups = [], []
+    for q in range(40):
+        b = rng.normal(20, 4, size=1 + q % 5 + 2)
+        cos = rng.uniform(0.2, 0.9, size=b.size)
+        bm25.append(_record(str(q), b.tolist()))
+        hybrid.append(_record(str(q), (b + weight * cos).tolist()))
+        dense_groups.append(cos / 0.05)
+        teacher_groups.append(b + weight * cos)
+    result = teacher_temperature(
+        _write(tmp_path / "h.jsonl", hybrid), _write(tmp_path / "b.jsonl", bm25), weight
+    )
+
+    # by hand: pooled within-group sd of each side
+    def pooled(groups):
+        return np.sqrt(np.mean([np.mean((g - g.mean()) ** 2) for g in groups]))
+
+    want = pooled(teacher_groups) / pooled(dense_groups)
+    assert result["teacher_temperature"] == pytest.approx(want, abs=1e-4)
+    assert spread([g / want for g in teacher_groups]) == pytest.approx(pooled(dense_groups))
+    # negative control: the files out of step are refused
+    with pytest.raises(SystemExit, match="differ at question"):
+        teacher_temperature(
+            _write(tmp_path / "h2.jsonl", hybrid[1:] + hybrid[:1]), tmp_path / "b.jsonl", weight
+        )
+
+
+def test_keep_drops_the_same_questions_from_every_file(tmp_path: Path) -> None:
+    mined = _write(
+        tmp_path / "mined.jsonl",
+        [_record("a", [3, 1, 2, 0]), _record("b", [3, 1]), _record("c", [1, 0, 0, 0])],
+    )
+    cleaned = _write(
+        tmp_path / "cleaned.jsonl",
+        [_record("a", [3, 1]), _record("b", [3, 1, 1, 1]), _record("c", [1])],
+    )
+    record = keep(mined, 3, cleaned, tmp_path / "kept.jsonl")
+    kept = [json.loads(line)["id"] for line in (tmp_path / "kept.jsonl").open()]
+    assert kept == ["a", "c"]  # b has 1 mined candidate; a and c keep their cleaned lists
+    assert record["kept"] == 2 and record["dropped"] == 1
+    assert json.loads((tmp_path / "kept.keep.json").read_text())["dropped"] == 1
+
+
+def test_qa_file_reads_back_as_the_training_questions(tmp_path: Path) -> None:
+    from dpr_cache.data.qas import read_qas
+
+    records = [_record("a", [1, 0]), {**_record("b", [1, 0]), "question": '"Quoted" a\tb?'}]
+    write_qa(_write(tmp_path / "t.jsonl", records), tmp_path / "t.qa.tsv")
+    assert read_qas(tmp_path / "t.qa.tsv") == [("q a?", ["a"]), ('"Quoted" a\tb?', ["a"])]
+
+
+def test_best_arm_is_the_higher_mrr_at_the_seed(tmp_path: Path) -> None:
+    for arm, mrr in (("distill", 50.0), ("cleaned", 51.0)):
+        path = tmp_path / arm / "gradcache-b128-s1" / "eval" / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"mrr@10": mrr}))
+    assert best_arm(tmp_path, "", 1)["arm"] == "cleaned"
+    with pytest.raises(SystemExit, match="no finished run at seed 2"):
+        best_arm(tmp_path, "", 2)
