@@ -20,6 +20,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -38,11 +39,32 @@ SQUAD = REPO / "data" / "squad" / "dev-v1.1.json.gz"
 TINY = REPO / "data" / "toy" / "tiny-bert"
 
 
+@dataclass(frozen=True)
 class Plan:
     """The sizes of one run of the suite: the GPU's, or the CPU dry run's."""
 
-    def __init__(self, **kw) -> None:
-        self.__dict__.update(kw)
+    exact_sizes: list[str]  # the random BERTs of the float64 proof
+    mixed_size: str  # the BERT of the mixed-precision bounds
+    precisions: list[str]  # the mixed precisions measured
+    memory_batches: list[int]  # GradCache's peak memory at each batch
+    memory_chunk: int
+    full_start: int | None  # the first full batch tried when searching the largest (None: skip)
+    speed_batches: list[int]  # the real SQuAD batches timed
+    speed_chunks: list[int]  # dpr-cache's chunks in the speed comparison
+    cmnrl_rows: list[int]  # sentence-transformers' CachedMNRL mini-batches
+    cmnrl_tokens: list[int]  # its token-budget mini-batches
+    lib_chunks: list[int]  # luyug/GradCache's chunks
+    rounds: int  # timed rounds of each (interleaved)
+    savings_chunk: int
+    encode_sizes: tuple[int, int]  # the two corpora of the marginal encode rate
+    encode_batch: int
+    encode_workers: int
+    model_rows: int  # passages encoded by the model alone
+    cli_steps: int  # steps of the toy pipeline on the device
+    determinism: tuple[bool, ...]  # train.deterministic settings of the resume check
+    score_pairs: int  # pairs of score's cross-encoder loop
+    score_precisions: list[str]
+    score_batch: int
 
 
 GPU_PLAN = Plan(
