@@ -18,7 +18,8 @@
 # trained run, e.g. a distillation loss: recorded in run.json and checked like the rest), OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the
 # whole study), TRAIN (the training file, hard negatives and all: default BM25's, mined first if
 # missing; studies/squad_hard_negatives trains its second round on the model's own), PAGE=0 (the
-# runs and their numbers check only, no table: for a study that writes its own page).
+# runs and their numbers check only, no table: for a study that writes its own page), KEEP_OUT=1
+# (a dry run keeps the OUT it finds: for a study that adds its runs one call at a time).
 set -euo pipefail
 # SIGTERM / SIGINT to the study's process group: the train call checkpoints and exits, then this
 # script records that call's wall time and stops (without the trap, bash would die first).
@@ -60,7 +61,7 @@ if [[ $DRY_RUN == 1 ]]; then
   EXTRA=(--set train.max_steps=2 --set "data.cache_dir=$OUT/.cache")
   TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
   [[ $OUT == *-dry ]] || { echo "error: DRY_RUN=1 deletes OUT first; name it *-dry" >&2; exit 2; }
-  rm -rf "$OUT"
+  [[ ${KEEP_OUT:-0} == 1 ]] || rm -rf "$OUT"  # KEEP_OUT=1: a caller adding runs one at a time
 else
   OUT=${OUT:-runs/squad_batch_size}
   CFG=configs/squad_reproduce.yaml

@@ -63,7 +63,7 @@ run_name() { echo "gradcache-b$B-s$1"; }
 # One arm of trained runs by the batch-size study's script: its recipe, its numbers check.
 arm() {  # out-folder training-file hard-negatives settings run-names
   OUT=$1 TRAIN=$2 HARD=$3 SETS=$4 ONLY=$5 CODE=${CODE:-} DRY_RUN=$DRY_RUN PY=$PY PAGE=0 \
-    SEEDS=$SEEDS SEEDS_DRY=$SEEDS bash "$BATCH_STUDY"
+    SEEDS=$SEEDS SEEDS_DRY=$SEEDS KEEP_OUT=1 bash "$BATCH_STUDY"
 }
 done_or() {  # file: say it is done (and return 0) when it exists
   [[ -f $1 ]] && echo "== $1: done, skipped"
@@ -89,7 +89,7 @@ done_or "$OUT/train.candidates.jsonl" ||
   --out "$OUT/teacher/train.qa.tsv"
 "$PY" -m studies.squad_hard_negatives.split_dev --dev "$OUT/train.candidates.jsonl" \
   --qa "$OUT/teacher/train.qa.tsv" --out "$OUT/teacher/split"
-done_or "$OUT/teacher/weight/fusion.json" ||
+done_or "$OUT/teacher/weight/metrics.json" ||
   "${BIN[@]}" eval -c "$CFG" -q --set "output_dir=$ROUND1" --set "data.passages=$PASSAGES" \
     --model "$ROUND1/model" --set eval.fusion_depth=1000 "${EXTRA[@]}" \
     --set "data.dev_qa=$OUT/teacher/split/dev-a.qa.tsv" --set eval.fusion=linear \

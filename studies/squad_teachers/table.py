@@ -89,6 +89,13 @@ def teacher_lines(setup: dict[str, Any]) -> list[str]:
             f"mined candidates ({kept['dropped']:,} with fewer left out: the distillation loss "
             "needs H of a question's own candidates scored), in the same order.",
         ]
+    cleaned = setup.get("cleaned_keep")
+    if cleaned:
+        lines[-1] += (
+            f" In the cleaned file {cleaned['kept_short']:,} of them keep fewer than "
+            f"{cleaned['hard']} candidates after the teacher's rule; training fills their groups "
+            "with other questions' positives, as DPR does."
+        )
     return lines
 
 
@@ -135,8 +142,9 @@ def score_lines(setup: dict[str, Any], root: str) -> list[str]:
     gpu = _gpu_rate()
     if gpu:
         lines.append(
-            f"On the GPU ({gpu['device']}, {gpu['precision']}): {gpu['pairs_a_second']:,.0f} "
-            "pairs a second, "
+            f"On the GPU ({gpu['device']}, {gpu['precision']}, the GPU suite's pairs: dev "
+            "questions "
+            f"with 100-word passages): {gpu['pairs_a_second']:,.0f} pairs a second, "
             f"**{nq['pairs'] / gpu['pairs_a_second'] / 3600:.2f} h** for NQ "
             f"([docs/bench/gpu.md]({root}docs/bench/gpu.md))."
         )

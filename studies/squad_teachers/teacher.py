@@ -48,17 +48,26 @@ def keep(by: Path, hard: int, train: Path, out: Path) -> dict[str, Any]:
         for n, r in enumerate(_records(by))
         if len(r["hard_negative_ctxs"]) >= hard
     }
-    kept = dropped = 0
+    kept = dropped = short = 0
     tmp = out.with_name(out.name + ".tmp")
     with train.open(encoding="utf-8") as f, tmp.open("w", encoding="utf-8") as g:
         for n, line in enumerate(line for line in f if line.strip()):
-            if record_question_id(json.loads(line), n) in enough:
+            record = json.loads(line)
+            if record_question_id(record, n) in enough:
                 g.write(line)
                 kept += 1
+                short += len(record.get("hard_negative_ctxs") or []) < hard
             else:
                 dropped += 1
     tmp.replace(out)
-    record = {"hard": hard, "by": str(by), "train": str(train), "kept": kept, "dropped": dropped}
+    record = {
+        "hard": hard,
+        "by": str(by),
+        "train": str(train),
+        "kept": kept,
+        "dropped": dropped,
+        "kept_short": short,  # kept, with fewer than ``hard`` in ``train`` itself (filled)
+    }
     write_json_atomic(out.with_suffix(".keep.json"), record)
     return record
 

@@ -135,6 +135,7 @@ def test_keep_drops_the_same_questions_from_every_file(tmp_path: Path) -> None:
     kept = [json.loads(line)["id"] for line in (tmp_path / "kept.jsonl").open()]
     assert kept == ["a", "c"]  # b has 1 mined candidate; a and c keep their cleaned lists
     assert record["kept"] == 2 and record["dropped"] == 1
+    assert record["kept_short"] == 2  # a and c keep fewer than 3 cleaned candidates
     assert json.loads((tmp_path / "kept.keep.json").read_text())["dropped"] == 1
 
 
