@@ -485,13 +485,14 @@ def teacher_score_rate(
         Pair(questions[i % len(questions)], *passages[(i * 7) % len(passages)])
         for i in range(n_pairs)
     ]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     for precision in precisions:
         score_pairs(encoder, pairs[:batch_size], batch_size=batch_size, precision=precision)
-        _sync(device)
+        sync()
         start = time.perf_counter()
         score_pairs(encoder, pairs, batch_size=batch_size, precision=precision)
-        _sync(device)
+        sync()
         seconds = time.perf_counter() - start
         rate = n_pairs / seconds
         rows.append(
@@ -510,11 +511,6 @@ def teacher_score_rate(
         "model": {"layers": 6, "hidden": 384},
         "nq_pairs": NQ_SCORE_PAIRS,
     }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def model_encode_rate(

@@ -26,6 +26,12 @@ README_BEGIN, README_END = (
 )
 HEAD = " | ".join(NAMES[m] for m in METRICS)
 RULE = "|".join("--:" for _ in METRICS)
+FUSION_NOTE = (
+    "Linear: BM25 + weight x dense score over the union of each side's top 1,000, the "
+    "missing side's score computed; the weight picked (MRR@10, a grid of 17 from 0.01 to "
+    "1,000) on the other half of the dev articles, so no question is scored with a weight "
+    "tuned on it. RRF: k = 60, the same candidates."
+)
 
 
 def cell(value, sd=None) -> str:
@@ -139,10 +145,7 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
         "",
         "## BM25 + dense",
         "",
-        "Linear: BM25 + weight x dense score over the union of each side's top 1,000, the "
-        "missing side's score computed; the weight picked (MRR@10, a grid of 17 from 0.01 to "
-        "1,000) on the other half of the dev articles, so no question is scored with a weight "
-        "tuned on it. RRF: k = 60, the same candidates.",
+        FUSION_NOTE,
         "",
         *hybrids_table(data["hybrids"]),
         "",

@@ -17,6 +17,7 @@ from studies.squad_hard_negatives.collect import (
     paired,
     per_question,
 )
+from studies.squad_teachers.teacher import TREATMENTS
 
 ARMS = {  # folder -> the arm's name on the page
     "round1": "round 1: BM25 negatives, H = 1 (the teacher's dense half)",
@@ -24,7 +25,6 @@ ARMS = {  # folder -> the arm's name on the page
     "distill": "distill: distill_kl + contrastive, mined candidates",
     "cleaned": "cleaned: contrastive, teacher-cleaned candidates",
 }
-TREATMENTS = ("distill", "cleaned")
 MINED = ("mined", "cleaned-all")  # train.<kind>.jsonl, mined by round 1 over its index
 
 

@@ -17,6 +17,7 @@ from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text
 from studies.squad_batch_size.runs import mean_sd
 from studies.squad_hard_negatives.collect import METRICS
 from studies.squad_hard_negatives.table import (
+    FUSION_NOTE,
     HEAD,
     NAMES,
     RULE,
@@ -240,10 +241,7 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
         "",
         "## BM25 + dense",
         "",
-        "Linear: BM25 + weight x dense score over the union of each side's top 1,000, the "
-        "missing side's score computed; the weight picked (MRR@10, a grid of 17 from 0.01 to "
-        "1,000) on the other half of the dev articles, so no question is scored with a weight "
-        "tuned on it. RRF: k = 60, the same candidates.",
+        FUSION_NOTE,
         "",
         *hybrids_table(data["hybrids"]),
         "",
