@@ -14,6 +14,7 @@ every figure marked as a CPU rehearsal, and what needs a GPU listed as skipped. 
 from __future__ import annotations
 
 import datetime
+import json
 import platform
 import subprocess
 import tempfile
@@ -304,8 +305,19 @@ def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> l
     ]
 
 
-def run_suite(out: Path, *, budget_s: float, tokenizer: str, dry: bool | None = None) -> dict:
-    """Every section that fits the budget; ``gpu.json`` and ``gpu.md`` after each."""
+def run_suite(
+    out: Path,
+    *,
+    budget_s: float,
+    tokenizer: str,
+    dry: bool | None = None,
+    only: list[str] | None = None,
+) -> dict:
+    """Every section that fits the budget; ``gpu.json`` and ``gpu.md`` after each.
+
+    With ``only``, just those sections run; the others keep their results from the ``gpu.json``
+    already in ``out`` (a rerun of what a short lease cut or what failed), each with its date.
+    """
     cuda = torch.cuda.is_available() if dry is None else not dry
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     plan = GPU_PLAN if cuda else DRY_PLAN
@@ -315,8 +327,17 @@ def run_suite(out: Path, *, budget_s: float, tokenizer: str, dry: bool | None = 
     report = {"dry_run": not cuda, "environment": environment(device), "sections": {}}
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
-        for name, needs_cuda, estimate, run in _sections(plan, device, Path(tmp), tokenizer):
+        sections = _sections(plan, device, Path(tmp), tokenizer)
+        names = [name for name, *_ in sections]
+        unknown = sorted(set(only or []) - set(names))
+        if unknown:
+            raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
+        kept = _earlier_sections(out / "gpu.json", report, set(names) - set(only)) if only else {}
+        for name, needs_cuda, estimate, run in sections:
             left = budget_s - (time.monotonic() - started)
+            if name in kept:
+                report["sections"][name] = kept[name]
+                continue
             if needs_cuda and not cuda:
                 report["sections"][name] = {
                     "skipped": "needs CUDA (torch.cuda.max_memory_allocated)"
@@ -324,14 +345,33 @@ def run_suite(out: Path, *, budget_s: float, tokenizer: str, dry: bool | None = 
             elif cuda and left < estimate:
                 report["sections"][name] = {"skipped": f"out of time ({left:.0f} s left)"}
             else:
-                report["sections"][name] = _timed(run)
+                report["sections"][name] = _timed(run, report["environment"]["date"])
                 print(f"{name}: {report['sections'][name]['seconds']:.0f} s", flush=True)
             report["seconds"] = round(time.monotonic() - started, 1)
             write_page(report, out)
     return report
 
 
-def _timed(run: Callable[[], dict]) -> dict:
+def _earlier_sections(path: Path, report: dict, names: set[str]) -> dict:
+    """The named sections of an earlier run's ``gpu.json``, where it ran on this same device."""
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    same = all(
+        earlier["environment"].get(k) == report["environment"].get(k)
+        for k in ("device_name", "torch", "cuda")
+    )
+    if earlier.get("dry_run") != report["dry_run"] or not same:
+        raise typer.BadParameter(f"{path} was measured on another device or software: rerun all")
+    date = earlier["environment"]["date"]
+    return {
+        name: {"date": date, **section}
+        for name, section in earlier["sections"].items()
+        if name in names
+    }
+
+
+def _timed(run: Callable[[], dict], date: str) -> dict:
     start = time.monotonic()
     try:
         result = {"result": run()}
@@ -340,6 +380,7 @@ def _timed(run: Callable[[], dict]) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     result["seconds"] = round(time.monotonic() - start, 1)
+    result["date"] = date
     return result
 
 
@@ -359,6 +400,12 @@ def main(
     budget_s: Annotated[float, typer.Option(help="Seconds the whole suite may take.")] = 340.0,
     tokenizer: Annotated[str | None, typer.Option(help="WordPiece tokenizer folder.")] = None,
     dry_run: Annotated[bool, typer.Option(help="The CPU rehearsal even where CUDA is.")] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated sections to run again; the rest are kept from OUT/gpu.json."
+        ),
+    ] = None,
 ) -> None:
     """Run the GPU suite (a dry run at toy size without CUDA) and write its page."""
     report = run_suite(
@@ -366,6 +413,7 @@ def main(
         budget_s=budget_s,
         tokenizer=tokenizer or default_tokenizer(),
         dry=True if dry_run else None,
+        only=[name.strip() for name in only.split(",")] if only else None,
     )
     print((out / "gpu.md").read_text().split("\n## ", 2)[1][:4000])
     failed = [n for n, s in report["sections"].items() if "error" in s]

@@ -144,7 +144,10 @@ def render(report: dict) -> str:
         if "error" in section:
             lines += [f"Failed after {section['seconds']} s: `{section['error']}`"]
             continue
-        lines.append(f"{section['seconds']:.0f} s.")
+        when = section.get("date", env["date"])
+        lines.append(
+            f"{section['seconds']:.0f} s" + (f", run {when}." if when != env["date"] else ".")
+        )
         lines += _SECTION[name](section["result"])
     return "\n".join(lines) + "\n"
 

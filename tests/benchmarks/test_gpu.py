@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import typer
 
 from benchmarks.gpu_report import goals, render
 from dpr_cache.runtime.processes import child_env
@@ -128,3 +129,38 @@ def test_a_skipped_or_failed_section_is_named_on_the_page():
     assert "Device: **H100**, driver 580, 80 GiB" in page
     assert "## Memory\n\nSkipped: out of time (10 s left)." in page
     assert "## Speed\n\nFailed after 3.0 s: `RuntimeError: boom`" in page
+
+
+def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_path, monkeypatch):
+    import benchmarks.gpu as gpu
+
+    calls = []
+
+    def fake_sections(plan, device, work, tokenizer):
+        def section(name, value):
+            def run():
+                calls.append(name)
+                return value
+
+            return (name, False, 1, run)
+
+        return [section("exactness", {"v": len(calls)}), section("memory", {"v": len(calls)})]
+
+    monkeypatch.setattr(gpu, "_sections", fake_sections)
+    monkeypatch.setattr(gpu, "write_page", lambda report, out: None)
+    out = tmp_path / "out"
+    out.mkdir()
+    first = gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True)
+    earlier = json.loads(json.dumps(first).replace(first["environment"]["date"], "earlier"))
+    (out / "gpu.json").write_text(json.dumps(earlier))
+    calls.clear()
+    second = gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["memory"])
+    assert calls == ["memory"]
+    assert list(second["sections"]) == ["exactness", "memory"]
+    assert second["sections"]["exactness"]["date"] == "earlier"
+    assert second["sections"]["memory"]["date"] == second["environment"]["date"] != "earlier"
+    with pytest.raises(typer.BadParameter, match="unknown section"):
+        gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["speeed"])
+    (out / "gpu.json").write_text(json.dumps({**first, "dry_run": False}))
+    with pytest.raises(typer.BadParameter, match="another device"):
+        gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["memory"])
