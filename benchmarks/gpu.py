@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import signal
 import subprocess
 import tempfile
 import time
@@ -152,8 +153,12 @@ def _driver() -> str | None:
         return None
 
 
-def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> list:
-    """(name, needs CUDA, estimated seconds on an H100, function) in run order."""
+def _sections(
+    plan: Plan, device: torch.device, work: Path, tokenizer: str, partial: dict | None = None
+) -> list:
+    """(name, needs CUDA, estimated seconds on an H100, function) in run order. The longer
+    sections put what they have measured so far in ``partial[name]`` as they go."""
+    partial = {} if partial is None else partial
     cuda = device.type == "cuda"
     model_dir = work / "bert-base" if cuda else TINY
     squad_dir = work / "squad"
@@ -195,23 +200,23 @@ def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> l
 
         model = BiEncoder.from_pretrained(base_model(), shared=True, pooling="cls")
         model = model.to(device).train()
-        out = {"comparisons": []}
+        out = partial["speed"] = {"comparisons": []}
         biggest = gpu_perf.squad_batch(model, SQUAD, squad_dir, max(plan.speed_batches))
         for b in plan.speed_batches:
             batch = gpu_perf.squad_batch(model, SQUAD, squad_dir, b)
             for precision in plan.precisions if cuda else ["fp32"]:
-                out["comparisons"].append(
-                    gpu_perf.speed_comparison(
-                        model,
-                        batch,
-                        precision,
-                        chunks=plan.speed_chunks,
-                        cmnrl_rows=plan.cmnrl_rows,
-                        cmnrl_tokens=plan.cmnrl_tokens,
-                        lib_chunks=plan.lib_chunks,
-                        rounds=plan.rounds,
-                    )
+                row = gpu_perf.speed_comparison(
+                    model,
+                    batch,
+                    precision,
+                    chunks=plan.speed_chunks,
+                    cmnrl_rows=plan.cmnrl_rows,
+                    cmnrl_tokens=plan.cmnrl_tokens,
+                    lib_chunks=plan.lib_chunks,
+                    rounds=plan.rounds,
                 )
+                out["comparisons"].append(row)
+                print(f"  speed B={b} {precision}: {row['best']}", flush=True)
         precision = "fp16" if cuda else "fp32"
         out["savings"] = gpu_perf.savings(
             model, biggest, precision, plan.savings_chunk, plan.rounds
@@ -281,25 +286,25 @@ def _sections(plan: Plan, device: torch.device, work: Path, tokenizer: str) -> l
 
     def command_line():
         where = "cuda" if cuda else "cpu"
-        out = {
-            "pipeline": gpu_cli.toy_pipeline(
-                work / "cli", where, "fp16" if cuda else "fp32", plan.cli_steps
-            ),
-            "resume": gpu_cli.resume_equality(
-                work / "cli", where, steps=8, settings=plan.determinism
-            ),
-        }
+        out = partial["command_line"] = {}
+        out["pipeline"] = gpu_cli.toy_pipeline(
+            work / "cli", where, "fp16" if cuda else "fp32", plan.cli_steps
+        )
+        print(f"  command line: pipeline ok={out['pipeline']['ok']}", flush=True)
+        out["resume"] = gpu_cli.resume_equality(
+            work / "cli", where, steps=8, settings=plan.determinism
+        )
         if cuda:
             out["chunk_too_large"] = gpu_cli.chunk_too_large(work / "cli", base_model(), where)
             out["nccl"] = gpu_cli.nccl_collectives()
         return out
 
     return [
-        ("exactness", False, 30, exactness),
-        ("mixed_precision", False, 20, mixed),
-        ("memory", False, 60, memory),
-        ("speed", False, 90, speed),
-        ("encoding", False, 45, encoding),
+        ("exactness", False, 75, exactness),
+        ("mixed_precision", False, 65, mixed),
+        ("memory", False, 70, memory),
+        ("speed", False, 200, speed),
+        ("encoding", False, 60, encoding),
         ("teacher_scoring", False, 30, teacher_scoring),
         ("command_line", False, 90, command_line),
     ]
@@ -326,13 +331,15 @@ def run_suite(
     started = time.monotonic()
     report = {"dry_run": not cuda, "environment": environment(device), "sections": {}}
     out.mkdir(parents=True, exist_ok=True)
+    partial: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
-        sections = _sections(plan, device, Path(tmp), tokenizer)
+        sections = _sections(plan, device, Path(tmp), tokenizer, partial)
         names = [name for name, *_ in sections]
         unknown = sorted(set(only or []) - set(names))
         if unknown:
             raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
         kept = _earlier_sections(out / "gpu.json", report, set(names) - set(only)) if only else {}
+        write_page(report, out)
         for name, needs_cuda, estimate, run in sections:
             left = budget_s - (time.monotonic() - started)
             if name in kept:
@@ -345,7 +352,11 @@ def run_suite(
             elif cuda and left < estimate:
                 report["sections"][name] = {"skipped": f"out of time ({left:.0f} s left)"}
             else:
-                report["sections"][name] = _timed(run, report["environment"]["date"])
+                # on a lease, a section stops at the suite's budget (its figures so far kept)
+                limit = left if cuda else None
+                report["sections"][name] = _timed(run, report["environment"], limit)
+                if name in partial and "error" in report["sections"][name]:
+                    report["sections"][name]["partial"] = partial[name]
                 print(f"{name}: {report['sections'][name]['seconds']:.0f} s", flush=True)
             report["seconds"] = round(time.monotonic() - started, 1)
             write_page(report, out)
@@ -353,34 +364,53 @@ def run_suite(
 
 
 def _earlier_sections(path: Path, report: dict, names: set[str]) -> dict:
-    """The named sections of an earlier run's ``gpu.json``, where it ran on this same device."""
+    """The named sections of an earlier run's ``gpu.json``, each with the date and device it
+    ran on (the page names them where they are not this run's)."""
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
-    same = all(
-        earlier["environment"].get(k) == report["environment"].get(k)
-        for k in ("device_name", "torch", "cuda")
-    )
-    if earlier.get("dry_run") != report["dry_run"] or not same:
-        raise typer.BadParameter(f"{path} was measured on another device or software: rerun all")
-    date = earlier["environment"]["date"]
+    if earlier.get("dry_run") != report["dry_run"]:
+        raise typer.BadParameter(f"{path} is a {'dry' if earlier['dry_run'] else 'GPU'} run's")
     return {
-        name: {"date": date, **section}
+        name: {**_stamp(earlier["environment"]), **section}
         for name, section in earlier["sections"].items()
         if name in names
     }
 
 
-def _timed(run: Callable[[], dict], date: str) -> dict:
+def _stamp(environment: dict) -> dict:
+    return {
+        "date": environment["date"],
+        "device_name": environment.get("device_name") or environment["device"],
+    }
+
+
+class SectionTimeout(Exception):
+    """A section ran past the seconds left of the suite's budget."""
+
+
+def _timed(run: Callable[[], dict], environment: dict, limit_s: float | None = None) -> dict:
     start = time.monotonic()
+    previous = signal.getsignal(signal.SIGALRM)
+
+    def out_of_time(signum, frame):
+        raise SectionTimeout(f"stopped at the suite's budget after {limit_s:.0f} s")
+
+    if limit_s is not None:
+        signal.signal(signal.SIGALRM, out_of_time)
+        signal.alarm(max(1, int(limit_s)))
     try:
         result = {"result": run()}
     except Exception as exc:  # a section's failure is a finding: record it, go on
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    finally:
+        if limit_s is not None:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
     result["seconds"] = round(time.monotonic() - start, 1)
-    result["date"] = date
+    result.update(_stamp(environment))
     return result
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "child",
     "cli",
     "toy_pipeline",
     "resume_equality",
@@ -32,24 +33,53 @@ __all__ = [
 TOY = "configs/toy.yaml"
 
 
-def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
-    """Run ``python -m dpr_cache ARGS``: its exit code, seconds, last stderr line."""
+def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
+    """Run ``cmd`` to its end or for ``timeout`` seconds: its exit code (None when it ran out of
+    time), seconds, stdout and stderr. A child out of time is sent SIGABRT, which Python's
+    fault handler (on in the child) answers by printing every thread's stack to stderr, so
+    that a hang on a device names the line it hung on."""
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "dpr_cache", *args],
-        capture_output=True,
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
     )
-    lines = proc.stderr.strip().splitlines()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        rc = None
     return {
-        "command": "dpr-cache " + " ".join(args),
-        "rc": proc.returncode,
+        "rc": rc,
         "seconds": round(time.perf_counter() - start, 2),
-        "last_line": lines[-1] if lines else "",
-        "stdout": proc.stdout.strip().splitlines()[-12:],
+        "stdout": stdout,
+        "stderr": stderr,
     }
+
+
+def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
+    """Run ``python -m dpr_cache ARGS``: its exit code (None: out of time, with the stack it
+    hung in), seconds, last stderr line."""
+    run = child([sys.executable, "-m", "dpr_cache", *args], timeout, env)
+    lines = run["stderr"].strip().splitlines()
+    row = {
+        "command": "dpr-cache " + " ".join(args),
+        "rc": run["rc"],
+        "seconds": run["seconds"],
+        "last_line": lines[-1] if lines else "",
+        "stdout": run["stdout"].strip().splitlines()[-12:],
+    }
+    if run["rc"] is None:
+        row["stack"] = lines[-40:]
+    return row
 
 
 def _sets(out: Path, section: str, device: str, **extra) -> list[str]:
@@ -242,15 +272,10 @@ def nccl_collectives(timeout: float = 120) -> dict:
     """NCCL on one GPU: a process group of one (two ranks would need two GPUs: NCCL refuses
     two ranks on one device) running the collectives training uses, the gather of the
     passage reps with its gradient and the loss's mean over ranks, in a fresh process."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_cli", "nccl-child"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        return {"ok": False, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    run = child([sys.executable, "-m", "benchmarks.gpu_cli", "nccl-child"], timeout)
+    lines = run["stdout"].strip().splitlines()
+    if run["rc"] != 0 or not lines:
+        return {"ok": False, "error": (run["stderr"].strip().splitlines() or ["failed"])[-1]}
     return json.loads(lines[-1])
 
 

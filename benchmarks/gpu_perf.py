@@ -13,13 +13,13 @@ from __future__ import annotations
 import gc
 import inspect
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.gpu_cli import child
 from dpr_cache.data.collate import Batch
 
 __all__ = [
@@ -390,9 +390,11 @@ def encode_rate(
     precision: str = "fp16",
     batch_size: int = 512,
     workers: int = 4,
+    timeout: float = 150,
 ) -> dict:
-    """``dpr-cache encode`` on two corpus sizes; the marginal rate (passages between the two
-    runs over the seconds between them) leaves start-up out, as a 21M-passage run would."""
+    """``dpr-cache encode`` on two corpus sizes, each for ``timeout`` seconds at most; the
+    marginal rate (passages between the two runs over the seconds between them) leaves
+    start-up out, as a 21M-passage run would."""
     runs = []
     for n in sizes:
         tsv = _passages_tsv(squad_dir, work / f"passages_{n}.tsv", n)
@@ -421,12 +423,11 @@ def encode_rate(
             str(work / "cache"),
             "-q",
         ]
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        if proc.returncode != 0:
-            return {"error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
-        runs.append({"passages": n, "seconds": seconds})
+        run = child(cmd, timeout)
+        if run["rc"] != 0:
+            lines = run["stderr"].strip().splitlines()
+            return {"error": lines[-40:] if run["rc"] is None else lines[-1:] or ["failed"]}
+        runs.append({"passages": n, "seconds": run["seconds"]})
     (a, b) = runs
     rate = (b["passages"] - a["passages"]) / max(1e-9, b["seconds"] - a["seconds"])
     return {

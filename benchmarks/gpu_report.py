@@ -106,6 +106,15 @@ def _fmt_bytes(n: int | None) -> str:
     return "–" if n is None else f"{n / 1e9:.2f} GB"
 
 
+def _elsewhere(section: dict, env: dict, device: str) -> str:
+    """ ", run DATE on DEVICE" for a section kept from an earlier run, else nothing."""
+    when = section.get("date", env["date"])
+    where = section.get("device_name", device)
+    if (when, where) == (env["date"], device):
+        return ""
+    return f", run {when}" + (f" on {where}" if where != device else "")
+
+
 def render(report: dict) -> str:
     """The page's markdown."""
     env = report["environment"]
@@ -143,11 +152,10 @@ def render(report: dict) -> str:
             continue
         if "error" in section:
             lines += [f"Failed after {section['seconds']} s: `{section['error']}`"]
+            if section.get("partial"):
+                lines += ["", "What it measured before it stopped is in gpu.json (`partial`)."]
             continue
-        when = section.get("date", env["date"])
-        lines.append(
-            f"{section['seconds']:.0f} s" + (f", run {when}." if when != env["date"] else ".")
-        )
+        lines.append(f"{section['seconds']:.0f} s{_elsewhere(section, env, device)}.")
         lines += _SECTION[name](section["result"])
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,7 @@
     python -m benchmarks.pages --out /tmp/p    # the same pages elsewhere (the figures stay put)
 
 Each page is what its benchmark writes at the end of a run (``python -m benchmarks.synthetic``,
-``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``), so a change to a report is
+``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``), so a change to a report is
 seen on every page without hours of measuring.
 """
 
@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import mine_report, realtext_report, scale_report, synthetic_report
+from benchmarks import gpu_report, mine_report, realtext_report, scale_report, synthetic_report
 from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = ["PAGES", "write_pages"]
@@ -25,6 +25,7 @@ PAGES = {
     "same_session/realtext.json": "realtext",
     "scale.json": "scale",
     "mine.json": "mine",
+    "gpu.json": "gpu",
 }
 """Saved figures (relative to the bench folder) -> the benchmark whose report they feed."""
 
@@ -47,6 +48,9 @@ def write_pages(source: Path, out: Path) -> list[Path]:
             write_text_atomic(folder / "realtext.md", realtext_report.markdown(result))
             realtext_report.plot(result, folder / "realtext.png")
             written.append(folder / "realtext.md")
+        elif kind == "gpu":
+            gpu_report.write_page(result, folder)
+            written.append(folder / "gpu.md")
         elif kind == "mine":
             written.append(mine_report.write_report(result, folder, path.parent))
         else:

@@ -136,7 +136,7 @@ def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_p
 
     calls = []
 
-    def fake_sections(plan, device, work, tokenizer):
+    def fake_sections(plan, device, work, tokenizer, partial):
         def section(name, value):
             def run():
                 calls.append(name)
@@ -162,5 +162,32 @@ def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_p
     with pytest.raises(typer.BadParameter, match="unknown section"):
         gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["speeed"])
     (out / "gpu.json").write_text(json.dumps({**first, "dry_run": False}))
-    with pytest.raises(typer.BadParameter, match="another device"):
+    with pytest.raises(typer.BadParameter, match="GPU run"):
         gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["memory"])
+
+
+def test_a_section_past_the_budget_is_stopped_and_named_and_a_quick_one_is_not():
+    import time
+
+    from benchmarks.gpu import _timed
+
+    env = {"date": "today", "device": "cuda:0", "device_name": "H100"}
+    slow = _timed(lambda: time.sleep(5) or {}, env, limit_s=1)
+    assert slow["error"].startswith("SectionTimeout: stopped at the suite's budget after 1 s")
+    assert slow["seconds"] < 3 and slow["device_name"] == "H100"
+    quick = _timed(lambda: {"x": 1}, env, limit_s=1)
+    time.sleep(1.5)  # the alarm was cancelled: nothing fires after the section
+    assert quick["result"] == {"x": 1}
+
+
+def test_a_hung_child_is_stopped_with_the_stack_it_hung_in():
+    import sys
+
+    from benchmarks.gpu_cli import child
+
+    code = "import time\ndef wait_here():\n    time.sleep(60)\nwait_here()\n"
+    run = child([sys.executable, "-c", code], timeout=2)
+    assert run["rc"] is None and run["seconds"] < 30
+    assert "wait_here" in run["stderr"]
+    done = child([sys.executable, "-c", "print('ok')"], timeout=30)
+    assert done["rc"] == 0 and done["stdout"].strip() == "ok"
