@@ -4,8 +4,8 @@
     python -m benchmarks.pages --out /tmp/p    # the same pages elsewhere (the figures stay put)
 
 Each page is what its benchmark writes at the end of a run (``python -m benchmarks.synthetic``,
-``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``), so a change to a report is
-seen on every page without hours of measuring.
+``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``), so a
+change to a report is seen on every page without hours of measuring.
 """
 
 from __future__ import annotations
