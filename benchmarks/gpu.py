@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import signal
 import subprocess
@@ -170,18 +171,21 @@ def _sections(
 
     def exactness():
         rows = [
-            gpu_exact.fp64_exactness(c, device) for c in gpu_exact.exact_cases(plan.exact_sizes)
+            _clocked(gpu_exact.fp64_exactness, c, device)
+            for c in gpu_exact.exact_cases(plan.exact_sizes)
         ]
         replay = [
-            gpu_exact.replay_bitwise(plan.exact_sizes[-1], device, p)
+            _clocked(gpu_exact.replay_bitwise, plan.exact_sizes[-1], device, p)
             for p in ["fp32", *plan.precisions]
         ]
-        fd = gpu_exact.dropout_finite_difference("tiny", device)
+        fd = _clocked(gpu_exact.dropout_finite_difference, "tiny", device)
         return {"fp64": rows, "replay": replay, "finite_difference": fd}
 
     def mixed():
-        rows = [gpu_exact.mixed_precision(plan.mixed_size, device, p) for p in plan.precisions]
-        overflow = gpu_cli.fp16_overflow(device, batch=64 if cuda else 8)
+        rows = [
+            _clocked(gpu_exact.mixed_precision, plan.mixed_size, device, p) for p in plan.precisions
+        ]
+        overflow = _clocked(gpu_cli.fp16_overflow, device, batch=64 if cuda else 8)
         return {"rows": rows, "fp16_overflow": overflow}
 
     def memory():
@@ -308,6 +312,16 @@ def _sections(
         ("teacher_scoring", False, 30, teacher_scoring),
         ("command_line", False, 90, command_line),
     ]
+
+
+def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
+    """``measure``'s row with the seconds it took, printed as it ends (a run cut short still
+    says how far it got and where its time went)."""
+    start = time.monotonic()
+    row = measure(*args, **kwargs)
+    row["seconds"] = round(time.monotonic() - start, 2)
+    print(f"  {measure.__name__}{args[:1]}: {row['seconds']:.1f} s", flush=True)
+    return row
 
 
 def run_suite(
@@ -438,6 +452,8 @@ def main(
     ] = None,
 ) -> None:
     """Run the GPU suite (a dry run at toy size without CUDA) and write its page."""
+    # a device lent for a lease has no network: no library (nor a child) waits on the hub
+    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     report = run_suite(
         out,
         budget_s=budget_s,
