@@ -1,6 +1,7 @@
 """Fixtures for every test: no hub at all (the tests and their child processes run offline,
 whatever the environment says; a test that needs the network path sets it for its own child),
-and float64 as the default dtype on demand.
+OpenMP threads that sleep rather than spin while they wait, and float64 as the default dtype
+on demand.
 
 Shared helpers live in :mod:`tests.support` (tiny BERT, random inputs, the CLI runner);
 fixtures of one folder live in that folder's conftest.py.
@@ -12,6 +13,10 @@ import os
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)  # before anything imports huggingface_hub, which reads it once
+# The tests run two at a time on two cores (pytest -n 2) and start children of their own: an
+# OpenMP thread that spins while it waits takes a core from the other process's threads. Idle
+# threads sleep instead (read once, when torch loads its OpenMP; children inherit it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
