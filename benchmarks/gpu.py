@@ -359,6 +359,9 @@ def run_suite(
             if name in kept:
                 report["sections"][name] = kept[name]
                 continue
+            if only and name not in only:
+                report["sections"][name] = {"skipped": "not asked for (--only), none in gpu.json"}
+                continue
             if needs_cuda and not cuda:
                 report["sections"][name] = {
                     "skipped": "needs CUDA (torch.cuda.max_memory_allocated)"

@@ -159,6 +159,11 @@ def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_p
     assert list(second["sections"]) == ["exactness", "memory"]
     assert second["sections"]["exactness"]["date"] == "earlier"
     assert second["sections"]["memory"]["date"] == second["environment"]["date"] != "earlier"
+    fresh = tmp_path / "fresh"
+    calls.clear()
+    alone = gpu.run_suite(fresh, budget_s=60, tokenizer="t", dry=True, only=["memory"])
+    assert calls == ["memory"]
+    assert alone["sections"]["exactness"] == {"skipped": "not asked for (--only), none in gpu.json"}
     with pytest.raises(typer.BadParameter, match="unknown section"):
         gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["speeed"])
     (out / "gpu.json").write_text(json.dumps({**first, "dry_run": False}))
