@@ -7,6 +7,7 @@ stripped: NFD only decomposes them, so "Beyoncé" and "Beyonce" are different to
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from collections.abc import Sequence
 
@@ -15,9 +16,9 @@ import regex
 MATCH_TYPES = ("string", "regex")
 
 _TOKEN = regex.compile(
-    r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])",
-    flags=regex.IGNORECASE | regex.UNICODE | regex.MULTILINE,
+    r"[\p{L}\p{N}\p{M}]+|[^\p{Z}\p{C}]", flags=regex.IGNORECASE | regex.UNICODE | regex.MULTILINE
 )
+_WORDS_CACHED = 8192  # texts whose tokens are kept: a question's answers and its retrieved passages
 
 
 def normalize(text: str) -> str:
@@ -27,12 +28,30 @@ def normalize(text: str) -> str:
 
 def tokenize(text: str) -> list[str]:
     """DPR SimpleTokenizer words of the NFD-normalized text, lower-cased."""
-    return [m.group().lower() for m in _TOKEN.finditer(normalize(text))]
+    return list(_words(text))
 
 
-def _contains(haystack: Sequence[str], needle: Sequence[str]) -> bool:
-    n = len(needle)
-    return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+@functools.lru_cache(maxsize=_WORDS_CACHED)
+def _words(text: str) -> tuple[str, ...]:
+    """:func:`tokenize`'s words, kept for the texts seen last: the same passage is matched
+    against many questions' answers, and the same answers against many passages."""
+    return tuple(word.lower() for word in _TOKEN.findall(normalize(text)))
+
+
+def _contains(haystack: tuple[str, ...], needle: tuple[str, ...]) -> bool:
+    """Whether ``needle`` occurs contiguously in ``haystack``, tried only where its first word
+    is."""
+    n, last = len(needle), len(haystack) - len(needle)
+    start = 0
+    while start <= last:
+        try:
+            at = haystack.index(needle[0], start, last + 1)
+        except ValueError:
+            return False
+        if haystack[at : at + n] == needle:
+            return True
+        start = at + 1
+    return False
 
 
 def _regex_search(pattern: str, text: str) -> bool:
@@ -52,9 +71,9 @@ def has_answer(answers: Sequence[str], text: str, match: str = "string") -> bool
     (CuratedTREC); a pattern that does not compile matches nothing.
     """
     if match == "string":
-        words = tokenize(text)
+        words = _words(text)
         for answer in answers:
-            answer_words = tokenize(answer)
+            answer_words = _words(answer)
             if answer_words and _contains(words, answer_words):
                 return True
         return False

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
-from dpr_cache.data.answers import has_answer, tokenize
+from dpr_cache.data.answers import _contains, has_answer, tokenize
+from tests.support.dpr_answers import dpr_has_answer
 
 
 def test_tokens_are_alphanumeric_runs_or_single_symbols() -> None:
@@ -98,6 +100,34 @@ def test_bad_regex_does_not_match_or_crash() -> None:
 def test_unknown_match_type_is_an_error() -> None:
     with pytest.raises(ValueError, match="match"):
         has_answer(["a"], "a", match="fuzzy")
+
+
+def test_contiguous_search_against_every_window() -> None:
+    rng = random.Random(0)
+    for _ in range(3000):
+        haystack = tuple(rng.choice("abc") for _ in range(rng.randint(0, 9)))
+        needle = tuple(rng.choice("abc") for _ in range(rng.randint(1, 4)))
+        windows = {haystack[i : i + len(needle)] for i in range(len(haystack) - len(needle) + 1)}
+        assert _contains(haystack, needle) == (needle in windows), (haystack, needle)
+
+
+def test_squad_answers_against_every_passage_as_dpr_matches(squad_build) -> None:
+    # each question's answers against passages of its own article (many hits) and of others,
+    # each text seen again and again as in a results file: the same flags as DPR's rule
+    records = [json.loads(line) for line in (squad_build[0] / "dev.jsonl").open()][:400]
+    texts = [ctx["text"] for r in records for ctx in r["positive_ctxs"]]
+    flags, want = [], []
+    for i, record in enumerate(records):
+        for text in texts[max(0, i - 20) : i + 20]:
+            flags.append(has_answer(record["answers"], text))
+            want.append(dpr_has_answer(record["answers"], text))
+    assert flags == want and 0.05 < sum(want) / len(want) < 0.95
+
+
+def test_tokens_handed_out_are_the_callers_own() -> None:
+    words = tokenize("the same text")
+    words.append("changed")
+    assert tokenize("the same text") == ["the", "same", "text"]
 
 
 def _gold_misses(path: Path) -> list[str]:
