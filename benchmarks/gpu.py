@@ -110,7 +110,7 @@ DRY_PLAN = Plan(
     savings_chunk=4,
     encode_sizes=(100, 300),
     encode_batch=64,
-    encode_workers=0,
+    encode_workers=1,  # the device's path: tokenized in a worker process
     model_rows=200,
     cli_steps=3,
     determinism=(True,),  # the CPU's kernels are deterministic either way
@@ -314,6 +314,9 @@ def _sections(
     ]
 
 
+SECTION_CAP = 3  # a section on a device stops at this many times its estimate
+
+
 def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
     """``measure``'s row with the seconds it took, printed as it ends (a run cut short still
     says how far it got and where its time went)."""
@@ -334,8 +337,10 @@ def run_suite(
 ) -> dict:
     """Every section that fits the budget; ``gpu.json`` and ``gpu.md`` after each.
 
-    With ``only``, just those sections run; the others keep their results from the ``gpu.json``
-    already in ``out`` (a rerun of what a short lease cut or what failed), each with its date.
+    With ``only``, just those sections run, in its order; the others keep their results from
+    the ``gpu.json`` already in ``out`` (a rerun of what a short lease cut or what failed), each
+    with its date. On a device a section stops at the budget or at :data:`SECTION_CAP` times its
+    estimate, whichever comes first, so that one section out of bounds leaves time to the next.
     """
     cuda = torch.cuda.is_available() if dry is None else not dry
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -353,15 +358,16 @@ def run_suite(
         if unknown:
             raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
         kept = _earlier_sections(out / "gpu.json", report, set(names) - set(only)) if only else {}
-        write_page(report, out)
-        for name, needs_cuda, estimate, run in sections:
-            left = budget_s - (time.monotonic() - started)
+        for name in names:
             if name in kept:
                 report["sections"][name] = kept[name]
-                continue
-            if only and name not in only:
+            elif only and name not in only:
                 report["sections"][name] = {"skipped": "not asked for (--only), none in gpu.json"}
-                continue
+        write_page(report, out)
+        if only:
+            sections = sorted((s for s in sections if s[0] in only), key=lambda s: only.index(s[0]))
+        for name, needs_cuda, estimate, run in sections:
+            left = budget_s - (time.monotonic() - started)
             if needs_cuda and not cuda:
                 report["sections"][name] = {
                     "skipped": "needs CUDA (torch.cuda.max_memory_allocated)"
@@ -369,12 +375,17 @@ def run_suite(
             elif cuda and left < estimate:
                 report["sections"][name] = {"skipped": f"out of time ({left:.0f} s left)"}
             else:
-                # on a lease, a section stops at the suite's budget (its figures so far kept)
-                limit = left if cuda else None
+                # on a lease, a section stops at the budget or its cap (its figures so far kept)
+                limit = min(left, SECTION_CAP * estimate) if cuda else None
+                stop = f", stops at {limit:.0f} s" if limit is not None else ""
+                print(f"{name}: started, {estimate} s expected{stop}", flush=True)
                 report["sections"][name] = _timed(run, report["environment"], limit)
                 if name in partial and "error" in report["sections"][name]:
                     report["sections"][name]["partial"] = partial[name]
                 print(f"{name}: {report['sections'][name]['seconds']:.0f} s", flush=True)
+            report["sections"] = {
+                n: report["sections"][n] for n in names if n in report["sections"]
+            }
             report["seconds"] = round(time.monotonic() - started, 1)
             write_page(report, out)
     return report
@@ -403,7 +414,7 @@ def _stamp(environment: dict) -> dict:
 
 
 class SectionTimeout(Exception):
-    """A section ran past the seconds left of the suite's budget."""
+    """A section ran past the seconds left of the suite's budget, or past its cap."""
 
 
 def _timed(run: Callable[[], dict], environment: dict, limit_s: float | None = None) -> dict:
@@ -411,7 +422,7 @@ def _timed(run: Callable[[], dict], environment: dict, limit_s: float | None = N
     previous = signal.getsignal(signal.SIGALRM)
 
     def out_of_time(signum, frame):
-        raise SectionTimeout(f"stopped at the suite's budget after {limit_s:.0f} s")
+        raise SectionTimeout(f"stopped after {limit_s:.0f} s (the budget left or its cap)")
 
     if limit_s is not None:
         signal.signal(signal.SIGALRM, out_of_time)

@@ -37,7 +37,8 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     """Run ``cmd`` to its end or for ``timeout`` seconds: its exit code (None when it ran out of
     time), seconds, stdout and stderr. A child out of time is sent SIGABRT, which Python's
     fault handler (on in the child) answers by printing every thread's stack to stderr, so
-    that a hang on a device names the line it hung on."""
+    that a hang on a device names the line it hung on. A child whose caller is interrupted (the
+    section's time is up) is killed, so that it holds no device after its section."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd,
@@ -57,6 +58,10 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
             proc.kill()
             stdout, stderr = proc.communicate()
         rc = None
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
     return {
         "rc": rc,
         "seconds": round(time.perf_counter() - start, 2),

@@ -242,7 +242,8 @@ def _interleave(
     steppers: dict[str, object], batch: Batch, model, precision: str, rounds: int
 ) -> dict[str, dict]:
     """Each stepper's step timed once a round, rounds interleaved, after one warm-up each; a
-    stepper that runs out of memory is dropped. Median seconds and pairs per second."""
+    stepper that runs out of memory is dropped. Median seconds and pairs per second. Each
+    warm-up's seconds are printed as it ends: a section cut short says which stepper it was in."""
     from dpr_cache.runtime.device import autocast
 
     device = model.device
@@ -263,11 +264,14 @@ def _interleave(
                 sync()
             except torch.OutOfMemoryError:
                 failed[name] = "out of memory"
+                print(f"    {name}: out of memory", flush=True)
                 model.zero_grad(set_to_none=True)
                 _free(device)
                 continue
             if r:
                 times[name].append(time.perf_counter() - start)
+            else:
+                print(f"    {name}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
     out = {}
     for name, ts in times.items():
         if name in failed or not ts:

@@ -164,11 +164,35 @@ def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_p
     alone = gpu.run_suite(fresh, budget_s=60, tokenizer="t", dry=True, only=["memory"])
     assert calls == ["memory"]
     assert alone["sections"]["exactness"] == {"skipped": "not asked for (--only), none in gpu.json"}
+    calls.clear()  # run in --only's order, shown in the suite's
+    both = gpu.run_suite(fresh, budget_s=60, tokenizer="t", dry=True, only=["memory", "exactness"])
+    assert calls == ["memory", "exactness"] and list(both["sections"]) == ["exactness", "memory"]
     with pytest.raises(typer.BadParameter, match="unknown section"):
         gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["speeed"])
     (out / "gpu.json").write_text(json.dumps({**first, "dry_run": False}))
     with pytest.raises(typer.BadParameter, match="GPU run"):
         gpu.run_suite(out, budget_s=60, tokenizer="t", dry=True, only=["memory"])
+
+
+def test_on_a_device_a_section_stops_at_its_cap_and_the_next_one_still_runs(tmp_path, monkeypatch):
+    import time
+
+    import benchmarks.gpu as gpu
+
+    def fake_sections(plan, device, work, tokenizer, partial):
+        return [
+            ("speed", False, 1, lambda: time.sleep(30) or {}),
+            ("encoding", False, 1, lambda: {"rate": 1}),
+        ]
+
+    monkeypatch.setattr(gpu, "_sections", fake_sections)
+    monkeypatch.setattr(gpu, "environment", lambda device: {"date": "d", "device": str(device)})
+    monkeypatch.setattr(gpu, "write_page", lambda report, out: None)
+    monkeypatch.setattr(gpu, "SECTION_CAP", 2)
+    report = gpu.run_suite(tmp_path, budget_s=60, tokenizer="t", dry=False)
+    speed = report["sections"]["speed"]
+    assert speed["error"].startswith("SectionTimeout: stopped after 2 s") and speed["seconds"] < 5
+    assert report["sections"]["encoding"]["result"] == {"rate": 1}
 
 
 def test_a_section_past_the_budget_is_stopped_and_named_and_a_quick_one_is_not():
@@ -178,7 +202,7 @@ def test_a_section_past_the_budget_is_stopped_and_named_and_a_quick_one_is_not()
 
     env = {"date": "today", "device": "cuda:0", "device_name": "H100"}
     slow = _timed(lambda: time.sleep(5) or {}, env, limit_s=1)
-    assert slow["error"].startswith("SectionTimeout: stopped at the suite's budget after 1 s")
+    assert slow["error"].startswith("SectionTimeout: stopped after 1 s")
     assert slow["seconds"] < 3 and slow["device_name"] == "H100"
     quick = _timed(lambda: {"x": 1}, env, limit_s=1)
     time.sleep(1.5)  # the alarm was cancelled: nothing fires after the section
@@ -196,3 +220,31 @@ def test_a_hung_child_is_stopped_with_the_stack_it_hung_in():
     assert "wait_here" in run["stderr"]
     done = child([sys.executable, "-c", "print('ok')"], timeout=30)
     assert done["rc"] == 0 and done["stdout"].strip() == "ok"
+
+
+def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    from benchmarks.gpu_cli import child
+
+    pid_file = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
+
+    def out_of_time(signum, frame):
+        raise TimeoutError("the section's time is up")
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(3)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            child([sys.executable, "-c", code], timeout=120)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - start < 20
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+        os.kill(int(pid_file.read_text()), 0)
