@@ -206,9 +206,16 @@ def _sections(
         model = model.to(device).train()
         out = partial["speed"] = {"comparisons": []}
         biggest = gpu_perf.squad_batch(model, SQUAD, squad_dir, max(plan.speed_batches))
-        for b in plan.speed_batches:
+        out["tokens"] = {
+            "batch": biggest.n_questions,
+            "questions": int(biggest.q_inputs["attention_mask"].sum()),
+            "passages": int(biggest.p_inputs["attention_mask"].sum()),
+        }
+        # the goals' comparison (the largest batch, fp16) first: a section cut short keeps it
+        precisions = sorted(plan.precisions, key=lambda p: p != "fp16") if cuda else ["fp32"]
+        for b in sorted(plan.speed_batches, reverse=True):
             batch = gpu_perf.squad_batch(model, SQUAD, squad_dir, b)
-            for precision in plan.precisions if cuda else ["fp32"]:
+            for precision in precisions:
                 row = gpu_perf.speed_comparison(
                     model,
                     batch,
@@ -225,10 +232,6 @@ def _sections(
         out["savings"] = gpu_perf.savings(
             model, biggest, precision, plan.savings_chunk, plan.rounds
         )
-        out["tokens"] = {
-            "questions": int(biggest.q_inputs["attention_mask"].sum()),
-            "passages": int(biggest.p_inputs["attention_mask"].sum()),
-        }
         return out
 
     def encoding():

@@ -21,8 +21,16 @@ def write_page(report: dict, out: Path) -> None:
     write_text_atomic(out / "gpu.md", render(report))
 
 
+_PARTIAL_SHOWN = ("speed",)  # sections whose figures before a stop are reported and judged
+
+
 def _result(report: dict, name: str) -> dict | None:
-    return report["sections"].get(name, {}).get("result")
+    """A section's figures: its result, or for :data:`_PARTIAL_SHOWN` what it measured before
+    it stopped."""
+    section = report["sections"].get(name, {})
+    if name in _PARTIAL_SHOWN and "error" in section:
+        return section.get("partial")
+    return section.get("result")
 
 
 def _goal(name: str, measured: str, target: str, met: bool | None) -> dict:
@@ -152,7 +160,10 @@ def render(report: dict) -> str:
             continue
         if "error" in section:
             lines += [f"Failed after {section['seconds']} s: `{section['error']}`"]
-            if section.get("partial"):
+            if section.get("partial") and name in _PARTIAL_SHOWN:
+                lines += ["", "What it measured before it stopped:"]
+                lines += _SECTION[name](section["partial"])
+            elif section.get("partial"):
                 lines += ["", "What it measured before it stopped is in gpu.json (`partial`)."]
             continue
         lines.append(f"{section['seconds']:.0f} s{_elsewhere(section, env, device)}.")
@@ -260,7 +271,7 @@ def _speed(r: dict) -> list[str]:
     lines = [
         "",
         "One shared-tower BERT-base-shaped model, SQuAD's training questions and paragraphs at",
-        f"natural lengths (the batch of {r['savings']['batch']} holds "
+        f"natural lengths (the batch of {r['tokens']['batch']} holds "
         f"{r['tokens']['questions']:,} question and "
         f"{r['tokens']['passages']:,} passage tokens), one hard negative; every setting's step",
         "(forward, loss, backward; no optimizer) timed once a round, rounds interleaved in one",
@@ -279,7 +290,9 @@ def _speed(r: dict) -> list[str]:
                 lines.append(f"| {name} | {row['pairs_per_s']:.0f} | {row['step_s']:.3f} |")
             else:
                 lines.append(f"| {name} | {row['failed']} | |")
-    s = r["savings"]
+    s = r.get("savings")
+    if s is None:
+        return [*lines, "", "GradCache's savings: not reached."]
     lines += [
         "",
         f"GradCache's savings at B={s['batch']}, {s['precision']}, chunk {s['chunk']}: "

@@ -106,20 +106,23 @@ def test_goals_are_judged_on_either_side(figures, met):
     assert [g["goal"].split(":")[0] for g in judged][:1] == ["memory at B=8192 over B=128"]
 
 
+_DEVICE = {
+    "device": "cuda:0",
+    "device_name": "H100",
+    "driver": "580",
+    "memory_bytes": 80 * 2**30,
+    "torch": "2.11",
+    "cuda": "13.0",
+    "python": "3.12",
+    "date": "today",
+    "host": {"cpu": "x", "cores": 16, "transformers": "5"},
+}
+
+
 def test_a_skipped_or_failed_section_is_named_on_the_page():
     report = {
         "dry_run": False,
-        "environment": {
-            "device": "cuda:0",
-            "device_name": "H100",
-            "driver": "580",
-            "memory_bytes": 80 * 2**30,
-            "torch": "2.11",
-            "cuda": "13.0",
-            "python": "3.12",
-            "date": "today",
-            "host": {"cpu": "x", "cores": 16, "transformers": "5"},
-        },
+        "environment": _DEVICE,
         "sections": {
             "memory": {"skipped": "out of time (10 s left)"},
             "speed": {"error": "RuntimeError: boom", "seconds": 3.0},
@@ -129,6 +132,41 @@ def test_a_skipped_or_failed_section_is_named_on_the_page():
     assert "Device: **H100**, driver 580, 80 GiB" in page
     assert "## Memory\n\nSkipped: out of time (10 s left)." in page
     assert "## Speed\n\nFailed after 3.0 s: `RuntimeError: boom`" in page
+
+
+def test_speed_cut_short_shows_and_judges_what_it_measured():
+    comparison = {
+        "batch": 512,
+        "precision": "fp16",
+        "rows": {
+            "dpr-cache chunk 32": {"pairs_per_s": 150.0, "step_s": 3.41},
+            "full batch": {"failed": "out of memory"},
+            "CachedMNRL rows 32": {"pairs_per_s": 100.0, "step_s": 5.12},
+        },
+        "best": {
+            "dpr-cache": {"setting": "dpr-cache chunk 32", "pairs_per_s": 150.0},
+            "full batch": None,
+            "CachedMNRL": {"setting": "CachedMNRL rows 32", "pairs_per_s": 100.0},
+        },
+    }
+    partial = {"comparisons": [comparison], "tokens": {"batch": 512, "questions": 7, "passages": 9}}
+    report = _report(1.1, 1.4, 0.9, 3000.0)
+    report["sections"]["speed"] = {"error": "SectionTimeout: stopped", "seconds": 600.0,
+                                   "partial": partial}  # fmt: skip
+    report["dry_run"], report["environment"] = False, _DEVICE
+    judged = {g["goal"].split(":", 1)[1].strip(): g for g in goals(report) if "B=512" in g["goal"]}
+    assert judged["dpr-cache over CachedMNRL's best"]["met"] is True  # 1.5x, from the partial
+    assert judged["dpr-cache over full batch's best"]["met"] is None  # nothing fitted
+    report["sections"] = {
+        "memory": {"error": "x", "seconds": 1.0, "partial": {"rows": []}},
+        "speed": report["sections"]["speed"],
+    }
+    page = render({**report, "goals": goals(report)})
+    assert "What it measured before it stopped:" in page
+    assert "| dpr-cache chunk 32 | 150 | 3.410 |" in page
+    assert "GradCache's savings: not reached." in page
+    # a section other than speed keeps its partial figures in gpu.json only
+    assert "is in gpu.json (`partial`)" in page.split("## Speed")[0]
 
 
 def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_path, monkeypatch):
