@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.runtime.atomic import write_text_atomic
+from studies import readme_block
 from studies.squad_batch_size import kept
 from studies.squad_batch_size.plot import plot
 from studies.squad_batch_size.runs import (
@@ -227,18 +228,8 @@ def markdown(page: dict[str, Any], png: str, reading: str | None) -> str:
 
 
 def write_readme_block(readme: Path, lines: list[str], check_only: bool = False) -> None:
-    """Replace what lies between the README's begin and end markers with ``lines`` (or only
-    check that the markers are there)."""
-    text = readme.read_text(encoding="utf-8")
-    if text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
-        raise SystemExit(f"error: {readme}: needs one {README_BEGIN} and one {README_END} line")
-    if check_only:
-        return
-    head, rest = text.split(README_BEGIN)
-    _, tail = rest.split(README_END)
-    write_text_atomic(
-        readme, head + README_BEGIN + "\n" + "\n".join(lines) + "\n" + README_END + tail
-    )
+    """This study's README block (or only a check of its markers)."""
+    readme_block.write_readme_block(readme, (README_BEGIN, README_END), lines, check_only)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
+from studies.readme_block import write_readme_block
 from studies.squad_batch_size.runs import mean_sd
 from studies.squad_hard_negatives.collect import METRICS, gather
 
@@ -203,17 +204,9 @@ def plot(data: dict[str, Any], png: Path) -> None:
     plt.close(fig)
 
 
-def write_readme(readme: Path, data: dict[str, Any]) -> None:
-    text = readme.read_text(encoding="utf-8")
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"error: {readme}: no {README_BEGIN} ... {README_END} markers")
-    block = [*arms_table(data), "", *diffs_table([d for d in data["diffs"] if "all" in d["pair"]
-                                                  or d["pair"].startswith("(a)")]),
-             "", *goals(data, root="")]  # fmt: skip
-    head, rest = text.split(README_BEGIN, 1)
-    tail = rest.split(README_END, 1)[1]
-    write_text_atomic(readme, head + README_BEGIN + "\n" + "\n".join(block) + "\n" + README_END
-                      + tail)  # fmt: skip
+def readme_block(data: dict[str, Any]) -> list[str]:
+    pooled = [d for d in data["diffs"] if "all" in d["pair"] or d["pair"].startswith("(a)")]
+    return [*arms_table(data), "", *diffs_table(pooled), "", *goals(data, root="")]
 
 
 def main() -> None:
@@ -227,17 +220,16 @@ def main() -> None:
     args = parser.parse_args()
     kept = args.md.with_suffix(".json")
     data = json.loads(kept.read_text()) if args.kept else gather(args.runs, args.suffix)
+    markers = (README_BEGIN, README_END)
     if args.readme:  # checked first: nothing is written when the markers are missing
-        text = args.readme.read_text(encoding="utf-8")
-        if README_BEGIN not in text:
-            raise SystemExit(f"error: {args.readme}: no {README_BEGIN} marker")
+        write_readme_block(args.readme, markers, [], check_only=True)
     reading = HERE / "reading.md"
     md = markdown(data, args.png.name, reading.read_text() if reading.is_file() else None)
     write_text_atomic(args.md, md)
     write_json_atomic(kept, data)
     plot(data, args.png)
     if args.readme:
-        write_readme(args.readme, data)
+        write_readme_block(args.readme, markers, readme_block(data))
     print(f"written to {args.md}")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
+from studies.readme_block import write_readme_block
 from studies.squad_batch_size.runs import mean_sd
 from studies.squad_hard_negatives.collect import METRICS
 from studies.squad_hard_negatives.table import (
@@ -309,16 +310,6 @@ def readme_block(data: dict[str, Any]) -> list[str]:
     return [*arms_table(data), "", *diffs_table(pooled), "", *goals(data, root="")]
 
 
-def write_readme(readme: Path, data: dict[str, Any]) -> None:
-    text = readme.read_text(encoding="utf-8")
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"error: {readme}: no {README_BEGIN} ... {README_END} markers")
-    head, rest = text.split(README_BEGIN, 1)
-    tail = rest.split(README_END, 1)[1]
-    block = "\n".join(readme_block(data))
-    write_text_atomic(readme, f"{head}{README_BEGIN}\n{block}\n{README_END}{tail}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("runs/squad_teachers"))
@@ -330,17 +321,16 @@ def main() -> None:
     args = parser.parse_args()
     kept = args.md.with_suffix(".json")
     data = json.loads(kept.read_text()) if args.kept else gather(args.runs, args.suffix)
+    markers = (README_BEGIN, README_END)
     if args.readme:  # checked first: nothing is written when the markers are missing
-        text = args.readme.read_text(encoding="utf-8")
-        if README_BEGIN not in text or README_END not in text:
-            raise SystemExit(f"error: {args.readme}: no {README_BEGIN} ... {README_END} markers")
+        write_readme_block(args.readme, markers, [], check_only=True)
     reading = HERE / "reading.md"
     md = markdown(data, args.png.name, reading.read_text() if reading.is_file() else None)
     write_text_atomic(args.md, md)
     write_json_atomic(kept, data)
     plot(data, args.png)
     if args.readme:
-        write_readme(args.readme, data)
+        write_readme_block(args.readme, markers, readme_block(data))
     print(f"written to {args.md}")
 
 

@@ -129,9 +129,12 @@ def test_readme_block_is_replaced_between_the_markers(tmp_path):
     assert readme.read_text() == (
         f"intro\n{table.README_BEGIN}\n| new |\n|---|\n{table.README_END}\noutro\n"
     )
-    readme.write_text("no markers\n")
-    with pytest.raises(SystemExit, match="needs one"):
-        table.write_readme_block(readme, ["x"])
+    begin, end = table.README_BEGIN, table.README_END
+    for broken in ("no markers\n", f"{end}\nx\n{begin}\n", f"{begin}\n{begin}\n{end}\n"):
+        readme.write_text(broken)
+        with pytest.raises(SystemExit, match="needs one"):
+            table.write_readme_block(readme, ["x"])
+        assert readme.read_text() == broken
 
 
 RECIPE = {"epochs": 3, "warmup_pct": 10, "chunk_size": 8, "max_passage_length": 96,
