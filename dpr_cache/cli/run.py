@@ -36,9 +36,10 @@ def train(
 
     Example: dpr-cache train -c configs/toy.yaml --set train.batch_size=512 --resume
     """
+    cfg = load(config, set_)  # a bad config fails before the trainer's imports
     from dpr_cache.train.loop import train as run
 
-    model_dir = run(load(config, set_), resume=resume, progress=not quiet)
+    model_dir = run(cfg, resume=resume, progress=not quiet)
     if rank_and_world()[0] == 0:
         print(f"model saved to {model_dir}")
 
@@ -77,8 +78,6 @@ def index(
     Examples: dpr-cache index -c configs/toy.yaml;
     dpr-cache index --embeddings 'vecs/*.npy' --out vecs/index --type ivfpq --memory-gb 8
     """
-    from dpr_cache.retrieval.commands.index import index_command
-
     options = {
         "index.type": type_,
         "index.memory_gb": memory_gb,
@@ -91,6 +90,8 @@ def index(
         raise InputError("index: give --config FILE (to encode data.passages) or --embeddings")
     if embeddings is None:
         _refuse_train_keys(set_, "index", cfg)
+    from dpr_cache.retrieval.commands.index import index_command
+
     path = index_command(cfg, model, embeddings=embeddings, out=out, progress=not quiet)
     if path is not None:
         print(f"index written to {path}")
@@ -112,10 +113,10 @@ def eval_(
 
     Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
     """
-    from dpr_cache.retrieval.commands.eval import eval_command, format_metrics_table
-
     cfg = load(config, set_)
     _refuse_train_keys(set_, "eval", cfg)
+    from dpr_cache.retrieval.commands.eval import eval_command, format_metrics_table
+
     metrics = eval_command(
         cfg,
         model,
@@ -158,9 +159,10 @@ def verify(
 ) -> None:
     """One step on a real batch, full batch versus GradCache (dropout off): the gradient gap,
     its bound and the verdict (exit 1 when over the bound)."""
+    cfg = load(config, set_)
     from dpr_cache.train.verify import verify as run
 
-    report = run(load(config, set_), double=double)
+    report = run(cfg, double=double)
     for key, value in report.items():
         print(f"{key:>28}: {value}")
     if report["verdict"].startswith("DIFFERENT"):
@@ -183,8 +185,6 @@ def bench(
 
     Example: dpr-cache bench -c configs/toy.yaml --chunks 4,8,16,32
     """
-    from dpr_cache.train.bench import bench_chunks, format_table, pick_chunk
-
     cfg = load(config, set_)
     try:
         sizes = [int(c) for c in chunks.replace(" ", "").split(",") if c]
@@ -194,6 +194,8 @@ def bench(
         if cfg.train.chunk_size == "auto":
             raise InputError("--chunks: give the sizes to time (train.chunk_size is auto)")
         sizes = [int(cfg.train.chunk_size)]
+    from dpr_cache.train.bench import bench_chunks, format_table, pick_chunk
+
     timings = bench_chunks(cfg, sizes, steps, warmup)
     print(format_table(timings, cfg.train.memory_budget))
     best = pick_chunk(timings)
