@@ -226,6 +226,12 @@ def _sections(
                     lib_chunks=plan.lib_chunks,
                     rounds=plan.rounds,
                 )
+                row = gpu_perf.add_fitting_full_batch(
+                    model,
+                    row,
+                    lambda n: gpu_perf.squad_batch(model, SQUAD, squad_dir, n),
+                    plan.rounds,
+                )
                 out["comparisons"].append(row)
                 print(f"  speed B={b} {precision}: {row['best']}", flush=True)
         precision = "fp16" if cuda else "fp32"

@@ -15,6 +15,7 @@ import inspect
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -316,6 +317,32 @@ def speed_comparison(
 
 
 _FAMILIES = ("dpr-cache", "full batch", "CachedMNRL", "GradCache library")
+
+
+def add_fitting_full_batch(
+    model, comparison: dict, batch_of: Callable[[int], Batch], rounds: int = 3
+) -> dict:
+    """Where the full batch ran out of memory at the comparison's batch: the full batch at the
+    largest half, quarter, ... of it that fits (the fastest full batch that fits, which the
+    goal measures GradCache against), timed on its own and added to the family's rows."""
+    if "pairs_per_s" in comparison["rows"].get("full batch", {}):
+        return comparison
+    size = comparison["batch"] // 2
+    while size >= 1:
+        name = f"full batch B={size}"
+        timed = _interleave(
+            {name: _own_stepper(model, None)},
+            batch_of(size),
+            model,
+            comparison["precision"],
+            rounds,
+        )
+        comparison["rows"][name] = timed[name]
+        if "pairs_per_s" in timed[name]:
+            break
+        size //= 2
+    comparison["best"]["full batch"] = _best(comparison["rows"], "full batch")
+    return comparison
 
 
 def _best(timed: dict[str, dict], family: str) -> dict | None:

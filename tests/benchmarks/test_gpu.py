@@ -286,3 +286,32 @@ def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
     assert time.monotonic() - start < 20
     with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
         os.kill(int(pid_file.read_text()), 0)
+
+
+def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monkeypatch):
+    import benchmarks.gpu_perf as perf
+
+    tried = []
+
+    def fake_interleave(steppers, batch, model, precision, rounds):
+        (name,) = steppers
+        tried.append(batch)
+        if batch > 128:
+            return {name: {"failed": "out of memory"}}
+        return {name: {"step_s": 1.0, "pairs_per_s": float(batch), "times_s": [1.0]}}
+
+    monkeypatch.setattr(perf, "_interleave", fake_interleave)
+    monkeypatch.setattr(perf, "_own_stepper", lambda model, chunk: object())
+    rows = {
+        "dpr-cache chunk 32": {"step_s": 2.0, "pairs_per_s": 256.0},
+        "full batch": {"failed": "out of memory"},
+    }
+    comparison = {"batch": 512, "precision": "fp16", "rows": rows, "best": {"full batch": None}}
+    out = perf.add_fitting_full_batch(None, comparison, batch_of=lambda n: n)
+    assert tried == [256, 128]  # halved until it fits, each a batch of that size
+    assert out["rows"]["full batch B=256"] == {"failed": "out of memory"}
+    assert out["best"]["full batch"] == {"setting": "full batch B=128", "pairs_per_s": 128.0}
+    tried.clear()  # a full batch that fitted at the comparison's batch is left alone
+    fitted = {"batch": 8, "precision": "fp32", "rows": {"full batch": {"pairs_per_s": 5.0}}}
+    assert perf.add_fitting_full_batch(None, fitted, batch_of=lambda n: n) is fitted
+    assert tried == [] and "best" not in fitted
