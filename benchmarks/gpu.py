@@ -14,6 +14,7 @@ every figure marked as a CPU rehearsal, and what needs a GPU listed as skipped. 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -205,7 +206,8 @@ def _sections(
         model = BiEncoder.from_pretrained(base_model(), shared=True, pooling="cls")
         model = model.to(device).train()
         out = partial["speed"] = {"comparisons": []}
-        biggest = gpu_perf.squad_batch(model, SQUAD, squad_dir, max(plan.speed_batches))
+        squad_batch = functools.partial(gpu_perf.squad_batch, model, SQUAD, squad_dir)
+        biggest = squad_batch(max(plan.speed_batches))
         out["tokens"] = {
             "batch": biggest.n_questions,
             "questions": int(biggest.q_inputs["attention_mask"].sum()),
@@ -214,7 +216,7 @@ def _sections(
         # the goals' comparison (the largest batch, fp16) first: a section cut short keeps it
         precisions = sorted(plan.precisions, key=lambda p: p != "fp16") if cuda else ["fp32"]
         for b in sorted(plan.speed_batches, reverse=True):
-            batch = gpu_perf.squad_batch(model, SQUAD, squad_dir, b)
+            batch = biggest if b == biggest.n_questions else squad_batch(b)
             for precision in precisions:
                 row = gpu_perf.speed_comparison(
                     model,
@@ -226,12 +228,7 @@ def _sections(
                     lib_chunks=plan.lib_chunks,
                     rounds=plan.rounds,
                 )
-                row = gpu_perf.add_fitting_full_batch(
-                    model,
-                    row,
-                    lambda n: gpu_perf.squad_batch(model, SQUAD, squad_dir, n),
-                    plan.rounds,
-                )
+                row = gpu_perf.add_fitting_full_batch(model, row, squad_batch, plan.rounds)
                 out["comparisons"].append(row)
                 print(f"  speed B={b} {precision}: {row['best']}", flush=True)
         precision = "fp16" if cuda else "fp32"
