@@ -148,7 +148,9 @@ def _tensor_bytes(obj) -> int:
 
 def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> int:
     """Restore every state from ``path``; return the number of steps it had finished."""
-    state = torch.load(path / STATE_FILE, map_location=env.device, weights_only=False)
+    # read into host memory: the CUDA RNG states must stay CPU byte tensors, and the model's and
+    # the optimizer's ``load_state_dict`` copy their tensors onto the parameters' device
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise InputError(
             f"{path}: a checkpoint of another dpr-cache version (format "

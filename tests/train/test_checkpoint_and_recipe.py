@@ -63,6 +63,32 @@ def test_save_then_load_resumes_the_same_stream(tmp_path) -> None:
     assert fresh_sched.get_last_lr() == scheduler.get_last_lr()
 
 
+def test_cuda_rng_states_are_restored_as_cpu_byte_tensors_whatever_the_device(
+    tmp_path, monkeypatch
+) -> None:
+    """``torch.cuda.set_rng_state_all`` takes CPU byte tensors only: a checkpoint resumed on a
+    device other than the CPU (here ``meta`` stands in for the GPU) hands it the saved states
+    as saved, and the weights and moments arrive on the parameters' device."""
+    saved_state = torch.arange(16, dtype=torch.uint8)
+    restored: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [saved_state.clone()])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.extend)
+    model, optimizer, scheduler = _trainer()
+    _one_step(model, optimizer, scheduler)
+    path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, None, DistEnv(), keep=2)
+
+    fresh, fresh_opt, fresh_sched = _trainer(seed=7)
+    env = DistEnv(device=torch.device("meta"))
+    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, env) == 1
+    assert [(t.device.type, t.dtype) for t in restored] == [("cpu", torch.uint8)]
+    assert torch.equal(restored[0], saved_state)
+    weights = model.state_dict()
+    assert all(torch.equal(t, weights[k]) for k, t in fresh.state_dict().items())
+    moments = [s["exp_avg"] for s in fresh_opt.state.values()]
+    assert moments and all(m.device.type == "cpu" for m in moments)
+
+
 def test_old_checkpoints_are_pruned_and_another_world_size_refused(tmp_path) -> None:
     model, optimizer, scheduler = _trainer()
     for step in (1, 2, 3):
