@@ -3,7 +3,6 @@ the goals of the GPU issue checked against them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from benchmarks.machine import cpu_text
@@ -21,7 +20,7 @@ def write_page(report: dict, out: Path) -> None:
     write_text_atomic(out / "gpu.md", render(report))
 
 
-_PARTIAL_SHOWN = ("speed",)  # sections whose figures before a stop are reported and judged
+_PARTIAL_SHOWN = ("speed", "command_line")  # figures before a stop: reported (and judged)
 
 
 def _result(report: dict, name: str) -> dict | None:
@@ -336,7 +335,15 @@ def _command_line(r: dict) -> list[str]:
             f"{row['last_line'][:100]} |"
         )
     if r["pipeline"].get("metrics"):
-        lines += ["", f"Toy eval: {json.dumps(r['pipeline']['metrics'])}"]
+        m = r["pipeline"]["metrics"]
+        lines += [
+            "",
+            f"Toy eval ({m['n_questions']} questions; a few steps of the toy config, a run of the "
+            f"commands, not a model): top-1 {m['top1']}, top-20 {m['top20']}, top-100 "
+            f"{m['top100']}, MRR@10 {m['mrr@10']}.",
+        ]
+    if "resume" not in r:
+        return lines
     lines += [
         "",
         "Bit-exact reruns and resumes (dropout on, fp32; a run killed with SIGKILL once "

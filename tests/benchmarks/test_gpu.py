@@ -169,6 +169,27 @@ def test_speed_cut_short_shows_and_judges_what_it_measured():
     assert "is in gpu.json (`partial`)" in page.split("## Speed")[0]
 
 
+def test_command_line_cut_short_shows_the_commands_it_ran():
+    row = {
+        "command": "dpr-cache index --config configs/toy.yaml --set a=b",
+        "rc": 0,
+        "seconds": 15.2,
+        "last_line": "index written",
+        "stdout": [],
+    }
+    partial = {"pipeline": {"commands": [row], "metrics": None, "ok": True}}
+    report = {
+        "dry_run": False,
+        "environment": _DEVICE,
+        "sections": {
+            "command_line": {"error": "SectionTimeout: x", "seconds": 9.0, "partial": partial}
+        },
+    }
+    page = render({**report, "goals": goals(report)})
+    assert "| `dpr-cache index --config configs/toy.yaml` | 0 | 15.2 | index written |" in page
+    assert "Bit-exact reruns" not in page  # the resume check had not run
+
+
 def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_path, monkeypatch):
     import benchmarks.gpu as gpu
 
