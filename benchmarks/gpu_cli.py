@@ -4,7 +4,9 @@ bit, with deterministic kernels off and on; an fp16 overflow skipped and counted
 large for the GPU stopped with one line; NCCL's collectives.
 
 Each command runs as a user runs it (``python -m dpr_cache ...``) in a fresh process, on copies of
-the toy config's outputs under a work folder.
+the toy config's outputs under a work folder. Commands that do not need each other's outputs run
+at the same time (:func:`in_parallel`): a process's start-up (imports, the CUDA context) is most
+of a toy command's time.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
 __all__ = [
+    "in_parallel",
     "child",
     "cli",
     "toy_pipeline",
@@ -40,7 +47,7 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     that a hang on a device names the line it hung on. A child whose caller is interrupted (the
     section's time is up) is killed, so that it holds no device after its section."""
     start = time.perf_counter()
-    proc = subprocess.Popen(
+    proc = _start(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -62,6 +69,8 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         proc.kill()
         proc.communicate()
         raise
+    finally:
+        _forget(proc)
     return {
         "rc": rc,
         "seconds": round(time.perf_counter() - start, 2),
@@ -70,16 +79,69 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     }
 
 
+_WORKERS = max(1, len(os.sched_getaffinity(0)) // 2)
+"""Tasks at a time, at each level of :func:`in_parallel`: on a 2-core machine one (the commands
+one after another, as a process of a CPU run needs its cores), on a GPU machine's 16 cores 8."""
+_running: set[subprocess.Popen] = set()
+_lock = threading.Lock()
+_stopped = threading.Event()
+
+
+def _start(cmd: list[str], **popen) -> subprocess.Popen:
+    """A child process, known to :func:`in_parallel` until :func:`_forget`; none once the
+    commands were stopped."""
+    with _lock:
+        if _stopped.is_set():
+            raise RuntimeError("stopped: the section's time is up")
+        proc = subprocess.Popen(cmd, **popen)
+        _running.add(proc)
+    return proc
+
+
+def _forget(proc: subprocess.Popen) -> None:
+    with _lock:
+        _running.discard(proc)
+
+
+def in_parallel(tasks: dict[str, Callable[[], Any]], into: dict[str, Any]) -> dict[str, Any]:
+    """Each task in a thread of its own (a task runs its commands in order), its result put in
+    ``into`` under its name as it ends (a section cut short keeps what finished). Interrupted
+    (the section's time is up), it kills every child still running and starts no other."""
+    if threading.current_thread() is threading.main_thread():
+        _stopped.clear()
+    pool = ThreadPoolExecutor(max_workers=min(len(tasks), _WORKERS))
+
+    def run(name: str, task: Callable[[], Any]) -> None:
+        into[name] = task()
+
+    futures = [pool.submit(run, name, task) for name, task in tasks.items()]
+    try:
+        for future in futures:
+            future.result()
+    except BaseException:
+        with _lock:
+            _stopped.set()
+            for proc in _running:
+                proc.kill()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return into
+
+
 def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
     """Run ``python -m dpr_cache ARGS``: its exit code (None: out of time, with the stack it
     hung in), seconds, last stderr line."""
     run = child([sys.executable, "-m", "dpr_cache", *args], timeout, env)
     lines = run["stderr"].strip().splitlines()
+    last = lines[-1] if lines else ""
+    if run["rc"] is None:  # its stderr ends with the stack the fault handler printed
+        last = f"out of time after {timeout:.0f} s"
     row = {
         "command": "dpr-cache " + " ".join(args),
         "rc": run["rc"],
         "seconds": run["seconds"],
-        "last_line": lines[-1] if lines else "",
+        "last_line": last,
         "stdout": run["stdout"].strip().splitlines()[-12:],
     }
     if run["rc"] is None:
@@ -88,11 +150,12 @@ def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
 
 
 def _sets(out: Path, section: str, device: str, **extra) -> list[str]:
-    """``--set`` pairs: the run's folders, and the device of the one config section the command
-    reads (``index`` and ``eval`` refuse a ``train.device`` they would not use)."""
+    """``--set`` pairs: the run's folders (its own data cache, so that runs at the same time
+    share nothing), and the device of the one config section the command reads (``index`` and
+    ``eval`` refuse a ``train.device`` they would not use)."""
     values = {
         "output_dir": out,
-        "data.cache_dir": out.parent / "cache",
+        "data.cache_dir": out / "cache",
         f"{section}.device": device,
         **({"train.num_threads": "null"} if section == "train" else {}),
         **extra,
@@ -101,17 +164,27 @@ def _sets(out: Path, section: str, device: str, **extra) -> list[str]:
 
 
 def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 12) -> dict:
-    """train -> index -> eval -> verify on the toy config, every step on ``device``."""
+    """train -> index -> eval on the toy config, and beside them ``verify`` (float64, and on a
+    GPU float32), every command on ``device``."""
     out = work / "pipeline"
     train = {"train.precision": precision, "train.max_steps": steps}
-    rows = [cli("train", "--config", TOY, *_sets(out, "train", device, **train), "-q")]
-    for command in ("index", "eval"):
-        sets = _sets(out, command, device, **{f"{command}.precision": precision})
-        rows.append(cli(command, "--config", TOY, *sets))
-    verify = _sets(work / "verify", "train", device)
-    rows.append(cli("verify", "--config", TOY, *verify, "--double"))
+
+    def train_index_eval() -> list[dict]:
+        rows = [cli("train", "--config", TOY, *_sets(out, "train", device, **train), "-q")]
+        for command in ("index", "eval"):
+            sets = _sets(out, command, device, **{f"{command}.precision": precision})
+            rows.append(cli(command, "--config", TOY, *sets))
+        return rows
+
+    def verify(*flags: str) -> Callable[[], list[dict]]:
+        folder = work / f"verify{''.join(flags).replace('-', '_')}"
+        return lambda: [cli("verify", "--config", TOY, *_sets(folder, "train", device), *flags)]
+
+    tasks = {"train": train_index_eval, "verify double": verify("--double")}
     if device == "cuda":  # fp32 on the GPU: matrix products of other shapes, the bound 1e-4
-        rows.append(cli("verify", "--config", TOY, *verify))
+        tasks["verify"] = verify()
+    done = in_parallel(tasks, {})
+    rows = [row for name in tasks for row in done[name]]
     metrics = out / "eval" / "metrics.json"
     log = out / "train_log.jsonl"
     return {
@@ -142,7 +215,7 @@ def _difference(a: Path, b: Path) -> dict:
 def _train_killed_then_resumed(out: Path, sets: list[str], kill_after: int) -> dict:
     """Train until checkpoint ``kill_after`` is on disk, SIGKILL, then ``--resume``."""
     cmd = [sys.executable, "-m", "dpr_cache", "train", "--config", TOY, *sets, "-q"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = _start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = out / "checkpoints" / f"step-{kill_after:08d}" / "state.pt"
     deadline = time.time() + 300
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
@@ -150,6 +223,7 @@ def _train_killed_then_resumed(out: Path, sets: list[str], kill_after: int) -> d
     killed = proc.poll() is None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    _forget(proc)
     killed_mid_run = killed and marker.exists() and not (out / "model").exists()
     resumed = cli("train", "--config", TOY, *sets, "--resume", "-q")
     return {"killed_mid_run": killed_mid_run, "resume": resumed}
@@ -159,31 +233,37 @@ def resume_equality(
     work: Path, device: str, steps: int = 8, every: int = 3, settings=(False, True)
 ) -> dict:
     """Per setting of ``train.deterministic`` in ``settings``: two unbroken runs and one killed
-    after step ``every`` and resumed (dropout on, fp32), compared bit for bit."""
+    after step ``every`` and resumed (dropout on, fp32), compared bit for bit. The three runs
+    of every setting run at the same time."""
+    extra = {"train.max_steps": steps, "train.checkpoint_every": every}
+    tasks: dict[str, Callable[[], dict]] = {}
+    folders = {}
+    for deterministic in settings:
+        sets = {**extra, "train.deterministic": str(deterministic).lower()}
+        for name in ("a", "b", "killed"):
+            folder = folders[deterministic, name] = work / f"resume-{deterministic}-{name}"
+            args = _sets(folder, "train", device, **sets)
+            if name == "killed":
+                tasks[f"{deterministic} {name}"] = lambda f=folder, a=args: (
+                    _train_killed_then_resumed(f, a, every)
+                )
+            else:
+                tasks[f"{deterministic} {name}"] = lambda a=args: cli(
+                    "train", "--config", TOY, *a, "-q"
+                )
+    done = in_parallel(tasks, {})
     out = {}
     for deterministic in settings:
         key = "deterministic" if deterministic else "default kernels"
-        extra = {
-            "train.max_steps": steps,
-            "train.checkpoint_every": every,
-            "train.deterministic": str(deterministic).lower(),
-        }
-        runs = {name: work / f"resume-{deterministic}-{name}" for name in ("a", "b", "killed")}
-        codes = []
-        for name in ("a", "b"):
-            codes.append(
-                cli("train", "--config", TOY, *_sets(runs[name], "train", device, **extra), "-q")
-            )
-        broken = _train_killed_then_resumed(
-            runs["killed"], _sets(runs["killed"], "train", device, **extra), every
-        )
-        codes.append(broken["resume"])
+        broken = done[f"{deterministic} killed"]
+        codes = [done[f"{deterministic} a"], done[f"{deterministic} b"], broken["resume"]]
         if any(c["rc"] != 0 for c in codes):
             out[key] = {"error": [c["last_line"] for c in codes if c["rc"] != 0]}
             continue
+        model = {name: folders[deterministic, name] / "model" for name in ("a", "b", "killed")}
         out[key] = {
-            "two_unbroken_runs": _difference(runs["a"] / "model", runs["b"] / "model"),
-            "resumed_vs_unbroken": _difference(runs["killed"] / "model", runs["a"] / "model"),
+            "two_unbroken_runs": _difference(model["a"], model["b"]),
+            "resumed_vs_unbroken": _difference(model["killed"], model["a"]),
             "killed_mid_run": broken["killed_mid_run"],
         }
     return out

@@ -296,7 +296,12 @@ def speed_comparison(
 ) -> dict:
     """At one batch and precision: dpr-cache at each chunk, the full batch, CachedMNRL at each
     mini-batch (rows, token budget) and the GradCache library at each chunk, in one process on
-    one shared-tower model, interleaved."""
+    one shared-tower model, interleaved. Chunks of more rows than any tower has (twice the
+    batch: its passages) are left out: they are the chunk of all of them."""
+    most = 2 * batch.n_questions
+    chunks, cmnrl_rows, lib_chunks = (
+        [c for c in sizes if c <= most] for sizes in (chunks, cmnrl_rows, lib_chunks)
+    )
     steppers: dict[str, object] = {f"dpr-cache chunk {c}": _own_stepper(model, c) for c in chunks}
     steppers["full batch"] = _own_stepper(model, None)
     for m in cmnrl_rows:
@@ -486,11 +491,17 @@ def teacher_score_rate(
     """``score``'s cross-encoder loop (length-sorted batches of tokenized pairs) on ``n_pairs``
     pairs of SQuAD dev questions and 100-word passages, with a cross-encoder of
     all-MiniLM-L6-v2's shape (6 layers, 384 wide; random weights: the cost is the shape's), at
-    each precision; projected to NQ's training set (58,880 questions x 31 passages)."""
+    each precision; projected to NQ's training set (58,880 questions x 31 passages). The
+    pairs' tokenization (on the CPU, part of every row's seconds) is also timed alone."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     from dpr_cache.data.qas import read_qas
-    from dpr_cache.model.cross_encoder import Pair, load_cross_encoder, score_pairs
+    from dpr_cache.model.cross_encoder import (
+        Pair,
+        load_cross_encoder,
+        score_pairs,
+        tokenize_pairs,
+    )
 
     folder = work / "cross-encoder"
     if not folder.exists():
@@ -518,6 +529,9 @@ def teacher_score_rate(
         for i in range(n_pairs)
     ]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    start = time.perf_counter()
+    tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
+    tokenize_s = time.perf_counter() - start
     rows = []
     for precision in precisions:
         score_pairs(encoder, pairs[:batch_size], batch_size=batch_size, precision=precision)
@@ -538,6 +552,7 @@ def teacher_score_rate(
         )
     return {
         "rows": rows,
+        "tokenize_s": tokenize_s,
         "batch_size": batch_size,
         "max_length": 256,
         "model": {"layers": 6, "hidden": 384},

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prepare a run of the GPU suite on a machine with CUDA that has no network: the Python packages
 # it lacks (Python 3.12, x86-64 wheels) in .whl/ and a 30,522-word WordPiece tokenizer in
-# .gpu/tokenizer, both ignored by git. Run here, from the repository root, with the venv made.
+# .gpu/tokenizer, both ignored by git (and .gpu-out/, an --out that a warm device machine keeps
+# between calls, being neither copied nor carried). Run here, from the repository root, with the
+# venv made.
 # Then, on the GPU machine, from a copy of this tree with .whl and .gpu beside it:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.gpu --out OUT
@@ -11,6 +13,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+grep -qx '/.gpu-out/' .git/info/exclude 2>/dev/null || echo '/.gpu-out/' >> .git/info/exclude
 rm -rf .whl && mkdir -p .whl .gpu
 # What the GPU image lacks (faiss, datasets, pydantic, bm25s, ijson, the GradCache library) and
 # what those need beyond it.

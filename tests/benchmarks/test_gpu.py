@@ -309,6 +309,57 @@ def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
         os.kill(int(pid_file.read_text()), 0)
 
 
+def test_commands_run_at_the_same_time_and_a_section_out_of_time_stops_them_all(
+    tmp_path, monkeypatch
+):
+    import os
+    import signal
+    import sys
+    import time
+
+    import benchmarks.gpu_cli
+    from benchmarks.gpu_cli import child, in_parallel
+
+    monkeypatch.setattr(benchmarks.gpu_cli, "_WORKERS", 2)  # a GPU machine's, on any machine
+
+    def sleeper(name: str, seconds: int) -> list[str]:
+        pid = tmp_path / name
+        code = f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\n"
+        return [sys.executable, "-c", code + f"time.sleep({seconds})"]
+
+    start = time.monotonic()
+    done = in_parallel({n: lambda n=n: child(sleeper(n, 2), 30) for n in "ab"}, {})
+    assert [done[n]["rc"] for n in "ab"] == [0, 0]
+    assert time.monotonic() - start < 3.9  # together, not one after the other
+
+    marker = tmp_path / "started after the stop"
+    touch = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    tasks = {
+        "long": lambda: child(sleeper("long", 60), 120),
+        "chain": lambda: (child(sleeper("chain", 60), 120), child(touch, 30)),
+    }
+
+    def out_of_time(signum, frame):
+        raise TimeoutError("the section's time is up")
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(3)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            in_parallel(tasks, {})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - start < 20
+    time.sleep(2)  # time enough for the chain's next command, were it started
+    assert not marker.exists()
+    for name in ("long", "chain"):
+        with pytest.raises(ProcessLookupError):  # killed, not left running
+            os.kill(int((tmp_path / name).read_text()), 0)
+    assert in_parallel({"again": lambda: child(touch, 30)}, {})["again"]["rc"] == 0
+
+
 def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monkeypatch):
     import benchmarks.gpu_perf as perf
 
