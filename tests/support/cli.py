@@ -1,4 +1,6 @@
-"""Run the real CLI in a subprocess, as a user would (offline, this checkout's package)."""
+"""Run the real CLI in a process of its own, as a user would (offline, this checkout's package):
+forked from a server that has the heavy imports done (:mod:`tests.support.forkserver`), or a
+fresh interpreter under ``torchrun`` or in an environment other than the server's."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 
 from dpr_cache.runtime.processes import child_env
 from tests.support.fixtures import REPO
+from tests.support.forkserver import ForkServer
 
-__all__ = ["run_cli", "popen_cli", "toy_overrides", "free_port"]
+__all__ = ["run_cli", "popen_cli", "toy_overrides", "free_port", "fork_server_ready"]
 
 
 def free_port() -> int:
@@ -20,18 +23,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_server: ForkServer | None = None
+_BASE_ENV = child_env()
+"""The environment of this test process before any test changed it: the fork server's."""
+
+
+def _fork_server(env: dict[str, str]) -> ForkServer | None:
+    """This test process's fork server where it serves ``env`` (started on first use, again
+    if it ended), else None; always None with ``DPR_CACHE_TESTS_FORK=0`` (every command a
+    fresh interpreter, to tell a fork server's fault from the command's)."""
+    global _server
+    if env.get("DPR_CACHE_TESTS_FORK") == "0" or not ForkServer.may_serve(_BASE_ENV, env):
+        return None
+    if _server is None or _server.proc.poll() is not None:
+        _server = ForkServer(_BASE_ENV, REPO)
+    return _server
+
+
+def fork_server_ready() -> None:
+    """Start this test process's fork server now, where a test times a command against another
+    process's progress and the server's start must not fall in that window."""
+    _fork_server(child_env())
+
+
 def run_cli(
     *args: str, cwd: Path = REPO, check: bool = True, world: int = 1, timeout: float = 600
 ) -> subprocess.CompletedProcess:
     """``python -m dpr_cache ARGS`` to the end, under ``torchrun --nproc_per_node WORLD`` when
     ``world`` > 1 (one thread a rank); with ``check``, AssertionError on a non-zero exit."""
-    launcher = [sys.executable]
     env = child_env()
+    server = _fork_server(env) if world == 1 else None
+    if server is not None:
+        proc = server.run(list(args), cwd, env, timeout)
+    else:
+        proc = _spawn(args, cwd, env, world, timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dpr-cache {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _spawn(args, cwd: Path, env: dict[str, str], world: int, timeout: float):
+    """A fresh interpreter (``world`` > 1: under torchrun)."""
+    launcher = [sys.executable]
     if world > 1:
         launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={world}"]
         launcher += ["--master_addr=127.0.0.1", f"--master_port={free_port()}"]
         env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(
+    return subprocess.run(
         [*launcher, "-m", "dpr_cache", *args],
         cwd=cwd,
         env=env,
@@ -39,9 +77,6 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"dpr-cache {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return proc
 
 
 def popen_cli(*args: str) -> subprocess.Popen:
