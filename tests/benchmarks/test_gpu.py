@@ -4,7 +4,9 @@ page's goals are checked on figures made up to sit on either side of each goal."
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 
@@ -281,9 +283,24 @@ def test_a_hung_child_is_stopped_with_the_stack_it_hung_in():
     assert done["rc"] == 0 and done["stdout"].strip() == "ok"
 
 
+@contextlib.contextmanager
+def _time_up_after(seconds: int):
+    """A section's time running out: TimeoutError raised in this thread after ``seconds``."""
+
+    def out_of_time(signum, frame):
+        raise TimeoutError("the section's time is up")
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
     import os
-    import signal
     import sys
     import time
 
@@ -292,18 +309,9 @@ def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
     pid_file = tmp_path / "pid"
     code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
 
-    def out_of_time(signum, frame):
-        raise TimeoutError("the section's time is up")
-
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(3)
     start = time.monotonic()
-    try:
-        with pytest.raises(TimeoutError):
-            child([sys.executable, "-c", code], timeout=120)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    with _time_up_after(3), pytest.raises(TimeoutError):
+        child([sys.executable, "-c", code], timeout=120)
     assert time.monotonic() - start < 20
     with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
         os.kill(int(pid_file.read_text()), 0)
@@ -313,7 +321,6 @@ def test_commands_run_at_the_same_time_and_a_section_out_of_time_stops_them_all(
     tmp_path, monkeypatch
 ):
     import os
-    import signal
     import sys
     import time
 
@@ -339,18 +346,9 @@ def test_commands_run_at_the_same_time_and_a_section_out_of_time_stops_them_all(
         "chain": lambda: (child(sleeper("chain", 60), 120), child(touch, 30)),
     }
 
-    def out_of_time(signum, frame):
-        raise TimeoutError("the section's time is up")
-
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(3)
     start = time.monotonic()
-    try:
-        with pytest.raises(TimeoutError):
-            in_parallel(tasks, {})
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    with _time_up_after(3), pytest.raises(TimeoutError):
+        in_parallel(tasks, {})
     assert time.monotonic() - start < 20
     time.sleep(2)  # time enough for the chain's next command, were it started
     assert not marker.exists()
