@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 # Two test processes (a file each at a time), then the memory bounds alone on a quiet machine.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial" --durations=15
 	$(PY) -m pytest -q -m serial
 
 lint: $(STAMP)
