@@ -61,7 +61,7 @@ def rng_states() -> dict[str, Any]:
 def _set_rng_states(states: dict[str, Any]) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"].cpu())
+    torch.set_rng_state(states["torch"])
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 

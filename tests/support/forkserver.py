@@ -48,11 +48,6 @@ class ForkServer:
         self._read(timeout=300)  # {"ready": true}
         atexit.register(self.close)
 
-    def serves(self, env: dict[str, str]) -> bool:
-        """Whether a command with ``env`` may run here: the server is up, and ``env`` is the
-        one it started with, but for :data:`PER_TEST`."""
-        return self.proc.poll() is None and self.may_serve(self.env, env)
-
     @staticmethod
     def may_serve(server_env: dict[str, str], env: dict[str, str]) -> bool:
         """Whether ``env`` is ``server_env`` but for :data:`PER_TEST`."""

@@ -70,6 +70,6 @@ def test_a_command_out_of_time_is_killed_and_the_server_serves_on(server, tmp_pa
 
 def test_another_environment_is_not_served(server):
     env = child_env()
-    assert server.serves({**env, "PYTEST_CURRENT_TEST": "another test (call)"})
-    assert not server.serves({**env, "OMP_NUM_THREADS": "7"})
-    assert not server.serves({k: v for k, v in env.items() if k != "PATH"})
+    assert ForkServer.may_serve(server.env, {**env, "PYTEST_CURRENT_TEST": "another test (call)"})
+    assert not ForkServer.may_serve(server.env, {**env, "OMP_NUM_THREADS": "7"})
+    assert not ForkServer.may_serve(server.env, {k: v for k, v in env.items() if k != "PATH"})
