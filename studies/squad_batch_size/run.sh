@@ -43,10 +43,8 @@ ONLY=${ONLY:-}
 if [[ -n ${CODE:-} ]]; then
   export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
   export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
-  BIN=("$PY" -m dpr_cache)
-else
-  BIN=("${BIN:-.venv/bin/dpr-cache}")
 fi
+BIN=("$PY" -m dpr_cache)
 
 if [[ $DRY_RUN == 1 ]]; then
   OUT=${OUT:-runs/squad_batch_size-dry}

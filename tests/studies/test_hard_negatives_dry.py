@@ -5,11 +5,11 @@ check and the page, each step where a multi-hour study would reach it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+from dpr_cache.runtime.processes import child_env
+from tests.support.cli import fork_python
 from tests.support.fixtures import REPO
 
 SCRIPT = REPO / "studies" / "squad_hard_negatives" / "run.sh"
@@ -17,7 +17,7 @@ SCRIPT = REPO / "studies" / "squad_hard_negatives" / "run.sh"
 
 def test_dry_run_writes_the_page(tmp_path: Path) -> None:
     out = tmp_path / "hn-dry"
-    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), "PY": sys.executable, "SEEDS": "1"}
+    env = {**child_env(), "DRY_RUN": "1", "OUT": str(out), "PY": fork_python(), "SEEDS": "1"}
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=1800, cwd=REPO)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,20 +5,18 @@ has a row for each. Takes a few minutes; the real study is the same script witho
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+from dpr_cache.runtime.processes import child_env
+from tests.support.cli import fork_python
 from tests.support.fixtures import REPO as ROOT
 
 SCRIPT = ROOT / "studies" / "squad_batch_size" / "run.sh"
 
 
 def _run(out: Path, **env: str) -> subprocess.CompletedProcess:
-    bin_dir = Path(sys.executable).parent
-    full_env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), "PY": sys.executable,
-                "BIN": str(bin_dir / "dpr-cache"), **env}  # fmt: skip
+    full_env = {**child_env(), "DRY_RUN": "1", "OUT": str(out), "PY": fork_python(), **env}
     return subprocess.run(
         ["bash", str(SCRIPT)], env=full_env, capture_output=True, text=True, timeout=1800
     )

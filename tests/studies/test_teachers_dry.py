@@ -6,15 +6,15 @@ set-up steps against figures worked out by hand."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from dpr_cache.runtime.processes import child_env
 from studies.squad_teachers.teacher import best_arm, keep, spread, teacher_temperature, write_qa
+from tests.support.cli import fork_python
 from tests.support.fixtures import REPO
 
 SCRIPT = REPO / "studies" / "squad_teachers" / "run.sh"
@@ -22,7 +22,7 @@ SCRIPT = REPO / "studies" / "squad_teachers" / "run.sh"
 
 def test_dry_run_writes_the_page(tmp_path: Path) -> None:
     out = tmp_path / "teachers-dry"
-    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), "PY": sys.executable, "SEEDS": "1"}
+    env = {**child_env(), "DRY_RUN": "1", "OUT": str(out), "PY": fork_python(), "SEEDS": "1"}
     done = subprocess.run(
         ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1800, cwd=REPO
     )

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from dpr_cache.runtime.processes import child_env
 from tests.support.fixtures import REPO
-from tests.support.forkserver import ForkServer
+from tests.support.forkserver import ForkServer, may_serve
 
-__all__ = ["run_cli", "popen_cli", "toy_overrides", "free_port", "fork_server_ready"]
+__all__ = ["run_cli", "popen_cli", "toy_overrides", "free_port", "fork_server_ready", "fork_python"]
 
 
 def free_port() -> int:
@@ -28,14 +28,10 @@ _BASE_ENV = child_env()
 """The environment of this test process before any test changed it: the fork server's."""
 
 
-def _fork_server(env: dict[str, str]) -> ForkServer | None:
-    """This test process's fork server where it serves ``env`` (started on first use, again
-    if it ended), else None; always None with ``DPR_CACHE_TESTS_FORK=0`` (every command a
-    fresh interpreter, to tell a fork server's fault from the command's)."""
+def _fork_server() -> ForkServer:
+    """This test process's fork server (started on first use, again if it ended)."""
     global _server
-    if env.get("DPR_CACHE_TESTS_FORK") == "0" or not ForkServer.may_serve(_BASE_ENV, env):
-        return None
-    if _server is None or _server.proc.poll() is not None:
+    if _server is None or not _server.alive():
         _server = ForkServer(_BASE_ENV, REPO)
     return _server
 
@@ -43,7 +39,13 @@ def _fork_server(env: dict[str, str]) -> ForkServer | None:
 def fork_server_ready() -> None:
     """Start this test process's fork server now, where a test times a command against another
     process's progress and the server's start must not fall in that window."""
-    _fork_server(child_env())
+    _fork_server()
+
+
+def fork_python() -> str:
+    """A stand-in for ``python`` (a script's ``$PY``) that forks ``-m`` and ``-c`` commands from
+    this test process's fork server (:meth:`ForkServer.python`)."""
+    return str(_fork_server().python())
 
 
 def run_cli(
@@ -52,10 +54,10 @@ def run_cli(
     """``python -m dpr_cache ARGS`` to the end, under ``torchrun --nproc_per_node WORLD`` when
     ``world`` > 1 (one thread a rank); with ``check``, AssertionError on a non-zero exit."""
     env = child_env()
-    server = _fork_server(env) if world == 1 else None
-    if server is not None:
-        proc = server.run(list(args), cwd, env, timeout)
-    else:
+    proc = None
+    if world == 1 and may_serve(_BASE_ENV, env):
+        proc = _fork_server().run(["-m", "dpr_cache", *args], cwd, env, timeout)
+    if proc is None:
         proc = _spawn(args, cwd, env, world, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"dpr-cache {' '.join(args)} failed:\n{proc.stderr[-3000:]}")

@@ -1,96 +1,232 @@
-"""A fork server for the tests' ``dpr-cache`` commands: one process imports torch, transformers,
-faiss, datasets and the CLI once, then forks a child per command. Each child is a process of its
-own, as ``python -m dpr_cache ARGS`` would be (its exit code, signals, memory, working folder,
-environment, stdout and stderr), without the seconds of imports a fresh interpreter spends.
+"""A fork server for the tests' commands: one process imports torch, transformers, faiss,
+datasets and the CLI once, then forks a child per ``python -m MODULE ARGS`` or ``python -c CODE
+ARGS``. Each child is a process of its own, as a fresh interpreter would be (its exit code,
+signals, memory, working folder, environment, standard streams), without the seconds of imports
+a fresh interpreter spends.
+
+Two clients: :meth:`ForkServer.run` (the tests' ``dpr-cache`` commands, :mod:`tests.support.cli`)
+and :meth:`ForkServer.python`, an executable that stands in for ``python`` where a script runs
+``"$PY" -m ...`` (the studies' dry runs): it hands the server its own standard streams, relays
+signals to the child and exits as the child did. A request the server cannot serve as a fresh
+interpreter would (other options, or an environment that differs in what is read as modules are
+imported, :func:`may_serve`) runs in a fresh interpreter instead.
 
 What a forked child shares with the server and a fresh process would not: the modules imported
-(and whatever they read from the environment as they were imported) and the hash seed. So a
-command forks only where its environment is the one the server started with, but for the
-variables pytest sets per test (:data:`PER_TEST`); a child runs with the command's own.
+(and what they read from the environment as they were imported, hence :func:`may_serve`) and the
+hash seed.
 
-Protocol, one JSON object a line: the server says ``{"ready": true}`` once its imports are done;
-for each request ``{"args", "cwd", "env", "out", "err"}`` it answers ``{"pid"}`` as the child
-starts and ``{"rc"}`` as it ends (a negative rc: the signal that ended it).
+Protocol, on a Unix socket, one connection a command: the request is an 8-byte big-endian length
+and a JSON object ``{"argv", "cwd", "env"}``, sent with the child's standard streams (three file
+descriptors); the server answers one JSON line, ``{"pid"}`` as the child starts (or
+``{"fresh": true}``: run it in a fresh interpreter), then ``{"rc"}`` as it ends (a negative rc:
+the signal that ended it). A client that goes away takes its child with it (SIGKILL). The
+server ends when its standard input closes.
 """
 
 from __future__ import annotations
 
 import atexit
+import builtins
+import contextlib
 import json
 import os
 import runpy
-import select
+import selectors
 import signal
+import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
-import traceback
+import threading
+import types
 from pathlib import Path
 
-__all__ = ["ForkServer", "PER_TEST"]
+__all__ = ["ForkServer", "may_serve"]
 
-PER_TEST = frozenset({"PYTEST_CURRENT_TEST"})
+_READ_AT_IMPORT_PREFIXES = (
+    "PYTHON",
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "CUDA_",
+    "NVIDIA_",
+    "TORCH",
+    "PYTORCH_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "DATASETS_",
+    "TOKENIZERS_",
+    "NUMBA_",
+    "LD_",
+    "MALLOC_",
+    "LC_",
+)
+_READ_AT_IMPORT = frozenset(
+    {"LANG", "HOME", "XDG_CACHE_HOME", "TMPDIR", "USE_TORCH", "USE_TF", "USE_FLAX", "USE_JAX"}
+)
+FRESH = "DPR_CACHE_TESTS_FORK"
+"""``DPR_CACHE_TESTS_FORK=0``: every command in a fresh interpreter (to tell a fork server's fault
+from the command's)."""
+
+
+def _read_at_import(name: str) -> bool:
+    return name in _READ_AT_IMPORT or name.startswith(_READ_AT_IMPORT_PREFIXES)
+
+
+def may_serve(server_env: dict[str, str], env: dict[str, str]) -> bool:
+    """Whether a child forked from a server started with ``server_env`` runs as a fresh
+    interpreter with ``env`` would: the two agree on every variable read as the server's modules
+    were imported (Python's own, the thread pools', CUDA's, Hugging Face's, the locale, the
+    caches' folders)."""
+    if env.get(FRESH) == "0":
+        return False
+    names = {k for k in (*server_env, *env) if _read_at_import(k)}
+    return all(server_env.get(k) == env.get(k) for k in names)
 
 
 class ForkServer:
-    """The client: a server process started with ``env``, and ``run`` for each command."""
+    """A server process started with ``env``; :meth:`run` and :meth:`python` are its clients."""
 
     def __init__(self, env: dict[str, str], cwd: Path) -> None:
         self.env = env
+        self._dir = tempfile.mkdtemp(prefix="dpr-cache-fork-")
+        self.socket = str(Path(self._dir) / "socket")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.forkserver"],
+            [sys.executable, "-m", "tests.support.forkserver", self.socket],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
-        self._read(timeout=300)  # {"ready": true}
+        line = self.proc.stdout.readline()  # {"ready": true} once the imports are done
+        if not line:
+            raise RuntimeError(f"the fork server did not start (exit {self.proc.wait()})")
         atexit.register(self.close)
 
-    @staticmethod
-    def may_serve(server_env: dict[str, str], env: dict[str, str]) -> bool:
-        """Whether ``env`` is ``server_env`` but for :data:`PER_TEST`."""
-
-        def fixed(e: dict[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if k not in PER_TEST}
-
-        return fixed(env) == fixed(server_env)
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def run(
-        self, args: list[str], cwd: Path, env: dict[str, str], timeout: float
-    ) -> subprocess.CompletedProcess:
-        """``python -m dpr_cache ARGS`` in a forked child; as ``subprocess.run`` with
-        ``capture_output=True, text=True`` would return it (TimeoutExpired past ``timeout``)."""
+        self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess | None:
+        """``python ARGV`` in a forked child, as ``subprocess.run`` with ``capture_output=True,
+        text=True`` would return it (TimeoutExpired past ``timeout``); None where the server
+        says to run it in a fresh interpreter."""
         with tempfile.TemporaryDirectory(prefix="dpr-cache-fork-") as tmp:
             out, err = Path(tmp) / "out", Path(tmp) / "err"
-            request = {"args": args, "cwd": str(cwd), "env": env, "out": str(out), "err": str(err)}
-            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self.proc.stdin.flush()
-            pid = self._read(timeout=60)["pid"]
-            try:
-                rc = self._read(timeout)["rc"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                self._read(timeout=60)
-                raise subprocess.TimeoutExpired(["dpr-cache", *args], timeout) from None
+            with (
+                open(os.devnull, "rb") as stdin,
+                open(out, "wb") as stdout,
+                open(err, "wb") as stderr,
+                socket.socket(socket.AF_UNIX) as conn,
+            ):
+                conn.connect(self.socket)
+                _send(conn, argv, cwd, env, [stdin.fileno(), stdout.fileno(), stderr.fileno()])
+                answers = conn.makefile("rb")
+                first = _answer(answers)
+                if first.get("fresh"):
+                    return None
+                conn.settimeout(timeout)
+                try:
+                    rc = _answer(answers)["rc"]
+                except TimeoutError:
+                    os.kill(first["pid"], signal.SIGKILL)
+                    raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
             return subprocess.CompletedProcess(
-                [sys.executable, "-m", "dpr_cache", *args], rc, out.read_text(), err.read_text()
+                [sys.executable, *argv], rc, out.read_text(), err.read_text()
             )
 
-    def _read(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            raise TimeoutError(f"the fork server did not answer in {timeout:.0f} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the fork server ended (exit {self.proc.wait()})")
-        return json.loads(line)
+    def python(self) -> Path:
+        """An executable that runs ``-m MODULE ARGS`` and ``-c CODE ARGS`` in this server's
+        children and anything else in a fresh ``sys.executable``: a stand-in for ``python``."""
+        path = Path(self._dir) / "python"
+        if not path.exists():
+            code = _CLIENT.replace("@REAL@", repr(sys.executable))
+            path.write_text(
+                f"#!{sys.executable} -S\n" + code.replace("@SOCKET@", repr(self.socket))
+            )
+            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        return path
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+        for name in ("python", "socket"):
+            Path(self._dir, name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
+
+
+def _send(conn: socket.socket, argv, cwd, env, fds: list[int]) -> None:
+    body = json.dumps({"argv": list(argv), "cwd": str(cwd), "env": dict(env)}).encode()
+    socket.send_fds(conn, [struct.pack(">Q", len(body)) + body], fds)
+
+
+def _answer(answers) -> dict:
+    line = answers.readline()
+    if not line:
+        raise RuntimeError("the fork server closed the connection without an answer")
+    return json.loads(line)
+
+
+_CLIENT = '''\
+"""python, through a fork server where it can (see tests/support/forkserver.py)."""
+import json, os, signal, socket, struct, sys
+
+REAL, SOCKET = @REAL@, @SOCKET@
+args = sys.argv[1:]
+
+
+def fresh():
+    os.execv(REAL, [REAL, *args])
+
+
+if len(args) < 2 or args[0] not in ("-m", "-c"):
+    fresh()
+try:
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(SOCKET)
+    body = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    socket.send_fds(conn, [struct.pack(">Q", len(body)) + body], [0, 1, 2])
+    answers = conn.makefile("rb")
+    first = json.loads(answers.readline())
+except (OSError, ValueError):
+    fresh()
+if first.get("fresh"):
+    fresh()
+pid = first["pid"]
+
+
+def relay(number, frame):
+    try:
+        os.kill(pid, number)
+    except OSError:
+        pass
+
+
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+            signal.SIGUSR2):
+    signal.signal(sig, relay)
+line = answers.readline()
+if not line:
+    sys.exit(1)
+rc = json.loads(line)["rc"]
+if rc < 0:
+    signal.signal(-rc, signal.SIG_DFL)
+    os.kill(os.getpid(), -rc)
+    rc = 128 - rc
+sys.exit(rc)
+'''
+
+
+# -- the server ---------------------------------------------------------------------------
 
 
 def _preload() -> None:
@@ -106,32 +242,21 @@ def _preload() -> None:
     import dpr_cache.train.trainer  # noqa: F401
 
 
-def _child(request: dict) -> None:
-    """In the forked child: become ``python -m dpr_cache ARGS`` run from ``cwd``; never
-    returns."""
+def _child(request: dict, fds: list[int], set_by_imports: dict[str, str]) -> None:
+    """In the forked child: become ``python ARGV`` run from ``cwd`` with the request's
+    environment (and the defaults the imports set in it) and standard streams; never returns."""
     code = 1
     try:
         os.chdir(request["cwd"])
         os.environ.clear()
-        os.environ.update(request["env"])
-        for fd, path, flags in (
-            (0, os.devnull, os.O_RDONLY),
-            (1, request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-            (2, request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-        ):
-            opened = os.open(path, flags, 0o644)
-            os.dup2(opened, fd)
-            os.close(opened)
-        sys.path[0] = os.getcwd()  # ``python -m`` puts the working folder first
-        sys.argv = ["dpr_cache", *request["args"]]
-        try:
-            runpy.run_module("dpr_cache", run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as stop:
-            code = _exit_code(stop.code)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
+        os.environ.update({**set_by_imports, **request["env"]})
+        for fd, passed in enumerate(fds):
+            os.dup2(passed, fd)
+            os.close(passed)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=stream.isatty())
+        code = _run_main(request["argv"])
+        threading._shutdown()  # as an interpreter's exit: wait for the threads not daemonic
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
@@ -140,6 +265,33 @@ def _child(request: dict) -> None:
             except Exception:
                 pass
         os._exit(code)
+
+
+def _run_main(argv: list[str]) -> int:
+    """``python -m MODULE ARGS`` or ``python -c CODE ARGS`` in this process, in a new
+    ``__main__`` module, as the interpreter runs them; their exit code."""
+    option, target, *args = argv
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    try:
+        if option == "-m":
+            if not sys.flags.safe_path:
+                sys.path[0] = os.getcwd()
+            sys.argv = ["-m", *args]
+            runpy._run_module_as_main(target, alter_argv=True)
+        else:
+            if not sys.flags.safe_path:
+                sys.path[0] = ""
+            sys.argv = ["-c", *args]
+            exec(compile(target, "<string>", "exec"), main.__dict__)
+        return 0
+    except SystemExit as stop:
+        return _exit_code(stop.code)
+    except BaseException as error:
+        error = error.with_traceback(error.__traceback__.tb_next)  # from the command's frame
+        sys.excepthook(type(error), error, error.__traceback__)
+        return 1
 
 
 def _exit_code(code) -> int:
@@ -152,26 +304,100 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _serve() -> None:
-    _preload()
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    if len(data) < 8:
+        raise ValueError("short request")
+    size = struct.unpack(">Q", data[:8])[0]
+    body = data[8:]
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ValueError("truncated request")
+        body += more
+    return json.loads(body), fds
 
-    def answer(obj: dict) -> None:
-        answers.write(json.dumps(obj).encode() + b"\n")
-        answers.flush()
 
-    answer({"ready": True})
-    for line in requests:
-        request = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(request)
-        answer({"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        answer({"rc": os.waitstatus_to_exitcode(status)})
+class _Server:
+    def __init__(self, path: str, env: dict[str, str]) -> None:
+        self.env = env  # as started, before the imports
+        self.set_by_imports = {k: v for k, v in os.environ.items() if k not in env}
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+        self.children: dict[int, socket.socket] = {}
+
+    def serve(self) -> None:
+        print(json.dumps({"ready": True}), flush=True)
+        while True:
+            for key, _ in self.selector.select(timeout=0.05):
+                if key.data == "accept":
+                    self._start(self.listener.accept()[0])
+                elif key.data == "stdin":
+                    if not os.read(sys.stdin.fileno(), 4096):
+                        self._stop()
+                        return
+                else:  # a client went away before its child ended
+                    self.selector.unregister(key.fileobj)
+                    _kill(key.data)
+            self._reap()
+
+    def _start(self, conn: socket.socket) -> None:
+        fds: list[int] = []
+        try:
+            request, fds = _receive(conn)
+            if len(fds) != 3 or not may_serve(self.env, request["env"]):
+                conn.sendall(b'{"fresh": true}\n')
+                conn.close()
+                return
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                self.listener.close()
+                for other in (conn, *self.children.values()):
+                    other.close()
+                _child(request, fds, self.set_by_imports)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except (OSError, ValueError):
+            conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.children[pid] = conn
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _reap(self) -> None:
+        while self.children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            conn = self.children.pop(pid)
+            with contextlib.suppress(KeyError):
+                self.selector.unregister(conn)
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            conn.close()
+
+    def _stop(self) -> None:
+        for pid in list(self.children):
+            _kill(pid)
+        while self.children:
+            pid, _ = os.waitpid(-1, 0)
+            self.children.pop(pid).close()
+        self.listener.close()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
-    _serve()
+    before = dict(os.environ)
+    _preload()
+    _Server(sys.argv[1], before).serve()

@@ -1,18 +1,23 @@
 """The tests' fork server: a forked command answers as a fresh interpreter does (exit code,
 stdout, stderr, working folder), a command out of time is killed and the server serves on, and a
-command in another environment is not forked."""
+command in another environment is not forked. Its stand-in for ``python``: the same answers
+through a script's own streams, signals relayed both ways, commands side by side, and a child
+that outlives its client killed."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from dpr_cache.runtime.processes import child_env
 from tests.support.fixtures import REPO
-from tests.support.forkserver import ForkServer
+from tests.support.forkserver import ForkServer, may_serve
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ def _fresh(args: list[str], cwd) -> subprocess.CompletedProcess:
 )
 def test_a_forked_command_answers_as_a_fresh_interpreter(server, tmp_path, args):
     shutil.copytree(REPO / "configs", tmp_path / "configs")  # relative to the working folder
-    forked = server.run(args, tmp_path, child_env(), timeout=300)
+    forked = server.run(["-m", "dpr_cache", *args], tmp_path, child_env(), timeout=300)
     fresh = _fresh(args, tmp_path)
     assert (forked.returncode, forked.stdout, forked.stderr) == (
         fresh.returncode,
@@ -55,7 +60,9 @@ def test_a_forked_command_answers_as_a_fresh_interpreter(server, tmp_path, args)
 
 def test_the_working_folder_is_the_commands(server, tmp_path):
     args = ["train", "--config", "configs/toy.yaml", "--set", "train.bogus=1"]
-    elsewhere = server.run(args, tmp_path, child_env(), timeout=300)  # no configs/ there
+    elsewhere = server.run(
+        ["-m", "dpr_cache", *args], tmp_path, child_env(), timeout=300
+    )  # no configs/ there
     assert elsewhere.returncode == 2 and "no such config file" in elsewhere.stderr
 
 
@@ -63,13 +70,99 @@ def test_a_command_out_of_time_is_killed_and_the_server_serves_on(server, tmp_pa
     args = ["train", "--config", "configs/toy.yaml", "--set", f"output_dir={tmp_path / 'run'}"]
     args += ["--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "train.max_steps=100000"]
     with pytest.raises(subprocess.TimeoutExpired):
-        server.run(args, REPO, child_env(), timeout=3)
-    after = server.run(["eval", "--help"], REPO, child_env(), timeout=300)
+        server.run(["-m", "dpr_cache", *args], REPO, child_env(), timeout=3)
+    after = server.run(["-m", "dpr_cache", "eval", "--help"], REPO, child_env(), timeout=300)
     assert after.returncode == 0 and "eval" in after.stdout
 
 
 def test_another_environment_is_not_served(server):
     env = child_env()
-    assert ForkServer.may_serve(server.env, {**env, "PYTEST_CURRENT_TEST": "another test (call)"})
-    assert not ForkServer.may_serve(server.env, {**env, "OMP_NUM_THREADS": "7"})
-    assert not ForkServer.may_serve(server.env, {k: v for k, v in env.items() if k != "PATH"})
+    assert may_serve(server.env, {**env, "PYTEST_CURRENT_TEST": "another test (call)"})
+    assert may_serve(server.env, {**env, "OUT": "/somewhere", "SEEDS": "1 2"})  # a script's own
+    assert not may_serve(server.env, {**env, "OMP_NUM_THREADS": "7"})
+    assert not may_serve(server.env, {**env, "PYTHONPATH": "/elsewhere"})
+    assert not may_serve(server.env, {k: v for k, v in env.items() if k != "PYTHONPATH"})
+    assert not may_serve(server.env, {**env, "DPR_CACHE_TESTS_FORK": "0"})
+    assert server.run(["-c", "pass"], REPO, {**env, "OMP_NUM_THREADS": "7"}, timeout=60) is None
+
+
+_SHOW = "import os, sys; print(sys.argv, sys.path[0], os.getcwd(), os.environ.get('OUT'))"
+
+
+@pytest.mark.parametrize(
+    "argv, stdin",
+    [
+        (["-c", _SHOW, "a", "b c"], ""),
+        (["-c", "import sys; sys.exit('no: ' + sys.stdin.read())"], "from stdin"),  # exit 1
+        (["-c", "raise SystemExit(3)"], ""),
+        (["-c", "1 / 0"], ""),  # a traceback
+        (["-m", "json.tool", "--sort-keys"], '{"b": 1, "a": [2]}'),
+        (["-m", "no_such_module_here"], ""),
+    ],
+)
+def test_the_stand_in_answers_as_python_does(server, tmp_path, argv, stdin):
+    env = {**child_env(), "OUT": str(tmp_path)}
+    got, want = (
+        subprocess.run(
+            [python, *argv], cwd=tmp_path, env=env, input=stdin, capture_output=True, text=True
+        )
+        for python in (str(server.python()), sys.executable)
+    )
+    assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
+    assert got.stdout or got.stderr or got.returncode  # it did something: the comparison compared
+
+
+def _parent_of(python: str, env: dict[str, str]) -> int:
+    done = subprocess.run(
+        [python, "-c", "import os; print(os.getppid())"], env=env, capture_output=True, text=True
+    )
+    return int(done.stdout)
+
+
+def test_the_stand_in_forks_only_what_it_may(server):
+    python, env = str(server.python()), child_env()
+    assert _parent_of(python, env) == server.proc.pid  # forked by the server
+    for other in ({**env, "OMP_NUM_THREADS": "7"}, {**env, "DPR_CACHE_TESTS_FORK": "0"}):
+        assert _parent_of(python, other) == os.getpid()  # the stand-in became python
+    done = subprocess.run([python, "-S", "-c", "print(1)"], capture_output=True, text=True)
+    assert done.stdout == "1\n"  # options it does not serve: python itself
+
+
+def test_signals_are_relayed_both_ways(server, tmp_path):
+    """SIGTERM to the stand-in reaches the child, which ends by it, and so does the stand-in;
+    a stand-in killed outright takes its child with it."""
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        client = subprocess.Popen(
+            [str(server.python()), "-c", code], env=child_env(), stdout=subprocess.PIPE, text=True
+        )
+        child = int(client.stdout.readline())
+        assert child != client.pid  # forked, not python itself
+        client.send_signal(signum)
+        assert client.wait(timeout=30) == -signum
+        _wait_gone(child)
+    assert server.alive()
+
+
+def _wait_gone(pid: int) -> None:
+    for _ in range(300):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still runs")
+
+
+def test_commands_run_side_by_side(server, tmp_path):
+    """Two commands at once: the second starts while the first waits for it."""
+    flag = tmp_path / "flag"
+    waits = (
+        f"import pathlib, time\nwhile not pathlib.Path({str(flag)!r}).exists(): time.sleep(0.05)"
+    )
+    python = str(server.python())
+    first = subprocess.Popen([python, "-c", waits], env=child_env())
+    second = subprocess.run(
+        [python, "-c", f"open({str(flag)!r}, 'w')"], env=child_env(), timeout=60
+    )
+    assert second.returncode == 0 and first.wait(timeout=60) == 0
