@@ -1,5 +1,9 @@
 """Every command the README shows runs as printed, on a copy of the checkout after ``make demo``
 (the installed package and this venv on ``PATH``, as after ``source .venv/bin/activate``).
+``make demo`` runs the installed ``dpr-cache``; the commands after it find the test's stand-ins
+for ``dpr-cache`` and ``python`` first on ``PATH``, which fork them from the tests' server with
+their imports done (:mod:`tests.support.forkserver`), or run them in a fresh interpreter where
+their environment is not the server's.
 
 Each command of a ``bash`` block is of one kind, and a command of no kind fails this test:
 - the demo's pipeline: the very lines of the Makefile's ``demo`` recipe, its fresh start
@@ -23,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from dpr_cache.runtime.processes import child_env
+from tests.support.cli import fork_bin
 from tests.support.fixtures import REPO
 
 VENV = Path(sys.prefix)  # this venv (its bin/ holds dpr-cache and python)
@@ -73,15 +79,24 @@ def _copy_checkout(dest: Path) -> None:
             shutil.copy2(REPO / name, dest / name)
 
 
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join([str(VENV / "bin"), os.environ["PATH"]])
-    return {**os.environ, "PATH": path, **extra}
+def _env(*first: str, **extra: str) -> dict[str, str]:
+    env = child_env()
+    return {**env, "PATH": os.pathsep.join([*first, str(VENV / "bin"), env["PATH"]]), **extra}
 
 
 def _run(command: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
+    """``command`` in bash, the installed commands on ``PATH``."""
     return subprocess.run(
         ["bash", "-c", command], cwd=cwd, env=_env(**extra), capture_output=True, text=True,
         timeout=600,
+    )  # fmt: skip
+
+
+def _run_forked(command: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
+    """``command`` in bash, the stand-ins first on ``PATH``."""
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=_env(fork_bin(), **extra), capture_output=True,
+        text=True, timeout=600,
     )  # fmt: skip
 
 
@@ -111,7 +126,7 @@ def test_every_command_runs_as_printed(checkout: Path) -> None:
     for command in readme_commands():
         if command in skip:
             continue
-        done = _run(command, checkout)
+        done = _run_forked(command, checkout)
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
         ran.append(command)
         if command.startswith("dpr-cache verify"):

@@ -13,7 +13,15 @@ from dpr_cache.runtime.processes import child_env
 from tests.support.fixtures import REPO
 from tests.support.forkserver import ForkServer, may_serve
 
-__all__ = ["run_cli", "popen_cli", "toy_overrides", "free_port", "fork_server_ready", "fork_python"]
+__all__ = [
+    "run_cli",
+    "popen_cli",
+    "toy_overrides",
+    "free_port",
+    "fork_server_ready",
+    "fork_python",
+    "fork_bin",
+]
 
 
 def free_port() -> int:
@@ -46,6 +54,13 @@ def fork_python() -> str:
     """A stand-in for ``python`` (a script's ``$PY``) that forks ``-m`` and ``-c`` commands from
     this test process's fork server (:meth:`ForkServer.python`)."""
     return str(_fork_server().python())
+
+
+def fork_bin() -> str:
+    """A folder holding stand-ins for ``python`` and ``dpr-cache`` (to put first on ``PATH``)."""
+    server = _fork_server()
+    server.dpr_cache()
+    return str(server.python().parent)
 
 
 def run_cli(

@@ -6,8 +6,9 @@ a fresh interpreter spends.
 
 Two clients: :meth:`ForkServer.run` (the tests' ``dpr-cache`` commands, :mod:`tests.support.cli`)
 and :meth:`ForkServer.python`, an executable that stands in for ``python`` where a script runs
-``"$PY" -m ...`` (the studies' dry runs): it hands the server its own standard streams, relays
-signals to the child and exits as the child did. A request the server cannot serve as a fresh
+``"$PY" -m ...`` (the studies' dry runs; :meth:`ForkServer.dpr_cache` stands in for
+``dpr-cache``): it hands the server its own standard streams, relays signals to the child and
+exits as the child did. A request the server cannot serve as a fresh
 interpreter would (other options, or an environment that differs in what is read as modules are
 imported, :func:`may_serve`) runs in a fresh interpreter instead.
 
@@ -145,12 +146,18 @@ class ForkServer:
     def python(self) -> Path:
         """An executable that runs ``-m MODULE ARGS`` and ``-c CODE ARGS`` in this server's
         children and anything else in a fresh ``sys.executable``: a stand-in for ``python``."""
-        path = Path(self._dir) / "python"
+        return self._stand_in("python", [])
+
+    def dpr_cache(self) -> Path:
+        """The same for ``dpr-cache ARGS`` (``python -m dpr_cache ARGS``)."""
+        return self._stand_in("dpr-cache", ["-m", "dpr_cache"])
+
+    def _stand_in(self, name: str, prefix: list[str]) -> Path:
+        path = Path(self._dir) / name
         if not path.exists():
             code = _CLIENT.replace("@REAL@", repr(sys.executable))
-            path.write_text(
-                f"#!{sys.executable} -S\n" + code.replace("@SOCKET@", repr(self.socket))
-            )
+            code = code.replace("@SOCKET@", repr(self.socket)).replace("@PREFIX@", repr(prefix))
+            path.write_text(f"#!{sys.executable} -S\n{code}")
             path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         return path
 
@@ -158,7 +165,7 @@ class ForkServer:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
-        for name in ("python", "socket"):
+        for name in ("python", "dpr-cache", "socket"):
             Path(self._dir, name).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             os.rmdir(self._dir)
@@ -181,7 +188,7 @@ _CLIENT = '''\
 import json, os, signal, socket, struct, sys
 
 REAL, SOCKET = @REAL@, @SOCKET@
-args = sys.argv[1:]
+args = @PREFIX@ + sys.argv[1:]
 
 
 def fresh():
