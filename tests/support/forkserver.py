@@ -61,7 +61,6 @@ _READ_AT_IMPORT_PREFIXES = (
     "HUGGINGFACE_",
     "TRANSFORMERS_",
     "DATASETS_",
-    "TOKENIZERS_",
     "NUMBA_",
     "LD_",
     "MALLOC_",

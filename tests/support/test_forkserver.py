@@ -16,6 +16,7 @@ import time
 import pytest
 
 from dpr_cache.runtime.processes import child_env
+from dpr_cache.runtime.quiet import QUIET_ENV
 from tests.support.fixtures import REPO
 from tests.support.forkserver import ForkServer, may_serve
 
@@ -79,6 +80,7 @@ def test_another_environment_is_not_served(server):
     env = child_env()
     assert may_serve(server.env, {**env, "PYTEST_CURRENT_TEST": "another test (call)"})
     assert may_serve(server.env, {**env, "OUT": "/somewhere", "SEEDS": "1 2"})  # a script's own
+    assert may_serve(server.env, {**env, **QUIET_ENV})  # set in this process by in-process CLIs
     assert not may_serve(server.env, {**env, "OMP_NUM_THREADS": "7"})
     assert not may_serve(server.env, {**env, "PYTHONPATH": "/elsewhere"})
     assert not may_serve(server.env, {k: v for k, v in env.items() if k != "PYTHONPATH"})
