@@ -28,3 +28,18 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``DPR_CACHE_TESTS_CPU=FILE``: each test's wall and CPU seconds (its own process, its
+    children and the fork server's children) appended to FILE, one JSON object a line."""
+    path = os.environ.get("DPR_CACHE_TESTS_CPU")
+    if not path:
+        yield
+        return
+    from tests.support.cpu import cpu_seconds, record
+
+    before = cpu_seconds()
+    yield
+    record(path, item.nodeid, before, cpu_seconds())
