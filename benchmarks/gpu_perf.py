@@ -10,11 +10,14 @@ is the ``dpr-cache encode`` command.
 
 from __future__ import annotations
 
+import collections
+import functools
 import gc
 import inspect
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -239,6 +242,27 @@ def _gradcache_lib(model, chunk: int):
     return GradCacheLibStep(model, chunk)
 
 
+def count_syncs(step: Callable[[], object], device, precision: str) -> dict:
+    """One call of ``step`` with CUDA's synchronization warnings on: how many times the host
+    waited for the device, and the three source lines that made it wait most often."""
+    from dpr_cache.runtime.device import autocast
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with autocast(device, precision):
+                step()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    sources = collections.Counter(
+        f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    return {"count": sum(sources.values()), "top": dict(sources.most_common(3))}
+
+
 def _interleave(
     steppers: dict[str, object], batch: Batch, model, precision: str, rounds: int
 ) -> dict[str, dict]:
@@ -252,6 +276,7 @@ def _interleave(
     b = batch.to(device)
     times: dict[str, list[float]] = {name: [] for name in steppers}
     failed: dict[str, str] = {}
+    syncs: dict[str, dict] = {}
     for r in range(rounds + 1):
         for name, stepper in steppers.items():
             if name in failed:
@@ -273,6 +298,9 @@ def _interleave(
                 times[name].append(time.perf_counter() - start)
             else:
                 print(f"    {name}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
+                if device.type == "cuda":
+                    step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
+                    syncs[name] = count_syncs(step, device, precision)
     out = {}
     for name, ts in times.items():
         if name in failed or not ts:
@@ -280,6 +308,8 @@ def _interleave(
             continue
         median = statistics.median(ts)
         out[name] = {"step_s": median, "pairs_per_s": batch.n_questions / median, "times_s": ts}
+        if name in syncs:
+            out[name]["syncs"] = syncs[name]
     return out
 
 

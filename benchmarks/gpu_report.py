@@ -274,21 +274,27 @@ def _speed(r: dict) -> list[str]:
         f"{r['tokens']['questions']:,} question and "
         f"{r['tokens']['passages']:,} passage tokens), one hard negative; every setting's step",
         "(forward, loss, backward; no optimizer) timed once a round, rounds interleaved in one",
-        "process; the median over rounds.",
+        "process; the median over rounds. Host waits (where measured): the times one step made the",
+        "host wait for the device (CUDA's synchronization warnings, one extra step), with the",
+        "lines that made it wait most.",
     ]
     for comp in r["comparisons"]:
+        waits = any("syncs" in row for row in comp["rows"].values())
         lines += [
             "",
             f"B={comp['batch']}, {comp['precision']}:",
             "",
-            "| setting | pairs/s | step s |",
-            "|---|--:|--:|",
+            "| setting | pairs/s | step s |" + (" host waits a step |" if waits else ""),
+            "|---|--:|--:|" + ("---|" if waits else ""),
         ]
         for name, row in comp["rows"].items():
             if "pairs_per_s" in row:
-                lines.append(f"| {name} | {row['pairs_per_s']:.0f} | {row['step_s']:.3f} |")
+                cells = [name, f"{row['pairs_per_s']:.0f}", f"{row['step_s']:.3f}"]
             else:
-                lines.append(f"| {name} | {row['failed']} | |")
+                cells = [name, row["failed"], ""]
+            if waits:
+                cells.append(_host_waits(row.get("syncs")))
+            lines.append("| " + " | ".join(cells) + " |")
     s = r.get("savings")
     if s is None:
         return [*lines, "", "GradCache's savings: not reached."]
@@ -303,6 +309,14 @@ def _speed(r: dict) -> list[str]:
     for name, value in s["speedup_of_each"].items():
         lines.append(f"| {name} | {value if value is not None else '–'} |")
     return lines
+
+
+def _host_waits(syncs: dict | None) -> str:
+    """``count`` (and where most came from) of :func:`benchmarks.gpu_perf.count_syncs`."""
+    if syncs is None:
+        return ""
+    top = ", ".join(f"`{where}` {n}" for where, n in syncs["top"].items())
+    return f"{syncs['count']}" + (f" ({top})" if top else "")
 
 
 def _encoding(r: dict) -> list[str]:

@@ -171,6 +171,25 @@ def test_speed_cut_short_shows_and_judges_what_it_measured():
     assert "is in gpu.json (`partial`)" in page.split("## Speed")[0]
 
 
+def test_host_waits_show_where_they_were_measured():
+    syncs = {"count": 14, "top": {"engine.py:210": 12, "modeling_bert.py:88": 2}}
+    rows = {
+        "dpr-cache chunk 128": {"pairs_per_s": 678.0, "step_s": 0.756, "syncs": syncs},
+        "full batch": {"failed": "out of memory"},
+    }
+    comparison = {"batch": 128, "precision": "fp16", "rows": rows, "best": {}}
+    speed = {
+        "comparisons": [comparison, {**comparison, "rows": {"x": rows["full batch"]}}],
+        "tokens": {"batch": 128, "questions": 7, "passages": 9},
+    }
+    section = {"result": speed, "seconds": 200.0}
+    report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
+    page = render({**report, "goals": goals(report)}).split("## Speed")[1]
+    assert "| dpr-cache chunk 128 | 678 | 0.756 | 14 (`engine.py:210` 12, " in page
+    assert "| full batch | out of memory |  |  |" in page
+    assert "| x | out of memory |  |\n" in page  # no column where nothing was measured
+
+
 def test_command_line_cut_short_shows_the_commands_it_ran():
     row = {
         "command": "dpr-cache index --config configs/toy.yaml --set a=b",

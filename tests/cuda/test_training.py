@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import gpu_cli, gpu_perf
 from benchmarks.gpu import default_tokenizer
@@ -44,3 +45,12 @@ def test_a_chunk_too_large_for_the_gpu_is_one_line(tmp_path, base_model):
 def test_nccl_runs_the_gather_and_its_gradient():
     row = gpu_cli.nccl_collectives()
     assert row["ok"], row
+
+
+def test_host_waits_are_counted_where_they_happen(cuda):
+    """A step that reads a device value back waits for the device; one that only queues work
+    does not (the negative control)."""
+    x = torch.ones(64, 64, device=cuda)
+    waits = gpu_perf.count_syncs(lambda: (x @ x).sum().item(), cuda, "fp32")
+    assert waits["count"] >= 1 and any(w.startswith("test_training.py:") for w in waits["top"])
+    assert gpu_perf.count_syncs(lambda: (x @ x).sum(), cuda, "fp32")["count"] == 0

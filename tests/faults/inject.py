@@ -87,13 +87,15 @@ def _assert_ended(pids: list[int], args, wait: float = 10.0) -> None:
 
 
 def folder_bytes(path: Path) -> int:
-    """Bytes of every file under ``path`` (temporaries included: they grow as they are written)."""
+    """Bytes of every file under ``path`` (temporaries included: they grow as they are written);
+    files and folders renamed or removed while they are counted count nothing."""
     total = 0
-    for p in Path(path).rglob("*"):
-        try:
-            total += p.stat().st_size if p.is_file() else 0
-        except FileNotFoundError:  # renamed or removed while being counted
-            pass
+    for folder, _, files in os.walk(path):  # a folder gone before it is listed is skipped
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except FileNotFoundError:
+                pass
     return total
 
 
