@@ -288,6 +288,10 @@ def _interleave(
                 with autocast(device, precision):
                     stepper.step(b.q_inputs, b.p_inputs, p_ids=b.p_ids)
                 sync()
+                seconds = time.perf_counter() - start
+                if not r and device.type == "cuda":  # after the warm-up, one step counted
+                    step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
+                    syncs[name] = count_syncs(step, device, precision)
             except torch.OutOfMemoryError:
                 failed[name] = "out of memory"
                 print(f"    {name}: out of memory", flush=True)
@@ -295,12 +299,9 @@ def _interleave(
                 _free(device)
                 continue
             if r:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(seconds)
             else:
-                print(f"    {name}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
-                if device.type == "cuda":
-                    step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
-                    syncs[name] = count_syncs(step, device, precision)
+                print(f"    {name}: warm-up {seconds:.1f} s", flush=True)
     out = {}
     for name, ts in times.items():
         if name in failed or not ts:

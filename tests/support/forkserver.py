@@ -13,15 +13,18 @@ interpreter would (other options, or an environment that differs in what is read
 imported, :func:`may_serve`) runs in a fresh interpreter instead.
 
 What a forked child shares with the server and a fresh process would not: the modules imported
-(and what they read from the environment as they were imported, hence :func:`may_serve`) and the
-hash seed.
+(and what they read from the environment as they were imported, hence :func:`may_serve`; a
+package in the command's working folder does not replace the one imported), the hash seed, the
+resource limits, its parent (the server) and its process group.
 
 Protocol, on a Unix socket, one connection a command: the request is an 8-byte big-endian length
-and a JSON object ``{"argv", "cwd", "env"}``, sent with the child's standard streams (three file
-descriptors); the server answers one JSON line, ``{"pid"}`` as the child starts (or
-``{"fresh": true}``: run it in a fresh interpreter), then ``{"rc"}`` as it ends (a negative rc:
-the signal that ended it). A client that goes away takes its child with it (SIGKILL). The
-server ends when its standard input closes.
+and a JSON object ``{"argv", "cwd", "env", "umask", "ignored"}`` (``ignored``: the signals the
+client ignores, which the child ignores too), sent with the child's standard streams (three file
+descriptors); ``argv`` is ``-m MODULE ARGS``, ``-c CODE ARGS`` or ``--entry MODULE:NAME ARGV0
+ARGS`` (an installed command's entry point); the server answers one JSON line, ``{"pid"}`` as
+the child starts (or ``{"fresh": true}``: run it in a fresh interpreter), then ``{"rc"}`` as it
+ends (a negative rc: the signal that ended it). A client that goes away takes its child with it
+(SIGKILL). The server ends when its standard input closes.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import gc
+import importlib
 import json
 import os
 import runpy
@@ -61,13 +66,16 @@ _READ_AT_IMPORT_PREFIXES = (
     "HUGGINGFACE_",
     "TRANSFORMERS_",
     "DATASETS_",
+    "TQDM_",
+    "FAISS_",
     "NUMBA_",
     "LD_",
     "MALLOC_",
     "LC_",
 )
 _READ_AT_IMPORT = frozenset(
-    {"LANG", "HOME", "XDG_CACHE_HOME", "TMPDIR", "USE_TORCH", "USE_TF", "USE_FLAX", "USE_JAX"}
+    {"LANG", "HOME", "XDG_CACHE_HOME", "TMPDIR", "TEMP", "TMP", "TZ"}
+    | {"USE_TORCH", "USE_TF", "USE_FLAX", "USE_JAX"}
 )
 FRESH = "DPR_CACHE_TESTS_FORK"
 """``DPR_CACHE_TESTS_FORK=0``: every command in a fresh interpreter (to tell a fork server's fault
@@ -102,7 +110,6 @@ class ForkServer:
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
         )
         line = self.proc.stdout.readline()  # {"ready": true} once the imports are done
         if not line:
@@ -118,6 +125,7 @@ class ForkServer:
         """``python ARGV`` in a forked child, as ``subprocess.run`` with ``capture_output=True,
         text=True`` would return it (TimeoutExpired past ``timeout``); None where the server
         says to run it in a fresh interpreter."""
+        command = [sys.executable, *argv]
         with tempfile.TemporaryDirectory(prefix="dpr-cache-fork-") as tmp:
             out, err = Path(tmp) / "out", Path(tmp) / "err"
             with (
@@ -126,37 +134,46 @@ class ForkServer:
                 open(err, "wb") as stderr,
                 socket.socket(socket.AF_UNIX) as conn,
             ):
-                conn.connect(self.socket)
-                _send(conn, argv, cwd, env, [stdin.fileno(), stdout.fileno(), stderr.fileno()])
-                answers = conn.makefile("rb")
-                first = _answer(answers)
-                if first.get("fresh"):
-                    return None
                 conn.settimeout(timeout)
+                conn.connect(self.socket)
+                request = {"argv": list(argv), "cwd": str(cwd), "env": dict(env)}
+                request |= {"umask": _umask(), "ignored": []}
+                body = json.dumps(request).encode()
+                fds = [stdin.fileno(), stdout.fileno(), stderr.fileno()]
+                socket.send_fds(conn, [struct.pack(">Q", len(body)) + body], fds)
+                answers = conn.makefile("rb")
+                pid = None
                 try:
+                    first = _answer(answers)
+                    if first.get("fresh"):
+                        return None
+                    pid = first["pid"]
                     rc = _answer(answers)["rc"]
                 except TimeoutError:
-                    os.kill(first["pid"], signal.SIGKILL)
-                    raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
-            return subprocess.CompletedProcess(
-                [sys.executable, *argv], rc, out.read_text(), err.read_text()
-            )
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(
+                        command, timeout, out.read_text(), err.read_text()
+                    ) from None
+            return subprocess.CompletedProcess(command, rc, out.read_text(), err.read_text())
 
     def python(self) -> Path:
         """An executable that runs ``-m MODULE ARGS`` and ``-c CODE ARGS`` in this server's
         children and anything else in a fresh ``sys.executable``: a stand-in for ``python``."""
-        return self._stand_in("python", [])
+        return self._stand_in("python", None, [sys.executable])
 
     def dpr_cache(self) -> Path:
-        """The same for ``dpr-cache ARGS`` (``python -m dpr_cache ARGS``)."""
-        return self._stand_in("dpr-cache", ["-m", "dpr_cache"])
+        """The same for ``dpr-cache ARGS``: its entry point (``dpr_cache.cli:app``) in a child,
+        or the installed command itself."""
+        installed = Path(sys.executable).parent / "dpr-cache"
+        fresh = [str(installed)] if installed.exists() else [sys.executable, "-m", "dpr_cache"]
+        return self._stand_in("dpr-cache", "dpr_cache.cli:app", fresh)
 
-    def _stand_in(self, name: str, prefix: list[str]) -> Path:
+    def _stand_in(self, name: str, entry: str | None, fresh: list[str]) -> Path:
         path = Path(self._dir) / name
         if not path.exists():
-            code = _CLIENT.replace("@REAL@", repr(sys.executable))
-            code = code.replace("@SOCKET@", repr(self.socket)).replace("@PREFIX@", repr(prefix))
-            path.write_text(f"#!{sys.executable} -S\n{code}")
+            code = _CLIENT.replace("@SOCKET@", repr(self.socket)).replace("@ENTRY@", repr(entry))
+            path.write_text(f"#!{sys.executable} -S\n{code.replace('@FRESH@', repr(fresh))}")
             path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         return path
 
@@ -170,9 +187,10 @@ class ForkServer:
             os.rmdir(self._dir)
 
 
-def _send(conn: socket.socket, argv, cwd, env, fds: list[int]) -> None:
-    body = json.dumps({"argv": list(argv), "cwd": str(cwd), "env": dict(env)}).encode()
-    socket.send_fds(conn, [struct.pack(">Q", len(body)) + body], fds)
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _answer(answers) -> dict:
@@ -183,23 +201,62 @@ def _answer(answers) -> dict:
 
 
 _CLIENT = '''\
-"""python, through a fork server where it can (see tests/support/forkserver.py)."""
+"""A command through a fork server where it can (see tests/support/forkserver.py)."""
 import json, os, signal, socket, struct, sys
 
-REAL, SOCKET = @REAL@, @SOCKET@
-args = @PREFIX@ + sys.argv[1:]
+SOCKET, ENTRY, FRESH = @SOCKET@, @ENTRY@, @FRESH@
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+           signal.SIGUSR2)
+args = sys.argv[1:]
+pid, pending = None, []
+
+
+def end_by(number):
+    if number not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    sys.exit(128 + number)
 
 
 def fresh():
-    os.execv(REAL, [REAL, *args])
+    for number in pending:  # a signal that came before the command started ends it here
+        end_by(number)
+    os.execv(FRESH[0], [*FRESH, *args])
 
 
-if len(args) < 2 or args[0] not in ("-m", "-c"):
+def relay(number, frame):
+    if pid is None:
+        pending.append(number)
+        return
+    try:
+        os.kill(pid, number)
+    except OSError:
+        pass
+
+
+if ENTRY is not None:
+    argv = ["--entry", ENTRY, sys.argv[0], *args]
+elif len(args) >= 2 and args[0] in ("-m", "-c"):
+    argv = args
+else:
     fresh()
+ignored = [
+    int(number)
+    for number in signal.valid_signals()
+    if number not in (signal.SIGKILL, signal.SIGSTOP)
+    and signal.getsignal(number) is signal.SIG_IGN
+]
+for number in RELAYED:
+    if number not in ignored:
+        signal.signal(number, relay)
+mask = os.umask(0)
+os.umask(mask)
 try:
     conn = socket.socket(socket.AF_UNIX)
     conn.connect(SOCKET)
-    body = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": mask,
+               "ignored": ignored}
+    body = json.dumps(request).encode()
     socket.send_fds(conn, [struct.pack(">Q", len(body)) + body], [0, 1, 2])
     answers = conn.makefile("rb")
     first = json.loads(answers.readline())
@@ -208,26 +265,14 @@ except (OSError, ValueError):
 if first.get("fresh"):
     fresh()
 pid = first["pid"]
-
-
-def relay(number, frame):
-    try:
-        os.kill(pid, number)
-    except OSError:
-        pass
-
-
-for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-            signal.SIGUSR2):
-    signal.signal(sig, relay)
+for number in pending:
+    relay(number, None)
 line = answers.readline()
 if not line:
     sys.exit(1)
 rc = json.loads(line)["rc"]
 if rc < 0:
-    signal.signal(-rc, signal.SIG_DFL)
-    os.kill(os.getpid(), -rc)
-    rc = 128 - rc
+    end_by(-rc)
 sys.exit(rc)
 '''
 
@@ -248,14 +293,22 @@ def _preload() -> None:
     import dpr_cache.train.trainer  # noqa: F401
 
 
+_INTERRUPTED = -1
+""":func:`_run_main`'s code for a command ended by an uncaught KeyboardInterrupt."""
+
+
 def _child(request: dict, fds: list[int], set_by_imports: dict[str, str]) -> None:
     """In the forked child: become ``python ARGV`` run from ``cwd`` with the request's
-    environment (and the defaults the imports set in it) and standard streams; never returns."""
+    environment (and the defaults the imports set in it), umask, ignored signals and standard
+    streams, and end as that interpreter would; never returns."""
     code = 1
     try:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update({**set_by_imports, **request["env"]})
+        os.umask(request["umask"])
+        for number in request["ignored"]:
+            signal.signal(number, signal.SIG_IGN)
         for fd, passed in enumerate(fds):
             os.dup2(passed, fd)
             os.close(passed)
@@ -264,18 +317,26 @@ def _child(request: dict, fds: list[int], set_by_imports: dict[str, str]) -> Non
         code = _run_main(request["argv"])
         threading._shutdown()  # as an interpreter's exit: wait for the threads not daemonic
         atexit._run_exitfuncs()
+        sys.modules["__main__"].__dict__.clear()  # what the command left open is closed
+        gc.collect()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        try:
+            if not sys.stdout.closed:
+                sys.stdout.flush()
+        except Exception:
+            code = 120  # what the interpreter exits with when its last flush fails
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        if code == _INTERRUPTED:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 
 def _run_main(argv: list[str]) -> int:
-    """``python -m MODULE ARGS`` or ``python -c CODE ARGS`` in this process, in a new
-    ``__main__`` module, as the interpreter runs them; their exit code."""
+    """``python -m MODULE ARGS``, ``python -c CODE ARGS`` or an installed command's entry point
+    in this process, in a new ``__main__`` module, as the interpreter runs them; their exit
+    code (:data:`_INTERRUPTED` for an uncaught KeyboardInterrupt)."""
     option, target, *args = argv
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins
@@ -286,18 +347,23 @@ def _run_main(argv: list[str]) -> int:
                 sys.path[0] = os.getcwd()
             sys.argv = ["-m", *args]
             runpy._run_module_as_main(target, alter_argv=True)
-        else:
+        elif option == "-c":
             if not sys.flags.safe_path:
                 sys.path[0] = ""
             sys.argv = ["-c", *args]
             exec(compile(target, "<string>", "exec"), main.__dict__)
+        else:  # --entry MODULE:NAME ARGV0 ARGS, as an installed command's script runs it
+            sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
+            sys.argv = args
+            module, name = target.split(":")
+            sys.exit(getattr(importlib.import_module(module), name)())
         return 0
     except SystemExit as stop:
         return _exit_code(stop.code)
     except BaseException as error:
         error = error.with_traceback(error.__traceback__.tb_next)  # from the command's frame
         sys.excepthook(type(error), error, error.__traceback__)
-        return 1
+        return _INTERRUPTED if isinstance(error, KeyboardInterrupt) else 1
 
 
 def _exit_code(code) -> int:
@@ -311,17 +377,28 @@ def _exit_code(code) -> int:
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
-    if len(data) < 8:
-        raise ValueError("short request")
-    size = struct.unpack(">Q", data[:8])[0]
-    body = data[8:]
-    while len(body) < size:
-        more = conn.recv(size - len(body))
-        if not more:
-            raise ValueError("truncated request")
-        body += more
-    return json.loads(body), fds
+    """One request and its descriptors; on a bad request, the descriptors closed and
+    ValueError or OSError raised."""
+    fds: list[int] = []
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+        if len(data) < 8:
+            raise ValueError("short request")
+        size = struct.unpack(">Q", data[:8])[0]
+        body = data[8:]
+        while len(body) < size:
+            more = conn.recv(size - len(body))
+            if not more:
+                raise ValueError("truncated request")
+            body += more
+        request = json.loads(body)
+        if len(fds) != 3 or request["argv"][0] not in ("-m", "-c", "--entry"):
+            raise ValueError("not a request this server serves")
+        return request, fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 class _Server:
@@ -352,11 +429,16 @@ class _Server:
             self._reap()
 
     def _start(self, conn: socket.socket) -> None:
-        fds: list[int] = []
+        conn.settimeout(30)  # a client that connects and says nothing does not hold the server
         try:
             request, fds = _receive(conn)
-            if len(fds) != 3 or not may_serve(self.env, request["env"]):
-                conn.sendall(b'{"fresh": true}\n')
+        except (OSError, ValueError, KeyError, IndexError):
+            conn.close()
+            return
+        try:
+            if not may_serve(self.env, request["env"]):
+                with contextlib.suppress(OSError):
+                    conn.sendall(b'{"fresh": true}\n')
                 conn.close()
                 return
             sys.stdout.flush()
@@ -367,14 +449,15 @@ class _Server:
                 for other in (conn, *self.children.values()):
                     other.close()
                 _child(request, fds, self.set_by_imports)
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-        except (OSError, ValueError):
-            conn.close()
-            return
         finally:
             for fd in fds:
                 os.close(fd)
         self.children[pid] = conn
+        try:
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:  # the client is gone: so is its command
+            _kill(pid)
+            return
         self.selector.register(conn, selectors.EVENT_READ, pid)
 
     def _reap(self) -> None:
@@ -382,7 +465,9 @@ class _Server:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
-            conn = self.children.pop(pid)
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
             with contextlib.suppress(KeyError):
                 self.selector.unregister(conn)
             with contextlib.suppress(OSError):
@@ -394,7 +479,9 @@ class _Server:
             _kill(pid)
         while self.children:
             pid, _ = os.waitpid(-1, 0)
-            self.children.pop(pid).close()
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                conn.close()
         self.listener.close()
 
 

@@ -1,8 +1,9 @@
 """The tests' fork server: a forked command answers as a fresh interpreter does (exit code,
 stdout, stderr, working folder), a command out of time is killed and the server serves on, and a
-command in another environment is not forked. Its stand-in for ``python``: the same answers
-through a script's own streams, signals relayed both ways, commands side by side, and a child
-that outlives its client killed."""
+command in another environment is not forked. Its stand-ins for ``python`` and ``dpr-cache``:
+the same answers through a script's own streams (KeyboardInterrupt's end by SIGINT, a last
+flush, the caller's umask and ignored signals, a file left open), signals relayed both ways,
+commands side by side, and a child that outlives its client killed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +100,8 @@ _SHOW = "import os, sys; print(sys.argv, sys.path[0], os.getcwd(), os.environ.ge
         (["-c", "import sys; sys.exit('no: ' + sys.stdin.read())"], "from stdin"),  # exit 1
         (["-c", "raise SystemExit(3)"], ""),
         (["-c", "1 / 0"], ""),  # a traceback
+        (["-c", "raise KeyboardInterrupt"], ""),  # a traceback, then the end by SIGINT
+        (["-c", "import sys; sys.stdout.write('no newline')"], ""),  # flushed at the end
         (["-m", "json.tool", "--sort-keys"], '{"b": 1, "a": [2]}'),
         (["-m", "no_such_module_here"], ""),
     ],
@@ -112,6 +116,42 @@ def test_the_stand_in_answers_as_python_does(server, tmp_path, argv, stdin):
     )
     assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
     assert got.stdout or got.stderr or got.returncode  # it did something: the comparison compared
+
+
+def test_the_stand_in_keeps_what_the_caller_set_and_closes_what_the_command_left_open(
+    server, tmp_path
+):
+    """The caller's umask and ignored signals hold in the child (a ``nohup`` or ``&`` job); a
+    file the command left open is written out as the interpreter's end would."""
+    show = (
+        "import os, signal; print(os.umask(0), signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)"
+    )
+
+    def caller() -> None:
+        os.umask(0o027)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    got, want = (
+        subprocess.run(
+            [python, "-c", show], env=child_env(), preexec_fn=caller, capture_output=True, text=True
+        )
+        for python in (str(server.python()), sys.executable)
+    )
+    assert got.stdout == want.stdout == "23 True\n"
+    left_open = "f = open('left-open', 'w'); f.write('written')"
+    subprocess.run([str(server.python()), "-c", left_open], cwd=tmp_path, env=child_env())
+    assert (tmp_path / "left-open").read_text() == "written"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["no-such-command"], ["eval", "--bogus"]])
+def test_the_dpr_cache_stand_in_answers_as_the_installed_command(server, args):
+    installed = Path(sys.executable).parent / "dpr-cache"
+    got, want = (
+        subprocess.run([str(command), *args], env=child_env(), capture_output=True, text=True)
+        for command in (server.dpr_cache(), installed)
+    )
+    assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
+    assert "dpr-cache" in got.stdout + got.stderr  # named as installed, not python -m dpr_cache
 
 
 def _parent_of(python: str, env: dict[str, str]) -> int:
@@ -132,7 +172,8 @@ def test_the_stand_in_forks_only_what_it_may(server):
 
 def test_signals_are_relayed_both_ways(server, tmp_path):
     """SIGTERM to the stand-in reaches the child, which ends by it, and so does the stand-in;
-    a stand-in killed outright takes its child with it."""
+    a stand-in killed outright takes its child with it; a child killed outright ends its
+    stand-in the same way."""
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
     for signum in (signal.SIGTERM, signal.SIGKILL):
         client = subprocess.Popen(
@@ -143,6 +184,11 @@ def test_signals_are_relayed_both_ways(server, tmp_path):
         client.send_signal(signum)
         assert client.wait(timeout=30) == -signum
         _wait_gone(child)
+    client = subprocess.Popen(
+        [str(server.python()), "-c", code], env=child_env(), stdout=subprocess.PIPE, text=True
+    )
+    os.kill(int(client.stdout.readline()), signal.SIGKILL)  # the child killed outright
+    assert client.wait(timeout=30) == -signal.SIGKILL
     assert server.alive()
 
 
