@@ -84,20 +84,13 @@ def _env(*first: str, **extra: str) -> dict[str, str]:
     return {**env, "PATH": os.pathsep.join([*first, str(VENV / "bin"), env["PATH"]]), **extra}
 
 
-def _run(command: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
-    """``command`` in bash, the installed commands on ``PATH``."""
+def _run(command: str, cwd: Path, forked: bool = False, **extra: str):
+    """``command`` in bash, the installed commands on ``PATH`` (``forked``: the stand-ins
+    first)."""
+    env = _env(fork_bin(), **extra) if forked else _env(**extra)
     return subprocess.run(
-        ["bash", "-c", command], cwd=cwd, env=_env(**extra), capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-
-
-def _run_forked(command: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
-    """``command`` in bash, the stand-ins first on ``PATH``."""
-    return subprocess.run(
-        ["bash", "-c", command], cwd=cwd, env=_env(fork_bin(), **extra), capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
+        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_every_command_has_a_kind() -> None:
@@ -126,7 +119,7 @@ def test_every_command_runs_as_printed(checkout: Path) -> None:
     for command in readme_commands():
         if command in skip:
             continue
-        done = _run_forked(command, checkout)
+        done = _run(command, checkout, forked=True)
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
         ran.append(command)
         if command.startswith("dpr-cache verify"):
