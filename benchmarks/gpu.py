@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import torch
 import typer
@@ -35,7 +35,7 @@ from benchmarks import gpu_cli, gpu_exact, gpu_perf
 from benchmarks.gpu_report import write_page
 from benchmarks.machine import machine_info
 
-__all__ = ["Plan", "GPU_PLAN", "DRY_PLAN", "run_suite", "environment"]
+__all__ = ["Plan", "GPU_PLAN", "DRY_PLAN", "Section", "run_suite", "environment"]
 
 NQ_PASSAGES = 21_015_324
 REPO = Path(__file__).resolve().parents[1]
@@ -80,10 +80,10 @@ GPU_PLAN = Plan(
     memory_chunk=32,
     full_start=64,
     speed_batches=[128, 512],
-    speed_chunks=[64, 128, 256, 512],  # on the H100 a chunk costs ~50 ms beyond its compute
-    cmnrl_rows=[64, 128, 256, 512],
+    speed_chunks=[128, 256, 512],  # on the H100 a chunk costs ~100 ms of host time: 64 lost
+    cmnrl_rows=[128, 256, 512],
     cmnrl_tokens=[32768],
-    lib_chunks=[64, 128, 256, 512],
+    lib_chunks=[128, 256, 512],
     rounds=3,
     savings_chunk=128,
     savings_rounds=5,
@@ -93,7 +93,7 @@ GPU_PLAN = Plan(
     model_rows=20_000,
     cli_steps=12,
     determinism=(False, True),
-    score_pairs=30_000,
+    score_pairs=15_000,
     score_precisions=["bf16", "fp16", "fp32"],  # fp32 after the autocast runs: order favours none
     score_batch=256,
 )
@@ -161,8 +161,8 @@ def _driver() -> str | None:
 def _sections(
     plan: Plan, device: torch.device, work: Path, tokenizer: str, partial: dict | None = None
 ) -> list:
-    """(name, needs CUDA, estimated seconds on an H100, function) in run order. The longer
-    sections put what they have measured so far in ``partial[name]`` as they go."""
+    """The :class:`Section` list. The longer sections put what they have measured so far in
+    ``partial[name]`` as they go."""
     partial = {} if partial is None else partial
     cuda = device.type == "cuda"
     model_dir = work / "bert-base" if cuda else TINY
@@ -297,35 +297,55 @@ def _sections(
             plan.score_batch,
         )
 
-    def command_line():
-        where = "cuda" if cuda else "cpu"
-        out = partial["command_line"] = {}
-        precision = "fp16" if cuda else "fp32"
-        tasks = {
-            "pipeline": lambda: gpu_cli.toy_pipeline(
-                work / "cli", where, precision, plan.cli_steps
-            ),
-            "resume": lambda: gpu_cli.resume_equality(
-                work / "cli", where, steps=8, settings=plan.determinism
-            ),
-        }
-        if cuda:
-            tasks["nccl"] = gpu_cli.nccl_collectives
-        gpu_cli.in_parallel(tasks, out)
-        print(f"  command line: pipeline ok={out['pipeline']['ok']}", flush=True)
-        if cuda:  # alone: it fills the GPU
-            out["chunk_too_large"] = gpu_cli.chunk_too_large(work / "cli", base_model(), where)
-        return {name: out[name] for name in (*tasks, "chunk_too_large") if name in out}
+    where = "cuda" if cuda else "cpu"
+    commands = partial.setdefault("command_line", {})
+    cli_tasks = {
+        "pipeline": lambda: gpu_cli.toy_pipeline(
+            work / "cli", where, "fp16" if cuda else "fp32", plan.cli_steps
+        ),
+        "resume": lambda: gpu_cli.resume_equality(
+            work / "cli", where, steps=8, settings=plan.determinism
+        ),
+    }
+    if cuda:
+        cli_tasks["nccl"] = gpu_cli.nccl_collectives
+    beside = gpu_cli.Beside(cli_tasks, commands)
 
+    def command_line():
+        early = beside.started
+        beside.wait()
+        print(f"  command line: pipeline ok={commands['pipeline']['ok']}", flush=True)
+        return {
+            **{name: commands[name] for name in cli_tasks},
+            "commands_s": beside.seconds,
+            "ran_beside_earlier_sections": early,
+        }
+
+    def too_large():  # alone: it fills the GPU
+        return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
+
+    # on a device the commands start with the suite, beside the sections before theirs (which
+    # neither time anything nor fill the GPU's memory), and are awaited in their place
     return [
-        ("exactness", False, 75, exactness),
-        ("mixed_precision", False, 65, mixed),
-        ("memory", False, 70, memory),
-        ("speed", False, 200, speed),
-        ("encoding", False, 60, encoding),
-        ("teacher_scoring", False, 30, teacher_scoring),
-        ("command_line", False, 150, command_line),
+        Section("exactness", None, 75, exactness),
+        Section("mixed_precision", None, 65, mixed),
+        Section("command_line", None, 140, command_line, beside),
+        Section("memory", None, 70, memory),
+        Section("speed", None, 170, speed),
+        Section("encoding", None, 65, encoding),
+        Section("teacher_scoring", None, 30, teacher_scoring),
+        Section("chunk_too_large", "needs a GPU to run out of", 45, too_large),
     ]
+
+
+class Section(NamedTuple):
+    """One part of the suite, in run order."""
+
+    name: str
+    needs: str | None  # why it needs CUDA (None: it runs on the CPU too)
+    estimate: float  # seconds on an H100
+    run: Callable[[], dict]
+    beside: gpu_cli.Beside | None = None  # on a device, started with the suite
 
 
 SECTION_CAP = 3  # a section on a device stops at this many times its estimate
@@ -355,6 +375,8 @@ def run_suite(
     the ``gpu.json`` already in ``out`` (a rerun of what a short lease cut or what failed), each
     with its date. On a device a section stops at the budget or at :data:`SECTION_CAP` times its
     estimate, whichever comes first, so that one section out of bounds leaves time to the next.
+    On a device a section with commands to run beside others (:attr:`Section.beside`) starts
+    them with the suite and waits for them in its place.
     """
     cuda = torch.cuda.is_available() if dry is None else not dry
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -362,12 +384,17 @@ def run_suite(
     if not cuda:
         torch.set_num_threads(1)  # a rehearsal: one thread, so that it costs a shared CPU little
     started = time.monotonic()
-    report = {"dry_run": not cuda, "environment": environment(device), "sections": {}}
+    report = {
+        "dry_run": not cuda,
+        "environment": environment(device),
+        "only": only,
+        "sections": {},
+    }
     out.mkdir(parents=True, exist_ok=True)
     partial: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
-        sections = _sections(plan, device, Path(tmp), tokenizer, partial)
-        names = [name for name, *_ in sections]
+        sections = [Section(*s) for s in _sections(plan, device, Path(tmp), tokenizer, partial)]
+        names = [s.name for s in sections]
         unknown = sorted(set(only or []) - set(names))
         if unknown:
             raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
@@ -379,30 +406,48 @@ def run_suite(
                 report["sections"][name] = {"skipped": "not asked for (--only), none in gpu.json"}
         write_page(report, out)
         if only:
-            sections = sorted((s for s in sections if s[0] in only), key=lambda s: only.index(s[0]))
-        for name, needs_cuda, estimate, run in sections:
-            left = budget_s - (time.monotonic() - started)
-            if needs_cuda and not cuda:
-                report["sections"][name] = {
-                    "skipped": "needs CUDA (torch.cuda.max_memory_allocated)"
+            sections = sorted(
+                (s for s in sections if s.name in only), key=lambda s: only.index(s.name)
+            )
+        if cuda:
+            for section in sections:
+                if section.beside is not None:
+                    section.beside.start()
+        try:
+            for section in sections:
+                report["sections"][section.name] = _run_section(
+                    section, cuda, budget_s - (time.monotonic() - started), report, partial
+                )
+                report["sections"] = {
+                    n: report["sections"][n] for n in names if n in report["sections"]
                 }
-            elif cuda and left < estimate:
-                report["sections"][name] = {"skipped": f"out of time ({left:.0f} s left)"}
-            else:
-                # on a lease, a section stops at the budget or its cap (its figures so far kept)
-                limit = min(left, SECTION_CAP * estimate) if cuda else None
-                stop = f", stops at {limit:.0f} s" if limit is not None else ""
-                print(f"{name}: started, {estimate} s expected{stop}", flush=True)
-                report["sections"][name] = _timed(run, report["environment"], limit)
-                if name in partial and "error" in report["sections"][name]:
-                    report["sections"][name]["partial"] = partial[name]
-                print(f"{name}: {report['sections'][name]['seconds']:.0f} s", flush=True)
-            report["sections"] = {
-                n: report["sections"][n] for n in names if n in report["sections"]
-            }
-            report["seconds"] = round(time.monotonic() - started, 1)
-            write_page(report, out)
+                report["seconds"] = round(time.monotonic() - started, 1)
+                write_page(report, out)
+        finally:
+            for section in sections:
+                if section.beside is not None:
+                    section.beside.stop()
     return report
+
+
+def _run_section(section: Section, cuda: bool, left: float, report: dict, partial: dict) -> dict:
+    """One section's figures, error or the reason it was skipped. On a device it stops at the
+    budget left or its cap (what it measured so far kept as ``partial``)."""
+    name = section.name
+    if section.needs and not cuda:
+        return {"skipped": section.needs}
+    if cuda and left < section.estimate:
+        if section.beside is not None:
+            section.beside.stop()
+        return {"skipped": f"out of time ({left:.0f} s left)"}
+    limit = min(left, SECTION_CAP * section.estimate) if cuda else None
+    stop = f", stops at {limit:.0f} s" if limit is not None else ""
+    print(f"{name}: started, {section.estimate} s expected{stop}", flush=True)
+    result = _timed(section.run, report["environment"], limit)
+    if name in partial and "error" in result:
+        result["partial"] = partial[name]
+    print(f"{name}: {result['seconds']:.0f} s", flush=True)
+    return result
 
 
 def _earlier_sections(path: Path, report: dict, names: set[str]) -> dict:
@@ -469,7 +514,7 @@ def default_tokenizer() -> str:
 
 def main(
     out: Annotated[Path, typer.Option(help="Folder for gpu.json and gpu.md.")] = Path("docs/bench"),
-    budget_s: Annotated[float, typer.Option(help="Seconds the whole suite may take.")] = 340.0,
+    budget_s: Annotated[float, typer.Option(help="Seconds the whole suite may take.")] = 540.0,
     tokenizer: Annotated[str | None, typer.Option(help="WordPiece tokenizer folder.")] = None,
     dry_run: Annotated[bool, typer.Option(help="The CPU rehearsal even where CUDA is.")] = False,
     only: Annotated[

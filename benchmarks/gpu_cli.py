@@ -28,6 +28,7 @@ import torch
 
 __all__ = [
     "in_parallel",
+    "Beside",
     "child",
     "cli",
     "toy_pipeline",
@@ -88,10 +89,10 @@ _stopped = threading.Event()
 
 
 def _start(cmd: list[str], **popen) -> subprocess.Popen:
-    """A child process, known to :func:`in_parallel` until :func:`_forget`; none once the
-    commands were stopped."""
+    """A child process, known to :func:`in_parallel` until :func:`_forget`; none from a task's
+    thread once the commands were stopped (the main thread starts what it asks for)."""
     with _lock:
-        if _stopped.is_set():
+        if _stopped.is_set() and threading.current_thread() is not threading.main_thread():
             raise RuntimeError("stopped: the section's time is up")
         proc = subprocess.Popen(cmd, **popen)
         _running.add(proc)
@@ -119,14 +120,70 @@ def in_parallel(tasks: dict[str, Callable[[], Any]], into: dict[str, Any]) -> di
         for future in futures:
             future.result()
     except BaseException:
-        with _lock:
-            _stopped.set()
-            for proc in _running:
-                proc.kill()
+        stop_all()
         raise
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return into
+
+
+class Beside:
+    """Tasks started now (:func:`in_parallel`, in a thread of its own) and awaited later: commands
+    that need neither the device's whole memory nor its timing run while the suite measures
+    other things. :meth:`wait` interrupted (the section's time is up) stops every command."""
+
+    def __init__(self, tasks: dict[str, Callable[[], Any]], into: dict[str, Any]):
+        self.tasks, self.into = tasks, into
+        self.error: BaseException | None = None
+        self.seconds: float | None = None
+        self.started = False
+        # waited on, not the thread: on Python 3.12 a Thread.join that a signal's handler
+        # interrupts can mark a running thread as ended
+        self._done = threading.Event()
+
+    def start(self) -> None:
+        _stopped.clear()
+        self.started = True
+        threading.Thread(target=self._run, name="beside", daemon=True).start()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            in_parallel(self.tasks, self.into)
+        except BaseException as exc:  # raised again in the thread that waits
+            self.error = exc
+        finally:
+            self.seconds = round(time.perf_counter() - start, 2)
+            self._done.set()
+
+    def wait(self) -> dict[str, Any]:
+        """The tasks' results, started here if they were not yet."""
+        if not self.started:
+            self.start()
+        try:
+            while not self._done.wait(0.2):  # short waits: a signal's handler runs between
+                pass
+        except BaseException:
+            self.stop()
+            raise
+        if self.error is not None:
+            raise self.error
+        return self.into
+
+    def stop(self) -> None:
+        """Every command stopped and reaped, none started after (a section out of time)."""
+        if self.started:
+            stop_all()
+            self._done.wait(60)
+
+
+def stop_all() -> None:
+    """Every running child killed, and no other started until the next :func:`in_parallel`
+    from the main thread or :meth:`Beside.start`."""
+    with _lock:
+        _stopped.set()
+        for proc in _running:
+            proc.kill()
 
 
 def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
@@ -308,9 +365,11 @@ def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict
     }
 
 
-def chunk_too_large(work: Path, model_dir: Path, device: str) -> dict:
-    """``train`` with a chunk far beyond the GPU: one ``error:`` line naming a chunk that fits,
-    exit 2, no traceback."""
+def chunk_too_large(work: Path, model_dir: Path, device: str, batch: int = 2048) -> dict:
+    """``train`` with a chunk far beyond the GPU (``batch`` questions in one chunk, 256-token
+    passages, one hard negative: on BERT-base's shape some hundred GB of activations): one
+    ``error:`` line naming a chunk that fits, exit 2, no traceback. A command still running
+    after 100 s is stopped with the stack it was in."""
     out = work / "too-large"
     sets = _sets(
         out,
@@ -318,19 +377,20 @@ def chunk_too_large(work: Path, model_dir: Path, device: str) -> dict:
         device,
         **{
             "model.name_or_path": model_dir,
-            "train.batch_size": 8192,
-            "train.chunk_size": 8192,
+            "train.batch_size": batch,
+            "train.chunk_size": batch,
             "train.max_steps": 1,
             "train.precision": "bf16",
             "model.max_passage_length": 256,
-            "train.loss_tile_size": 4096,
+            "train.loss_tile_size": min(batch, 4096),
         },
     )
     data = work / "long.jsonl"
-    _long_training_file(data, 8192)
-    row = cli("train", "--config", TOY, *sets, "--set", f"data.train={data}", "-q", timeout=400)
+    _long_training_file(data, batch)
+    row = cli("train", "--config", TOY, *sets, "--set", f"data.train={data}", "-q", timeout=100)
     return {
         **row,
+        "chunk": batch,
         "ok": row["rc"] == 2
         and row["last_line"].startswith("error: train.chunk_size")
         and "fits" in row["last_line"],

@@ -272,23 +272,30 @@ def _interleave(
     from dpr_cache.runtime.device import autocast
 
     device = model.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    model.zero_grad(set_to_none=True)
+    _free(device)  # each group starts from an empty cache, not another group's leftovers
     b = batch.to(device)
     times: dict[str, list[float]] = {name: [] for name in steppers}
     failed: dict[str, str] = {}
     syncs: dict[str, dict] = {}
+    allocator: dict[str, collections.Counter] = {name: collections.Counter() for name in steppers}
     for r in range(rounds + 1):
         for name, stepper in steppers.items():
             if name in failed:
                 continue
             model.zero_grad(set_to_none=True)
             sync()
+            before = _allocator_counts(device)
             start = time.perf_counter()
             try:
                 with autocast(device, precision):
                     stepper.step(b.q_inputs, b.p_inputs, p_ids=b.p_ids)
                 sync()
                 seconds = time.perf_counter() - start
+                if r:
+                    allocator[name].update(_allocator_counts(device) - before)
                 if not r and device.type == "cuda":  # after the warm-up, one step counted
                     step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
                     syncs[name] = count_syncs(step, device, precision)
@@ -311,7 +318,22 @@ def _interleave(
         out[name] = {"step_s": median, "pairs_per_s": batch.n_questions / median, "times_s": ts}
         if name in syncs:
             out[name]["syncs"] = syncs[name]
+        if cuda:
+            out[name]["allocator"] = {k: allocator[name][k] / len(ts) for k in _ALLOCATOR_COUNTS}
     return out
+
+
+_ALLOCATOR_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
+"""CUDA caching allocator counters: cache flushes after a failed cudaMalloc, cudaMalloc and
+cudaFree calls (a cudaFree waits for the device). Per timed step, a setting that needs them
+is timed partly on the allocator."""
+
+
+def _allocator_counts(device) -> collections.Counter:
+    if device.type != "cuda":
+        return collections.Counter()
+    stats = torch.cuda.memory_stats(device)
+    return collections.Counter({k: int(stats.get(k, 0)) for k in _ALLOCATOR_COUNTS})
 
 
 def speed_comparison(

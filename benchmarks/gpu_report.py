@@ -106,7 +106,32 @@ def goals(report: dict) -> list[dict]:
         out.append(
             _goal("encode NQ's 21M passages, projected", f"{hours:.2f} h", "<= 1 h", hours <= 1)
         )
+    large = _result(report, "chunk_too_large")
+    if large:
+        out.append(
+            _goal(
+                "a chunk too large: one line naming a chunk that fits",
+                f"exit {large['rc']}",
+                "exit 2, `error: train.chunk_size ...`",
+                large["ok"],
+            )
+        )
+    if not report.get("dry_run", True):
+        out.append(_suite_goal(report))
     return out
+
+
+def _suite_goal(report: dict) -> dict:
+    """The whole suite's minutes, judged only where one run ran every section."""
+    sections = report["sections"].values()
+    whole = "only" in report and not report["only"] and not any("skipped" in s for s in sections)
+    minutes = report.get("seconds", 0) / 60
+    return _goal(
+        "the whole suite in one run",
+        f"{minutes:.1f} min" if whole else "not run whole (sections joined from runs)",
+        "<= 6 min",
+        minutes <= 6 if whole else None,
+    )
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -276,16 +301,21 @@ def _speed(r: dict) -> list[str]:
         "(forward, loss, backward; no optimizer) timed once a round, rounds interleaved in one",
         "process; the median over rounds. Host waits (where measured): the times one step made the",
         "host wait for the device (CUDA's synchronization warnings, one extra step), with the",
-        "lines that made it wait most.",
+        "lines that made it wait most. Allocator (where measured): a timed step's cudaMalloc and",
+        "cudaFree calls and cache flushes (a cudaFree waits for the device; each group of",
+        "settings starts from an emptied cache).",
     ]
     for comp in r["comparisons"]:
         waits = any("syncs" in row for row in comp["rows"].values())
+        alloc = any("allocator" in row for row in comp["rows"].values())
         lines += [
             "",
             f"B={comp['batch']}, {comp['precision']}:",
             "",
-            "| setting | pairs/s | step s |" + (" host waits a step |" if waits else ""),
-            "|---|--:|--:|" + ("---|" if waits else ""),
+            "| setting | pairs/s | step s |"
+            + (" host waits a step |" if waits else "")
+            + (" allocator a step |" if alloc else ""),
+            "|---|--:|--:|" + ("---|" if waits else "") + ("---|" if alloc else ""),
         ]
         for name, row in comp["rows"].items():
             if "pairs_per_s" in row:
@@ -294,6 +324,8 @@ def _speed(r: dict) -> list[str]:
                 cells = [name, row["failed"], ""]
             if waits:
                 cells.append(_host_waits(row.get("syncs")))
+            if alloc:
+                cells.append(_allocator(row.get("allocator")))
             lines.append("| " + " | ".join(cells) + " |")
     s = r.get("savings")
     if s is None:
@@ -317,6 +349,16 @@ def _host_waits(syncs: dict | None) -> str:
         return ""
     top = ", ".join(f"`{where}` {n}" for where, n in syncs["top"].items())
     return f"{syncs['count']}" + (f" ({top})" if top else "")
+
+
+def _allocator(counts: dict | None) -> str:
+    """:data:`benchmarks.gpu_perf._ALLOCATOR_COUNTS` a step, in words."""
+    if counts is None:
+        return ""
+    return (
+        f"{counts['num_device_alloc']:g} malloc, {counts['num_device_free']:g} free, "
+        f"{counts['num_alloc_retries']:g} flushes"
+    )
 
 
 def _encoding(r: dict) -> list[str]:
@@ -343,18 +385,25 @@ def _encoding(r: dict) -> list[str]:
 
 def _command_line(r: dict) -> list[str]:
     lines = ["", "| command | exit | s | last line |", "|---|--:|--:|---|"]
-    for row in r["pipeline"]["commands"]:
+    for row in r.get("pipeline", {}).get("commands", []):
         lines.append(
             f"| `{_short(row['command'])}` | {row['rc']} | {row['seconds']} | "
             f"{row['last_line'][:100]} |"
         )
-    if r["pipeline"].get("metrics"):
+    if r.get("pipeline", {}).get("metrics"):
         m = r["pipeline"]["metrics"]
         lines += [
             "",
             f"Toy eval ({m['n_questions']} questions; a few steps of the toy config, a run of the "
             f"commands, not a model): top-1 {m['top1']}, top-20 {m['top20']}, top-100 "
             f"{m['top100']}, MRR@10 {m['mrr@10']}.",
+        ]
+    if r.get("ran_beside_earlier_sections"):
+        lines += [
+            "",
+            f"These commands started with the suite and ran beside the sections before this one "
+            f"(which time nothing): {r['commands_s']:.0f} s from the first to the last; this "
+            "section's seconds are the wait for them after those sections.",
         ]
     if "resume" not in r:
         return lines
@@ -375,15 +424,26 @@ def _command_line(r: dict) -> list[str]:
             f"| {key} | {a['bitwise_equal']} | {b['bitwise_equal']} | "
             f"{max(a['max_abs_diff'], b['max_abs_diff']):.1e} |"
         )
-    if "chunk_too_large" in r:
-        c = r["chunk_too_large"]
-        lines += ["", f"A chunk of 8,192 at 256 tokens: exit {c['rc']}, `{c['last_line']}`"]
     if "nccl" in r:
         t = r["nccl"]
         lines += [
             "",
             f"NCCL, a process group of one (two ranks need two GPUs): {t}.",
         ]
+    return lines
+
+
+def _chunk_too_large(r: dict) -> list[str]:
+    chunk = r.get("chunk", 8192)
+    lines = [
+        "",
+        f"`train` with a chunk of {chunk:,} questions (256-token passages, one hard negative) on "
+        "BERT-base's shape, far beyond the GPU's memory:",
+        "",
+        f"exit {r['rc']} after {r['seconds']} s: `{r['last_line']}`",
+    ]
+    if r.get("stack"):
+        lines += ["", "Where it was when stopped:", "", "```", *r["stack"][-12:], "```"]
     return lines
 
 
@@ -435,4 +495,5 @@ _SECTION = {
     "encoding": _encoding,
     "teacher_scoring": _teacher_scoring,
     "command_line": _command_line,
+    "chunk_too_large": _chunk_too_large,
 }

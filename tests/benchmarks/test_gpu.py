@@ -40,12 +40,14 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
     assert list(sections) == [
         "exactness",
         "mixed_precision",
+        "command_line",
         "memory",
         "speed",
         "encoding",
         "teacher_scoring",
-        "command_line",
+        "chunk_too_large",
     ]
+    assert sections.pop("chunk_too_large") == {"skipped": "needs a GPU to run out of"}
     for name, section in sections.items():
         assert "result" in section, (name, section.get("error"), section.get("traceback"))
     assert page.startswith("# dpr-cache on a GPU\n\n**Dry run on the CPU**")
@@ -62,6 +64,8 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert overflow["ok"] and overflow["skipped"] >= 1
     cli = s["command_line"]["result"]
     assert cli["pipeline"]["ok"], cli["pipeline"]["commands"]
+    assert cli["ran_beside_earlier_sections"] is False  # on the CPU, in its place
+    assert cli["commands_s"] <= s["command_line"]["seconds"] + 1
     row = cli["resume"]["deterministic"]
     assert row["killed_mid_run"] and row["resumed_vs_unbroken"]["bitwise_equal"], row
     assert row["two_unbroken_runs"]["bitwise_equal"], row
@@ -190,6 +194,66 @@ def test_host_waits_show_where_they_were_measured():
     assert "| x | out of memory |  |\n" in page  # no column where nothing was measured
 
 
+def test_allocator_counts_show_where_they_were_measured():
+    counts = {"num_device_alloc": 3.0, "num_device_free": 2.5, "num_alloc_retries": 0.0}
+    rows = {
+        "dpr-cache chunk 256": {"pairs_per_s": 780.0, "step_s": 0.656, "allocator": counts},
+        "full batch": {"failed": "out of memory"},
+    }
+    comparison = {"batch": 512, "precision": "bf16", "rows": rows, "best": {}}
+    speed = {"comparisons": [comparison], "tokens": {"batch": 512, "questions": 7, "passages": 9}}
+    section = {"result": speed, "seconds": 1.0}
+    report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
+    page = render({**report, "goals": goals(report)}).split("## Speed")[1]
+    assert "| dpr-cache chunk 256 | 780 | 0.656 | 3 malloc, 2.5 free, 0 flushes |" in page
+    assert "| full batch | out of memory |  |  |" in page
+
+
+@pytest.mark.parametrize(
+    "only, skipped, seconds, met",
+    [
+        ([], False, 300.0, True),
+        (None, False, 300.0, True),
+        (None, False, 400.0, False),
+        (["speed"], False, 100.0, None),  # some sections joined from an earlier run
+        (None, True, 100.0, None),  # a section skipped
+        ("absent", False, 100.0, None),  # a page joined by hand says nothing of --only
+    ],
+)
+def test_the_whole_suites_minutes_are_judged_only_for_a_whole_run(only, skipped, seconds, met):
+    sections = {"memory": {"result": {"rows": []}, "seconds": 1.0}}
+    if skipped:
+        sections["speed"] = {"skipped": "out of time (3 s left)"}
+    report = {"dry_run": False, "environment": _DEVICE, "sections": sections, "seconds": seconds}
+    if only != "absent":
+        report["only"] = only
+    (suite,) = [g for g in goals(report) if g["goal"] == "the whole suite in one run"]
+    assert suite["met"] is met
+    whole = f"{seconds / 60:.1f} min"
+    assert suite["measured"] == (
+        whole if met is not None else "not run whole (sections joined from runs)"
+    )
+    assert not [g for g in goals({**report, "dry_run": True}) if "suite" in g["goal"]]
+
+
+def test_a_chunk_too_large_is_judged_by_its_one_line_and_a_hang_shows_its_stack():
+    line = "error: train.chunk_size: chunk 2048 ran out of GPU memory ...; chunk 256 fits: set ..."
+    row = {"rc": 2, "seconds": 31.0, "last_line": line, "chunk": 2048, "ok": True}
+    sections = {"chunk_too_large": {"result": row, "seconds": 31.0}}
+    report = {"dry_run": False, "environment": _DEVICE, "only": None, "sections": sections}
+    (goal,) = [g for g in goals(report) if g["goal"].startswith("a chunk too large")]
+    assert goal["met"] is True and goal["measured"] == "exit 2"
+    page = render({**report, "goals": goals(report)}).split("## Chunk too large")[1]
+    assert f"exit 2 after 31.0 s: `{line}`" in page and "Where it was" not in page
+    stack = ["Thread 0x1 (most recent call first):", '  File "x.py", line 3 in probe']
+    hung = {**row, "rc": None, "ok": False, "last_line": "out of time after 100 s", "stack": stack}
+    report["sections"]["chunk_too_large"]["result"] = hung
+    (goal,) = [g for g in goals(report) if g["goal"].startswith("a chunk too large")]
+    assert goal["met"] is False
+    page = render({**report, "goals": goals(report)})
+    assert '  File "x.py", line 3 in probe' in page.split("Where it was when stopped:")[1]
+
+
 def test_command_line_cut_short_shows_the_commands_it_ran():
     row = {
         "command": "dpr-cache index --config configs/toy.yaml --set a=b",
@@ -273,6 +337,63 @@ def test_on_a_device_a_section_stops_at_its_cap_and_the_next_one_still_runs(tmp_
     speed = report["sections"]["speed"]
     assert speed["error"].startswith("SectionTimeout: stopped after 2 s") and speed["seconds"] < 5
     assert report["sections"]["encoding"]["result"] == {"rate": 1}
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_on_a_device_commands_beside_start_with_the_suite(tmp_path, monkeypatch, on_device):
+    import threading
+
+    import benchmarks.gpu as gpu
+    from benchmarks.gpu_cli import Beside
+
+    started = threading.Event()
+    seen = {}
+
+    def fake_sections(plan, device, work, tokenizer, partial):
+        into = {}
+        beside = Beside({"commands": lambda: started.set() or "done"}, into)
+
+        def first():  # waits a while for the commands to have started beside it
+            seen["beside_first"] = started.wait(timeout=3)
+            return {}
+
+        def commands():
+            beside.wait()
+            return {"commands": into["commands"], "early": beside.seconds is not None}
+
+        return [
+            gpu.Section("exactness", None, 1, first),
+            gpu.Section("command_line", None, 1, commands, beside),
+        ]
+
+    monkeypatch.setattr(gpu, "_sections", fake_sections)
+    monkeypatch.setattr(gpu, "environment", lambda device: {"date": "d", "device": str(device)})
+    monkeypatch.setattr(gpu, "write_page", lambda report, out: None)
+    report = gpu.run_suite(tmp_path, budget_s=60, tokenizer="t", dry=not on_device)
+    assert seen["beside_first"] is on_device  # on the CPU: in its own place, after exactness
+    assert report["sections"]["command_line"]["result"]["commands"] == "done"
+
+
+def test_commands_beside_are_stopped_when_their_wait_runs_out_of_time(tmp_path):
+    import os
+    import sys
+    import time
+
+    from benchmarks.gpu_cli import Beside, child, in_parallel
+
+    pid = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
+    beside = Beside({"long": lambda: child([sys.executable, "-c", code], 120)}, {})
+    beside.start()
+    start = time.monotonic()
+    with _time_up_after(3), pytest.raises(TimeoutError):
+        beside.wait()
+    assert time.monotonic() - start < 20
+    with pytest.raises(ProcessLookupError):  # killed, not left running
+        os.kill(int(pid.read_text()), 0)
+    beside.stop()  # stopping again is harmless
+    touch = [sys.executable, "-c", "print('again')"]
+    assert in_parallel({"again": lambda: child(touch, 30)}, {})["again"]["rc"] == 0
 
 
 def test_a_section_past_the_budget_is_stopped_and_named_and_a_quick_one_is_not():
