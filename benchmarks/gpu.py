@@ -32,6 +32,7 @@ import torch
 import typer
 
 from benchmarks import gpu_cli, gpu_exact, gpu_perf
+from benchmarks.gpu_perf import Chunk
 from benchmarks.gpu_report import write_page
 from benchmarks.machine import machine_info
 
@@ -54,10 +55,10 @@ class Plan:
     memory_chunk: int
     full_start: int | None  # the first full batch tried when searching the largest (None: skip)
     speed_batches: list[int]  # the real SQuAD batches timed
-    speed_chunks: list[int]  # dpr-cache's chunks in the speed comparison
+    speed_chunks: list[Chunk]  # dpr-cache's chunks in the speed comparison
     cmnrl_rows: list[int]  # sentence-transformers' CachedMNRL mini-batches
     cmnrl_tokens: list[int]  # its token-budget mini-batches
-    lib_chunks: list[int]  # luyug/GradCache's chunks
+    lib_chunks: list[Chunk]  # luyug/GradCache's chunks
     rounds: int  # timed rounds of each (interleaved)
     savings_chunk: int
     savings_rounds: int
@@ -80,10 +81,12 @@ GPU_PLAN = Plan(
     memory_chunk=32,
     full_start=64,
     speed_batches=[128, 512],
-    speed_chunks=[128, 256, 512],  # on the H100 a chunk costs ~100 ms of host time: 64 lost
+    # on the H100 a chunk costs ~50 ms of host time beyond its compute (chunk 64 never won);
+    # 512 questions at 32 tokens weigh as 64 passages at 256: one chunk of questions
+    speed_chunks=[128, 256, 512, (512, 128), (512, 256)],
     cmnrl_rows=[128, 256, 512],
     cmnrl_tokens=[32768],
-    lib_chunks=[128, 256, 512],
+    lib_chunks=[128, 256, 512, (512, 128), (512, 256)],
     rounds=3,
     savings_chunk=128,
     savings_rounds=5,
@@ -105,10 +108,10 @@ DRY_PLAN = Plan(
     memory_chunk=2,
     full_start=None,
     speed_batches=[8],
-    speed_chunks=[4],
+    speed_chunks=[4, (8, 4)],
     cmnrl_rows=[4],
     cmnrl_tokens=[512],
-    lib_chunks=[4],
+    lib_chunks=[(8, 4)],
     rounds=1,
     savings_chunk=4,
     savings_rounds=1,

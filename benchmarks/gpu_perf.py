@@ -201,8 +201,9 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
     )
 
 
-def _own_stepper(model, chunk: int | None, **savings):
-    """dpr-cache's GradCache (``chunk``) or the plain full batch (``chunk`` None)."""
+def _own_stepper(model, chunk: int | None, p_chunk: int | None = None, **savings):
+    """dpr-cache's GradCache (``chunk`` questions, ``p_chunk`` passages a chunk, by default
+    ``chunk``) or the plain full batch (``chunk`` None)."""
     from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
 
     loss_fn = make_loss_fn(temperature=1.0, tile_size=None, group_size=2)
@@ -214,6 +215,7 @@ def _own_stepper(model, chunk: int | None, **savings):
         towers,
         loss_fn,
         chunk_size=chunk,
+        p_chunk_size=p_chunk,
         keep_last_graph=savings.get("keep_last_graph", True),
         length_order=savings.get("length_order", True),
     )
@@ -235,7 +237,7 @@ def _cmnrl(model, rows: int | None = None, tokens: int | None = None):
     return step
 
 
-def _gradcache_lib(model, chunk: int):
+def _gradcache_lib(model, chunk: int | list[int]):
     from benchmarks.peers import GradCacheLibStep, import_gradcache_lib
 
     import_gradcache_lib()
@@ -336,26 +338,48 @@ def _allocator_counts(device) -> collections.Counter:
     return collections.Counter({k: int(stats.get(k, 0)) for k in _ALLOCATOR_COUNTS})
 
 
+Chunk = int | tuple[int, int]
+"""A GradCache chunk: rows of both towers, or (questions, passages) a chunk."""
+
+
+def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> dict[str, tuple]:
+    """Each chunk's name and its (questions, passages) a chunk at this batch, in order, without
+    those equal at this batch to one before (a chunk past a tower's rows is all of them)."""
+    out: dict[str, tuple[int, int]] = {}
+    for c in chunks:
+        q, p = c if isinstance(c, tuple) else (c, c)
+        if not isinstance(c, tuple) and c > n_passages:
+            continue  # the chunk of all rows, as the next smaller one already is
+        shape = (min(q, n_questions), min(p, n_passages))
+        if shape not in out.values():
+            out[f"chunk {q}/{p}" if isinstance(c, tuple) else f"chunk {c}"] = shape
+    return out
+
+
 def speed_comparison(
     model,
     batch: Batch,
     precision: str,
     *,
-    chunks: list[int],
+    chunks: list[Chunk],
     cmnrl_rows: list[int],
     cmnrl_tokens: list[int],
-    lib_chunks: list[int],
+    lib_chunks: list[Chunk],
     rounds: int = 3,
 ) -> dict:
     """At one batch and precision: dpr-cache at each chunk, the full batch, CachedMNRL at each
     mini-batch (rows, token budget) and the GradCache library at each chunk, in one process on
-    one shared-tower model, interleaved. Chunks of more rows than any tower has (twice the
-    batch: its passages) are left out: they are the chunk of all of them."""
-    most = 2 * batch.n_questions
-    chunks, cmnrl_rows, lib_chunks = (
-        [c for c in sizes if c <= most] for sizes in (chunks, cmnrl_rows, lib_chunks)
-    )
-    steppers: dict[str, object] = {f"dpr-cache chunk {c}": _own_stepper(model, c) for c in chunks}
+    one shared-tower model, interleaved. A chunk ``(q, p)`` encodes ``q`` questions and ``p``
+    passages at a time (``train.chunk_size``, ``train.p_chunk_size``; the library's
+    ``chunk_sizes=[q, p]``); CachedMNRL has one mini-batch for both (its token budget packs more
+    of the short questions in one). Chunks of more rows than any tower has (twice the batch:
+    its passages) are left out: they are the chunk of all of them."""
+    n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
+    cmnrl_rows = [m for m in cmnrl_rows if m <= n_p]
+    steppers: dict[str, object] = {
+        f"dpr-cache {name}": _own_stepper(model, q, p_chunk=p)
+        for name, (q, p) in chunk_settings(chunks, n_q, n_p).items()
+    }
     steppers["full batch"] = _own_stepper(model, None)
     for m in cmnrl_rows:
         steppers[f"CachedMNRL rows {m}"] = _cmnrl(model, rows=m)
@@ -363,8 +387,8 @@ def speed_comparison(
         step = _cmnrl(model, tokens=t)
         if step is not None:
             steppers[f"CachedMNRL tokens {t}"] = step
-    for c in lib_chunks:
-        steppers[f"GradCache library chunk {c}"] = _gradcache_lib(model, c)
+    for name, (q, p) in chunk_settings(lib_chunks, n_q, n_p).items():
+        steppers[f"GradCache library {name}"] = _gradcache_lib(model, [q, p])
     timed = _interleave(steppers, batch, model, precision, rounds)
     return {
         "batch": batch.n_questions,

@@ -301,9 +301,10 @@ def _speed(r: dict) -> list[str]:
         "(forward, loss, backward; no optimizer) timed once a round, rounds interleaved in one",
         "process; the median over rounds. Host waits (where measured): the times one step made the",
         "host wait for the device (CUDA's synchronization warnings, one extra step), with the",
-        "lines that made it wait most. Allocator (where measured): a timed step's cudaMalloc and",
-        "cudaFree calls and cache flushes (a cudaFree waits for the device; each group of",
-        "settings starts from an emptied cache).",
+        "lines that made it wait most. Chunk q/p: q questions and p passages a chunk",
+        "(`train.chunk_size`, `train.p_chunk_size`). Allocator (where measured): a timed step's",
+        "cudaMalloc and cudaFree calls and cache flushes (a cudaFree waits for the device; each",
+        "group of settings starts from an emptied cache).",
     ]
     for comp in r["comparisons"]:
         waits = any("syncs" in row for row in comp["rows"].values())

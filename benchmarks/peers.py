@@ -75,9 +75,12 @@ class _Pooled(nn.Module):
 
 
 class GradCacheLibStep:
-    """The GradCache library (``grad_cache.GradCache``) on both towers, chunk ``chunk_size``."""
+    """The GradCache library (``grad_cache.GradCache``) on both towers, chunk ``chunk_size``
+    (or ``[questions, passages]`` a chunk)."""
 
-    def __init__(self, model: BiEncoder, chunk_size: int, tile_size: int | None = None) -> None:
+    def __init__(
+        self, model: BiEncoder, chunk_size: int | list[int], tile_size: int | None = None
+    ) -> None:
         lib = importlib.import_module("grad_cache.grad_cache")
         q = _Pooled(model, model.query_encoder)
         p = q if model.shared else _Pooled(model, model.passage_encoder)

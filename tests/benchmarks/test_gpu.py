@@ -498,6 +498,22 @@ def test_commands_run_at_the_same_time_and_a_section_out_of_time_stops_them_all(
     assert in_parallel({"again": lambda: child(touch, 30)}, {})["again"]["rc"] == 0
 
 
+def test_chunk_settings_leave_out_those_equal_at_the_batch():
+    from benchmarks.gpu_perf import chunk_settings
+
+    chunks = [128, 256, 512, (512, 128), (512, 256)]
+    assert chunk_settings(chunks, 512, 1024) == {
+        "chunk 128": (128, 128),
+        "chunk 256": (256, 256),
+        "chunk 512": (512, 512),
+        "chunk 512/128": (512, 128),
+        "chunk 512/256": (512, 256),
+    }
+    # at B=128 (256 passages): 512 is all the rows, as 256 already is; the question chunks
+    # are all 128 questions, as in the plain chunks
+    assert chunk_settings(chunks, 128, 256) == {"chunk 128": (128, 128), "chunk 256": (128, 256)}
+
+
 def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monkeypatch):
     import benchmarks.gpu_perf as perf
 
