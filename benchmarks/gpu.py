@@ -315,13 +315,12 @@ def _sections(
     beside = gpu_cli.Beside(cli_tasks, commands)
 
     def command_line():
-        early = beside.started
         beside.wait()
         print(f"  command line: pipeline ok={commands['pipeline']['ok']}", flush=True)
         return {
             **{name: commands[name] for name in cli_tasks},
             "commands_s": beside.seconds,
-            "ran_beside_earlier_sections": early,
+            "ran_beside": beside.ran_beside,
         }
 
     def too_large():  # alone, once the commands beside have ended: it fills the GPU
@@ -330,10 +329,10 @@ def _sections(
     # on a device the commands start with the suite, beside the sections before theirs (which
     # neither time anything nor fill the GPU's memory), and are awaited in their place
     return [
-        Section("exactness", None, 75, exactness),
-        Section("mixed_precision", None, 65, mixed),
+        Section("exactness", None, 75, exactness, hosts_commands=True),
+        Section("mixed_precision", None, 65, mixed, hosts_commands=True),
         Section("command_line", None, 140, command_line, beside),
-        Section("chunk_too_large", "needs a GPU to run out of", 45, too_large),
+        Section("chunk_too_large", "needs a GPU to run out of", 50, too_large),
         Section("memory", None, 70, memory),
         Section("speed", None, 190, speed),
         Section("encoding", None, 65, encoding),
@@ -348,7 +347,8 @@ class Section(NamedTuple):
     needs: str | None  # why it needs CUDA (None: it runs on the CPU too)
     estimate: float  # seconds on an H100
     run: Callable[[], dict]
-    beside: gpu_cli.Beside | None = None  # on a device, started with the suite
+    beside: gpu_cli.Beside | None = None  # commands, on a device started with the suite ...
+    hosts_commands: bool = False  # ... when every section before runs well beside them
 
 
 SECTION_CAP = 3  # a section on a device stops at this many times its estimate
@@ -391,6 +391,7 @@ def run_suite(
         "dry_run": not cuda,
         "environment": environment(device),
         "only": only,
+        "planned": None,
         "sections": {},
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -412,10 +413,9 @@ def run_suite(
             sections = sorted(
                 (s for s in sections if s.name in only), key=lambda s: only.index(s.name)
             )
+        report["planned"] = [s.name for s in sections]
         if cuda:
-            for section in sections:
-                if section.beside is not None:
-                    section.beside.start()
+            _start_commands_beside(sections)
         try:
             for section in sections:
                 report["sections"][section.name] = _run_section(
@@ -433,19 +433,33 @@ def run_suite(
     return report
 
 
+def _start_commands_beside(sections: list[Section]) -> None:
+    """Each section's commands started now where every section before it in this run hosts
+    them (times nothing, leaves the GPU's memory mostly free); the others' start in their
+    place."""
+    for i, section in enumerate(sections):
+        before = sections[:i]
+        if section.beside is not None and all(s.hosts_commands for s in before):
+            section.beside.ran_beside = [s.name for s in before]
+            section.beside.start()
+
+
 def _run_section(section: Section, cuda: bool, left: float, report: dict, partial: dict) -> dict:
     """One section's figures, error or the reason it was skipped. On a device it stops at the
     budget left or its cap (what it measured so far kept as ``partial``)."""
     name = section.name
     if section.needs and not cuda:
         return {"skipped": section.needs}
-    if cuda and left < section.estimate:
+    estimate = section.estimate
+    if section.beside is not None and section.beside.done:
+        estimate = 5  # its commands have ended: their results are only collected
+    if cuda and left < estimate:
         if section.beside is not None:
             section.beside.stop()
         return {"skipped": f"out of time ({left:.0f} s left)"}
-    limit = min(left, SECTION_CAP * section.estimate) if cuda else None
+    limit = min(left, SECTION_CAP * estimate) if cuda else None
     stop = f", stops at {limit:.0f} s" if limit is not None else ""
-    print(f"{name}: started, {section.estimate} s expected{stop}", flush=True)
+    print(f"{name}: started, {estimate} s expected{stop}", flush=True)
     result = _timed(section.run, report["environment"], limit)
     if name in partial and "error" in result:
         result["partial"] = partial[name]

@@ -56,18 +56,19 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
     )
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGABRT)
         try:
-            stdout, stderr = proc.communicate(timeout=30)
+            stdout, stderr = proc.communicate(timeout=timeout)
+            rc = proc.returncode
         except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        rc = None
-    except BaseException:
-        proc.kill()
+            proc.send_signal(signal.SIGABRT)
+            try:
+                stdout, stderr = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                stdout, stderr = proc.communicate()
+            rc = None
+    except BaseException:  # the caller interrupted, even while the stack was being printed
+        _kill(proc)
         proc.communicate()
         raise
     finally:
@@ -89,14 +90,23 @@ _stopped = threading.Event()
 
 
 def _start(cmd: list[str], **popen) -> subprocess.Popen:
-    """A child process, known to :func:`in_parallel` until :func:`_forget`; none from a task's
-    thread once the commands were stopped (the main thread starts what it asks for)."""
+    """A child process in a process group of its own, known to :func:`in_parallel` until
+    :func:`_forget`; none from a task's thread once the commands were stopped (the main thread
+    starts what it asks for)."""
     with _lock:
         if _stopped.is_set() and threading.current_thread() is not threading.main_thread():
             raise RuntimeError("stopped: the section's time is up")
-        proc = subprocess.Popen(cmd, **popen)
+        proc = subprocess.Popen(cmd, start_new_session=True, **popen)
         _running.add(proc)
     return proc
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL to the child and every process it started (its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
 
 
 def _forget(proc: subprocess.Popen) -> None:
@@ -113,7 +123,10 @@ def in_parallel(tasks: dict[str, Callable[[], Any]], into: dict[str, Any]) -> di
     pool = ThreadPoolExecutor(max_workers=min(len(tasks), _WORKERS))
 
     def run(name: str, task: Callable[[], Any]) -> None:
-        into[name] = task()
+        result = task()
+        with _lock:  # nothing lands in ``into`` once stopped: it may be on its way to a page
+            if not _stopped.is_set():
+                into[name] = result
 
     futures = [pool.submit(run, name, task) for name, task in tasks.items()]
     try:
@@ -137,6 +150,7 @@ class Beside:
         self.error: BaseException | None = None
         self.seconds: float | None = None
         self.started = False
+        self.ran_beside: list[str] = []  # the sections that ran while they did
         # waited on, not the thread: on Python 3.12 a Thread.join that a signal's handler
         # interrupts can mark a running thread as ended
         self._done = threading.Event()
@@ -155,6 +169,10 @@ class Beside:
         finally:
             self.seconds = round(time.perf_counter() - start, 2)
             self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def wait(self) -> dict[str, Any]:
         """The tasks' results, started here if they were not yet."""
@@ -183,7 +201,7 @@ def stop_all() -> None:
     with _lock:
         _stopped.set()
         for proc in _running:
-            proc.kill()
+            _kill(proc)
 
 
 def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:

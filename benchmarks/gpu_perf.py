@@ -14,6 +14,7 @@ import collections
 import functools
 import gc
 import inspect
+import shutil
 import statistics
 import sys
 import time
@@ -53,8 +54,11 @@ def write_base_model(out: Path, tokenizer_dir: str, layers: int = 12, hidden: in
         intermediate_size=4 * hidden,
     )
     torch.manual_seed(0)
-    BertModel(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    partial = out.with_name(out.name + ".partial")  # a section stopped mid-write leaves no model
+    shutil.rmtree(partial, ignore_errors=True)
+    BertModel(config).save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(out)
     return out
 
 
@@ -321,7 +325,10 @@ def _interleave(
         if name in syncs:
             out[name]["syncs"] = syncs[name]
         if cuda:
-            out[name]["allocator"] = {k: allocator[name][k] / len(ts) for k in _ALLOCATOR_COUNTS}
+            known = torch.cuda.memory_stats(device)
+            out[name]["allocator"] = {
+                k: allocator[name][k] / len(ts) if k in known else None for k in _ALLOCATOR_COUNTS
+            }
     return out
 
 
@@ -348,8 +355,6 @@ def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> di
     out: dict[str, tuple[int, int]] = {}
     for c in chunks:
         q, p = c if isinstance(c, tuple) else (c, c)
-        if not isinstance(c, tuple) and c > n_passages:
-            continue  # the chunk of all rows, as the next smaller one already is
         shape = (min(q, n_questions), min(p, n_passages))
         if shape not in out.values():
             out[f"chunk {q}/{p}" if isinstance(c, tuple) else f"chunk {c}"] = shape
@@ -372,8 +377,8 @@ def speed_comparison(
     one shared-tower model, interleaved. A chunk ``(q, p)`` encodes ``q`` questions and ``p``
     passages at a time (``train.chunk_size``, ``train.p_chunk_size``; the library's
     ``chunk_sizes=[q, p]``); CachedMNRL has one mini-batch for both (its token budget packs more
-    of the short questions in one). Chunks of more rows than any tower has (twice the batch:
-    its passages) are left out: they are the chunk of all of them."""
+    of the short questions in one). A chunk equal at this batch to one before it (past a
+    tower's rows it is all of them) is left out."""
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
     cmnrl_rows = [m for m in cmnrl_rows if m <= n_p]
     steppers: dict[str, object] = {

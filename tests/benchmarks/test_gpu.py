@@ -64,7 +64,7 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert overflow["ok"] and overflow["skipped"] >= 1
     cli = s["command_line"]["result"]
     assert cli["pipeline"]["ok"], cli["pipeline"]["commands"]
-    assert cli["ran_beside_earlier_sections"] is False  # on the CPU, in its place
+    assert cli["ran_beside"] == []  # on the CPU, in its place
     assert cli["commands_s"] <= s["command_line"]["seconds"] + 1
     row = cli["resume"]["deterministic"]
     assert row["killed_mid_run"] and row["resumed_vs_unbroken"]["bitwise_equal"], row
@@ -210,29 +210,41 @@ def test_allocator_counts_show_where_they_were_measured():
 
 
 @pytest.mark.parametrize(
-    "only, skipped, seconds, met",
+    "only, sections, seconds, measured",
     [
-        ([], False, 300.0, True),
-        (None, False, 300.0, True),
-        (None, False, 400.0, False),
-        (["speed"], False, 100.0, None),  # some sections joined from an earlier run
-        (None, True, 100.0, None),  # a section skipped
-        ("absent", False, 100.0, None),  # a page joined by hand says nothing of --only
+        ([], ["memory", "speed"], 300.0, "5.0 min"),
+        (None, ["memory", "speed"], 400.0, "6.7 min"),
+        (
+            ["speed"],
+            ["memory", "speed"],
+            100.0,
+            "not run whole (--only: sections joined from runs)",
+        ),
+        ("absent", ["memory", "speed"], 100.0, "not run whole (--only: sections joined from runs)"),
+        (None, ["memory", "skipped"], 100.0, "not run whole (a section skipped)"),
+        (None, ["memory"], 100.0, "not run whole (cut short)"),  # the page after a section
     ],
 )
-def test_the_whole_suites_minutes_are_judged_only_for_a_whole_run(only, skipped, seconds, met):
-    sections = {"memory": {"result": {"rows": []}, "seconds": 1.0}}
-    if skipped:
-        sections["speed"] = {"skipped": "out of time (3 s left)"}
-    report = {"dry_run": False, "environment": _DEVICE, "sections": sections, "seconds": seconds}
-    if only != "absent":
+def test_the_whole_suites_minutes_are_judged_only_for_a_whole_run(
+    only, sections, seconds, measured
+):
+    done = {"memory": {"result": {"rows": []}, "seconds": 1.0}}
+    if "speed" in sections:
+        done["speed"] = {"result": {"comparisons": []}, "seconds": 1.0}
+    if "skipped" in sections:
+        done["speed"] = {"skipped": "out of time (3 s left)"}
+    report = {
+        "dry_run": False,
+        "environment": _DEVICE,
+        "planned": ["memory", "speed"],
+        "sections": done,
+        "seconds": seconds,
+    }
+    if only != "absent":  # a page joined by hand says nothing of --only
         report["only"] = only
     (suite,) = [g for g in goals(report) if g["goal"] == "the whole suite in one run"]
-    assert suite["met"] is met
-    whole = f"{seconds / 60:.1f} min"
-    assert suite["measured"] == (
-        whole if met is not None else "not run whole (sections joined from runs)"
-    )
+    assert suite["measured"] == measured
+    assert suite["met"] is {"5.0 min": True, "6.7 min": False}.get(measured)
     assert not [g for g in goals({**report, "dry_run": True}) if "suite" in g["goal"]]
 
 
@@ -339,39 +351,116 @@ def test_on_a_device_a_section_stops_at_its_cap_and_the_next_one_still_runs(tmp_
     assert report["sections"]["encoding"]["result"] == {"rate": 1}
 
 
-@pytest.mark.parametrize("on_device", [True, False])
-def test_on_a_device_commands_beside_start_with_the_suite(tmp_path, monkeypatch, on_device):
+def _suite_with_commands(monkeypatch, order: list[str], budget_s: float = 60, **run):
+    """run_suite over fake sections: ``exactness`` (hosts commands), ``speed`` (does not), each
+    noting whether the commands had started by then, and ``command_line``, whose commands
+    record that they started and then wait for a release (or until stopped)."""
     import threading
 
     import benchmarks.gpu as gpu
     from benchmarks.gpu_cli import Beside
 
-    started = threading.Event()
-    seen = {}
+    started, release, seen = threading.Event(), threading.Event(), {}
 
     def fake_sections(plan, device, work, tokenizer, partial):
         into = {}
-        beside = Beside({"commands": lambda: started.set() or "done"}, into)
 
-        def first():  # waits a while for the commands to have started beside it
-            seen["beside_first"] = started.wait(timeout=3)
-            return {}
+        def commands_task():
+            started.set()
+            release.wait(timeout=5)
+            return "done"
+
+        beside = Beside({"commands": commands_task}, into)
+
+        def section(name):
+            def look():
+                seen[name] = started.wait(timeout=1)
+                release.set()
+                return {}
+
+            return look
 
         def commands():
             beside.wait()
-            return {"commands": into["commands"], "early": beside.seconds is not None}
+            return {"commands": into["commands"], "ran_beside": beside.ran_beside}
 
         return [
-            gpu.Section("exactness", None, 1, first),
+            gpu.Section("exactness", None, 1, section("exactness"), hosts_commands=True),
+            gpu.Section("speed", None, 1, section("speed")),
             gpu.Section("command_line", None, 1, commands, beside),
         ]
 
     monkeypatch.setattr(gpu, "_sections", fake_sections)
     monkeypatch.setattr(gpu, "environment", lambda device: {"date": "d", "device": str(device)})
     monkeypatch.setattr(gpu, "write_page", lambda report, out: None)
-    report = gpu.run_suite(tmp_path, budget_s=60, tokenizer="t", dry=not on_device)
-    assert seen["beside_first"] is on_device  # on the CPU: in its own place, after exactness
-    assert report["sections"]["command_line"]["result"]["commands"] == "done"
+    report = gpu.run_suite(run.pop("out"), budget_s=budget_s, tokenizer="t", only=order, **run)
+    return report, seen
+
+
+def test_on_a_device_commands_start_with_the_suite_beside_sections_that_host_them(
+    tmp_path, monkeypatch
+):
+    report, seen = _suite_with_commands(
+        monkeypatch, ["exactness", "command_line"], out=tmp_path, dry=False
+    )
+    assert seen == {"exactness": True}  # started beside it
+    assert report["sections"]["command_line"]["result"] == {
+        "commands": "done",
+        "ran_beside": ["exactness"],
+    }
+    # on the CPU they run in their own place: after exactness
+    report, seen = _suite_with_commands(
+        monkeypatch, ["exactness", "command_line"], out=tmp_path / "cpu", dry=True
+    )
+    assert seen == {"exactness": False}
+    assert report["sections"]["command_line"]["result"]["ran_beside"] == []
+
+
+def test_commands_never_start_beside_a_section_that_times_or_fills_the_gpu(tmp_path, monkeypatch):
+    # --only may put speed before command_line: the commands then wait for their own place
+    report, seen = _suite_with_commands(
+        monkeypatch, ["exactness", "speed", "command_line"], out=tmp_path, dry=False
+    )
+    assert seen == {"exactness": False, "speed": False}
+    assert report["sections"]["command_line"]["result"] == {"commands": "done", "ran_beside": []}
+
+
+def test_commands_whose_section_is_skipped_for_time_are_stopped(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    import benchmarks.gpu as gpu
+    from benchmarks.gpu_cli import Beside, child
+
+    pid = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
+    beside = Beside({"long": lambda: child([sys.executable, "-c", code], 120)}, {})
+
+    def first():
+        _wait_for(pid)
+        return {}
+
+    def fake_sections(plan, device, work, tokenizer, partial):
+        return [
+            gpu.Section("exactness", None, 1, first, hosts_commands=True),
+            gpu.Section("command_line", None, 1000, lambda: beside.wait(), beside),
+        ]
+
+    monkeypatch.setattr(gpu, "_sections", fake_sections)
+    monkeypatch.setattr(gpu, "environment", lambda device: {"date": "d", "device": str(device)})
+    monkeypatch.setattr(gpu, "write_page", lambda report, out: None)
+    report = gpu.run_suite(tmp_path, budget_s=60, tokenizer="t", dry=False)
+    assert report["sections"]["command_line"]["skipped"].startswith("out of time")
+    with pytest.raises(ProcessLookupError):  # its command killed, not left running
+        os.kill(int(pid.read_text()), 0)
+
+
+def _wait_for(path, seconds: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_commands_beside_are_stopped_when_their_wait_runs_out_of_time(tmp_path):
@@ -385,6 +474,7 @@ def test_commands_beside_are_stopped_when_their_wait_runs_out_of_time(tmp_path):
     code = f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
     beside = Beside({"long": lambda: child([sys.executable, "-c", code], 120)}, {})
     beside.start()
+    _wait_for(pid)
     start = time.monotonic()
     with _time_up_after(3), pytest.raises(TimeoutError):
         beside.wait()
@@ -457,6 +547,26 @@ def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
         os.kill(int(pid_file.read_text()), 0)
 
 
+def test_a_child_slow_to_print_its_stack_is_killed_when_its_section_runs_out_of_time(tmp_path):
+    import os
+    import sys
+    import time
+
+    from benchmarks.gpu_cli import child
+
+    pid = tmp_path / "pid"
+    code = (  # SIGABRT ignored: the grace given to print the stack runs on
+        "import os, signal, time\nsignal.signal(signal.SIGABRT, signal.SIG_IGN)\n"
+        f"open({str(pid)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
+    )
+    start = time.monotonic()
+    with _time_up_after(4), pytest.raises(TimeoutError):
+        child([sys.executable, "-c", code], timeout=2)
+    assert time.monotonic() - start < 12  # in the grace, not after it
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+        os.kill(int(pid.read_text()), 0)
+
+
 def test_commands_run_at_the_same_time_and_a_section_out_of_time_stops_them_all(
     tmp_path, monkeypatch
 ):
@@ -512,6 +622,7 @@ def test_chunk_settings_leave_out_those_equal_at_the_batch():
     # at B=128 (256 passages): 512 is all the rows, as 256 already is; the question chunks
     # are all 128 questions, as in the plain chunks
     assert chunk_settings(chunks, 128, 256) == {"chunk 128": (128, 128), "chunk 256": (128, 256)}
+    assert chunk_settings([512], 128, 256) == {"chunk 512": (128, 256)}  # all rows, alone
 
 
 def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monkeypatch):
