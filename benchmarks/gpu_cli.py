@@ -151,7 +151,7 @@ class Beside:
         self.seconds: float | None = None
         self.started = False
         self.ran_beside: list[str] = []  # the sections that ran while they did
-        # waited on, not the thread: on Python 3.12 a Thread.join that a signal's handler
+        # waited on, not the thread: on Python 3.11 and 3.12 a Thread.join that a signal's handler
         # interrupts can mark a running thread as ended
         self._done = threading.Event()
 
