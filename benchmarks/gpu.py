@@ -163,7 +163,7 @@ def _driver() -> str | None:
 
 def _sections(
     plan: Plan, device: torch.device, work: Path, tokenizer: str, partial: dict | None = None
-) -> list:
+) -> list[Section]:
     """The :class:`Section` list. The longer sections put what they have measured so far in
     ``partial[name]`` as they go."""
     partial = {} if partial is None else partial
@@ -397,7 +397,7 @@ def run_suite(
     out.mkdir(parents=True, exist_ok=True)
     partial: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
-        sections = [Section(*s) for s in _sections(plan, device, Path(tmp), tokenizer, partial)]
+        sections = _sections(plan, device, Path(tmp), tokenizer, partial)
         names = [s.name for s in sections]
         unknown = sorted(set(only or []) - set(names))
         if unknown:

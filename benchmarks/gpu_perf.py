@@ -302,7 +302,7 @@ def _interleave(
                 seconds = time.perf_counter() - start
                 if r:
                     allocator[name].update(_allocator_counts(device) - before)
-                if not r and device.type == "cuda":  # after the warm-up, one step counted
+                if not r and cuda:  # after the warm-up, one step counted
                     step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
                     syncs[name] = count_syncs(step, device, precision)
             except torch.OutOfMemoryError:
@@ -315,6 +315,7 @@ def _interleave(
                 times[name].append(seconds)
             else:
                 print(f"    {name}: warm-up {seconds:.1f} s", flush=True)
+    known = torch.cuda.memory_stats(device) if cuda else {}
     out = {}
     for name, ts in times.items():
         if name in failed or not ts:
@@ -325,7 +326,6 @@ def _interleave(
         if name in syncs:
             out[name]["syncs"] = syncs[name]
         if cuda:
-            known = torch.cuda.memory_stats(device)
             out[name]["allocator"] = {
                 k: allocator[name][k] / len(ts) if k in known else None for k in _ALLOCATOR_COUNTS
             }

@@ -298,7 +298,7 @@ def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_p
                 calls.append(name)
                 return value
 
-            return (name, False, 1, run)
+            return gpu.Section(name, None, 1, run)
 
         return [section("exactness", {"v": len(calls)}), section("memory", {"v": len(calls)})]
 
@@ -337,8 +337,8 @@ def test_on_a_device_a_section_stops_at_its_cap_and_the_next_one_still_runs(tmp_
 
     def fake_sections(plan, device, work, tokenizer, partial):
         return [
-            ("speed", False, 1, lambda: time.sleep(30) or {}),
-            ("encoding", False, 1, lambda: {"rate": 1}),
+            gpu.Section("speed", None, 1, lambda: time.sleep(30) or {}),
+            gpu.Section("encoding", None, 1, lambda: {"rate": 1}),
         ]
 
     monkeypatch.setattr(gpu, "_sections", fake_sections)
