@@ -5,6 +5,7 @@ with bootstrap intervals over the questions, the filter's counts and the machine
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,21 @@ ARMS = {  # folder -> the arm's name on the page
 N_BOOT = 10_000
 
 
+RANKS_NAME = "retrieval.ranks.json"  # a saved study's stand-in for a run's retrieval.json
+
+
+def first_ranks(retrieval_json: Path) -> list[float]:
+    """Each dev question's 0-based rank of its first passage with the answer (inf: none in the
+    file), from a DPR results file or, where that is gone, from the ranks saved beside it."""
+    saved = retrieval_json.with_name(RANKS_NAME)
+    if not retrieval_json.is_file() and saved.is_file():
+        return [math.inf if r is None else float(r) for r in json.loads(saved.read_text())]
+    return [first_relevant_rank(f) for f in answer_flags(retrieval_json)]
+
+
 def per_question(retrieval_json: Path) -> dict[str, np.ndarray]:
-    """Each metric per dev question, in points, from a DPR results file."""
-    return hit_metrics([first_relevant_rank(f) for f in answer_flags(retrieval_json)], KS)
+    """Each metric per dev question, in points, from a DPR results file (or its saved ranks)."""
+    return hit_metrics(first_ranks(retrieval_json), KS)
 
 
 def linear_per_question(eval_dirs: dict[str, Path], split: dict[str, list[int]]):

