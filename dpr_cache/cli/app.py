@@ -27,6 +27,7 @@ __all__ = [
     "app",
     "data_app",
     "guarded",
+    "check_inputs",
     "load",
     "rank_and_world",
     "ConfigOpt",
@@ -122,6 +123,19 @@ def guarded(func):
             _fail(message, 1)
 
     return wrapper
+
+
+def check_inputs(**options: Path | None) -> None:
+    """Each input file given exists, checked before a command's heavy imports: a wrong path is
+    named with its option in a second, not after torch, FAISS and datasets have loaded."""
+    from dpr_cache.data.files import check_file
+
+    for name, path in options.items():
+        if path is not None:
+            try:
+                check_file(path)
+            except InputError as e:
+                raise InputError(f"--{name.replace('_', '-')} {e}") from None
 
 
 def load(config: Path | None, overrides: list[str] | None):

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, guarded
+from dpr_cache.cli.app import Command, app, check_inputs, guarded
 from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 
@@ -101,6 +101,7 @@ def mine(
     dpr-cache mine --model runs/toy/model --index runs/toy/index
     --train data/toy/train.jsonl --out runs/toy/train.mined.jsonl
     """
+    check_inputs(train=train, passages=passages, qrels=qrels)
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.mine import RankerSpec, format_summary, mine_file
     from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules

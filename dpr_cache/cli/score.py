@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import app, guarded
+from dpr_cache.cli.app import app, check_inputs, guarded
 
 
 @app.command()
@@ -55,6 +55,7 @@ def score(
     dpr-cache score --teacher data/toy/tiny-cross-encoder --train data/toy/train.jsonl
     --out runs/toy/train.ce-scored.jsonl
     """
+    check_inputs(train=train, passages=passages)
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.score import format_summary, score_file
     from dpr_cache.retrieval.scoring import ScoreSpec

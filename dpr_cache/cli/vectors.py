@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, guarded
+from dpr_cache.cli.app import Command, app, check_inputs, guarded
 from dpr_cache.config import check_flags, default_of
 from dpr_cache.errors import InputError
 
@@ -49,6 +49,7 @@ def encode(
 
     Example: dpr-cache encode --model runs/toy/model --passages data/toy/passages.tsv --out vecs
     """
+    check_inputs(passages=passages, questions=questions)
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.encode import encode_file
     from dpr_cache.retrieval.dense.shards import EncodeSpec
@@ -139,6 +140,9 @@ def search(
 
     Example: dpr-cache search --index vecs/index --query-embeddings q/questions.npy --out run.trec
     """
+    check_inputs(
+        query_embeddings=query_embeddings, questions=questions, bm25_run=bm25_run, passages=passages
+    )
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.search import HybridSearch, Queries, SearchSpec
     from dpr_cache.retrieval.commands.search import search as run

@@ -4,10 +4,13 @@ An operating-system error that is not bad input keeps its own message, errno and
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from tests.support.cli import run_cli, toy_overrides
+from tests.support.fixtures import REPO
 
 
 def expect_error(proc, *fragments: str, code: int = 2) -> None:
@@ -159,3 +162,39 @@ def test_fewer_scored_hard_negatives_than_asked_is_named(tmp_path):
 )
 def test_contradicting_distillation_options_name_the_key(tmp_path, sets, fragments):
     expect_error(train(tmp_path, *sets), "--set", *fragments)
+
+
+MISSING_INPUTS = [
+    "mine --ranker bm25 --passages data/toy/passages.tsv --train {x} --out {out}",
+    "mine --ranker bm25 --passages {x} --train data/toy/train.jsonl --out {out}",
+    "score --teacher bm25 --passages data/toy/passages.tsv --train {x} --out {out}",
+    "encode --model data/toy/tiny-bert --questions {x} --out {out}",
+    "search --index {out} --questions {x} --model data/toy/tiny-bert --out {out}",
+    "search --index {out} --query-embeddings {x} --out {out}",
+]
+
+
+@pytest.mark.parametrize("line", MISSING_INPUTS, ids=lambda line: line.split(" {x}")[0])
+def test_a_missing_input_file_is_named_with_its_option_before_the_heavy_imports(tmp_path, line):
+    """Checked at the command's edge: a wrong path is told in about a second, not after torch,
+    FAISS, datasets and bm25s have loaded; nothing is written."""
+    option = line.split(" {x}")[0].split()[-1]
+    argv = line.format(x=tmp_path / "nope.txt", out=tmp_path / "out").split()
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from dpr_cache.cli import app\n"
+        f"r = CliRunner().invoke(app, {argv!r})\n"
+        "print(r.exit_code, r.output.strip().splitlines())\n"
+        "print([m for m in ('torch', 'faiss', 'datasets', 'bm25s') if m in sys.modules])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    status, heavy = proc.stdout.strip().splitlines()
+    assert status == f"2 ['error: {option} {tmp_path / 'nope.txt'}: no such file']"
+    assert heavy == "[]"
+    assert not (tmp_path / "out").exists()
+    # negative control: the same command with the file there goes past the check and loads them
+    (tmp_path / "nope.txt").write_text("")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.stdout.strip().splitlines()[-1] != "[]", proc.stdout
