@@ -447,8 +447,9 @@ def _nccl_child() -> None:
 
     from dpr_cache.core.gather import gather_with_grad
     from dpr_cache.runtime.distributed import DistEnv, all_mean
+    from dpr_cache.runtime.processes import free_port
 
-    port = _free_port()
+    port = free_port()
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     device = torch.device("cuda", 0)
     local = torch.randn(6, 8, device=device, requires_grad=True)
@@ -465,14 +466,6 @@ def _nccl_child() -> None:
     row["ok"] = row["gather_equal"] and row["gradient_equal"] and mean == 2.5
     dist.destroy_process_group()
     print(json.dumps(row), flush=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean(work: Path) -> None:

@@ -2,7 +2,8 @@
 measurement needs a fresh process: a peak resident set (``ru_maxrss``) is a high-water mark of a
 whole process, so each memory probe (``train.chunk_size: auto``) runs in one of its own. Also
 what a process knows of others (:func:`alive`, :func:`state`) and the set-up of the data-loader
-workers it forks (:func:`loader_worker`).
+workers it forks (:func:`loader_worker`), and a free port for a process group's rendezvous
+(:func:`free_port`).
 
 The child inherits this process's environment and finds this checkout's package first on
 ``PYTHONPATH``; its last line of standard output is one JSON object, the result.
@@ -19,7 +20,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ChildFailed", "child_env", "run_json_child", "alive", "state", "worker_init"]
+__all__ = [
+    "ChildFailed",
+    "child_env",
+    "run_json_child",
+    "alive",
+    "state",
+    "worker_init",
+    "free_port",
+]
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the dpr_cache package
 
@@ -37,6 +46,16 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
     return env
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (a process group's rendezvous: torchrun's
+    ``--master_port``, ``init_process_group``'s ``tcp://`` address)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_json_child(module: str, args: list[str]) -> dict:

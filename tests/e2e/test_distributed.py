@@ -22,8 +22,8 @@ import yaml
 from dpr_cache.core.accumulate import FullBatch
 from dpr_cache.core.distill import mixed_loss
 from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.runtime.processes import free_port
 from tests.support import distributed_cases as w
-from tests.support.cli import free_port
 from tests.support.cli import run_cli as run_dpr_cache
 from tests.support.fixtures import REPO, saved_weights
 

@@ -31,7 +31,7 @@ def start(*args: str, env: dict | None = None, world: int = 1) -> subprocess.Pop
     """``python -m dpr_cache ARGS`` (under torchrun with ``world`` > 1) in the background."""
     launcher = [sys.executable]
     if world > 1:
-        from tests.support.cli import free_port
+        from dpr_cache.runtime.processes import free_port
 
         launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={world}",
                      "--master_addr=127.0.0.1", f"--master_port={free_port()}"]  # fmt: skip

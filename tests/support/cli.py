@@ -4,12 +4,11 @@ fresh interpreter under ``torchrun`` or in an environment other than the server'
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from dpr_cache.runtime.processes import child_env
+from dpr_cache.runtime.processes import child_env, free_port
 from tests.support.fixtures import REPO
 from tests.support.forkserver import ForkServer, may_serve
 
@@ -17,18 +16,10 @@ __all__ = [
     "run_cli",
     "popen_cli",
     "toy_overrides",
-    "free_port",
     "fork_server_ready",
     "fork_python",
     "fork_bin",
 ]
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now (for a process group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _server: ForkServer | None = None
