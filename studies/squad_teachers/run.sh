@@ -108,7 +108,6 @@ ROUND1=$OUT/round1$SUFFIX/$(run_name "${seeds[0]}")
 done_or "$OUT/dev-split/split.json" ||  # the dev halves each linear fusion's weight is tuned on
   "$PY" -m studies.squad_hard_negatives.split_dev --dev "$DEV" --qa "$DEV_QA" --out "$OUT/dev-split"
 hybrid "$ROUND1"
-save_state
 RANKER=(--model "$ROUND1/model" --index "$ROUND1/index")
 
 # -- the candidates: round 1's own, mined over its index ----------------------------------------

@@ -1,9 +1,10 @@
 """The study's state saved in the repository, so that the study outlives the machine it ran on.
 
 The study takes about 20 machine hours, so it spans many sessions, and a session may start on a
-fresh clone where ``runs/`` (not in git) is gone. After each finished step ``run.sh`` calls
-``save``, which copies into the saved folder (``studies/squad_teachers/saved/``, committed) what
-later steps and the page need, in a form small enough to commit:
+fresh clone where ``runs/`` (not in git) is gone. Once the set-up is done (round 1, mining, the
+teacher's scores, cleaning, score's rate), and after each student, ``run.sh`` calls ``save``,
+which copies into the saved folder (``studies/squad_teachers/saved/``, committed) what later
+steps and the page need, in a form small enough to commit:
 
 - the set-up steps' small files: summaries, the teacher's weight and temperature, the splits,
   the best arm, score's rate;
@@ -19,9 +20,14 @@ later steps and the page need, in a form small enough to commit:
 
 Models, indexes, checkpoints, caches, plots, eval's TREC and pyserini exports, parts of
 unfinished commands and runs not yet finished stay out: a run cut by a session's end goes on
-from its checkpoint where its folder survived, and starts again where it did not. ``restore``
-copies the saved state into OUT where OUT lacks it, so ``run.sh`` skips every saved step. A saved
-file is never rewritten: delete it to save afresh.
+from its checkpoint where its folder survived, and starts again where it did not.
+
+All or nothing: the set-up is saved only once every one of its steps is done (a half set-up,
+restored, would need round 1's model and the candidates files, which are not saved) and
+restored only when every one of its markers was saved; each run's folder is saved whole (written
+aside, then renamed), after the set-up. ``restore`` copies the saved state into OUT where OUT
+lacks it, so ``run.sh`` skips every saved step. A saved file is never rewritten: delete it to
+save afresh.
 
     python -m studies.squad_teachers.saved save --out runs/squad_teachers --saved DIR
     python -m studies.squad_teachers.saved restore --saved DIR --out runs/squad_teachers \\
@@ -35,21 +41,33 @@ import gzip
 import json
 import math
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 from dpr_cache.data.passages import read_passages
-from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
+from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
 from studies.squad_hard_negatives.collect import RANKS_NAME, first_ranks
 from studies.squad_teachers.collect import ARMS
 
 PACKED = ("train.scored.jsonl", "train.cleaned.jsonl")  # the students' training files
+SETUP = (  # the set-up steps' done markers (run.sh): saved and restored all together or not at all
+    "train.mined.summary.json",
+    "train.candidates.keep.json",
+    "teacher/train.qa.tsv",
+    "teacher/split/split.json",
+    "teacher/weight/metrics.json",
+    "train.scored.summary.json",
+    "train.bm25-scored.summary.json",
+    "teacher/teacher.json",
+    "train.cleaned-all.summary.json",
+    "train.cleaned.keep.json",
+    "score-rate/rate.json",
+)
 PACKED_SUFFIX = ".ids.jsonl.gz"
 LEFT_OUT_DIRS = ("model", "checkpoints", "index", "cross-encoder", "tensorboard", ".cache")
 LEFT_OUT_NAMES = ("run.trec", "retrieval.pyserini.json")  # eval's exports of retrieval.json
 HYBRIDS = ("eval-rrf", "eval-linear-a", "eval-linear-b")  # a student's fusions with BM25
 RUN_MARKS = ("run.json", "model", "checkpoints", "train_log.jsonl")  # what makes a run folder
-MAX_BYTES = 1 << 20  # a plain file larger than this is left out (and named)
+MAX_BYTES = 1 << 20  # a plain file larger than this is left out (and named); a marker never
 FROM_PASSAGES = 0  # a packed ctx's title or text: the passages file's, put back by restore
 
 Passages = dict[str, tuple[str, str]]  # passage id -> (title, text)
@@ -142,29 +160,10 @@ def finished(run: Path, suffix: str) -> bool:
     return arm not in ARMS or all((run / h / "metrics.json").is_file() for h in HYBRIDS)
 
 
-def plan(out: Path, suffix: str) -> Iterator[tuple[Path, Path, str]]:
-    """(file under ``out``, its path in the saved folder, how: copy, ranks, pack or too-large)."""
-    runs: dict[Path, bool] = {}
-    for path in sorted(out.rglob("*")):
-        rel = path.relative_to(out)
-        if not path.is_file() or _left_out(rel):
-            continue
-        if len(rel.parts) > 2:
-            folder = out / rel.parts[0] / rel.parts[1]
-            if folder not in runs:
-                runs[folder] = not _is_run(folder) or finished(folder, suffix)
-            if not runs[folder]:
-                continue
-        if path.name == "retrieval.json":
-            yield path, rel.with_name(RANKS_NAME), "ranks"
-        elif len(rel.parts) == 1 and path.name in PACKED:
-            yield path, rel.with_name(path.name.removesuffix(".jsonl") + PACKED_SUFFIX), "pack"
-        elif path.suffix == ".jsonl" and path.name != "train_log.jsonl":
-            continue  # the other training files: mined, candidates, samples
-        elif path.stat().st_size > MAX_BYTES:
-            yield path, rel, "too-large"
-        else:
-            yield path, rel, "copy"
+def setup_done(folder: Path, packed: bool = False) -> bool:
+    """Every set-up step done in ``folder`` (OUT, or the saved folder: ``packed``)."""
+    names = [n.removesuffix(".jsonl") + PACKED_SUFFIX if packed else n for n in PACKED]
+    return all((folder / name).is_file() for name in (*SETUP, *names))
 
 
 def _left_out(rel: Path) -> bool:
@@ -177,39 +176,98 @@ def _left_out(rel: Path) -> bool:
     )
 
 
+def _how(path: Path, rel: Path) -> tuple[Path, str] | None:
+    """Where a file of OUT goes in the saved folder and how (copy, ranks, pack or too-large);
+    None: left out."""
+    if not path.is_file() or _left_out(rel):
+        return None
+    if path.name == "retrieval.json":
+        return rel.with_name(RANKS_NAME), "ranks"
+    if len(rel.parts) == 1 and path.name in PACKED:
+        return rel.with_name(path.name.removesuffix(".jsonl") + PACKED_SUFFIX), "pack"
+    if path.suffix == ".jsonl" and path.name != "train_log.jsonl":
+        return None  # the other training files: mined, candidates, samples
+    if path.stat().st_size > MAX_BYTES and rel.as_posix() not in SETUP:
+        return rel, "too-large"
+    return rel, "copy"
+
+
+def plan(out: Path, suffix: str) -> tuple[list[tuple[Path, Path, str]], list[Path]]:
+    """The set-up's files (each with its saved path and how) and the finished runs' folders,
+    relative to ``out``. A run folder's files go with it; an unfinished run's stay out."""
+    files, runs = [], []
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out)
+        if len(rel.parts) == 2 and path.is_dir() and _is_run(path):
+            if finished(path, suffix):
+                runs.append(rel)
+            continue
+        if len(rel.parts) > 2 and _is_run(out / rel.parts[0] / rel.parts[1]):
+            continue
+        if (how := _how(path, rel)) is not None:
+            files.append((path, *how))
+    return files, runs
+
+
+def _save_file(path: Path, target: Path, how: str, passages: Passages) -> str:
+    if how == "ranks":
+        ranks = [None if math.isinf(r) else int(r) for r in first_ranks(path)]
+        write_text_atomic(target, json.dumps(ranks, separators=(",", ":")) + "\n")
+    elif how == "pack":
+        return f"packed ({pack(path, target, passages)} lines kept whole)"
+    else:
+        write_atomic(target, lambda tmp: shutil.copyfile(path, tmp))
+    return how
+
+
+def _save_run(run: Path, into: Path) -> None:
+    for path in sorted(run.rglob("*")):
+        if (how := _how(path, path.relative_to(run))) is not None and how[1] != "too-large":
+            _save_file(path, into / how[0], how[1], {})
+
+
 def save(out: Path, saved: Path, suffix: str = "", passages_file: Path | None = None) -> list:
-    """Save what ``out`` holds that ``saved`` lacks; return (saved path, how) for each."""
+    """Save what ``out`` holds that ``saved`` lacks, once the whole set-up is done (before, a
+    restored half set-up would need round 1's model and the unsaved candidates files): the
+    set-up's files one by one, then each finished run's folder whole. Return (path, how) for
+    each."""
+    if not setup_done(out):
+        return []
+    files, runs = plan(out, suffix)
     done = []
-    passages: Passages | None = None
-    for path, rel, how in plan(out, suffix):
+    passages: Passages = {}
+    for path, rel, how in files:
         target = saved / rel
         if target.exists():
             continue
         if how == "too-large":
             done.append((rel, f"left out: {path.stat().st_size:,} bytes"))
             continue
-        if how == "ranks":
-            ranks = [None if math.isinf(r) else int(r) for r in first_ranks(path)]
-            write_text_atomic(target, json.dumps(ranks, separators=(",", ":")) + "\n")
-        elif how == "pack":
+        if how == "pack" and not passages:
             if passages_file is None:
                 raise SystemExit(f"error: {path}: --passages is needed to pack it")
-            passages = passages if passages is not None else load_passages(passages_file)
-            whole = pack(path, target, passages)
-            how = f"packed ({whole} lines kept whole)"
-        else:
-            write_atomic(target, lambda tmp, path=path: shutil.copyfile(path, tmp))
-        done.append((rel, how))
+            passages = load_passages(passages_file)
+        done.append((rel, _save_file(path, target, how, passages)))
+    for rel in runs:  # after the set-up: a saved run implies a saved set-up
+        if not (saved / rel).exists():
+            write_dir_atomic(saved / rel, lambda tmp, rel=rel: _save_run(out / rel, tmp))
+            done.append((rel, "run"))
     return done
 
 
 def restore(saved: Path, out: Path, passages_file: Path) -> list:
-    """Copy the saved state into ``out`` where ``out`` lacks it (the packed training files
-    first: their summaries mark their steps done)."""
+    """Copy the saved state into ``out`` where ``out`` lacks it: nothing unless the saved
+    set-up is whole; the packed training files first (their summaries mark their steps done)."""
+    if not setup_done(saved, packed=True):
+        return []
     done = []
-    files = sorted(p for p in saved.rglob("*") if p.is_file() and ".tmp" not in p.name)
+    files = sorted(
+        p
+        for p in saved.rglob("*")
+        if p.is_file() and not any(part.startswith((".tmp", ".old-")) for part in p.parts)
+    )
     packed = [p for p in files if p.name.endswith(PACKED_SUFFIX)]
-    passages = load_passages(passages_file) if packed else {}
+    passages = load_passages(passages_file)
     for path in packed + [p for p in files if p not in packed]:
         rel = path.relative_to(saved)
         if path in packed:

@@ -172,7 +172,8 @@ def main() -> None:
     best.add_argument("--seed", type=int, required=True)
     best.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.out.is_file() and args.step != "qa":
+    done = args.out.with_suffix(".keep.json") if args.step == "keep" else args.out
+    if done.is_file() and args.step != "qa":  # keep: its record, written after its file
         print(f"== {args.out}: done, skipped")
         return
     if args.step == "keep":

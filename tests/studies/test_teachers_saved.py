@@ -14,7 +14,7 @@ import numpy as np
 
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from studies.squad_hard_negatives.collect import KS, RANKS_NAME, first_ranks, per_question
-from studies.squad_teachers.saved import load_passages, pack, restore, save, unpack
+from studies.squad_teachers.saved import SETUP, load_passages, pack, restore, save, unpack
 
 PASSAGES = [("1", "Denver won the game 24–10.", "Super Bowl 50"), ("2", 'Tab\tand "quote"', "T")]
 
@@ -114,14 +114,24 @@ def _finished_run(run: Path, flags: list[list[bool]], hybrids: bool = True) -> N
             (run / h / "metrics.json").write_text("{}")
 
 
+def _set_up(out: Path, passages: Path) -> None:
+    """Every set-up step's marker and the two training files the students read."""
+    for name in SETUP:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("{}")
+    for name in ("scored", "cleaned"):
+        _training_file(out / f"train.{name}.jsonl")
+
+
 def test_saved_ranks_read_as_the_results_file(tmp_path: Path) -> None:
     flags = [[False, True, False], [False, False, False], [True, True, False]]
     results = _results(tmp_path / "run" / "eval" / "retrieval.json", flags)
     want = [first_relevant_rank(f) for f in flags]
     assert want == [1.0, math.inf, 0.0]
     save_dir = tmp_path / "saved"
+    _set_up(tmp_path, _passages(tmp_path / "passages.tsv"))
     (tmp_path / "run" / "run.json").write_text("{}")
-    save(tmp_path, save_dir)
+    save(tmp_path, save_dir, passages_file=tmp_path / "passages.tsv")
     ranks = save_dir / "run" / "eval" / RANKS_NAME
     assert json.loads(ranks.read_text()) == [1, None, 0]
     assert first_ranks(ranks.with_name("retrieval.json")) == want  # no results file: the ranks
@@ -142,20 +152,27 @@ def test_save_keeps_finished_runs_and_restore_puts_them_back(tmp_path: Path) -> 
     cut = out / "cleaned" / "gradcache-b128-s1"  # cut mid-training
     (cut / "checkpoints").mkdir(parents=True)
     (cut / "train_log.jsonl").write_text('{"step": 1}\n')
+    passages = _passages(tmp_path / "passages.tsv")
+    (out / "train.mined.jsonl").parent.mkdir(parents=True, exist_ok=True)
+    (out / "train.mined.jsonl").write_text("{}\n")  # a training file no student reads
     (out / "teacher" / "weight").mkdir(parents=True)
     (out / "teacher" / "weight" / "fusion.json").write_text('{"weight": 2.0}')
-    (out / "train.mined.summary.json").write_text("{}")
-    (out / "train.mined.jsonl").write_text("{}\n")  # a training file no student reads
     (out / "train.scored.parts").mkdir()
     (out / "train.scored.parts" / "00000.json").write_text("{}")  # an unfinished command's part
     (out / "big.json").write_bytes(b" " * (2 << 20))
     (out / "study.log").write_text("log")
-    passages = _passages(tmp_path / "passages.tsv")
-    _training_file(out / "train.scored.jsonl")
+    (out / SETUP[-1]).parent.mkdir(parents=True, exist_ok=True)
+    (out / SETUP[-1]).write_text("{}")
+    for name in ("scored", "cleaned"):
+        _training_file(out / f"train.{name}.jsonl")
+    # the set-up not all done: nothing saved (a half set-up, restored, could not go on)
+    assert save(out, saved, passages_file=passages) == []
+    assert not saved.exists()
 
+    _set_up(out, passages)
     done = dict(save(out, saved, passages_file=passages))
     files = sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
-    assert files == [
+    assert [f for f in files if f not in SETUP] == [
         "control/gradcache-b128-s1/eval-linear-a/metrics.json",
         "control/gradcache-b128-s1/eval-linear-a/retrieval.ranks.json",
         "control/gradcache-b128-s1/eval-linear-b/metrics.json",
@@ -171,19 +188,26 @@ def test_save_keeps_finished_runs_and_restore_puts_them_back(tmp_path: Path) -> 
         "references/bm25/run.json",
         "references/bm25/train_log.jsonl",
         "teacher/weight/fusion.json",
-        "train.mined.summary.json",
+        "train.cleaned.ids.jsonl.gz",
         "train.scored.ids.jsonl.gz",
     ]
+    assert all(f in files for f in SETUP)
     assert done[Path("big.json")].startswith("left out")
     assert save(out, saved, passages_file=passages) == [(Path("big.json"), done[Path("big.json")])]
 
     (back / "teacher" / "weight").mkdir(parents=True)
     (back / "teacher" / "weight" / "fusion.json").write_text("mine")  # there already: kept
+    (saved / "control" / ".tmp-gradcache-b128-s2-9").mkdir()  # a save cut mid-run: not put back
+    (saved / "control" / ".tmp-gradcache-b128-s2-9" / "run.json").write_text("{}")
     restored = restore(saved, back, passages)
-    assert Path("train.scored.jsonl") == restored[0]  # before the summaries that mark it done
+    assert restored[:2] == [Path("train.cleaned.jsonl"), Path("train.scored.jsonl")]  # first
     assert (back / "train.scored.jsonl").read_bytes() == (out / "train.scored.jsonl").read_bytes()
     assert (back / "teacher" / "weight" / "fusion.json").read_text() == "mine"
     run = back / "control" / "gradcache-b128-s1"
     assert (run / "run.json").is_file() and not (run / "model").exists()
     assert first_ranks(run / "eval-rrf" / "retrieval.json") == [1.0, 0.0]
     assert not (back / "distill").exists() and not (back / "cleaned").exists()
+    assert not list(back.rglob(".tmp*"))
+    # a saved set-up without one of its markers (a save cut short): nothing restored
+    (saved / SETUP[0]).unlink()
+    assert restore(saved, tmp_path / "again", passages) == []

@@ -200,9 +200,9 @@ def evaluate(
         if spec.method != "none":
             metrics["measured"]["fusion"] = fused
             write_json_atomic(out / FUSION_FILE, fused)
-        write_json_atomic(out / METRICS_FILE, metrics)
         write_json_atomic(out / TIMINGS_FILE, {"seconds": laps.seconds()})
         save_config(config, out / CONFIG_FILE)
+        write_json_atomic(out / METRICS_FILE, metrics)  # last: it marks the evaluation done
         return metrics
 
 
