@@ -76,21 +76,7 @@ arm "$OUT/round2-mined$SUFFIX" "$OUT/train.mined.jsonl" "gradcache-b$B-s${seeds[
 # -- BM25 fused with each model: linear (weight picked on the other half of the dev articles)
 #    and RRF, over each side's top 1000 --------------------------------------------------------
 "$PY" -m studies.squad_hard_negatives.split_dev --dev "$DEV" --qa "$DEV_QA" --out "$OUT/dev-split"
-hybrid() {  # run-folder model
-  local dir=$1 model=$2 common
-  common=(-c "$CFG" -q --set "output_dir=$dir" --set "data.passages=$PASSAGES" --model "$model"
-    --set eval.fusion_depth=1000 "${EXTRA[@]}")
-  [[ -f $dir/eval-rrf/metrics.json ]] ||
-    "${BIN[@]}" eval "${common[@]}" --set "data.dev_qa=$DEV_QA" --set eval.fusion=rrf \
-      --out "$dir/eval-rrf"
-  for half in a b; do
-    local other=b; [[ $half == b ]] && other=a
-    [[ -f $dir/eval-linear-$half/metrics.json ]] ||
-      "${BIN[@]}" eval "${common[@]}" --set "data.dev_qa=$OUT/dev-split/dev-$half.qa.tsv" \
-        --set eval.fusion=linear --set eval.fusion_weight=auto \
-        --set "eval.fusion_tune_qa=$OUT/dev-split/dev-$other.qa.tsv" --out "$dir/eval-linear-$half"
-  done
-}
+source studies/squad_hard_negatives/hybrid.sh
 hybrid "$OUT/references$SUFFIX/off-the-shelf" "$BASE"
 for seed in "${seeds[@]}"; do
   for round in round1 round2-both; do

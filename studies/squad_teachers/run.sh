@@ -77,24 +77,12 @@ save_state() {  # what is finished, into SAVED (nothing when SAVED is empty)
     "$PY" -m studies.squad_teachers.saved save --out "$OUT" --saved "$SAVED" --suffix="$SUFFIX" \
       --passages "$PASSAGES"
 }
-# BM25 fused with a trained run: linear (its weight picked on the other half of the dev
-# articles) and RRF, over each side's top 1000. Run as soon as the run is made, so that a saved
-# run is whole without its model.
-hybrid() {  # run-folder
-  local dir=$1 common
-  [[ -f $dir/run.json ]] || return 0
-  common=(-c "$CFG" -q --set "output_dir=$dir" --set "data.passages=$PASSAGES" --model "$dir/model"
-    --set eval.fusion_depth=1000 "${EXTRA[@]}")
-  [[ -f $dir/eval-rrf/metrics.json ]] ||
-    "${BIN[@]}" eval "${common[@]}" --set "data.dev_qa=$DEV_QA" --set eval.fusion=rrf \
-      --out "$dir/eval-rrf"
-  for half in a b; do
-    local other=b; [[ $half == b ]] && other=a
-    [[ -f $dir/eval-linear-$half/metrics.json ]] ||
-      "${BIN[@]}" eval "${common[@]}" --set "data.dev_qa=$OUT/dev-split/dev-$half.qa.tsv" \
-        --set eval.fusion=linear --set eval.fusion_weight=auto \
-        --set "eval.fusion_tune_qa=$OUT/dev-split/dev-$other.qa.tsv" --out "$dir/eval-linear-$half"
-  done
+# A trained run fused with BM25 (studies/squad_hard_negatives/hybrid.sh) as soon as it is made,
+# so that a saved run is whole without its model.
+source studies/squad_hard_negatives/hybrid.sh
+fuse() {  # run-folder
+  [[ -f $1/run.json ]] || return 0
+  hybrid "$1" "$1/model"
 }
 
 # -- what earlier sessions saved, then round 1 and BM25 -----------------------------------------
@@ -107,7 +95,7 @@ arm "$OUT/references$SUFFIX" "$BM25_TRAIN" 1 "" "bm25"
 ROUND1=$OUT/round1$SUFFIX/$(run_name "${seeds[0]}")
 done_or "$OUT/dev-split/split.json" ||  # the dev halves each linear fusion's weight is tuned on
   "$PY" -m studies.squad_hard_negatives.split_dev --dev "$DEV" --qa "$DEV_QA" --out "$OUT/dev-split"
-hybrid "$ROUND1"
+fuse "$ROUND1"
 RANKER=(--model "$ROUND1/model" --index "$ROUND1/index")
 
 # -- the candidates: round 1's own, mined over its index ----------------------------------------
@@ -171,7 +159,7 @@ student() {  # arm seed: trained, evaluated, fused with BM25, saved
       "$(run_name "$2")" ;;
     cleaned) arm "$OUT/cleaned$SUFFIX" "$OUT/train.cleaned.jsonl" "$HARD" "" "$(run_name "$2")" ;;
   esac
-  hybrid "$OUT/$1$SUFFIX/$(run_name "$2")"
+  fuse "$OUT/$1$SUFFIX/$(run_name "$2")"
   save_state
 }
 for name in control distill cleaned; do student "$name" "${seeds[0]}"; done
@@ -185,7 +173,7 @@ done
 
 # -- every run fused with BM25 (done already for the runs made above) -------------------------
 for dir in "$OUT"/{round1,control,distill,cleaned}"$SUFFIX"/gradcache-b"$B"-s*; do
-  hybrid "$dir"
+  fuse "$dir"
 done
 save_state
 
