@@ -7,14 +7,11 @@ from the ``results.json`` an earlier build left beside the page: ``--kept``).
 
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 from pathlib import Path
 from typing import Any
 
-from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
-from studies.readme_block import write_readme_block
+from studies.page import Bar, build_page, hybrid_bars, plot_bars
 from studies.squad_batch_size.runs import mean_sd
 from studies.squad_hard_negatives.collect import METRICS
 from studies.squad_hard_negatives.table import (
@@ -266,43 +263,12 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
 
 
 def plot(data: dict[str, Any], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [
+    bars: list[Bar] = [
         (r["arm"].split(":")[0], r["top1"], r["mrr@10"], r.get("top1_sd"), r.get("mrr@10_sd"))
         for r in data["references"] + data["arms"]
     ]
-    by_arm: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for h in data["hybrids"]:
-        by_arm.setdefault((h["folder"], h["method"]), []).append(h)
-    for (folder, method), hs in by_arm.items():
-        top1, top1_sd = mean_sd([h["top1"] for h in hs])
-        mrr, mrr_sd = mean_sd([h["mrr@10"] for h in hs])
-        rows.append((f"BM25 + {folder} ({method})", top1, mrr, top1_sd, mrr_sd))
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
-    y = range(len(rows))
-    for shift, i, sd, label in ((-0.2, 1, 3, "top-1"), (0.2, 2, 4, "MRR@10")):
-        ax.barh(
-            [k + shift for k in y],
-            [r[i] for r in rows],
-            0.4,
-            xerr=[r[sd] or 0 for r in rows],
-            label=label,
-        )
-    ax.axvline(BEFORE["bm25"], color="grey", linestyle=":", label="BM25 top-1")
-    ax.set_yticks(list(y), [r[0] for r in rows], fontsize=8)
-    ax.invert_yaxis()
-    lo = min(min(r[1], r[2]) for r in rows)
-    ax.set_xlim(max(0, lo - 5), 100)
-    ax.set_xlabel("points (SQuAD dev)")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    write_atomic(png, functools.partial(fig.savefig, dpi=110, format="png"))
-    plt.close(fig)
+    bars += hybrid_bars(data["hybrids"], lambda h: h["folder"])
+    plot_bars(bars, png, BEFORE["bm25"])
 
 
 def readme_block(data: dict[str, Any]) -> list[str]:
@@ -311,27 +277,10 @@ def readme_block(data: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, default=Path("runs/squad_teachers"))
-    parser.add_argument("--suffix", default="")
-    parser.add_argument("--md", type=Path, default=HERE / "results.md")
-    parser.add_argument("--png", type=Path, default=HERE / "plot.png")
-    parser.add_argument("--readme", type=Path, default=None)
-    parser.add_argument("--kept", action="store_true", help="From results.json beside --md.")
-    args = parser.parse_args()
-    kept = args.md.with_suffix(".json")
-    data = json.loads(kept.read_text()) if args.kept else gather(args.runs, args.suffix)
     markers = (README_BEGIN, README_END)
-    if args.readme:  # checked first: nothing is written when the markers are missing
-        write_readme_block(args.readme, markers, [], check_only=True)
-    reading = HERE / "reading.md"
-    md = markdown(data, args.png.name, reading.read_text() if reading.is_file() else None)
-    write_text_atomic(args.md, md)
-    write_json_atomic(kept, data)
-    plot(data, args.png)
-    if args.readme:
-        write_readme_block(args.readme, markers, readme_block(data))
-    print(f"written to {args.md}")
+    build_page(
+        __doc__, HERE, Path("runs/squad_teachers"), markers, gather, markdown, plot, readme_block
+    )
 
 
 if __name__ == "__main__":
