@@ -17,7 +17,7 @@ OUTSIDE = ("benchmarks.", "studies.", "tests.")  # beside the package, never ins
 ALLOWED = {
     "runtime": {"runtime", "errors"},
     "core": {"core"},
-    "model": {"model", "core", "runtime", "errors"},
+    "model": {"model", "data", "core", "runtime", "errors"},
     "data": {"data", "runtime", "errors"},
     "train": {"train", "retrieval", "model", "data", "core", "runtime", "errors", "config"},
     "retrieval": {"retrieval", "model", "data", "core", "runtime", "errors", "config"},

@@ -23,6 +23,7 @@ __all__ = [
     "Features",
     "tokenize_questions",
     "tokenize_passages",
+    "tokenize_text_pairs",
     "pad",
     "encode_questions",
     "encode_passages",
@@ -47,18 +48,26 @@ def tokenize_passages(
     """``(title, text)`` pairs truncating the text, unpadded (see the module docstring);
     ``prefix`` (a model's passage prompt) goes before the pair's first text, the title, as
     sentence-transformers applies a prompt to a pair."""
-    titles, texts = [prefix + t for t in titles], list(texts)
+    return tokenize_text_pairs(tokenizer, [prefix + t for t in titles], texts, max_length)
+
+
+def tokenize_text_pairs(
+    tokenizer: Any, firsts: Sequence[str], seconds: Sequence[str], max_length: int
+) -> Features:
+    """``(first, second)`` pairs truncating the second, unpadded; a pair whose first text alone
+    is over ``max_length`` falls back to ``longest_first`` (fast tokenizers raise rather than
+    cut it), the pair on its own."""
     kwargs: dict[str, Any] = {"max_length": max_length, "padding": False}
     try:
-        return dict(tokenizer(titles, texts, truncation="only_second", **kwargs))
+        return dict(tokenizer(list(firsts), list(seconds), truncation="only_second", **kwargs))
     except Exception:  # fast tokenizers raise a bare Exception ("Truncation error: ...")
         pass
     rows = []
-    for title, text in zip(titles, texts, strict=True):
+    for first, second in zip(firsts, seconds, strict=True):
         try:
-            rows.append(tokenizer(title, text, truncation="only_second", **kwargs))
+            rows.append(tokenizer(first, second, truncation="only_second", **kwargs))
         except Exception:
-            rows.append(tokenizer(title, text, truncation="longest_first", **kwargs))
+            rows.append(tokenizer(first, second, truncation="longest_first", **kwargs))
     return {key: [row[key] for row in rows] for key in rows[0]}
 
 

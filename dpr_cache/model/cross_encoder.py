@@ -33,6 +33,7 @@ from safetensors import SafetensorError
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
+from dpr_cache.data.tokenize import tokenize_text_pairs
 from dpr_cache.errors import InputError
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
 from dpr_cache.model.towers import load_tokenizer
@@ -172,18 +173,7 @@ def tokenize_pairs(
     ``longest_first``."""
     questions = [p.question for p in pairs]
     passages = [passage_text(p.title, p.text) for p in pairs]
-    kwargs: dict[str, Any] = {"max_length": max_length, "padding": False}
-    try:
-        return dict(tokenizer(questions, passages, truncation="only_second", **kwargs))
-    except Exception:  # fast tokenizers raise a bare Exception ("Truncation error: ...")
-        pass
-    rows = []
-    for question, passage in zip(questions, passages, strict=True):
-        try:
-            rows.append(tokenizer(question, passage, truncation="only_second", **kwargs))
-        except Exception:
-            rows.append(tokenizer(question, passage, truncation="longest_first", **kwargs))
-    return {key: [row[key] for row in rows] for key in rows[0]}
+    return tokenize_text_pairs(tokenizer, questions, passages, max_length)
 
 
 def relevance(logits: Tensor) -> Tensor:
