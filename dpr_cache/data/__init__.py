@@ -3,7 +3,7 @@
 - training.py: DPR training JSON / JSON Lines -> cached Arrow ``datasets.Dataset``
 - passages.py: DPR wiki passages TSV;  qas.py: DPR qas TSV/CSV for evaluation
 - arrow_cache.py, files.py, ids.py: Arrow caches, (gzipped) input files, passage ids
-- tokenize.py: the tokenization of questions and (title, text) passages, used everywhere
+- tokenize.py: the tokenization of questions, (title, text) passages and text pairs, used everywhere
 - batches.py: per-epoch seeded batch indices and rank slices
 - collate.py: a step's tokenized questions, passage groups and passage ids
 - answers.py: DPR's answer matching
@@ -28,6 +28,7 @@ _LAZY = {
     "encode_passages": "tokenize",
     "tokenize_questions": "tokenize",
     "tokenize_passages": "tokenize",
+    "tokenize_text_pairs": "tokenize",
     "has_answer": "answers",
     "passage_hash": "ids",
     "build_squad": "squad",

@@ -1,4 +1,5 @@
-"""The one tokenization of questions and of passages, for training, indexing, encode and eval.
+"""The one tokenization of questions, of passages and of text pairs (the cross-encoder's
+(question, passage)), for training, indexing, encode, eval and score.
 
 Questions are encoded alone; passages as DPR encodes them, the pair ``(title, text)``, truncating
 the text (``truncation="only_second"``). A pair whose title alone is longer than the limit cannot
@@ -57,9 +58,10 @@ def tokenize_text_pairs(
     """``(first, second)`` pairs truncating the second, unpadded; a pair whose first text alone
     is over ``max_length`` falls back to ``longest_first`` (fast tokenizers raise rather than
     cut it), the pair on its own."""
+    firsts, seconds = list(firsts), list(seconds)
     kwargs: dict[str, Any] = {"max_length": max_length, "padding": False}
     try:
-        return dict(tokenizer(list(firsts), list(seconds), truncation="only_second", **kwargs))
+        return dict(tokenizer(firsts, seconds, truncation="only_second", **kwargs))
     except Exception:  # fast tokenizers raise a bare Exception ("Truncation error: ...")
         pass
     rows = []
