@@ -24,7 +24,7 @@ TRAINED = ("full", "accumulate", "gradcache")
 
 
 def _read_log(path: Path) -> dict[str, Any]:
-    """Peak memory, summed step seconds, step count and per-step batch digests of a
+    """Peak memory, summed and median step seconds, step count and per-step batch digests of a
     train_log.jsonl (empty if none)."""
     lines = [json.loads(line) for line in read_lines(path)]
     if not lines:
@@ -32,6 +32,7 @@ def _read_log(path: Path) -> dict[str, Any]:
     return {
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in lines),
         "train_seconds": sum(r["seconds"] for r in lines),
+        "median_step_seconds": statistics.median(r["seconds"] for r in lines),
         "steps": lines[-1]["step"],
         "negatives_per_question": lines[-1]["negatives_per_question"],
         "digests": [r.get("batch_digest") for r in lines],

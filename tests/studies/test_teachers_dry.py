@@ -166,3 +166,18 @@ def test_best_arm_is_the_higher_mrr_at_the_seed(tmp_path: Path) -> None:
     assert best_arm(tmp_path, "", 1)["arm"] == "cleaned"
     with pytest.raises(SystemExit, match="no finished run at seed 2"):
         best_arm(tmp_path, "", 2)
+
+
+def test_a_runs_training_time_leaves_out_a_paused_step(tmp_path: Path) -> None:
+    from studies.squad_batch_size.runs import _read_log
+    from studies.squad_teachers.collect import _machine_hours, _train_seconds
+
+    log = tmp_path / "train_log.jsonl"
+    seconds = [27.0, 26.0, 1212.0, 28.0, 27.5]  # the third step spans a 20-minute pause
+    keys = {"peak_memory_bytes": 1, "negatives_per_question": 7}
+    lines = [json.dumps({"step": i + 1, "seconds": s, **keys}) for i, s in enumerate(seconds)]
+    log.write_text("\n".join(lines) + "\n")
+    run = _read_log(log)
+    assert run["train_seconds"] == sum(seconds)  # the wall sum counts the pause
+    assert _train_seconds(run) == 5 * 27.5  # 5 updates at the median step
+    assert _machine_hours([{**run, "index_seconds": 30.0, "eval_seconds": 15.0}]) == 182.5 / 3600
