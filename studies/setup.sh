@@ -4,7 +4,7 @@
 # SEEDS, CFG, BASE, DEV, PASSAGES, DEV_QA, BM25_TRAIN, EXTRA (settings for every dpr-cache run),
 # CACHE (mine's and score's cache option), SUFFIX (the dry run's folder suffix), TABLE (where the
 # page goes), the seeds array and B (the batch). A dry run deletes OUT first, so its name must end
-# in -dry.
+# in -dry. Its last command succeeds, so sourcing it under `set -e` goes on.
 if [[ -n ${CODE:-} ]]; then
   export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
   export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
@@ -31,4 +31,5 @@ else
 fi
 mkdir -p "$OUT"
 read -r -a seeds <<< "$SEEDS"
-B=128; [[ $DRY_RUN == 1 ]] && B=32  # the batch-size study's dry batch: the toy has 300 questions
+B=128
+if [[ $DRY_RUN == 1 ]]; then B=32; fi  # the batch-size study's dry batch: the toy has 300 questions

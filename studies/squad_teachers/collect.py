@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from studies.squad_batch_size.runs import collect, mean_sd
+from studies.squad_batch_size.runs import collect, mean_sd, train_seconds
 from studies.squad_hard_negatives.collect import (
     METRICS,
     linear_per_question,
@@ -33,10 +33,13 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 
 def _train_seconds(run: dict[str, Any]) -> float:
-    """A run's training time: its updates at its median step time. A step that spans a pause (the
-    study's processes stopped while CI runs beside it) or the steps redone after a cut do not
-    count; a run's wall time would count both."""
-    return run["steps"] * run["median_step_seconds"]
+    """A run's training time, estimated as its updates at its median step time: a step that spans a
+    pause (the study's processes stopped while CI runs beside it), slow steps (other work beside
+    it) and the time outside steps (loading, checkpoints, segments cut) do not count. A run
+    without a train log: its wall time."""
+    if run.get("steps") and run.get("median_step_seconds"):
+        return run["steps"] * run["median_step_seconds"]
+    return train_seconds(run)
 
 
 def _machine_hours(runs: list[dict[str, Any]]) -> float:

@@ -219,9 +219,10 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
         f"SQuAD v1.1 dev, {data['questions']:,} questions over all 2,067 paragraphs (the method, "
         "what was run and how: [README.md](README.md)). Figures in points; ± is the sample sd "
         "over seeds; [a, b] a 95% bootstrap interval over the questions, paired by seed and by "
-        f"question. Machine time of everything on this page: {data['hours']:.1f} h (a run's "
-        "training counted as its updates at its median step time, so pauses and steps redone "
-        "after a cut are left out).",
+        f"question. Machine time of everything on this page: {data['hours']:.1f} h. A run's "
+        'training time ("train (h a run)" and in the costs) is estimated as its updates at its '
+        "median step time, leaving out pauses (the study stopped while CI ran beside it), slow "
+        "steps and the time outside steps; the other parts are wall time.",
         "",
         f"![top-1 and MRR@10]({png})",
         "",

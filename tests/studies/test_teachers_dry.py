@@ -181,3 +181,26 @@ def test_a_runs_training_time_leaves_out_a_paused_step(tmp_path: Path) -> None:
     assert run["train_seconds"] == sum(seconds)  # the wall sum counts the pause
     assert _train_seconds(run) == 5 * 27.5  # 5 updates at the median step
     assert _machine_hours([{**run, "index_seconds": 30.0, "eval_seconds": 15.0}]) == 182.5 / 3600
+    assert _train_seconds({"train_wall_seconds": 900.0}) == 900.0  # no train log: wall time
+
+
+@pytest.mark.parametrize("dry_run", ["0", "1"])
+def test_setup_sourced_under_set_e_goes_on(tmp_path: Path, dry_run: str) -> None:
+    out = tmp_path / "study-dry"
+    script = (
+        "set -euo pipefail; STUDY=squad_teachers PY=python DRY_RUN=$1 OUT=$2\n"
+        'source studies/setup.sh\necho "B=$B SEEDS=$SEEDS CFG=$CFG"'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script, "bash", dry_run, str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    expected = {
+        "0": "B=128 SEEDS=1 2 3 CFG=configs/squad_reproduce.yaml",
+        "1": "B=32 SEEDS=1 2 CFG=configs/toy.yaml",
+    }
+    assert done.stdout.strip() == expected[dry_run]
