@@ -20,6 +20,7 @@ if [[ $DRY_RUN == 1 ]]; then
   BM25_TRAIN=$OUT/round1-dry/train.bm25.jsonl  # the round-1 arm mines it
   EXTRA=(--set "data.cache_dir=$OUT/.cache") CACHE=(--cache-dir "$OUT/.cache")
   SUFFIX=-dry TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
+  B=32  # the batch-size study's dry batch: the toy has 300 questions
 else
   OUT=${OUT:-runs/$STUDY}
   SEEDS=${SEEDS:-"1 2 3"}
@@ -28,8 +29,7 @@ else
   EXTRA=() CACHE=() SUFFIX=""
   TABLE=(--readme README.md)  # the committed page; another OUT is another study, its page beside it
   [[ $OUT == "runs/$STUDY" ]] || TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
+  B=128
 fi
 mkdir -p "$OUT"
 read -r -a seeds <<< "$SEEDS"
-B=128
-if [[ $DRY_RUN == 1 ]]; then B=32; fi  # the batch-size study's dry batch: the toy has 300 questions

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +81,13 @@ def train_seconds(record: dict[str, Any]) -> float:
     return max(record.get("train_wall_seconds") or 0.0, record.get("train_seconds") or 0.0)
 
 
-def machine_hours(records: list[dict[str, Any]]) -> float:
-    """Hours of every train, index and eval command behind the records."""
+def machine_hours(
+    records: list[dict[str, Any]], train: Callable[[dict[str, Any]], float] = train_seconds
+) -> float:
+    """Hours of every train, index and eval command behind the records, a run's training counted
+    by ``train``."""
     keys = ("index_seconds", "eval_seconds")
-    return sum(train_seconds(r) + sum(r.get(k) or 0.0 for k in keys) for r in records) / 3600
+    return sum(train(r) + sum(r.get(k) or 0.0 for k in keys) for r in records) / 3600
 
 
 def references(records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:

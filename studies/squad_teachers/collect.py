@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from studies.squad_batch_size.runs import collect, mean_sd, train_seconds
+from studies.squad_batch_size.runs import collect, machine_hours, mean_sd, train_seconds
 from studies.squad_hard_negatives.collect import (
     METRICS,
     linear_per_question,
@@ -42,12 +42,6 @@ def _train_seconds(run: dict[str, Any]) -> float:
     return train_seconds(run)
 
 
-def _machine_hours(runs: list[dict[str, Any]]) -> float:
-    """Hours of the runs' training (:func:`_train_seconds`), indexing and evaluation."""
-    keys = ("index_seconds", "eval_seconds")
-    return sum(_train_seconds(r) + sum(r.get(k) or 0.0 for k in keys) for r in runs) / 3600
-
-
 def _arms(out: Path, suffix: str) -> tuple[list[dict], dict, dict]:
     """Each arm's row (mean and sd over its seeds), its runs, and each run's dev figures."""
     rows, runs_of, per_q = [], {}, {}
@@ -66,7 +60,7 @@ def _arms(out: Path, suffix: str) -> tuple[list[dict], dict, dict]:
             "steps": runs[0].get("steps"),
             "hard_negatives": runs[0].get("hard_negatives", 1),
             "train_h": statistics.mean(_train_seconds(r) for r in runs) / 3600,
-            "hours": _machine_hours(runs),
+            "hours": machine_hours(runs, _train_seconds),
             "peak_gb": max(r.get("peak_memory_bytes", 0) for r in runs) / 2**30,
         }
         for m in METRICS:
