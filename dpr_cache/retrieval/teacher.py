@@ -104,11 +104,12 @@ class TeacherSpec:
             "--model": self.model,
             "--index": self.index,
             "--fusion-weight": self.fusion_weight,
+            "--max-length": self.max_length,
         }
         allowed = {
             "bm25": {"--passages"},
             "hybrid": {"--passages", "--model", "--index", "--fusion-weight"},
-            "cross-encoder": set(),
+            "cross-encoder": {"--max-length"},
         }[kind]
         extra = [key for key, value in given.items() if value is not None and key not in allowed]
         if extra:

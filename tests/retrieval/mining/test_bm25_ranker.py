@@ -255,3 +255,23 @@ def test_margins_hold_below_a_negative_positive_score() -> None:
             drop_reason(example, "n", "t", line - 1e-3, absolute, positive_score=positive) is None
         )
     assert drop_reason(example, "n", "t", 9.0, rel) is None  # no positive score: no margin
+
+
+def test_teacher_rules_hold_below_a_negative_positive_score() -> None:
+    """The teacher's rules drop a candidate the teacher scores at or above its line below the
+    teacher's positive: 95% of a positive 2.0 is 1.9, and of a positive -2.0 it is -2.1 (below
+    the positive, not above it); the ranker's own score plays no part."""
+    from dpr_cache.retrieval.mining.rules import NegativeRules, drop_reason
+
+    example = {"positive_ctxs": [{"passage_id": "p", "text": "positive"}], "answers": []}
+    rel = NegativeRules(match=None, teacher_relative=0.95)
+    absolute = NegativeRules(match=None, teacher_margin=0.5)
+    for positive, line in ((2.0, 1.9), (-2.0, -2.1)):
+        for rules, at in ((rel, line), (absolute, positive - 0.5)):
+            assert drop_reason(example, "n", "t", 0.0, rules, teacher=(at, positive)) == "teacher"
+            assert drop_reason(example, "n", "t", 0.0, rules, teacher=(at - 1e-3, positive)) is None
+            above = drop_reason(example, "n", "t", 0.0, rules, teacher=(positive + 1.0, positive))
+            assert above == "teacher"
+    both = NegativeRules(match=None, teacher_margin=0.01, teacher_relative=0.5)
+    assert drop_reason(example, "n", "t", 0.0, both, teacher=(1.5, 2.0)) == "teacher"  # either
+    assert drop_reason(example, "n", "t", 0.0, rel) is None  # no teacher scores: no rule
