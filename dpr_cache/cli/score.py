@@ -35,7 +35,9 @@ def score(
         str,
         typer.Option(help="cross-encoder: auto (bf16 on a GPU, fp32 on CPU), fp32, bf16, fp16."),
     ] = "auto",
-    batch_size: Annotated[int, typer.Option(help="cross-encoder: pairs a forward.")] = 64,
+    batch_size: Annotated[
+        int | None, typer.Option(help="cross-encoder: pairs a forward (default 64).")
+    ] = None,
     max_length: Annotated[
         int | None, typer.Option(help="cross-encoder: tokens a pair (default the model's).")
     ] = None,

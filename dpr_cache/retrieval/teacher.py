@@ -70,12 +70,15 @@ class Group:
     names: list[str]
 
 
+PAIRS_A_FORWARD = 64  # a cross-encoder's batch when none is given
+
+
 @dataclass(frozen=True)
 class TeacherSpec:
     """Which teacher scores and with what: ``name`` (bm25 | hybrid | a cross-encoder folder),
     the passages TSV (bm25, hybrid), the bi-encoder and its index (hybrid) and the dense
     score's weight, and for a cross-encoder its precision (auto: bf16 on a GPU, else fp32),
-    pairs a forward and token limit (None: the model's)."""
+    pairs a forward (None: ``PAIRS_A_FORWARD``) and token limit (None: the model's)."""
 
     name: str
     passages: Path | None = None
@@ -83,7 +86,7 @@ class TeacherSpec:
     index: Path | None = None
     fusion_weight: float | None = None
     precision: str = "auto"
-    batch_size: int = 64
+    batch_size: int | None = None
     max_length: int | None = None
     device: str = "auto"
 
@@ -104,12 +107,13 @@ class TeacherSpec:
             "--model": self.model,
             "--index": self.index,
             "--fusion-weight": self.fusion_weight,
+            "--batch-size": self.batch_size,
             "--max-length": self.max_length,
         }
         allowed = {
             "bm25": {"--passages"},
             "hybrid": {"--passages", "--model", "--index", "--fusion-weight"},
-            "cross-encoder": {"--max-length"},
+            "cross-encoder": {"--batch-size", "--max-length"},
         }[kind]
         extra = [key for key, value in given.items() if value is not None and key not in allowed]
         if extra:
@@ -124,7 +128,7 @@ class TeacherSpec:
             )
         if kind != "cross-encoder" and self.precision not in ("auto", "fp32"):
             raise InputError(f"--precision {self.precision}: {self.name} scores in fp32")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise InputError(f"--batch-size {self.batch_size} must be >= 1")
 
 
@@ -162,7 +166,7 @@ class CrossEncoderTeacher:
     def __init__(self, spec: TeacherSpec, device: torch.device) -> None:
         self.encoder = load_cross_encoder(spec.name, max_length=spec.max_length, device=device)
         self.precision = precision_for(spec.precision, device)
-        self.batch_size = spec.batch_size
+        self.batch_size = PAIRS_A_FORWARD if spec.batch_size is None else spec.batch_size
 
     def score(self, groups: Sequence[Group]) -> list[np.ndarray]:
         pairs = [Pair(g.question, p.title, p.text) for g in groups for p in g.passages]

@@ -259,6 +259,8 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
         ([*bm25, "--fusion-weight", "2"], "--teacher bm25: takes no --fusion-weight"),
         ([*bm25, *index], "--teacher bm25: takes no --model, --index"),
         ([*bm25, "--max-length", "32"], "--teacher bm25: takes no --max-length"),
+        ([*bm25, "--batch-size", "8"], "--teacher bm25: takes no --batch-size"),
+        (["--teacher", str(CROSS), "--batch-size", "0"], "--batch-size 0 must be >= 1"),
         (["--teacher", "hybrid", "--model", str(TINY)], "hybrid: give --model DIR and --index"),
         (["--teacher", "bm25"], "--teacher bm25: give --passages TSV"),
         (["--teacher", str(CROSS), "--passages", str(PASSAGES)], "takes no --passages"),
