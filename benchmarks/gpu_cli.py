@@ -11,6 +11,7 @@ of a toy command's time.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -262,12 +263,62 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
     rows = [row for name in tasks for row in done[name]]
     metrics = out / "eval" / "metrics.json"
     log = out / "train_log.jsonl"
+    eval_sets = _sets(out, "eval", device, **{"eval.precision": precision})
     return {
         "commands": rows,
         "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
         "logged_steps": len(log.read_text().splitlines()) if log.exists() else 0,
         "ok": all(r["rc"] == 0 for r in rows),
+        "eval_resident": resident_by_stage(["eval", "--config", TOY, *eval_sets]),
     }
+
+
+def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
+    """A command run again in a fresh process that reads its resident memory (total, anonymous,
+    file-backed, GB) after each import, after each of the command's stages and where its search
+    plans its blocks, so that a process over its memory budget shows where the memory came from.
+    The readings, the command's exit code and the last line of its stderr."""
+    run = child([sys.executable, "-m", "benchmarks.gpu_cli", "resident-child", *args], timeout)
+    lines = run["stdout"].strip().splitlines()
+    last = (run["stderr"].strip().splitlines() or [""])[-1]
+    if run["rc"] != 0 or not lines:
+        return {"rc": run["rc"], "last_line": last}
+    return {**json.loads(lines[-1]), "last_line": last}
+
+
+def _resident() -> dict[str, float]:
+    fields = {"VmRSS": "rss_gb", "RssAnon": "anon_gb", "RssFile": "file_gb"}
+    reading = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in fields:
+                reading[fields[key]] = round(int(line.split()[1]) * 1024 / 1e9, 3)
+    return reading
+
+
+def _resident_child(args: list[str]) -> None:
+    readings = {"import torch": _resident()}  # this module's own imports
+    for module in ("transformers", "faiss", "datasets", "dpr_cache.cli.app"):
+        importlib.import_module(module)
+        readings[f"import {module}"] = _resident()
+    from dpr_cache.cli.app import app
+    from dpr_cache.retrieval.dense import search
+    from dpr_cache.runtime.laps import Laps
+
+    lap, plan = Laps.lap, search.plan_blocks
+
+    def lap_read(self, name: str) -> None:
+        lap(self, name)
+        readings[f"after: {name}"] = _resident()
+
+    def plan_read(*a, **k):
+        readings["search plans its blocks"] = _resident()
+        return plan(*a, **k)
+
+    Laps.lap, search.plan_blocks = lap_read, plan_read
+    rc = app(args, standalone_mode=False)  # an error is printed and returned as its exit code
+    print(json.dumps({"readings": readings, "rc": rc or 0}), flush=True)
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -475,3 +526,5 @@ def clean(work: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["nccl-child"]:
         _nccl_child()
+    elif sys.argv[1:2] == ["resident-child"]:
+        _resident_child(sys.argv[2:])

@@ -390,6 +390,22 @@ def _encoding(r: dict) -> list[str]:
     ]
 
 
+def _eval_resident(r: dict | None) -> list[str]:
+    if not r or "readings" not in r:
+        return [] if not r else ["", f"The toy eval's memory by stage: no readings ({r})."]
+    lines = [
+        "",
+        f"The toy eval run again, its resident memory (GB) read after each import and stage "
+        f"(exit {r['rc']}; the budget `index.memory_gb` bounds the whole process):",
+        "",
+        "| after | resident | anonymous | file-backed |",
+        "|---|--:|--:|--:|",
+    ]
+    for stage, m in r["readings"].items():
+        lines.append(f"| {stage} | {m['rss_gb']:.2f} | {m['anon_gb']:.2f} | {m['file_gb']:.2f} |")
+    return lines
+
+
 def _command_line(r: dict) -> list[str]:
     lines = ["", "| command | exit | s | last line |", "|---|--:|--:|---|"]
     for row in r.get("pipeline", {}).get("commands", []):
@@ -405,6 +421,7 @@ def _command_line(r: dict) -> list[str]:
             f"commands, not a model): top-1 {m['top1']}, top-20 {m['top20']}, top-100 "
             f"{m['top100']}, MRR@10 {m['mrr@10']}.",
         ]
+    lines += _eval_resident(r.get("pipeline", {}).get("eval_resident"))
     if r.get("ran_beside"):
         lines += [
             "",

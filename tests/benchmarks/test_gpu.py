@@ -64,6 +64,11 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert overflow["ok"] and overflow["skipped"] >= 1
     cli = s["command_line"]["result"]
     assert cli["pipeline"]["ok"], cli["pipeline"]["commands"]
+    resident = cli["pipeline"]["eval_resident"]
+    assert resident["rc"] == 0, resident
+    stages = list(resident["readings"])
+    assert stages[0] == "import torch" and "search plans its blocks" in stages, stages
+    assert stages.index("after: encode questions") < stages.index("search plans its blocks")
     assert cli["ran_beside"] == []  # on the CPU, in its place
     assert cli["commands_s"] <= s["command_line"]["seconds"] + 1
     row = cli["resume"]["deterministic"]
