@@ -299,7 +299,13 @@ def _resident() -> dict[str, float]:
 
 def _resident_child(args: list[str]) -> None:
     readings = {"import torch": _resident()}  # this module's own imports
-    for module in ("transformers", "faiss", "datasets", "dpr_cache.cli.app"):
+    for module in (
+        "transformers",
+        "faiss",
+        "datasets",
+        "dpr_cache.cli.app",
+        "dpr_cache.retrieval.commands.eval",
+    ):
         importlib.import_module(module)
         readings[f"import {module}"] = _resident()
     from dpr_cache.cli.app import app
