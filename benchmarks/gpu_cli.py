@@ -277,13 +277,15 @@ def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
     """A command run again in a fresh process that reads its resident memory (total, anonymous,
     file-backed, GB) after each import, after each of the command's stages and where its search
     plans its blocks, so that a process over its memory budget shows where the memory came from.
-    The readings, the command's exit code and the last line of its stderr."""
+    The readings, the command's exit code, the last line of its stderr and the kernel's
+    transparent huge page mode."""
     run = child([sys.executable, "-m", "benchmarks.gpu_cli", "resident-child", *args], timeout)
     lines = run["stdout"].strip().splitlines()
     last = (run["stderr"].strip().splitlines() or [""])[-1]
+    thp = _transparent_hugepages()
     if run["rc"] != 0 or not lines:
-        return {"rc": run["rc"], "last_line": last}
-    return {**json.loads(lines[-1]), "last_line": last}
+        return {"rc": run["rc"], "last_line": last, "transparent_hugepage": thp}
+    return {**json.loads(lines[-1]), "last_line": last, "transparent_hugepage": thp}
 
 
 def _resident() -> dict[str, float]:
@@ -294,7 +296,22 @@ def _resident() -> dict[str, float]:
             key = line.split(":")[0]
             if key in fields:
                 reading[fields[key]] = round(int(line.split()[1]) * 1024 / 1e9, 3)
+    try:  # anonymous memory in transparent huge pages: a 2 MB page is resident whole
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    reading["huge_gb"] = round(int(line.split()[1]) * 1024 / 1e9, 3)
+    except OSError:
+        pass
     return reading
+
+
+def _transparent_hugepages() -> str | None:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _resident_child(args: list[str]) -> None:

@@ -396,13 +396,17 @@ def _eval_resident(r: dict | None) -> list[str]:
     lines = [
         "",
         f"The toy eval run again, its resident memory (GB) read after each import and stage "
-        f"(exit {r['rc']}; the budget `index.memory_gb` bounds the whole process):",
+        f"(exit {r['rc']}; the budget `index.memory_gb` bounds the whole process; transparent "
+        f"huge pages: {r.get('transparent_hugepage')}):",
         "",
-        "| after | resident | anonymous | file-backed |",
-        "|---|--:|--:|--:|",
+        "| after | resident | anonymous | in huge pages | file-backed |",
+        "|---|--:|--:|--:|--:|",
     ]
     for stage, m in r["readings"].items():
-        lines.append(f"| {stage} | {m['rss_gb']:.2f} | {m['anon_gb']:.2f} | {m['file_gb']:.2f} |")
+        huge = f"{m['huge_gb']:.2f}" if "huge_gb" in m else "–"
+        lines.append(
+            f"| {stage} | {m['rss_gb']:.2f} | {m['anon_gb']:.2f} | {huge} | {m['file_gb']:.2f} |"
+        )
     return lines
 
 
