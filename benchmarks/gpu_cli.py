@@ -32,6 +32,7 @@ __all__ = [
     "Beside",
     "child",
     "cli",
+    "resident_by_stage",
     "toy_pipeline",
     "resume_equality",
     "fp16_overflow",
@@ -264,6 +265,7 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
     metrics = out / "eval" / "metrics.json"
     log = out / "train_log.jsonl"
     eval_sets = _sets(out, "eval", device, **{"eval.precision": precision})
+    eval_sets += ["--out", str(out / "eval-resident")]
     return {
         "commands": rows,
         "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
@@ -275,17 +277,31 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
 
 def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
     """A command run again in a fresh process that reads its resident memory (total, anonymous,
-    file-backed, GB) after each import, after each of the command's stages and where its search
-    plans its blocks, so that a process over its memory budget shows where the memory came from.
-    The readings, the command's exit code, the last line of its stderr and the kernel's
-    transparent huge page mode."""
-    run = child([sys.executable, "-m", "benchmarks.gpu_cli", "resident-child", *args], timeout)
-    lines = run["stdout"].strip().splitlines()
+    in transparent huge pages, file-backed; GB) after each import, after each of the command's
+    stages and where its search plans its blocks, so that a process over its memory budget
+    shows where the memory came from. Each reading is a line of the child's output as it is
+    taken, so a child that crashes or runs out of time keeps those before. The readings, the
+    exit code (None: out of time), the last line of its stderr and the kernel's transparent
+    huge page mode."""
+    cmd = [sys.executable, "-m", "benchmarks.gpu_cli", "resident-child", *args]
+    run = child(cmd, timeout)
+    readings = {}
+    for line in run["stdout"].splitlines():
+        try:
+            reading = json.loads(line)
+        except ValueError:
+            continue  # the command's own output
+        if isinstance(reading, dict) and "stage" in reading:
+            readings[reading.pop("stage")] = reading
     last = (run["stderr"].strip().splitlines() or [""])[-1]
-    thp = _transparent_hugepages()
-    if run["rc"] != 0 or not lines:
-        return {"rc": run["rc"], "last_line": last, "transparent_hugepage": thp}
-    return {**json.loads(lines[-1]), "last_line": last, "transparent_hugepage": thp}
+    if run["rc"] is None:
+        last = f"out of time after {timeout:.0f} s ({last})"
+    return {
+        "readings": readings,
+        "rc": run["rc"],
+        "last_line": last,
+        "transparent_hugepage": _transparent_hugepages(),
+    }
 
 
 def _resident() -> dict[str, float]:
@@ -315,7 +331,14 @@ def _transparent_hugepages() -> str | None:
 
 
 def _resident_child(args: list[str]) -> None:
-    readings = {"import torch": _resident()}  # this module's own imports
+    seen: dict[str, int] = {}
+
+    def read(stage: str) -> None:
+        seen[stage] = seen.get(stage, 0) + 1
+        name = stage if seen[stage] == 1 else f"{stage} ({seen[stage]})"
+        print(json.dumps({"stage": name, **_resident()}), flush=True)
+
+    read("import torch")  # this module's own imports
     for module in (
         "transformers",
         "faiss",
@@ -324,7 +347,7 @@ def _resident_child(args: list[str]) -> None:
         "dpr_cache.retrieval.commands.eval",
     ):
         importlib.import_module(module)
-        readings[f"import {module}"] = _resident()
+        read(f"import {module}")
     from dpr_cache.cli.app import app
     from dpr_cache.retrieval.dense import search
     from dpr_cache.runtime.laps import Laps
@@ -333,15 +356,14 @@ def _resident_child(args: list[str]) -> None:
 
     def lap_read(self, name: str) -> None:
         lap(self, name)
-        readings[f"after: {name}"] = _resident()
+        read(f"after: {name}")
 
     def plan_read(*a, **k):
-        readings["search plans its blocks"] = _resident()
+        read("search plans its blocks")
         return plan(*a, **k)
 
     Laps.lap, search.plan_blocks = lap_read, plan_read
-    rc = app(args, standalone_mode=False)  # an error is printed and returned as its exit code
-    print(json.dumps({"readings": readings, "rc": rc or 0}), flush=True)
+    sys.exit(app(args, standalone_mode=False))  # an error is printed and returned as its code
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:

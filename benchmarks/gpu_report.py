@@ -391,15 +391,17 @@ def _encoding(r: dict) -> list[str]:
 
 
 def _eval_resident(r: dict | None) -> list[str]:
-    if not r or "readings" not in r:
-        return [] if not r else ["", f"The toy eval's memory by stage: no readings ({r})."]
+    if not r:
+        return []
+    if not r.get("readings"):
+        return ["", f"The toy eval's memory by stage: no readings (exit {r.get('rc')}: {r})."]
     lines = [
         "",
         f"The toy eval run again, its resident memory (GB) read after each import and stage "
         f"(exit {r['rc']}; the budget `index.memory_gb` bounds the whole process; transparent "
         f"huge pages: {r.get('transparent_hugepage')}):",
         "",
-        "| after | resident | anonymous | in huge pages | file-backed |",
+        "| reading | resident | anonymous | in huge pages | file-backed |",
         "|---|--:|--:|--:|--:|",
     ]
     for stage, m in r["readings"].items():
