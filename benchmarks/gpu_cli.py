@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.machine import proc_field, transparent_hugepages
+
 __all__ = [
     "in_parallel",
     "Beside",
@@ -246,12 +248,13 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
     out = work / "pipeline"
     train = {"train.precision": precision, "train.max_steps": steps}
 
+    def args(command: str) -> list[str]:  # index or eval, on the device, at the precision
+        sets = _sets(out, command, device, **{f"{command}.precision": precision})
+        return [command, "--config", TOY, *sets]
+
     def train_index_eval() -> list[dict]:
         rows = [cli("train", "--config", TOY, *_sets(out, "train", device, **train), "-q")]
-        for command in ("index", "eval"):
-            sets = _sets(out, command, device, **{f"{command}.precision": precision})
-            rows.append(cli(command, "--config", TOY, *sets))
-        return rows
+        return rows + [cli(*args(command)) for command in ("index", "eval")]
 
     def verify(*flags: str) -> Callable[[], list[dict]]:
         folder = work / f"verify{''.join(flags).replace('-', '_')}"
@@ -264,14 +267,12 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
     rows = [row for name in tasks for row in done[name]]
     metrics = out / "eval" / "metrics.json"
     log = out / "train_log.jsonl"
-    eval_sets = _sets(out, "eval", device, **{"eval.precision": precision})
-    eval_sets += ["--out", str(out / "eval-resident")]
     return {
         "commands": rows,
         "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
         "logged_steps": len(log.read_text().splitlines()) if log.exists() else 0,
         "ok": all(r["rc"] == 0 for r in rows),
-        "eval_resident": resident_by_stage(["eval", "--config", TOY, *eval_sets]),
+        "eval_resident": resident_by_stage([*args("eval"), "--out", str(out / "eval-resident")]),
     }
 
 
@@ -300,34 +301,24 @@ def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
         "readings": readings,
         "rc": run["rc"],
         "last_line": last,
-        "transparent_hugepage": _transparent_hugepages(),
+        "transparent_hugepage": transparent_hugepages(),
     }
 
 
 def _resident() -> dict[str, float]:
-    fields = {"VmRSS": "rss_gb", "RssAnon": "anon_gb", "RssFile": "file_gb"}
+    fields = {
+        ("/proc/self/status", "VmRSS"): "rss_gb",
+        ("/proc/self/status", "RssAnon"): "anon_gb",
+        ("/proc/self/status", "RssFile"): "file_gb",
+        # anonymous memory in transparent huge pages: a 2 MB page is resident whole
+        ("/proc/self/smaps_rollup", "AnonHugePages"): "huge_gb",
+    }
     reading = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key = line.split(":")[0]
-            if key in fields:
-                reading[fields[key]] = round(int(line.split()[1]) * 1024 / 1e9, 3)
-    try:  # anonymous memory in transparent huge pages: a 2 MB page is resident whole
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    reading["huge_gb"] = round(int(line.split()[1]) * 1024 / 1e9, 3)
-    except OSError:
-        pass
+    for (path, key), name in fields.items():
+        value = proc_field(path, key)  # "123 kB"
+        if value is not None:
+            reading[name] = round(int(value.split()[0]) * 1024 / 1e9, 3)
     return reading
-
-
-def _transparent_hugepages() -> str | None:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def _resident_child(args: list[str]) -> None:

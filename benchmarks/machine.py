@@ -10,12 +10,22 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["cpu_info", "cpu_text", "machine_info", "load_average", "matmul_gflops"]
+__all__ = [
+    "cpu_info",
+    "cpu_text",
+    "machine_info",
+    "load_average",
+    "matmul_gflops",
+    "proc_field",
+    "transparent_hugepages",
+]
 
 _FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
 
 
-def _proc_field(path: str, key: str) -> str | None:
+def proc_field(path: str, key: str) -> str | None:
+    """The value of the first ``key: value`` line of a ``/proc`` file starting with ``key``;
+    None where the file or the line is missing."""
     try:
         for line in Path(path).read_text().splitlines():
             if line.startswith(key):
@@ -25,15 +35,26 @@ def _proc_field(path: str, key: str) -> str | None:
     return None
 
 
+def transparent_hugepages() -> str | None:
+    """The kernel's transparent huge page mode (``always [madvise] never``: the bracketed one
+    holds); with ``always``, every touched 2 MB of anonymous memory may be resident whole."""
+    try:
+        return Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        return None
+
+
 def cpu_info() -> dict:
-    """CPU model, its vector-instruction flags, cores and RAM (Linux ``/proc``)."""
-    flags = (_proc_field("/proc/cpuinfo", "flags") or "").split()
-    mem = _proc_field("/proc/meminfo", "MemTotal")
+    """CPU model, its vector-instruction flags, cores, RAM (Linux ``/proc``) and the transparent
+    huge page mode (it sets what a resident-memory figure counts)."""
+    flags = (proc_field("/proc/cpuinfo", "flags") or "").split()
+    mem = proc_field("/proc/meminfo", "MemTotal")
     return {
-        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+        "cpu": proc_field("/proc/cpuinfo", "model name") or platform.processor(),
         "flags": [f for f in flags if f.startswith(_FLAG_PREFIXES)],
         "cores": os.cpu_count(),
         "ram_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
+        "transparent_hugepage": transparent_hugepages(),
     }
 
 
