@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from tests.support.cli import run_cli, toy_overrides
 from tests.support.fixtures import TOY, index_vectors
 
 TINY = str(TOY / "tiny-bert")
+N_TOY_PASSAGES = len((TOY / "passages.tsv").read_text().splitlines()) - 1  # less the header
 
 
 def test_index_and_eval_encode_in_their_own_precision(tmp_path) -> None:
@@ -68,6 +70,15 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
             "cls",
         )
         assert record["normalize"] is False and record["passage_prefix"] == ""
+        timings = record["timings"]
+        assert timings["encoded_passages"] == N_TOY_PASSAGES and timings["open_seconds"] >= 0
+        seconds = timings["encode_seconds"]  # to the millisecond: the rate from it is that close
+        rate = pytest.approx(N_TOY_PASSAGES / seconds, rel=0.0005 / seconds + 1e-4, abs=0.05)
+        assert timings["passages_per_second"] == rate
+    run_cli(*base, "--passages", str(TOY / "passages.tsv"), "--out", str(tmp_path / "p-fp32"),
+            "--precision", "fp32", "--max-length", "64")  # fmt: skip
+    again = json.loads((tmp_path / "p-fp32" / "encode.json").read_text())["timings"]
+    assert again["encoded_passages"] == 0 and again["passages_per_second"] is None  # on disk
     keys = {json.loads((tmp_path / f"p-{p}" / "encode.json").read_text())["shard_key"]
             for p in ("fp32", "bf16")}  # fmt: skip
     assert len(keys) == 2  # another precision, other shards

@@ -100,6 +100,7 @@ def encode_file(
             pooling=encoded.pooling,
             normalize=encoded.normalize,
             passage_prefix=encoded.passage_prefix,
+            timings=encoded.timings(),
         )
         write_json_atomic(out / "encode.json", record)
         return encoded.paths

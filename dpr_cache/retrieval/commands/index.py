@@ -120,13 +120,7 @@ def index_passages(
         "passages": encoded.signature,
         "shard_key": encoded.key,
         "encode": dataclasses.asdict(encode),
-        "timings": {  # this run, rank 0
-            "encoded_passages": encoded.encoded,
-            "encode_seconds": round(encoded.seconds, 3),
-            "passages_per_second": round(encoded.encoded / encoded.seconds, 1)
-            if encoded.encoded
-            else None,
-        },
+        "timings": encoded.timings(),  # this run, rank 0
     }
     finish_index(out, EmbeddingStore.open(encoded.paths), index, memory_bytes, extra)
     return out

@@ -158,7 +158,18 @@ class EncodedShards:
     query_prefix: str  # the model's, recorded so that its questions are encoded alike
     passage_prefix: str
     encoded: int  # passages encoded by this call (the rest were on disk already)
-    seconds: float
+    seconds: float  # its encoding
+    open_seconds: float  # its reading of the passages (the TSV into its Arrow cache, or the cache)
+
+    def timings(self) -> dict[str, Any]:
+        """This call's passages encoded, its seconds reading and encoding them (start-up and
+        model loading left out), and the encoding's rate."""
+        return {
+            "encoded_passages": self.encoded,
+            "open_seconds": round(self.open_seconds, 3),
+            "encode_seconds": round(self.seconds, 3),
+            "passages_per_second": round(self.encoded / self.seconds, 1) if self.encoded else None,
+        }
 
 
 def passages_signature(path: Path) -> dict[str, Any]:
@@ -183,7 +194,9 @@ def encode_passage_shards(
     """Encode this rank's missing shards of ``passages`` (shard k is rank ``k % world_size``'s)
     into ``shard_dir``; rank 0 then waits for every shard. ``check(rows, dim)`` runs before
     any encoding (e.g. that the index type suits the corpus)."""
+    start = time.perf_counter()
     dataset = load_passages(passages, cache_dir)
+    open_seconds = time.perf_counter() - start
     n = len(dataset)
     if n == 0:
         raise InputError(f"{passages}: no passages")
@@ -251,4 +264,5 @@ def encode_passage_shards(
         model.passage_prefix,
         todo,
         seconds,
+        open_seconds,
     )
