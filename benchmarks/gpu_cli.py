@@ -244,7 +244,8 @@ def _sets(out: Path, section: str, device: str, **extra) -> list[str]:
 
 def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 12) -> dict:
     """train -> index -> eval on the toy config, and beside them ``verify`` (float64, and on a
-    GPU float32), every command on ``device``."""
+    GPU float32), every command on ``device``; beside the eval, the same eval again in a process
+    that reads its resident memory by stage (:func:`resident_by_stage`)."""
     out = work / "pipeline"
     train = {"train.precision": precision, "train.max_steps": steps}
 
@@ -254,12 +255,23 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
 
     def train_index_eval() -> list[dict]:
         rows = [cli("train", "--config", TOY, *_sets(out, "train", device, **train), "-q")]
-        return rows + [cli(*args(command)) for command in ("index", "eval")]
+        rows.append(cli(*args("index")))
+        eval_resident = [*args("eval"), "--out", str(out / "eval-resident")]
+        both = in_parallel(
+            {
+                "eval": lambda: cli(*args("eval")),
+                "resident": lambda: resident_by_stage(eval_resident),
+            },
+            {},
+        )
+        found["eval_resident"] = both.get("resident")
+        return [*rows, both["eval"]]
 
     def verify(*flags: str) -> Callable[[], list[dict]]:
         folder = work / f"verify{''.join(flags).replace('-', '_')}"
         return lambda: [cli("verify", "--config", TOY, *_sets(folder, "train", device), *flags)]
 
+    found: dict[str, Any] = {}  # the eval run again beside the pipeline's, for its memory
     tasks = {"train": train_index_eval, "verify double": verify("--double")}
     if device == "cuda":  # fp32 on the GPU: matrix products of other shapes, the bound 1e-4
         tasks["verify"] = verify()
@@ -272,15 +284,16 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
         "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
         "logged_steps": len(log.read_text().splitlines()) if log.exists() else 0,
         "ok": all(r["rc"] == 0 for r in rows),
-        "eval_resident": resident_by_stage([*args("eval"), "--out", str(out / "eval-resident")]),
+        "eval_resident": found.get("eval_resident"),
     }
 
 
 def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
     """A command run again in a fresh process that reads its resident memory (total, anonymous,
-    in transparent huge pages, file-backed; GB) after each import, after each of the command's
-    stages and where its search plans its blocks, so that a process over its memory budget
-    shows where the memory came from. Each reading is a line of the child's output as it is
+    in transparent huge pages, file-backed; GB) and its age (seconds since it started) after
+    each import, after each of the command's stages and where its search plans its blocks, so
+    that a process over its memory budget shows where the memory came from, and a slow start
+    where its time went. Each reading is a line of the child's output as it is
     taken, so a child that crashes or runs out of time keeps those before. The readings, the
     exit code (None: out of time), the last line of its stderr and the kernel's transparent
     huge page mode."""
@@ -305,6 +318,17 @@ def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
     }
 
 
+def _process_age() -> float | None:
+    """Seconds since this process started (``/proc/self/stat``'s start time against
+    ``/proc/uptime``); None where unreadable."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 2)
+
+
 def _resident() -> dict[str, float]:
     fields = {
         ("/proc/self/status", "VmRSS"): "rss_gb",
@@ -313,7 +337,7 @@ def _resident() -> dict[str, float]:
         # anonymous memory in transparent huge pages: a 2 MB page is resident whole
         ("/proc/self/smaps_rollup", "AnonHugePages"): "huge_gb",
     }
-    reading = {}
+    reading = {"age_s": _process_age()}
     for (path, key), name in fields.items():
         value = proc_field(path, key)  # "123 kB"
         if value is not None:

@@ -92,11 +92,13 @@ def make_model(
     dropout: float = 0.0,
     seed: int = 0,
 ) -> BiEncoder:
-    """A random BiEncoder of ``SIZES[size]`` in train mode; separate towers start different."""
+    """A random BiEncoder of ``SIZES[size]`` in train mode; separate towers start different.
+    Its weights are made on ``device`` (a BERT-base drawn on the host costs seconds)."""
     torch.manual_seed(seed)
-    model = BiEncoder.from_config(
-        bert_config(SIZES[size], dropout), shared=shared, gradient_checkpointing=checkpointing
-    )
+    with torch.device(device):
+        model = BiEncoder.from_config(
+            bert_config(SIZES[size], dropout), shared=shared, gradient_checkpointing=checkpointing
+        )
     if not shared:
         with torch.no_grad():
             for param in model.passage_encoder.parameters():

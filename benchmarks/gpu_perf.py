@@ -14,6 +14,7 @@ import collections
 import functools
 import gc
 import inspect
+import json
 import shutil
 import statistics
 import sys
@@ -270,11 +271,17 @@ def count_syncs(step: Callable[[], object], device, precision: str) -> dict:
 
 
 def _interleave(
-    steppers: dict[str, object], batch: Batch, model, precision: str, rounds: int
+    steppers: dict[str, object],
+    batch: Batch,
+    model,
+    precision: str,
+    rounds: int,
+    host_waits: bool = True,
 ) -> dict[str, dict]:
     """Each stepper's step timed once a round, rounds interleaved, after one warm-up each; a
-    stepper that runs out of memory is dropped. Median seconds and pairs per second. Each
-    warm-up's seconds are printed as it ends: a section cut short says which stepper it was in."""
+    stepper that runs out of memory is dropped. Median seconds and pairs per second, and on
+    CUDA (with ``host_waits``) the host's waits in one more step. Each warm-up's seconds are
+    printed as it ends: a section cut short says which stepper it was in."""
     from dpr_cache.runtime.device import autocast
 
     device = model.device
@@ -302,7 +309,7 @@ def _interleave(
                 seconds = time.perf_counter() - start
                 if r:
                     allocator[name].update(_allocator_counts(device) - before)
-                if not r and cuda:  # after the warm-up, one step counted
+                if not r and cuda and host_waits:  # after the warm-up, one step counted
                     step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
                     syncs[name] = count_syncs(step, device, precision)
             except torch.OutOfMemoryError:
@@ -371,6 +378,7 @@ def speed_comparison(
     cmnrl_tokens: list[int],
     lib_chunks: list[Chunk],
     rounds: int = 3,
+    host_waits: bool = True,
 ) -> dict:
     """At one batch and precision: dpr-cache at each chunk, the full batch, CachedMNRL at each
     mini-batch (rows, token budget) and the GradCache library at each chunk, in one process on
@@ -378,7 +386,8 @@ def speed_comparison(
     passages at a time (``train.chunk_size``, ``train.p_chunk_size``; the library's
     ``chunk_sizes=[q, p]``); CachedMNRL has one mini-batch for both (its token budget packs more
     of the short questions in one). A chunk equal at this batch to one before it (past a
-    tower's rows it is all of them) is left out."""
+    tower's rows it is all of them) is left out. ``host_waits``: count each setting's waits
+    for the device (one more step each)."""
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
     cmnrl_rows = [m for m in cmnrl_rows if m <= n_p]
     steppers: dict[str, object] = {
@@ -394,7 +403,7 @@ def speed_comparison(
             steppers[f"CachedMNRL tokens {t}"] = step
     for name, (q, p) in chunk_settings(lib_chunks, n_q, n_p).items():
         steppers[f"GradCache library {name}"] = _gradcache_lib(model, [q, p])
-    timed = _interleave(steppers, batch, model, precision, rounds)
+    timed = _interleave(steppers, batch, model, precision, rounds, host_waits)
     return {
         "batch": batch.n_questions,
         "precision": precision,
@@ -449,12 +458,17 @@ def savings(model, batch: Batch, precision: str, chunk: int, rounds: int = 3) ->
         "without padding trim": _own_stepper(model, chunk, trim_padding=False),
         "without kept last graph": _own_stepper(model, chunk, keep_last_graph=False),
     }
-    timed = _interleave(steppers, batch, model, precision, rounds)
+    timed = _interleave(steppers, batch, model, precision, rounds, host_waits=False)
     from dpr_cache.model.fast_dropout import use_fast_dropout
 
     use_fast_dropout([model.query_encoder, model.passage_encoder])
     fast = _interleave(
-        {"with fast dropout": _own_stepper(model, chunk)}, batch, model, precision, rounds
+        {"with fast dropout": _own_stepper(model, chunk)},
+        batch,
+        model,
+        precision,
+        rounds,
+        host_waits=False,
     )
     timed.update(fast)
     base = timed["all savings"].get("pairs_per_s")
@@ -503,54 +517,57 @@ def encode_rate(
     squad_dir: Path,
     work: Path,
     device: str,
-    sizes: tuple[int, int],
+    rows: int,
     *,
     precision: str = "fp16",
     batch_size: int = 512,
     workers: int = 4,
     timeout: float = 150,
 ) -> dict:
-    """``dpr-cache encode`` on two corpus sizes, each for ``timeout`` seconds at most; the
-    marginal rate (passages between the two runs over the seconds between them) leaves
-    start-up out, as a 21M-passage run would."""
-    runs = []
-    for n in sizes:
-        tsv = _passages_tsv(squad_dir, work / f"passages_{n}.tsv", n)
-        cmd = [
-            sys.executable,
-            "-m",
-            "dpr_cache",
-            "encode",
-            "--model",
-            str(model_dir),
-            "--passages",
-            str(tsv),
-            "--out",
-            str(work / f"vectors_{n}"),
-            "--device",
-            device,
-            "--precision",
-            precision,
-            "--batch-size",
-            str(batch_size),
-            "--num-workers",
-            str(workers),
-            "--max-length",
-            "256",
-            "--cache-dir",
-            str(work / "cache"),
-            "-q",
-        ]
-        run = child(cmd, timeout)
-        if run["rc"] != 0:
-            lines = run["stderr"].strip().splitlines()
-            return {"error": lines[-40:] if run["rc"] is None else lines[-1:] or ["failed"]}
-        runs.append({"passages": n, "seconds": run["seconds"]})
-    (a, b) = runs
-    rate = (b["passages"] - a["passages"]) / max(1e-9, b["seconds"] - a["seconds"])
+    """``dpr-cache encode`` on ``rows`` passages (``timeout`` seconds at most), and the rate its
+    ``encode.json`` records: passages over the seconds reading them (the TSV into Arrow) and
+    encoding them, so that start-up (imports, the model's loading) is left out, as a
+    21M-passage run would leave it."""
+    tsv = _passages_tsv(squad_dir, work / f"passages_{rows}.tsv", rows)
+    out = work / f"vectors_{rows}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "dpr_cache",
+        "encode",
+        "--model",
+        str(model_dir),
+        "--passages",
+        str(tsv),
+        "--out",
+        str(out),
+        "--device",
+        device,
+        "--precision",
+        precision,
+        "--batch-size",
+        str(batch_size),
+        "--num-workers",
+        str(workers),
+        "--max-length",
+        "256",
+        "--cache-dir",
+        str(work / "cache"),
+        "-q",
+    ]
+    run = child(cmd, timeout)
+    if run["rc"] != 0:
+        lines = run["stderr"].strip().splitlines()
+        return {"error": lines[-40:] if run["rc"] is None else lines[-1:] or ["failed"]}
+    timings = json.loads((out / "encode.json").read_text())["timings"]
+    working = timings["open_seconds"] + timings["encode_seconds"]
     return {
-        "runs": runs,
-        "marginal_passages_per_s": rate,
+        "passages": timings["encoded_passages"],
+        "seconds": run["seconds"],
+        "open_seconds": timings["open_seconds"],
+        "encode_seconds": timings["encode_seconds"],
+        "start_up_seconds": run["seconds"] - working,
+        "passages_per_s": timings["encoded_passages"] / working,
         "precision": precision,
         "batch_size": batch_size,
         "max_length": 256,

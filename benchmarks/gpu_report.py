@@ -372,14 +372,26 @@ def _encoding(r: dict) -> list[str]:
     cmd = r["command"]
     if "error" in cmd:
         return ["", f"`dpr-cache encode` failed: {cmd['error']}"]
-    runs = ", ".join(f"{x['passages']:,} passages in {x['seconds']:.1f} s" for x in cmd["runs"])
+    if "runs" in cmd:  # two corpora, the rate between them (the page's first leases)
+        runs = ", ".join(f"{x['passages']:,} passages in {x['seconds']:.1f} s" for x in cmd["runs"])
+        rate = (
+            f"{runs}; the marginal rate {cmd['marginal_passages_per_s']:,.0f} passages/s leaves "
+            "start-up out."
+        )
+    else:
+        rate = (
+            f"{cmd['passages']:,} passages in {cmd['seconds']:.1f} s, of which "
+            f"{cmd['start_up_seconds']:.1f} s start-up (imports, the model's loading), "
+            f"{cmd['open_seconds']:.1f} s reading the TSV into Arrow and "
+            f"{cmd['encode_seconds']:.1f} s encoding (`encode.json`'s timings): "
+            f"{cmd['passages_per_s']:,.0f} passages/s after start-up."
+        )
     alone = r["encoder_alone"]
     return [
         "",
         f"`dpr-cache encode` ({cmd['precision']}, batches of {cmd['batch_size']}, passages cut at "
         f"{cmd['max_length']} tokens, length-sorted) on 100-word passages cut from SQuAD's",
-        f"paragraphs: {runs}; the marginal rate {cmd['marginal_passages_per_s']:,.0f} passages/s",
-        f"leaves start-up out. The encoder alone on tokenized passages (mean "
+        f"paragraphs: {rate} The encoder alone on tokenized passages (mean "
         f"{alone['mean_tokens']:.0f} tokens): {alone['passages_per_s']:,.0f} passages/s.",
         "",
         f"NQ's {NQ_PASSAGES:,} passages at that rate: **{r['nq_projected_s'] / 3600:.2f} h** "
@@ -397,17 +409,20 @@ def _eval_resident(r: dict | None) -> list[str]:
         return ["", f"The toy eval's memory by stage: no readings (exit {r.get('rc')}: {r})."]
     lines = [
         "",
-        f"The toy eval run again, its resident memory (GB) read after each import and stage "
+        f"The toy eval run again, its resident memory (GB) read after each import and stage, "
+        f"with the seconds since its process started "
         f"(exit {r['rc']}; the budget `index.memory_gb` bounds the whole process; transparent "
         f"huge pages: {r.get('transparent_hugepage')}):",
         "",
-        "| reading | resident | anonymous | in huge pages | file-backed |",
-        "|---|--:|--:|--:|--:|",
+        "| reading | s since start | resident | anonymous | in huge pages | file-backed |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for stage, m in r["readings"].items():
         huge = f"{m['huge_gb']:.2f}" if "huge_gb" in m else "–"
+        age = f"{m['age_s']:.1f}" if m.get("age_s") is not None else "–"
         lines.append(
-            f"| {stage} | {m['rss_gb']:.2f} | {m['anon_gb']:.2f} | {huge} | {m['file_gb']:.2f} |"
+            f"| {stage} | {age} | {m['rss_gb']:.2f} | {m['anon_gb']:.2f} | {huge} "
+            f"| {m['file_gb']:.2f} |"
         )
     return lines
 

@@ -69,6 +69,8 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     stages = list(resident["readings"])
     assert stages[0] == "import torch" and "search plans its blocks" in stages, stages
     assert stages.index("after: encode questions") < stages.index("search plans its blocks")
+    ages = [m["age_s"] for m in resident["readings"].values()]
+    assert 0 < ages[0] and ages == sorted(ages), ages  # seconds since the child started
     assert cli["ran_beside"] == []  # on the CPU, in its place
     assert cli["commands_s"] <= s["command_line"]["seconds"] + 1
     row = cli["resume"]["deterministic"]
@@ -76,7 +78,9 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert row["two_unbroken_runs"]["bitwise_equal"], row
     speed = s["speed"]["result"]["comparisons"][0]
     assert speed["best"]["dpr-cache"] and speed["best"]["full batch"]
-    assert s["encoding"]["result"]["command"]["marginal_passages_per_s"] > 0
+    encoded = s["encoding"]["result"]["command"]
+    assert encoded["passages"] == 300 and encoded["passages_per_s"] > 0, encoded
+    assert 0 < encoded["start_up_seconds"] < encoded["seconds"], encoded
     scoring = s["teacher_scoring"]["result"]["rows"][0]
     assert scoring["pairs"] == 64 and scoring["pairs_a_second"] > 0
 
