@@ -40,14 +40,16 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
     assert list(sections) == [
         "exactness",
         "mixed_precision",
+        "memory",
         "command_line",
         "chunk_too_large",
-        "memory",
+        "largest_full_batch",
         "speed",
         "encoding",
         "teacher_scoring",
     ]
     assert sections.pop("chunk_too_large") == {"skipped": "needs a GPU to run out of"}
+    assert sections.pop("largest_full_batch") == {"skipped": "needs a GPU to fill"}
     for name, section in sections.items():
         assert "result" in section, (name, section.get("error"), section.get("traceback"))
     assert page.startswith("# dpr-cache on a GPU\n\n**Dry run on the CPU**")
@@ -80,7 +82,10 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert speed["best"]["dpr-cache"] and speed["best"]["full batch"]
     encoded = s["encoding"]["result"]["command"]
     assert encoded["passages"] == 300 and encoded["passages_per_s"] > 0, encoded
-    assert 0 < encoded["start_up_seconds"] < encoded["seconds"], encoded
+    t = encoded["timings"]
+    working = t["open_seconds"] + t["encode_seconds"]
+    assert 0 < t["first_batch_seconds"] < t["encode_seconds"] and working < encoded["seconds"], t
+    assert t["first_batch_passages"] == 64, t  # the dry plan's batch
     scoring = s["teacher_scoring"]["result"]["rows"][0]
     assert scoring["pairs"] == 64 and scoring["pairs_a_second"] > 0
 
@@ -637,11 +642,12 @@ def test_chunk_settings_leave_out_those_equal_at_the_batch():
 def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monkeypatch):
     import benchmarks.gpu_perf as perf
 
-    tried = []
+    tried, waits = [], []
 
-    def fake_interleave(steppers, batch, model, precision, rounds):
+    def fake_interleave(steppers, batch, model, precision, rounds, host_waits=True):
         (name,) = steppers
         tried.append(batch)
+        waits.append(host_waits)
         if batch > 128:
             return {name: {"failed": "out of memory"}}
         return {name: {"step_s": 1.0, "pairs_per_s": float(batch), "times_s": [1.0]}}
@@ -653,8 +659,9 @@ def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monke
         "full batch": {"failed": "out of memory"},
     }
     comparison = {"batch": 512, "precision": "fp16", "rows": rows, "best": {"full batch": None}}
-    out = perf.add_fitting_full_batch(None, comparison, batch_of=lambda n: n)
+    out = perf.add_fitting_full_batch(None, comparison, batch_of=lambda n: n, host_waits=False)
     assert tried == [256, 128]  # halved until it fits, each a batch of that size
+    assert waits == [False, False]  # the comparison's choice, passed on
     assert out["rows"]["full batch B=256"] == {"failed": "out of memory"}
     assert out["best"]["full batch"] == {"setting": "full batch B=128", "pairs_per_s": 128.0}
     tried.clear()  # a full batch that fitted at the comparison's batch is left alone

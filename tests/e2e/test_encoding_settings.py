@@ -71,7 +71,9 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
         )
         assert record["normalize"] is False and record["passage_prefix"] == ""
         timings = record["timings"]
-        assert timings["encoded_passages"] == N_TOY_PASSAGES and timings["open_seconds"] >= 0
+        assert timings["encoded_passages"] == N_TOY_PASSAGES and timings["open_seconds"] > 0
+        assert 0 < timings["first_batch_seconds"] < timings["encode_seconds"], timings
+        assert timings["first_batch_passages"] == 128  # encode's default batch
         seconds = timings["encode_seconds"]  # to the millisecond: the rate from it is that close
         rate = pytest.approx(N_TOY_PASSAGES / seconds, rel=0.0005 / seconds + 1e-4, abs=0.05)
         assert timings["passages_per_second"] == rate
@@ -79,6 +81,7 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
             "--precision", "fp32", "--max-length", "64")  # fmt: skip
     again = json.loads((tmp_path / "p-fp32" / "encode.json").read_text())["timings"]
     assert again["encoded_passages"] == 0 and again["passages_per_second"] is None  # on disk
+    assert again["first_batch_seconds"] is None and again["first_batch_passages"] is None
     keys = {json.loads((tmp_path / f"p-{p}" / "encode.json").read_text())["shard_key"]
             for p in ("fp32", "bf16")}  # fmt: skip
     assert len(keys) == 2  # another precision, other shards

@@ -160,15 +160,21 @@ class EncodedShards:
     encoded: int  # passages encoded by this call (the rest were on disk already)
     seconds: float  # its encoding
     open_seconds: float  # its reading of the passages (the TSV into its Arrow cache, or the cache)
+    first_batch: tuple[float, int] | None  # seconds to its first batch encoded, and its passages
 
     def timings(self) -> dict[str, Any]:
         """This call's passages encoded, its seconds reading and encoding them (start-up and
-        model loading left out), and the encoding's rate."""
+        model loading left out), the encoding's rate, and its first batch: the seconds to it
+        (tokenizing workers started, the first rows tokenized, the first kernels) and its size,
+        so that a rate past them can be told from the whole."""
+        seconds, passages = self.first_batch or (None, None)
         return {
             "encoded_passages": self.encoded,
             "open_seconds": round(self.open_seconds, 3),
             "encode_seconds": round(self.seconds, 3),
             "passages_per_second": round(self.encoded / self.seconds, 1) if self.encoded else None,
+            "first_batch_seconds": None if seconds is None else round(seconds, 3),
+            "first_batch_passages": passages,
         }
 
 
@@ -234,6 +240,13 @@ def encode_passage_shards(
     todo = sum(rows for _, _, rows in mine)
     bar = tqdm(total=todo, unit="psg", desc=f"encode passages (rank {rank})", disable=not progress)
     start = time.perf_counter()
+    first_batch: list[tuple[float, int]] = []
+
+    def on_batch(rows: int) -> None:
+        if not first_batch:
+            first_batch.append((time.perf_counter() - start, rows))
+        bar.update(rows)
+
     with bar:
         encode_corpus(
             model,
@@ -246,7 +259,7 @@ def encode_passage_shards(
             store_dtype=spec.store_dtype,
             num_workers=spec.num_workers,
             sort_by_length=spec.sort_by_length,
-            on_batch=bar.update,
+            on_batch=on_batch,
         )
     seconds = time.perf_counter() - start
     if rank == 0:
@@ -265,4 +278,5 @@ def encode_passage_shards(
         todo,
         seconds,
         open_seconds,
+        first_batch[0] if first_batch else None,
     )
