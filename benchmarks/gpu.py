@@ -53,7 +53,7 @@ class Plan:
     precisions: list[str]  # the mixed precisions measured
     memory_batches: list[int]  # GradCache's peak memory at each batch
     memory_chunk: int
-    full_start: int | None  # the first full batch tried when searching the largest (None: skip)
+    full_start: int  # the first full batch tried when searching the largest
     speed_batches: list[int]  # the real SQuAD batches timed
     speed_chunks: list[Chunk]  # dpr-cache's chunks in the speed comparison
     cmnrl_rows: list[int]  # sentence-transformers' CachedMNRL mini-batches
@@ -83,12 +83,13 @@ GPU_PLAN = Plan(
     memory_chunk=128,
     full_start=64,
     speed_batches=[128, 512],
-    # a chunk costs ~50 ms of host time beyond its compute: on the H100 chunk 64 never won, on
-    # the H200 every setting of 128 (and 512 questions with 128 passages) lost to 256 and 512
-    # in each family; 512/256 is the chunk for a GPU where 512 passages at once do not fit
-    # (512 questions at 32 tokens weigh as 64 passages at 256: one chunk of questions)
+    # a chunk costs ~50 ms of host time beyond its compute: on the H100 chunk 64 never won; on
+    # the H200, at B=512, dpr-cache's and the library's chunks 128 and 512/128 lost to 512 and
+    # 512/256, and at B=128 to 256. 512/256 is the chunk for a GPU where 512 passages at once
+    # do not fit (512 questions at 32 tokens weigh as 64 passages at 256: one chunk of
+    # questions). CachedMNRL keeps 128 rows, its best at B=128 in fp16 there.
     speed_chunks=[256, 512, (512, 256)],
-    cmnrl_rows=[256, 512],
+    cmnrl_rows=[128, 256, 512],
     cmnrl_tokens=[32768],
     lib_chunks=[256, 512, (512, 256)],
     rounds=3,
@@ -110,7 +111,7 @@ DRY_PLAN = Plan(
     precisions=["bf16"],
     memory_batches=[4, 8],
     memory_chunk=2,
-    full_start=None,
+    full_start=4,  # unused: the search needs a GPU
     speed_batches=[8],
     speed_chunks=[4, (8, 4)],
     cmnrl_rows=[4],
@@ -203,12 +204,12 @@ def _sections(
         rows = gpu_perf.memory_by_batch(
             base_model(), work / "mem", device, plan.memory_batches, chunk=plan.memory_chunk
         )
-        full = (
-            gpu_perf.largest_full_batch(base_model(), work / "mem", device, start=plan.full_start)
-            if plan.full_start
-            else None
+        return {"rows": rows}
+
+    def full_batch():  # alone, once the commands beside have ended: it fills the GPU
+        return gpu_perf.largest_full_batch(
+            base_model(), work / "mem", device, start=plan.full_start
         )
-        return {"rows": rows, "largest_full_batch": full}
 
     def speed():
         from dpr_cache.model.biencoder import BiEncoder
@@ -228,6 +229,7 @@ def _sections(
         for b in sorted(plan.speed_batches, reverse=True):
             batch = biggest if b == biggest.n_questions else squad_batch(b)
             for precision in precisions:
+                host_waits = precision == precisions[0]  # the goals' precision
                 row = gpu_perf.speed_comparison(
                     model,
                     batch,
@@ -237,9 +239,11 @@ def _sections(
                     cmnrl_tokens=plan.cmnrl_tokens,
                     lib_chunks=plan.lib_chunks,
                     rounds=plan.rounds,
-                    host_waits=precision == precisions[0],  # the goals' precision
+                    host_waits=host_waits,
                 )
-                row = gpu_perf.add_fitting_full_batch(model, row, squad_batch, plan.rounds)
+                row = gpu_perf.add_fitting_full_batch(
+                    model, row, squad_batch, plan.rounds, host_waits
+                )
                 out["comparisons"].append(row)
                 print(f"  speed B={b} {precision}: {row['best']}", flush=True)
         precision = "fp16" if cuda else "fp32"
@@ -332,13 +336,15 @@ def _sections(
         return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
 
     # on a device the commands start with the suite, beside the sections before theirs (which
-    # neither time anything nor fill the GPU's memory), and are awaited in their place
+    # neither time anything nor fill the GPU's memory: memory's step seconds are a probe's, not
+    # a rate), and are awaited in their place
     return [
         Section("exactness", None, 50, exactness, hosts_commands=True),
         Section("mixed_precision", None, 45, mixed, hosts_commands=True),
+        Section("memory", None, 30, memory, hosts_commands=True),
         Section("command_line", None, 140, command_line, beside),
         Section("chunk_too_large", "needs a GPU to run out of", 50, too_large),
-        Section("memory", None, 50, memory),
+        Section("largest_full_batch", "needs a GPU to fill", 25, full_batch),
         Section("speed", None, 140, speed),
         Section("encoding", None, 60, encoding),
         Section("teacher_scoring", None, 25, teacher_scoring),
@@ -350,7 +356,7 @@ class Section(NamedTuple):
 
     name: str
     needs: str | None  # why it needs CUDA (None: it runs on the CPU too)
-    estimate: float  # seconds on an H100
+    estimate: float  # seconds expected on the H200 of the 2026-11-28 lease
     run: Callable[[], dict]
     beside: gpu_cli.Beside | None = None  # commands, on a device started with the suite ...
     hosts_commands: bool = False  # ... when every section before runs well beside them

@@ -416,7 +416,11 @@ _FAMILIES = ("dpr-cache", "full batch", "CachedMNRL", "GradCache library")
 
 
 def add_fitting_full_batch(
-    model, comparison: dict, batch_of: Callable[[int], Batch], rounds: int = 3
+    model,
+    comparison: dict,
+    batch_of: Callable[[int], Batch],
+    rounds: int = 3,
+    host_waits: bool = True,
 ) -> dict:
     """Where the full batch ran out of memory at the comparison's batch: the full batch at the
     largest half, quarter, ... of it that fits (the fastest full batch that fits, which the
@@ -432,6 +436,7 @@ def add_fitting_full_batch(
             model,
             comparison["precision"],
             rounds,
+            host_waits,
         )
         comparison["rows"][name] = timed[name]
         if "pairs_per_s" in timed[name]:
@@ -524,10 +529,11 @@ def encode_rate(
     workers: int = 4,
     timeout: float = 150,
 ) -> dict:
-    """``dpr-cache encode`` on ``rows`` passages (``timeout`` seconds at most), and the rate its
-    ``encode.json`` records: passages over the seconds reading them (the TSV into Arrow) and
-    encoding them, so that start-up (imports, the model's loading) is left out, as a
-    21M-passage run would leave it."""
+    """``dpr-cache encode`` on ``rows`` passages (``timeout`` seconds at most) and its rate
+    after start-up, from the timings its ``encode.json`` records: the seconds reading the TSV
+    into Arrow, a passage's share, plus the encoding past its first batch (the tokenizing
+    workers' start, the first rows tokenized, the first kernels), as a 21M-passage run, whose
+    start-up is lost in its hours, would run."""
     tsv = _passages_tsv(squad_dir, work / f"passages_{rows}.tsv", rows)
     out = work / f"vectors_{rows}"
     cmd = [
@@ -559,15 +565,18 @@ def encode_rate(
     if run["rc"] != 0:
         lines = run["stderr"].strip().splitlines()
         return {"error": lines[-40:] if run["rc"] is None else lines[-1:] or ["failed"]}
-    timings = json.loads((out / "encode.json").read_text())["timings"]
-    working = timings["open_seconds"] + timings["encode_seconds"]
+    try:
+        t = json.loads((out / "encode.json").read_text())["timings"]
+        n, first = t["encoded_passages"], t["first_batch_passages"]
+        past_first = (t["encode_seconds"] - t["first_batch_seconds"]) / (n - first)
+        seconds_a_passage = t["open_seconds"] / n + past_first
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+        return {"error": [f"encode.json's timings: {type(exc).__name__}: {exc}"]}
     return {
-        "passages": timings["encoded_passages"],
+        "passages": n,
         "seconds": run["seconds"],
-        "open_seconds": timings["open_seconds"],
-        "encode_seconds": timings["encode_seconds"],
-        "start_up_seconds": run["seconds"] - working,
-        "passages_per_s": timings["encoded_passages"] / working,
+        "timings": t,
+        "passages_per_s": 1 / seconds_a_passage,
         "precision": precision,
         "batch_size": batch_size,
         "max_length": 256,

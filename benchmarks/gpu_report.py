@@ -282,14 +282,17 @@ def _memory(r: dict) -> list[str]:
         lines.append(
             f"| {row['batch']:,} | {row['chunk']} | {_fmt_bytes(row['peak_bytes'])} | {step} |"
         )
-    full = r.get("largest_full_batch")
-    if full:
-        lines += [
-            "",
-            f"Largest full batch (`train.mode: full`) that fits: {full['batch']} questions "
-            f"({_fmt_bytes(full['peak_bytes'])}); tried {full['tried']}.",
-        ]
+    if r.get("largest_full_batch"):  # a section of its own since 2026-11-28's lease
+        lines += _largest_full_batch(r["largest_full_batch"])
     return lines
+
+
+def _largest_full_batch(r: dict) -> list[str]:
+    return [
+        "",
+        f"Largest full batch (`train.mode: full`) that fits: {r['batch']} questions "
+        f"({_fmt_bytes(r['peak_bytes'])}); tried {r['tried']}.",
+    ]
 
 
 def _speed(r: dict) -> list[str]:
@@ -379,12 +382,15 @@ def _encoding(r: dict) -> list[str]:
             "start-up out."
         )
     else:
+        t = cmd["timings"]
         rate = (
-            f"{cmd['passages']:,} passages in {cmd['seconds']:.1f} s, of which "
-            f"{cmd['start_up_seconds']:.1f} s start-up (imports, the model's loading), "
-            f"{cmd['open_seconds']:.1f} s reading the TSV into Arrow and "
-            f"{cmd['encode_seconds']:.1f} s encoding (`encode.json`'s timings): "
-            f"{cmd['passages_per_s']:,.0f} passages/s after start-up."
+            f"{cmd['passages']:,} passages in {cmd['seconds']:.1f} s from the command's start to "
+            f"its end; of these (`encode.json`'s timings) {t['open_seconds']:.1f} s reading the "
+            f"TSV into Arrow and {t['encode_seconds']:.1f} s encoding, "
+            f"{t['first_batch_seconds']:.1f} s of it to the first batch of "
+            f"{t['first_batch_passages']} (the tokenizing workers' start, the first rows "
+            f"tokenized, the first kernels). Reading and encoding past the first batch: "
+            f"{cmd['passages_per_s']:,.0f} passages/s."
         )
     alone = r["encoder_alone"]
     return [
@@ -540,4 +546,5 @@ _SECTION = {
     "teacher_scoring": _teacher_scoring,
     "command_line": _command_line,
     "chunk_too_large": _chunk_too_large,
+    "largest_full_batch": _largest_full_batch,
 }
