@@ -201,12 +201,14 @@ def _sections(
         return {"rows": rows, "fp16_overflow": overflow}
 
     def memory():
+        ran_beside = beside.started and not beside.done  # the toy commands, still running
         rows = gpu_perf.memory_by_batch(
             base_model(), work / "mem", device, plan.memory_batches, chunk=plan.memory_chunk
         )
-        return {"rows": rows}
+        return {"rows": rows, "beside_commands": ran_beside}
 
     def full_batch():  # alone, once the commands beside have ended: it fills the GPU
+        gpu_perf.free_device(device)  # what a section stopped before it may have left
         return gpu_perf.largest_full_batch(
             base_model(), work / "mem", device, start=plan.full_start
         )
@@ -333,6 +335,7 @@ def _sections(
         }
 
     def too_large():  # alone, once the commands beside have ended: it fills the GPU
+        gpu_perf.free_device(device)  # what a section stopped before it may have left
         return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
 
     # on a device the commands start with the suite, beside the sections before theirs (which
@@ -341,13 +344,13 @@ def _sections(
     return [
         Section("exactness", None, 50, exactness, hosts_commands=True),
         Section("mixed_precision", None, 45, mixed, hosts_commands=True),
-        Section("memory", None, 30, memory, hosts_commands=True),
-        Section("command_line", None, 140, command_line, beside),
-        Section("chunk_too_large", "needs a GPU to run out of", 50, too_large),
-        Section("largest_full_batch", "needs a GPU to fill", 25, full_batch),
-        Section("speed", None, 140, speed),
+        Section("memory", None, 25, memory, hosts_commands=True),
+        Section("command_line", None, 125, command_line, beside),
+        Section("chunk_too_large", "needs a GPU to run out of", 35, too_large),
+        Section("largest_full_batch", "needs a GPU to fill", 21, full_batch),
+        Section("speed", None, 125, speed),
         Section("encoding", None, 60, encoding),
-        Section("teacher_scoring", None, 25, teacher_scoring),
+        Section("teacher_scoring", None, 20, teacher_scoring),
     ]
 
 
@@ -356,7 +359,7 @@ class Section(NamedTuple):
 
     name: str
     needs: str | None  # why it needs CUDA (None: it runs on the CPU too)
-    estimate: float  # seconds expected on the H200 of the 2026-11-28 lease
+    estimate: float  # seconds expected on the H200 of the 2026-11-28 lease (docs/bench/README)
     run: Callable[[], dict]
     beside: gpu_cli.Beside | None = None  # commands, on a device started with the suite ...
     hosts_commands: bool = False  # ... when every section before runs well beside them

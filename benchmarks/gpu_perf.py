@@ -78,7 +78,9 @@ def _config(model_dir: Path, out: Path, **train):
     return load_config(None, sets)
 
 
-def _free(device: torch.device) -> None:
+def free_device(device: torch.device) -> None:
+    """What this process no longer uses handed back: objects held in cycles (a section stopped
+    mid-step leaves a trainer in its traceback's frames) and the CUDA allocator's cache."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -102,7 +104,7 @@ def trainer_step_peak(model_dir: Path, work: Path, device: torch.device, **train
     from dpr_cache.train.trainer import build_trainer
 
     config = _config(model_dir, work, **train, device=device)
-    _free(device)
+    free_device(device)
     trainer = build_trainer(config, DistEnv(device=device), total_steps=10)
     cfg = config.train
     batch = _synthetic(trainer.model, cfg.batch_size, 1 + cfg.hard_negatives, 32, 256)
@@ -112,7 +114,7 @@ def trainer_step_peak(model_dir: Path, work: Path, device: torch.device, **train
     except torch.OutOfMemoryError:
         row = {"peak_bytes": None, "step_s": None, "fits": False}
     del trainer, batch
-    _free(device)
+    free_device(device)
     return row
 
 
@@ -288,7 +290,7 @@ def _interleave(
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     model.zero_grad(set_to_none=True)
-    _free(device)  # each group starts from an empty cache, not another group's leftovers
+    free_device(device)  # each group starts from an empty cache, not another group's leftovers
     b = batch.to(device)
     times: dict[str, list[float]] = {name: [] for name in steppers}
     failed: dict[str, str] = {}
@@ -316,7 +318,7 @@ def _interleave(
                 failed[name] = "out of memory"
                 print(f"    {name}: out of memory", flush=True)
                 model.zero_grad(set_to_none=True)
-                _free(device)
+                free_device(device)
                 continue
             if r:
                 times[name].append(seconds)

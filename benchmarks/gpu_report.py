@@ -277,6 +277,12 @@ def _memory(r: dict) -> list[str]:
         "| batch | chunk | peak | step s |",
         "|--:|--:|--:|--:|",
     ]
+    if r.get("beside_commands"):
+        lines[-2:-2] = [
+            "The rows ran beside the toy commands (other processes: each peak is this one's own;",
+            "the step seconds are under their load).",
+            "",
+        ]
     for row in r["rows"]:
         step = f"{row['step_s']:.2f}" if row["step_s"] else "out of memory"
         lines.append(
@@ -389,8 +395,8 @@ def _encoding(r: dict) -> list[str]:
             f"TSV into Arrow and {t['encode_seconds']:.1f} s encoding, "
             f"{t['first_batch_seconds']:.1f} s of it to the first batch of "
             f"{t['first_batch_passages']} (the tokenizing workers' start, the first rows "
-            f"tokenized, the first kernels). Reading and encoding past the first batch: "
-            f"{cmd['passages_per_s']:,.0f} passages/s."
+            f"tokenized, the first kernels). Reading (a passage's share) plus encoding past the "
+            f"first batch: {cmd['passages_per_s']:,.0f} passages/s."
         )
     alone = r["encoder_alone"]
     return [

@@ -668,3 +668,15 @@ def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monke
     fitted = {"batch": 8, "precision": "fp32", "rows": {"full batch": {"pairs_per_s": 5.0}}}
     assert perf.add_fitting_full_batch(None, fitted, batch_of=lambda n: n) is fitted
     assert tried == [] and "best" not in fitted
+
+
+def test_memory_rows_run_beside_the_commands_say_so_above_their_table():
+    from benchmarks import gpu_report
+
+    row = {"batch": 128, "chunk": 128, "peak_bytes": 1e9, "step_s": 1.0}
+    lines = gpu_report._memory({"rows": [row], "beside_commands": True})
+    table = lines.index("| batch | chunk | peak | step s |")
+    assert "beside the toy commands" in " ".join(lines[:table]) and lines[table - 1] == ""
+    alone = gpu_report._memory({"rows": [row], "beside_commands": False})
+    assert not any("beside" in line for line in alone)
+    assert len(lines) == len(alone) + 3
