@@ -53,7 +53,6 @@ class Plan:
     precisions: list[str]  # the mixed precisions measured
     memory_batches: list[int]  # GradCache's peak memory at each batch
     memory_chunk: int
-    full_start: int  # the first full batch tried when searching the largest
     speed_batches: list[int]  # the real SQuAD batches timed
     speed_chunks: list[Chunk]  # dpr-cache's chunks in the speed comparison
     cmnrl_rows: list[int]  # sentence-transformers' CachedMNRL mini-batches
@@ -81,7 +80,6 @@ GPU_PLAN = Plan(
     # the issue's chunk 32 spent most of B=8,192's step (44.5 s on the H200) on the ~50 ms a
     # chunk costs the host; the memory is flat in B at any chunk
     memory_chunk=128,
-    full_start=64,
     speed_batches=[128, 512],
     # a chunk costs ~50 ms of host time beyond its compute: on the H100 chunk 64 never won; on
     # the H200, at B=512, dpr-cache's and the library's chunks 128 and 512/128 lost to 512 and
@@ -111,7 +109,6 @@ DRY_PLAN = Plan(
     precisions=["bf16"],
     memory_batches=[4, 8],
     memory_chunk=2,
-    full_start=4,  # unused: the search needs a GPU
     speed_batches=[8],
     speed_chunks=[4, (8, 4)],
     cmnrl_rows=[4],
@@ -209,9 +206,7 @@ def _sections(
 
     def full_batch():  # alone, once the commands beside have ended: it fills the GPU
         gpu_perf.free_device(device)  # what a section stopped before it may have left
-        return gpu_perf.largest_full_batch(
-            base_model(), work / "mem", device, start=plan.full_start
-        )
+        return gpu_perf.largest_full_batch(base_model(), work / "mem", device)
 
     def speed():
         from dpr_cache.model.biencoder import BiEncoder

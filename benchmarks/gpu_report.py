@@ -288,7 +288,7 @@ def _memory(r: dict) -> list[str]:
         lines.append(
             f"| {row['batch']:,} | {row['chunk']} | {_fmt_bytes(row['peak_bytes'])} | {step} |"
         )
-    if r.get("largest_full_batch"):  # a section of its own since 2026-11-28's lease
+    if r.get("largest_full_batch"):  # a gpu.json whose memory section holds the search
         lines += _largest_full_batch(r["largest_full_batch"])
     return lines
 
@@ -381,7 +381,7 @@ def _encoding(r: dict) -> list[str]:
     cmd = r["command"]
     if "error" in cmd:
         return ["", f"`dpr-cache encode` failed: {cmd['error']}"]
-    if "runs" in cmd:  # two corpora, the rate between them (the page's first leases)
+    if "runs" in cmd:  # a gpu.json of two encode runs: the rate between them
         runs = ", ".join(f"{x['passages']:,} passages in {x['seconds']:.1f} s" for x in cmd["runs"])
         rate = (
             f"{runs}; the marginal rate {cmd['marginal_passages_per_s']:,.0f} passages/s leaves "

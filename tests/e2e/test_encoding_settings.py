@@ -77,8 +77,8 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
         seconds = timings["encode_seconds"]  # to the millisecond: the rate from it is that close
         rate = pytest.approx(N_TOY_PASSAGES / seconds, rel=0.0005 / seconds + 1e-4, abs=0.05)
         assert timings["passages_per_second"] == rate
-    run_cli(*base, "--passages", str(TOY / "passages.tsv"), "--out", str(tmp_path / "p-fp32"),
-            "--precision", "fp32", "--max-length", "64")  # fmt: skip
+    again_args = ["--out", str(tmp_path / "p-fp32"), "--precision", "fp32", "--max-length", "64"]
+    run_cli(*base, "--passages", str(TOY / "passages.tsv"), *again_args)
     again = json.loads((tmp_path / "p-fp32" / "encode.json").read_text())["timings"]
     assert again["encoded_passages"] == 0 and again["passages_per_second"] is None  # on disk
     assert again["first_batch_seconds"] is None and again["first_batch_passages"] is None
