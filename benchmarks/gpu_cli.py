@@ -296,10 +296,11 @@ def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
     where its time went. Each reading is a line of the child's output as it is
     taken, so a child that crashes or runs out of time keeps those before. The readings, the
     exit code (None: out of time), the last line of its stderr and the kernel's transparent
-    huge page mode."""
+    huge page mode; and where the search plans its blocks, the mappings that hold the most
+    (:func:`largest_mappings`)."""
     cmd = [sys.executable, "-m", "benchmarks.gpu_cli", "resident-child", *args]
     run = child(cmd, timeout)
-    readings = {}
+    readings, mappings = {}, []
     for line in run["stdout"].splitlines():
         try:
             reading = json.loads(line)
@@ -307,11 +308,14 @@ def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
             continue  # the command's own output
         if isinstance(reading, dict) and "stage" in reading:
             readings[reading.pop("stage")] = reading
+        elif isinstance(reading, dict) and "mappings" in reading:
+            mappings = reading["mappings"]
     last = (run["stderr"].strip().splitlines() or [""])[-1]
     if run["rc"] is None:
         last = f"out of time after {timeout:.0f} s ({last})"
     return {
         "readings": readings,
+        "largest_mappings": mappings,
         "rc": run["rc"],
         "last_line": last,
         "transparent_hugepage": transparent_hugepages(),
@@ -345,6 +349,30 @@ def _resident() -> dict[str, float]:
     return reading
 
 
+def largest_mappings(n: int = 8) -> list[dict]:
+    """The ``n`` files (or ``[anonymous]``, ``[heap]``...) whose mappings in this process hold the
+    most resident memory (``/proc/self/smaps``): each one's resident and anonymous GB, the
+    anonymous part being its private copies (a library's relocated data, say)."""
+    totals: dict[str, list[int]] = {}
+    name = "[anonymous]"
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+            name = head[5] if len(head) == 6 else "[anonymous]"
+        elif head and head[0] in ("Rss:", "Anonymous:"):
+            kb = totals.setdefault(name, [0, 0])
+            kb[head[0] == "Anonymous:"] += int(head[1])
+    top = sorted(totals.items(), key=lambda item: -item[1][0])[:n]
+    return [
+        {"mapping": m, "rss_gb": round(rss * 1024 / 1e9, 3), "anon_gb": round(anon * 1024 / 1e9, 3)}
+        for m, (rss, anon) in top
+    ]
+
+
 def _resident_child(args: list[str]) -> None:
     seen: dict[str, int] = {}
 
@@ -375,6 +403,7 @@ def _resident_child(args: list[str]) -> None:
 
     def plan_read(*a, **k):
         read("search plans its blocks")
+        print(json.dumps({"mappings": largest_mappings()}), flush=True)
         return plan(*a, **k)
 
     Laps.lap, search.plan_blocks = lap_read, plan_read

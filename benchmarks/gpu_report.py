@@ -436,6 +436,12 @@ def _eval_resident(r: dict | None) -> list[str]:
             f"| {stage} | {age} | {m['rss_gb']:.2f} | {m['anon_gb']:.2f} | {huge} "
             f"| {m['file_gb']:.2f} |"
         )
+    if r.get("largest_mappings"):
+        held = ", ".join(
+            f"`{Path(m['mapping']).name}` {m['rss_gb']:.2f} ({m['anon_gb']:.2f} anonymous)"
+            for m in r["largest_mappings"]
+        )
+        lines += ["", f"Where the search planned its blocks, the largest mappings (GB): {held}."]
     return lines
 
 

@@ -71,6 +71,11 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     stages = list(resident["readings"])
     assert stages[0] == "import torch" and "search plans its blocks" in stages, stages
     assert stages.index("after: encode questions") < stages.index("search plans its blocks")
+    held = [m["rss_gb"] for m in resident["largest_mappings"]]
+    assert len(held) == 8 and held == sorted(held, reverse=True), resident["largest_mappings"]
+    planned = resident["readings"]["search plans its blocks"]["rss_gb"]
+    assert 0.5 * planned < sum(held) <= planned + 0.01, (held, planned)  # smaps against VmRSS
+    assert any("libtorch" in m["mapping"] for m in resident["largest_mappings"])
     ages = [m["age_s"] for m in resident["readings"].values()]
     assert 0 < ages[0] and ages == sorted(ages), ages  # seconds since the child started
     assert cli["ran_beside"] == []  # on the CPU, in its place
