@@ -31,7 +31,7 @@ from typing import Annotated, NamedTuple
 import torch
 import typer
 
-from benchmarks import gpu_cli, gpu_exact, gpu_perf
+from benchmarks import gpu_cli, gpu_exact, gpu_perf, gpu_watch
 from benchmarks.gpu_perf import Chunk
 from benchmarks.gpu_report import write_page
 from benchmarks.machine import machine_info
@@ -334,13 +334,13 @@ def _sections(
         return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
 
     # on a device the commands start with the suite, beside the sections before theirs (which
-    # neither time anything nor fill the GPU's memory: memory's step seconds are a probe's, not
-    # a rate), and are awaited in their place
+    # neither time anything nor hold much of the GPU's memory), and are awaited in their place;
+    # memory's rows (16 GB and more at chunk 128) wait for them
     return [
         Section("exactness", None, 50, exactness, hosts_commands=True),
         Section("mixed_precision", None, 45, mixed, hosts_commands=True),
-        Section("memory", None, 25, memory, hosts_commands=True),
         Section("command_line", None, 125, command_line, beside),
+        Section("memory", None, 25, memory),
         Section("chunk_too_large", "needs a GPU to run out of", 35, too_large),
         Section("largest_full_batch", "needs a GPU to fill", 21, full_batch),
         Section("speed", None, 125, speed),
@@ -423,10 +423,13 @@ def run_suite(
                 (s for s in sections if s.name in only), key=lambda s: only.index(s.name)
             )
         report["planned"] = [s.name for s in sections]
+        watch = gpu_watch.DeviceWatch.begin_on(device, started)
         if cuda:
             _start_commands_beside(sections)
         try:
             for section in sections:
+                if watch is not None:
+                    watch.section = section.name
                 report["sections"][section.name] = _run_section(
                     section, cuda, budget_s - (time.monotonic() - started), report, partial
                 )
@@ -439,6 +442,9 @@ def run_suite(
             for section in sections:
                 if section.beside is not None:
                     section.beside.stop()
+            if watch is not None:
+                report["device_memory"] = watch.end()
+                write_page(report, out)
     return report
 
 

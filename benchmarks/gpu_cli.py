@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 TOY = "configs/toy.yaml"
+RESIDENT_BUDGET_GB = 12  # the eval's memory child's index.memory_gb
 
 
 def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
@@ -256,7 +257,9 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
     def train_index_eval() -> list[dict]:
         rows = [cli("train", "--config", TOY, *_sets(out, "train", device, **train), "-q")]
         rows.append(cli(*args("index")))
-        eval_resident = [*args("eval"), "--out", str(out / "eval-resident")]
+        # a budget the eval on a GPU meets, so that the child's search runs to its end
+        budget = ["--set", f"index.memory_gb={RESIDENT_BUDGET_GB}"]
+        eval_resident = [*args("eval"), *budget, "--out", str(out / "eval-resident")]
         both = in_parallel(
             {
                 "eval": lambda: cli(*args("eval")),
@@ -316,6 +319,9 @@ def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
     return {
         "readings": readings,
         "largest_mappings": mappings,
+        "memory_gb": (
+            [a.split("=", 1)[1] for a in args if a.startswith("index.memory_gb=")] or [None]
+        )[-1],
         "rc": run["rc"],
         "last_line": last,
         "transparent_hugepage": transparent_hugepages(),

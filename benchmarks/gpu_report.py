@@ -193,7 +193,44 @@ def render(report: dict) -> str:
             continue
         lines.append(f"{section['seconds']:.0f} s{_elsewhere(section, env, device)}.")
         lines += _SECTION[name](section["result"])
+    if report.get("device_memory"):
+        lines += _device_memory(report["device_memory"])
     return "\n".join(lines) + "\n"
+
+
+def _device_memory(r: dict) -> list[str]:
+    lines = [
+        "",
+        "## Device memory while the suite ran",
+        "",
+        f"Read twice a second (`cudaMemGetInfo`: every process on the {r['total_gb']:.0f} GB "
+        "device together), under the section the suite was in; the suite's own share is its "
+        "CUDA allocator's reserved memory at that moment. The commands that run beside the first "
+        "sections are in the rest.",
+        "",
+        "| section | readings | most in use (GB) | the suite's own | at s | under 1 GiB free |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for name, row in r["sections"].items():
+        lines.append(
+            f"| {name} | {row['samples']} | {row['peak_used_gb']:.2f} | {row['own_gb']:.2f} | "
+            f"{row['at_s']:.0f} | {r['full_samples'].get(name, 0)} |"
+        )
+    if r.get("processes"):
+        lines += [
+            "",
+            "Processes `nvidia-smi` named (polled every 3 s), the most each held:",
+            "",
+            "| pid | command | most (GB) | in section | seen from s | to s |",
+            "|--:|---|--:|---|--:|--:|",
+        ]
+        for p in r["processes"][:12]:
+            command = _short(p.get("command") or "–")[:120]
+            lines.append(
+                f"| {p['pid']} | `{command}` | {p['peak_gb']:.2f} | {p.get('section', '–')} | "
+                f"{p['first_s']:.0f} | {p['last_s']:.0f} |"
+            )
+    return lines
 
 
 def _exactness(r: dict) -> list[str]:
@@ -423,8 +460,9 @@ def _eval_resident(r: dict | None) -> list[str]:
         "",
         f"The toy eval run again, its resident memory (GB) read after each import and stage, "
         f"with the seconds since its process started "
-        f"(exit {r['rc']}; the budget `index.memory_gb` bounds the whole process; transparent "
-        f"huge pages: {r.get('transparent_hugepage')}):",
+        f"(exit {r['rc']}; the budget `index.memory_gb` bounds the whole process"
+        + (f", here {r['memory_gb']} GB so that it runs through" if r.get("memory_gb") else "")
+        + f"; transparent huge pages: {r.get('transparent_hugepage')}):",
         "",
         "| reading | s since start | resident | anonymous | in huge pages | file-backed |",
         "|---|--:|--:|--:|--:|--:|",

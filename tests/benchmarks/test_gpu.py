@@ -40,8 +40,8 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
     assert list(sections) == [
         "exactness",
         "mixed_precision",
-        "memory",
         "command_line",
+        "memory",
         "chunk_too_large",
         "largest_full_batch",
         "speed",
@@ -67,7 +67,7 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     cli = s["command_line"]["result"]
     assert cli["pipeline"]["ok"], cli["pipeline"]["commands"]
     resident = cli["pipeline"]["eval_resident"]
-    assert resident["rc"] == 0, resident
+    assert resident["rc"] == 0 and resident["memory_gb"] == "12", resident
     stages = list(resident["readings"])
     assert stages[0] == "import torch" and "search plans its blocks" in stages, stages
     assert stages.index("after: encode questions") < stages.index("search plans its blocks")
@@ -685,3 +685,35 @@ def test_memory_rows_run_beside_the_commands_say_so_above_their_table():
     alone = gpu_report._memory({"rows": [row], "beside_commands": False})
     assert not any("beside" in line for line in alone)
     assert len(lines) == len(alone) + 3
+
+
+def test_nvidia_smi_compute_apps_are_read_in_bytes_and_odd_lines_left_out():
+    from benchmarks.gpu_watch import parse_compute_apps
+
+    text = "1234, 16760 MiB\n77, 2 GiB\nNo running processes found\n88, [N/A]\n9, 12 bytes\n"
+    assert parse_compute_apps(text) == [(1234, 16760 * 2**20), (77, 2 * 2**30)]
+    assert parse_compute_apps("") == []
+
+
+def test_device_memory_summary_names_each_sections_peak_and_its_full_moments():
+    from benchmarks import gpu_report
+    from benchmarks.gpu_watch import summarize
+
+    gb, total = 10**9, 140 * 10**9
+    samples = [
+        (0.5, "exactness", 20 * gb, 2 * gb),
+        (1.0, "exactness", 139.5 * gb, 3 * gb),  # full: under 1 GiB free
+        (1.5, "exactness", 50 * gb, 4 * gb),
+        (2.0, "memory", 17 * gb, 16 * gb),
+    ]
+    processes = {5: {"peak_bytes": 105 * gb, "first_s": 0.5, "last_s": 1.5, "command": "x"}}
+    r = summarize(samples, total, processes)
+    exact = r["sections"]["exactness"]
+    assert exact == {"samples": 3, "peak_used_gb": 139.5, "own_gb": 3.0, "at_s": 1.0}
+    assert r["sections"]["memory"]["own_gb"] == 16.0
+    assert r["full_samples"] == {"exactness": 1}  # 3 GB free at 1.5 s is not full
+    assert r["processes"][0]["peak_gb"] == 105.0 and r["processes"][0]["pid"] == 5
+    page = "\n".join(gpu_report._device_memory(r))
+    assert "| exactness | 3 | 139.50 | 3.00 | 1 | 1 |" in page
+    assert "| memory | 1 | 17.00 | 16.00 | 2 | 0 |" in page
+    assert "| 5 | `x` | 105.00 | – | 0 | 2 |" in page
