@@ -3,7 +3,8 @@
 Bad input (:class:`~dpr_cache.errors.InputError`) prints one ``error: ...`` line on stderr and
 exits with code 2; an interrupted run exits 130 once its checkpoint is saved; an unexpected
 operating-system error (a full disk, a permission denied) prints its own message, errno and path
-on one line and exits 1. None of them prints a traceback.
+on one line and exits 1, and so does a GPU out of memory, with what the GPU holds and the setting
+to lower. None of them prints a traceback.
 """
 
 from __future__ import annotations
@@ -114,15 +115,42 @@ def guarded(func):
             raise typer.Exit(130) from None
         except OSError as exc:  # not bad input: the message keeps its errno and path
             _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
-        except RuntimeError as exc:  # a rank of a distributed run is gone: say which
-            from dpr_cache.runtime.distributed import lost_rank
+        except RuntimeError as exc:  # the GPU's memory is full, or a rank is gone: say which
+            message = _out_of_device_memory(exc, func.__name__.rstrip("_"))
+            if message is None:
+                from dpr_cache.runtime.distributed import lost_rank
 
-            message = lost_rank(exc)
+                message = lost_rank(exc)
             if message is None:
                 raise
             _fail(message, 1)
 
     return wrapper
+
+
+# the setting that sets how much each command puts on the GPU at once
+_GPU_BATCH = {
+    "eval": "eval.batch_size",
+    "index": "index.batch_size",
+    "encode": "--batch-size",
+    "score": "--batch-size",
+    "train": "train.chunk_size",
+    "verify": "train.batch_size",
+}
+
+
+def _out_of_device_memory(error: RuntimeError, command: str) -> str | None:
+    """One line for ``command`` run out of GPU memory (training's steps have their own, which
+    names a chunk that fits); None for any other error."""
+    if "torch" not in sys.modules:
+        return None
+    from dpr_cache.runtime.device import out_of_memory_state
+
+    state = out_of_memory_state(error)
+    if state is None:
+        return None
+    setting = _GPU_BATCH.get(command, "the batch size")
+    return f"{command}: {state}: free the GPU of other processes, or lower {setting}"
 
 
 def check_inputs(**options: Path | None) -> None:

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 import torch
 
 from dpr_cache.errors import InputError
 
-__all__ = ["PRECISIONS", "resolve_device", "precision_dtype", "autocast", "deterministic_kernels"]
+__all__ = [
+    "PRECISIONS",
+    "resolve_device",
+    "precision_dtype",
+    "autocast",
+    "deterministic_kernels",
+    "out_of_memory_state",
+]
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -69,3 +77,22 @@ def deterministic_kernels(on: bool) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
+
+
+def out_of_memory_state(error: BaseException) -> str | None:
+    """What the GPU that ``error`` ran out of holds, once this process's cache is handed back:
+    its name, the memory free of its total and the most this process reserved, so that a GPU
+    that other processes fill reads apart from a batch too large for it; None when ``error`` is
+    no CUDA out-of-memory error."""
+    if not isinstance(error, torch.OutOfMemoryError) or not torch.cuda.is_available():
+        return None
+    named = re.search(r"\bGPU (\d+)", str(error))
+    index = int(named.group(1)) if named else torch.cuda.current_device()
+    held = torch.cuda.max_memory_reserved(index)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(index)
+    return (
+        f"{torch.cuda.get_device_name(index)} (cuda:{index}) ran out of memory: "
+        f"{free / 1e9:.2f} of {total / 1e9:.1f} GB free now, this process held at most "
+        f"{held / 1e9:.2f} GB"
+    )

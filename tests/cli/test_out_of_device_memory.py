@@ -1,0 +1,84 @@
+"""A command that runs out of GPU memory outside a training step ends with one line: what the GPU
+holds (free of total, the most this process reserved) and the setting to lower, exit 1, no
+traceback.
+
+No GPU here: the command's work raises ``torch.OutOfMemoryError`` with CUDA's own message and
+``torch.cuda``'s readings are stand-ins, so what is checked is the line and the exit; a real one
+is ``tests/cuda``'s and the GPU suite's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dpr_cache.cli import app
+
+GB = 10**9
+CUDA_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 MiB. GPU 1 has a total capacity of 139.80 GiB "
+    "of which 3.94 MiB is free. Of the allocated memory 0 bytes is allocated by PyTorch."
+)
+
+
+@pytest.fixture
+def full_gpu(monkeypatch):
+    """``torch.cuda`` as a GPU that other processes fill: 4 MB of 150 GB free, the device asked
+    for each reading recorded."""
+    asked: list[int] = []
+
+    def reading(value):
+        return lambda index: asked.append(index) or value
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", reading(int(0.5 * GB)))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", reading((4 * 2**20, 150 * GB)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", reading("Test GPU"))
+    return asked
+
+
+def _fails_with(monkeypatch, target: str, error: BaseException):
+    def work(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(target, work)
+
+
+def test_encode_out_of_gpu_memory_is_one_line_with_what_the_gpu_holds(
+    full_gpu, monkeypatch, tmp_path
+):
+    error = torch.OutOfMemoryError(CUDA_MESSAGE)
+    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", error)
+    args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
+    result = CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines() == [
+        "error: encode: Test GPU (cuda:1) ran out of memory: 0.00 of 150.0 GB free now, this "
+        "process held at most 0.50 GB: free the GPU of other processes, or lower --batch-size"
+    ]
+    assert set(full_gpu) == {1}  # the GPU CUDA's message names, not the current one
+    assert "Traceback" not in result.output
+
+
+def test_eval_names_its_own_batch_setting(full_gpu, monkeypatch, tmp_path):
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.eval.eval_command", error)
+    args = ["--config", "configs/toy.yaml", "--set", f"output_dir={tmp_path}"]
+    result = CliRunner().invoke(app, ["eval", *args])
+    assert result.exit_code == 1, result.output
+    line = result.output.strip()
+    assert line.startswith("error: eval: Test GPU (cuda:0) ran out of memory") and "\n" not in line
+    assert line.endswith("or lower eval.batch_size")
+
+
+def test_any_other_runtime_error_is_not_taken_for_one(full_gpu, monkeypatch, tmp_path):
+    _fails_with(
+        monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", RuntimeError("boom")
+    )
+    args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
+    result = CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
+    assert isinstance(result.exception, RuntimeError) and str(result.exception) == "boom"
+    assert full_gpu == []  # the GPU was not read
