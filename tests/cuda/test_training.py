@@ -1,6 +1,6 @@
 """The trainer and the command line on CUDA: an fp16 overflow skipped and counted, the toy
 pipeline (train fp16, index, eval, verify), resume after a kill, a chunk too large for the GPU,
-and NCCL's collectives."""
+a command out of GPU memory, and NCCL's collectives."""
 
 from __future__ import annotations
 
@@ -54,3 +54,29 @@ def test_host_waits_are_counted_where_they_happen(cuda):
     waits = gpu_perf.count_syncs(lambda: (x @ x).sum().item(), cuda, "fp32")
     assert waits["count"] >= 1 and any(w.startswith("test_training.py:") for w in waits["top"])
     assert gpu_perf.count_syncs(lambda: (x @ x).sum(), cuda, "fp32")["count"] == 0
+
+
+def test_a_command_out_of_gpu_memory_ends_in_one_line(cuda, tmp_path):
+    """A real CUDA out of memory: this process's allocator held to a sliver of the GPU, less than
+    the tiny model's weights; the control, with the whole GPU, encodes."""
+    from typer.testing import CliRunner
+
+    from dpr_cache.cli import app
+
+    def encode(out: Path):
+        args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
+        flags = ["--device", "cuda", "--num-workers", "0", "-q"]
+        return CliRunner().invoke(app, ["encode", *args, "--out", str(out), *flags])
+
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(1e-6, cuda)
+    try:
+        starved = encode(tmp_path / "starved")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, cuda)
+    line = starved.output.strip()
+    assert starved.exit_code == 1 and "\n" not in line, starved.output
+    assert line.startswith("error: encode: ") and "(cuda:0) ran out of memory: " in line, line
+    assert line.endswith("free the GPU of other processes, or lower --batch-size"), line
+    control = encode(tmp_path / "whole")
+    assert control.exit_code == 0, control.output
