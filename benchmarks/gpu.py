@@ -442,8 +442,11 @@ def run_suite(
             for section in sections:
                 if section.beside is not None:
                     section.beside.stop()
-            if watch is not None:
-                report["device_memory"] = watch.end()
+            if watch is not None:  # its failure is a finding, not the suite's end
+                try:
+                    report["device_memory"] = watch.end()
+                except Exception as exc:
+                    report["device_memory"] = {"error": f"{type(exc).__name__}: {exc}"}
                 write_page(report, out)
     return report
 

@@ -199,6 +199,8 @@ def render(report: dict) -> str:
 
 
 def _device_memory(r: dict) -> list[str]:
+    if "error" in r:
+        return ["", "## Device memory while the suite ran", "", f"Not read: `{r['error']}`."]
     lines = [
         "",
         "## Device memory while the suite ran",

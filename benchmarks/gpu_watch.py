@@ -8,6 +8,7 @@ it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -20,6 +21,7 @@ __all__ = ["DeviceWatch", "summarize", "parse_compute_apps"]
 
 GB = 1e9
 FULL_BYTES = 2**30  # under this much free, a moment is counted as the device being full
+SMI_TIMEOUT_S = 5
 
 
 class DeviceWatch:
@@ -33,23 +35,27 @@ class DeviceWatch:
         self.processes: dict[int, dict] = {}
         self.total = torch.cuda.mem_get_info(device)[1]
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the samples and processes, read by end() while written
         self._thread = threading.Thread(target=self._run, name="device-watch", daemon=True)
         self._smi = shutil.which("nvidia-smi")
 
     @classmethod
-    def begin_on(cls, device: torch.device, start: float) -> DeviceWatch | None:
+    def begin_on(
+        cls, device: torch.device, start: float, every_s: float = 0.5
+    ) -> DeviceWatch | None:
         """A watch of ``device`` started now; None where it is no CUDA device this process
         can read."""
         if device.type != "cuda" or not torch.cuda.is_available():
             return None
-        watch = cls(device, start)
+        watch = cls(device, start, every_s)
         watch._thread.start()
         return watch
 
     def end(self) -> dict:
         self._stop.set()
-        self._thread.join(10)
-        return summarize(self.samples, self.total, self.processes)
+        self._thread.join(SMI_TIMEOUT_S + 5)
+        with self._lock:
+            return summarize(list(self.samples), self.total, dict(self.processes))
 
     def _run(self) -> None:
         polls = 0
@@ -60,7 +66,8 @@ class DeviceWatch:
             except RuntimeError:
                 continue
             t = round(time.monotonic() - self.start, 1)
-            self.samples.append((t, self.section, self.total - free, mine))
+            with self._lock:
+                self.samples.append((t, self.section, self.total - free, mine))
             polls += 1
             if self._smi and polls % 6 == 1:
                 self._poll_processes(t)
@@ -68,16 +75,17 @@ class DeviceWatch:
     def _poll_processes(self, t: float) -> None:
         query = [self._smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
         try:
-            text = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
+            run = subprocess.run(query, capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError):
             return
-        for pid, used in parse_compute_apps(text):
-            seen = self.processes.setdefault(pid, {"peak_bytes": 0, "first_s": t})
-            seen["last_s"] = t
-            if used > seen["peak_bytes"]:
-                seen.update(peak_bytes=used, peak_s=t, section=self.section)
-            if "command" not in seen:
-                seen["command"] = _command_line(pid)
+        for pid, used in parse_compute_apps(run.stdout):
+            command = _command_line(pid) if pid not in self.processes else None
+            with self._lock:
+                seen = self.processes.setdefault(pid, {"peak_bytes": 0, "first_s": t})
+                seen["last_s"] = t
+                if used > seen["peak_bytes"]:
+                    seen.update(peak_bytes=used, peak_s=t, section=self.section)
+                seen.setdefault("command", command)
 
 
 def parse_compute_apps(text: str) -> list[tuple[int, int]]:
@@ -97,11 +105,34 @@ def parse_compute_apps(text: str) -> list[tuple[int, int]]:
 
 
 def _command_line(pid: int) -> str | None:
+    """The command line of ``pid`` where it is this process or one it started (``nvidia-smi``
+    may report another namespace's ids, which name some other process here); else None."""
+    if not _ours(pid):
+        return None
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200] or None
+
+
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` is this process or descends from it (its parents read from ``/proc``)."""
+    me = os.getpid()
+    for _ in range(64):
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        ppid = [line.split()[1] for line in status.splitlines() if line.startswith("PPid:")]
+        if not ppid:
+            return False
+        pid = int(ppid[0])
+    return False
 
 
 def summarize(samples: list[tuple[float, str, int, int]], total: int, processes: dict) -> dict:

@@ -149,8 +149,12 @@ def _out_of_device_memory(error: RuntimeError, command: str) -> str | None:
     state = out_of_memory_state(error)
     if state is None:
         return None
-    setting = _GPU_BATCH.get(command, "the batch size")
-    return f"{command}: {state}: free the GPU of other processes, or lower {setting}"
+    advice = "free the GPU of other processes"
+    if command in _GPU_BATCH:
+        advice += f", or lower {_GPU_BATCH[command]}"
+    elif command in ("search", "mine"):  # no batch setting of their own: the CPU is the other way
+        advice += ", or run it with --device cpu"
+    return f"{command}: {state}: {advice}"
 
 
 def check_inputs(**options: Path | None) -> None:

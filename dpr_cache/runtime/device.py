@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import traceback
 
 import torch
 
@@ -83,16 +84,26 @@ def out_of_memory_state(error: BaseException) -> str | None:
     """What the GPU that ``error`` ran out of holds, once this process's cache is handed back:
     its name, the memory free of its total and the most this process reserved, so that a GPU
     that other processes fill reads apart from a batch too large for it; None when ``error`` is
-    no CUDA out-of-memory error."""
-    if not isinstance(error, torch.OutOfMemoryError) or not torch.cuda.is_available():
+    no CUDA out-of-memory error. Both kinds count: the caching allocator's
+    (``torch.OutOfMemoryError``) and a CUDA call's own (``CUDA error: out of memory``, as when
+    a context or a library's workspace cannot be made). Where the GPU can no longer be read,
+    the line says only that it ran out."""
+    text = str(error)
+    allocator = isinstance(error, torch.OutOfMemoryError)
+    if not (allocator or "CUDA error: out of memory" in text) or not torch.cuda.is_available():
         return None
-    named = re.search(r"\bGPU (\d+)", str(error))
-    index = int(named.group(1)) if named else torch.cuda.current_device()
-    held = torch.cuda.max_memory_reserved(index)
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(index)
+    named = re.search(r"\bGPU (\d+)", text)
+    try:
+        index = int(named.group(1)) if named else torch.cuda.current_device()
+        held = torch.cuda.max_memory_reserved(index)
+        if error.__traceback__ is not None:  # the failed frames' tensors, freed before the reading
+            traceback.clear_frames(error.__traceback__)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(index)
+        name = torch.cuda.get_device_name(index)
+    except RuntimeError:
+        return "the GPU ran out of memory"
     return (
-        f"{torch.cuda.get_device_name(index)} (cuda:{index}) ran out of memory: "
-        f"{free / 1e9:.2f} of {total / 1e9:.1f} GB free now, this process held at most "
-        f"{held / 1e9:.2f} GB"
+        f"{name} (cuda:{index}) ran out of memory: {free / 1e9:.2f} of {total / 1e9:.1f} GB free "
+        f"now, this process held at most {held / 1e9:.2f} GB"
     )

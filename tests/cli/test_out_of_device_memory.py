@@ -82,3 +82,46 @@ def test_any_other_runtime_error_is_not_taken_for_one(full_gpu, monkeypatch, tmp
     result = CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
     assert isinstance(result.exception, RuntimeError) and str(result.exception) == "boom"
     assert full_gpu == []  # the GPU was not read
+
+
+def test_a_cuda_calls_own_out_of_memory_counts_too_and_an_unreadable_gpu_is_said_plainly(
+    full_gpu, monkeypatch, tmp_path
+):
+    """A CUDA call that fails for memory (a context, a library's workspace) raises a plain
+    RuntimeError with CUDA's text; a GPU that cannot be read then is not read."""
+
+    def unreadable(index):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", unreadable)
+    error = RuntimeError(
+        "CUDA error: out of memory\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
+        "assertions."
+    )
+    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", error)
+    args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
+    result = CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines() == [
+        "error: encode: the GPU ran out of memory: free the GPU of other processes, or lower "
+        "--batch-size"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "advice"),
+    [
+        ("index", "or lower index.batch_size"),
+        ("search", "or run it with --device cpu"),
+        ("export", "free the GPU of other processes"),  # no GPU setting to name
+    ],
+)
+def test_each_command_is_told_its_own_way_out(full_gpu, command, advice):
+    import sys
+
+    cli_app = sys.modules["dpr_cache.cli.app"]
+    line = cli_app._out_of_device_memory(torch.OutOfMemoryError(CUDA_MESSAGE), command)
+    assert line.startswith(f"{command}: Test GPU (cuda:1) ran out of memory") and line.endswith(
+        advice
+    )

@@ -56,27 +56,33 @@ def test_host_waits_are_counted_where_they_happen(cuda):
     assert gpu_perf.count_syncs(lambda: (x @ x).sum(), cuda, "fp32")["count"] == 0
 
 
-def test_a_command_out_of_gpu_memory_ends_in_one_line(cuda, tmp_path):
-    """A real CUDA out of memory: this process's allocator held to a sliver of the GPU, less than
-    the tiny model's weights; the control, with the whole GPU, encodes."""
-    from typer.testing import CliRunner
+def test_a_command_out_of_gpu_memory_ends_in_one_line(tmp_path):
+    """A real CUDA out of memory: a fresh process whose allocator is held to a sliver of the GPU,
+    less than the tiny model's weights; the control, the same command with the whole GPU,
+    encodes."""
+    import subprocess
+    import sys
 
-    from dpr_cache.cli import app
+    from dpr_cache.runtime.processes import child_env
+    from tests.support.fixtures import REPO
 
-    def encode(out: Path):
-        args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
-        flags = ["--device", "cuda", "--num-workers", "0", "-q"]
-        return CliRunner().invoke(app, ["encode", *args, "--out", str(out), *flags])
+    args = ["encode", "--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
+    args += ["--device", "cuda", "--num-workers", "0", "-q"]
+    starved = (
+        "import sys, torch; torch.cuda.set_per_process_memory_fraction(1e-6, 0); "
+        "from dpr_cache.cli import app; app(sys.argv[1:], prog_name='dpr-cache')"
+    )
 
-    torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(1e-6, cuda)
-    try:
-        starved = encode(tmp_path / "starved")
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, cuda)
-    line = starved.output.strip()
-    assert starved.exit_code == 1 and "\n" not in line, starved.output
+    def run(*command: str, out: Path) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, *command, *args, "--out", str(out)]
+        return subprocess.run(
+            cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300
+        )
+
+    failed = run("-c", starved, out=tmp_path / "starved")
+    line = failed.stderr.strip()
+    assert failed.returncode == 1 and "\n" not in line, failed.stderr[-2000:]
     assert line.startswith("error: encode: ") and "(cuda:0) ran out of memory: " in line, line
     assert line.endswith("free the GPU of other processes, or lower --batch-size"), line
-    control = encode(tmp_path / "whole")
-    assert control.exit_code == 0, control.output
+    control = run("-m", "dpr_cache", out=tmp_path / "whole")
+    assert control.returncode == 0, control.stderr[-2000:]
