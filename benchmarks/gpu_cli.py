@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 TOY = "configs/toy.yaml"
+clock_zero = time.monotonic()  # the suite's start (run_suite sets it): children's start times
 RESIDENT_BUDGET_GB = 12  # the eval's memory child's index.memory_gb
 
 
@@ -51,7 +52,9 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     time), seconds, stdout and stderr. A child out of time is sent SIGABRT, which Python's
     fault handler (on in the child) answers by printing every thread's stack to stderr, so
     that a hang on a device names the line it hung on. A child whose caller is interrupted (the
-    section's time is up) is killed, so that it holds no device after its section."""
+    section's time is up) is killed, so that it holds no device after its section. Its start,
+    in seconds from :data:`clock_zero`, lines it up with the suite's other readings."""
+    started_s = round(time.monotonic() - clock_zero, 1)
     start = time.perf_counter()
     proc = _start(
         cmd,
@@ -80,6 +83,7 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         _forget(proc)
     return {
         "rc": rc,
+        "started_s": started_s,
         "seconds": round(time.perf_counter() - start, 2),
         "stdout": stdout,
         "stderr": stderr,
@@ -220,6 +224,7 @@ def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
     row = {
         "command": "dpr-cache " + " ".join(args),
         "rc": run["rc"],
+        "started_s": run["started_s"],
         "seconds": run["seconds"],
         "last_line": last,
         "stdout": run["stdout"].strip().splitlines()[-12:],
@@ -317,6 +322,7 @@ def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
     if run["rc"] is None:
         last = f"out of time after {timeout:.0f} s ({last})"
     return {
+        "started_s": run["started_s"],
         "readings": readings,
         "largest_mappings": mappings,
         "memory_gb": (

@@ -486,12 +486,28 @@ def _eval_resident(r: dict | None) -> list[str]:
 
 
 def _command_line(r: dict) -> list[str]:
-    lines = ["", "| command | exit | s | last line |", "|---|--:|--:|---|"]
-    for row in r.get("pipeline", {}).get("commands", []):
-        lines.append(
-            f"| `{_short(row['command'])}` | {row['rc']} | {row['seconds']} | "
-            f"{row['last_line'][:100]} |"
-        )
+    rows = r.get("pipeline", {}).get("commands", [])
+    if any("started_s" in row for row in rows):
+        lines = [
+            "",
+            "Each command's start is in seconds from the suite's, to be read beside the "
+            "device's memory at the page's end.",
+            "",
+            "| command | start s | exit | s | last line |",
+            "|---|--:|--:|--:|---|",
+        ]
+        for row in rows:
+            lines.append(
+                f"| `{_short(row['command'])}` | {row['started_s']:.0f} | {row['rc']} | "
+                f"{row['seconds']} | {row['last_line'][:100]} |"
+            )
+    else:  # a run that did not record the starts
+        lines = ["", "| command | exit | s | last line |", "|---|--:|--:|---|"]
+        for row in rows:
+            lines.append(
+                f"| `{_short(row['command'])}` | {row['rc']} | {row['seconds']} | "
+                f"{row['last_line'][:100]} |"
+            )
     if r.get("pipeline", {}).get("metrics"):
         m = r["pipeline"]["metrics"]
         lines += [

@@ -137,8 +137,9 @@ def _ours(pid: int) -> bool:
 
 def summarize(samples: list[tuple[float, str, int, int]], total: int, processes: dict) -> dict:
     """Per section, the most memory in use on the device and this process's reserved share at
-    that moment; the moments with under ``FULL_BYTES`` free, by section; each process
-    ``nvidia-smi`` named, largest first."""
+    that moment; the moments with under ``FULL_BYTES`` free, by section; a reading a second
+    (for gpu.json, to line up with the commands' times); each process ``nvidia-smi`` named,
+    largest first."""
     sections: dict[str, dict] = {}
     full: dict[str, int] = {}
     for t, section, used, mine in samples:
@@ -149,8 +150,14 @@ def summarize(samples: list[tuple[float, str, int, int]], total: int, processes:
         if total - used < FULL_BYTES:
             full[section] = full.get(section, 0) + 1
     named = sorted(processes.items(), key=lambda item: -item[1]["peak_bytes"])
+    series, second = [], None  # the first reading of each whole second
+    for t, _, used, mine in samples:
+        if int(t) != second:
+            second = int(t)
+            series.append([t, round(used / GB, 2), round(mine / GB, 2)])
     return {
         "total_gb": round(total / GB, 2),
+        "series": series,  # [seconds, GB in use, the suite's own GB]
         "sections": sections,
         "full_samples": full,
         "processes": [

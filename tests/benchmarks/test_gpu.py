@@ -66,7 +66,11 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert overflow["ok"] and overflow["skipped"] >= 1
     cli = s["command_line"]["result"]
     assert cli["pipeline"]["ok"], cli["pipeline"]["commands"]
+    starts = [row["started_s"] for row in cli["pipeline"]["commands"][:3]]  # train, index, eval
+    assert 0 <= starts[0] < starts[1] < starts[2], starts
     resident = cli["pipeline"]["eval_resident"]
+    # beside the eval where the cores allow, after it on 2 cores: never before
+    assert resident["started_s"] >= starts[2], (resident["started_s"], starts)
     assert resident["rc"] == 0 and resident["memory_gb"] == "12", resident
     stages = list(resident["readings"])
     assert stages[0] == "import torch" and "search plans its blocks" in stages, stages
@@ -305,6 +309,10 @@ def test_command_line_cut_short_shows_the_commands_it_ran():
     page = render({**report, "goals": goals(report)})
     assert "| `dpr-cache index --config configs/toy.yaml` | 0 | 15.2 | index written |" in page
     assert "Bit-exact reruns" not in page  # the resume check had not run
+    timed = {**partial["pipeline"], "commands": [{**row, "started_s": 64.6}]}
+    report["sections"]["command_line"]["partial"] = {"pipeline": timed}
+    page = render({**report, "goals": goals(report)})
+    assert "| `dpr-cache index --config configs/toy.yaml` | 65 | 0 | 15.2 | index written |" in page
 
 
 def test_only_reruns_the_named_sections_and_keeps_the_rest_with_their_date(tmp_path, monkeypatch):
@@ -713,6 +721,7 @@ def test_device_memory_summary_names_each_sections_peak_and_its_full_moments():
     assert exact == {"samples": 3, "peak_used_gb": 139.5, "own_gb": 3.0, "at_s": 1.0}
     assert r["sections"]["memory"]["own_gb"] == 16.0
     assert r["full_samples"] == {"exactness": 1}  # only 1.0 s's 0.5 GB free is under 1 GiB
+    assert r["series"] == [[0.5, 20.0, 2.0], [1.0, 139.5, 3.0], [2.0, 17.0, 16.0]]
     assert r["processes"][0]["peak_gb"] == 105.0 and r["processes"][0]["pid"] == 5
     page = "\n".join(gpu_report._device_memory(r))
     assert "| exactness | 3 | 139.50 | 3.00 | 1 | 1 |" in page
