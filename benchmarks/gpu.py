@@ -437,6 +437,8 @@ def run_suite(
                     n: report["sections"][n] for n in names if n in report["sections"]
                 }
                 report["seconds"] = round(time.monotonic() - started, 1)
+                if watch is not None:  # so far: a suite cut off from outside keeps them
+                    report["device_memory"] = watch.summary()
                 write_page(report, out)
         finally:
             for section in sections:

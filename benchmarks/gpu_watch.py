@@ -51,11 +51,15 @@ class DeviceWatch:
         watch._thread.start()
         return watch
 
+    def summary(self) -> dict:
+        """What the readings so far show (:func:`summarize`)."""
+        with self._lock:
+            return summarize(list(self.samples), self.total, dict(self.processes))
+
     def end(self) -> dict:
         self._stop.set()
         self._thread.join(SMI_TIMEOUT_S + 5)
-        with self._lock:
-            return summarize(list(self.samples), self.total, dict(self.processes))
+        return self.summary()
 
     def _run(self) -> None:
         polls = 0
