@@ -251,7 +251,8 @@ def _sets(out: Path, section: str, device: str, **extra) -> list[str]:
 def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 12) -> dict:
     """train -> index -> eval on the toy config, and beside them ``verify`` (float64, and on a
     GPU float32), every command on ``device``; beside the eval, the same eval again in a process
-    that reads its resident memory by stage (:func:`resident_by_stage`)."""
+    that reads its resident memory by stage (:func:`resident_by_stage`), and on a device once
+    more with the eval on the CPU, so that what the device adds to the process stands apart."""
     out = work / "pipeline"
     train = {"train.precision": precision, "train.max_steps": steps}
 
@@ -265,15 +266,18 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
         # a budget the eval on a GPU meets, so that the child's search runs to its end
         budget = ["--set", f"index.memory_gb={RESIDENT_BUDGET_GB}"]
         eval_resident = [*args("eval"), *budget, "--out", str(out / "eval-resident")]
-        both = in_parallel(
-            {
-                "eval": lambda: cli(*args("eval")),
-                "resident": lambda: resident_by_stage(eval_resident),
-            },
-            {},
-        )
-        found["eval_resident"] = both.get("resident")
-        return [*rows, both["eval"]]
+        evals = {
+            "eval": lambda: cli(*args("eval")),
+            "resident": lambda: resident_by_stage(eval_resident),
+        }
+        if device != "cpu":  # the same on the machine's CPU: what the device adds, set apart
+            on_cpu = ["--set", "eval.device=cpu", "--set", "eval.precision=fp32"]
+            cpu_out = ["--out", str(out / "eval-resident-cpu")]
+            evals["on_cpu"] = lambda: resident_by_stage([*args("eval"), *budget, *on_cpu, *cpu_out])
+        done = in_parallel(evals, {})
+        found["eval_resident"] = done.get("resident")
+        found["eval_resident_cpu"] = done.get("on_cpu")
+        return [*rows, done["eval"]]
 
     def verify(*flags: str) -> Callable[[], list[dict]]:
         folder = work / f"verify{''.join(flags).replace('-', '_')}"
@@ -293,6 +297,7 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
         "logged_steps": len(log.read_text().splitlines()) if log.exists() else 0,
         "ok": all(r["rc"] == 0 for r in rows),
         "eval_resident": found.get("eval_resident"),
+        "eval_resident_cpu": found.get("eval_resident_cpu"),  # a device's run only
     }
 
 

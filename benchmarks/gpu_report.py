@@ -485,6 +485,30 @@ def _eval_resident(r: dict | None) -> list[str]:
     return lines
 
 
+def _eval_on_cpu(pipeline: dict) -> list[str]:
+    """The eval's memory on the machine's CPU beside its memory with the device, both where
+    the search plans its blocks."""
+    on_cpu = pipeline.get("eval_resident_cpu")
+    if not on_cpu:
+        return []
+    plan = "search plans its blocks"
+    cpu = on_cpu.get("readings", {}).get(plan)
+    if cpu is None:
+        return [
+            "",
+            f"The same eval on the machine's CPU did not reach its search (exit "
+            f"{on_cpu.get('rc')}: {on_cpu.get('last_line')}).",
+        ]
+    device = (pipeline.get("eval_resident") or {}).get("readings", {}).get(plan)
+    beside = f", against {device['rss_gb']:.2f} GB with the device" if device else ""
+    return [
+        "",
+        f"The same eval on the machine's CPU (`eval.device=cpu`), where its search plans its "
+        f"blocks: {cpu['rss_gb']:.2f} GB resident (anonymous {cpu['anon_gb']:.2f}, file-backed "
+        f"{cpu['file_gb']:.2f}){beside}.",
+    ]
+
+
 def _command_line(r: dict) -> list[str]:
     rows = r.get("pipeline", {}).get("commands", [])
     if any("started_s" in row for row in rows):
@@ -517,6 +541,7 @@ def _command_line(r: dict) -> list[str]:
             f"{m['top100']}, MRR@10 {m['mrr@10']}.",
         ]
     lines += _eval_resident(r.get("pipeline", {}).get("eval_resident"))
+    lines += _eval_on_cpu(r.get("pipeline", {}))
     if r.get("ran_beside"):
         lines += [
             "",

@@ -69,6 +69,7 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     starts = [row["started_s"] for row in cli["pipeline"]["commands"][:3]]  # train, index, eval
     assert 0 <= starts[0] < starts[1] < starts[2], starts
     resident = cli["pipeline"]["eval_resident"]
+    assert cli["pipeline"]["eval_resident_cpu"] is None  # the eval already ran on the CPU
     # beside the eval where the cores allow, after it on 2 cores: never before
     assert resident["started_s"] >= starts[2], (resident["started_s"], starts)
     assert resident["rc"] == 0 and resident["memory_gb"] == "12", resident
@@ -769,3 +770,21 @@ def test_device_watch_reads_under_each_section_and_names_only_its_own_processes(
     assert named[os.getpid()]["command"] == own[:200]
     assert named[foreign]["command"] is None  # another namespace's id names nothing here
     assert gpu_watch.DeviceWatch.begin_on(torch.device("cpu"), 0.0) is None
+
+
+def test_the_eval_on_the_machines_cpu_is_set_beside_its_run_with_the_device():
+    from benchmarks import gpu_report
+
+    plan = "search plans its blocks"
+    reading = {"rss_gb": 0.61, "anon_gb": 0.4, "file_gb": 0.21}
+    pipeline = {
+        "eval_resident": {"readings": {plan: {**reading, "rss_gb": 5.33}}},
+        "eval_resident_cpu": {"readings": {plan: reading}, "rc": 0},
+    }
+    line = gpu_report._eval_on_cpu(pipeline)[-1]
+    assert line.endswith(
+        "0.61 GB resident (anonymous 0.40, file-backed 0.21), against 5.33 GB with the device."
+    )
+    pipeline["eval_resident_cpu"] = {"readings": {}, "rc": 1, "last_line": "boom"}
+    assert "did not reach its search (exit 1: boom)" in gpu_report._eval_on_cpu(pipeline)[-1]
+    assert gpu_report._eval_on_cpu({"eval_resident_cpu": None}) == []  # a dry run has none
