@@ -511,27 +511,24 @@ def _eval_on_cpu(pipeline: dict) -> list[str]:
 
 def _command_line(r: dict) -> list[str]:
     rows = r.get("pipeline", {}).get("commands", [])
-    if any("started_s" in row for row in rows):
-        lines = [
-            "",
+    timed = any("started_s" in row for row in rows)  # a run that recorded the starts
+    lines = [""]
+    if timed:
+        lines += [
             "Each command's start is in seconds from the suite's, to be read beside the "
             "device's memory at the page's end.",
             "",
-            "| command | start s | exit | s | last line |",
-            "|---|--:|--:|--:|---|",
         ]
-        for row in rows:
-            lines.append(
-                f"| `{_short(row['command'])}` | {row['started_s']:.0f} | {row['rc']} | "
-                f"{row['seconds']} | {row['last_line'][:100]} |"
-            )
-    else:  # a run that did not record the starts
-        lines = ["", "| command | exit | s | last line |", "|---|--:|--:|---|"]
-        for row in rows:
-            lines.append(
-                f"| `{_short(row['command'])}` | {row['rc']} | {row['seconds']} | "
-                f"{row['last_line'][:100]} |"
-            )
+    lines += [
+        "| command |" + (" start s |" if timed else "") + " exit | s | last line |",
+        "|---|" + ("--:|" if timed else "") + "--:|--:|---|",
+    ]
+    for row in rows:
+        start = f" {row['started_s']:.0f} |" if timed else ""
+        lines.append(
+            f"| `{_short(row['command'])}` |{start} {row['rc']} | {row['seconds']} | "
+            f"{row['last_line'][:100]} |"
+        )
     if r.get("pipeline", {}).get("metrics"):
         m = r["pipeline"]["metrics"]
         lines += [

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.machine import proc_field
+
 __all__ = ["DeviceWatch", "summarize", "parse_compute_apps"]
 
 GB = 1e9
@@ -54,7 +56,7 @@ class DeviceWatch:
     def summary(self) -> dict:
         """What the readings so far show (:func:`summarize`)."""
         with self._lock:
-            return summarize(list(self.samples), self.total, dict(self.processes))
+            return summarize(self.samples, self.total, self.processes)
 
     def end(self) -> dict:
         self._stop.set()
@@ -128,14 +130,10 @@ def _ours(pid: int) -> bool:
             return True
         if pid <= 1:
             return False
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
+        ppid = proc_field(f"/proc/{pid}/status", "PPid:")
+        if ppid is None:
             return False
-        ppid = [line.split()[1] for line in status.splitlines() if line.startswith("PPid:")]
-        if not ppid:
-            return False
-        pid = int(ppid[0])
+        pid = int(ppid)
     return False
 
 

@@ -46,13 +46,17 @@ def _fails_with(monkeypatch, target: str, error: BaseException):
     monkeypatch.setattr(target, work)
 
 
+def _encode_failing_with(monkeypatch, tmp_path, error: BaseException):
+    """``dpr-cache encode`` of the toy passages, its work raising ``error``."""
+    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", error)
+    args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
+    return CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
+
+
 def test_encode_out_of_gpu_memory_is_one_line_with_what_the_gpu_holds(
     full_gpu, monkeypatch, tmp_path
 ):
-    error = torch.OutOfMemoryError(CUDA_MESSAGE)
-    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", error)
-    args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
-    result = CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
+    result = _encode_failing_with(monkeypatch, tmp_path, torch.OutOfMemoryError(CUDA_MESSAGE))
     assert result.exit_code == 1, result.output
     assert result.output.splitlines() == [
         "error: encode: Test GPU (cuda:1) ran out of memory: 0.00 of 150.0 GB free now, this "
@@ -75,11 +79,7 @@ def test_eval_names_its_own_batch_setting(full_gpu, monkeypatch, tmp_path):
 
 
 def test_any_other_runtime_error_is_not_taken_for_one(full_gpu, monkeypatch, tmp_path):
-    _fails_with(
-        monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", RuntimeError("boom")
-    )
-    args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
-    result = CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
+    result = _encode_failing_with(monkeypatch, tmp_path, RuntimeError("boom"))
     assert isinstance(result.exception, RuntimeError) and str(result.exception) == "boom"
     assert full_gpu == []  # the GPU was not read
 
@@ -99,9 +99,7 @@ def test_a_cuda_calls_own_out_of_memory_counts_too_and_an_unreadable_gpu_is_said
         "CUDA error: out of memory\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
         "assertions."
     )
-    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", error)
-    args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
-    result = CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
+    result = _encode_failing_with(monkeypatch, tmp_path, error)
     assert result.exit_code == 1, result.output
     assert result.output.splitlines() == [
         "error: encode: the GPU ran out of memory: free the GPU of other processes, or lower "
