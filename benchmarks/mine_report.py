@@ -9,6 +9,7 @@ from pathlib import Path
 from benchmarks.machine import cpu_text
 from benchmarks.scale_report import markdown_table
 from dpr_cache.runtime.atomic import write_text_atomic
+from dpr_cache.runtime.memory import HEADROOM_GB
 
 __all__ = ["projection", "write_report"]
 
@@ -148,7 +149,8 @@ def write_report(results: dict, out: Path, source: Path | None = None) -> Path:
         lines += [f"| **total** | **{total:,.0f}** ({total / 3600:.1f} h) | |", "",
                   "Peak memory: `--memory-gb` bounds the whole process (the search plans its"
                   " blocks in what the process does not already hold), so at NQ's size the peak"
-                  " stays within the budget, 4 GB by default. What mine itself holds does not"
+                  f" stays within the budget (unset, {HEADROOM_GB:g} GB over what the process holds"
+                  " at its first search). What mine itself holds does not"
                   f" grow with the questions: {_listed(results)} here, in parts of"
                   f" {results['small']['part']:,}; at 21M the id table that finds the positives"
                   f" adds at most {NQ_PASSAGES * ID_TABLE_BYTES / 1e9:.2f} GB of mapped pages"

@@ -136,7 +136,9 @@ class IndexConfig(_Section):
     batch_size: int = Field(128, ge=1)  # passages per encoding batch
     shard_size: int = Field(50_000, ge=1)  # passages per on-disk shard (resumable unit)
     store_dtype: Literal["float16", "float32"] = "float16"  # stored vectors; scores in float32
-    memory_gb: float = Field(4.0, gt=0)  # peak memory of a search or an index build
+    # a search's or an index build's bound on the whole process's peak memory (GB); unset:
+    # runtime.memory.HEADROOM_GB over what it holds when its first search or build begins
+    memory_gb: float | None = Field(None, gt=0)
     hnsw_m: int = Field(32, ge=4)
     hnsw_ef_search: int = Field(128, ge=1)
     ivf_nlist: int | None = Field(None, ge=1)  # default ~4*sqrt(N)

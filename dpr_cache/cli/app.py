@@ -21,6 +21,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from dpr_cache.errors import Diverged, InputError, Interrupted
+from dpr_cache.runtime.memory import HEADROOM_GB
 from dpr_cache.runtime.quiet import quiet_libraries
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigOpt",
     "SetOpt",
     "ModelOpt",
+    "MemoryOpt",
     "main",
 ]
 
@@ -82,6 +84,15 @@ SetOpt = Annotated[
 ModelOpt = Annotated[
     Path | None,
     typer.Option("--model", help="Model folder (default: output_dir/model); any HF model works."),
+]
+MemoryOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--memory-gb",
+        help=f"Peak memory of the whole process, in GB (with --config: index.memory_gb); unset, "
+        f"the process may add {HEADROOM_GB:g} GB to what it holds when its first search or build "
+        "begins.",
+    ),
 ]
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, check_inputs, guarded
+from dpr_cache.cli.app import Command, MemoryOpt, app, check_inputs, guarded
 from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 
@@ -76,9 +76,7 @@ def mine(
         str, typer.Option(help="A cross-encoder teacher's: auto, fp32, bf16 or fp16.")
     ] = "auto",
     batch: Annotated[int, typer.Option(help="Questions per part (resumable unit).")] = 2048,
-    memory_gb: Annotated[
-        float, typer.Option("--memory-gb", help="Peak memory, in GB.")
-    ] = default_of("index.memory_gb"),
+    memory_gb: MemoryOpt = default_of("index.memory_gb"),
     nprobe: Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")] = default_of(
         "index.ivf_nprobe"
     ),

@@ -12,6 +12,7 @@ import typer
 from dpr_cache.cli.app import (
     Command,
     ConfigOpt,
+    MemoryOpt,
     ModelOpt,
     SetOpt,
     app,
@@ -44,10 +45,6 @@ def train(
         print(f"model saved to {model_dir}")
 
 
-MemoryOpt = Annotated[
-    float | None,
-    typer.Option("--memory-gb", help="Peak memory of the whole process (default index.memory_gb)."),
-]
 TypeOpt = Annotated[
     str | None, typer.Option("--type", help="flat | ivf | ivfpq | hnsw (default index.type).")
 ]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, check_inputs, guarded
+from dpr_cache.cli.app import Command, MemoryOpt, app, check_inputs, guarded
 from dpr_cache.config import check_flags, default_of
 from dpr_cache.errors import InputError
 
@@ -100,9 +100,7 @@ def search(
         typer.Option(help="A DPR qas file (with --model); ids from X.ids.txt, else row numbers."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model folder for --questions.")] = None,
-    memory_gb: Annotated[
-        float, typer.Option("--memory-gb", help="Peak memory, in GB.")
-    ] = default_of("index.memory_gb"),
+    memory_gb: MemoryOpt = default_of("index.memory_gb"),
     nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = default_of(
         "index.ivf_nprobe"
     ),

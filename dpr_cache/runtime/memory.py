@@ -4,7 +4,9 @@ handing freed heap back to the operating system.
 ``rss_bytes`` / ``peak_rss_bytes`` read the current and peak resident set size;
 ``peak_memory_bytes`` is the one device-aware reading (trainer's log, benchmarks, probes);
 ``available_bytes`` is the memory a new process could get (the loss sweep
-skips what does not fit). ``trim`` calls glibc's ``malloc_trim``: on CPU, glibc keeps the pages
+skips what does not fit). ``memory_limit`` turns a memory budget (``index.memory_gb``, given or
+unset) into the bound on this process's resident memory that searches and index builds plan
+under. ``trim`` calls glibc's ``malloc_trim``: on CPU, glibc keeps the pages
 of freed tensors that sit below live ones; GradCache's graph-less first pass frees many such
 buffers just before the kept graphs are built, so without a trim its peak resident memory
 carries that slack (about 10% on a 2-core run of all-MiniLM-L6-v2). A no-op where glibc is not
@@ -18,7 +20,17 @@ import functools
 import os
 import sys
 
-__all__ = ["trim", "rss_bytes", "peak_rss_bytes", "peak_memory_bytes", "available_bytes"]
+__all__ = [
+    "HEADROOM_GB",
+    "trim",
+    "rss_bytes",
+    "peak_rss_bytes",
+    "peak_memory_bytes",
+    "available_bytes",
+    "memory_limit",
+]
+
+HEADROOM_GB = 4.0  # what an unset memory budget lets the process add to what it holds
 
 
 @functools.cache
@@ -77,3 +89,14 @@ def available_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def memory_limit(memory_gb: float | None) -> int:
+    """The bound on this process's resident memory, in bytes: ``memory_gb`` (10^9 bytes) when
+    given, else what the process holds now plus ``HEADROOM_GB``, since what a process holds
+    before its first block (libraries, a device's runtime) differs by machine and no block size
+    gives it back. A command resolves it once, when its first search or index build begins
+    (after its model has encoded), and plans under that number throughout."""
+    if memory_gb is None:
+        return rss_bytes() + int(HEADROOM_GB * 1e9)
+    return int(memory_gb * 1e9)

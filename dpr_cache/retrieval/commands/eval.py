@@ -31,7 +31,6 @@ from dpr_cache.retrieval.commands.specs import (
     fusion_spec,
     index_dir_of,
     index_spec,
-    memory_bytes_of,
     opened_type,
 )
 from dpr_cache.retrieval.dense.index import (
@@ -62,6 +61,7 @@ from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
+from dpr_cache.runtime.memory import memory_limit
 
 __all__ = ["eval_command", "evaluate", "format_metrics_table", "check_overrides"]
 
@@ -137,7 +137,7 @@ def evaluate(
         tune = _tune_questions(config, model, qrels, qids, run) if spec.weight is None else None
         del model
         laps.lap("encode questions")
-        k, memory = max(config.eval.top_k), memory_bytes_of(config.index.memory_gb)
+        k, memory = max(config.eval.top_k), memory_limit(config.index.memory_gb)
         if spec.method == "none":
             hits = search_index(opened, q_embs, k, memory, rank=rank, world_size=world_size)
             laps.lap("search")
@@ -146,7 +146,7 @@ def evaluate(
             rows = corpus.rows_of(hits.rows)
         else:
             hits, fused = _hybrid(
-                config, spec, corpus, q_embs, qas, qids, tune, qrels, rank, world_size
+                config, spec, corpus, q_embs, qas, qids, tune, qrels, memory, rank, world_size
             )
             laps.lap(f"search, BM25 and {spec.method} fusion")
             if hits is None:
@@ -277,11 +277,13 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: Qu
     return tune, qids, question_vectors(model, [q for q, _ in tune], run)
 
 
-def _hybrid(config, spec, corpus: Corpus, q_embs, qas, qids, tune, qrels, rank, world_size):
+def _hybrid(
+    config, spec, corpus: Corpus, q_embs, qas, qids, tune, qrels, memory: int, rank, world_size
+):
     """The fused hits of the dev questions and what fused them (the weight tuned first on the
     held-out questions ``tune`` when asked); (None, None) on ranks but 0. Every collective
     search runs first; BM25 is opened after them, on rank 0 alone."""
-    e, memory = config.eval, memory_bytes_of(config.index.memory_gb)
+    e = config.eval
     depth = max(spec.depth, max(e.top_k))
 
     def dense(queries):

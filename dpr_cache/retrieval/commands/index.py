@@ -33,7 +33,6 @@ from dpr_cache.retrieval.commands.specs import (
     encode_spec,
     index_dir_of,
     index_spec,
-    memory_bytes_of,
 )
 from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec
 from dpr_cache.retrieval.dense.index import finish_index
@@ -67,7 +66,7 @@ def build_index(
             index_dir_of(config.output_path),
             encode=encode_spec(config),
             index=index_spec(config),
-            memory_bytes=memory_bytes_of(config.index.memory_gb),
+            memory_gb=config.index.memory_gb,
             device=resolve_device(config.index.device, key="index.device"),
             cache_dir=config.cache_path,
             rank=rank,
@@ -83,14 +82,15 @@ def index_passages(
     *,
     encode: EncodeSpec,
     index: IndexSpec,
-    memory_bytes: int,
+    memory_gb: float | None,
     device: torch.device,
     cache_dir: Path,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
 ) -> Path:
-    """Encode ``passages`` into ``out/shards`` and, on rank 0, finish the index over them."""
+    """Encode ``passages`` into ``out/shards`` and, on rank 0, finish the index over them
+    within ``memory_gb`` (see :func:`finish_index`)."""
     encoded = encode_passage_shards(
         passages,
         model_dir,
@@ -101,7 +101,7 @@ def index_passages(
         rank=rank,
         world_size=world_size,
         progress=progress,
-        check=lambda n, dim: check_index_spec(index, n, dim, memory_bytes),
+        check=lambda n, dim: check_index_spec(index, n, dim, memory_gb),
     )
     if rank != 0:
         return out
@@ -122,7 +122,7 @@ def index_passages(
         "encode": dataclasses.asdict(encode),
         "timings": encoded.timings(),  # this run, rank 0
     }
-    finish_index(out, EmbeddingStore.open(encoded.paths), index, memory_bytes, extra)
+    finish_index(out, EmbeddingStore.open(encoded.paths), index, memory_gb, extra)
     return out
 
 
@@ -131,7 +131,7 @@ def index_embeddings(
     out: Path,
     *,
     spec: IndexSpec,
-    memory_bytes: int,
+    memory_gb: float | None,
     store_dtype: str = "float16",
 ) -> Path:
     """``dpr-cache index --embeddings``: an index over precomputed shards. Our ``.npy`` shards
@@ -153,7 +153,7 @@ def index_embeddings(
                 _dpr_pickle_to_shard(Path(p), out / "shards" / f"dpr-{i:05d}.npy", store_dtype)
                 for i, p in enumerate(pickles)
             ]
-        finish_index(out, EmbeddingStore.open(npys), spec, memory_bytes, {"source": pattern})
+        finish_index(out, EmbeddingStore.open(npys), spec, memory_gb, {"source": pattern})
     return out
 
 
@@ -195,7 +195,7 @@ def index_command(
             embeddings,
             out,
             spec=index_spec(config),
-            memory_bytes=memory_bytes_of(config.index.memory_gb),
+            memory_gb=config.index.memory_gb,
             store_dtype=config.index.store_dtype,
         )
     env = distributed.setup(config.index.device, "index.device")

@@ -14,7 +14,6 @@ from typing import Any
 
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
-from dpr_cache.retrieval.commands.specs import memory_bytes_of
 from dpr_cache.retrieval.dense.index import open_index, search_spec
 from dpr_cache.retrieval.mining.miner import mine
 from dpr_cache.retrieval.mining.rankers import RANKERS, Bm25Ranker, ModelRanker
@@ -38,7 +37,7 @@ class RankerSpec:
     passages: Path | None = None
     nprobe: int = 16
     ef_search: int = 128
-    memory_gb: float = 4.0
+    memory_gb: float | None = None  # the whole process's peak; None: memory_limit's default
     device: str = "auto"
 
     def check(self, hybrid_teacher: bool = False) -> None:
@@ -91,7 +90,7 @@ def mine_file(
                     opened,
                     ranker.passages,
                     cache_dir=cache_dir,
-                    memory_bytes=memory_bytes_of(ranker.memory_gb),
+                    memory_gb=ranker.memory_gb,
                     device=env.device,
                     rank=env.rank,
                     world_size=env.world_size,

@@ -15,7 +15,6 @@ from dpr_cache.data.passages import load_passages, passage_columns
 from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
-from dpr_cache.retrieval.commands.specs import memory_bytes_of
 from dpr_cache.retrieval.dense.index import Corpus, OpenIndex, open_index, search_index, search_spec
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.store import Shard, ids_path
@@ -24,6 +23,7 @@ from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_spars
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.lock import output_lock
+from dpr_cache.runtime.memory import memory_limit
 
 __all__ = ["Queries", "SearchSpec", "HybridSearch", "read_queries", "search"]
 
@@ -53,7 +53,7 @@ class SearchSpec:
     are encoded, and the run's name."""
 
     k: int = 100
-    memory_gb: float = 4.0
+    memory_gb: float | None = None  # the whole process's peak; None: memory_limit's default
     nprobe: int = 16
     ef_search: int = 128
     tag: str = "dpr-cache"
@@ -104,7 +104,7 @@ def search(
             vectors, qids, texts = _queries(
                 queries, opened, QuestionRun(env.device, spec.precision)
             )
-            memory = memory_bytes_of(spec.memory_gb)
+            memory = memory_limit(spec.memory_gb)
             if hybrid is None:
                 hits = search_index(
                     opened, vectors, spec.k, memory, rank=env.rank, world_size=env.world_size
@@ -113,7 +113,7 @@ def search(
                     return None
                 pids = opened.store.ids_of(hits.rows)
             else:
-                found = _fused(opened, vectors, qids, texts, spec, hybrid, env)
+                found = _fused(opened, vectors, qids, texts, spec, hybrid, memory, env)
                 if found is None:
                     return None
                 hits, pids = found
@@ -138,7 +138,7 @@ def _queries(
     return question_vectors(model, texts, run), question_ids(queries.questions, len(qas)), texts
 
 
-def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch, env):
+def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch, memory: int, env):
     """The fused hits and their passage ids; None on ranks but 0."""
     if texts is None and hybrid.bm25_run is None:
         raise InputError(
@@ -153,7 +153,7 @@ def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch,
         corpus,
         vectors,
         max(hybrid.fusion.depth, spec.k),
-        memory_bytes_of(spec.memory_gb),
+        memory,
         rank=env.rank,
         world_size=env.world_size,
     )

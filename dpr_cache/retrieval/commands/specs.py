@@ -18,7 +18,6 @@ __all__ = [
     "index_spec",
     "encode_spec",
     "fusion_spec",
-    "memory_bytes_of",
     "opened_type",
 ]
 
@@ -57,11 +56,6 @@ def fusion_spec(config: Config) -> FusionSpec:
     e = config.eval
     weight = None if e.fusion_weight == "auto" else float(e.fusion_weight)
     return FusionSpec(e.fusion, weight, e.fusion_depth, e.fusion_rrf_k)
-
-
-def memory_bytes_of(memory_gb: float) -> int:
-    """A memory bound given in GB (10^9 bytes), in bytes."""
-    return int(memory_gb * 1e9)
 
 
 def opened_type(index_dir: Path) -> str | None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.dense.store import EmbeddingStore
+from dpr_cache.runtime import memory
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = [
@@ -75,22 +76,29 @@ def hnsw_bytes(rows: int, dim: int, m: int, *, building: bool = False) -> int:
     return int(held * HNSW_BUILD_PEAK) if building else held
 
 
-def check_index_spec(spec: IndexSpec, rows: int, dim: int, memory_bytes: int | None = None) -> None:
-    """InputError for a spec that cannot be built on these vectors (or in this memory)."""
+def check_index_spec(spec: IndexSpec, rows: int, dim: int, memory_gb: float | None) -> None:
+    """InputError for a spec that cannot be built on these vectors, or whose index would not fit
+    in ``memory_gb`` (given, the whole process's bound; unset, the headroom it may add)."""
     if spec.type not in INDEX_TYPES:
         raise InputError(f"index.type: {spec.type!r} is not one of {', '.join(INDEX_TYPES)}")
     if spec.type == "ivfpq" and dim % spec.pq_m:
         raise InputError(f"index.pq_m: {spec.pq_m} does not divide the embedding size {dim}")
     if spec.type in ("ivf", "ivfpq") and spec.ivf_nlist is not None and spec.ivf_nlist > rows:
         raise InputError(f"index.ivf_nlist: {spec.ivf_nlist} is more than the {rows} passages")
-    if spec.type == "hnsw" and memory_bytes is not None:
+    if spec.type == "hnsw":
         need = hnsw_bytes(rows, dim, spec.hnsw_m, building=True)
-        if need > memory_bytes:
+        room = memory.HEADROOM_GB if memory_gb is None else memory_gb
+        if need > room * 1e9:
+            budget = (
+                f"--memory-gb {memory_gb:g}"
+                if memory_gb is not None
+                else f"the {room:g} GB an unset --memory-gb lets the process add"
+            )
             raise InputError(
                 f"index.type hnsw: {rows} vectors of {dim} need about {need / 1e9:.1f} GB in RAM "
                 f"to build ({hnsw_bytes(rows, dim, spec.hnsw_m) / 1e9:.1f} GB to search; HNSW "
-                f"cannot be memory-mapped), over --memory-gb {memory_bytes / 1e9:.1f}: use "
-                "flat (exact, streamed) or ivfpq (on disk), or a larger budget"
+                f"cannot be memory-mapped), over {budget}: use flat (exact, streamed) or ivfpq "
+                "(on disk), or a larger budget"
             )
 
 

@@ -36,6 +36,7 @@ from dpr_cache.retrieval.dense.search import (
     plan_blocks,
 )
 from dpr_cache.retrieval.dense.store import EmbeddingStore, Shard
+from dpr_cache.runtime import memory
 from dpr_cache.runtime.atomic import write_json_atomic
 
 __all__ = [
@@ -82,20 +83,23 @@ def finish_index(
     out: Path,
     store: EmbeddingStore,
     spec: IndexSpec,
-    memory_bytes: int,
+    memory_gb: float | None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build what ``spec.type`` needs over ``store`` into ``out`` and write ``meta.json`` last
-    (an index folder without its meta is not an index). Returns the meta."""
+    """Build what ``spec.type`` needs over ``store`` into ``out`` within ``memory_gb``
+    (:func:`~dpr_cache.runtime.memory.memory_limit`, resolved here) and write ``meta.json``
+    last (an index folder without its meta is not an index). Returns the meta."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    check_index_spec(spec, store.rows, store.dim, memory_bytes)
+    check_index_spec(spec, store.rows, store.dim, memory_gb)
+    limit = memory.memory_limit(memory_gb)
+    used = memory.rss_bytes()
     held = 0  # what the index itself holds while it is built: blocks get the rest
     if spec.type == "hnsw":
         held = hnsw_bytes(store.rows, store.dim, spec.hnsw_m, building=True)
-    elif spec.type == "ivf":  # each block is copied into its part index
-        held = memory_bytes // 2
-    plan = plan_blocks(memory_bytes - held, store.dim, store.dtype.itemsize, 1, 1)
+    elif spec.type == "ivf":  # each block is copied into its part index: half of what is left
+        held = max(limit - used, 0) // 2
+    plan = plan_blocks(limit - held, store.dim, store.dtype.itemsize, 1, 1, used=used)
     start = time.perf_counter()
     (out / META_FILE).unlink(missing_ok=True)
     params: dict[str, Any] = {}

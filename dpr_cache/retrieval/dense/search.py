@@ -4,8 +4,11 @@ Exact (``flat``): the store is scanned block by block (:meth:`EmbeddingStore.blo
 scores from the stored vectors) with ``faiss.knn`` on each block and FAISS's ``ResultHeap`` keeping
 each query's running top k; queries go in blocks too when their heaps would not fit. The block
 sizes come from the memory budget less what the process already holds, so the peak resident
-memory is set by the budget, not by the corpus. Under ``torchrun`` each rank scans the shards
-``k % world_size == rank`` and rank 0 merges the ranks' top k.
+memory is set by the budget, not by the corpus. The budget bounds the whole process when given
+(``--memory-gb``); unset, it lets the process grow by a headroom over what it holds when its
+first search or build begins (:func:`~dpr_cache.runtime.memory.memory_limit`). Under
+``torchrun`` each rank scans the shards ``k % world_size == rank`` and rank 0 merges the ranks'
+top k.
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ import numpy as np
 
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.dense.store import EmbeddingStore
-from dpr_cache.runtime.memory import rss_bytes
+from dpr_cache.runtime import memory
 
-__all__ = ["Hits", "BlockPlan", "plan_blocks", "exact_search", "index_search", "merge_hits"]
+__all__ = [
+    "Hits",
+    "BlockPlan",
+    "plan_blocks",
+    "exact_search",
+    "index_search",
+    "merge_hits",
+]
 
 GB = 1e9
 MIN_BLOCK_ROWS = 1024
@@ -54,7 +64,7 @@ def plan_blocks(
 
     Raises InputError when not even ``MIN_BLOCK_ROWS`` rows fit.
     """
-    used = rss_bytes() if used is None else used
+    used = memory.rss_bytes() if used is None else used
     free = memory_bytes - used - _FIXED_BYTES
     row_bytes = dim * itemsize + (0 if itemsize == 4 else 4 * dim)
     query_bytes = 4 * dim + 3 * 12 * k  # the query, its heap, faiss.knn's output and a merge copy

@@ -21,6 +21,7 @@ from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, questi
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.lexical import Bm25Index, top_rows
 from dpr_cache.runtime.laps import Laps
+from dpr_cache.runtime.memory import memory_limit
 
 __all__ = ["Ranked", "Ranker", "ModelRanker", "Bm25Ranker", "RANKERS"]
 
@@ -62,7 +63,8 @@ class Ranker(Protocol):
 
 class ModelRanker:
     """The query tower of ``model_dir`` searching ``opened`` (the bounded search ``eval``
-    uses; under ``torchrun`` each rank scans its share of the shards)."""
+    uses; under ``torchrun`` each rank scans its share of the shards) within ``memory_gb``
+    (:func:`memory_limit`, resolved once, after the first questions are encoded)."""
 
     def __init__(
         self,
@@ -71,7 +73,7 @@ class ModelRanker:
         passages: Path | None,
         *,
         cache_dir: Path,
-        memory_bytes: int,
+        memory_gb: float | None,
         device: torch.device,
         rank: int = 0,
         world_size: int = 1,
@@ -89,13 +91,16 @@ class ModelRanker:
                 "index` encoded from the passages"
             )
         self.model_dir, self.opened, self.device = model_dir, opened, device
-        self.memory_bytes, self.process, self.world_size = memory_bytes, rank, world_size
+        self.memory_gb, self.process, self.world_size = memory_gb, rank, world_size
+        self.memory_bytes: int | None = None  # resolved at the first search
 
     def rank(
         self, questions: list[str], positive_rows: np.ndarray, k: int, laps: Laps
     ) -> Ranked | None:
         queries = question_vectors(self.model, questions, QuestionRun(self.device))
         laps.lap("encode questions")
+        if self.memory_bytes is None:
+            self.memory_bytes = memory_limit(self.memory_gb)
         hits = search_index(
             self.opened,
             queries,

@@ -20,6 +20,7 @@ from dpr_cache.config import Config
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.retrieval.commands import eval as eval_command
 from dpr_cache.retrieval.commands.eval import evaluate, format_metrics_table
 from dpr_cache.retrieval.commands.index import build_index
 from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
@@ -27,6 +28,7 @@ from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec, h
 from dpr_cache.retrieval.dense.index import finish_index, open_index, search_index
 from dpr_cache.retrieval.dense.shards import shard_key
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.runtime import memory
 from tests.support.fixtures import index_vectors
 
 BUDGET = 32 * 10**9  # memory budgets here only size the blocks (capped by the shards)
@@ -204,7 +206,7 @@ def test_approximate_indexes_find_the_exact_neighbours(tmp_path, kind, least_rec
         write_shard(tmp_path / f"s{i}.npy", part, [str(j) for j in range(len(part))], "float32")
     store = EmbeddingStore.from_glob(str(tmp_path / "s*.npy"))
     spec = IndexSpec(type=kind, pq_m=16)
-    meta = finish_index(tmp_path / "index", store, spec, BUDGET)
+    meta = finish_index(tmp_path / "index", store, spec, BUDGET / 1e9)
     assert meta["type"] == kind and meta["rows"] == 4000
     hits = search_index(open_index(tmp_path / "index", spec), q_embs, 10, BUDGET)
     exact = _exact_top(p_embs, q_embs, 10)
@@ -244,6 +246,51 @@ def test_eval_needs_an_index(corpus, make_config, tmp_path) -> None:
 def test_eval_refuses_another_model(corpus, built: Config) -> None:
     with pytest.raises(InputError, match="not the model"):
         evaluate(built, corpus["other"], progress=False)
+
+
+GPU_HELD = 5_330_000_000  # what an eval process on one GPU machine held more than here
+
+
+def test_eval_by_default_searches_over_what_a_gpu_process_holds(
+    corpus, built: Config, tmp_path, monkeypatch
+) -> None:
+    """An eval process that comes to hold 5.33 GB more than this one as it encodes its questions
+    (as one GPU machine's did) evaluates as before under the default budget, resolved after the
+    encoding; a whole-process 4 GB stops it in one line."""
+    real, encode, encoded = memory.rss_bytes, eval_command.question_vectors, []
+    monkeypatch.setattr(memory, "rss_bytes", lambda: real() + (GPU_HELD if encoded else 0))
+    monkeypatch.setattr(
+        eval_command, "question_vectors", lambda *a: encoded.append(1) or encode(*a)
+    )
+    want = json.loads((built.output_path / "eval" / "metrics.json").read_text())
+    metrics = evaluate(built, out_dir=tmp_path / "default", progress=False)
+    assert built.index.memory_gb is None and encoded
+    assert {k: metrics[k] for k in want if k != "measured"} == {
+        k: v for k, v in want.items() if k != "measured"
+    }
+    four = built.model_copy(update={"index": built.index.model_copy(update={"memory_gb": 4.0})})
+    with pytest.raises(InputError, match=r"--memory-gb 4\.00: too small; this process already"):
+        evaluate(four, out_dir=tmp_path / "four", progress=False)
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf"])
+def test_index_builds_by_default_over_what_a_gpu_process_holds(
+    corpus, make_config, built: Config, tmp_path, monkeypatch, kind
+) -> None:
+    """Every type builds under the default budget in a process that holds 5.33 GB more than
+    this one; a whole-process 4 GB refuses it in one line."""
+    real = memory.rss_bytes
+    monkeypatch.setattr(memory, "rss_bytes", lambda: real() + GPU_HELD)
+    for memory_gb in (None, 4.0):
+        shutil.copytree(built.output_path / "index", tmp_path / f"{memory_gb}" / "index")
+        config = make_config(corpus, tmp_path / f"{memory_gb}", type=kind, memory_gb=memory_gb)
+        if memory_gb is not None:
+            with pytest.raises(InputError, match=r"--memory-gb 4\.00: too small; this process"):
+                build_index(config, progress=False)
+            continue
+        build_index(config, progress=False)
+        opened = open_index(tmp_path / "None" / "index")
+        assert opened.type == kind and opened.store.rows == corpus["n_passages"]
 
 
 def test_index_needs_a_model(corpus, make_config, tmp_path) -> None:
@@ -286,6 +333,9 @@ def test_hnsw_is_refused_when_its_build_peak_is_over_the_budget() -> None:
     rows, dim, spec = 4_000_000, 768, IndexSpec(type="hnsw")
     finished = hnsw_bytes(rows, dim, spec.hnsw_m)
     assert abs(finished / 1e9 - 13.38) < 0.01  # the 4M x 768 index measured at 13.38 GB on disk
-    check_index_spec(spec, rows, dim, int(finished * 1.3) + 1)
-    with pytest.raises(InputError, match="to build .13.4 GB to search"):
-        check_index_spec(spec, rows, dim, finished + 1)
+    check_index_spec(spec, rows, dim, (finished * 1.3 + 1) / 1e9)
+    with pytest.raises(InputError, match=r"to build .13.4 GB to search.*over --memory-gb 13\.3"):
+        check_index_spec(spec, rows, dim, (finished + 1) / 1e9)
+    with pytest.raises(InputError, match="over the 4 GB an unset --memory-gb lets the process"):
+        check_index_spec(spec, rows, dim, None)  # unset: the headroom bounds the index
+    check_index_spec(spec, 700_000, dim, None)  # 3.0 GB to build: within the headroom

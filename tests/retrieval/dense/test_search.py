@@ -11,9 +11,15 @@ import pytest
 
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.dense import search as search_module
-from dpr_cache.retrieval.dense.search import Hits, exact_search, merge_hits, plan_blocks
+from dpr_cache.retrieval.dense.search import (
+    Hits,
+    exact_search,
+    merge_hits,
+    plan_blocks,
+)
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
-from dpr_cache.runtime.memory import rss_bytes
+from dpr_cache.runtime import memory
+from dpr_cache.runtime.memory import memory_limit, rss_bytes
 
 DIM = 16
 
@@ -97,3 +103,22 @@ def test_budget_and_query_errors_are_one_line(store) -> None:
         exact_search(store, np.zeros((2, DIM), np.float32), 5, 10**8)
     with pytest.raises(InputError, match=r"query vectors of shape \(2, 7\) against 16-d"):
         exact_search(store, np.zeros((2, 7), np.float32), 5, _budget_for(4096, store))
+
+
+def test_an_unset_budget_is_headroom_over_what_the_process_holds(store, monkeypatch) -> None:
+    """A process that holds 5.33 GB before its search (what a GPU process's host memory came to
+    on one machine) is refused under a whole-process 4 GB, and searches exactly under the
+    default, whose blocks get the 4 GB headroom over what it holds."""
+    store, vectors = store
+    held = 5_330_000_000
+    monkeypatch.setattr(memory, "rss_bytes", lambda: held)
+    assert memory_limit(2.5) == 2_500_000_000
+    assert memory_limit(None) == held + 4 * 10**9
+    queries = np.random.default_rng(3).standard_normal((30, DIM)).astype(np.float32)
+    with pytest.raises(InputError, match=r"--memory-gb 4\.00: too small; this process already "):
+        exact_search(store, queries, 10, memory_limit(4.0))
+    plan = plan_blocks(memory_limit(None), DIM, 2, len(queries), 10)
+    assert plan.free_bytes == 4 * 10**9 - search_module._FIXED_BYTES
+    hits = exact_search(store, queries, 10, memory_limit(None))
+    want_scores, _ = _reference(vectors, queries, 10)
+    np.testing.assert_allclose(hits.scores, want_scores, rtol=1e-5, atol=1e-5)

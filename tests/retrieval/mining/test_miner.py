@@ -170,6 +170,40 @@ def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
     ]
 
 
+def test_an_unset_budget_is_fixed_at_the_first_search(index, monkeypatch) -> None:
+    """Unset, the ranker's budget is 4 GB over what the process holds at its first search (not
+    when the ranker is made), and every later part searches under that same number however the
+    process grows since."""
+    from dpr_cache.retrieval.dense.index import open_index
+    from dpr_cache.retrieval.mining import rankers
+    from dpr_cache.runtime import memory
+    from dpr_cache.runtime.laps import Laps
+
+    budgets, search = [], rankers.search_index
+
+    def searched(opened, queries, k, memory_bytes, **kw):
+        budgets.append(memory_bytes)
+        return search(opened, queries, k, memory_bytes, **kw)
+
+    monkeypatch.setattr(rankers, "search_index", searched)
+    questions = [r["question"] for r in RECORDS[:4]]
+    for memory_gb, want in ((None, 10**9 + 4 * 10**9), (2.5, 2_500_000_000)):
+        ranker = rankers.ModelRanker(
+            TINY.resolve(),
+            open_index(index),
+            None,
+            cache_dir=index.parent / "cache",
+            memory_gb=memory_gb,
+            device=torch.device("cpu"),
+        )
+        readings = iter(range(10**9, 10**10, 10**8))  # the process grows at every reading
+        monkeypatch.setattr(memory, "rss_bytes", lambda readings=readings: next(readings))
+        for _ in range(3):
+            assert ranker.rank(questions, np.full(4, -1), 5, Laps()) is not None
+        assert budgets == [want] * 3, memory_gb
+        budgets.clear()
+
+
 def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
     from dpr_cache.retrieval.dense.index import open_index
     from dpr_cache.retrieval.mining import miner
@@ -183,7 +217,7 @@ def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
         open_index(index),
         None,
         cache_dir=index.parent / "cache",
-        memory_bytes=2 * 10**9,
+        memory_gb=2.0,
         device=torch.device("cpu"),
     )
 
