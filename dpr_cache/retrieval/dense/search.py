@@ -23,14 +23,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.retrieval.dense.store import EmbeddingStore
 from dpr_cache.runtime import memory
 
-__all__ = [
-    "Hits",
-    "BlockPlan",
-    "plan_blocks",
-    "exact_search",
-    "index_search",
-    "merge_hits",
-]
+__all__ = ["Hits", "BlockPlan", "plan_blocks", "exact_search", "index_search", "merge_hits"]
 
 GB = 1e9
 MIN_BLOCK_ROWS = 1024
