@@ -33,7 +33,7 @@ from safetensors import SafetensorError
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
-from dpr_cache.data.tokenize import tokenize_text_pairs
+from dpr_cache.data.tokenize import pad, tokenize_text_pairs
 from dpr_cache.errors import InputError
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
 from dpr_cache.model.towers import load_tokenizer
@@ -211,11 +211,7 @@ def score_pairs(
     with torch.inference_mode(), autocast(encoder.device, precision):
         for start in range(0, len(pairs), batch_size):
             rows = order[start : start + batch_size]
-            batch = encoder.tokenizer.pad(
-                {key: [values[r] for r in rows] for key, values in features.items()},
-                padding="longest",
-                return_tensors="pt",
-            )
+            batch = pad(encoder.tokenizer, features, rows, width=int(lengths[rows].max()))
             logits = encoder.model(**{k: v.to(encoder.device) for k, v in batch.items()}).logits
             scores[rows] = relevance(logits).cpu().numpy()
     _check_finite(encoder, pairs, scores, precision)
