@@ -70,6 +70,7 @@ class Plan:
     score_pairs: int  # pairs of score's cross-encoder loop
     score_precisions: list[str]
     score_batch: int
+    score_rounds: int  # timed rounds of each precision, the order alternating
 
 
 GPU_PLAN = Plan(
@@ -100,8 +101,9 @@ GPU_PLAN = Plan(
     cli_steps=12,
     determinism=(False, True),
     score_pairs=10_000,
-    score_precisions=["bf16", "fp16", "fp32"],  # fp32 after the autocast runs: order favours none
+    score_precisions=["bf16", "fp16", "fp32"],
     score_batch=256,
+    score_rounds=2,
 )
 DRY_PLAN = Plan(
     exact_sizes=["tiny"],
@@ -124,8 +126,9 @@ DRY_PLAN = Plan(
     cli_steps=3,
     determinism=(True,),  # the CPU's kernels are deterministic either way
     score_pairs=64,
-    score_precisions=["fp32"],
+    score_precisions=["fp32", "bf16"],
     score_batch=16,
+    score_rounds=2,
 )
 
 
@@ -304,6 +307,7 @@ def _sections(
             plan.score_pairs,
             plan.score_precisions,
             plan.score_batch,
+            plan.score_rounds,
         )
 
     where = "cuda" if cuda else "cpu"

@@ -603,19 +603,28 @@ def _short(command: str) -> str:
 
 def _teacher_scoring(r: dict) -> list[str]:
     shape = r["model"]
+    rounds = "round" in r["rows"][0]
     lines = [
         "",
         f"`score`'s cross-encoder loop, a cross-encoder of {shape['layers']} layers x "
-        f"{shape['hidden']} (all-MiniLM-L6-v2's shape), pairs cut at {r['max_length']} tokens, "
-        f"length-sorted batches of {r['batch_size']}; NQ's training set is "
-        f"{r['nq_pairs']:,} pairs (58,880 questions x 31 passages), in the order run:",
+        f"{shape['hidden']} (all-MiniLM-L6-v2's shape), pairs cut at {r['max_length']} tokens"
+        + (f" (mean {r['mean_tokens']:.0f})" if "mean_tokens" in r else "")
+        + f", length-sorted batches of {r['batch_size']}; NQ's training set is "
+        f"{r['nq_pairs']:,} pairs (58,880 questions x 31 passages), in the order run"
+        + (
+            " (each round's order the last one's reversed, every batch's shape run once first)"
+            if rounds
+            else ""
+        )
+        + ":",
         "",
-        "| precision | pairs | seconds | pairs/s | NQ (h) |",
-        "|---|--:|--:|--:|--:|",
+        ("| round " if rounds else "") + "| precision | pairs | seconds | pairs/s | NQ (h) |",
+        ("|--:" if rounds else "") + "|---|--:|--:|--:|--:|",
     ]
     for row in r["rows"]:
         lines.append(
-            f"| {row['precision']} | {row['pairs']:,} | {row['seconds']:.1f} | "
+            (f"| {row['round']} " if rounds else "")
+            + f"| {row['precision']} | {row['pairs']:,} | {row['seconds']:.1f} | "
             f"{row['pairs_a_second']:,.0f} | {row['nq_hours']:.2f} |"
         )
     if "tokenize_s" in r:
@@ -623,6 +632,20 @@ def _teacher_scoring(r: dict) -> list[str]:
             "",
             f"Of each row's seconds, tokenizing the pairs (on the CPU) takes {r['tokenize_s']:.1f} "
             "s, timed alone.",
+        ]
+    if "model_alone" in r:
+        lines += [
+            "",
+            "The model alone, on the same batches already padded on the device (what the loop "
+            "spends beyond it is the host's: tokenizing, padding, copying, each batch waiting "
+            "on the last):",
+            "",
+            "| precision | seconds | pairs/s |",
+            "|---|--:|--:|",
+        ]
+        lines += [
+            f"| {a['precision']} | {a['seconds']:.2f} | {a['pairs_a_second']:,.0f} |"
+            for a in r["model_alone"]
         ]
     return lines
 

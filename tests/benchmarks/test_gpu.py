@@ -97,8 +97,13 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     working = t["open_seconds"] + t["encode_seconds"]
     assert 0 < t["first_batch_seconds"] < t["encode_seconds"] and working < encoded["seconds"], t
     assert t["first_batch_passages"] == 64, t  # the dry plan's batch
-    scoring = s["teacher_scoring"]["result"]["rows"][0]
-    assert scoring["pairs"] == 64 and scoring["pairs_a_second"] > 0
+    scoring = s["teacher_scoring"]["result"]
+    runs = [(row["round"], row["precision"]) for row in scoring["rows"]]
+    assert runs == [(1, "fp32"), (1, "bf16"), (2, "bf16"), (2, "fp32")], runs
+    assert all(row["pairs"] == 64 and row["pairs_a_second"] > 0 for row in scoring["rows"])
+    alone = scoring["model_alone"]
+    assert [a["precision"] for a in alone] == ["fp32", "bf16"], alone
+    assert all(a["pairs_a_second"] > 0 for a in alone), alone
 
 
 def _report(ratio_mem: float, cmnrl: float, full: float, encode_s: float) -> dict:
