@@ -349,7 +349,7 @@ def _sections(
         Section("largest_full_batch", "needs a GPU to fill", 21, full_batch),
         Section("speed", None, 125, speed),
         Section("encoding", None, 60, encoding),
-        Section("teacher_scoring", None, 20, teacher_scoring),
+        Section("teacher_scoring", None, 40, teacher_scoring),
     ]
 
 
