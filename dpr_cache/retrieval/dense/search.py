@@ -13,6 +13,7 @@ top k.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -66,9 +67,9 @@ def plan_blocks(
     if block_rows < MIN_BLOCK_ROWS:
         need = (used + _FIXED_BYTES + MIN_BLOCK_ROWS * row_bytes / 0.8) / GB
         raise InputError(
-            f"--memory-gb {memory_bytes / GB:.2f}: too small; this process already holds "
-            f"{used / GB:.2f} GB and one block of {MIN_BLOCK_ROWS} rows of {dim} needs about "
-            f"{need:.2f} GB in all"
+            f"a memory budget of {memory_bytes / GB:.2f} GB is too small; this process already "
+            f"holds {used / GB:.2f} GB and one block of {MIN_BLOCK_ROWS} rows of {dim} needs "
+            f"about {need:.2f} GB in all: give --memory-gb {math.ceil(need * 10) / 10:.1f} or more"
         )
     return BlockPlan(block_rows, query_rows, free)
 

@@ -269,7 +269,9 @@ def test_eval_by_default_searches_over_what_a_gpu_process_holds(
         k: v for k, v in want.items() if k != "measured"
     }
     four = built.model_copy(update={"index": built.index.model_copy(update={"memory_gb": 4.0})})
-    with pytest.raises(InputError, match=r"--memory-gb 4\.00: too small; this process already"):
+    with pytest.raises(
+        InputError, match=r"a memory budget of 4\.00 GB is too small; this process already"
+    ):
         evaluate(four, out_dir=tmp_path / "four", progress=False)
 
 
@@ -285,7 +287,9 @@ def test_index_builds_by_default_over_what_a_gpu_process_holds(
         shutil.copytree(built.output_path / "index", tmp_path / f"{memory_gb}" / "index")
         config = make_config(corpus, tmp_path / f"{memory_gb}", type=kind, memory_gb=memory_gb)
         if memory_gb is not None:
-            with pytest.raises(InputError, match=r"--memory-gb 4\.00: too small; this process"):
+            with pytest.raises(
+                InputError, match=r"a memory budget of 4\.00 GB is too small; this process"
+            ):
                 build_index(config, progress=False)
             continue
         build_index(config, progress=False)

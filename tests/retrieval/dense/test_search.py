@@ -3,6 +3,7 @@ memory budget forcing many store blocks and query blocks; merging and the budget
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import faiss
@@ -19,7 +20,7 @@ from dpr_cache.retrieval.dense.search import (
 )
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.runtime import memory
-from dpr_cache.runtime.memory import memory_limit, rss_bytes
+from dpr_cache.runtime.memory import memory_limit
 
 DIM = 16
 
@@ -43,10 +44,22 @@ def _reference(vectors: np.ndarray, queries: np.ndarray, k: int):
     return index.search(queries, k)
 
 
+@pytest.fixture(autouse=True)
+def steady_rss(monkeypatch) -> int:
+    """The process's resident memory as the search reads it, held at its value now: a block of
+    these 16-d rows is a few hundred bytes, under what the process's memory moves by from one
+    search to the next."""
+    held = memory.rss_bytes()
+    monkeypatch.setattr(memory, "rss_bytes", lambda: held)
+    return held
+
+
 def _budget_for(block_rows: int, store: EmbeddingStore) -> int:
     """A memory budget whose plan holds about ``block_rows`` store rows at a time."""
     row_bytes = store.dim * (store.dtype.itemsize + 4)
-    return rss_bytes() + search_module._FIXED_BYTES + int(block_rows * row_bytes / 0.8) + 4096
+    return (
+        memory.rss_bytes() + search_module._FIXED_BYTES + int(block_rows * row_bytes / 0.8) + 4096
+    )
 
 
 def test_equals_faiss_in_ram_over_many_blocks(store, monkeypatch) -> None:
@@ -99,7 +112,9 @@ def test_merging_the_shards_partial_results_gives_the_whole(store) -> None:
 
 def test_budget_and_query_errors_are_one_line(store) -> None:
     store, _ = store
-    with pytest.raises(InputError, match=r"--memory-gb 0\.10: too small; this process already"):
+    with pytest.raises(
+        InputError, match=r"a memory budget of 0\.10 GB is too small; this process already"
+    ):
         exact_search(store, np.zeros((2, DIM), np.float32), 5, 10**8)
     with pytest.raises(InputError, match=r"query vectors of shape \(2, 7\) against 16-d"):
         exact_search(store, np.zeros((2, 7), np.float32), 5, _budget_for(4096, store))
@@ -115,8 +130,14 @@ def test_an_unset_budget_is_headroom_over_what_the_process_holds(store, monkeypa
     assert memory_limit(2.5) == 2_500_000_000
     assert memory_limit(None) == held + 4 * 10**9
     queries = np.random.default_rng(3).standard_normal((30, DIM)).astype(np.float32)
-    with pytest.raises(InputError, match=r"--memory-gb 4\.00: too small; this process already "):
+    with pytest.raises(
+        InputError, match=r"a memory budget of 4\.00 GB is too small; this process already "
+    ) as refused:
         exact_search(store, queries, 10, memory_limit(4.0))
+    given = float(re.search(r"give --memory-gb ([0-9.]+) or more$", str(refused.value))[1])
+    assert plan_blocks(memory_limit(given), DIM, 2, len(queries), 10).block_rows >= 1024
+    with pytest.raises(InputError, match="too small"):
+        plan_blocks(memory_limit(given - 0.1), DIM, 2, len(queries), 10)
     plan = plan_blocks(memory_limit(None), DIM, 2, len(queries), 10)
     assert plan.free_bytes == 4 * 10**9 - search_module._FIXED_BYTES
     hits = exact_search(store, queries, 10, memory_limit(None))
