@@ -94,12 +94,15 @@ def finish_index(
     check_index_spec(spec, store.rows, store.dim, memory_gb)
     limit = memory.memory_limit(memory_gb)
     used = memory.rss_bytes()
-    held = 0  # what the index itself holds while it is built: blocks get the rest
-    if spec.type == "hnsw":
-        held = hnsw_bytes(store.rows, store.dim, spec.hnsw_m, building=True)
-    elif spec.type == "ivf":  # each block is copied into its part index: half of what is left
-        held = max(limit - used, 0) // 2
-    plan = plan_blocks(limit - held, store.dim, store.dtype.itemsize, 1, 1, used=used)
+    # what the index itself holds while it is built: HNSW its graph, IVF a copy of each block
+    # in its part index (half of what is left); the blocks get the rest
+    held = (
+        hnsw_bytes(store.rows, store.dim, spec.hnsw_m, building=True) if spec.type == "hnsw" else 0
+    )
+    share = 0.5 if spec.type == "ivf" else 1.0
+    plan = plan_blocks(
+        limit, store.dim, store.dtype.itemsize, 1, 1, used=used, held=held, share=share
+    )
     start = time.perf_counter()
     (out / META_FILE).unlink(missing_ok=True)
     params: dict[str, Any] = {}

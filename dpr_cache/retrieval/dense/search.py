@@ -50,26 +50,39 @@ class BlockPlan:
 
 
 def plan_blocks(
-    memory_bytes: int, dim: int, itemsize: int, n_queries: int, k: int, used: int | None = None
+    memory_bytes: int,
+    dim: int,
+    itemsize: int,
+    n_queries: int,
+    k: int,
+    used: int | None = None,
+    *,
+    held: int = 0,
+    share: float = 1.0,
 ) -> BlockPlan:
-    """Block sizes that keep the process under ``memory_bytes``: the part of the budget the
-    process does not hold yet (``used``, default its resident memory now) goes 80% to the store
-    block (stored rows plus their float32 copy), the rest to the queries' heaps and copies.
+    """Block sizes that keep the process under ``memory_bytes``: ``share`` of the part of the
+    budget that neither the process (``used``, default its resident memory now) nor what the
+    caller holds beside the blocks (``held``) takes goes, less a fixed allowance, 80% to the
+    store block (stored rows plus their float32 copy), the rest to the queries' heaps and
+    copies.
 
-    Raises InputError when not even ``MIN_BLOCK_ROWS`` rows fit.
+    Raises InputError, naming the ``--memory-gb`` that would fit, when not even
+    ``MIN_BLOCK_ROWS`` rows fit.
     """
     used = memory.rss_bytes() if used is None else used
-    free = memory_bytes - used - _FIXED_BYTES
+    free = int((memory_bytes - used - held) * share) - _FIXED_BYTES
     row_bytes = dim * itemsize + (0 if itemsize == 4 else 4 * dim)
     query_bytes = 4 * dim + 3 * 12 * k  # the query, its heap, faiss.knn's output and a merge copy
     query_rows = max(1, min(n_queries, int(0.2 * max(free, 0)) // query_bytes))
     block_rows = int(0.8 * max(free, 0)) // row_bytes
     if block_rows < MIN_BLOCK_ROWS:
-        need = (used + _FIXED_BYTES + MIN_BLOCK_ROWS * row_bytes / 0.8) / GB
+        need = (used + held + (_FIXED_BYTES + MIN_BLOCK_ROWS * row_bytes / 0.8) / share) / GB
         raise InputError(
             f"a memory budget of {memory_bytes / GB:.2f} GB is too small; this process already "
-            f"holds {used / GB:.2f} GB and one block of {MIN_BLOCK_ROWS} rows of {dim} needs "
-            f"about {need:.2f} GB in all: give --memory-gb {math.ceil(need * 10) / 10:.1f} or more"
+            f"holds {used / GB:.2f} GB"
+            + (f", {held / GB:.2f} GB more while it builds" if held else "")
+            + f" and one block of {MIN_BLOCK_ROWS} rows of {dim} needs about {need:.2f} GB in "
+            f"all: give --memory-gb {math.ceil(need * 10) / 10:.1f} or more"
         )
     return BlockPlan(block_rows, query_rows, free)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.commands import eval as eval_command
 from dpr_cache.retrieval.commands.eval import evaluate, format_metrics_table
 from dpr_cache.retrieval.commands.index import build_index
+from dpr_cache.retrieval.dense import index as dense_index
 from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
 from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec, hnsw_bytes
 from dpr_cache.retrieval.dense.index import finish_index, open_index, search_index
@@ -329,6 +331,29 @@ def test_plain_hf_folder_serves_both_towers(corpus, make_config, tmp_path) -> No
             [c["score"] for c in entry["ctxs"]], row[got], rtol=1e-4, atol=1e-4
         )
         np.testing.assert_allclose(row[got], np.sort(row)[::-1][:20], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_a_budget_too_small_to_build_names_the_one_that_fits(
+    tmp_path: Path, monkeypatch, kind
+) -> None:
+    """The --memory-gb a refused build names is enough to build that type, counting what IVF
+    copies and what HNSW's graph holds beside the blocks (1 GB here, about what 2M rows of 32
+    take to build), and 0.1 GB less is not."""
+    if kind == "hnsw":
+        monkeypatch.setattr(dense_index, "hnsw_bytes", lambda *args, **kwargs: 10**9)
+    vectors = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
+    write_shard(tmp_path / "s0.npy", vectors, [str(j) for j in range(2000)], "float32")
+    store = EmbeddingStore.from_glob(str(tmp_path / "s*.npy"))
+    held = memory.rss_bytes() + GPU_HELD
+    monkeypatch.setattr(memory, "rss_bytes", lambda: held)
+    spec = IndexSpec(type=kind)
+    with pytest.raises(InputError, match=r"a memory budget of 4\.00 GB is too small") as refused:
+        finish_index(tmp_path / "refused", store, spec, 4.0)
+    given = float(re.search(r"give --memory-gb ([0-9.]+) or more$", str(refused.value))[1])
+    with pytest.raises(InputError, match=f"give --memory-gb {given:.1f} or more$"):
+        finish_index(tmp_path / "short", store, spec, given - 0.1)
+    assert finish_index(tmp_path / "index", store, spec, given)["rows"] == 2000
 
 
 def test_hnsw_is_refused_when_its_build_peak_is_over_the_budget() -> None:
