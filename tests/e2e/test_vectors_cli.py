@@ -182,8 +182,8 @@ def test_bad_input_is_one_line(encoded: Path, tmp_path: Path) -> None:
             str(tmp_path / "r.trec"),
             check=False,
         ),
-        "--memory-gb 0.05",
-        "too small",
+        "a memory budget of 0.05 GB is too small",
+        "give --memory-gb",
     )
     assert not (tmp_path / "r.trec").exists()
     _expect_error(run_cli("index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "h"),
