@@ -665,6 +665,11 @@ def teacher_score_rate(
                 encoder.model(**batch).logits.float()
         sync()
 
+    def model_alone_batch(precision: str) -> None:
+        with torch.inference_mode(), autocast(device, precision):
+            encoder.model(**batches[0]).logits.float()
+        sync()
+
     rows = []
     for r in range(rounds):
         for precision in precisions if r % 2 == 0 else precisions[::-1]:
@@ -696,12 +701,41 @@ def teacher_score_rate(
     return {
         "rows": rows,
         "model_alone": alone,
+        "profiles": {p: _profiled(lambda p=p: model_alone_batch(p), device) for p in precisions},
         "tokenize_s": tokenize_s,
         "mean_tokens": sum(lengths) / n_pairs,
         "batch_size": batch_size,
         "max_length": 256,
         "model": {"layers": 6, "hidden": 384},
         "nq_pairs": NQ_SCORE_PAIRS,
+    }
+
+
+def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> dict:
+    """``run`` once under torch's profiler: its wall time, the operators' summed self time on
+    the device (on the CPU when there is no device) and the ``top`` operators by that time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    try:
+        start = time.perf_counter()
+        with profile(activities=activities) as prof:
+            run()
+        wall_ms = (time.perf_counter() - start) * 1e3
+        events = prof.key_averages()
+    except Exception as e:  # a profiler the device's build lacks: said, not fatal
+        return {"error": f"{type(e).__name__}: {e}"}
+
+    def self_us(event) -> float:
+        return event.self_device_time_total if cuda else event.self_cpu_time_total
+
+    ranked = sorted(events, key=self_us, reverse=True)
+    return {
+        "on": "device" if cuda else "cpu",
+        "wall_ms": wall_ms,
+        "self_ms": sum(self_us(e) for e in events) / 1e3,
+        "top": [{"op": e.key, "calls": e.count, "ms": self_us(e) / 1e3} for e in ranked[:top]],
     }
 
 

@@ -647,6 +647,17 @@ def _teacher_scoring(r: dict) -> list[str]:
             f"| {a['precision']} | {a['seconds']:.2f} | {a['pairs_a_second']:,.0f} |"
             for a in r["model_alone"]
         ]
+    for precision, prof in r.get("profiles", {}).items():
+        if "error" in prof:
+            lines += ["", f"The profile of {precision}'s longest batch failed: {prof['error']}"]
+            continue
+        top = ", ".join(f"`{t['op'][:60]}` {t['ms']:.1f} ms ({t['calls']}x)" for t in prof["top"])
+        lines += [
+            "",
+            f"{precision}'s longest batch under the profiler: {prof['wall_ms']:.1f} ms from call "
+            f"to result, {prof['self_ms']:.1f} ms of operators' time on the {prof['on']}; the "
+            f"most: {top}.",
+        ]
     return lines
 
 

@@ -104,6 +104,11 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     alone = scoring["model_alone"]
     assert [a["precision"] for a in alone] == ["fp32", "bf16"], alone
     assert all(a["pairs_a_second"] > 0 for a in alone), alone
+    profiles = scoring["profiles"]
+    assert list(profiles) == ["fp32", "bf16"], profiles
+    for prof in profiles.values():
+        assert prof["on"] == "cpu" and 0 < prof["self_ms"] and len(prof["top"]) == 6, prof
+        assert prof["top"][0]["ms"] >= prof["top"][-1]["ms"] > 0, prof
 
 
 def _report(ratio_mem: float, cmnrl: float, full: float, encode_s: float) -> dict:
