@@ -211,7 +211,7 @@ def score_pairs(
     with torch.inference_mode(), autocast(encoder.device, precision):
         for start in range(0, len(pairs), batch_size):
             rows = order[start : start + batch_size]
-            batch = pad(encoder.tokenizer, features, rows, width=int(lengths[rows].max()))
+            batch = pad(encoder.tokenizer, features, rows)
             logits = encoder.model(**{k: v.to(encoder.device) for k, v in batch.items()}).logits
             scores[rows] = relevance(logits).cpu().numpy()
     _check_finite(encoder, pairs, scores, precision)

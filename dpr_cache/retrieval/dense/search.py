@@ -69,6 +69,8 @@ def plan_blocks(
     Raises InputError, naming the ``--memory-gb`` that would fit, when not even
     ``MIN_BLOCK_ROWS`` rows fit.
     """
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
     used = memory.rss_bytes() if used is None else used
     free = int((memory_bytes - used - held) * share) - _FIXED_BYTES
     row_bytes = dim * itemsize + (0 if itemsize == 4 else 4 * dim)
@@ -76,13 +78,18 @@ def plan_blocks(
     query_rows = max(1, min(n_queries, int(0.2 * max(free, 0)) // query_bytes))
     block_rows = int(0.8 * max(free, 0)) // row_bytes
     if block_rows < MIN_BLOCK_ROWS:
-        need = (used + held + (_FIXED_BYTES + MIN_BLOCK_ROWS * row_bytes / 0.8) / share) / GB
+        need = used + held + (_FIXED_BYTES + MIN_BLOCK_ROWS * row_bytes / 0.8) / share
+        held_part = f", and {held / GB:.2f} GB more while the index is built" if held else ""
+        share_part = (
+            f"with {share:.0%} of what is left for the blocks (the index copies each), "
+            if share < 1
+            else ""
+        )
         raise InputError(
             f"a memory budget of {memory_bytes / GB:.2f} GB is too small; this process already "
-            f"holds {used / GB:.2f} GB"
-            + (f", {held / GB:.2f} GB more while it builds" if held else "")
-            + f" and one block of {MIN_BLOCK_ROWS} rows of {dim} needs about {need:.2f} GB in "
-            f"all: give --memory-gb {math.ceil(need * 10) / 10:.1f} or more"
+            f"holds {used / GB:.2f} GB{held_part}; {share_part}one block of {MIN_BLOCK_ROWS} "
+            f"rows of {dim} needs about {need / GB:.2f} GB in all: give --memory-gb "
+            f"{math.ceil((need + 2**20) / 1e8) / 10:.1f} or more"
         )
     return BlockPlan(block_rows, query_rows, free)
 
