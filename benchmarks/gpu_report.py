@@ -636,9 +636,9 @@ def _teacher_scoring(r: dict) -> list[str]:
     if "model_alone" in r:
         lines += [
             "",
-            "The model alone, on the same batches already padded on the device (what the loop "
-            "spends beyond it is the host's: tokenizing, padding, copying, each batch waiting "
-            "on the last):",
+            "The model alone (the best of its rounds), on the same batches already padded on "
+            "the device (what the loop spends beyond it is the host's: tokenizing, padding, "
+            "copying, each batch waiting on the last):",
             "",
             "| precision | seconds | pairs/s |",
             "|---|--:|--:|",

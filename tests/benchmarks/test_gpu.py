@@ -9,10 +9,12 @@ import json
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
 import typer
 
+from benchmarks.gpu_perf import operator_times
 from benchmarks.gpu_report import goals, render
 from dpr_cache.runtime.processes import child_env
 from tests.support.fixtures import REPO
@@ -242,6 +244,68 @@ def test_allocator_counts_show_where_they_were_measured():
     page = render({**report, "goals": goals(report)}).split("## Speed")[1]
     assert "| dpr-cache chunk 256 | 780 | 0.656 | 3 malloc, 2.5 free, 0 flushes |" in page
     assert "| full batch | out of memory |  |  |" in page
+
+
+def test_the_profile_counts_each_kernel_once():
+    """On a device, a kernel's time shows twice in torch's profile: on its own event and on the
+    operator that launched it; only the kernels are counted (annotations neither)."""
+    from torch.autograd import DeviceType
+
+    def event(key, device_type, device_us=0.0, cpu_us=0.0, annotation=False):
+        return types.SimpleNamespace(
+            key=key,
+            count=2,
+            device_type=device_type,
+            self_device_time_total=device_us,
+            self_cpu_time_total=cpu_us,
+            is_user_annotation=annotation,
+        )
+
+    events = [
+        event("aten::addmm", DeviceType.CPU, device_us=900.0, cpu_us=40.0),
+        event("aten::copy_", DeviceType.CPU, device_us=50.0, cpu_us=70.0),
+        event("sm90_gemm_bf16", DeviceType.CUDA, device_us=900.0),
+        event("copy_kernel", DeviceType.CUDA, device_us=50.0),
+        event("ProfilerStep", DeviceType.CUDA, device_us=2000.0, annotation=True),
+    ]
+    on_device = operator_times(events, cuda=True)
+    assert on_device == [("sm90_gemm_bf16", 2, 900.0), ("copy_kernel", 2, 50.0)]
+    on_cpu = operator_times(events, cuda=False)
+    assert [key for key, _, _ in on_cpu][:2] == ["aten::copy_", "aten::addmm"]
+
+
+def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
+    row = {"pairs": 10_000, "seconds": 5.0, "pairs_a_second": 2000.0, "nq_hours": 0.25}
+    profile = {
+        "on": "device",
+        "wall_ms": 30.0,
+        "self_ms": 25.5,
+        "top": [{"op": "sm90_gemm_bf16", "calls": 36, "ms": 12.25}],
+    }
+    result = {
+        "rows": [
+            {**row, "round": 1, "precision": "bf16"},
+            {**row, "round": 2, "precision": "fp32"},
+        ],
+        "model_alone": [{"precision": "bf16", "seconds": 0.25, "pairs_a_second": 40_000.0}],
+        "profiles": {"bf16": profile, "fp32": {"error": "RuntimeError: no CUPTI"}},
+        "tokenize_s": 0.6,
+        "mean_tokens": 170.2,
+        "batch_size": 256,
+        "max_length": 256,
+        "model": {"layers": 6, "hidden": 384},
+        "nq_pairs": 1_825_280,
+    }
+    section = {"result": result, "seconds": 40.0}
+    report = {"dry_run": False, "environment": _DEVICE, "sections": {"teacher_scoring": section}}
+    page = render({**report, "goals": goals(report)}).split("## Teacher scoring")[1]
+    assert "(mean 170)" in page and "| round | precision |" in page
+    assert "| 1 | bf16 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
+    assert "| 2 | fp32 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
+    assert "| bf16 | 0.25 | 40,000 |" in page
+    assert "30.0 ms from call to result, 25.5 ms of operators' time on the device" in page
+    assert "`sm90_gemm_bf16` 12.2 ms (36x)" in page
+    assert "The profile of fp32's longest batch failed: RuntimeError: no CUPTI" in page
 
 
 @pytest.mark.parametrize(
