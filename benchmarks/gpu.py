@@ -100,7 +100,7 @@ GPU_PLAN = Plan(
     model_rows=20_000,
     cli_steps=12,
     determinism=(False, True),
-    score_pairs=10_000,
+    score_pairs=6_000,  # 24 batches of 256: two rounds of three precisions, the model alone
     score_precisions=["bf16", "fp16", "fp32"],
     score_batch=256,
     score_rounds=2,
@@ -349,7 +349,7 @@ def _sections(
         Section("largest_full_batch", "needs a GPU to fill", 21, full_batch),
         Section("speed", None, 125, speed),
         Section("encoding", None, 60, encoding),
-        Section("teacher_scoring", None, 40, teacher_scoring),
+        Section("teacher_scoring", None, 35, teacher_scoring),
     ]
 
 
