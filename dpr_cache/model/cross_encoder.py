@@ -49,10 +49,13 @@ __all__ = [
     "relevance",
     "score_pairs",
     "DEFAULT_MAX_LENGTH",
+    "PAIRS_A_FORWARD",
 ]
 
 DEFAULT_MAX_LENGTH = 512
 """The token limit of a pair when the tokenizer records none (capped by the model's positions)."""
+PAIRS_A_FORWARD = 64
+"""Pairs a forward when no batch size is given (``score --batch-size``'s default)."""
 
 _UNSET_LIMIT = 1_000_000  # tokenizers without a limit report a huge model_max_length
 
@@ -190,7 +193,7 @@ def score_pairs(
     encoder: CrossEncoder,
     pairs: Iterable[Pair],
     *,
-    batch_size: int = 64,
+    batch_size: int = PAIRS_A_FORWARD,
     precision: str = "fp32",
 ) -> np.ndarray:
     """Scores [n] (float32, input order) of one group of pairs; see the module docstring.

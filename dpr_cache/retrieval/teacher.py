@@ -28,7 +28,13 @@ import torch
 from dpr_cache.data.ids import derived_passage_id
 from dpr_cache.data.passages import load_passages, passage_rows
 from dpr_cache.errors import InputError
-from dpr_cache.model.cross_encoder import NonFiniteScore, Pair, load_cross_encoder, score_pairs
+from dpr_cache.model.cross_encoder import (
+    PAIRS_A_FORWARD,
+    NonFiniteScore,
+    Pair,
+    load_cross_encoder,
+    score_pairs,
+)
 from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
 from dpr_cache.retrieval.dense.index import encoded_from, open_index
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
@@ -68,9 +74,6 @@ class Group:
     question: str
     passages: list[Passage]
     names: list[str]
-
-
-PAIRS_A_FORWARD = 64  # a cross-encoder's batch when none is given
 
 
 @dataclass(frozen=True)

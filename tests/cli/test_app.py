@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+import torch
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -40,3 +41,16 @@ def test_a_boolean_flag_shows_no_value(name: str) -> None:
     assert "--help" in shown and ("--quiet" in shown or name == "search")
     assert "<bool>" not in shown
     assert "<int>" in shown or "<path>" in shown or "<str>" in shown  # control: values shown
+
+
+def test_score_help_names_the_cross_encoders_own_defaults(monkeypatch) -> None:
+    """The CLI's help cannot import the torch modules that hold these defaults (it would slow
+    every ``--help``), so it writes them out: this holds the two in step (a GPU with bf16)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    from dpr_cache.model.cross_encoder import PAIRS_A_FORWARD
+    from dpr_cache.retrieval.teacher import precision_for
+
+    shown = " ".join(CliRunner().invoke(app, ["score", "--help"], env=WIDE).output.split())
+    assert f"pairs a forward (default {PAIRS_A_FORWARD})" in shown, shown
+    gpu, cpu = (precision_for("auto", torch.device(kind)) for kind in ("cuda", "cpu"))
+    assert f"auto ({gpu} on a GPU, {cpu} on CPU)" in shown, shown
