@@ -308,6 +308,7 @@ def _sections(
             plan.score_precisions,
             plan.score_batch,
             plan.score_rounds,
+            into=partial.setdefault("teacher_scoring", {}),
         )
 
     where = "cuda" if cuda else "cpu"

@@ -598,6 +598,7 @@ def teacher_score_rate(
     precisions: list[str],
     batch_size: int,
     rounds: int,
+    into: dict | None = None,
 ) -> dict:
     """``score``'s cross-encoder loop (length-sorted batches of tokenized pairs) on ``n_pairs``
     pairs of SQuAD dev questions and 100-word passages, with a cross-encoder of
@@ -608,7 +609,8 @@ def teacher_score_rate(
     many rounds, alternating too): the same batches already padded on the device, so the
     difference is the host's share (tokenizing, padding, copying); and the longest batch under
     torch's profiler at each precision. The pairs' tokenization (on the CPU, part of every
-    loop's seconds) is also timed alone."""
+    loop's seconds) is also timed alone. The figures go into ``into`` (returned) as they are
+    measured, so that a section stopped part way keeps them."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     from dpr_cache.data.qas import read_qas
@@ -651,6 +653,16 @@ def teacher_score_rate(
     features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
     tokenize_s = time.perf_counter() - start
     lengths = [len(ids) for ids in features["input_ids"]]
+    out = {} if into is None else into
+    out.update(
+        tokenize_s=tokenize_s,
+        mean_tokens=sum(lengths) / n_pairs,
+        batch_size=batch_size,
+        max_length=256,
+        model={"layers": 6, "hidden": 384},
+        nq_pairs=NQ_SCORE_PAIRS,
+        rows=[],
+    )
     order = sorted(range(n_pairs), key=lambda i: -lengths[i])
     batches = [
         {
@@ -671,7 +683,6 @@ def teacher_score_rate(
             encoder.model(**batches[0]).logits.float()
         sync()
 
-    rows = []
     for r in range(rounds):
         for precision in precisions if r % 2 == 0 else precisions[::-1]:
             if r == 0:
@@ -681,7 +692,7 @@ def teacher_score_rate(
             sync()
             seconds = time.perf_counter() - start
             rate = n_pairs / seconds
-            rows.append(
+            out["rows"].append(
                 {
                     "round": r + 1,
                     "precision": precision,
@@ -698,21 +709,14 @@ def teacher_score_rate(
             model_alone(precision)
             seconds = time.perf_counter() - start
             best[precision] = min(seconds, best.get(precision, seconds))
-    alone = [
+    out["model_alone"] = [
         {"precision": p, "seconds": best[p], "pairs_a_second": n_pairs / best[p]}
         for p in precisions
     ]
-    return {
-        "rows": rows,
-        "model_alone": alone,
-        "profiles": {p: _profiled(lambda p=p: model_alone_batch(p), device) for p in precisions},
-        "tokenize_s": tokenize_s,
-        "mean_tokens": sum(lengths) / n_pairs,
-        "batch_size": batch_size,
-        "max_length": 256,
-        "model": {"layers": 6, "hidden": 384},
-        "nq_pairs": NQ_SCORE_PAIRS,
-    }
+    profiles = out["profiles"] = {}
+    for precision in precisions:
+        profiles[precision] = _profiled(lambda p=precision: model_alone_batch(p), device)
+    return out
 
 
 def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> dict:
