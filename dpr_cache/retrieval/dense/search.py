@@ -72,16 +72,24 @@ def plan_blocks(
     if not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share}")
     used = memory.rss_bytes() if used is None else used
-    free = int((memory_bytes - used - held) * share) - _FIXED_BYTES
     row_bytes = dim * itemsize + (0 if itemsize == 4 else 4 * dim)
+
+    def free_and_rows(budget: int) -> tuple[int, int]:
+        free = int((budget - used - held) * share) - _FIXED_BYTES
+        return free, int(0.8 * max(free, 0)) // row_bytes
+
+    free, block_rows = free_and_rows(memory_bytes)
     query_bytes = 4 * dim + 3 * 12 * k  # the query, its heap, faiss.knn's output and a merge copy
     query_rows = max(1, min(n_queries, int(0.2 * max(free, 0)) // query_bytes))
-    block_rows = int(0.8 * max(free, 0)) // row_bytes
     if block_rows < MIN_BLOCK_ROWS:
         need = used + held + (_FIXED_BYTES + MIN_BLOCK_ROWS * row_bytes / 0.8) / share
+        tenths = math.ceil(need / 1e8)  # the least --memory-gb, in tenths, these sums accept
+        while free_and_rows(memory.memory_limit(tenths / 10))[1] < MIN_BLOCK_ROWS:
+            tenths += 1
         held_part = f", and {held / GB:.2f} GB more while the index is built" if held else ""
         share_part = (
-            f"with {share:.0%} of what is left for the blocks (the index copies each), "
+            f"with {share:.0%} of what is left for the blocks (the rest for the index being "
+            "built), "
             if share < 1
             else ""
         )
@@ -89,7 +97,7 @@ def plan_blocks(
             f"a memory budget of {memory_bytes / GB:.2f} GB is too small; this process already "
             f"holds {used / GB:.2f} GB{held_part}; {share_part}one block of {MIN_BLOCK_ROWS} "
             f"rows of {dim} needs about {need / GB:.2f} GB in all: give --memory-gb "
-            f"{math.ceil((need + 2**20) / 1e8) / 10:.1f} or more"
+            f"{tenths / 10:.1f} or more"
         )
     return BlockPlan(block_rows, query_rows, free)
 
