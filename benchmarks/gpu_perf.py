@@ -713,6 +713,7 @@ def teacher_score_rate(
         {"precision": p, "seconds": best[p], "pairs_a_second": n_pairs / best[p]}
         for p in precisions
     ]
+    _profiled(lambda: model_alone_batch(precisions[0]), device)  # the profiler's own start
     profiles = out["profiles"] = {}
     for precision in precisions:
         profiles[precision] = _profiled(lambda p=precision: model_alone_batch(p), device)
@@ -720,22 +721,35 @@ def teacher_score_rate(
 
 
 def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> dict:
-    """``run`` once under torch's profiler (after one run under it untimed: the profiler's own
-    start): its wall time, the time of what ran on the device (the CPU's operators when there
-    is no device) and the ``top`` of those by time."""
+    """``run`` once under torch's profiler: its wall time, the time of what ran on the device
+    (the CPU's operators when there is no device) and the ``top`` of those by time. What the
+    profiler itself raises (a device's build without it) is returned as the error; what
+    ``run`` raises is raised."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    profiler_errors = (RuntimeError, AttributeError)
     try:
-        for _ in range(2):
-            with profile(activities=activities) as prof:
-                start = time.perf_counter()
-                run()  # ends with a sync
-                wall_ms = (time.perf_counter() - start) * 1e3
-        times = operator_times(prof.key_averages(), cuda)
-    except (RuntimeError, AttributeError) as e:  # a profiler the device's build lacks
+        prof = profile(activities=activities)
+        prof.start()
+    except profiler_errors as e:
         return {"error": f"{type(e).__name__}: {e}"}
+    failed = None
+    try:
+        start = time.perf_counter()
+        run()  # ends with a sync
+        wall_ms = (time.perf_counter() - start) * 1e3
+    finally:
+        try:
+            prof.stop()
+            times = operator_times(prof.key_averages(), cuda)
+        except profiler_errors as e:
+            failed = f"{type(e).__name__}: {e}"
+    if failed is not None:
+        return {"error": failed}
+    if not times:
+        return {"error": "the profiler recorded no time on the " + ("device" if cuda else "cpu")}
     return {
         "on": "device" if cuda else "cpu",
         "wall_ms": wall_ms,
@@ -746,18 +760,19 @@ def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> di
 
 def operator_times(events, cuda: bool) -> list[tuple[str, int, float]]:
     """(name, calls, microseconds) of each kernel on the device, or with no device each CPU
-    operator's own time, longest first. A kernel's time is also on the operator that launched
-    it: only the kernels' own events are counted, each once."""
+    operator's own time, longest first; user annotations are left out. A kernel's time is also
+    on the operator that launched it: only the kernels' own events are counted, each once, and
+    where the profiler fell back to timing operators on the device (no CUPTI), those."""
     from torch.autograd import DeviceType
 
-    if cuda:
-        kept = [
-            (e.key, e.count, e.self_device_time_total)
-            for e in events
-            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
-        ]
-    else:
-        kept = [(e.key, e.count, e.self_cpu_time_total) for e in events]
+    kept = []
+    for e in events:
+        if getattr(e, "is_user_annotation", False):
+            continue
+        if not cuda:
+            kept.append((e.key, e.count, e.self_cpu_time_total))
+        elif e.device_type == DeviceType.CUDA or getattr(e, "is_legacy", False):
+            kept.append((e.key, e.count, e.self_device_time_total))
     return sorted(kept, key=lambda t: t[2], reverse=True)
 
 

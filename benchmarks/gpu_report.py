@@ -655,8 +655,9 @@ def _teacher_scoring(r: dict) -> list[str]:
         lines += [
             "",
             f"{precision}'s longest batch under the profiler: {prof['wall_ms']:.1f} ms from call "
-            f"to result, {prof['self_ms']:.1f} ms of operators' time on the {prof['on']}; the "
-            f"most: {top}.",
+            f"to result, {prof['self_ms']:.1f} ms of "
+            f"{'kernels' if prof['on'] == 'device' else 'operators'}' time on the {prof['on']}; "
+            f"the most: {top}.",
         ]
     return lines
 

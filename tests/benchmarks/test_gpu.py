@@ -12,6 +12,7 @@ import sys
 import types
 
 import pytest
+import torch
 import typer
 
 from benchmarks.gpu_perf import operator_times
@@ -251,7 +252,7 @@ def test_the_profile_counts_each_kernel_once():
     operator that launched it; only the kernels are counted (annotations neither)."""
     from torch.autograd import DeviceType
 
-    def event(key, device_type, device_us=0.0, cpu_us=0.0, annotation=False):
+    def event(key, device_type, device_us=0.0, cpu_us=0.0, annotation=False, legacy=False):
         return types.SimpleNamespace(
             key=key,
             count=2,
@@ -259,6 +260,7 @@ def test_the_profile_counts_each_kernel_once():
             self_device_time_total=device_us,
             self_cpu_time_total=cpu_us,
             is_user_annotation=annotation,
+            is_legacy=legacy,
         )
 
     events = [
@@ -271,7 +273,31 @@ def test_the_profile_counts_each_kernel_once():
     on_device = operator_times(events, cuda=True)
     assert on_device == [("sm90_gemm_bf16", 2, 900.0), ("copy_kernel", 2, 50.0)]
     on_cpu = operator_times(events, cuda=False)
-    assert [key for key, _, _ in on_cpu][:2] == ["aten::copy_", "aten::addmm"]
+    assert on_cpu == [("aten::copy_", 2, 70.0), ("aten::addmm", 2, 40.0)] + [
+        (key, 2, 0.0) for key in ("sm90_gemm_bf16", "copy_kernel")
+    ]
+    # without CUPTI the profiler times the operators on the device itself: those count
+    fallback = [
+        event("aten::addmm", DeviceType.CPU, device_us=900.0, legacy=True),
+        event("ProfilerStep", DeviceType.CPU, device_us=2000.0, annotation=True, legacy=True),
+    ]
+    assert operator_times(fallback, cuda=True) == [("aten::addmm", 2, 900.0)]
+    assert operator_times(events[:2], cuda=True) == []  # no kernel recorded: nothing
+
+
+def test_a_profile_without_device_time_is_an_error_and_a_failing_run_is_raised(monkeypatch):
+    from benchmarks import gpu_perf
+
+    monkeypatch.setattr(gpu_perf, "operator_times", lambda events, cuda: [])
+    assert gpu_perf._profiled(lambda: None, torch.device("cpu")) == {
+        "error": "the profiler recorded no time on the cpu"
+    }
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        gpu_perf._profiled(out_of_memory, torch.device("cpu"))
 
 
 def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
@@ -303,7 +329,7 @@ def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
     assert "| 1 | bf16 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
     assert "| 2 | fp32 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
     assert "| bf16 | 0.25 | 40,000 |" in page
-    assert "30.0 ms from call to result, 25.5 ms of operators' time on the device" in page
+    assert "30.0 ms from call to result, 25.5 ms of kernels' time on the device" in page
     assert "`sm90_gemm_bf16` 12.2 ms (36x)" in page
     assert "The profile of fp32's longest batch failed: RuntimeError: no CUPTI" in page
 
