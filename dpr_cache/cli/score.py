@@ -33,7 +33,10 @@ def score(
     ] = None,
     precision: Annotated[
         str,
-        typer.Option(help="cross-encoder: auto (bf16 on a GPU, fp32 on CPU), fp32, bf16, fp16."),
+        typer.Option(
+            help="cross-encoder: auto (bf16 on a GPU that has it, else fp16; fp32 on CPU), "
+            "fp32, bf16, fp16."
+        ),
     ] = "auto",
     batch_size: Annotated[
         int | None, typer.Option(help="cross-encoder: pairs a forward (default 64).")

@@ -45,12 +45,15 @@ def test_a_boolean_flag_shows_no_value(name: str) -> None:
 
 def test_score_help_names_the_cross_encoders_own_defaults(monkeypatch) -> None:
     """The CLI's help cannot import the torch modules that hold these defaults (it would slow
-    every ``--help``), so it writes them out: this holds the two in step (a GPU with bf16)."""
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    every ``--help``), so it writes them out: this holds the two in step."""
     from dpr_cache.model.cross_encoder import PAIRS_A_FORWARD
     from dpr_cache.retrieval.teacher import precision_for
 
     shown = " ".join(CliRunner().invoke(app, ["score", "--help"], env=WIDE).output.split())
     assert f"pairs a forward (default {PAIRS_A_FORWARD})" in shown, shown
-    gpu, cpu = (precision_for("auto", torch.device(kind)) for kind in ("cuda", "cpu"))
-    assert f"auto ({gpu} on a GPU, {cpu} on CPU)" in shown, shown
+    gpus = []
+    for bf16 in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, bf16=bf16, **kw: bf16)
+        gpus.append(precision_for("auto", torch.device("cuda")))
+    cpu = precision_for("auto", torch.device("cpu"))
+    assert f"auto ({gpus[0]} on a GPU that has it, else {gpus[1]}; {cpu} on CPU)" in shown, shown
