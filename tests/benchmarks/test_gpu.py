@@ -888,3 +888,26 @@ def test_the_eval_on_the_machines_cpu_is_set_beside_its_run_with_the_device():
     pipeline["eval_resident_cpu"] = {"readings": {}, "rc": 1, "last_line": "boom"}
     assert "did not reach its search (exit 1: boom)" in gpu_report._eval_on_cpu(pipeline)[-1]
     assert gpu_report._eval_on_cpu({"eval_resident_cpu": None}) == []  # a dry run has none
+
+
+def test_a_section_stopped_part_way_keeps_what_it_measured():
+    """A section that writes its figures into ``partial`` as it goes (teacher_scoring) keeps
+    them when its time runs out mid-way (a profiler that never returns, say)."""
+    import time as clock
+
+    from benchmarks import gpu
+
+    partial: dict[str, dict] = {}
+
+    def run() -> dict:
+        out = partial.setdefault("teacher_scoring", {})
+        out["rows"] = [{"precision": "bf16", "pairs_a_second": 2000.0}]
+        clock.sleep(30)
+        return out
+
+    section = gpu.Section("teacher_scoring", None, 1, run)
+    report = {"environment": _DEVICE}
+    result = gpu._run_section(section, True, 1.5, report, partial)
+    assert result["error"].startswith("SectionTimeout: stopped after 2 s"), result
+    assert result["partial"] == {"rows": [{"precision": "bf16", "pairs_a_second": 2000.0}]}
+    assert result["seconds"] < 10
