@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -672,52 +672,53 @@ def teacher_score_rate(
         for s in range(0, n_pairs, batch_size)
     ]
 
-    def model_alone(precision: str) -> None:
+    def model_alone(precision: str, some: list[dict] = batches) -> None:
         with torch.inference_mode(), autocast(device, precision):
-            for batch in batches:
+            for batch in some:
                 encoder.model(**batch).logits.float()
         sync()
 
-    def model_alone_batch(precision: str) -> None:
-        with torch.inference_mode(), autocast(device, precision):
-            encoder.model(**batches[0]).logits.float()
+    for r, precision in _alternating(precisions, rounds):
+        if r == 0:
+            model_alone(precision)  # every batch's shape, once, before any timing
+        start = time.perf_counter()
+        score_pairs(encoder, pairs, batch_size=batch_size, precision=precision)
         sync()
-
-    for r in range(rounds):
-        for precision in precisions if r % 2 == 0 else precisions[::-1]:
-            if r == 0:
-                model_alone(precision)  # every batch's shape, once, before any timing
-            start = time.perf_counter()
-            score_pairs(encoder, pairs, batch_size=batch_size, precision=precision)
-            sync()
-            seconds = time.perf_counter() - start
-            rate = n_pairs / seconds
-            out["rows"].append(
-                {
-                    "round": r + 1,
-                    "precision": precision,
-                    "pairs": n_pairs,
-                    "seconds": seconds,
-                    "pairs_a_second": rate,
-                    "nq_hours": NQ_SCORE_PAIRS / rate / 3600,
-                }
-            )
+        seconds = time.perf_counter() - start
+        rate = n_pairs / seconds
+        out["rows"].append(
+            {
+                "round": r + 1,
+                "precision": precision,
+                "pairs": n_pairs,
+                "seconds": seconds,
+                "pairs_a_second": rate,
+                "nq_hours": NQ_SCORE_PAIRS / rate / 3600,
+            }
+        )
     best: dict[str, float] = {}
-    for r in range(rounds):
-        for precision in precisions if r % 2 == 0 else precisions[::-1]:
-            start = time.perf_counter()
-            model_alone(precision)
-            seconds = time.perf_counter() - start
-            best[precision] = min(seconds, best.get(precision, seconds))
+    for _, precision in _alternating(precisions, rounds):
+        start = time.perf_counter()
+        model_alone(precision)
+        seconds = time.perf_counter() - start
+        best[precision] = min(seconds, best.get(precision, seconds))
     out["model_alone"] = [
         {"precision": p, "seconds": best[p], "pairs_a_second": n_pairs / best[p]}
         for p in precisions
     ]
-    _profiled(lambda: model_alone_batch(precisions[0]), device)  # the profiler's own start
+    longest = batches[:1]
+    _profiled(lambda: model_alone(precisions[0], longest), device)  # the profiler's own start
     profiles = out["profiles"] = {}
     for precision in precisions:
-        profiles[precision] = _profiled(lambda p=precision: model_alone_batch(p), device)
+        profiles[precision] = _profiled(lambda p=precision: model_alone(p, longest), device)
     return out
+
+
+def _alternating(items: list[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, item) for ``rounds`` rounds of ``items``, every other round in reverse order."""
+    for r in range(rounds):
+        for item in items if r % 2 == 0 else items[::-1]:
+            yield r, item
 
 
 def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> dict:
