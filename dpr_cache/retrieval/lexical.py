@@ -17,14 +17,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import bm25s
 import numpy as np
 
 from dpr_cache.data.arrow_cache import cache_file
 from dpr_cache.data.passages import iter_passage_batches, load_passages
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_dir_atomic
+
+if TYPE_CHECKING:
+    import bm25s
 
 __all__ = ["K1", "B", "Bm25Index", "bm25_tokens", "top_rows"]
 
@@ -38,6 +41,8 @@ def bm25_tokens(texts: list[str]) -> list[list[str]]:
     """The BM25 tokens of each text (see the module docstring)."""
     if not texts:
         return []
+    import bm25s  # imported where BM25 runs: it brings numba, which a dense run never needs
+
     return bm25s.tokenize(texts, stopwords=STOPWORDS, return_ids=False, show_progress=False)
 
 
@@ -65,6 +70,8 @@ class Bm25Index:
     @classmethod
     def open(cls, passages: Path, cache_dir: Path) -> Bm25Index:
         """The saved index of ``passages`` (built now if there is none yet)."""
+        import bm25s
+
         dataset = load_passages(passages, cache_dir)
         if len(dataset) == 0:
             raise InputError(f"{passages}: no passages")
