@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import app, check_inputs, guarded
+from dpr_cache.cli.app import Command, app, check_inputs, guarded
 
 
-@app.command()
+@app.command(cls=Command)
 @guarded
 def score(
     teacher: Annotated[

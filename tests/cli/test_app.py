@@ -35,10 +35,17 @@ def test_the_command_list_shows_each_summary_whole() -> None:
         assert any(line == f"{name} {summary}" for line in lines), (name, summary)
 
 
-@pytest.mark.parametrize("name", ["train", "index", "eval", "encode", "search", "mine"])
-def test_a_boolean_flag_shows_no_value(name: str) -> None:
-    shown = CliRunner().invoke(app, [name, "--help"], env=WIDE).output
-    assert "--help" in shown and ("--quiet" in shown or name == "search")
+def _every_command() -> list[list[str]]:
+    """Each command's words: the top-level ones and each ``data`` subcommand."""
+    group = get_command(app)
+    data = group.commands["data"]
+    return [[name] for name in _commands()] + [["data", name] for name in data.commands]
+
+
+@pytest.mark.parametrize("words", _every_command(), ids=" ".join)
+def test_a_boolean_flag_shows_no_value(words: list[str]) -> None:
+    shown = CliRunner().invoke(app, [*words, "--help"], env=WIDE).output
+    assert "--help" in shown
     assert "<bool>" not in shown
     assert "<int>" in shown or "<path>" in shown or "<str>" in shown  # control: values shown
 
