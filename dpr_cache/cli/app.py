@@ -36,6 +36,7 @@ __all__ = [
     "SetOpt",
     "ModelOpt",
     "MemoryOpt",
+    "ConfigMemoryOpt",
     "main",
 ]
 
@@ -85,14 +86,14 @@ ModelOpt = Annotated[
     Path | None,
     typer.Option("--model", help="Model folder (default: output_dir/model); any HF model works."),
 ]
-MemoryOpt = Annotated[
+_MEMORY_HELP = (
+    "Peak memory of the whole process, in GB{}; unset, the process may add "
+    f"{HEADROOM_GB:g} GB to what it holds when its first search or build begins."
+)
+MemoryOpt = Annotated[float | None, typer.Option("--memory-gb", help=_MEMORY_HELP.format(""))]
+ConfigMemoryOpt = Annotated[  # index's, over its config's key
     float | None,
-    typer.Option(
-        "--memory-gb",
-        help=f"Peak memory of the whole process, in GB (with --config: index.memory_gb); unset, "
-        f"the process may add {HEADROOM_GB:g} GB to what it holds when its first search or build "
-        "begins.",
-    ),
+    typer.Option("--memory-gb", help=_MEMORY_HELP.format(" (default index.memory_gb)")),
 ]
 
 

@@ -11,8 +11,8 @@ import typer
 
 from dpr_cache.cli.app import (
     Command,
+    ConfigMemoryOpt,
     ConfigOpt,
-    MemoryOpt,
     ModelOpt,
     SetOpt,
     app,
@@ -61,7 +61,7 @@ def index(
         typer.Option(help="Precomputed shards: a glob of .npy (ours) or DPR's .pkl files."),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Index folder (with --embeddings).")] = None,
-    memory_gb: MemoryOpt = None,
+    memory_gb: ConfigMemoryOpt = None,
     type_: TypeOpt = None,
     nlist: Annotated[int | None, typer.Option(help="IVF lists (default index.ivf_nlist).")] = None,
     pq_m: Annotated[int | None, typer.Option(help="PQ sub-vectors (default index.pq_m).")] = None,
@@ -106,7 +106,8 @@ def eval_(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Search data.dev_qa questions, judge them (DPR's answer match, or data.qrels), print the
-    metrics; writes retrieval.json, run.trec, metrics.json.
+    metrics; writes retrieval.json, retrieval.pyserini.json, run.trec, metrics.json,
+    timings.json and config.yaml (and fusion.json when fused with BM25).
 
     Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
     """
