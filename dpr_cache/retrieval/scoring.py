@@ -29,7 +29,7 @@ from dpr_cache.retrieval.mining.miner import summary_path
 from dpr_cache.retrieval.mining.parts import join_parts, parts_dir
 from dpr_cache.retrieval.teacher import Group, Teacher, passage_of, score_groups
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
+from dpr_cache.runtime.atomic import check_output_file, write_atomic, write_json_atomic
 from dpr_cache.runtime.laps import Laps
 
 __all__ = ["ScoreSpec", "SCORED", "score", "groups_of"]
@@ -81,8 +81,7 @@ def score(
     caller holds the lock on ``out``."""
     spec.check()
     train, out = Path(train), Path(out)
-    if out.resolve() == train.resolve():
-        raise InputError(f"{out}: the output must not overwrite the training file")
+    check_output_file(out, {"the training file": train})
     laps = laps or Laps()
     parts = parts_dir(out, teacher.inputs(), train, spec, None, rank)
     laps.lap("load the teacher")

@@ -21,14 +21,16 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dpr_cache.errors import InputError
 from dpr_cache.runtime.processes import alive
 
 __all__ = [
     "DiskFull",
+    "check_output_file",
     "write_atomic",
     "write_text_atomic",
     "write_json_atomic",
@@ -134,6 +136,17 @@ def _size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def check_output_file(out: str | Path, inputs: Mapping[str, str | Path | None]) -> None:
+    """InputError, before anything is written, when the file a command will write is a folder,
+    or is one of the files it reads (``inputs``: each named as the message should say it)."""
+    out = Path(out)
+    if out.is_dir():
+        raise InputError(f"{out}: a folder: give the path of the file to write")
+    for name, path in inputs.items():
+        if path is not None and Path(path).resolve() == out.resolve():
+            raise InputError(f"{out}: the output must not overwrite {name}")
 
 
 def write_atomic(

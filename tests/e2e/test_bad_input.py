@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.support.cli import run_cli, toy_overrides
@@ -198,3 +199,22 @@ def test_a_missing_input_file_is_named_with_its_option_before_the_heavy_imports(
     (tmp_path / "nope.txt").write_text("")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.stdout.strip().splitlines()[-1] != "[]", proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("q.npy", "q.npy: the output must not overwrite the query vectors"),
+        (".", ": a folder: give the path of the file to write"),
+    ],
+)
+def test_search_refuses_an_output_that_is_its_input_or_a_folder(tmp_path, out, message):
+    """Refused before the index is opened (there is none here): the query vectors stay."""
+    queries = tmp_path / "q.npy"
+    np.save(queries, np.zeros((2, 4), dtype=np.float32))
+    before = queries.read_bytes()
+    args = ["--index", str(tmp_path / "none"), "--query-embeddings", str(queries)]
+    proc = run_cli("search", *args, "--out", str(tmp_path / out), check=False)
+    expect_error(proc, message)
+    assert queries.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.npy"]  # no lock, no folder

@@ -254,6 +254,10 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
         shutil.copy(CROSS / name, inf)
     bm25 = ["--teacher", "bm25", "--passages", str(PASSAGES)]
     index = ["--model", str(TINY), "--index", str(root / "index")]
+    passages = tmp_path / "passages.tsv"  # a copy: --out naming it must leave it as it is
+    shutil.copy(PASSAGES, passages)
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
     cases = [
         (["--teacher", str(TINY)], f"{TINY}: not a cross-encoder"),
         ([*bm25, "--fusion-weight", "2"], "--teacher bm25: takes no --fusion-weight"),
@@ -274,6 +278,10 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
         (["--teacher", str(inf)], f"{train} line 1: positive_ctxs[0]: the cross-encoder {inf} "
                                   "scored it inf or NaN under fp32"),
         ([*bm25, "--batch", "0"], "--batch 0 must be >= 1"),
+        (["--teacher", "bm25", "--passages", str(passages), "--out", str(passages)],
+         f"{passages}: the output must not overwrite the passages file"),
+        ([*bm25, "--out", str(train)], f"{train}: the output must not overwrite the training file"),
+        ([*bm25, "--out", str(folder)], f"{folder}: a folder: give the path of the file to write"),
     ]  # fmt: skip
     for extra, message in cases:
         if "--train" not in extra:
@@ -287,6 +295,8 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
             lines,
         )
         assert out.read_text() == "an earlier output\n"  # nothing written is lost
+        assert passages.read_bytes() == PASSAGES.read_bytes()
+    assert not (train.parent / f".{train.name}.lock").exists()  # refused before the lock
 
 
 def test_a_non_finite_score_of_any_teacher_names_the_record_and_ctx() -> None:

@@ -20,6 +20,7 @@ from dpr_cache.retrieval.mining.rankers import RANKERS, Bm25Ranker, ModelRanker
 from dpr_cache.retrieval.mining.rules import MineSpec, check_spec
 from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
 from dpr_cache.runtime import distributed
+from dpr_cache.runtime.atomic import check_output_file
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 
@@ -75,6 +76,8 @@ def mine_file(
         raise InputError("mine: --teacher-margin and --teacher-relative need --teacher")
     if teacher is not None and not spec.rules.by_teacher:
         raise InputError("mine: --teacher needs --teacher-margin or --teacher-relative")
+    inputs = {"the training file": train, "the passages file": ranker.passages}
+    check_output_file(out, {**inputs, "the qrels file": qrels})
     env = distributed.setup(ranker.device, "--device")
     try:
         with output_lock(out, is_file=True):

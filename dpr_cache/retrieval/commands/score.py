@@ -11,6 +11,7 @@ from typing import Any
 from dpr_cache.retrieval.scoring import ScoreSpec, score
 from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
 from dpr_cache.runtime import distributed
+from dpr_cache.runtime.atomic import check_output_file
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 
@@ -30,6 +31,7 @@ def score_file(
     """Score ``train`` into ``out`` with the teacher asked for; rank 0 returns the summary."""
     teacher.check()
     spec.check()
+    check_output_file(out, {"the training file": train, "the passages file": teacher.passages})
     env = distributed.setup(teacher.device, "--device")
     try:
         with output_lock(out, is_file=True):

@@ -22,6 +22,7 @@ from dpr_cache.retrieval.fusion import FusionSpec
 from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.runtime import distributed
+from dpr_cache.runtime.atomic import check_output_file
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.runtime.memory import memory_limit
 
@@ -97,6 +98,10 @@ def search(
     run ``out`` and returns it. Under ``torchrun`` each rank scans its share of the shards."""
     queries.check()
     out = Path(out)
+    inputs = {"the questions file": queries.questions, "the query vectors": queries.embeddings}
+    if hybrid is not None:
+        inputs.update({"the passages file": hybrid.passages, "the BM25 run": hybrid.bm25_run})
+    check_output_file(out, inputs)
     env = distributed.setup(spec.device, "--device")
     try:
         with output_lock(out, is_file=True):

@@ -43,7 +43,7 @@ from dpr_cache.retrieval.mining.rankers import Ranked, Ranker
 from dpr_cache.retrieval.mining.rules import MineSpec, check_spec, drop_reason
 from dpr_cache.retrieval.teacher import Group, Passage, Teacher, passage_of, score_groups
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import write_json_atomic
+from dpr_cache.runtime.atomic import check_output_file, write_json_atomic
 from dpr_cache.runtime.laps import Laps
 
 __all__ = ["mine", "mine_part", "negatives_of", "summary_path", "HIT_KS"]
@@ -77,8 +77,7 @@ def mine(
     if spec.rules.by_teacher and rank == 0 and teacher is None:
         raise InputError("mine: --teacher-margin and --teacher-relative need --teacher")
     train, out = Path(train), Path(out)
-    if out.resolve() == train.resolve():
-        raise InputError(f"{out}: the output must not overwrite the training file")
+    check_output_file(out, {"the training file": train})
     laps = laps or Laps()
     judged = read_qrels(qrels) if qrels is not None else None
     inputs = ranker.inputs() + ([teacher.inputs()] if teacher is not None else [])

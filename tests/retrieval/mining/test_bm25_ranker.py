@@ -211,13 +211,17 @@ def test_cli_prints_summary_and_one_line_errors(files, tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "questions: 3" in result.output and 'mined by: bm25 "' in result.output
     assert json.loads(out.with_suffix(".summary.json").read_text())["negatives"] == 6
+    before = files["passages"].read_bytes()
     for extra, message in [
-        (["--out", str(files["train"])], "must not overwrite"),
+        (["--out", str(files["train"])], "must not overwrite the training file"),
+        (["--out", str(files["passages"])], "must not overwrite the passages file"),
+        (["--out", str(tmp_path)], f"{tmp_path}: a folder: give the path of the file to write"),
         (["--out", str(out), "--model", "m"], "--ranker bm25: ranks with no --model"),
         (["--out", str(out), "--ranker", "bm26"], "--ranker: 'bm26' is not one of model, bm25"),
     ]:
         result = CliRunner().invoke(app, [*args, *extra])
         assert result.exit_code == 2 and message in result.output, result.output
+        assert files["passages"].read_bytes() == before
 
 
 def test_margins_apply_to_bm25_scores(files, tmp_path) -> None:
