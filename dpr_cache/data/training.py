@@ -99,10 +99,15 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield f"line {n}", json.loads(line)
+                yield f"line {n}", json.loads(line.rstrip(b"\r\n"))
             except (ValueError, UnicodeDecodeError) as e:
-                msg = e.msg if isinstance(e, json.JSONDecodeError) else _short(e)
+                msg = _json_error(e) if isinstance(e, json.JSONDecodeError) else _short(e)
                 raise InputError(f"{path} line {n}: not valid JSON ({msg})") from None
+
+
+def _json_error(e: json.JSONDecodeError) -> str:
+    """What is wrong and where in the line (``msg`` alone may end in a bare "at")."""
+    return f"{e.msg.removesuffix(' at')} at column {e.colno}"
 
 
 def _iter_json_array(path: Path) -> Iterator[tuple[str, Any]]:
@@ -159,9 +164,13 @@ def _teacher_score(value: Any, where: str) -> float:
     """A ctx's ``teacher_score`` as a finite float; InputError naming ``where`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{where}: teacher_score must be a number, got {value!r}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past float64's range
+        raise InputError(f"{where}: teacher_score {str(value)[:12]}... is too large") from None
+    if not math.isfinite(number):
         raise InputError(f"{where}: teacher_score is not finite ({value})")
-    return float(value)
+    return number
 
 
 def clean_example(obj: Any, where: str) -> dict[str, Any]:

@@ -156,6 +156,17 @@ def test_malformed_jsonl_line_is_named(tmp_path: Path) -> None:
         load_training_set(path, tmp_path / "c")
 
 
+def test_a_cut_jsonl_line_says_what_is_wrong_and_where(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    cut = json.dumps(RECORDS[1])[:40]  # ends inside a string that opens at column 38
+    path.write_text(json.dumps(RECORDS[0]) + "\n" + cut + "\n")
+    with pytest.raises(InputError) as err:
+        load_training_set(path, tmp_path / "c")
+    assert str(err.value).endswith(
+        "t.jsonl line 2: not valid JSON (Unterminated string starting at column 38)"
+    ), str(err.value)
+
+
 def test_malformed_json_array_names_the_item(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps(RECORDS[:1])[:-1] + ', {"question": "q",, }]')
@@ -259,7 +270,7 @@ def test_a_missing_teacher_score_is_named_with_file_and_record(tmp_path, records
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("bad", ["NaN", "Infinity", '"high"', "true"])
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", '"high"', "true", "1" + "0" * 400])
 def test_a_bad_teacher_score_is_named(tmp_path: Path, bad: str) -> None:
     path = tmp_path / "t.jsonl"
     good = json.dumps(scored("q0", [1.0, 0.5]))
