@@ -25,9 +25,19 @@ LOG_FILE = "train_log.jsonl"
 
 
 def negatives_per_question(
-    mode: str, batch_size: int, chunk_size: int, world_size: int, group_size: int
+    mode: str,
+    batch_size: int,
+    chunk_size: int,
+    world_size: int,
+    group_size: int,
+    *,
+    in_batch: bool = True,
 ) -> int:
-    """Passages a question is scored against, besides its positive."""
+    """Passages a question is scored against, besides its positive: with ``in_batch`` False
+    (distillation alone, which scores each question against its own group only) its hard
+    negatives."""
+    if not in_batch:
+        return group_size - 1
     if mode == "accumulate":
         local = batch_size // world_size
         return min(chunk_size, local) * world_size * group_size - 1

@@ -31,6 +31,7 @@ from dpr_cache.train.trainer import (
     NonFinite,
     batch_recipe,
     build_trainer,
+    distillation_of,
     out_of_memory,
     training_data,
 )
@@ -71,10 +72,16 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
         start = trainer.resume(out / CHECKPOINTS) if resume else 0
         if env.is_main:
             save_config(config, out / "config.yaml")
+        distill = distillation_of(config)
         fixed = {
             "batch_size": cfg.batch_size,
             "negatives_per_question": negatives_per_question(
-                cfg.mode, cfg.batch_size, trainer.chunk_size, env.world_size, 1 + cfg.hard_negatives
+                cfg.mode,
+                cfg.batch_size,
+                trainer.chunk_size,
+                env.world_size,
+                1 + cfg.hard_negatives,
+                in_batch=distill is None or distill.weight > 0,
             ),
         }
         watcher = make_watcher(config, env.device, start) if env.is_main else None

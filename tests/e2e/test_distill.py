@@ -75,6 +75,17 @@ def test_train_distills_with_fifteen_hard_negatives(tmp_path):
     log = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     steps = [x for x in log if "loss" in x]
     assert len(steps) == 2 and all(x["loss"] > 0 for x in steps)
+    assert steps[0]["negatives_per_question"] == 8 * 16 - 1  # the contrastive half: in-batch
     resolved = load_config(tmp_path / "run" / "config.yaml")
     assert (resolved.train.loss, resolved.train.distill_weight) == ("distill_kl", 0.5)
     assert resolved.train.hard_negatives == 15
+
+
+def test_distillation_alone_logs_its_own_group_as_the_negatives(tmp_path):
+    """No in-batch scores are computed: each question is scored against its H hard negatives."""
+    scored = write_scored_toy(tmp_path / "scored.jsonl", extra=1)
+    keys = {"data.train": scored, "train.max_steps": 1, "train.batch_size": 4}
+    extra = sets("train.loss=margin_mse", "train.hard_negatives=3")
+    run_cli("train", "--config", "configs/toy.yaml", *toy_overrides(tmp_path, **keys), *extra, "-q")
+    log = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [x["negatives_per_question"] for x in log if "loss" in x] == [3]
