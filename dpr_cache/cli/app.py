@@ -125,6 +125,10 @@ def guarded(func):
         except Interrupted as exc:
             _say(str(exc))
             raise typer.Exit(130) from None
+        except KeyboardInterrupt:  # Ctrl-C outside train's own handler
+            name = func.__name__.rstrip("_").replace("_", " ")
+            _say(f"{name}: interrupted{_KEPT.get(name, '')}")
+            raise typer.Exit(130) from None
         except OSError as exc:  # not bad input: the message keeps its errno and path
             _fail(" ".join(str(exc).split()) or type(exc).__name__, 1)
         except RuntimeError as exc:  # the GPU's memory is full, or a rank is gone: say which
@@ -139,6 +143,16 @@ def guarded(func):
 
     return wrapper
 
+
+# what an interrupted command keeps for the same command to go on from
+_PARTS = ": its finished parts are kept, and the same command goes on from them"
+_KEPT = {
+    "score": _PARTS,
+    "mine": _PARTS,
+    "encode": ": its finished shards are kept, and the same command goes on from them",
+    "index": ": its finished shards are kept, and the same command goes on from them",
+    "data nq": ": the bytes downloaded are kept, and the same command goes on from them",
+}
 
 # the setting that sets how much each command puts on the GPU at once
 _GPU_BATCH = {
