@@ -65,8 +65,8 @@ def mine(
     teacher_relative: Annotated[
         float | None,
         typer.Option(
-            help="Drop a candidate the teacher scores at least R x its positive "
-            "(positive - (1 - R) x |positive|; 0.95: NV-Retriever's)."
+            help="Drop a candidate the teacher scores at least positive - (1 - R) x "
+            "|positive| (R x a positive above 0; 0.95: NV-Retriever's)."
         ),
     ] = None,
     fusion_weight: Annotated[

@@ -133,6 +133,8 @@ class TeacherSpec:
             raise InputError(f"--precision {self.precision}: {self.name} scores in fp32")
         if self.batch_size is not None and self.batch_size < 1:
             raise InputError(f"--batch-size {self.batch_size} must be >= 1")
+        if self.fusion_weight is not None and not self.fusion_weight >= 0:
+            raise InputError(f"--fusion-weight {self.fusion_weight} must be >= 0, as eval's")
 
 
 def precision_for(precision: str, device: torch.device) -> str:

@@ -266,6 +266,8 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
         ([*bm25, "--batch-size", "8"], "--teacher bm25: takes no --batch-size"),
         (["--teacher", str(CROSS), "--batch-size", "0"], "--batch-size 0 must be >= 1"),
         (["--teacher", "hybrid", "--model", str(TINY)], "hybrid: give --model DIR and --index"),
+        (["--teacher", "hybrid", *index, "--fusion-weight", "-1"],
+         "--fusion-weight -1.0 must be >= 0, as eval's"),
         (["--teacher", "bm25"], "--teacher bm25: give --passages TSV"),
         (["--teacher", str(CROSS), "--passages", str(PASSAGES)], "takes no --passages"),
         (["--teacher", str(CROSS), "--precision", "fp16", "--device", "cpu"], "fp16 needs a GPU"),
