@@ -368,6 +368,24 @@ def check_flags(section: str, flags: dict[str, tuple[str, Any]]) -> Any:
         raise InputError("; ".join(parts)) from None
 
 
+def changed_settings(saved: str | Path, config: Config) -> list[tuple[str, Any, Any]]:
+    """Each key (``section.name``) whose value in the config file ``saved`` (as
+    :func:`save_config` writes it) is not ``config``'s: (key, saved value, value now)."""
+    before = _flat(yaml.safe_load(Path(saved).read_text(encoding="utf-8")) or {})
+    now = _flat(config.model_dump(mode="json"))
+    return [(k, before.get(k), v) for k, v in now.items() if before.get(k) != v]
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def save_config(config: Config, path: str | Path) -> Path:
     """Write the resolved config (every key, defaults included) as YAML."""
     return write_text_atomic(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

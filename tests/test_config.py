@@ -142,3 +142,16 @@ def test_an_unknown_key_suggests_the_closest_one():
         load_config(None, ["trian.lr=1"])
     with pytest.raises(InputError, match=r"unknown key 'zzz'$"):  # nothing close: no guess
         load_config(None, ["zzz=1"])
+
+
+def test_changed_settings_names_each_key_a_saved_config_differs_in(tmp_path):
+    from dpr_cache.config import changed_settings
+
+    saved = save_config(load_config("configs/toy.yaml"), tmp_path / "config.yaml")
+    assert changed_settings(saved, load_config("configs/toy.yaml")) == []  # control: none
+    now = load_config("configs/toy.yaml", ["train.lr=0.125", "model.shared=true"])
+    before = yaml.safe_load(saved.read_text())
+    assert changed_settings(saved, now) == [
+        ("model.shared", before["model"]["shared"], True),
+        ("train.lr", before["train"]["lr"], 0.125),
+    ]

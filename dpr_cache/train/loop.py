@@ -10,6 +10,7 @@ trainer (:mod:`dpr_cache.train.trainer`) aside, which is built from it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import signal
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpr_cache.config import Config, save_config
+from dpr_cache.config import Config, changed_settings, save_config
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import deterministic_kernels
@@ -40,6 +41,9 @@ from dpr_cache.train.watch_setup import make_watcher
 __all__ = ["train"]
 
 CHECKPOINTS, MODEL = "checkpoints", "model"
+
+
+logger = logging.getLogger(__name__)
 
 
 def train(config: Config, *, resume: bool = False, progress: bool = True) -> Path:
@@ -71,6 +75,8 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
         recipe = batch_recipe(config, trainer.model)
         start = trainer.resume(out / CHECKPOINTS) if resume else 0
         if env.is_main:
+            if start:
+                _warn_changed_settings(config, out / "config.yaml")
             save_config(config, out / "config.yaml")
         distill = distillation_of(config)
         fixed = {
@@ -157,6 +163,45 @@ def _check_start(config: Config, resume: bool) -> None:
         raise InputError(
             f"{config.output_path}: holds checkpoints of an earlier run; pass --resume to "
             "continue it or choose another output_dir"
+        )
+
+
+# keys a resumed run may set anew without changing the weights its steps compute
+RESUME_MAY_CHANGE = (
+    "output_dir",
+    "data.cache_dir",
+    "data.num_workers",
+    "data.passages",
+    "data.dev_qa",
+    "data.qrels",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.log_every",
+    "train.log_to",
+    "train.num_threads",
+    "train.eval_every",
+    "train.eval_passages",
+    "train.eval_questions",
+    "index.",
+    "eval.",
+)
+
+
+def _warn_changed_settings(config: Config, saved: Path) -> None:
+    """One warning naming each setting a resumed run changes that the steps to come depend on
+    (the run's config.yaml against ``config``)."""
+    if not saved.is_file():
+        return
+    changed = [
+        f"{key} {before!r} -> {now!r}"
+        for key, before, now in changed_settings(saved, config)
+        if not key.startswith(RESUME_MAY_CHANGE)
+    ]
+    if changed:
+        logger.warning(
+            "--resume with settings other than the run's (%s): the steps to come follow the new "
+            "ones, so the model is not the one an unbroken run would train",
+            "; ".join(changed),
         )
 
 

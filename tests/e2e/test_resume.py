@@ -81,3 +81,21 @@ def test_deterministic_kernels_train_the_same_weights_on_the_cpu(tmp_path):
     args = overrides(tmp_path / "b") + ["--set", "train.deterministic=true"]
     run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
     assert_identical(weights(tmp_path / "b" / "run" / "model"), want)
+
+
+def test_resume_with_other_settings_warns_naming_those_the_steps_depend_on(tmp_path):
+    """A resumed run follows its new settings; those that change the weights are named (the
+    logging and checkpointing keys are not), and config.yaml then holds the new ones."""
+    args = toy_overrides(tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 1})
+    run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
+    free = ["--set", "train.log_every=2", "--set", "train.keep_checkpoints=3"]
+    quiet = run_cli("train", "--config", "configs/toy.yaml", *args, *free, "--resume", "-q")
+    assert "--resume with settings" not in quiet.stderr  # control: only free keys changed
+    more = ["--set", "train.max_steps=3", "--set", "train.lr=0.001"]
+    done = run_cli("train", "--config", "configs/toy.yaml", *args, *free, *more, "--resume", "-q")
+    warned = [line for line in done.stderr.splitlines() if "--resume with settings" in line]
+    assert len(warned) == 1, done.stderr
+    assert "train.max_steps 2 -> 3; train.lr 0.0005 -> 0.001)" in warned[0]
+    assert "log_every" not in warned[0] and "keep_checkpoints" not in warned[0]
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "max_steps: 3" in saved and "lr: 0.001" in saved
