@@ -298,7 +298,8 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
         )
         assert out.read_text() == "an earlier output\n"  # nothing written is lost
         assert passages.read_bytes() == PASSAGES.read_bytes()
-    assert not (train.parent / f".{train.name}.lock").exists()  # refused before the lock
+    for refused in (train, passages, folder):  # refused before the lock is taken
+        assert not (refused.parent / f".{refused.name}.lock").exists(), refused
 
 
 def test_a_non_finite_score_of_any_teacher_names_the_record_and_ctx() -> None:

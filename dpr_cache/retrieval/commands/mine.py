@@ -14,7 +14,7 @@ from typing import Any
 
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
-from dpr_cache.retrieval.dense.index import open_index, search_spec
+from dpr_cache.retrieval.dense.index import open_index, recorded_passages, search_spec
 from dpr_cache.retrieval.mining.miner import mine
 from dpr_cache.retrieval.mining.rankers import RANKERS, Bm25Ranker, ModelRanker
 from dpr_cache.retrieval.mining.rules import MineSpec, check_spec
@@ -76,7 +76,8 @@ def mine_file(
         raise InputError("mine: --teacher-margin and --teacher-relative need --teacher")
     if teacher is not None and not spec.rules.by_teacher:
         raise InputError("mine: --teacher needs --teacher-margin or --teacher-relative")
-    inputs = {"the training file": train, "the passages file": ranker.passages}
+    passages = ranker.passages or recorded_passages(ranker.index)
+    inputs = {"the training file": train, "the passages file": passages}
     check_output_file(out, {**inputs, "the qrels file": qrels})
     env = distributed.setup(ranker.device, "--device")
     try:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpr_cache.retrieval.dense.index import recorded_passages
 from dpr_cache.retrieval.scoring import ScoreSpec, score
 from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
 from dpr_cache.runtime import distributed
@@ -31,7 +32,8 @@ def score_file(
     """Score ``train`` into ``out`` with the teacher asked for; rank 0 returns the summary."""
     teacher.check()
     spec.check()
-    check_output_file(out, {"the training file": train, "the passages file": teacher.passages})
+    passages = teacher.passages or recorded_passages(teacher.index)
+    check_output_file(out, {"the training file": train, "the passages file": passages})
     env = distributed.setup(teacher.device, "--device")
     try:
         with output_lock(out, is_file=True):

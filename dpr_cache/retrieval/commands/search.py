@@ -15,7 +15,14 @@ from dpr_cache.data.passages import load_passages, passage_columns
 from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
-from dpr_cache.retrieval.dense.index import Corpus, OpenIndex, open_index, search_index, search_spec
+from dpr_cache.retrieval.dense.index import (
+    Corpus,
+    OpenIndex,
+    open_index,
+    recorded_passages,
+    search_index,
+    search_spec,
+)
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.store import Shard, ids_path
 from dpr_cache.retrieval.fusion import FusionSpec
@@ -100,7 +107,8 @@ def search(
     out = Path(out)
     inputs = {"the questions file": queries.questions, "the query vectors": queries.embeddings}
     if hybrid is not None:
-        inputs.update({"the passages file": hybrid.passages, "the BM25 run": hybrid.bm25_run})
+        passages = hybrid.passages or recorded_passages(index_dir)
+        inputs.update({"the passages file": passages, "the BM25 run": hybrid.bm25_run})
     check_output_file(out, inputs)
     env = distributed.setup(spec.device, "--device")
     try:

@@ -41,6 +41,7 @@ from dpr_cache.runtime.atomic import write_json_atomic
 
 __all__ = [
     "META_FILE",
+    "recorded_passages",
     "FORMAT",
     "OpenIndex",
     "finish_index",
@@ -136,6 +137,18 @@ def search_spec(index_dir: str | Path, nprobe: int, ef_search: int) -> IndexSpec
     except (OSError, ValueError, AttributeError):
         kind = "flat"
     return IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
+
+
+def recorded_passages(index_dir: str | Path | None) -> Path | None:
+    """The passages file the index at ``index_dir`` was encoded from, as its meta records it
+    (None when there is none, or its meta cannot be read: :func:`open_index` then says what is
+    wrong)."""
+    if index_dir is None:
+        return None
+    try:
+        return Path(json.loads((Path(index_dir) / META_FILE).read_text())["passages"]["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenIndex:
