@@ -26,6 +26,7 @@ __all__ = [
     "parse_bytes",
     "default_of",
     "check_flags",
+    "changed_settings",
 ]
 
 
@@ -371,8 +372,13 @@ def check_flags(section: str, flags: dict[str, tuple[str, Any]]) -> Any:
 def changed_settings(saved: str | Path, config: Config) -> list[tuple[str, Any, Any]]:
     """Each key (``section.name``) whose value in the config file ``saved`` (as
     :func:`save_config` writes it) is not ``config``'s: (key, saved value, value now)."""
-    before = _flat(yaml.safe_load(Path(saved).read_text(encoding="utf-8")) or {})
-    now = _flat(config.model_dump(mode="json"))
+    try:
+        tree = yaml.safe_load(Path(saved).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"{saved}: {type(exc).__name__}") from None
+    if not isinstance(tree, dict):
+        raise InputError(f"{saved}: not a config (a YAML mapping)")
+    before, now = _flat(tree), _flat(config.model_dump(mode="json"))
     return [(k, before.get(k), v) for k, v in now.items() if before.get(k) != v]
 
 

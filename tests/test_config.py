@@ -155,3 +155,13 @@ def test_changed_settings_names_each_key_a_saved_config_differs_in(tmp_path):
         ("model.shared", before["model"]["shared"], True),
         ("train.lr", before["train"]["lr"], 0.125),
     ]
+
+
+@pytest.mark.parametrize("text", ["a: [unclosed\n", "- a list\n"])
+def test_changed_settings_of_a_file_that_is_no_config_is_one_line(tmp_path, text):
+    from dpr_cache.config import changed_settings
+
+    saved = tmp_path / "config.yaml"
+    saved.write_text(text)
+    with pytest.raises(InputError, match=r"config\.yaml: (ScannerError|ParserError|not a config)"):
+        changed_settings(saved, load_config("configs/toy.yaml"))

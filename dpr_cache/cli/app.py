@@ -149,8 +149,9 @@ _PARTS = ": its finished parts are kept, and the same command goes on from them"
 _KEPT = {
     "score": _PARTS,
     "mine": _PARTS,
-    "encode": ": its finished shards are kept, and the same command goes on from them",
-    "index": ": its finished shards are kept, and the same command goes on from them",
+    "encode": ": the passages' finished shards are kept (questions are encoded whole), and the "
+    "same command goes on from them",
+    "index": ": the shards it finished encoding are kept, and the same command goes on from them",
     "data nq": ": the bytes downloaded are kept, and the same command goes on from them",
 }
 

@@ -74,9 +74,9 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
         trainer = build_trainer(config, env, total)
         recipe = batch_recipe(config, trainer.model)
         start = trainer.resume(out / CHECKPOINTS) if resume else 0
+        if start:
+            _check_resumed_settings(config, out / "config.yaml", warn=env.is_main)
         if env.is_main:
-            if start:
-                _warn_changed_settings(config, out / "config.yaml")
             save_config(config, out / "config.yaml")
         distill = distillation_of(config)
         fixed = {
@@ -166,8 +166,8 @@ def _check_start(config: Config, resume: bool) -> None:
         )
 
 
-# keys a resumed run may set anew without changing the weights its steps compute
-RESUME_MAY_CHANGE = (
+# keys a resumed run may set anew: its steps compute the same without them
+RESUME_FREE = (
     "output_dir",
     "data.cache_dir",
     "data.num_workers",
@@ -178,30 +178,56 @@ RESUME_MAY_CHANGE = (
     "train.keep_checkpoints",
     "train.log_every",
     "train.log_to",
-    "train.num_threads",
     "train.eval_every",
     "train.eval_passages",
     "train.eval_questions",
     "index.",
     "eval.",
 )
+# keys that change only the rounding of what the steps compute (the chunk sizes but under
+# accumulation, where a chunk bounds the negatives)
+RESUME_ROUNDING = (
+    "train.num_threads",
+    "train.memory_budget",
+    "train.loss_tile_size",
+    "train.keep_last_graph",
+    "train.length_order",
+    "model.gradient_checkpointing",
+)
+RESUME_CHUNKS = ("train.chunk_size", "train.p_chunk_size")
+# keys a resumed run takes from its checkpoint: the optimizer's state holds them
+RESUME_KEPT = ("train.lr", "train.weight_decay", "train.adam_eps")
 
 
-def _warn_changed_settings(config: Config, saved: Path) -> None:
-    """One warning naming each setting a resumed run changes that the steps to come depend on
-    (the run's config.yaml against ``config``)."""
+def _check_resumed_settings(config: Config, saved: Path, *, warn: bool) -> None:
+    """A resumed run's settings against its config.yaml (``saved``): InputError for one the
+    checkpoint keeps its own value of; with ``warn``, one warning naming the others that the
+    steps to come depend on beyond their rounding."""
     if not saved.is_file():
         return
-    changed = [
-        f"{key} {before!r} -> {now!r}"
-        for key, before, now in changed_settings(saved, config)
-        if not key.startswith(RESUME_MAY_CHANGE)
-    ]
-    if changed:
+    try:
+        changed = changed_settings(saved, config)
+    except InputError as exc:
+        if warn:
+            logger.warning("--resume: the run's settings cannot be compared: %s", exc)
+        return
+    said = {key: f"{key} {before!r} -> {now!r}" for key, before, now in changed}
+    kept = [said[key] for key in RESUME_KEPT if key in said]
+    if kept:
+        raise InputError(
+            f"--resume: {'; '.join(kept)}: a resumed run keeps its optimizer's "
+            f"{', '.join(RESUME_KEPT)} from its checkpoint: set them back, or train afresh in "
+            "another output_dir"
+        )
+    free = RESUME_FREE + RESUME_ROUNDING
+    if config.train.mode != "accumulate":
+        free += RESUME_CHUNKS
+    rest = [text for key, text in said.items() if not key.startswith(free)]
+    if rest and warn:
         logger.warning(
             "--resume with settings other than the run's (%s): the steps to come follow the new "
             "ones, so the model is not the one an unbroken run would train",
-            "; ".join(changed),
+            "; ".join(rest),
         )
 
 

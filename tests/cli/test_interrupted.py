@@ -20,6 +20,12 @@ PARTS = "its finished parts are kept, and the same command goes on from them"
         ("score.score_file", ["score", "--teacher", "bm25", *TOY], f"score: interrupted: {PARTS}"),
         ("mine.mine_file", ["mine", "--ranker", "bm25", *TOY], f"mine: interrupted: {PARTS}"),
         ("eval.eval_command", ["eval", "--config", "configs/toy.yaml"], "eval: interrupted"),
+        (
+            "encode.encode_file",
+            ["encode", "--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"],
+            "encode: interrupted: the passages' finished shards are kept (questions are encoded "
+            "whole), and the same command goes on from them",
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) and " " not in value else None,
 )
@@ -29,8 +35,7 @@ def test_ctrl_c_is_one_line_saying_what_is_kept(monkeypatch, tmp_path, work, wor
 
     monkeypatch.setattr(f"dpr_cache.retrieval.commands.{work}", interrupted)
     if words[0] != "eval":
-        words = [*words, "--out", str(tmp_path / "out.jsonl")]
+        words = [*words, "--out", str(tmp_path / "out")]
     result = CliRunner().invoke(app, words)
     assert result.exit_code == 130, result.output
     assert result.output.strip().splitlines() == [line]
-    assert list(tmp_path.iterdir()) == []  # nothing written

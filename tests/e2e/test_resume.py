@@ -83,19 +83,31 @@ def test_deterministic_kernels_train_the_same_weights_on_the_cpu(tmp_path):
     assert_identical(weights(tmp_path / "b" / "run" / "model"), want)
 
 
-def test_resume_with_other_settings_warns_naming_those_the_steps_depend_on(tmp_path):
-    """A resumed run follows its new settings; those that change the weights are named (the
-    logging and checkpointing keys are not), and config.yaml then holds the new ones."""
+def test_resume_with_other_settings_names_those_the_steps_depend_on(tmp_path):
+    """A resumed run follows its new settings: those that change what its steps compute beyond
+    rounding are named in a warning (logging, checkpoints, threads and gradcache's chunks are
+    not), config.yaml then holds them; one its checkpoint keeps (the learning rate) is refused."""
     args = toy_overrides(tmp_path, **{"train.max_steps": 2, "train.checkpoint_every": 1})
     run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
-    free = ["--set", "train.log_every=2", "--set", "train.keep_checkpoints=3"]
+    free = ["train.log_every=2", "train.keep_checkpoints=3", "train.num_threads=1"]
+    free = [x for item in free + ["train.chunk_size=3"] for x in ("--set", item)]
     quiet = run_cli("train", "--config", "configs/toy.yaml", *args, *free, "--resume", "-q")
-    assert "--resume with settings" not in quiet.stderr  # control: only free keys changed
-    more = ["--set", "train.max_steps=3", "--set", "train.lr=0.001"]
+    assert "--resume" not in quiet.stderr  # control: only free and rounding keys changed
+    config = tmp_path / "run" / "config.yaml"
+    before = config.read_text()
+    lr = ["--set", "train.lr=0.001", "--set", "train.adam_eps=1e-6"]
+    lr_args = [*args, *lr, "--resume", "-q"]
+    refused = run_cli("train", "--config", "configs/toy.yaml", *lr_args, check=False)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: --resume: train.lr 0.0005 -> 0.001; train.adam_eps 1e-08 -> 1e-06: a resumed "
+        "run keeps its optimizer's train.lr, train.weight_decay, train.adam_eps from its "
+        "checkpoint: set them back, or train afresh in another output_dir"
+    ], refused.stderr
+    assert config.read_text() == before  # nothing written
+    more = ["--set", "train.max_steps=3", "--set", "train.temperature=0.5"]
     done = run_cli("train", "--config", "configs/toy.yaml", *args, *free, *more, "--resume", "-q")
     warned = [line for line in done.stderr.splitlines() if "--resume with settings" in line]
     assert len(warned) == 1, done.stderr
-    assert "train.max_steps 2 -> 3; train.lr 0.0005 -> 0.001)" in warned[0]
-    assert "log_every" not in warned[0] and "keep_checkpoints" not in warned[0]
-    saved = (tmp_path / "run" / "config.yaml").read_text()
-    assert "max_steps: 3" in saved and "lr: 0.001" in saved
+    assert "(train.max_steps 2 -> 3; train.temperature 0.05 -> 0.5)" in warned[0], warned
+    saved = config.read_text()
+    assert "max_steps: 3" in saved and "temperature: 0.5" in saved
