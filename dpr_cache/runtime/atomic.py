@@ -145,8 +145,15 @@ def check_output_file(out: str | Path, inputs: Mapping[str, str | Path | None]) 
     if out.is_dir():
         raise InputError(f"{out}: a folder: give the path of the file to write")
     for name, path in inputs.items():
-        if path is not None and Path(path).resolve() == out.resolve():
+        if path is not None and _same_file(Path(path), out):
             raise InputError(f"{out}: the output must not overwrite {name}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """One file by its path (links followed) or, both existing, by its inode (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    return a.exists() and b.exists() and os.path.samefile(a, b)
 
 
 def write_atomic(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -212,7 +213,10 @@ def test_cli_prints_summary_and_one_line_errors(files, tmp_path) -> None:
     assert "questions: 3" in result.output and 'mined by: bm25 "' in result.output
     assert json.loads(out.with_suffix(".summary.json").read_text())["negatives"] == 6
     before = files["passages"].read_bytes()
+    linked = tmp_path / "linked.tsv"  # the passages under a second name (a hard link)
+    os.link(files["passages"], linked)
     for extra, message in [
+        (["--out", str(linked)], "must not overwrite the passages file"),
         (["--out", str(files["train"])], "must not overwrite the training file"),
         (["--out", str(files["passages"])], "must not overwrite the passages file"),
         (["--out", str(tmp_path)], f"{tmp_path}: a folder: give the path of the file to write"),
