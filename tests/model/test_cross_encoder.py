@@ -127,11 +127,15 @@ def test_a_pair_without_a_title_is_its_text_alone(cross, pairs) -> None:
         Pair(titled.question, "", f"{titled.title} {titled.text}"),
         titled,
     ]
+    ids = tokenize_pairs(cross.tokenizer, untitled, 256)["input_ids"]
+    assert ids[0] == ids[1] == ids[2]  # no title, an empty one, a blank one: the text alone
+    assert ids[3] == ids[4]  # the title goes before the text, a space between
+    assert ids[0] != ids[4]
+    # equal rows of one batch may differ in their last bits (the CPU's kernels tile the rows)
     scores = score_pairs(cross, untitled)
     text_alone = reference_logits(CROSS, [Pair(titled.question, None, titled.text)])[0, 0]
-    assert scores[0] == scores[1] == scores[2]
-    assert abs(scores[0] - text_alone.item()) <= FP32
-    assert scores[3] == scores[4]  # the title goes before the text, a space between
+    assert all(abs(scores[i] - text_alone.item()) <= FP32 for i in range(3)), scores
+    assert abs(scores[3] - scores[4]) <= FP32
     assert abs(scores[0] - scores[4]) > 1e-3  # negative control: the title does count
 
 
