@@ -139,7 +139,7 @@ class IndexConfig(_Section):
     store_dtype: Literal["float16", "float32"] = "float16"  # stored vectors; scores in float32
     # a search's or an index build's bound on the whole process's peak memory (GB); unset:
     # runtime.memory.HEADROOM_GB over what it holds when its first search or build begins
-    memory_gb: float | None = Field(None, gt=0)
+    memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False)
     hnsw_m: int = Field(32, ge=4)
     hnsw_ef_search: int = Field(128, ge=1)
     ivf_nlist: int | None = Field(None, ge=1)  # default ~4*sqrt(N)
@@ -359,7 +359,7 @@ def check_flags(section: str, flags: dict[str, tuple[str, Any]]) -> Any:
         parts = []
         for item in exc.errors():
             message = item["msg"].removeprefix("Value error, ")
-            for key, flag in flag_of.items():
+            for key, flag in sorted(flag_of.items(), key=lambda kv: -len(kv[0])):  # longest first
                 message = message.replace(f"{section}.{key}", flag)
             loc = [str(p) for p in item["loc"]]
             if loc:

@@ -85,6 +85,11 @@ def index(
     cfg = load(config, [*(set_ or []), *extra])  # validated like --set: one-line errors
     if embeddings is None and config is None:
         raise InputError("index: give --config FILE (to encode data.passages) or --embeddings")
+    if embeddings is None and out is not None:
+        raise InputError(
+            "index --out: with --config the index goes to output_dir/index (--set "
+            "output_dir=DIR); --out is for --embeddings"
+        )
     if embeddings is None:
         _refuse_train_keys(set_, "index", cfg)
     from dpr_cache.retrieval.commands.index import index_command

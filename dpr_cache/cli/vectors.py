@@ -28,7 +28,10 @@ def encode(
         "index.shard_size"
     ),
     store_dtype: Annotated[
-        str, typer.Option(help="The stored vectors' dtype: float16 or float32.")
+        str,
+        typer.Option(
+            help="The stored passage vectors' dtype: float16 or float32 (questions: float32)."
+        ),
     ] = default_of("index.store_dtype"),
     num_workers: Annotated[int, typer.Option(help="Tokenizing processes.")] = default_of(
         "data.num_workers"
@@ -157,6 +160,14 @@ def search(
             "--precision": ("precision", precision),
         },
     )
+    check_flags(
+        "index",
+        {
+            "--memory-gb": ("memory_gb", memory_gb),
+            "--nprobe": ("ivf_nprobe", nprobe),
+            "--ef-search": ("hnsw_ef_search", ef_search),
+        },
+    )
     hybrid = None
     if settings.fusion != "none":
         spec = FusionSpec(settings.fusion, settings.fusion_weight, settings.fusion_depth)
@@ -184,12 +195,14 @@ def export(
     OUT/question_encoder and OUT/ctx_encoder, with their tokenizers; CLS pooling only.
     Example: dpr-cache export --format dpr-hf --model runs/toy-cls/model --out runs/toy-cls/dpr-hf
     """
-    from dpr_cache.model.dpr_formats import export_dpr_hf
+    from dpr_cache.model.dpr_formats import DPR_HF_FOLDERS, export_dpr_hf
     from dpr_cache.model.loading import load_encoder, resolve_model_dir
-    from dpr_cache.runtime.atomic import write_dir_atomic
+    from dpr_cache.runtime.atomic import check_output_folder, write_dir_atomic
 
     if format_ != "dpr-hf":
         raise InputError(f"--format: {format_!r} is not a known format (dpr-hf)")
-    encoder = load_encoder(resolve_model_dir(model, Path(".")))
+    model_dir = resolve_model_dir(model, Path("."))
+    check_output_folder(out, {"the model (--model)": model_dir}, DPR_HF_FOLDERS)
+    encoder = load_encoder(model_dir)
     write_dir_atomic(out, lambda tmp: export_dpr_hf(encoder, tmp))
     print(f"exported to {out}")

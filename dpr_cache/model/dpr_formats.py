@@ -24,9 +24,9 @@ from transformers import AutoTokenizer, BertConfig, BertModel, DPRConfig
 from dpr_cache.errors import InputError
 from dpr_cache.model.tower_files import clean_tokenizer
 
-__all__ = ["export_dpr_hf", "dpr_kind", "load_dpr_towers"]
+__all__ = ["DPR_HF_FOLDERS", "export_dpr_hf", "dpr_kind", "load_dpr_towers"]
 
-_PAIR = ("question_encoder", "ctx_encoder")
+DPR_HF_FOLDERS = ("question_encoder", "ctx_encoder")  # what an export writes into its folder
 _CLASSES = {"question_encoder": "DPRQuestionEncoder", "ctx_encoder": "DPRContextEncoder"}
 
 
@@ -42,7 +42,7 @@ def dpr_kind(path: Path) -> str | None:
     path = Path(path)
     if path.is_file() and path.suffix == ".cp":
         return "cp"
-    if path.is_dir() and all(_architecture(path / p) == _CLASSES[p] for p in _PAIR):
+    if path.is_dir() and all(_architecture(path / p) == _CLASSES[p] for p in DPR_HF_FOLDERS):
         return "hf-pair"
     found = _architecture(path) if path.is_dir() else None
     if found in _CLASSES.values():

@@ -28,8 +28,12 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     """The local folder (or DPR ``.cp`` file) of a model name; see the module docstring."""
     text = str(name_or_path)
     if text.startswith("python:"):
-        module = importlib.import_module(text.removeprefix("python:"))
-        return Path(module.get_model_path())
+        try:
+            return Path(importlib.import_module(text.removeprefix("python:")).get_model_path())
+        except (ImportError, ValueError, AttributeError) as exc:
+            raise ModelNotFound(
+                2, f"not an installed package that ships a model ({type(exc).__name__})", text
+            ) from None
     path = Path(text).expanduser()
     if path.exists() or not _is_hub_name(text):
         return path

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from dpr_cache.runtime.processes import alive
 __all__ = [
     "DiskFull",
     "check_output_file",
+    "check_output_folder",
     "write_atomic",
     "write_text_atomic",
     "write_json_atomic",
@@ -138,15 +139,44 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
-def check_output_file(out: str | Path, inputs: Mapping[str, str | Path | None]) -> None:
+def check_output_file(
+    out: str | Path,
+    inputs: Mapping[str, str | Path | None],
+    folders: Mapping[str, str | Path | None] | None = None,
+) -> None:
     """InputError, before anything is written, when the file a command will write is a folder,
-    or is one of the files it reads (``inputs``: each named as the message should say it)."""
+    is one of the files it reads (``inputs``) or lies in a folder it reads (``folders``), each
+    named as the message should say it."""
     out = Path(out)
     if out.is_dir():
         raise InputError(f"{out}: a folder: give the path of the file to write")
     for name, path in inputs.items():
         if path is not None and _same_file(Path(path), out):
             raise InputError(f"{out}: the output must not overwrite {name}")
+    for name, folder in (folders or {}).items():
+        if folder is not None and out.resolve().is_relative_to(Path(folder).resolve()):
+            raise InputError(f"{out}: the output must not go into {name} ({folder})")
+
+
+def check_output_folder(
+    out: str | Path, inputs: Mapping[str, str | Path], own: Collection[str]
+) -> None:
+    """InputError, before anything is written, when the folder a command writes whole (swapped
+    in, the one before it removed) is a file, is or holds one of the command's ``inputs``, or
+    holds anything but the entries the command itself writes there (``own``)."""
+    out = Path(out)
+    if out.is_file():
+        raise InputError(f"{out}: a file: give the folder to write")
+    for name, path in inputs.items():
+        if Path(path).resolve().is_relative_to(out.resolve()):
+            raise InputError(f"{out}: holds {name}, which writing it would remove")
+    other = sorted(p.name for p in out.iterdir() if p.name not in own) if out.is_dir() else []
+    if other:
+        shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+        raise InputError(
+            f"{out}: holds {shown}, which writing it would remove: give a new folder, or an "
+            "earlier one of this command's"
+        )
 
 
 def _same_file(a: Path, b: Path) -> bool:

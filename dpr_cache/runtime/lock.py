@@ -37,6 +37,8 @@ def output_lock(target: str | Path, *, is_file: bool = False) -> Iterator[None]:
     """Hold the lock of ``target`` (a folder, or with ``is_file`` a file's path) for the block;
     InputError naming the holder when another process holds it. Under ``torchrun`` rank 0
     holds it for the run and the other ranks take nothing."""
+    if not is_file and Path(target).is_file():  # said on every rank
+        raise InputError(f"{target}: a file: give the folder to write into")
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return

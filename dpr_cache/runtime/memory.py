@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import sys
+
+from dpr_cache.errors import InputError
 
 __all__ = [
     "HEADROOM_GB",
@@ -99,4 +102,6 @@ def memory_limit(memory_gb: float | None) -> int:
     (after its model has encoded), and plans under that number throughout."""
     if memory_gb is None:
         return rss_bytes() + int(HEADROOM_GB * 1e9)
+    if not 0 < memory_gb < math.inf:
+        raise InputError(f"--memory-gb / index.memory_gb {memory_gb}: give a number of GB above 0")
     return int(memory_gb * 1e9)

@@ -218,3 +218,34 @@ def test_search_refuses_an_output_that_is_its_input_or_a_folder(tmp_path, out, m
     expect_error(proc, message)
     assert queries.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.npy"]  # no lock, no folder
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            "encode --model data/toy/tiny-bert --questions data/toy/dev.qa.tsv --out {file}",
+            "{file}: a file: give the folder to write into",
+        ),
+        (
+            "encode --model python:no_such_package --questions data/toy/dev.qa.tsv --out {dir}",
+            "not an installed package that ships a model (ModuleNotFoundError)",
+        ),
+        (
+            "index --config configs/toy.yaml --set output_dir={dir} --out {dir}/elsewhere",
+            "index --out: with --config the index goes to output_dir/index",
+        ),
+        (
+            "mine --ranker bm25 --passages data/toy/passages.tsv --train data/toy/train.jsonl "
+            "--out {dir}/m.jsonl --nprobe 0",
+            "--nprobe: Input should be greater than or equal to 1",
+        ),
+    ],
+    ids=["out-a-file", "python-package", "index-config-out", "mine-nprobe"],
+)
+def test_an_output_or_option_a_command_cannot_use_is_one_line(tmp_path, line, message):
+    file = tmp_path / "a-file"
+    file.write_text("kept\n")
+    words = line.format(file=file, dir=tmp_path / "d").split()
+    expect_error(run_cli(*words, check=False), message.format(file=file))
+    assert file.read_text() == "kept\n" and not (tmp_path / "d" / "elsewhere").exists()

@@ -234,3 +234,59 @@ def test_a_beir_run_is_named_as_its_qrels(tmp_path: Path) -> None:
     run_cli("encode", "--model", TINY, "--questions", str(beir / "questions.tsv"), "--out",
             str(tmp_path / "q"))  # fmt: skip
     assert (tmp_path / "q" / "questions.ids.txt").read_text().splitlines() == ids
+
+
+def test_what_would_destroy_an_input_or_give_an_empty_run_is_refused(encoded, tmp_path) -> None:
+    """An output into the index or over the query ids, query vectors that are not finite, a
+    budget or knob out of range: one line, exit 2, the inputs as they were."""
+    index = tmp_path / "i"
+    run_cli("index", "--embeddings", f"{encoded / 'p'}/*.npy", "--out", str(index))
+    queries = tmp_path / "q"
+    shutil.copytree(encoded / "q", queries)
+    vectors = queries / "questions.npy"
+    before = {p: p.read_bytes() for p in [*index.iterdir(), *queries.iterdir()]}
+    bad = tmp_path / "nan.npy"
+    rows = np.load(vectors).astype(np.float32)
+    rows[2, 1] = np.nan
+    write_shard(bad, rows, [str(i) for i in range(len(rows))], "float32")
+    on_index = ["search", "--index", str(index)]
+    search = [*on_index, "--query-embeddings", str(vectors)]
+    out = ["--out", str(tmp_path / "r.trec")]
+    run = [*search, *out]
+    shallow = ["--fusion", "linear", "--fusion-depth", "3", "--k", "50"]
+    cases = {
+        "must not go into the index": [*search, "--out", str(index / "meta.json")],
+        "must not overwrite the query ids": [*search, "--out", str(queries / "questions.ids.txt")],
+        "nan.npy: row 2 is not finite": [*on_index, "--query-embeddings", str(bad), *out],
+        "--memory-gb: Input should be a finite number": [*run, "--memory-gb", "inf"],
+        "--nprobe: Input should be greater than or equal to 1": [*run, "--nprobe", "0"],
+        "--fusion-depth: 3 candidates a side cannot fill": [*run, *shallow],
+    }
+    for message, args in cases.items():
+        _expect_error(run_cli(*args, check=False), message)
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (tmp_path / "r.trec").exists()
+
+
+def test_export_refuses_a_folder_it_would_wipe(tmp_path) -> None:
+    """export writes its folder whole: one holding the model, or other files, is refused as it
+    was; an earlier export's is replaced (the control)."""
+    run = tmp_path / "run"
+    shutil.copytree(TOY / "tiny-bert", run / "model")
+    (run / "config.yaml").write_text("kept: yes\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    model = str(run / "model")
+    for out, message in [
+        (run / "model", "holds the model (--model), which writing it would remove"),
+        (run, "holds the model (--model), which writing it would remove"),
+        (other, "holds notes.txt, which writing it would remove"),
+    ]:
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        _expect_error(run_cli("export", "--model", model, "--out", str(out), check=False), message)
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    exported = tmp_path / "exported"
+    for _ in range(2):  # a new folder, then the same export again over it
+        run_cli("export", "--model", model, "--out", str(exported))
+    assert sorted(p.name for p in exported.iterdir()) == ["ctx_encoder", "question_encoder"]

@@ -85,6 +85,9 @@ def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
     the row numbers)."""
     shard = Shard.open(path)
     vectors = shard.read(0, np.empty((shard.rows, shard.dim), shard.dtype)).astype(np.float32)
+    if not np.isfinite(vectors).all():
+        row = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+        raise InputError(f"{path}: row {row} is not finite (NaN or inf)")
     ids_file = ids_path(Path(path))
     if not ids_file.is_file():
         return vectors, [str(i) for i in range(shard.rows)]
@@ -106,10 +109,12 @@ def search(
     queries.check()
     out = Path(out)
     inputs = {"the questions file": queries.questions, "the query vectors": queries.embeddings}
+    if queries.embeddings is not None:
+        inputs["the query ids"] = ids_path(Path(queries.embeddings))
     if hybrid is not None:
         passages = hybrid.passages or recorded_passages(index_dir)
         inputs.update({"the passages file": passages, "the BM25 run": hybrid.bm25_run})
-    check_output_file(out, inputs)
+    check_output_file(out, inputs, folders={"the index": index_dir})
     env = distributed.setup(spec.device, "--device")
     try:
         with output_lock(out, is_file=True):
