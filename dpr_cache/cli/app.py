@@ -30,6 +30,7 @@ __all__ = [
     "data_app",
     "guarded",
     "check_inputs",
+    "check_search_flags",
     "load",
     "rank_and_world",
     "ConfigOpt",
@@ -195,6 +196,20 @@ def check_inputs(**options: Path | None) -> None:
                 check_file(path)
             except InputError as e:
                 raise InputError(f"--{name.replace('_', '-')} {e}") from None
+
+
+def check_search_flags(memory_gb: float | None, nprobe: int, ef_search: int) -> None:
+    """A search's budget and index knobs (``search``, ``mine``), checked as their config keys."""
+    from dpr_cache.config import check_flags
+
+    check_flags(
+        "index",
+        {
+            "--memory-gb": ("memory_gb", memory_gb),
+            "--nprobe": ("ivf_nprobe", nprobe),
+            "--ef-search": ("hnsw_ef_search", ef_search),
+        },
+    )
 
 
 def load(config: Path | None, overrides: list[str] | None):

@@ -9,8 +9,15 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, MemoryOpt, app, check_inputs, guarded
-from dpr_cache.config import check_flags, default_of
+from dpr_cache.cli.app import (
+    Command,
+    MemoryOpt,
+    app,
+    check_inputs,
+    check_search_flags,
+    guarded,
+)
+from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 
 
@@ -109,14 +116,7 @@ def mine(
         raise InputError(f"--match: {match!r} is not one of string, regex, none")
     if teacher is None and (fusion_weight is not None or precision != "auto"):
         raise InputError("--fusion-weight and --precision are the teacher's: give --teacher")
-    check_flags(
-        "index",
-        {
-            "--memory-gb": ("memory_gb", memory_gb),
-            "--nprobe": ("ivf_nprobe", nprobe),
-            "--ef-search": ("hnsw_ef_search", ef_search),
-        },
-    )
+    check_search_flags(memory_gb, nprobe, ef_search)
     rules = NegativeRules(
         None if match == "none" else match,
         margin,

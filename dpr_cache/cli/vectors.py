@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, MemoryOpt, app, check_inputs, guarded
+from dpr_cache.cli.app import Command, MemoryOpt, app, check_inputs, check_search_flags, guarded
 from dpr_cache.config import check_flags, default_of
 from dpr_cache.errors import InputError
 
@@ -160,14 +160,7 @@ def search(
             "--precision": ("precision", precision),
         },
     )
-    check_flags(
-        "index",
-        {
-            "--memory-gb": ("memory_gb", memory_gb),
-            "--nprobe": ("ivf_nprobe", nprobe),
-            "--ef-search": ("hnsw_ef_search", ef_search),
-        },
-    )
+    check_search_flags(memory_gb, nprobe, ef_search)
     hybrid = None
     if settings.fusion != "none":
         spec = FusionSpec(settings.fusion, settings.fusion_weight, settings.fusion_depth)

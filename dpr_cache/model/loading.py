@@ -49,7 +49,7 @@ def load_biencoder(
             dropout=dropout,
             normalize=normalize,
         )
-    except ModuleNotFoundError as e:  # python:PACKAGE that is not installed
+    except ModuleNotFoundError as e:  # a module the model's code needs is not installed
         raise InputError(f"{where}: {e}") from None
     except ModelNotFound as e:  # neither a local folder nor had from the hub: says why
         raise InputError(f"{source or 'model'}: {e}") from None

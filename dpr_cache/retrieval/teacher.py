@@ -36,7 +36,7 @@ from dpr_cache.model.cross_encoder import (
     score_pairs,
 )
 from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
-from dpr_cache.retrieval.dense.index import encoded_from, open_index
+from dpr_cache.retrieval.dense.index import encoded_from, index_passages, open_index
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.fusion import FusionSpec, linear_scores
@@ -256,12 +256,7 @@ class HybridTeacher(Bm25Teacher):
 
     def __init__(self, spec: TeacherSpec, cache_dir: Path, device: torch.device) -> None:
         self.opened = open_index(spec.index)
-        passages = spec.passages
-        if passages is None:
-            if "passages" not in self.opened.meta:
-                raise InputError(f"{spec.index}: records no passages file: give --passages TSV")
-            passages = Path(self.opened.meta["passages"]["path"])
-        super().__init__(passages, cache_dir)
+        super().__init__(index_passages(self.opened, spec.passages), cache_dir)
         if not encoded_from(self.opened, self.dataset, self.passages):
             raise InputError(
                 f"{spec.index}: holds precomputed vectors: the hybrid teacher scores passages "

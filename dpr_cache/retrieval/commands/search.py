@@ -18,6 +18,7 @@ from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.dense.index import (
     Corpus,
     OpenIndex,
+    index_passages,
     open_index,
     recorded_passages,
     search_index,
@@ -85,8 +86,9 @@ def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
     the row numbers)."""
     shard = Shard.open(path)
     vectors = shard.read(0, np.empty((shard.rows, shard.dim), shard.dtype)).astype(np.float32)
-    if not np.isfinite(vectors).all():
-        row = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+    finite = np.isfinite(vectors).all(axis=1)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite)[0])
         raise InputError(f"{path}: row {row} is not finite (NaN or inf)")
     ids_file = ids_path(Path(path))
     if not ids_file.is_file():
@@ -163,9 +165,7 @@ def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch,
             "search --fusion: BM25 needs the question texts (--questions) or a run "
             "(--bm25-run) keyed by the query ids"
         )
-    passages = hybrid.passages or Path(opened.meta.get("passages", {}).get("path", ""))
-    if not passages.name:
-        raise InputError(f"{opened.path}: records no passages file: give --passages TSV")
+    passages = index_passages(opened, hybrid.passages)
     corpus = Corpus(opened, load_passages(passages, hybrid.cache_dir), passages)
     dense = dense_rankings(
         corpus,

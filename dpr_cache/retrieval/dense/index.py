@@ -42,6 +42,7 @@ from dpr_cache.runtime.atomic import write_json_atomic
 __all__ = [
     "META_FILE",
     "recorded_passages",
+    "index_passages",
     "FORMAT",
     "OpenIndex",
     "finish_index",
@@ -140,15 +141,31 @@ def search_spec(index_dir: str | Path, nprobe: int, ef_search: int) -> IndexSpec
 
 
 def recorded_passages(index_dir: str | Path | None) -> Path | None:
-    """The passages file the index at ``index_dir`` was encoded from, as its meta records it
-    (None when there is none, or its meta cannot be read: :func:`open_index` then says what is
-    wrong)."""
+    """The passages file the index at ``index_dir`` was encoded from, as its meta records it,
+    read before the index is opened (None when there is none, or its meta cannot be read:
+    :func:`open_index` then says what is wrong)."""
     if index_dir is None:
         return None
     try:
-        return Path(json.loads((Path(index_dir) / META_FILE).read_text())["passages"]["path"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return _meta_passages(json.loads((Path(index_dir) / META_FILE).read_text()))
+    except (OSError, ValueError, AttributeError):
         return None
+
+
+def index_passages(opened: OpenIndex, given: Path | None) -> Path:
+    """``given``, else the passages file the opened index records; InputError when it records
+    none."""
+    if given is not None:
+        return Path(given)
+    passages = _meta_passages(opened.meta)
+    if passages is None:
+        raise InputError(f"{opened.path}: records no passages file: give --passages TSV")
+    return passages
+
+
+def _meta_passages(meta: dict[str, Any]) -> Path | None:
+    recorded = meta.get("passages")
+    return Path(recorded["path"]) if isinstance(recorded, dict) and "path" in recorded else None
 
 
 def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenIndex:
