@@ -107,15 +107,17 @@ def cost_lines(data: dict[str, Any]) -> list[str]:
 
 
 def _gpu_rate() -> dict[str, Any] | None:
-    """score's fastest cross-encoder rate on the GPU, when the GPU suite has measured it: its
-    row (precision, pairs a second) and the device."""
+    """score's cross-encoder rate on the GPU, when the GPU suite has measured it, in bf16 (what
+    ``precision_for("auto", ...)`` picks on a GPU that has it), the best of its rounds: its row
+    (precision, pairs a second) and the device."""
     if not GPU_PAGE.is_file():
         return None
     report = json.loads(GPU_PAGE.read_text())
     result = report["sections"].get("teacher_scoring", {}).get("result")
     if report.get("dry_run") or not result:
         return None
-    fastest = max(result["rows"], key=lambda row: row["pairs_a_second"])
+    rows = [row for row in result["rows"] if row["precision"] == "bf16"] or result["rows"]
+    fastest = max(rows, key=lambda row: row["pairs_a_second"])
     env = report["environment"]
     return {**fastest, "device": env.get("device_name", env.get("device", "GPU"))}
 
