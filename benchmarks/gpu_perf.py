@@ -604,11 +604,13 @@ def teacher_score_rate(
     pairs of SQuAD dev questions and 100-word passages, with a cross-encoder of
     all-MiniLM-L6-v2's shape (6 layers, 384 wide; random weights: the cost is the shape's), at
     each precision, over ``rounds`` rounds whose order alternates (the second reversed), each
-    precision warmed on every batch's shape before its first timed run; projected to NQ's
-    training set (58,880 questions x 31 passages). Beside it, the model alone (the best of as
-    many rounds, alternating too): the same batches already padded on the device, so the
-    difference is the host's share (tokenizing, padding, copying); and the longest batch under
-    torch's profiler at each precision. The pairs' tokenization (on the CPU, part of every
+    precision run on every batch's shape before any timed run; projected to NQ's training set
+    (58,880 questions x 31 passages). Beside it, the model alone (the best of as many rounds,
+    alternating too): the same batches already padded on the device, so the difference is the
+    host's share (tokenizing, padding, copying); its first pass at each precision, on shapes
+    not yet run (each precision's one-time start paid first on the shortest batch), which sets
+    apart what a new shape costs; and the longest batch under torch's profiler at each
+    precision. The pairs' tokenization (on the CPU, part of every
     loop's seconds) is also timed alone. The figures go into ``into`` (returned) as they are
     measured, so that a section stopped part way keeps them."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
@@ -678,9 +680,15 @@ def teacher_score_rate(
                 encoder.model(**batch).logits.float()
         sync()
 
+    out["distinct_lengths"] = len({b["input_ids"].shape[1] for b in batches})
+    for precision in precisions:
+        model_alone(precision, batches[-1:])  # the precision's one-time start
+    first: dict[str, float] = {}
+    for precision in precisions:  # every other batch's shape, once, before any other timing
+        start = time.perf_counter()
+        model_alone(precision, batches[:-1])
+        first[precision] = time.perf_counter() - start
     for r, precision in _alternating(precisions, rounds):
-        if r == 0:
-            model_alone(precision)  # every batch's shape, once, before any timing
         start = time.perf_counter()
         score_pairs(encoder, pairs, batch_size=batch_size, precision=precision)
         sync()
@@ -703,7 +711,12 @@ def teacher_score_rate(
         seconds = time.perf_counter() - start
         best[precision] = min(seconds, best.get(precision, seconds))
     out["model_alone"] = [
-        {"precision": p, "seconds": best[p], "pairs_a_second": n_pairs / best[p]}
+        {
+            "precision": p,
+            "seconds": best[p],
+            "pairs_a_second": n_pairs / best[p],
+            "first_pass_seconds": first[p],
+        }
         for p in precisions
     ]
     longest = batches[:1]
