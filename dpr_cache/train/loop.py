@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dpr_cache.config import Config, changed_settings, save_config
+from dpr_cache.core.distill import Distillation
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import deterministic_kernels
@@ -122,7 +123,8 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
                 try:
                     result = trainer.step(batch)
                 except NonFinite as e:
-                    raise _diverged(e, step, batch.digest(), batches, out / CHECKPOINTS) from None
+                    root = out / CHECKPOINTS
+                    raise _diverged(e, step, batch.digest(), batches, root, distill) from None
                 except torch.OutOfMemoryError:
                     result = None  # explained below, once the failed step's memory is freed
                 if result is None:
@@ -143,15 +145,19 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
         distributed.teardown()
 
 
-def _diverged(e: NonFinite, step: int, digest: str, batches, root: Path) -> Diverged:
-    """What stopped the run: the step, its batch (digest, first questions), the checkpoint."""
+def _diverged(
+    e: NonFinite, step: int, digest: str, batches, root: Path, distill: Distillation | None
+) -> Diverged:
+    """What stopped the run: the step, its batch (digest, first questions), the checkpoint,
+    and what to try (under distillation, the teacher's scores first)."""
     first = ", ".join(str(i) for i in batches.batch_indices(step)[:3])
     kept = latest_checkpoint(root)
+    teacher = "check the scale of data.train's teacher_score values, " if distill else ""
     return Diverged(
         f"train: the {e} is not finite at step {step + 1} (batch {digest}, questions {first}, "
         f"... of the training set); stopped with nothing updated, the last checkpoint "
-        f"{kept.name if kept else '(none)'} as it was: lower train.lr, or train in fp16 (its "
-        "steps skip such a batch) or bf16"
+        f"{kept.name if kept else '(none)'} as it was: {teacher}lower train.lr, or train in "
+        "fp16 (its steps skip such a batch) or bf16"
     )
 
 
