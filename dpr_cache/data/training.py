@@ -160,8 +160,12 @@ def _ctxs(obj: dict, key: str, where: str) -> list[dict[str, str]]:
     return out
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
+
+
 def _teacher_score(value: Any, where: str) -> float:
-    """A ctx's ``teacher_score`` as a finite float; InputError naming ``where`` otherwise."""
+    """A ctx's ``teacher_score`` as a float finite in float32; InputError naming ``where``
+    otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"{where}: teacher_score must be a number, got {value!r}")
     try:
@@ -170,6 +174,11 @@ def _teacher_score(value: Any, where: str) -> float:
         raise InputError(f"{where}: teacher_score {str(value)[:12]}... is too large") from None
     if not math.isfinite(number):
         raise InputError(f"{where}: teacher_score is not finite ({value})")
+    if abs(number) > FLOAT32_MAX:
+        raise InputError(
+            f"{where}: teacher_score {number:.3g} is past float32's range (+-{FLOAT32_MAX:.3g}), "
+            "which the loss computes in"
+        )
     return number
 
 

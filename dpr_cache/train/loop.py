@@ -149,15 +149,19 @@ def _diverged(
     e: NonFinite, step: int, digest: str, batches, root: Path, distill: Distillation | None
 ) -> Diverged:
     """What stopped the run: the step, its batch (digest, first questions), the checkpoint,
-    and what to try (under distillation, the teacher's scores first)."""
+    and what to try (under distillation, the teacher's scores: fp16 would skip every step
+    their scale overflows, and end with the model it began with)."""
     first = ", ".join(str(i) for i in batches.batch_indices(step)[:3])
     kept = latest_checkpoint(root)
-    teacher = "check the scale of data.train's teacher_score values, " if distill else ""
+    advice = (
+        "check the scale of data.train's teacher_score values, or lower train.lr"
+        if distill
+        else "lower train.lr, or train in fp16 (its steps skip such a batch) or bf16"
+    )
     return Diverged(
         f"train: the {e} is not finite at step {step + 1} (batch {digest}, questions {first}, "
         f"... of the training set); stopped with nothing updated, the last checkpoint "
-        f"{kept.name if kept else '(none)'} as it was: {teacher}lower train.lr, or train in "
-        "fp16 (its steps skip such a batch) or bf16"
+        f"{kept.name if kept else '(none)'} as it was: {advice}"
     )
 
 

@@ -135,7 +135,7 @@ def test_a_contrastive_run_needs_no_teacher_score(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("bad", ["NaN", "-Infinity", '"high"'])
+@pytest.mark.parametrize("bad", ["NaN", "-Infinity", '"high"', "1e300", "-3.5e38"])
 def test_a_bad_teacher_score_is_named(tmp_path, bad):
     from tests.support.teacher import write_scored_toy
 
