@@ -607,10 +607,11 @@ def teacher_score_rate(
     precision run on every batch's shape before any timed run; projected to NQ's training set
     (58,880 questions x 31 passages). Beside it, the model alone (the best of as many rounds,
     alternating too): the same batches already padded on the device, so the difference is the
-    host's share (tokenizing, padding, copying); its first pass at each precision, on shapes
-    not yet run (each precision's one-time start paid first on the shortest batch), which sets
-    apart what a new shape costs; and the longest batch under torch's profiler at each
-    precision. The pairs' tokenization (on the CPU, part of every
+    host's share (tokenizing, padding, copying). What a new shape costs: the first pass at each
+    precision (in the rounds' order reversed) over every batch but the longest, on shapes not
+    yet run at that precision (its one-time start paid first on the longest batch, which needs
+    the most memory), against the same batches again at the end. And the longest batch under
+    torch's profiler at each precision. The pairs' tokenization (on the CPU, part of every
     loop's seconds) is also timed alone. The figures go into ``into`` (returned) as they are
     measured, so that a section stopped part way keeps them."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
@@ -680,14 +681,22 @@ def teacher_score_rate(
                 encoder.model(**batch).logits.float()
         sync()
 
-    out["distinct_lengths"] = len({b["input_ids"].shape[1] for b in batches})
+    rest = batches[1:]  # after the longest
+    first = out["first_pass"] = {
+        "order": precisions[::-1],
+        "batches": len(rest),
+        "pairs": sum(len(b["input_ids"]) for b in rest),
+        "distinct_lengths": len({b["input_ids"].shape[1] for b in rest}),
+        "seconds": {},
+        "again_seconds": {},
+    }
     for precision in precisions:
-        model_alone(precision, batches[-1:])  # the precision's one-time start
-    first: dict[str, float] = {}
-    for precision in precisions:  # every other batch's shape, once, before any other timing
+        model_alone(precision, batches[:1])  # one-time start: the most memory, the handles
+    for precision in first["order"]:  # every other shape, once, before the rounds
         start = time.perf_counter()
-        model_alone(precision, batches[:-1])
-        first[precision] = time.perf_counter() - start
+        model_alone(precision, rest)
+        if rest:
+            first["seconds"][precision] = time.perf_counter() - start
     for r, precision in _alternating(precisions, rounds):
         start = time.perf_counter()
         score_pairs(encoder, pairs, batch_size=batch_size, precision=precision)
@@ -711,14 +720,13 @@ def teacher_score_rate(
         seconds = time.perf_counter() - start
         best[precision] = min(seconds, best.get(precision, seconds))
     out["model_alone"] = [
-        {
-            "precision": p,
-            "seconds": best[p],
-            "pairs_a_second": n_pairs / best[p],
-            "first_pass_seconds": first[p],
-        }
+        {"precision": p, "seconds": best[p], "pairs_a_second": n_pairs / best[p]}
         for p in precisions
     ]
+    for precision in first["seconds"]:  # the first pass's batches again, all shapes run
+        start = time.perf_counter()
+        model_alone(precision, rest)
+        first["again_seconds"][precision] = time.perf_counter() - start
     longest = batches[:1]
     _profiled(lambda: model_alone(precisions[0], longest), device)  # the profiler's own start
     profiles = out["profiles"] = {}

@@ -634,29 +634,20 @@ def _teacher_scoring(r: dict) -> list[str]:
             "s, timed alone.",
         ]
     if "model_alone" in r:
-        first = all("first_pass_seconds" in a for a in r["model_alone"])
         lines += [
             "",
             "The model alone (the best of its rounds), on the same batches already padded on "
             "the device (what the loop spends beyond it is the host's: tokenizing, padding, "
-            "copying, each batch waiting on the last)"
-            + (
-                f"; its first pass, before any other timing, ran every batch but the shortest "
-                f"({r['distinct_lengths']} lengths in all) on shapes not yet run at that "
-                "precision, after the precision's one-time start on the shortest"
-                if first
-                else ""
-            )
-            + ":",
+            "copying, each batch waiting on the last):",
             "",
-            "| precision | seconds | pairs/s |" + (" first pass s |" if first else ""),
-            "|---|--:|--:|" + ("--:|" if first else ""),
+            "| precision | seconds | pairs/s |",
+            "|---|--:|--:|",
         ]
         lines += [
             f"| {a['precision']} | {a['seconds']:.2f} | {a['pairs_a_second']:,.0f} |"
-            + (f" {a['first_pass_seconds']:.2f} |" if first else "")
             for a in r["model_alone"]
         ]
+    lines += _first_pass(r.get("first_pass"))
     for precision, prof in r.get("profiles", {}).items():
         if "error" in prof:
             lines += ["", f"The profile of {precision}'s longest batch failed: {prof['error']}"]
@@ -669,6 +660,35 @@ def _teacher_scoring(r: dict) -> list[str]:
             f"{'kernels' if prof['on'] == 'device' else 'operators'}' time on the {prof['on']}; "
             f"the most: {top}.",
         ]
+    return lines
+
+
+def _first_pass(first: dict | None) -> list[str]:
+    """The model alone's first pass over shapes not yet run, against the same batches again:
+    what a new shape costs at each precision."""
+    if not first or not first["seconds"]:
+        return []
+    again = first.get("again_seconds", {})
+    lengths = first["distinct_lengths"]
+    lines = [
+        "",
+        "What a new shape costs: the model alone's first pass at each precision, before the "
+        f"rounds and in the order {', '.join(first['order'])}, over the {first['batches']} "
+        f"batches after the longest ({first['pairs']:,} pairs, {lengths} distinct "
+        f"length{'s' if lengths != 1 else ''}), each precision's one-time start paid first on "
+        "the longest batch; then the same batches again, after the rounds:",
+        "",
+        "| precision | first pass s | again s | more a new length (ms) |",
+        "|---|--:|--:|--:|",
+    ]
+    for precision in first["order"]:
+        if precision not in first["seconds"]:
+            continue
+        cold, warm = first["seconds"][precision], again.get(precision)
+        extra = "–" if warm is None else f"{(cold - warm) / lengths * 1e3:.1f}"
+        lines.append(
+            f"| {precision} | {cold:.2f} | {'–' if warm is None else f'{warm:.2f}'} | {extra} |"
+        )
     return lines
 
 

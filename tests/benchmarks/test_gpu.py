@@ -106,8 +106,12 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert all(row["pairs"] == 64 and row["pairs_a_second"] > 0 for row in scoring["rows"])
     alone = scoring["model_alone"]
     assert [a["precision"] for a in alone] == ["fp32", "bf16"], alone
-    assert all(a["pairs_a_second"] > 0 and a["first_pass_seconds"] > 0 for a in alone), alone
-    assert 1 <= scoring["distinct_lengths"] <= 4, scoring  # the dry run: 4 batches of 16
+    assert all(a["pairs_a_second"] > 0 for a in alone), alone
+    first = scoring["first_pass"]
+    assert first["order"] == ["bf16", "fp32"] and first["batches"] == 3, first  # 64 pairs / 16
+    assert first["pairs"] == 48 and 1 <= first["distinct_lengths"] <= 3, first
+    assert list(first["seconds"]) == ["bf16", "fp32"] and min(first["seconds"].values()) > 0
+    assert list(first["again_seconds"]) == ["bf16", "fp32"], first
     profiles = scoring["profiles"]
     assert list(profiles) == ["fp32", "bf16"], profiles
     for prof in profiles.values():
@@ -314,15 +318,15 @@ def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
             {**row, "round": 1, "precision": "bf16"},
             {**row, "round": 2, "precision": "fp32"},
         ],
-        "model_alone": [
-            {
-                "precision": "bf16",
-                "seconds": 0.25,
-                "pairs_a_second": 40_000.0,
-                "first_pass_seconds": 1.5,
-            }
-        ],
-        "distinct_lengths": 38,
+        "model_alone": [{"precision": "bf16", "seconds": 0.25, "pairs_a_second": 40_000.0}],
+        "first_pass": {
+            "order": ["fp32", "bf16"],
+            "batches": 23,
+            "pairs": 5_888,
+            "distinct_lengths": 20,
+            "seconds": {"fp32": 0.9, "bf16": 1.5},
+            "again_seconds": {"fp32": 0.5, "bf16": 0.3},
+        },
         "profiles": {"bf16": profile, "fp32": {"error": "RuntimeError: no CUPTI"}},
         "tokenize_s": 0.6,
         "mean_tokens": 170.2,
@@ -337,7 +341,11 @@ def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
     assert "(mean 170)" in page and "| round | precision |" in page
     assert "| 1 | bf16 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
     assert "| 2 | fp32 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
-    assert "| bf16 | 0.25 | 40,000 | 1.50 |" in page and "(38 lengths in all)" in page
+    assert "| bf16 | 0.25 | 40,000 |" in page
+    assert (
+        "in the order fp32, bf16, over the 23 batches after the longest (5,888 pairs, 20 " in page
+    )
+    assert "| fp32 | 0.90 | 0.50 | 20.0 |\n| bf16 | 1.50 | 0.30 | 60.0 |" in page
     assert "30.0 ms from call to result, 25.5 ms of kernels' time on the device" in page
     assert "`sm90_gemm_bf16` 12.2 ms (36x)" in page
     assert "The profile of fp32's longest batch failed: RuntimeError: no CUPTI" in page
