@@ -138,12 +138,13 @@ class TeacherSpec:
 
 
 def precision_for(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on a GPU that has it (else fp16), fp32 on the CPU; fp16 on the CPU is
-    refused (CPUs run it slowly or not at all)."""
+    """``auto``: bf16 on a GPU whose hardware has it (compute capability 8.0 and up; older ones
+    only emulate it, slowly), else fp16; fp32 on the CPU. fp16 on the CPU is refused (CPUs run
+    it slowly or not at all)."""
     if precision == "auto":
         if device.type != "cuda":
             return "fp32"
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
     if precision == "fp16" and device.type != "cuda":
         raise InputError("--precision fp16 needs a GPU: use bf16 or fp32 on the CPU")
     return precision

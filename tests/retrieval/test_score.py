@@ -325,3 +325,19 @@ def test_a_non_finite_score_of_any_teacher_names_the_record_and_ctx() -> None:
     )
     # negative control: finite scores pass through
     assert [s.tolist() for s in score_groups(Stub(bad=False), groups)] == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_auto_precision_is_bf16_only_where_the_gpu_has_it_not_emulated(monkeypatch) -> None:
+    """A GPU that only emulates bf16 (before compute capability 8.0) gets fp16, one whose
+    hardware has it bf16; the control, emulation counted, would say bf16 for both."""
+    from dpr_cache.retrieval.teacher import precision_for
+
+    def supported(hardware: bool):
+        return lambda including_emulation=True: hardware or including_emulation
+
+    picks = []
+    for hardware in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported(hardware))
+        picks.append(precision_for("auto", torch.device("cuda")))
+    assert picks == ["bf16", "fp16"], picks
+    assert torch.cuda.is_bf16_supported() is True  # the control: emulation counted
