@@ -202,6 +202,11 @@ def bench(
     timings = bench_chunks(cfg, sizes, steps, warmup)
     print(format_table(timings, cfg.train.memory_budget))
     best = pick_chunk(timings)
+    if best is None and timings[0].out_of_memory is not None:
+        raise InputError(
+            f"bench: chunk {timings[0].chunk}, the smallest asked, ran out of memory: ask for "
+            "smaller ones (--chunks)"
+        )
     if best is None:
         raise InputError(f"train.memory_budget: no chunk size fits {cfg.train.memory_budget}")
     print(f"fastest: train.chunk_size={best.chunk} ({best.pairs_per_s:.2f} pairs/s)")

@@ -5,12 +5,15 @@ Each chunk size runs in a fresh process (its peak memory is its own: ``ru_maxrss
 CUDA allocator's peak on a GPU) that builds the trainer exactly as ``train`` does and times
 ``warmup + steps`` real updates on the config's first batches (tokenizing left out: training does
 it in loader workers). The pick is the fastest chunk whose peak fits ``train.memory_budget``
-(any, without a budget). Nothing is written under ``output_dir``.
+(any, without a budget). A chunk size that runs out of memory is a row that says so, and the
+larger ones are not tried: the sizes that ran keep their figures. Nothing is written under
+``output_dir``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -23,6 +26,7 @@ import yaml
 from dpr_cache.config import Config, load_config, parse_bytes
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed, memory
+from dpr_cache.runtime.device import out_of_memory_state
 from dpr_cache.runtime.processes import ChildFailed, run_json_child
 from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data
 
@@ -31,13 +35,15 @@ __all__ = ["ChunkTiming", "bench_chunks", "pick_chunk", "format_table"]
 
 @dataclass(frozen=True)
 class ChunkTiming:
-    """One chunk size's figures: median step seconds, pairs a second, peak memory."""
+    """One chunk size's figures: median step seconds, pairs a second, peak memory; or what
+    ran out of memory (``out_of_memory``, the figures then NaN and 0)."""
 
     chunk: int
     step_s: float
     pairs_per_s: float
     peak_bytes: int
     fits: bool = True
+    out_of_memory: str | None = None
 
 
 def bench_chunks(config: Config, chunks: list[int], steps: int, warmup: int) -> list[ChunkTiming]:
@@ -59,6 +65,9 @@ def bench_chunks(config: Config, chunks: list[int], steps: int, warmup: int) -> 
                 row = run_json_child("dpr_cache.train.bench", args)
             except ChildFailed as e:
                 raise InputError(f"bench: chunk {chunk} failed: {e.tail}") from None
+            if "out_of_memory" in row:
+                out.append(ChunkTiming(chunk, math.nan, 0.0, 0, False, row["out_of_memory"]))
+                break  # a larger chunk needs more
             fits = budget is None or row["peak_bytes"] <= budget
             out.append(
                 ChunkTiming(chunk, row["step_s"], row["pairs_per_s"], row["peak_bytes"], fits)
@@ -76,6 +85,9 @@ def format_table(timings: list[ChunkTiming], budget: str | None) -> str:
     """A text table, a line per chunk size."""
     lines = [" chunk | step s | pairs/s | peak GB", "-------+--------+---------+--------"]
     for t in timings:
+        if t.out_of_memory is not None:
+            lines.append(f"{t.chunk:>6} | {t.out_of_memory} (larger sizes not tried)")
+            continue
         over = "" if t.fits else f"  over {budget}"
         lines.append(
             f"{t.chunk:>6} | {t.step_s:>6.2f} | {t.pairs_per_s:>7.2f} | "
@@ -97,9 +109,15 @@ def _time_steps(config: Config, steps: int, warmup: int) -> dict:
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
     seconds = []
-    for step in range(warmup + steps):
-        batch = recipe.batch(dataset, batches, tokenizer, step % batches.steps_per_epoch)
-        seconds.append(trainer.step(batch).seconds)
+    try:
+        for step in range(warmup + steps):
+            batch = recipe.batch(dataset, batches, tokenizer, step % batches.steps_per_epoch)
+            seconds.append(trainer.step(batch).seconds)
+    except RuntimeError as e:  # torch.OutOfMemoryError among them
+        state = out_of_memory_state(e)
+        if state is None and not isinstance(e, torch.OutOfMemoryError):
+            raise
+        return {"out_of_memory": state or "ran out of memory"}
     step_s = statistics.median(seconds[warmup:])
     return {
         "step_s": step_s,
