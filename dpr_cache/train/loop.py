@@ -69,6 +69,8 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
             )
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
+        if env.is_main:
+            _warn_if_a_gpu_config_found_no_gpu(config, env)
         _seed_everything(cfg.seed)
         dataset, batches = training_data(config, env)
         total = cfg.max_steps or batches.steps_per_epoch * cfg.epochs
@@ -101,7 +103,7 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
             watcher=watcher,
             log_every=cfg.log_every,
             progress=progress,
-            desc=f"train {cfg.mode} B={cfg.batch_size}",
+            desc=f"train {cfg.mode} B={cfg.batch_size} on {env.device} {cfg.precision}",
         )
         loader = step_batches(
             recipe,
@@ -163,6 +165,19 @@ def _diverged(
         f"... of the training set); stopped with nothing updated, the last checkpoint "
         f"{kept.name if kept else '(none)'} as it was: {advice}"
     )
+
+
+def _warn_if_a_gpu_config_found_no_gpu(config: Config, env: DistEnv) -> None:
+    """A config for a GPU (fp16) whose ``device: auto`` found none: said once, so that a torch
+    built for the CPU alone does not train on the CPU unnoticed."""
+    cfg = config.train
+    if cfg.device == "auto" and env.device.type == "cpu" and cfg.precision == "fp16":
+        logger.warning(
+            "train.device auto found no CUDA device (torch %s): training on the CPU in fp16, "
+            "slowly; install a CUDA build of torch (the README: make install TORCH=...), or set "
+            "train.device=cpu and train.precision=fp32",
+            torch.__version__,
+        )
 
 
 def _check_start(config: Config, resume: bool) -> None:
