@@ -6,18 +6,37 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
+TORCH_ASKED = $(VENV)/.torch-asked
+TORCH_DONE  = $(VENV)/.torch-installed
 CODE    = dpr_cache tests scripts studies benchmarks
 
-.PHONY: install test lint demo clean
+.PHONY: install test lint demo clean FORCE
 
 install: $(STAMP)
+
+# A TORCH given (a CUDA build after the CPU one, say) replaces the torch the venv holds, which
+# pip would otherwise keep (torch==2.13.0 is met by 2.13.0+cpu): the spec asked is kept in a
+# file rewritten only when it changes, which makes the install again. Without TORCH the
+# venv's torch stays whatever build it is.
+ifneq ($(origin TORCH),file)
+$(STAMP): $(TORCH_ASKED)
+$(TORCH_ASKED): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(TORCH)' | cmp -s - $@ || echo '$(TORCH)' > $@
+endif
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@if [ -f $(TORCH_ASKED) ] && ! cmp -s $(TORCH_ASKED) $(TORCH_DONE) \
+	  && $(PY) -m pip show -q torch 2>/dev/null; then \
+	  echo "replacing the venv's torch with $(TORCH)"; $(PY) -m pip uninstall -q -y torch; fi
 	$(PY) -m pip install -q $(TORCH)
+	@if [ -f $(TORCH_ASKED) ]; then cp $(TORCH_ASKED) $(TORCH_DONE); fi
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
+
+FORCE:
 
 # Two test processes (a file each at a time), then the memory bounds alone on a quiet machine.
 test: $(STAMP)
