@@ -16,23 +16,33 @@ install: $(STAMP)
 
 # A TORCH given (a CUDA build after the CPU one, say) replaces the torch the venv holds, which
 # pip would otherwise keep (torch==2.13.0 is met by 2.13.0+cpu): the spec asked is kept in a
-# file rewritten only when it changes, which makes the install again. Without TORCH the
-# venv's torch stays whatever build it is.
+# file rewritten only when it changes, which makes the install again, and the spec last
+# installed in another, which says whether to replace (the first TORCH given on a venv always
+# does). pip's reinstall puts the old torch back if the new one fails. Without TORCH the venv's
+# torch stays whatever build it is.
 ifneq ($(origin TORCH),file)
+export TORCH
+TORCH_GIVEN = 1
 $(STAMP): $(TORCH_ASKED)
 $(TORCH_ASKED): FORCE
 	@mkdir -p $(VENV)
-	@echo '$(TORCH)' | cmp -s - $@ || echo '$(TORCH)' > $@
+	@printf '%s\n' "$$TORCH" | cmp -s - $@ || printf '%s\n' "$$TORCH" > $@
 endif
 
 $(STAMP): pyproject.toml
+	@rm -f $(STAMP)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@if [ -f $(TORCH_ASKED) ] && ! cmp -s $(TORCH_ASKED) $(TORCH_DONE) \
+ifdef TORCH_GIVEN
+	@if [ "$$(cat $(TORCH_DONE) 2>/dev/null)" != "$$TORCH" ] \
 	  && $(PY) -m pip show -q torch 2>/dev/null; then \
-	  echo "replacing the venv's torch with $(TORCH)"; $(PY) -m pip uninstall -q -y torch; fi
+	  echo "replacing the venv's torch with $$TORCH"; \
+	  $(PY) -m pip install -q --force-reinstall --no-deps $(TORCH); fi
+endif
 	$(PY) -m pip install -q $(TORCH)
-	@if [ -f $(TORCH_ASKED) ]; then cp $(TORCH_ASKED) $(TORCH_DONE); fi
+ifdef TORCH_GIVEN
+	@printf '%s\n' "$$TORCH" > $(TORCH_DONE)
+endif
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 

@@ -203,10 +203,14 @@ def bench(
     print(format_table(timings, cfg.train.memory_budget))
     best = pick_chunk(timings)
     if best is None and timings[0].out_of_memory is not None:
-        raise InputError(
-            f"bench: chunk {timings[0].chunk}, the smallest asked, ran out of memory: ask for "
-            "smaller ones (--chunks)"
-        )
+        first = timings[0].chunk
+        if cfg.train.mode == "full":
+            advice = "train.mode full runs the whole batch at once: set train.mode=gradcache"
+        elif first > 1:
+            advice = "ask for smaller ones (--chunks)"
+        else:
+            advice = "shorten model.max_passage_length or use a larger GPU"
+        raise InputError(f"bench: chunk {first}, the smallest asked, ran out of memory: {advice}")
     if best is None:
         raise InputError(f"train.memory_budget: no chunk size fits {cfg.train.memory_budget}")
     print(f"fastest: train.chunk_size={best.chunk} ({best.pairs_per_s:.2f} pairs/s)")

@@ -160,7 +160,7 @@ def _ctxs(obj: dict, key: str, where: str) -> list[dict[str, str]]:
     return out
 
 
-FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103  # from here on a float64 rounds to float32's infinity
 
 
 def _teacher_score(value: Any, where: str) -> float:
@@ -174,10 +174,10 @@ def _teacher_score(value: Any, where: str) -> float:
         raise InputError(f"{where}: teacher_score {str(value)[:12]}... is too large") from None
     if not math.isfinite(number):
         raise InputError(f"{where}: teacher_score is not finite ({value})")
-    if abs(number) > FLOAT32_MAX:
+    if abs(number) >= FLOAT32_OVERFLOW:
         raise InputError(
-            f"{where}: teacher_score {number:.3g} is past float32's range (+-{FLOAT32_MAX:.3g}), "
-            "which the loss computes in"
+            f"{where}: teacher_score {number:.9g} is past float32's range (largest "
+            "3.40282347e+38), the precision distillation's loss takes it in"
         )
     return number
 

@@ -144,7 +144,11 @@ def precision_for(precision: str, device: torch.device) -> str:
     if precision == "auto":
         if device.type != "cuda":
             return "fp32"
-        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+        hardware = torch.version.hip is not None or torch.cuda.get_device_capability(device) >= (
+            8,
+            0,
+        )
+        return "bf16" if hardware else "fp16"
     if precision == "fp16" and device.type != "cuda":
         raise InputError("--precision fp16 needs a GPU: use bf16 or fp32 on the CPU")
     return precision

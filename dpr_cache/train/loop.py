@@ -69,12 +69,12 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
             )
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        if env.is_main:
-            _warn_if_a_gpu_config_found_no_gpu(config, env)
         _seed_everything(cfg.seed)
         dataset, batches = training_data(config, env)
         total = cfg.max_steps or batches.steps_per_epoch * cfg.epochs
         trainer = build_trainer(config, env, total)
+        if env.is_main:  # once the model is there: a run that cannot start says that alone
+            _warn_if_a_gpu_config_found_no_gpu(config, env)
         recipe = batch_recipe(config, trainer.model)
         start = trainer.resume(out / CHECKPOINTS) if resume else 0
         if start:
@@ -172,11 +172,16 @@ def _warn_if_a_gpu_config_found_no_gpu(config: Config, env: DistEnv) -> None:
     built for the CPU alone does not train on the CPU unnoticed."""
     cfg = config.train
     if cfg.device == "auto" and env.device.type == "cpu" and cfg.precision == "fp16":
+        fix = (
+            "check the GPU's driver and CUDA_VISIBLE_DEVICES"
+            if torch.version.cuda
+            else "install a CUDA build of torch (the README: make install TORCH=...)"
+        )
         logger.warning(
             "train.device auto found no CUDA device (torch %s): training on the CPU in fp16, "
-            "slowly; install a CUDA build of torch (the README: make install TORCH=...), or set "
-            "train.device=cpu and train.precision=fp32",
+            "slowly; %s, or set train.device=cpu and train.precision=fp32",
             torch.__version__,
+            fix,
         )
 
 

@@ -278,3 +278,17 @@ def test_a_bad_teacher_score_is_named(tmp_path: Path, bad: str) -> None:
     path.write_text(good + "\n" + broken + "\n")
     with pytest.raises(InputError, match=r"t.jsonl line 2: hard_negative_ctxs\[0\]: teacher_score"):
         load_training_set(path, tmp_path / "c")
+
+
+def test_a_teacher_score_is_kept_while_float32_holds_it() -> None:
+    """float32's largest as numpy prints it (3.4028235e38, just above the exact largest) rounds
+    to a finite float32 and is kept; from the halfway point to 2**128 on, it would round to
+    infinity and is refused naming where, as a control."""
+    import numpy as np
+
+    kept = [3.4028234663852886e38, 3.4028235e38, -3.4028235e38]
+    assert [training._teacher_score(x, "f line 1: ctx") for x in kept] == kept
+    assert np.isfinite(np.array(kept, dtype=np.float64).astype(np.float32)).all()
+    for refused in (2.0**128 - 2.0**103, -(2.0**128), 1e300):
+        with pytest.raises(InputError, match=r"^f line 1: ctx: teacher_score .* float32's range"):
+            training._teacher_score(refused, "f line 1: ctx")

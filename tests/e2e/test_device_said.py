@@ -25,6 +25,8 @@ def test_a_gpu_config_without_a_gpu_says_it_trains_on_the_cpu(tmp_path):
     warned = [line for line in done.stderr.splitlines() if SAID in line]
     assert len(warned) == 1, done.stderr
     assert f"(torch {torch.__version__}): training on the CPU in fp16" in warned[0], warned
+    fix = "check the GPU's driver" if torch.version.cuda else "install a CUDA build of torch"
+    assert fix in warned[0], warned
     assert "train gradcache B=16 on cpu fp16" in done.stderr  # the progress bar
 
 

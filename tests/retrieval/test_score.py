@@ -328,16 +328,17 @@ def test_a_non_finite_score_of_any_teacher_names_the_record_and_ctx() -> None:
 
 
 def test_auto_precision_is_bf16_only_where_the_gpu_has_it_not_emulated(monkeypatch) -> None:
-    """A GPU that only emulates bf16 (before compute capability 8.0) gets fp16, one whose
-    hardware has it bf16; the control, emulation counted, would say bf16 for both."""
+    """A GPU before compute capability 8.0 (which only emulates bf16, slowly) gets fp16, one
+    from 8.0 on bf16; the GPU asked about is the one given."""
     from dpr_cache.retrieval.teacher import precision_for
 
-    def supported(hardware: bool):
-        return lambda including_emulation=True: hardware or including_emulation
+    asked = []
 
-    picks = []
-    for hardware in (True, False):
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported(hardware))
-        picks.append(precision_for("auto", torch.device("cuda")))
-    assert picks == ["bf16", "fp16"], picks
-    assert torch.cuda.is_bf16_supported() is True  # the control: emulation counted
+    def capability(device=None):
+        asked.append(device)
+        return {0: (7, 5), 1: (8, 0), 2: (9, 0)}[device.index]
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    picks = [precision_for("auto", torch.device("cuda", i)) for i in range(3)]
+    assert picks == ["fp16", "bf16", "bf16"], picks
+    assert [d.index for d in asked] == [0, 1, 2]

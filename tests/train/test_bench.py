@@ -60,7 +60,7 @@ def test_the_child_reports_running_out_of_memory_and_raises_anything_else(tmp_pa
     from dpr_cache.train import bench
     from dpr_cache.train.trainer import Trainer
 
-    config = load_config("configs/toy.yaml", toy_overrides(tmp_path)[1::2])
+    config = load_config("configs/toy.yaml", [*toy_overrides(tmp_path)[1::2], "train.device=cpu"])
 
     def out_of_memory(self, batch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -76,7 +76,17 @@ def test_the_child_reports_running_out_of_memory_and_raises_anything_else(tmp_pa
         bench._time_steps(config, 1, 0)
 
 
-def test_bench_says_when_even_the_smallest_chunk_ran_out_of_memory(monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "chunks, sets, advice",
+    [
+        ("4,8", [], "chunk 4, the smallest asked, ran out of memory: ask for smaller ones"),
+        ("1,2", [], "chunk 1, the smallest asked, ran out of memory: shorten model.max_passage"),
+        ("4", ["--set", "train.mode=full"], "set train.mode=gradcache"),
+    ],
+)
+def test_bench_says_what_to_do_when_even_the_smallest_chunk_ran_out_of_memory(
+    monkeypatch, chunks, sets, advice
+) -> None:
     from typer.testing import CliRunner
 
     from dpr_cache.cli.app import app
@@ -84,8 +94,7 @@ def test_bench_says_when_even_the_smallest_chunk_ran_out_of_memory(monkeypatch) 
 
     oom = {"out_of_memory": "the GPU ran out of memory"}
     monkeypatch.setattr(bench, "run_json_child", lambda module, args: oom)
-    done = CliRunner().invoke(app, ["bench", "--config", "configs/toy.yaml", "--chunks", "4,8"])
+    args = ["bench", "--config", "configs/toy.yaml", "--chunks", chunks, *sets]
+    done = CliRunner().invoke(app, args)
     assert done.exit_code == 2, done.output
-    assert "error: bench: chunk 4, the smallest asked, ran out of memory: ask for smaller" in (
-        done.output
-    )
+    assert "error: bench: chunk " in done.output and advice in done.output, done.output
