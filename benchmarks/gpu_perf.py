@@ -681,12 +681,13 @@ def teacher_score_rate(
                 encoder.model(**batch).logits.float()
         sync()
 
-    rest = batches[1:]  # after the longest
+    rest = batches[1:]  # after the longest, whose length is run first
+    lengths = {b["input_ids"].shape[1] for b in rest} - {batches[0]["input_ids"].shape[1]}
     first = out["first_pass"] = {
         "order": precisions[::-1],
         "batches": len(rest),
         "pairs": sum(len(b["input_ids"]) for b in rest),
-        "distinct_lengths": len({b["input_ids"].shape[1] for b in rest}),
+        "new_lengths": len(lengths),
         "seconds": {},
         "again_seconds": {},
     }

@@ -669,14 +669,15 @@ def _first_pass(first: dict | None) -> list[str]:
     if not first or not first["seconds"]:
         return []
     again = first.get("again_seconds", {})
-    lengths = first["distinct_lengths"]
+    lengths = first["new_lengths"]
     lines = [
         "",
         "What a new shape costs: the model alone's first pass at each precision, before the "
         f"rounds and in the order {', '.join(first['order'])}, over the {first['batches']} "
-        f"batches after the longest ({first['pairs']:,} pairs, {lengths} distinct "
-        f"length{'s' if lengths != 1 else ''}), each precision's one-time start paid first on "
-        "the longest batch; then the same batches again, after the rounds:",
+        f"batches after the longest ({first['pairs']:,} pairs, {lengths} "
+        f"length{'s' if lengths != 1 else ''} not run by the longest), each precision's "
+        "one-time start paid first on the longest batch; then the same batches again, after "
+        "the rounds:",
         "",
         "| precision | first pass s | again s | more a new length (ms) |",
         "|---|--:|--:|--:|",
@@ -685,7 +686,7 @@ def _first_pass(first: dict | None) -> list[str]:
         if precision not in first["seconds"]:
             continue
         cold, warm = first["seconds"][precision], again.get(precision)
-        extra = "–" if warm is None else f"{(cold - warm) / lengths * 1e3:.1f}"
+        extra = "–" if warm is None or not lengths else f"{(cold - warm) / lengths * 1e3:.1f}"
         lines.append(
             f"| {precision} | {cold:.2f} | {'–' if warm is None else f'{warm:.2f}'} | {extra} |"
         )

@@ -109,7 +109,7 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert all(a["pairs_a_second"] > 0 for a in alone), alone
     first = scoring["first_pass"]
     assert first["order"] == ["bf16", "fp32"] and first["batches"] == 3, first  # 64 pairs / 16
-    assert first["pairs"] == 48 and 1 <= first["distinct_lengths"] <= 3, first
+    assert first["pairs"] == 48 and 1 <= first["new_lengths"] <= 3, first
     assert list(first["seconds"]) == ["bf16", "fp32"] and min(first["seconds"].values()) > 0
     assert list(first["again_seconds"]) == ["bf16", "fp32"], first
     profiles = scoring["profiles"]
@@ -323,7 +323,7 @@ def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
             "order": ["fp32", "bf16"],
             "batches": 23,
             "pairs": 5_888,
-            "distinct_lengths": 20,
+            "new_lengths": 20,
             "seconds": {"fp32": 0.9, "bf16": 1.5},
             "again_seconds": {"fp32": 0.5, "bf16": 0.3},
         },
@@ -343,7 +343,8 @@ def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
     assert "| 2 | fp32 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
     assert "| bf16 | 0.25 | 40,000 |" in page
     assert (
-        "in the order fp32, bf16, over the 23 batches after the longest (5,888 pairs, 20 " in page
+        "in the order fp32, bf16, over the 23 batches after the longest (5,888 pairs, 20 lengths "
+        "not run by the longest)" in page
     )
     assert "| fp32 | 0.90 | 0.50 | 20.0 |\n| bf16 | 1.50 | 0.30 | 60.0 |" in page
     assert "30.0 ms from call to result, 25.5 ms of kernels' time on the device" in page
