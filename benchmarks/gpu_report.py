@@ -682,10 +682,8 @@ def _first_pass(first: dict | None) -> list[str]:
         "| precision | first pass s | again s | more a new length (ms) |",
         "|---|--:|--:|--:|",
     ]
-    for precision in first["order"]:
-        if precision not in first["seconds"]:
-            continue
-        cold, warm = first["seconds"][precision], again.get(precision)
+    for precision, cold in first["seconds"].items():  # in the order run
+        warm = again.get(precision)
         extra = "–" if warm is None or not lengths else f"{(cold - warm) / lengths * 1e3:.1f}"
         lines.append(
             f"| {precision} | {cold:.2f} | {'–' if warm is None else f'{warm:.2f}'} | {extra} |"

@@ -36,7 +36,7 @@ from dpr_cache.model.cross_encoder import (
     score_pairs,
 )
 from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
-from dpr_cache.retrieval.dense.index import encoded_from, index_passages, open_index
+from dpr_cache.retrieval.dense.index import encoded_from, open_index, passages_file
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.fusion import FusionSpec, linear_scores
@@ -144,11 +144,8 @@ def precision_for(precision: str, device: torch.device) -> str:
     if precision == "auto":
         if device.type != "cuda":
             return "fp32"
-        hardware = torch.version.hip is not None or torch.cuda.get_device_capability(device) >= (
-            8,
-            0,
-        )
-        return "bf16" if hardware else "fp16"
+        major, _ = torch.cuda.get_device_capability(device)
+        return "bf16" if torch.version.hip is not None or major >= 8 else "fp16"
     if precision == "fp16" and device.type != "cuda":
         raise InputError("--precision fp16 needs a GPU: use bf16 or fp32 on the CPU")
     return precision
@@ -261,7 +258,7 @@ class HybridTeacher(Bm25Teacher):
 
     def __init__(self, spec: TeacherSpec, cache_dir: Path, device: torch.device) -> None:
         self.opened = open_index(spec.index)
-        super().__init__(index_passages(self.opened, spec.passages), cache_dir)
+        super().__init__(passages_file(self.opened, spec.passages), cache_dir)
         if not encoded_from(self.opened, self.dataset, self.passages):
             raise InputError(
                 f"{spec.index}: holds precomputed vectors: the hybrid teacher scores passages "

@@ -18,8 +18,8 @@ from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.dense.index import (
     Corpus,
     OpenIndex,
-    index_passages,
     open_index,
+    passages_file,
     recorded_passages,
     search_index,
     search_spec,
@@ -165,7 +165,7 @@ def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch,
             "search --fusion: BM25 needs the question texts (--questions) or a run "
             "(--bm25-run) keyed by the query ids"
         )
-    passages = index_passages(opened, hybrid.passages)
+    passages = passages_file(opened, hybrid.passages)
     corpus = Corpus(opened, load_passages(passages, hybrid.cache_dir), passages)
     dense = dense_rankings(
         corpus,

@@ -42,7 +42,7 @@ from dpr_cache.runtime.atomic import write_json_atomic
 __all__ = [
     "META_FILE",
     "recorded_passages",
-    "index_passages",
+    "passages_file",
     "FORMAT",
     "OpenIndex",
     "finish_index",
@@ -152,7 +152,7 @@ def recorded_passages(index_dir: str | Path | None) -> Path | None:
         return None
 
 
-def index_passages(opened: OpenIndex, given: Path | None) -> Path:
+def passages_file(opened: OpenIndex, given: Path | None) -> Path:
     """``given``, else the passages file the opened index records; InputError when it records
     none."""
     if given is not None:

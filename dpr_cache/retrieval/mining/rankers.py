@@ -16,7 +16,7 @@ from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint
 from dpr_cache.retrieval.dense.faiss_index import search_knobs
-from dpr_cache.retrieval.dense.index import OpenIndex, encoded_from, index_passages, search_index
+from dpr_cache.retrieval.dense.index import OpenIndex, encoded_from, passages_file, search_index
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.lexical import Bm25Index, top_rows
@@ -79,7 +79,7 @@ class ModelRanker:
         world_size: int = 1,
     ) -> None:
         self.model = query_tower(model_dir, opened, device)
-        self.passages = index_passages(opened, passages)
+        self.passages = passages_file(opened, passages)
         self.dataset = load_passages(self.passages, cache_dir)
         if not encoded_from(opened, self.dataset, self.passages):
             raise InputError(
