@@ -4,8 +4,9 @@
     python -m benchmarks.pages --out /tmp/p    # the same pages elsewhere (the figures stay put)
 
 Each page is what its benchmark writes at the end of a run (``python -m benchmarks.synthetic``,
-``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``), so a
-change to a report is seen on every page without hours of measuring.
+``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``,
+``benchmarks.chunk_cost``), so a change to a report is seen on every page without hours of
+measuring.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import gpu_report, mine_report, realtext_report, scale_report, synthetic_report
+from benchmarks import (
+    chunk_cost_report,
+    gpu_report,
+    mine_report,
+    realtext_report,
+    scale_report,
+    synthetic_report,
+)
 from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = ["PAGES", "write_pages"]
@@ -26,6 +34,7 @@ PAGES = {
     "scale.json": "scale",
     "mine.json": "mine",
     "gpu.json": "gpu",
+    "chunk_cost.json": "chunk_cost",
 }
 """Saved figures (relative to the bench folder) -> the benchmark whose report they feed."""
 
@@ -51,6 +60,8 @@ def write_pages(source: Path, out: Path) -> list[Path]:
         elif kind == "gpu":
             gpu_report.write_page(result, folder)
             written.append(folder / "gpu.md")
+        elif kind == "chunk_cost":
+            written.append(chunk_cost_report.write_page(result, folder))
         elif kind == "mine":
             written.append(mine_report.write_report(result, folder, path.parent))
         else:
