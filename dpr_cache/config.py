@@ -21,6 +21,7 @@ from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = [
     "Config",
+    "TrainConfig",
     "load_config",
     "save_config",
     "parse_bytes",
@@ -85,6 +86,12 @@ class TrainConfig(_Section):
     log_every: int = Field(1, ge=1)
     keep_last_graph: bool = True
     length_order: bool = True  # gradcache: chunk rows longest first (less padding; exact)
+    # gradcache: each chunk's trimmed width rounded up to a multiple of this (exact), so shapes
+    # repeat; null: its own width, or 32 when the towers are compiled
+    length_bucket: int | None = Field(None, ge=1)
+    # torch.compile the towers (exact: dropout replayed): auto is off (measured slower on the
+    # CPU; on CUDA not yet measured); on CUDA compiled towers replay as CUDA graphs
+    compile: Literal["auto", "on", "off"] = "auto"
     fast_dropout: bool = True  # CPU: dropout masks four to a 64-bit draw (model/fast_dropout)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     deterministic: bool = False  # CUDA: deterministic kernels (bit-exact reruns and resumes)

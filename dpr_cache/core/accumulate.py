@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from dpr_cache.core.engine import Encoder
-from dpr_cache.core.inputs import Inputs, batch_rows, group_size_of, split_inputs, trim_padding
+from dpr_cache.core.inputs import Inputs, batch_rows, cut_chunks, group_size_of
 from dpr_cache.core.loss import loss_dtype
 
 __all__ = ["FullBatch", "Accumulate", "PASSAGE_ROW_KWARGS"]
@@ -66,9 +66,9 @@ class Accumulate:
     """``k`` micro-batches of ``micro_batch`` questions (with their passage groups), each with
     its own in-batch negatives; losses weighted by micro-batch size so that for a loss that is
     a mean of per-question terms (separable) the gradient equals the big batch's. Each
-    micro-batch is cut to its own longest row (``trim_padding``, exact as in :class:`GradCache`:
-    with dropout, the masks are drawn at the trimmed width), so it costs what a batch of its size
-    alone would.
+    micro-batch is cut to its own longest row (``trim_padding``, planned on the host once a
+    step; exact as in :class:`GradCache`: with dropout, the masks are drawn at the trimmed
+    width), so it costs what a batch of its size alone would.
     """
 
     def __init__(
@@ -93,8 +93,9 @@ class Accumulate:
         """Accumulate the micro-batches' weighted gradients; return the weighted mean loss."""
         group = _group_size(q_inputs, p_inputs)
         n_q = batch_rows(q_inputs)
-        q_chunks = split_inputs(q_inputs, self.micro_batch)
-        p_chunks = split_inputs(p_inputs, self.micro_batch * group)
+        cut = {"length_order": False, "trim": self.trim_padding}
+        q_chunks = cut_chunks(q_inputs, self.micro_batch, **cut).parts
+        p_chunks = cut_chunks(p_inputs, self.micro_batch * group, **cut).parts
         row_chunks = {
             key: loss_kwargs.pop(key).split(self.micro_batch * group)
             for key in PASSAGE_ROW_KWARGS
@@ -103,8 +104,6 @@ class Accumulate:
         losses = []
         for i, (q_chunk, p_chunk) in enumerate(zip(q_chunks, p_chunks, strict=True)):
             kwargs = dict(loss_kwargs, **{key: parts[i] for key, parts in row_chunks.items()})
-            if self.trim_padding:
-                q_chunk, p_chunk = trim_padding(q_chunk), trim_padding(p_chunk)
             weight = batch_rows(q_chunk) / n_q
             last = i == len(q_chunks) - 1
             sync = self.no_sync() if self.no_sync is not None and not last else nullcontext()

@@ -17,10 +17,12 @@ the last chunk of each tower is encoded with its graph in step 2 and backpropaga
 step 4 (no re-forward; peak memory stays one question chunk plus one passage chunk); rows are
 grouped by length, so each chunk holds rows of similar length; and each chunk is cut to its
 longest row (trailing columns that no row attends to are dropped), so a chunk of short rows is
-not encoded at the batch's padded width. The loss always sees the representations in batch
-order: each chunk's rows are scattered back to their places, and the cached gradient gathered
-from them. Ordered longest first, the kept last chunk is the shortest: its graph is the
-smallest one to hold.
+not encoded at the batch's padded width. The chunking is planned on the host from one read of
+each tower's ``attention_mask`` (:func:`~dpr_cache.core.inputs.cut_chunks`): the chunk loop
+never waits for the device to learn a length or a width. The loss always sees the
+representations in batch order: each chunk's rows are scattered back to their places, and the
+cached gradient gathered from them. Ordered longest first, the kept last chunk is the
+shortest: its graph is the smallest one to hold.
 
 The parameter gradients then equal those of one backward over the whole batch. The engine fills
 ``.grad`` and stops: optimizer, clipping and schedules belong to the caller.
@@ -35,14 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dpr_cache.core.inputs import (
-    Inputs,
-    batch_rows,
-    group_size_of,
-    order_by_length,
-    split_inputs,
-    trim_padding,
-)
+from dpr_cache.core.inputs import Inputs, batch_rows, cut_chunks, group_size_of
 from dpr_cache.core.loss import loss_dtype
 from dpr_cache.core.rng import RngState, cuda_devices
 
@@ -87,11 +82,14 @@ class GradCache:
             the synced backward right after its forward).
         replay_rng: replay each chunk's RNG state in the re-forward (turn off only to show
             what breaks without it).
-        trim_padding: cut each chunk to its longest row (see :func:`trim_padding`); turn off
+        trim_padding: cut each chunk to its longest row (see :func:`cut_chunks`); turn off
             for an encoder whose output depends on trailing padded positions.
         length_order: chunk each tower's rows longest first (by ``attention_mask``), so rows
             of similar length share a chunk and less padding is encoded; exact for the same
             encoders as ``trim_padding``. Off: rows are chunked in batch order.
+        length_bucket: round each trimmed chunk's width up to a multiple of this (exact, as
+            the trim is), so that chunk shapes repeat: what compiled towers and CUDA graphs
+            need to be reused. None: every chunk at its own width.
         release_memory: called after at least ``RELEASE_EVERY`` graph-less chunks, before
             any graph is built, and every ``RELEASE_EVERY`` re-forwarded chunks (e.g.
             :func:`dpr_cache.runtime.memory.trim`, which the trainer passes), so freed buffers of
@@ -112,6 +110,7 @@ class GradCache:
         replay_rng: bool = True,
         trim_padding: bool = True,
         length_order: bool = True,
+        length_bucket: int | None = None,
         release_memory: Callable[[], object] | None = None,
     ) -> None:
         for name, size in (("chunk_size", chunk_size), ("p_chunk_size", p_chunk_size)):
@@ -126,6 +125,7 @@ class GradCache:
         self.replay_rng = replay_rng
         self.trim_padding = trim_padding
         self.length_order = length_order
+        self.length_bucket = length_bucket
         self.release_memory = release_memory
 
     # -- the algorithm's steps -------------------------------------------------------------
@@ -139,18 +139,14 @@ class GradCache:
         )
 
     def _tower(self, encode: Encoder, inputs: Inputs, chunk_size: int) -> _Tower:
-        order = order_by_length(inputs) if self.length_order else None
-        if order is None:
-            chunks, rows = split_inputs(inputs, chunk_size), None
-        else:
-            # on the inputs' device once: no host-to-device copy (a host wait on CUDA) a chunk
-            rows = list(order.to(inputs["attention_mask"].device).split(chunk_size))
-            chunks = [
-                {k: t.index_select(0, r.to(t.device)) for k, t in inputs.items()} for r in rows
-            ]
-        if self.trim_padding:
-            chunks = [trim_padding(c) for c in chunks]
-        return _Tower(encode, chunks, rows)
+        chunks = cut_chunks(
+            inputs,
+            chunk_size,
+            length_order=self.length_order,
+            trim=self.trim_padding,
+            length_bucket=self.length_bucket,
+        )
+        return _Tower(encode, chunks.parts, chunks.rows)
 
     def forward_no_grad(self, tower: _Tower) -> None:
         """Encode every chunk (all but the last if kept) without a graph; record RNG states."""
@@ -264,7 +260,7 @@ def _store(tower: _Tower, index: int, reps: Tensor) -> None:
         rows = sum(batch_rows(c) for c in tower.chunks)
         tower.reps = reps.new_empty((rows, *reps.shape[1:]))
     if tower.rows is not None:
-        tower.reps.index_copy_(0, tower.rows[index].to(reps.device), reps)
+        tower.reps.index_copy_(0, tower.rows[index], reps)
         return
     start = sum(batch_rows(c) for c in tower.chunks[:index])
     tower.reps[start : start + reps.shape[0]].copy_(reps)
@@ -280,7 +276,7 @@ def _split_like(grad: Tensor | None, joined: Tensor, tower: _Tower) -> list[Tens
     if grad is None:
         grad = torch.zeros_like(joined)
     if tower.rows is not None:
-        return [grad.index_select(0, rows.to(grad.device)) for rows in tower.rows]
+        return [grad.index_select(0, rows) for rows in tower.rows]
     return list(grad.split([batch_rows(c) for c in tower.chunks]))
 
 

@@ -1,19 +1,28 @@
-"""Batched inputs as the engines take them: a dict of tensors sharing dim 0, cut into chunks."""
+"""Batched inputs as the engines take them: a dict of tensors sharing dim 0, cut into chunks.
+
+A step's chunking is planned on the host: each row's length and last attended column are read
+from ``attention_mask`` once a tower (one copy to the host, none when the inputs are there
+already), and each chunk's rows and width follow from them. Cutting a chunk is then an index
+and a slice on the inputs' device, with nothing read back from it in the chunk loop.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "Inputs",
+    "Chunks",
+    "RowSpans",
     "batch_rows",
+    "cut_chunks",
     "group_size_of",
-    "order_by_length",
+    "row_spans",
     "split_inputs",
-    "trim_padding",
 ]
 
 Inputs = Mapping[str, Tensor]
@@ -52,33 +61,105 @@ def split_inputs(inputs: Inputs, chunk_size: int) -> list[dict[str, Tensor]]:
     return [{key: parts[i] for key, parts in pieces.items()} for i in range(n)]
 
 
-def trim_padding(chunk: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Drop trailing sequence columns that no row attends to (``attention_mask`` all zero).
+@dataclass(frozen=True)
+class RowSpans:
+    """Each row's attended tokens (``lengths``) and one past its last attended column
+    (``ends``), as int64 tensors on the host; ``width`` is the mask's."""
 
-    Every 2-D-or-more tensor whose dim 1 has the mask's width is cut the same way; a chunk
-    without an ``attention_mask`` is returned unchanged. Exact for right-padded encoders: the
-    dropped positions are masked out of attention and pooling.
-    """
-    mask = chunk.get("attention_mask")
-    if mask is None or mask.dim() != 2 or mask.shape[1] < 2:
-        return chunk
-    width = mask.shape[1]
-    used = torch.nonzero(mask.any(dim=0))
-    keep = int(used[-1]) + 1 if used.numel() else 1
-    if keep == width:
-        return chunk
-    return {
-        key: t[:, :keep] if t.dim() >= 2 and t.shape[1] == width else t for key, t in chunk.items()
-    }
+    lengths: Tensor
+    ends: Tensor
+    width: int
 
 
-def order_by_length(inputs: Inputs) -> Tensor | None:
-    """Row order by decreasing ``attention_mask`` length (ties in batch order) [rows]; None
-    when there is no mask or the rows are already in that order (nothing to gain)."""
+def row_spans(inputs: Inputs) -> RowSpans | None:
+    """The rows' spans of ``inputs``' 2-D ``attention_mask`` (None without one), read in one
+    copy to the host."""
     mask = inputs.get("attention_mask")
     if mask is None or mask.dim() != 2:
         return None
-    lengths = mask.sum(dim=1).cpu()
+    attended = mask.ne(0)
+    columns = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    both = torch.stack((attended.sum(dim=1), (attended * columns).amax(dim=1))).cpu()
+    return RowSpans(both[0], both[1], mask.shape[1])
+
+
+@dataclass(eq=False)
+class Chunks:
+    """A tower's inputs cut into chunks: ``parts`` in the order they are encoded and, when the
+    rows were reordered, ``rows``: each part's batch rows on the inputs' device (None: the
+    parts hold consecutive rows in batch order)."""
+
+    parts: list[dict[str, Tensor]]
+    rows: list[Tensor] | None
+
+
+def cut_chunks(
+    inputs: Inputs,
+    chunk_size: int,
+    *,
+    length_order: bool = True,
+    trim: bool = True,
+    length_bucket: int | None = None,
+) -> Chunks:
+    """Cut ``inputs`` into chunks of ``chunk_size`` rows.
+
+    ``length_order``: rows ordered longest first by attended tokens (ties in batch order), so
+    rows of similar length share a chunk. ``trim``: each chunk cut to the columns up to its
+    rows' last attended one; with ``length_bucket``, that width rounded up to a multiple of it
+    (at most the inputs' width), so chunk shapes repeat from step to step. Every 2-D-or-more
+    tensor whose dim 1 has the mask's width is cut alike. Both are exact for right-padded
+    encoders, whose output ignores masked trailing columns. Inputs without a 2-D
+    ``attention_mask`` are chunked in batch order, uncut.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if length_bucket is not None and length_bucket < 1:
+        raise ValueError(f"length_bucket must be >= 1, got {length_bucket}")
+    spans = row_spans(inputs) if length_order or trim else None
+    n = batch_rows(inputs)
+    order = _longest_first(spans.lengths) if length_order and spans is not None else None
+    if order is None:
+        host_rows = list(torch.arange(n).split(chunk_size))
+        parts, rows = split_inputs(inputs, chunk_size), None
+    else:
+        host_rows = list(order.split(chunk_size))
+        rows = list(_to_device(order, _device_of(inputs)).split(chunk_size))
+        parts = [{key: t.index_select(0, r) for key, t in inputs.items()} for r in rows]
+    if trim and spans is not None:
+        widths = [_width(spans, r, length_bucket) for r in host_rows]
+        parts = [_narrow(part, spans.width, w) for part, w in zip(parts, widths, strict=True)]
+    return Chunks(parts, rows)
+
+
+def _longest_first(lengths: Tensor) -> Tensor | None:
+    """Row order by decreasing length, ties in batch order; None when already in it."""
     if bool((lengths[:-1] >= lengths[1:]).all()):
         return None
     return torch.sort(lengths, descending=True, stable=True).indices
+
+
+def _width(spans: RowSpans, rows: Tensor, bucket: int | None) -> int:
+    """The columns chunk ``rows`` keeps: up to its last attended one (at least 1), rounded up
+    to a multiple of ``bucket`` and at most the inputs' width."""
+    keep = max(int(spans.ends[rows].max()), 1)
+    if bucket is not None:
+        keep = -(-keep // bucket) * bucket
+    return min(keep, spans.width)
+
+
+def _narrow(part: dict[str, Tensor], width: int, keep: int) -> dict[str, Tensor]:
+    if keep == width:
+        return part
+    return {k: t[:, :keep] if t.dim() >= 2 and t.shape[1] == width else t for k, t in part.items()}
+
+
+def _device_of(inputs: Inputs) -> torch.device:
+    mask = inputs.get("attention_mask")
+    return (mask if mask is not None else next(iter(inputs.values()))).device
+
+
+def _to_device(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` (on the host) on ``device``; to CUDA from pinned memory, without a host wait."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -95,6 +95,7 @@ def make_stepper(
     scaler: torch.amp.GradScaler | None = None,
     keep_last_graph: bool = True,
     length_order: bool = True,
+    length_bucket: int | None = None,
     release_memory: Callable[[], object] | None = None,
 ):
     """The step object of ``mode`` over ``towers`` (see :data:`MODES`)."""
@@ -109,6 +110,7 @@ def make_stepper(
             no_sync=towers.no_sync,
             keep_last_graph=keep_last_graph,
             length_order=length_order,
+            length_bucket=length_bucket,
             release_memory=release_memory,
         )
     if mode == "full":

@@ -10,8 +10,9 @@ CUDA alike. A backward keeps the boolean mask, as PyTorch's dropout does.
 :func:`use_fast_dropout` swaps a tower's ``nn.Dropout`` modules for :class:`FastDropout` and
 its attention for :func:`attention_with_fast_dropout` (a registered transformers attention
 implementation: scores, softmax, this dropout, values; plain SDPA without dropout, as in eval
-mode). Nothing saved changes: the modules hold no weights and the attention implementation is
-not written to ``config.json``.
+mode; its padding mask built as :mod:`dpr_cache.model.attention` builds it). Nothing saved
+changes: the modules hold no weights and the attention implementation is not written to
+``config.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import math
 
 import torch
 from torch import Tensor, nn
+
+from dpr_cache.model.attention import register
 
 __all__ = ["FastDropout", "fast_dropout", "keep_mask", "use_fast_dropout", "ATTENTION_NAME"]
 
@@ -100,18 +103,10 @@ def attention_with_fast_dropout(
     return out.transpose(1, 2).contiguous(), None  # [b, q, h, d]
 
 
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTENTION_NAME, attention_with_fast_dropout)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-
-
 def use_fast_dropout(towers: list[nn.Module]) -> int:
     """Swap every ``nn.Dropout`` of ``towers`` (transformers models) for :class:`FastDropout` and
     their attention for :func:`attention_with_fast_dropout`; return the modules swapped."""
-    _register()
+    register(ATTENTION_NAME, attention_with_fast_dropout)
     swapped = 0
     for tower in {id(t): t for t in towers}.values():
         for child in list(tower.modules()):

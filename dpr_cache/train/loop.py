@@ -222,6 +222,7 @@ RESUME_ROUNDING = (
     "train.loss_tile_size",
     "train.keep_last_graph",
     "train.length_order",
+    "train.length_bucket",
     "model.gradient_checkpointing",
 )
 RESUME_CHUNKS = ("train.chunk_size", "train.p_chunk_size")

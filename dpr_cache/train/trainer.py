@@ -19,14 +19,16 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-from dpr_cache.config import Config, parse_bytes
+from dpr_cache.config import Config, TrainConfig, parse_bytes
 from dpr_cache.core.distill import Distillation
 from dpr_cache.core.steppers import make_loss_fn, make_stepper
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch
 from dpr_cache.data.training import load_training_sets
 from dpr_cache.errors import InputError
+from dpr_cache.model.attention import use_sdpa_without_wait
 from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.model.compiled import COMPILED_BUCKET, compile_mode_for, compile_towers, compiles
 from dpr_cache.model.ddp import wrap_towers
 from dpr_cache.model.fast_dropout import use_fast_dropout
 from dpr_cache.model.loading import load_biencoder
@@ -61,6 +63,8 @@ __all__ = [
     "build_trainer",
     "batch_recipe",
     "training_data",
+    "prepare_towers",
+    "length_bucket_of",
     "distillation_of",
     "out_of_memory",
 ]
@@ -193,8 +197,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     ).to(env.device)
     if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
         logger.warning("%s", warning)
-    if cfg.fast_dropout and env.device.type == "cpu":  # CUDA keeps its fused kernels
-        use_fast_dropout([model.query_encoder, model.passage_encoder])
+    compiled = prepare_towers(model, cfg, env.device)
     model.train()
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps
@@ -223,6 +226,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         scaler=scaler,
         keep_last_graph=cfg.keep_last_graph,
         length_order=cfg.length_order,
+        length_bucket=length_bucket_of(cfg, compiled),
         release_memory=memory.trim,
     )
     return Trainer(
@@ -236,6 +240,30 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         cfg.precision,
         cfg.max_grad_norm,
     )
+
+
+def prepare_towers(model: BiEncoder, cfg: TrainConfig, device: torch.device) -> bool:
+    """Make ``model``'s towers run as ``cfg`` asks on ``device``; return whether they are
+    compiled. On CUDA, SDPA attention builds its padding masks without host waits; compiled
+    towers (``train.compile``) are compiled in place; on the CPU, eager towers draw dropout
+    with :mod:`~dpr_cache.model.fast_dropout` (``train.fast_dropout``; compiled ones keep
+    PyTorch's dropout, which inductor compiles whole)."""
+    towers = [model.query_encoder, model.passage_encoder]
+    compiled = compiles(cfg.compile, device)
+    if device.type == "cuda":
+        use_sdpa_without_wait(towers)
+    elif cfg.fast_dropout and not compiled:
+        use_fast_dropout(towers)
+    if compiled:
+        compile_towers(towers, compile_mode_for(device))
+    return compiled
+
+
+def length_bucket_of(cfg: TrainConfig, compiled: bool) -> int | None:
+    """``train.length_bucket``, or :data:`COMPILED_BUCKET` for compiled towers given none."""
+    if cfg.length_bucket is None and compiled:
+        return COMPILED_BUCKET
+    return cfg.length_bucket
 
 
 def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:

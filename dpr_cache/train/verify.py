@@ -17,7 +17,13 @@ from dpr_cache.model.loading import load_biencoder
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
-from dpr_cache.train.trainer import batch_recipe, distillation_of, training_data
+from dpr_cache.train.trainer import (
+    batch_recipe,
+    distillation_of,
+    length_bucket_of,
+    prepare_towers,
+    training_data,
+)
 
 __all__ = ["verify", "compare_steps", "BOUNDS"]
 
@@ -38,9 +44,11 @@ def compare_steps(
     temperature: float,
     tile: int | None,
     distillation: Distillation | None = None,
+    length_bucket: int | None = None,
 ) -> dict[str, tuple[float, dict]]:
     """The loss and the gradients of a full-batch step and of a GradCache step on ``batch``,
-    for the contrastive loss or its mix with ``distillation``."""
+    for the contrastive loss or its mix with ``distillation``; GradCache's chunks rounded to
+    ``length_bucket`` as the trainer rounds them."""
     towers = Towers(model.encode_query, model.encode_passage)
     loss_fn = make_loss_fn(
         temperature=temperature,
@@ -52,7 +60,13 @@ def compare_steps(
     for mode in ("full", "gradcache"):
         model.zero_grad(set_to_none=True)
         stepper = make_stepper(
-            mode, towers, loss_fn, chunk_size=chunk, p_chunk_size=p_chunk, release_memory=trim
+            mode,
+            towers,
+            loss_fn,
+            chunk_size=chunk,
+            p_chunk_size=p_chunk,
+            length_bucket=length_bucket,
+            release_memory=trim,
         )
         loss = stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
         results[mode] = (float(loss), _grads(model))
@@ -75,7 +89,9 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
         source="model.name_or_path",
     )
     device = resolve_device(cfg.device, key="train.device")
-    model = model.to(device, torch.float64 if double else None).train()
+    model = model.to(device, torch.float64 if double else None)
+    compiled = prepare_towers(model, cfg, device)
+    model.train()
     batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step).to(device)
     results = compare_steps(
         model,
@@ -85,6 +101,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
         temperature=cfg.temperature,
         tile=cfg.loss_tile_size,
         distillation=distillation_of(config),
+        length_bucket=length_bucket_of(cfg, compiled),
     )
     full_loss, full = results["full"]
     cache_loss, cached = results["gradcache"]
@@ -101,6 +118,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
         "device": str(device),
         "batch (questions x passages)": f"{batch.n_questions} x {batch.p_ids.numel()}",
         "chunk size": chunk,
+        "towers": "compiled" if compiled else "eager",
         "loss full / gradcache": f"{full_loss:.10f} / {cache_loss:.10f}",
         "max relative grad difference": f"{gap:.1e} (bound {bound:.0e} in {dtype})",
         "worst parameter": worst_name,

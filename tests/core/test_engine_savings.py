@@ -10,22 +10,54 @@ import torch
 
 from dpr_cache.core.accumulate import Accumulate
 from dpr_cache.core.engine import GradCache
-from dpr_cache.core.inputs import order_by_length, trim_padding
+from dpr_cache.core.inputs import cut_chunks, row_spans
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime import memory
 from tests.support.fixtures import bert_config, random_inputs
 
 
-def test_trim_padding_drops_only_columns_no_row_attends_to():
+def test_trim_drops_only_columns_no_row_attends_to():
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
     chunk = {"input_ids": mask * 7, "attention_mask": mask, "extra": torch.arange(2)}
-    out = trim_padding(chunk)
+    (out,) = cut_chunks(chunk, 2, length_order=False).parts
     assert out["input_ids"].shape == (2, 3) and out["attention_mask"].shape == (2, 3)
-    assert out["extra"] is chunk["extra"]
+    assert torch.equal(out["input_ids"], chunk["input_ids"][:, :3])
+    assert out["extra"].shape == (2,)
     full = {"input_ids": torch.ones(2, 4, dtype=torch.long)}
-    assert trim_padding(full) is full  # no attention_mask: unchanged
-    assert trim_padding({"attention_mask": torch.ones(2, 4)})["attention_mask"].shape == (2, 4)
+    assert cut_chunks(full, 2).parts[0]["input_ids"].shape == (2, 4)  # no mask: uncut
+    ones = {"attention_mask": torch.ones(2, 4)}
+    assert cut_chunks(ones, 2).parts[0]["attention_mask"].shape == (2, 4)
+    untrimmed = cut_chunks(chunk, 2, length_order=False, trim=False).parts[0]
+    assert untrimmed["input_ids"].shape == (2, 5)  # negative control: trim off keeps the width
+
+
+def test_trim_keeps_a_column_attended_after_a_gap_and_buckets_round_up():
+    """The width runs to the last attended column (a mask with a hole is not cut at the hole);
+    a bucket rounds it up to its multiple, never past the inputs' width."""
+    mask = torch.tensor([[1, 0, 0, 1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]])
+    inputs = {"input_ids": mask * 3, "attention_mask": mask}
+    spans = row_spans(inputs)
+    assert spans.lengths.tolist() == [2, 2] and spans.ends.tolist() == [4, 2]
+    widths = {
+        bucket: cut_chunks(inputs, 2, length_bucket=bucket).parts[0]["input_ids"].shape[1]
+        for bucket in (None, 1, 3, 8, 64)
+    }
+    assert widths == {None: 4, 1: 4, 3: 6, 8: 8, 64: 10}
+    with pytest.raises(ValueError, match="length_bucket"):
+        cut_chunks(inputs, 2, length_bucket=0)
+
+
+def test_chunk_shapes_repeat_with_a_bucket():
+    """Ragged rows (lengths 3..20): without a bucket the chunks take many widths, with a bucket
+    of 8 only multiples of 8 (and the inputs' width)."""
+    lengths = torch.tensor([3, 20, 7, 12, 5, 17, 9, 14, 11, 4, 19, 6])
+    mask = (torch.arange(20)[None] < lengths[:, None]).long()
+    inputs = {"input_ids": mask * 5, "attention_mask": mask}
+    free = [c["input_ids"].shape[1] for c in cut_chunks(inputs, 2).parts]
+    bucketed = [c["input_ids"].shape[1] for c in cut_chunks(inputs, 2, length_bucket=8).parts]
+    assert len(set(free)) == 6 and free == [20, 17, 12, 9, 6, 4]
+    assert bucketed == [20, 20, 16, 16, 8, 8]
 
 
 def expected_releases(n_q_chunks: int, n_p_chunks: int, every: int) -> int:
@@ -72,11 +104,35 @@ def test_release_hook_follows_its_schedule_and_gradients_stay_exact(
         assert (a - b).abs().max() <= 1e-10 * scale
 
 
-def test_order_by_length_puts_longest_rows_first_ties_in_batch_order():
+def test_length_order_puts_longest_rows_first_ties_in_batch_order():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
-    assert order_by_length({"attention_mask": mask}).tolist() == [1, 3, 0, 4, 2]
-    assert order_by_length({"attention_mask": mask[[1, 3, 0, 4, 2]]}) is None  # already ordered
-    assert order_by_length({"input_ids": mask}) is None  # no mask: nothing to order by
+    inputs = {"input_ids": mask, "attention_mask": mask}
+    chunks = cut_chunks(inputs, 1, trim=False)
+    assert [int(r) for r in chunks.rows] == [1, 3, 0, 4, 2]
+    assert [c["input_ids"][0].sum() for c in chunks.parts] == [4, 4, 2, 2, 1]
+    ordered = {k: v[[1, 3, 0, 4, 2]] for k, v in inputs.items()}
+    assert cut_chunks(ordered, 1).rows is None  # already ordered: consecutive rows
+    assert cut_chunks({"input_ids": mask}, 1).rows is None  # no mask: nothing to order by
+    assert cut_chunks(inputs, 1, length_order=False).rows is None  # negative control
+
+
+def test_chunking_reads_the_mask_once_a_tower():
+    """The plan reads the mask from the device once; every chunk's width comes from it (a
+    trim that asked the device per chunk would read it once a chunk)."""
+    lengths = torch.tensor([3, 9, 7, 12, 5, 11])
+    mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    reads = []
+
+    class Counted(torch.Tensor):
+        def cpu(self, *args, **kwargs):
+            reads.append(1)
+            return super().cpu(*args, **kwargs)
+
+    inputs = {"input_ids": mask * 2, "attention_mask": mask}
+    spans = row_spans({"attention_mask": mask.as_subclass(Counted)})
+    assert len(reads) == 1 and spans.ends.tolist() == lengths.tolist()
+    parts = cut_chunks(inputs, 2).parts
+    assert [p["attention_mask"].shape[1] for p in parts] == [12, 9, 5]
 
 
 def _padded_tokens(tower) -> int:
