@@ -39,29 +39,14 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     return (draws >= round(p * _LEVELS)).view(shape)
 
 
-class _Dropout(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return torch.where(keep, x, 0).mul_(scale)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0).mul_(ctx.scale), None, None
-
-
 def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``x`` with each element zeroed with probability ``p`` and the rest scaled by 1/(1-p)."""
     if not training or p == 0.0:
         return x
     if p >= 1.0:
         return x * 0.0
-    keep = keep_mask(x.shape, p, x.device)
-    if not torch.is_grad_enabled() or not x.requires_grad:
-        return torch.where(keep, x, 0).mul_(1.0 / (1.0 - p))
-    return _Dropout.apply(x, keep, 1.0 / (1.0 - p))
+    # autograd's own nodes: where's backward keeps the boolean mask, as PyTorch's dropout does
+    return torch.where(keep_mask(x.shape, p, x.device), x, 0).mul_(1.0 / (1.0 - p))
 
 
 class FastDropout(nn.Dropout):

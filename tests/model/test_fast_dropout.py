@@ -143,3 +143,19 @@ def test_edge_rates(p):
     x = torch.randn(4, 4)
     y = fast_dropout(x, p)
     assert torch.equal(y, x if p == 0.0 else torch.zeros_like(x))
+
+
+def test_backward_keeps_only_the_boolean_mask_and_scales_the_kept_gradient():
+    """Autograd's own nodes (no Python backward): what the graph saves is the mask alone, one
+    byte an element, and the gradient is the upstream one, masked and scaled."""
+    x = torch.randn(6, 50, dtype=torch.float64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        torch.manual_seed(3)
+        y = fast_dropout(x, 0.25)
+    assert [t.dtype for t in saved] == [torch.bool]
+    upstream = torch.randn_like(x)
+    y.backward(upstream)
+    keep = saved[0]
+    assert torch.equal(x.grad, torch.where(keep, upstream, 0) * (1 / 0.75))
+    assert 0 < int(keep.sum()) < keep.numel()  # some dropped, some kept
