@@ -31,8 +31,8 @@ from typing import Annotated, NamedTuple
 import torch
 import typer
 
-from benchmarks import gpu_cli, gpu_exact, gpu_perf, gpu_watch
-from benchmarks.gpu_perf import Chunk
+from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_perf, gpu_watch
+from benchmarks.gpu_perf import Chunk, Variant
 from benchmarks.gpu_report import write_page
 from benchmarks.machine import machine_info
 
@@ -45,6 +45,18 @@ TINY = REPO / "data" / "toy" / "tiny-bert"
 
 
 @dataclass(frozen=True)
+class SpeedGroup:
+    """One interleaved group of the speed section: its batch and how it is timed."""
+
+    batch: int
+    rounds: int  # timed rounds of each setting (interleaved)
+    warmups: int  # 0: after a group that ran the same chunk sizes, whose CUDA cache it keeps
+    peer_min_chunk: int = 0  # the peers' chunks below it left out: their slowest rows
+    full_batch: bool = False  # the full batch too (or the largest half of it that fits)
+    variants: bool = False  # dpr-cache's variants (Plan.speed_variants) too
+
+
+@dataclass(frozen=True)
 class Plan:
     """The sizes of one run of the suite: the GPU's, or the CPU dry run's."""
 
@@ -53,14 +65,19 @@ class Plan:
     precisions: list[str]  # the mixed precisions measured
     memory_batches: list[int]  # GradCache's peak memory at each batch
     memory_chunk: int
-    speed_batches: list[int]  # the real SQuAD batches timed
+    speed_precision: str  # the speed section's autocast
+    speed_groups: list[SpeedGroup]  # the real SQuAD batches timed, the goals' first
     speed_chunks: list[Chunk]  # dpr-cache's chunks in the speed comparison
+    speed_variants: list[Variant]  # dpr-cache's variants beside them (a length bucket)
+    host_wait_chunks: list[int]  # dpr-cache's chunks whose host waits are counted
     cmnrl_rows: list[int]  # sentence-transformers' CachedMNRL mini-batches
     cmnrl_tokens: list[int]  # its token-budget mini-batches
     lib_chunks: list[Chunk]  # luyug/GradCache's chunks
-    rounds: int  # timed rounds of each (interleaved)
     savings_chunk: int
     savings_rounds: int
+    compile_mode: str | None  # torch.compile's mode for the compiled rows (None: none)
+    compiled_variants: list[Variant]  # compiled dpr-cache at the goals' batch
+    compile_rounds: int
     encode_rows: int  # the corpus of the encode rate
     encode_batch: int
     encode_workers: int
@@ -81,20 +98,32 @@ GPU_PLAN = Plan(
     # the issue's chunk 32 spent most of B=8,192's step (44.5 s on the H200) on the ~50 ms a
     # chunk costs the host; the memory is flat in B at any chunk
     memory_chunk=128,
-    speed_batches=[128, 512],
-    # a chunk costs ~50 ms of host time beyond its compute: on the H100 chunk 64 never won; on
-    # the H200, at B=512, dpr-cache's and the library's chunks 128 and 512/128 lost to 512 and
-    # 512/256, and at B=128 to 256. 512/256 is the chunk for a GPU where 512 passages at once
-    # do not fit (512 questions at 32 tokens weigh as 64 passages at 256: one chunk of
-    # questions). CachedMNRL keeps 128 rows, its best at B=128 in fp16 there.
-    speed_chunks=[256, 512, (512, 256)],
-    cmnrl_rows=[128, 256, 512],
+    # bf16 ran within 2% of fp16 in every setting on three H200 leases: fp16 alone
+    speed_precision="fp16",
+    # every chunk from 32 to 512 for each engine, so that step = a + b x chunks is fitted; a
+    # round at B=512 is about 24 s (chunk 32: 48 chunks at ~55 ms), at B=2,048 about 46 s with
+    # the peers' chunks 32 and 64 (about 9 and 5 s a step each) left out
+    speed_groups=[
+        SpeedGroup(512, rounds=2, warmups=1, full_batch=True, variants=True),
+        SpeedGroup(2048, rounds=1, warmups=0, peer_min_chunk=128),
+    ],
+    speed_chunks=[32, 64, 128, 256, 512],
+    # widths rounded up to 64: passages take at most 4 widths (64 to 256), questions 1, so a
+    # compiled step has few shapes to compile; the same bucket eager and compiled
+    speed_variants=[Variant(32, length_bucket=64), Variant(128, length_bucket=64)],
+    host_wait_chunks=[32, 128],
+    cmnrl_rows=[32, 64, 128, 256, 512],
     cmnrl_tokens=[32768],
-    lib_chunks=[256, 512, (512, 256)],
-    rounds=3,
-    savings_chunk=256,  # the comparison's smallest chunk
-    savings_rounds=5,
-    encode_rows=120_000,
+    lib_chunks=[32, 64, 128, 256, 512],
+    savings_chunk=128,  # the memory goal's chunk, where the chunks' costs show
+    savings_rounds=2,
+    compile_mode="reduce-overhead",  # CUDA graphs: a chunk's launches replayed at once
+    compiled_variants=[  # chunk 128 first: fewer chunks, and the memory goal's chunk
+        Variant(128, length_bucket=64, compile_mode="reduce-overhead"),
+        Variant(32, length_bucket=64, compile_mode="reduce-overhead"),
+    ],
+    compile_rounds=2,
+    encode_rows=80_000,
     encode_batch=512,
     encode_workers=8,
     model_rows=20_000,
@@ -111,14 +140,22 @@ DRY_PLAN = Plan(
     precisions=["bf16"],
     memory_batches=[4, 8],
     memory_chunk=2,
-    speed_batches=[8],
-    speed_chunks=[4, (8, 4)],
-    cmnrl_rows=[4],
+    speed_precision="fp32",
+    speed_groups=[
+        SpeedGroup(8, rounds=1, warmups=1, full_batch=True, variants=True),
+        SpeedGroup(16, rounds=1, warmups=0, peer_min_chunk=4),
+    ],
+    speed_chunks=[2, 4, 8, (8, 4)],
+    speed_variants=[Variant(2, length_bucket=8)],
+    host_wait_chunks=[2],
+    cmnrl_rows=[2, 4, 8],
     cmnrl_tokens=[512],
-    lib_chunks=[(8, 4)],
-    rounds=1,
+    lib_chunks=[2, 4, (8, 4)],
     savings_chunk=4,
     savings_rounds=1,
+    compile_mode=None,  # a CPU compile of even the tiny BERT takes minutes on 2 cores
+    compiled_variants=[],
+    compile_rounds=1,
     encode_rows=300,
     encode_batch=64,
     encode_workers=1,  # the device's path: tokenized in a worker process
@@ -182,6 +219,18 @@ def _sections(
         return model_dir
 
     def exactness():
+        compiled = _compiled_exactness_started()  # beside the eager checks, in a child
+        try:
+            out = eager_exactness()
+            out["compiled"] = (
+                compiled.result() if compiled else {"not_run": "a dry run compiles nothing"}
+            )
+        finally:
+            if compiled is not None:  # a check that failed leaves no child running
+                compiled.stop()
+        return out
+
+    def eager_exactness():
         rows = [
             _clocked(gpu_exact.fp64_exactness, c, device)
             for c in gpu_exact.exact_cases(plan.exact_sizes)
@@ -192,6 +241,14 @@ def _sections(
         ]
         fd = _clocked(gpu_exact.dropout_finite_difference, "tiny", device)
         return {"fp64": rows, "replay": replay, "finite_difference": fd}
+
+    def _compiled_exactness_started() -> gpu_cli.Started | None:
+        if plan.compile_mode is None:
+            return None
+        mode, on = plan.compile_mode, str(device)
+        return gpu_cli.Started(
+            lambda on_start: gpu_compiled.exactness_in_child(on, mode, on_start=on_start)
+        )
 
     def mixed():
         rows = [
@@ -216,41 +273,54 @@ def _sections(
 
         model = BiEncoder.from_pretrained(base_model(), shared=True, pooling="cls")
         model = model.to(device).train()
-        out = partial["speed"] = {"comparisons": []}
+        out = partial["speed"] = {"comparisons": [], "tokens": []}
         squad_batch = functools.partial(gpu_perf.squad_batch, model, SQUAD, squad_dir)
-        biggest = squad_batch(max(plan.speed_batches))
-        out["tokens"] = {
-            "batch": biggest.n_questions,
-            "questions": int(biggest.q_inputs["attention_mask"].sum()),
-            "passages": int(biggest.p_inputs["attention_mask"].sum()),
-        }
-        # the goals' comparison (the largest batch, fp16) first: a section cut short keeps it
-        precisions = sorted(plan.precisions, key=lambda p: p != "fp16") if cuda else ["fp32"]
-        for b in sorted(plan.speed_batches, reverse=True):
-            batch = biggest if b == biggest.n_questions else squad_batch(b)
-            for precision in precisions:
-                host_waits = precision == precisions[0]  # the goals' precision
-                row = gpu_perf.speed_comparison(
-                    model,
-                    batch,
-                    precision,
-                    chunks=plan.speed_chunks,
-                    cmnrl_rows=plan.cmnrl_rows,
-                    cmnrl_tokens=plan.cmnrl_tokens,
-                    lib_chunks=plan.lib_chunks,
-                    rounds=plan.rounds,
-                    host_waits=host_waits,
-                )
+        precision = plan.speed_precision if cuda else "fp32"
+        first = None
+        for group in plan.speed_groups:  # the goals' batch first: a section cut short keeps it
+            batch = squad_batch(group.batch)
+            first = first or batch
+            out["tokens"].append(_tokens(batch))
+            waits = first is batch and {f"dpr-cache chunk {c}" for c in plan.host_wait_chunks}
+            row = gpu_perf.speed_comparison(
+                model,
+                batch,
+                precision,
+                chunks=plan.speed_chunks,
+                cmnrl_rows=[m for m in plan.cmnrl_rows if m >= group.peer_min_chunk],
+                cmnrl_tokens=plan.cmnrl_tokens,
+                lib_chunks=[c for c in plan.lib_chunks if _least(c) >= group.peer_min_chunk],
+                variants=plan.speed_variants if group.variants else [],
+                full_batch=group.full_batch,
+                rounds=group.rounds,
+                warmups=group.warmups,
+                host_waits=waits or False,
+                fresh_cache=group.warmups > 0,
+            )
+            if group.full_batch:
                 row = gpu_perf.add_fitting_full_batch(
-                    model, row, squad_batch, plan.rounds, host_waits
+                    model, row, squad_batch, group.rounds, host_waits=False
                 )
-                out["comparisons"].append(row)
-                print(f"  speed B={b} {precision}: {row['best']}", flush=True)
-        precision = "fp16" if cuda else "fp32"
+            row["peer_min_chunk"] = group.peer_min_chunk
+            out["comparisons"].append(row)
+            print(f"  speed B={group.batch} {precision}: {row['best']}", flush=True)
         out["savings"] = gpu_perf.savings(
-            model, biggest, precision, plan.savings_chunk, plan.savings_rounds
+            model, first, precision, plan.savings_chunk, plan.savings_rounds
         )
         return out
+
+    def compilation():
+        variants = plan.compiled_variants
+        return gpu_compiled.speed_in_child(
+            base_model(),
+            SQUAD,
+            squad_dir,
+            str(device),
+            variants,
+            plan.speed_groups[0].batch,
+            plan.compile_rounds,
+            timeout=max(30.0, _time_left(600) - 20),  # its figures printed before the stop
+        )
 
     def encoding():
         from dpr_cache.data.squad import build_squad
@@ -289,6 +359,7 @@ def _sections(
             "flops_per_passage": flops,
             "matmul_tflops": peak,
             "nq_passages": NQ_PASSAGES,
+            "passage_words": gpu_perf.PASSAGE_WORDS,  # NQ's, as the sample's
             "nq_projected_s": projected,
             "nq_limit_s": limit_s,
             "share_of_limit": limit_s / projected if projected else None,
@@ -342,16 +413,32 @@ def _sections(
     # neither time anything nor hold much of the GPU's memory), and are awaited in their place;
     # memory's rows (16 GB and more at chunk 128) wait for them
     return [
-        Section("exactness", None, 50, exactness, hosts_commands=True),
+        Section("exactness", None, 60, exactness, hosts_commands=True),
         Section("mixed_precision", None, 45, mixed, hosts_commands=True),
         Section("command_line", None, 125, command_line, beside),
         Section("memory", None, 25, memory),
         Section("chunk_too_large", "needs a GPU to run out of", 35, too_large),
         Section("largest_full_batch", "needs a GPU to fill", 21, full_batch),
-        Section("speed", None, 125, speed),
-        Section("encoding", None, 60, encoding),
+        Section("speed", None, 145, speed),
+        Section("encoding", None, 50, encoding),
         Section("teacher_scoring", None, 35, teacher_scoring),
+        # last: a compile's one-time cost is not known before its first run on a device
+        Section("compilation", "needs a GPU (a CPU compile takes minutes)", 120, compilation),
     ]
+
+
+def _tokens(batch) -> dict:
+    """A batch's questions and its real (attended) question and passage tokens."""
+    return {
+        "batch": batch.n_questions,
+        "questions": int(batch.q_inputs["attention_mask"].sum()),
+        "passages": int(batch.p_inputs["attention_mask"].sum()),
+    }
+
+
+def _least(chunk: Chunk) -> int:
+    """A chunk's smaller side: its rows, or the fewer of (questions, passages)."""
+    return min(chunk) if isinstance(chunk, tuple) else chunk
 
 
 class Section(NamedTuple):
@@ -359,13 +446,19 @@ class Section(NamedTuple):
 
     name: str
     needs: str | None  # why it needs CUDA (None: it runs on the CPU too)
-    estimate: float  # seconds expected on the H200 of the 2026-11-28 lease (docs/bench/README)
+    estimate: float  # seconds expected on an H200 (docs/bench/gpu_history.md)
     run: Callable[[], dict]
     beside: gpu_cli.Beside | None = None  # commands, on a device started with the suite ...
     hosts_commands: bool = False  # ... when every section before runs well beside them
 
 
 SECTION_CAP = 3  # a section on a device stops at this many times its estimate
+_deadline: float | None = None  # when the running section stops (monotonic), on a device
+
+
+def _time_left(default: float) -> float:
+    """Seconds until the running section stops, or ``default`` where it has no limit."""
+    return default if _deadline is None else _deadline - time.monotonic()
 
 
 def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
@@ -485,7 +578,12 @@ def _run_section(section: Section, cuda: bool, left: float, report: dict, partia
     limit = min(left, SECTION_CAP * estimate) if cuda else None
     stop = f", stops at {limit:.0f} s" if limit is not None else ""
     print(f"{name}: started, {estimate} s expected{stop}", flush=True)
-    result = _timed(section.run, report["environment"], limit)
+    global _deadline
+    _deadline = None if limit is None else time.monotonic() + limit
+    try:
+        result = _timed(section.run, report["environment"], limit)
+    finally:
+        _deadline = None
     if name in partial and "error" in result:
         result["partial"] = partial[name]
     print(f"{name}: {result['seconds']:.0f} s", flush=True)

@@ -32,6 +32,7 @@ from benchmarks.machine import proc_field, transparent_hugepages
 __all__ = [
     "in_parallel",
     "Beside",
+    "Started",
     "child",
     "cli",
     "resident_by_stage",
@@ -47,13 +48,19 @@ clock_zero = time.monotonic()  # the suite's start (run_suite sets it): children
 RESIDENT_BUDGET_GB = 12  # the eval's memory child's index.memory_gb
 
 
-def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
+def child(
+    cmd: list[str],
+    timeout: float,
+    env: dict | None = None,
+    on_start: Callable[[subprocess.Popen], object] | None = None,
+) -> dict:
     """Run ``cmd`` to its end or for ``timeout`` seconds: its exit code (None when it ran out of
     time), seconds, stdout and stderr. A child out of time is sent SIGABRT, which Python's
     fault handler (on in the child) answers by printing every thread's stack to stderr, so
     that a hang on a device names the line it hung on. A child whose caller is interrupted (the
     section's time is up) is killed, so that it holds no device after its section. Its start,
-    in seconds from :data:`clock_zero`, lines it up with the suite's other readings."""
+    in seconds from :data:`clock_zero`, lines it up with the suite's other readings.
+    ``on_start`` is given the process once started (:class:`Started` keeps it, to kill)."""
     started_s = round(time.monotonic() - clock_zero, 1)
     start = time.perf_counter()
     proc = _start(
@@ -63,6 +70,8 @@ def child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
         text=True,
         env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
     )
+    if on_start is not None:
+        on_start(proc)
     try:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
@@ -202,6 +211,48 @@ class Beside:
         if self.started:
             stop_all()
             self._done.wait(60)
+
+
+class Started:
+    """One task that runs a child (``task(on_start)``, passing ``on_start`` to :func:`child`),
+    started now in a thread and collected later with :meth:`result`. A wait interrupted (the
+    section's time is up) kills that child alone: the commands beside run on."""
+
+    def __init__(self, task: Callable[[Callable[[subprocess.Popen], object]], Any]):
+        if threading.current_thread() is threading.main_thread():
+            _stopped.clear()  # a new start, as in_parallel's from the main thread
+        self._procs: list[subprocess.Popen] = []
+        self._out: dict[str, Any] = {}
+        self._done = threading.Event()
+
+        def run() -> None:
+            try:
+                self._out["result"] = task(self._procs.append)
+            except BaseException as exc:  # raised again in the thread that collects
+                self._out["error"] = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="started", daemon=True).start()
+
+    def result(self) -> Any:
+        """The task's result (its error raised), waited for in short waits, so that a signal's
+        handler runs between them."""
+        try:
+            while not self._done.wait(0.2):
+                pass
+        except BaseException:
+            self.stop()
+            raise
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["result"]
+
+    def stop(self) -> None:
+        """Its child killed (and every process it started), where still running."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                _kill(proc)
 
 
 def stop_all() -> None:

@@ -20,7 +20,8 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -208,24 +209,78 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
     )
 
 
-def _own_stepper(model, chunk: int | None, p_chunk: int | None = None, **savings):
+class Unavailable(Exception):
+    """An option of dpr-cache this checkout does not have yet (its row says so, untimed)."""
+
+
+def missing_option(length_bucket: int | None = None, compile_mode: str | None = None) -> str | None:
+    """Why a setting cannot run in this checkout (None: it can): ``GradCache`` without a
+    ``length_bucket`` keyword, no ``dpr_cache.model.compiled.compile_towers``."""
+    from dpr_cache.core.engine import GradCache
+
+    if length_bucket is not None and "length_bucket" not in _keywords(GradCache):
+        return "not in this checkout: GradCache takes no length_bucket"
+    if compile_mode is not None and compile_towers_function() is None:
+        return "not in this checkout: no dpr_cache.model.compiled.compile_towers"
+    return None
+
+
+def compile_towers_function() -> Callable | None:
+    """``dpr_cache.model.compiled.compile_towers`` where this checkout has it, else None."""
+    import importlib
+
+    try:
+        module = importlib.import_module("dpr_cache.model.compiled")
+    except ImportError:
+        return None
+    return getattr(module, "compile_towers", None)
+
+
+def _keywords(fn: Callable) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
+def _own_stepper(
+    model,
+    chunk: int | None,
+    p_chunk: int | None = None,
+    *,
+    length_bucket: int | None = None,
+    towers=None,
+    **savings,
+):
     """dpr-cache's GradCache (``chunk`` questions, ``p_chunk`` passages a chunk, by default
-    ``chunk``) or the plain full batch (``chunk`` None)."""
+    ``chunk``; trimmed widths rounded up to a multiple of ``length_bucket`` where given) or the
+    plain full batch (``chunk`` None), on ``towers`` (an object with ``encode_query`` and
+    ``encode_passage``; default ``model``). Raises :class:`Unavailable` for an option this
+    checkout lacks."""
+    from dpr_cache.core.engine import GradCache
     from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
 
     loss_fn = make_loss_fn(temperature=1.0, tile_size=None, group_size=2)
-    towers = Towers(model.encode_query, model.encode_passage)
+    on = model if towers is None else towers
+    encoders = Towers(on.encode_query, on.encode_passage)
     if chunk is None:
-        return make_stepper("full", towers, loss_fn, chunk_size=1)
-    stepper = make_stepper(
-        "gradcache",
-        towers,
-        loss_fn,
-        chunk_size=chunk,
-        p_chunk_size=p_chunk,
-        keep_last_graph=savings.get("keep_last_graph", True),
-        length_order=savings.get("length_order", True),
-    )
+        return make_stepper("full", encoders, loss_fn, chunk_size=1)
+    options = {
+        "p_chunk_size": p_chunk,
+        "keep_last_graph": savings.get("keep_last_graph", True),
+        "length_order": savings.get("length_order", True),
+    }
+    if length_bucket is None:
+        stepper = make_stepper("gradcache", encoders, loss_fn, chunk_size=chunk, **options)
+    else:
+        why = missing_option(length_bucket=length_bucket)
+        if why is not None:
+            raise Unavailable(why)
+        stepper = GradCache(
+            encoders.encode_q,
+            encoders.encode_p,
+            loss_fn,
+            chunk,
+            length_bucket=length_bucket,
+            **options,
+        )
     if "trim_padding" in savings:
         stepper.trim_padding = savings["trim_padding"]
     return stepper
@@ -272,35 +327,60 @@ def count_syncs(step: Callable[[], object], device, precision: str) -> dict:
     return {"count": sum(sources.values()), "top": dict(sources.most_common(3))}
 
 
+STEP_ERRORS = (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError)
+"""What a setting's step may raise and its row report (out of memory, a compiler's error), the
+other settings still timed; a section's timeout is none of these."""
+
+
 def _interleave(
     steppers: dict[str, object],
     batch: Batch,
     model,
     precision: str,
     rounds: int,
-    host_waits: bool = True,
+    host_waits: bool | Collection[str] = True,
+    *,
+    warmups: int | dict[str, int] = 1,
+    fresh_cache: bool = True,
+    others: Collection = (),
 ) -> dict[str, dict]:
-    """Each stepper's step timed once a round, rounds interleaved, after one warm-up each; a
-    stepper that runs out of memory is dropped. Median seconds and pairs per second, and on
-    CUDA (with ``host_waits``) the host's waits in one more step. Each warm-up's seconds are
-    printed as it ends: a section cut short says which stepper it was in."""
+    """Each stepper's step timed once a round, rounds interleaved, after its warm-ups
+    (``warmups``: one count for all, or by name; a stepper with fewer starts later, so that
+    the timed rounds line up); a stepper whose step fails (out of memory, say) is dropped with
+    the reason. Median seconds and pairs per second, each warm-up's seconds, and on CUDA (for
+    the names in ``host_waits``, or all with True) the host's waits in one more step. Each
+    warm-up's seconds are printed as it ends: a section cut short says which stepper it was
+    in. ``fresh_cache``: the group starts from an emptied CUDA cache (else it keeps the last
+    group's, for a group that is not warmed up). ``others``: more models some steppers train,
+    whose gradients are reset before each step as ``model``'s are."""
     from dpr_cache.runtime.device import autocast
 
     device = model.device
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    model.zero_grad(set_to_none=True)
-    free_device(device)  # each group starts from an empty cache, not another group's leftovers
+
+    def zero_grad() -> None:
+        for m in (model, *others):
+            m.zero_grad(set_to_none=True)
+
+    zero_grad()
+    if fresh_cache:  # each group starts from an empty cache, not another group's leftovers
+        free_device(device)
     b = batch.to(device)
+    warm = {n: warmups.get(n, 1) if isinstance(warmups, dict) else warmups for n in steppers}
+    first = max(warm.values(), default=0)
+    waits = set(steppers) if host_waits is True else set(host_waits or ())
     times: dict[str, list[float]] = {name: [] for name in steppers}
+    warmup_s: dict[str, list[float]] = {name: [] for name in steppers}
     failed: dict[str, str] = {}
     syncs: dict[str, dict] = {}
     allocator: dict[str, collections.Counter] = {name: collections.Counter() for name in steppers}
-    for r in range(rounds + 1):
+    for r in range(first + rounds):
         for name, stepper in steppers.items():
-            if name in failed:
+            if name in failed or r < first - warm[name]:
                 continue
-            model.zero_grad(set_to_none=True)
+            timed = r >= first
+            zero_grad()
             sync()
             before = _allocator_counts(device)
             start = time.perf_counter()
@@ -309,29 +389,34 @@ def _interleave(
                     stepper.step(b.q_inputs, b.p_inputs, p_ids=b.p_ids)
                 sync()
                 seconds = time.perf_counter() - start
-                if r:
+                if timed:
                     allocator[name].update(_allocator_counts(device) - before)
-                if not r and cuda and host_waits:  # after the warm-up, one step counted
+                if r == first - 1 and cuda and name in waits:  # after the warm-ups, one step
                     step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
                     syncs[name] = count_syncs(step, device, precision)
-            except torch.OutOfMemoryError:
-                failed[name] = "out of memory"
-                print(f"    {name}: out of memory", flush=True)
-                model.zero_grad(set_to_none=True)
+            except STEP_ERRORS as exc:
+                oom = isinstance(exc, torch.OutOfMemoryError)
+                failed[name] = "out of memory" if oom else f"{type(exc).__name__}: {exc}"[:300]
+                print(f"    {name}: {failed[name]}", flush=True)
+                zero_grad()
                 free_device(device)
                 continue
-            if r:
+            if timed:
                 times[name].append(seconds)
             else:
+                warmup_s[name].append(seconds)
                 print(f"    {name}: warm-up {seconds:.1f} s", flush=True)
     known = torch.cuda.memory_stats(device) if cuda else {}
     out = {}
     for name, ts in times.items():
         if name in failed or not ts:
             out[name] = {"failed": failed.get(name, "not timed")}
+            if warmup_s[name]:
+                out[name]["warmup_s"] = warmup_s[name]
             continue
         median = statistics.median(ts)
         out[name] = {"step_s": median, "pairs_per_s": batch.n_questions / median, "times_s": ts}
+        out[name]["warmup_s"] = warmup_s[name]
         if name in syncs:
             out[name]["syncs"] = syncs[name]
         if cuda:
@@ -370,6 +455,38 @@ def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> di
     return out
 
 
+@dataclass(frozen=True)
+class Variant:
+    """dpr-cache at one chunk with an option beyond its defaults: each chunk's trimmed width
+    rounded up to a multiple of ``length_bucket`` (so that shapes repeat), the towers compiled
+    with ``torch.compile`` in ``compile_mode``."""
+
+    chunk: int
+    length_bucket: int | None = None
+    compile_mode: str | None = None
+
+    @property
+    def engine(self) -> str:
+        """Its row's engine: the settings that differ only by chunk share one."""
+        compiled = " compiled" if self.compile_mode else ""
+        bucket = f" bucket {self.length_bucket}" if self.length_bucket else ""
+        return f"dpr-cache{compiled}{bucket}"
+
+    @property
+    def name(self) -> str:
+        return self.engine.replace("dpr-cache", f"dpr-cache chunk {self.chunk}", 1)
+
+
+COMPILED_WARMUPS = 2
+"""Warm-up steps of a compiled setting: the first compiles, the second records what the first
+left (a shape first seen in it, CUDA graphs recorded on a second call)."""
+
+
+def chunk_counts(n_q: int, n_p: int, q: int, p: int) -> list[int]:
+    """Chunks a step: of questions and of passages, ``q`` and ``p`` rows a chunk."""
+    return [-(-n_q // q), -(-n_p // p)]
+
+
 def speed_comparison(
     model,
     batch: Batch,
@@ -379,39 +496,98 @@ def speed_comparison(
     cmnrl_rows: list[int],
     cmnrl_tokens: list[int],
     lib_chunks: list[Chunk],
+    variants: list[Variant] = (),
+    compiled=None,
+    full_batch: bool = True,
     rounds: int = 3,
-    host_waits: bool = True,
+    warmups: int = 1,
+    host_waits: bool | Collection[str] = True,
+    fresh_cache: bool = True,
+    others: Collection = (),
 ) -> dict:
-    """At one batch and precision: dpr-cache at each chunk, the full batch, CachedMNRL at each
-    mini-batch (rows, token budget) and the GradCache library at each chunk, in one process on
-    one shared-tower model, interleaved. A chunk ``(q, p)`` encodes ``q`` questions and ``p``
-    passages at a time (``train.chunk_size``, ``train.p_chunk_size``; the library's
-    ``chunk_sizes=[q, p]``); CachedMNRL has one mini-batch for both (its token budget packs more
-    of the short questions in one). A chunk equal at this batch to one before it (past a
-    tower's rows it is all of them) is left out. ``host_waits``: count each setting's waits
-    for the device (one more step each)."""
+    """At one batch and precision: dpr-cache at each chunk and in each variant, the full batch
+    (with ``full_batch``), CachedMNRL at each mini-batch (rows, token budget) and the GradCache
+    library at each chunk, in one process on one shared-tower model, interleaved. A chunk
+    ``(q, p)`` encodes ``q`` questions and ``p`` passages at a time (``train.chunk_size``,
+    ``train.p_chunk_size``; the library's ``chunk_sizes=[q, p]``); CachedMNRL has one
+    mini-batch for every column (its token budget packs more of the short questions in one). A
+    chunk equal at this batch to one before it (past a tower's rows it is all of them) is left
+    out. A variant runs on ``compiled`` (towers :func:`compile_towers_function` made) where it
+    is compiled, with :data:`COMPILED_WARMUPS` warm-ups; one whose option this checkout lacks is
+    a row that says so. Each row names its engine, its chunk and its chunks a step (of
+    questions and of passages; None where a token budget decides). ``host_waits``: the
+    settings (all, with True) whose waits for the device are counted (one more step each);
+    ``fresh_cache`` and ``others`` as :func:`_interleave` takes them."""
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
-    cmnrl_rows = [m for m in cmnrl_rows if m <= n_p]
-    steppers: dict[str, object] = {
-        f"dpr-cache {name}": _own_stepper(model, q, p_chunk=p)
-        for name, (q, p) in chunk_settings(chunks, n_q, n_p).items()
-    }
-    steppers["full batch"] = _own_stepper(model, None)
-    for m in cmnrl_rows:
-        steppers[f"CachedMNRL rows {m}"] = _cmnrl(model, rows=m)
+    specs = []  # (name, make, engine, chunk, chunks a step)
+    for name, (q, p) in chunk_settings(chunks, n_q, n_p).items():
+        make = functools.partial(_own_stepper, model, q, p)
+        specs.append(
+            (f"dpr-cache {name}", make, "dpr-cache", name[6:], chunk_counts(n_q, n_p, q, p))
+        )
+    for v in variants:
+        make = functools.partial(_variant_stepper, model, v, compiled)
+        counts = chunk_counts(n_q, n_p, v.chunk, v.chunk)
+        specs.append((v.name, make, v.engine, str(v.chunk), counts))
+    if full_batch:
+        specs.append(("full batch", lambda: _own_stepper(model, None), "full batch", None, [1, 1]))
+    for m in [m for m in cmnrl_rows if m <= n_p]:
+        make = functools.partial(_cmnrl, model, rows=m)
+        per_column = -(-n_q // m)  # questions, positives, each hard negative: a column each
+        counts = [per_column, n_p // n_q * per_column]
+        specs.append((f"CachedMNRL rows {m}", make, "CachedMNRL", str(m), counts))
     for t in cmnrl_tokens:
         step = _cmnrl(model, tokens=t)
-        if step is not None:
-            steppers[f"CachedMNRL tokens {t}"] = step
+        if step is not None:  # where this version has a token budget
+            specs.append(
+                (f"CachedMNRL tokens {t}", lambda s=step: s, "CachedMNRL tokens", None, None)
+            )
     for name, (q, p) in chunk_settings(lib_chunks, n_q, n_p).items():
-        steppers[f"GradCache library {name}"] = _gradcache_lib(model, [q, p])
-    timed = _interleave(steppers, batch, model, precision, rounds, host_waits)
+        make = functools.partial(_gradcache_lib, model, [q, p])
+        counts = chunk_counts(n_q, n_p, q, p)
+        specs.append((f"GradCache library {name}", make, "GradCache library", name[6:], counts))
+    steppers, rows = {}, {}
+    for name, make, engine, chunk, counts in specs:
+        rows[name] = {"engine": engine, "chunk": chunk, "chunks": counts}
+        try:
+            steppers[name] = make()
+        except Unavailable as why:
+            rows[name]["failed"] = str(why)
+    compiled_names = {v.name for v in variants if v.compile_mode}
+    warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled_names else warmups for n in steppers}
+    timed = _interleave(
+        steppers,
+        batch,
+        model,
+        precision,
+        rounds,
+        host_waits,
+        warmups=warm,
+        fresh_cache=fresh_cache,
+        others=others,
+    )
+    for name, row in timed.items():
+        rows[name].update(row)
     return {
         "batch": batch.n_questions,
         "precision": precision,
-        "rows": timed,
-        "best": {family: _best(timed, family) for family in _FAMILIES},
+        "rounds": rounds,
+        "warmups": warmups,
+        "rows": rows,
+        "best": {family: _best(rows, family) for family in _FAMILIES},
     }
+
+
+def _variant_stepper(model, variant: Variant, compiled=None):
+    """dpr-cache in ``variant``, on ``compiled`` where it is compiled; raises
+    :class:`Unavailable` where this checkout lacks its option, or nothing was compiled."""
+    why = missing_option(variant.length_bucket, variant.compile_mode)
+    if why is None and variant.compile_mode and compiled is None:
+        why = "no compiled towers given"
+    if why is not None:
+        raise Unavailable(why)
+    towers = compiled if variant.compile_mode else None
+    return _own_stepper(model, variant.chunk, length_bucket=variant.length_bucket, towers=towers)
 
 
 _FAMILIES = ("dpr-cache", "full batch", "CachedMNRL", "GradCache library")
@@ -440,7 +616,7 @@ def add_fitting_full_batch(
             rounds,
             host_waits,
         )
-        comparison["rows"][name] = timed[name]
+        comparison["rows"][name] = {**timed[name], "engine": "full batch", "chunks": [1, 1]}
         if "pairs_per_s" in timed[name]:
             break
         size //= 2
@@ -498,18 +674,26 @@ def savings(model, batch: Batch, precision: str, chunk: int, rounds: int = 3) ->
     }
 
 
+PASSAGE_WORDS = 100
+"""Words a passage, as DPR cut Wikipedia for NQ's 21,015,324 passages."""
+
+
 def _passages_tsv(squad_dir: Path, out: Path, rows: int) -> Path:
-    """``rows`` passages of at most 100 words (DPR's cut of Wikipedia) from SQuAD's paragraphs,
-    repeated with fresh ids to reach ``rows``."""
+    """``rows`` passages of :data:`PASSAGE_WORDS` words each, NQ's length: each SQuAD article's
+    paragraphs joined in order and cut every 100 words (an article's shorter tail left out, so
+    that every passage has 100), repeated with fresh ids to reach ``rows``."""
     import csv
 
-    pieces = []
+    articles: dict[str, list[str]] = {}
     with open(squad_dir / "passages.tsv", newline="") as f:
         for row in csv.DictReader(f, delimiter="\t"):
-            words = row["text"].split()
-            pieces += [
-                (row["title"], " ".join(words[i : i + 100])) for i in range(0, len(words), 100)
-            ]
+            articles.setdefault(row["title"], []).extend(row["text"].split())
+    n = PASSAGE_WORDS
+    pieces = [
+        (title, " ".join(words[i : i + n]))
+        for title, words in articles.items()
+        for i in range(0, len(words) - n + 1, n)
+    ]
     with open(out, "w", newline="") as f:
         writer = csv.writer(f, delimiter="\t")
         writer.writerow(["id", "text", "title"])
@@ -808,7 +992,7 @@ def model_encode_rate(
     rows: int = 20000,
 ) -> dict:
     """The encoder alone on pre-tokenized passages (length-sorted batches): passages per second
-    and their mean length in tokens, for the compute-bound limit."""
+    and their mean length in tokens (for the compute-bound limit) and in words."""
     import csv
 
     from dpr_cache.data.tokenize import tokenize_passages
@@ -823,6 +1007,7 @@ def model_encode_rate(
             texts.append(row["text"])
     feats = tokenize_passages(model.tokenizer, titles, texts, 256, model.passage_prefix)
     tokens = sum(len(s) for s in feats["input_ids"]) / len(titles)
+    words = sum(len(t.split()) for t in texts) / len(texts)
     model.eval()
     encode_tokenized(
         model, feats, max_length=256, batch_size=batch_size, device=device, precision=precision
@@ -841,6 +1026,7 @@ def model_encode_rate(
         "seconds": seconds,
         "passages_per_s": len(titles) / seconds,
         "mean_tokens": tokens,
+        "mean_words": words,
     }
 
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.gpu_report_speed import (
+    compiles_text,
+    counters_text,
+    render_compilation,
+    render_speed,
+    speed_goals,
+)
 from benchmarks.machine import cpu_text
 from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
 
@@ -21,6 +28,8 @@ def write_page(report: dict, out: Path) -> None:
 
 
 _PARTIAL_SHOWN = ("speed", "command_line")  # figures before a stop: reported (and judged)
+ENCODE_GOAL_MIN = 30
+HISTORY = "gpu_history.md"  # the runs so far, what each missed and what fixed it
 
 
 def _result(report: dict, name: str) -> dict | None:
@@ -43,26 +52,13 @@ def _goal(name: str, measured: str, target: str, met: bool | None) -> dict:
 
 def goals(report: dict) -> list[dict]:
     """The issue's goals, each with its figure and whether the run met it (None: not measured)."""
-    out = []
-    ex = _result(report, "exactness")
-    if ex:
-        worst = max(r["relative_error"] for r in ex["fp64"])
-        out.append(_goal("fp64 GradCache = full batch", f"{worst:.1e}", "<= 1e-10", worst <= 1e-10))
-        replay = all(r["ok"] for r in ex["replay"])
-        out.append(
-            _goal(
-                "replayed reps bitwise equal (control differs)",
-                "yes" if replay else "no",
-                "yes",
-                replay,
-            )
-        )
+    out = _exactness_goals(_result(report, "exactness"))
     mixed = _result(report, "mixed_precision")
     if mixed:
         for r in mixed["rows"]:
             out.append(
                 _goal(
-                    f"{r['precision']}: GradCache vs full batch",
+                    f"{r['precision']}, B=16, chunk 4: GradCache vs full batch",
                     f"{r['gradcache_vs_full']:.1e} (fp64 gap {r['gradcache_vs_fp64']:.1e}, "
                     f"the full batch's {r['full_vs_fp64']:.1e})",
                     f"<= {r['ceiling']:.0e}, fp64 gap <= {r['ratio_bound']}x the full batch's",
@@ -76,36 +72,18 @@ def goals(report: dict) -> list[dict]:
             ratio = rows[-1]["peak_bytes"] / rows[0]["peak_bytes"]
             out.append(
                 _goal(
-                    f"memory at B={rows[-1]['batch']} over B={rows[0]['batch']}",
+                    f"{rows[-1].get('precision', 'bf16')}, chunk {rows[-1]['chunk']}: memory at "
+                    f"B={rows[-1]['batch']} over B={rows[0]['batch']}",
                     f"{ratio:.2f}x",
                     "<= 1.2x",
                     ratio <= 1.2,
                 )
             )
     speed = _result(report, "speed")
-    if speed:
-        for comp in speed["comparisons"]:
-            if comp["batch"] != 512 or comp["precision"] != "fp16":
-                continue
-            best = comp["best"]
-            ours = (best["dpr-cache"] or {}).get("pairs_per_s")
-            for family, target in (("CachedMNRL", 1.3), ("full batch", 0.8)):
-                theirs = (best.get(family) or {}).get("pairs_per_s")
-                ratio = ours / theirs if ours and theirs else None
-                out.append(
-                    _goal(
-                        f"B=512 fp16: dpr-cache over {family}'s best",
-                        f"{ratio:.2f}x" if ratio else "not measured",
-                        f">= {target}x",
-                        ratio >= target if ratio else None,
-                    )
-                )
+    out += [_goal(*g) for g in speed_goals(speed, _result(report, "compilation"))]
     enc = _result(report, "encoding")
     if enc and enc.get("nq_projected_s"):
-        hours = enc["nq_projected_s"] / 3600
-        out.append(
-            _goal("encode NQ's 21M passages, projected", f"{hours:.2f} h", "<= 1 h", hours <= 1)
-        )
+        out.append(_encode_goal(enc))
     large = _result(report, "chunk_too_large")
     if large:
         out.append(
@@ -121,6 +99,86 @@ def goals(report: dict) -> list[dict]:
     return out
 
 
+def _exactness_goals(ex: dict | None) -> list[dict]:
+    """GradCache = the full batch in float64, the replay bitwise, and under compilation."""
+    if not ex:
+        return []
+    worst = max(r["relative_error"] for r in ex["fp64"])
+    replay = all(r["ok"] for r in ex["replay"])
+    precisions = "/".join(r["precision"] for r in ex["replay"])
+    out = [
+        _goal(
+            "fp64, B=7 and 8, chunks 2 to 4: GradCache = full batch",
+            f"{worst:.1e}",
+            "<= 1e-10",
+            worst <= 1e-10,
+        ),
+        _goal(
+            f"{precisions}, B=8, chunk 3: replayed reps bitwise equal (control differs)",
+            "yes" if replay else "no",
+            "yes",
+            replay,
+        ),
+    ]
+    if "compiled" in ex:
+        out += _compiled_goals(ex["compiled"])
+    return out
+
+
+def _compiled_goals(c: dict) -> list[dict]:
+    """The float64 gradient and the dropout replay with the towers compiled."""
+    grad = "fp64, B=8, chunk 3, towers compiled: GradCache = eager full batch"
+    replay = "fp32, B=8, chunk 3, towers compiled: re-forward = first pass to fp32 rounding"
+    why = c.get("unavailable") or c.get("not_run")
+    if why:
+        targets = ((grad, "<= 1e-10"), (replay, "all within 1e-04, control > 1e-2"))
+        return [_goal(g, f"not measured ({why})", t, None) for g, t in targets]
+    out = []
+    fp64, rep = c.get("fp64"), c.get("replay")
+    if fp64 and "relative_error" in fp64:
+        err = fp64["relative_error"]
+        out.append(_goal(grad, f"{err:.1e} (mode {c['mode']})", "<= 1e-10", err <= 1e-10))
+    else:
+        out.append(_goal(grad, _compiled_failure(c, fp64), "<= 1e-10", False))
+    if rep and "replayed" in rep:
+        a, b = rep["replayed"], rep["control_without_replay"]
+        measured = (
+            f"{a['within_bound']}/{a['chunks']} chunks within {rep['bound']:.0e} (largest "
+            f"{a['largest']:.1e}); without replay {b['largest']:.1e}"
+        )
+        out.append(
+            _goal(replay, measured, f"all within {rep['bound']:.0e}, control > 1e-2", rep["ok"])
+        )
+    else:
+        out.append(_goal(replay, _compiled_failure(c, rep), "all within 1e-04", False))
+    return out
+
+
+def _compiled_failure(c: dict, row: dict | None) -> str:
+    """Why a compiled check has no figure: its own error, or the child's."""
+    if row and "error" in row:
+        return f"failed: {row['error'][:120]}"
+    child = c.get("error") or {}
+    return f"not reached ({child.get('why', 'no figure')})"
+
+
+def _encode_goal(enc: dict) -> dict:
+    """encode's projection to NQ, with the words its passages held and its share of the
+    compute limit."""
+    minutes = enc["nq_projected_s"] / 60
+    words = enc.get("passage_words")
+    sample = f"{words} words each" if words else "72 words on average, NQ's are 100"
+    share = f"{enc['share_of_limit']:.0%} of the compute limit's {enc['nq_limit_s'] / 60:.1f} min"
+    cmd = enc.get("command", {})
+    how = f"{cmd.get('precision', 'fp16')}, batches of {cmd.get('batch_size', 512)}"
+    return _goal(
+        f"{how}: encode NQ's {NQ_PASSAGES:,} passages, projected (from passages of {sample})",
+        f"{minutes:.0f} min ({share})",
+        f"<= {ENCODE_GOAL_MIN} min",
+        minutes <= ENCODE_GOAL_MIN,
+    )
+
+
 def _suite_goal(report: dict) -> dict:
     """The whole suite's minutes, judged only where one run ran every section to its end."""
     sections = report["sections"]
@@ -132,6 +190,9 @@ def _suite_goal(report: dict) -> dict:
         measured, met = "not run whole (a section skipped)", None
     elif not set(report.get("planned") or ["?"]) <= set(sections):
         measured, met = "not run whole (cut short)", None
+    compiled = sections.get("compilation", {})
+    if met is not None and "seconds" in compiled:
+        measured += f" (of which compilation {compiled['seconds']:.0f} s)"
     return _goal("the whole suite in one run", measured, "<= 6 min", met)
 
 
@@ -168,6 +229,7 @@ def render(report: dict) -> str:
         f"torch {env['torch']}, CUDA {env['cuda']}, Python {env['python']}; {env['date']};",
         f"Host: {cpu_text(env['host'])}; transformers {env['host']['transformers']}.",
         f"The suite took {report.get('seconds', 0):.0f} s: `python -m benchmarks.gpu --out DIR`.",
+        f"The GPU runs so far, what each missed and what fixed it: [{HISTORY}]({HISTORY}).",
         "",
         "## Goals",
         "",
@@ -272,6 +334,55 @@ def _exactness(r: dict) -> list[str]:
         f"central difference of its loss: {fd['error']:.1e} (bound {fd['bound']:.0e}); "
         f"without the RNG replay {fd['control_error']:.1e}.",
     ]
+    return lines + _compiled_exactness(r.get("compiled"))
+
+
+def _compiled_exactness(c: dict | None) -> list[str]:
+    """The compiled towers' float64 gradient and dropout replay, in words."""
+    if c is None:
+        return []
+    why = c.get("unavailable") or c.get("not_run")
+    if why:
+        return ["", f"Compiled towers: not checked ({why})."]
+    lines = [
+        "",
+        f"Compiled towers (`compile_towers`, mode `{c['mode']}`), in a process of its own "
+        f"started with this section ({c['seconds']:.0f} s"
+        + (f"; {compiles_text(c)}" if compiles_text(c) else "")
+        + "), each check over 3 steps (under CUDA graphs: a warm-up, a recording, a replay):",
+    ]
+    fp64, rep = c.get("fp64") or {}, c.get("replay") or {}
+    if "relative_error" in fp64:
+        errors = ", ".join(f"{e:.1e}" for e in fp64["errors"])
+        bucket = f", length bucket {fp64['length_bucket']}" if fp64.get("length_bucket") else ""
+        lines.append(
+            f"- float64, {fp64['case']}{bucket}: GradCache on the compiled towers against the "
+            "eager full "
+            f"batch, step by step {errors} (bound {fp64['bound']:.0e}); the steps took "
+            f"{', '.join(f'{x:.1f}' for x in fp64['step_s'])} s, the first compiling."
+        )
+    elif fp64:
+        lines.append(f"- float64: failed, `{fp64.get('error')}`")
+    if "replayed" in rep:
+        a, b = rep["replayed"], rep["control_without_replay"]
+        lines.append(
+            f"- dropout {rep['dropout']}, fp32, every chunk re-encoded: each chunk's re-forward "
+            f"reps against its first pass's, compared to fp32's rounding, not bit for bit (the "
+            f"two passes run different compiled graphs): {a['within_bound']}/{a['chunks']} "
+            f"within {rep['bound']:.0e} (largest {a['largest']:.1e}); without the replay "
+            f"(control) largest {b['largest']:.1e}. The compiled first pass against the eager "
+            f"towers' under the same seed: {rep['vs_eager_first_pass']:.1e} (near fp32's "
+            "rounding: compiled dropout draws eager's masks; far: masks of its own, replayed "
+            "alike)."
+        )
+    elif rep:
+        lines.append(f"- dropout replay: failed, `{rep.get('error')}`")
+    if c.get("compiler"):
+        lines += ["", f"The compiler in that process: {counters_text(c['compiler'])}."]
+    if c.get("error"):
+        e = c["error"]
+        lines += ["", f"The child stopped ({e['why']}); its last lines:", "", "```"]
+        lines += [*e.get("progress", []), *e.get("last_lines", []), "```"]
     return lines
 
 
@@ -340,82 +451,6 @@ def _largest_full_batch(r: dict) -> list[str]:
     ]
 
 
-def _speed(r: dict) -> list[str]:
-    lines = [
-        "",
-        "One shared-tower BERT-base-shaped model, SQuAD's training questions and paragraphs at",
-        f"natural lengths (the batch of {r['tokens']['batch']} holds "
-        f"{r['tokens']['questions']:,} question and "
-        f"{r['tokens']['passages']:,} passage tokens), one hard negative; every setting's step",
-        "(forward, loss, backward; no optimizer) timed once a round, rounds interleaved in one",
-        "process; the median over rounds. Host waits (where measured): the times one step made the",
-        "host wait for the device (CUDA's synchronization warnings, one extra step), with the",
-        "lines that made it wait most. Chunk q/p: q questions and p passages a chunk",
-        "(`train.chunk_size`, `train.p_chunk_size`). Allocator (where measured): a timed step's",
-        "cudaMalloc and cudaFree calls and cache flushes (a cudaFree waits for the device; each",
-        "group of settings starts from an emptied cache).",
-    ]
-    for comp in r["comparisons"]:
-        waits = any("syncs" in row for row in comp["rows"].values())
-        alloc = any("allocator" in row for row in comp["rows"].values())
-        lines += [
-            "",
-            f"B={comp['batch']}, {comp['precision']}:",
-            "",
-            "| setting | pairs/s | step s |"
-            + (" host waits a step |" if waits else "")
-            + (" allocator a step |" if alloc else ""),
-            "|---|--:|--:|" + ("---|" if waits else "") + ("---|" if alloc else ""),
-        ]
-        for name, row in comp["rows"].items():
-            if "pairs_per_s" in row:
-                cells = [name, f"{row['pairs_per_s']:.0f}", f"{row['step_s']:.3f}"]
-            else:
-                cells = [name, row["failed"], ""]
-            if waits:
-                cells.append(_host_waits(row.get("syncs")))
-            if alloc:
-                cells.append(_allocator(row.get("allocator")))
-            lines.append("| " + " | ".join(cells) + " |")
-    s = r.get("savings")
-    if s is None:
-        return [*lines, "", "GradCache's savings: not reached."]
-    lines += [
-        "",
-        f"GradCache's savings at B={s['batch']}, {s['precision']}, chunk {s['chunk']}: "
-        "the speed-up each gives (1.00 = none):",
-        "",
-        "| saving | speed-up |",
-        "|---|--:|",
-    ]
-    for name, value in s["speedup_of_each"].items():
-        lines.append(f"| {name} | {value if value is not None else '–'} |")
-    return lines
-
-
-def _host_waits(syncs: dict | None) -> str:
-    """``count`` (and where most came from) of :func:`benchmarks.gpu_perf.count_syncs`."""
-    if syncs is None:
-        return ""
-    top = ", ".join(f"`{where}` {n}" for where, n in syncs["top"].items())
-    return f"{syncs['count']}" + (f" ({top})" if top else "")
-
-
-def _allocator(counts: dict | None) -> str:
-    """:data:`benchmarks.gpu_perf._ALLOCATOR_COUNTS` a step, in words (– where this torch
-    does not count it)."""
-    if counts is None:
-        return ""
-
-    def n(key: str) -> str:
-        return "–" if counts.get(key) is None else f"{counts[key]:g}"
-
-    return (
-        f"{n('num_device_alloc')} malloc, {n('num_device_free')} free, "
-        f"{n('num_alloc_retries')} flushes"
-    )
-
-
 def _encoding(r: dict) -> list[str]:
     cmd = r["command"]
     if "error" in cmd:
@@ -438,12 +473,20 @@ def _encoding(r: dict) -> list[str]:
             f"first batch: {cmd['passages_per_s']:,.0f} passages/s."
         )
     alone = r["encoder_alone"]
+    if r.get("passage_words"):
+        sample = (
+            f"passages of {r['passage_words']} words, NQ's length (each SQuAD article's "
+            "paragraphs joined and cut every 100 words, the shorter tail left out)"
+        )
+    else:
+        sample = "passages cut from SQuAD's paragraphs at 100 words (72 on average: NQ's are 100)"
+    words = f", {alone['mean_words']:.0f} words" if "mean_words" in alone else ""
     return [
         "",
         f"`dpr-cache encode` ({cmd['precision']}, batches of {cmd['batch_size']}, passages cut at "
-        f"{cmd['max_length']} tokens, length-sorted) on 100-word passages cut from SQuAD's",
-        f"paragraphs: {rate} The encoder alone on tokenized passages (mean "
-        f"{alone['mean_tokens']:.0f} tokens): {alone['passages_per_s']:,.0f} passages/s.",
+        f"{cmd['max_length']} tokens, length-sorted) on {sample}:",
+        f"{rate} The encoder alone on tokenized passages (mean "
+        f"{alone['mean_tokens']:.0f} tokens{words}): {alone['passages_per_s']:,.0f} passages/s.",
         "",
         f"NQ's {NQ_PASSAGES:,} passages at that rate: **{r['nq_projected_s'] / 3600:.2f} h** "
         f"on this one device, against {DPR_ENCODE}. The compute limit, "
@@ -695,7 +738,8 @@ _SECTION = {
     "exactness": _exactness,
     "mixed_precision": _mixed,
     "memory": _memory,
-    "speed": _speed,
+    "speed": render_speed,
+    "compilation": render_compilation,
     "encoding": _encoding,
     "teacher_scoring": _teacher_scoring,
     "command_line": _command_line,

@@ -50,9 +50,11 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
         "speed",
         "encoding",
         "teacher_scoring",
+        "compilation",
     ]
     assert sections.pop("chunk_too_large") == {"skipped": "needs a GPU to run out of"}
     assert sections.pop("largest_full_batch") == {"skipped": "needs a GPU to fill"}
+    assert sections.pop("compilation") == {"skipped": "needs a GPU (a CPU compile takes minutes)"}
     for name, section in sections.items():
         assert "result" in section, (name, section.get("error"), section.get("traceback"))
     assert page.startswith("# dpr-cache on a GPU\n\n**Dry run on the CPU**")
@@ -92,10 +94,30 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     row = cli["resume"]["deterministic"]
     assert row["killed_mid_run"] and row["resumed_vs_unbroken"]["bitwise_equal"], row
     assert row["two_unbroken_runs"]["bitwise_equal"], row
-    speed = s["speed"]["result"]["comparisons"][0]
-    assert speed["best"]["dpr-cache"] and speed["best"]["full batch"]
+    assert exact["compiled"] == {"not_run": "a dry run compiles nothing"}
+    first, second = s["speed"]["result"]["comparisons"]
+    assert first["best"]["dpr-cache"] and first["best"]["full batch"]
+    assert (first["batch"], first["warmups"], second["batch"], second["warmups"]) == (8, 1, 16, 0)
+    rows = first["rows"]
+    assert rows["dpr-cache chunk 2"]["chunks"] == [4, 8] and rows["full batch"]["chunks"] == [1, 1]
+    assert rows["dpr-cache chunk 8/4"]["chunks"] == [1, 4], rows["dpr-cache chunk 8/4"]
+    assert rows["CachedMNRL rows 2"]["chunks"] == [4, 8]
+    assert rows["GradCache library chunk 2"]["engine"] == "GradCache library"
+    bucket = rows["dpr-cache chunk 2 bucket 8"]  # timed, or named as missing from the checkout
+    assert "pairs_per_s" in bucket or bucket["failed"].startswith("not in this checkout"), bucket
+    assert bucket["engine"] == "dpr-cache bucket 8"
+    # the larger batch: no full batch, the peers' chunks below 4 left out, no warm-up
+    assert "full batch" not in second["rows"] and "CachedMNRL rows 2" not in second["rows"]
+    assert second["rows"]["dpr-cache chunk 2"]["warmup_s"] == []
+    assert all("pairs_per_s" in r for n, r in second["rows"].items() if "bucket" not in n)
+    assert [t["batch"] for t in s["speed"]["result"]["tokens"]] == [8, 16]
+    page = dry_run[2].split("## Speed")[1].split("## Encoding")[0]
+    assert "Pairs/s by chunk at B=8, fp32" in page and "Pairs/s by chunk at B=16, fp32" in page
+    assert "| dpr-cache | " in page and "b: ms a chunk" in page, page
+    assert "no warm-up of its own" in page and "the peers' chunks below 4 left out" in page
     encoded = s["encoding"]["result"]["command"]
     assert encoded["passages"] == 300 and encoded["passages_per_s"] > 0, encoded
+    assert s["encoding"]["result"]["encoder_alone"]["mean_words"] == 100
     t = encoded["timings"]
     working = t["open_seconds"] + t["encode_seconds"]
     assert 0 < t["first_batch_seconds"] < t["encode_seconds"] and working < encoded["seconds"], t
@@ -119,40 +141,86 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
         assert prof["top"][0]["ms"] >= prof["top"][-1]["ms"] > 0, prof
 
 
-def _report(ratio_mem: float, cmnrl: float, full: float, encode_s: float) -> dict:
-    speed = {
-        "batch": 512,
-        "precision": "fp16",
-        "best": {
-            "dpr-cache": {"pairs_per_s": 100.0},
-            "CachedMNRL": {"pairs_per_s": 100.0 / cmnrl},
-            "full batch": {"pairs_per_s": 100.0 / full},
-        },
-    }
+def _comparison(rates: dict[str, float], batch: int = 512) -> dict:
+    """A speed comparison at ``batch``, fp16, of settings timed at these pairs/s (each row's
+    engine and chunks as the section records them)."""
+    from benchmarks.gpu_perf import _FAMILIES, _best
+    from benchmarks.gpu_report_speed import setting_of
+
+    rows = {}
+    for name, rate in rates.items():
+        row = {"pairs_per_s": rate, "step_s": batch / rate}
+        rows[name] = {**row, **setting_of(name, {}, batch)}
+    best = {family: _best(rows, family) for family in _FAMILIES}
+    return {"batch": batch, "precision": "fp16", "rows": rows, "best": best}
+
+
+def _step_rates(a: float, b_ms: float, peers_slower: float, batch: int = 512) -> dict:
+    """Pairs/s of dpr-cache, CachedMNRL and the library at chunks 32 to 512 whose step is
+    ``a + b x chunks a step``, the peers' ``peers_slower`` times longer."""
+    rates = {}
+    for chunk in (32, 64, 128, 256, 512):
+        n = -(-batch // chunk) + -(-2 * batch // chunk)
+        step = a + b_ms / 1e3 * n
+        rates[f"dpr-cache chunk {chunk}"] = batch / step
+        rates[f"CachedMNRL rows {chunk}"] = batch / (peers_slower * step)
+        rates[f"GradCache library chunk {chunk}"] = batch / (peers_slower * step)
+    return rates
+
+
+def _report(ratio_mem: float, b_ms: float, peers_slower: float, encode_s: float) -> dict:
+    """A run's figures: dpr-cache's step 0.45 s + ``b_ms`` a chunk, the full batch's 0.5 s."""
+    rates = {**_step_rates(0.45, b_ms, peers_slower), "full batch": 512 / 0.5}
     rows = [
-        {"batch": 128, "fits": True, "peak_bytes": 10},
-        {"batch": 8192, "fits": True, "peak_bytes": 10 * ratio_mem},
+        {"batch": 128, "chunk": 128, "fits": True, "peak_bytes": 10},
+        {"batch": 8192, "chunk": 128, "fits": True, "peak_bytes": 10 * ratio_mem},
     ]
+    encoding = {
+        "nq_projected_s": encode_s,
+        "nq_limit_s": 480.0,
+        "share_of_limit": 480.0 / encode_s,
+        "passage_words": 100,
+    }
     return {
         "sections": {
             "memory": {"result": {"rows": rows}},
-            "speed": {"result": {"comparisons": [speed]}},
-            "encoding": {"result": {"nq_projected_s": encode_s}},
+            "speed": {"result": {"comparisons": [_comparison(rates)]}},
+            "encoding": {"result": encoding},
         }
     }
 
 
 @pytest.mark.parametrize(
     "figures, met",
-    [
-        ((1.1, 1.4, 0.9, 3000.0), [True, True, True, True]),
-        ((1.3, 1.2, 0.7, 4000.0), [False, False, False, False]),
-    ],
+    [((1.1, 3.0, 1.6, 1500.0), True), ((1.3, 50.0, 1.25, 4000.0), False)],
 )
 def test_goals_are_judged_on_either_side(figures, met):
+    """At 3 ms a chunk dpr-cache's chunk 128, 64 and 32 are 1.03, 0.96 and 0.84x the full
+    batch; at 50 ms far below. Each goal names its batch, precision and chunk."""
     judged = goals(_report(*figures))
-    assert [g["met"] for g in judged] == met
-    assert [g["goal"].split(":")[0] for g in judged][:1] == ["memory at B=8192 over B=128"]
+    names = [g["goal"] for g in judged]
+    assert names[0] == "bf16, chunk 128: memory at B=8192 over B=128"
+    chunks = [f"B=512 fp16, chunk {c}: dpr-cache over the full batch" for c in (128, 64, 32)]
+    assert names[1:4] == chunks
+    assert names[4:10] == [
+        f"B=512 fp16, chunk {c}: dpr-cache over {peer}"
+        for c in (32, 64, 128)
+        for peer in ("CachedMNRL", "GradCache library")
+    ]
+    assert (
+        names[10]
+        == "B=512 fp16: the cost of a chunk, dpr-cache (step = a + b x chunks a step, fitted)"
+    )
+    assert names[11].startswith("fp16, batches of 512: encode NQ's 21,015,324 passages")
+    assert [g["met"] for g in judged] == [met] * 12, judged
+    cost = judged[10]["measured"]
+    assert cost.startswith(f"{figures[1]:.1f} ms: dpr-cache, chunks 32 to 512 (48 to 3 chunks"), (
+        cost
+    )
+    assert (
+        judged[1]["measured"].startswith("1.03x: dpr-cache chunk 128 (4 + 8 chunks a step)")
+        or not met
+    )
 
 
 _DEVICE = {
@@ -203,16 +271,17 @@ def test_speed_cut_short_shows_and_judges_what_it_measured():
     report["sections"]["speed"] = {"error": "SectionTimeout: stopped", "seconds": 600.0,
                                    "partial": partial}  # fmt: skip
     report["dry_run"], report["environment"] = False, _DEVICE
-    judged = {g["goal"].split(":", 1)[1].strip(): g for g in goals(report) if "B=512" in g["goal"]}
-    assert judged["dpr-cache over CachedMNRL's best"]["met"] is True  # 1.5x, from the partial
-    assert judged["dpr-cache over full batch's best"]["met"] is None  # nothing fitted
+    judged = {g["goal"]: g for g in goals(report) if "B=512" in g["goal"]}
+    over_cmnrl = judged["B=512 fp16, chunk 32: dpr-cache over CachedMNRL"]
+    assert over_cmnrl["met"] is True, over_cmnrl  # 1.5x, from the partial
+    assert judged["B=512 fp16, chunk 32: dpr-cache over the full batch"]["met"] is None  # no fit
     report["sections"] = {
         "memory": {"error": "x", "seconds": 1.0, "partial": {"rows": []}},
         "speed": report["sections"]["speed"],
     }
     page = render({**report, "goals": goals(report)})
     assert "What it measured before it stopped:" in page
-    assert "| dpr-cache chunk 32 | 150 | 3.410 |" in page
+    assert "| dpr-cache chunk 32 | 150 | 3.410 | 16 + 32 |" in page
     assert "GradCache's savings: not reached." in page
     # a section other than speed keeps its partial figures in gpu.json only
     assert "is in gpu.json (`partial`)" in page.split("## Speed")[0]
@@ -232,9 +301,9 @@ def test_host_waits_show_where_they_were_measured():
     section = {"result": speed, "seconds": 200.0}
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
     page = render({**report, "goals": goals(report)}).split("## Speed")[1]
-    assert "| dpr-cache chunk 128 | 678 | 0.756 | 14 (`engine.py:210` 12, " in page
-    assert "| full batch | out of memory |  |  |" in page
-    assert "| x | out of memory |  |\n" in page  # no column where nothing was measured
+    assert "| dpr-cache chunk 128 | 678 | 0.756 | 1 + 2 | 14 (`engine.py:210` 12, " in page
+    assert "| full batch | out of memory |  | the whole batch |  |" in page
+    assert "| x | out of memory |  | – |\n" in page  # no column where nothing was measured
 
 
 def test_allocator_counts_show_where_they_were_measured():
@@ -248,8 +317,8 @@ def test_allocator_counts_show_where_they_were_measured():
     section = {"result": speed, "seconds": 1.0}
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
     page = render({**report, "goals": goals(report)}).split("## Speed")[1]
-    assert "| dpr-cache chunk 256 | 780 | 0.656 | 3 malloc, 2.5 free, 0 flushes |" in page
-    assert "| full batch | out of memory |  |  |" in page
+    assert "| dpr-cache chunk 256 | 780 | 0.656 | 2 + 4 | 3 malloc, 2.5 free, 0 flushes |" in page
+    assert "| full batch | out of memory |  | the whole batch |  |" in page
 
 
 def test_the_profile_counts_each_kernel_once():
@@ -795,7 +864,8 @@ def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monke
     out = perf.add_fitting_full_batch(None, comparison, batch_of=lambda n: n, host_waits=False)
     assert tried == [256, 128]  # halved until it fits, each a batch of that size
     assert waits == [False, False]  # the comparison's choice, passed on
-    assert out["rows"]["full batch B=256"] == {"failed": "out of memory"}
+    full = {"engine": "full batch", "chunks": [1, 1]}
+    assert out["rows"]["full batch B=256"] == {"failed": "out of memory", **full}
     assert out["best"]["full batch"] == {"setting": "full batch B=128", "pairs_per_s": 128.0}
     tried.clear()  # a full batch that fitted at the comparison's batch is left alone
     fitted = {"batch": 8, "precision": "fp32", "rows": {"full batch": {"pairs_per_s": 5.0}}}
@@ -929,3 +999,288 @@ def test_a_section_stopped_part_way_keeps_what_it_measured():
     assert result["error"].startswith("SectionTimeout: stopped after 2 s"), result
     assert result["partial"] == {"rows": [{"precision": "bf16", "pairs_a_second": 2000.0}]}
     assert result["seconds"] < 10
+
+
+def test_each_row_names_its_chunks_and_one_chunk_a_tower_says_so():
+    """Rows of a run that recorded no chunks are read from their names (one hard negative);
+    a dpr-cache row whose towers are one chunk each re-encodes nothing: no GradCache work."""
+    from benchmarks.gpu_report_speed import chunks_text, setting_of
+
+    assert setting_of("dpr-cache chunk 32", {}, 512) == {
+        "engine": "dpr-cache",
+        "chunk": "32",
+        "chunks": [16, 32],
+    }
+    assert setting_of("dpr-cache chunk 512/256", {}, 512)["chunks"] == [1, 4]
+    assert setting_of("CachedMNRL rows 128", {}, 512)["chunks"] == [4, 8]
+    assert setting_of("CachedMNRL tokens 32768", {}, 512)["engine"] == "CachedMNRL tokens"
+    recorded = {"engine": "dpr-cache bucket 64", "chunk": "32", "chunks": [16, 32], "x": 1}
+    assert setting_of("anything", recorded, 512) == {k: recorded[k] for k in list(recorded)[:3]}
+    one = setting_of("dpr-cache chunk 256", {}, 128)
+    assert one["chunks"] == [1, 1]
+    assert chunks_text([1, 1], "dpr-cache") == (
+        "one chunk a tower: nothing re-encoded, no GradCache work"
+    )
+    assert chunks_text([1, 1], "GradCache library") == "one chunk a tower"
+    assert chunks_text([16, 32], "dpr-cache", prose=True) == "16 + 32 chunks a step"
+    assert chunks_text(None, "CachedMNRL tokens") == "chunks by tokens"
+    assert chunks_text([1, 1], "full batch") == "the whole batch"
+
+
+def test_the_cost_of_a_chunk_is_fitted_per_engine_and_shown_by_chunk():
+    from benchmarks.gpu_report_speed import chunk_cost_fit, render_speed
+
+    fit = chunk_cost_fit([(3, 0.3 + 0.003 * 3), (12, 0.3 + 0.003 * 12), (48, 0.3 + 0.003 * 48)])
+    assert fit["b_ms"] == pytest.approx(3.0) and fit["a_s"] == pytest.approx(0.3)
+    assert fit["largest_residual_ms"] == pytest.approx(0.0, abs=1e-9) and fit["chunks"] == [3, 48]
+    assert chunk_cost_fit([(12, 1.0), (12, 1.1)]) is None  # one chunk count: no line
+    comp = _comparison({**_step_rates(0.45, 3.0, 1.6), "full batch": 1024.0})
+    speed = {"comparisons": [comp], "tokens": [{"batch": 512, "questions": 7, "passages": 9}]}
+    page = "\n".join(render_speed(speed))
+    assert "| engine | chunk 32 | chunk 64 | chunk 128 | chunk 256 | chunk 512 |" in page
+    assert "| chunks a step | 16 + 32 | 8 + 16 | 4 + 8 | 2 + 4 | 1 + 2 |" in page
+    assert "| dpr-cache | 862 | 981 | 1,053 | 1,094 | 1,115 |" in page, page
+    assert "| dpr-cache | 3.0 | 0.450 | chunks 32 to 512 (48 to 3 chunks a step) | 0 |" in page
+    assert "Beside them, full batch: 1,024 pairs/s." in page
+    assert "Fastest of each: dpr-cache chunk 512 (1 + 2 chunks a step)" in page
+
+
+def test_a_goal_at_a_chunk_takes_its_fastest_setting_compiled_ones_against_their_own_full_batch():
+    from benchmarks.gpu_report_speed import speed_goals
+
+    comp = _comparison({**_step_rates(0.45, 40.0, 1.6), "full batch": 1024.0})
+    rows = {
+        "dpr-cache chunk 128 compiled bucket 64": {"pairs_per_s": 1100.0, "step_s": 0.465},
+        "dpr-cache chunk 32 compiled bucket 64": {"pairs_per_s": 1000.0, "step_s": 0.512},
+        "dpr-cache chunk 128 bucket 64": {"pairs_per_s": 700.0, "step_s": 0.73},
+        "full batch": {"pairs_per_s": 1000.0, "step_s": 0.512},
+    }
+    for name, row in rows.items():
+        engine = name.split(" ", 3)[-1] if "compiled" in name else "dpr-cache bucket 64"
+        engine = "full batch" if name == "full batch" else f"dpr-cache {engine}"
+        chunk = name.split()[2] if name != "full batch" else None
+        counts = {"128": [4, 8], "32": [16, 32]}.get(chunk, [1, 1])
+        row.update(engine=engine.replace("dpr-cache dpr-cache", "dpr-cache"), chunk=chunk)
+        row["chunks"] = counts
+    compiled = {"comparison": {"batch": 512, "precision": "fp16", "rows": rows, "best": {}}}
+    compiled["comparison"]["best"]["full batch"] = {"setting": "full batch", "pairs_per_s": 1e3}
+    judged = {g[0]: g for g in speed_goals({"comparisons": [comp]}, compiled)}
+    name, measured, _, met = judged["B=512 fp16, chunk 128: dpr-cache over the full batch"]
+    assert met is True and measured.startswith(
+        "1.10x: dpr-cache chunk 128 compiled bucket 64 (4 + 8 chunks a step), 1,100 pairs/s "
+        "against full batch's 1,000; eager 0."
+    ), measured
+    _, cost, _, met = judged[
+        "B=512 fp16: the cost of a chunk, dpr-cache (step = a + b x chunks a step, fitted)"
+    ]
+    # compiled: (0.512 - 0.465) s over 36 chunks, 1.3 ms; eager 40 ms
+    assert met is True and cost.startswith("1.3 ms: dpr-cache compiled bucket 64"), cost
+    assert cost.endswith("; eager 40.0 ms"), cost
+
+
+def test_a_variant_this_checkout_lacks_is_a_row_that_says_so(monkeypatch):
+    import types
+
+    import benchmarks.gpu_perf as perf
+    from benchmarks.gpu_perf import Variant
+
+    timed_names = []
+
+    def fake_interleave(steppers, batch, model, precision, rounds, host_waits=True, **kw):
+        timed_names.extend(steppers)
+        assert kw["warmups"] == {n: 2 if "compiled" in n else 1 for n in steppers}
+        return {n: {"step_s": 1.0, "pairs_per_s": 8.0, "times_s": [1.0]} for n in steppers}
+
+    monkeypatch.setattr(perf, "_interleave", fake_interleave)
+    monkeypatch.setattr(perf, "_own_stepper", lambda *a, **k: object())
+    monkeypatch.setattr(perf, "compile_towers_function", lambda: None)
+    batch = types.SimpleNamespace(n_questions=8, p_inputs={"input_ids": torch.zeros(16, 4)})
+    variants = [Variant(2, length_bucket=8), Variant(4, length_bucket=8, compile_mode="default")]
+    comp = perf.speed_comparison(
+        None, batch, "fp32", chunks=[2], cmnrl_rows=[], cmnrl_tokens=[], lib_chunks=[],
+        variants=variants,
+    )  # fmt: skip
+    rows = comp["rows"]
+    assert rows["dpr-cache chunk 4 compiled bucket 8"] == {
+        "engine": "dpr-cache compiled bucket 8",
+        "chunk": "4",
+        "chunks": [2, 4],
+        "failed": "not in this checkout: no dpr_cache.model.compiled.compile_towers",
+    }
+    assert "dpr-cache chunk 4 compiled bucket 8" not in timed_names
+    assert rows["dpr-cache chunk 2"]["chunks"] == [4, 8] and rows["full batch"]["pairs_per_s"]
+    if perf.missing_option(length_bucket=8) is None:  # the engine takes a length bucket
+        assert rows["dpr-cache chunk 2 bucket 8"]["pairs_per_s"] == 8.0
+    from dpr_cache.core.engine import GradCache
+
+    monkeypatch.setattr(perf, "_keywords", lambda fn: set() if fn is GradCache else {"x"})
+    assert perf.missing_option(length_bucket=8) == (
+        "not in this checkout: GradCache takes no length_bucket"
+    )
+
+
+def _fake_compile_towers(towers, mode="default"):
+    """The compile function's shape (towers compiled in place), compiling nothing."""
+    return len(towers)
+
+
+def test_the_compiled_checks_with_a_stand_in_compiler(monkeypatch):
+    """The checks' logic on the CPU, the towers left eager: the float64 gradient equals the
+    full batch's, the replayed re-forward equals the first pass and the control does not."""
+    from benchmarks import gpu_compiled, gpu_perf
+
+    monkeypatch.setattr(gpu_perf, "compile_towers_function", lambda: _fake_compile_towers)
+    device = torch.device("cpu")
+    fp64 = gpu_compiled.fp64_check(device, "default")
+    assert fp64["ok"] and len(fp64["errors"]) == 3 and fp64["relative_error"] < 1e-12, fp64
+    replay = gpu_compiled.replay_check(device, "default")
+    assert replay["ok"] and replay["replayed"]["within_bound"] == replay["replayed"]["chunks"]
+    assert replay["control_without_replay"]["largest"] > 1e-2 and replay["vs_eager_first_pass"] == 0
+
+
+def test_the_compiled_rate_with_a_stand_in_compiler(monkeypatch, tmp_path):
+    from benchmarks import gpu, gpu_compiled, gpu_perf
+    from benchmarks.gpu_perf import Variant
+
+    monkeypatch.setattr(gpu_perf, "compile_towers_function", lambda: _fake_compile_towers)
+    variants = [Variant(4, length_bucket=8, compile_mode="default")]
+    found = dict(
+        gpu_compiled.speed(
+            gpu.TINY, gpu.SQUAD, tmp_path / "squad", torch.device("cpu"), variants, 8, 1, "fp32"
+        )
+    )
+    rows = found["comparison"]["rows"]
+    bucket = "" if gpu_perf.missing_option(length_bucket=8) else " bucket 8"
+    compiled, eager = (
+        rows[f"dpr-cache chunk 4 compiled{bucket}"],
+        rows[f"dpr-cache chunk 4{bucket}"],
+    )
+    assert len(compiled["warmup_s"]) == 2 and len(eager["warmup_s"]) == 1, rows
+    assert compiled["chunks"] == [2, 4] and "pairs_per_s" in rows["full batch"]
+    assert found["compile_call_s"] >= 0 and "recompiles" in found["compiler"]
+
+
+def test_a_compiled_childs_figures_and_compilations_are_kept_when_it_stops(monkeypatch):
+    from benchmarks import gpu_compiled
+
+    stdout = "\n".join(
+        [
+            '{"key": "fp64", "value": {"relative_error": 1e-14}}',
+            "    compile 1 ended: 12.5 s",
+            "    dpr-cache chunk 128 compiled: warm-up 80.0 s",
+            "    compile 2 ended: 3.0 s",
+        ]
+    )
+    run = {"rc": None, "seconds": 150.0, "stdout": stdout, "stderr": "a\nThread 0x1 (most"}
+    monkeypatch.setattr(gpu_compiled, "child", lambda cmd, timeout, on_start=None: run)
+    found = gpu_compiled._in_child(["exact"], 150)
+    assert found["fp64"] == {"relative_error": 1e-14} and found["compiles_s"] == [12.5, 3.0]
+    assert found["error"]["why"] == "out of time after 150 s"
+    assert "dpr-cache chunk 128 compiled: warm-up 80.0 s" in found["error"]["progress"]
+    from benchmarks.gpu_report_speed import compiles_text
+
+    assert compiles_text(found) == "2 compilations (16 s in all, the longest 12.5 s)"
+
+
+def test_a_started_child_is_killed_alone_when_its_wait_runs_out_of_time(tmp_path):
+    import os
+    import sys
+    import time
+
+    from benchmarks.gpu_cli import Started, child
+
+    pid = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
+    started = Started(lambda on_start: child([sys.executable, "-c", code], 120, on_start=on_start))
+    _wait_for(pid)
+    begin = time.monotonic()
+    with _time_up_after(2), pytest.raises(TimeoutError):
+        started.result()
+    assert time.monotonic() - begin < 20
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # killed: reaped by its thread
+        try:
+            os.kill(int(pid.read_text()), 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the started child is still running")
+    quick = Started(
+        lambda on_start: child([sys.executable, "-c", "print(1)"], 30, on_start=on_start)
+    )
+    assert quick.result()["rc"] == 0
+
+
+def test_encoding_passages_have_nqs_100_words(tmp_path):
+    import csv
+
+    from benchmarks import gpu
+    from benchmarks.gpu_perf import _passages_tsv
+    from dpr_cache.data.squad import build_squad
+
+    build_squad(gpu.SQUAD, tmp_path / "squad")
+    tsv = _passages_tsv(tmp_path / "squad", tmp_path / "p.tsv", 3000)
+    with open(tsv, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert len(rows) == 3000 and {len(r["text"].split()) for r in rows} == {100}
+    assert len({r["text"] for r in rows}) > 2000  # the corpus's own passages before repeats
+
+
+def test_compiled_rows_and_checks_on_the_page():
+    from benchmarks import gpu_report
+
+    exact = {
+        "mode": "reduce-overhead",
+        "seconds": 61.0,
+        "compiles_s": [10.0, 5.0],
+        "fp64": {"case": "tiny: B=8", "errors": [1e-14] * 3, "relative_error": 1e-14,
+                 "bound": 1e-10, "step_s": [40.0, 0.1, 0.1], "length_bucket": 16, "ok": True},
+        "replay": {"dropout": 0.1, "bound": 1e-4, "ok": True, "vs_eager_first_pass": 0.0,
+                   "replayed": {"chunks": 9, "within_bound": 9, "largest": 2e-7},
+                   "control_without_replay": {"chunks": 9, "within_bound": 0, "largest": 0.4}},
+        "compiler": {"stats": {"unique_graphs": 4}, "recompiles": 3, "graph_breaks": 0,
+                     "recompile_limit": 8},
+    }  # fmt: skip
+    lines = "\n".join(gpu_report._compiled_exactness(exact))
+    assert "2 compilations (15 s in all, the longest 10.0 s)" in lines
+    assert "length bucket 16" in lines and "9/9 within 1e-04 (largest 2.0e-07)" in lines
+    assert "3 recompiles, 0 graph breaks; unique_graphs 4 (a frame recompiled 8 times" in lines
+    exact_rows = {
+        "fp64": [{"relative_error": 1e-14}],
+        "replay": [{"precision": "fp32", "ok": True}],
+    }
+    judged = gpu_report._exactness_goals({**exact_rows, "compiled": exact})
+    assert [g["met"] for g in judged] == [True, True, True, True]
+    assert judged[2]["goal"] == "fp64, B=8, chunk 3, towers compiled: GradCache = eager full batch"
+    missing = {"unavailable": "not in this checkout: no dpr_cache.model.compiled"}
+    assert "not checked (not in this checkout" in gpu_report._compiled_exactness(missing)[-1]
+    judged = gpu_report._exactness_goals({**exact_rows, "compiled": missing})
+    assert [g["met"] for g in judged[2:]] == [None, None]
+    child = {"why": "out of time after 150 s", "last_lines": ["x"], "progress": ["y"]}
+    stopped = {"mode": "reduce-overhead", "seconds": 150.0, "compiles_s": [30.0], "error": child}
+    page = "\n".join(gpu_report._SECTION["compilation"](stopped))
+    assert (
+        "1 compilation (30 s in all" in page
+        and "The child stopped (out of time after 150 s)" in page
+    )
+    assert gpu_report._SECTION["compilation"](missing)[-1] == (
+        "Not run: not in this checkout: no dpr_cache.model.compiled."
+    )
+
+
+def test_the_whole_suites_minutes_say_what_compilation_took():
+    done = {
+        "speed": {"result": {"comparisons": []}, "seconds": 140.0},
+        "compilation": {"result": {"unavailable": "x"}, "seconds": 150.0},
+    }
+    report = {
+        "dry_run": False,
+        "environment": _DEVICE,
+        "planned": ["speed", "compilation"],
+        "sections": done,
+        "seconds": 480.0,
+        "only": None,
+    }
+    (suite,) = [g for g in goals(report) if g["goal"] == "the whole suite in one run"]
+    assert suite["measured"] == "8.0 min (of which compilation 150 s)" and suite["met"] is False
