@@ -200,10 +200,13 @@ def speed(
     rounds: int,
     precision: str = "fp16",
 ) -> Iterator[tuple[str, dict]]:
-    """Each compiled variant's step beside the same setting eager and the full batch (a model
-    of its own, eager), interleaved at ``batch_size``; a variant whose length bucket this
-    checkout lacks runs without it. The compile's one-time cost is in each compiled row's
-    warm-up steps (the first compiles), not in its pairs/s; the compiler's counters after."""
+    """Each compiled variant in a group of its own, in order, its step beside the same
+    setting eager and the full batch (a model of its own, eager), interleaved at
+    ``batch_size``; a variant whose length bucket this checkout lacks runs without it. Each
+    group is yielded as it ends (``comparisons``, every group so far), so that a stop in a
+    later variant's compilations keeps an earlier one's rows. The compile's one-time cost is
+    in each compiled row's warm-up steps (the first compiles), not in its pairs/s; the
+    compiler's counters after each group."""
     from dpr_cache.model.biencoder import BiEncoder
 
     def load():
@@ -216,34 +219,35 @@ def speed(
     start = time.perf_counter()
     towers = compiled_towers(to_compile, device, variants[0].compile_mode)
     yield "compile_call_s", round(time.perf_counter() - start, 2)
-    runnable = [
-        v if gpu_perf.missing_option(v.length_bucket) is None else replace(v, length_bucket=None)
-        for v in variants
-    ]
-    beside = [replace(v, compile_mode=None) for v in runnable]  # the same settings, eager
-    comparison = gpu_perf.speed_comparison(
-        eager,
-        batch,
-        precision,
-        chunks=[],
-        cmnrl_rows=[],
-        cmnrl_tokens=[],
-        lib_chunks=[],
-        variants=[*runnable, *beside],
-        compiled=towers,
-        rounds=rounds,
-        host_waits=False,
-        others=[to_compile],
-    )
-    comparison = gpu_perf.add_fitting_full_batch(
-        eager,
-        comparison,
-        lambda n: gpu_perf.squad_batch(eager, squad_gz, squad_dir, n),
-        rounds,
-        host_waits=False,
-    )
-    yield "comparison", comparison
-    yield "compiler", _compiler_counters()
+    done = []
+    for v in variants:
+        if gpu_perf.missing_option(v.length_bucket) is not None:
+            v = replace(v, length_bucket=None)
+        comparison = gpu_perf.speed_comparison(
+            eager,
+            batch,
+            precision,
+            chunks=[],
+            cmnrl_rows=[],
+            cmnrl_tokens=[],
+            lib_chunks=[],
+            variants=[v, replace(v, compile_mode=None)],  # compiled, and the same eager
+            compiled=towers,
+            rounds=rounds,
+            host_waits=False,
+            others=[to_compile],
+        )
+        done.append(
+            gpu_perf.add_fitting_full_batch(
+                eager,
+                comparison,
+                lambda n: gpu_perf.squad_batch(eager, squad_gz, squad_dir, n),
+                rounds,
+                host_waits=False,
+            )
+        )
+        yield "comparisons", done
+        yield "compiler", _compiler_counters()
 
 
 def _print_each_compile() -> None:

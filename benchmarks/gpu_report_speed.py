@@ -124,9 +124,26 @@ def _goal_comparison(speed: dict | None) -> dict | None:
     return None
 
 
-def _compiled_comparison(compiled: dict | None) -> dict | None:
-    comp = (compiled or {}).get("comparison")
-    return comp if comp and comp.get("batch") == GOAL_BATCH else None
+def _compiled_comparisons(compiled: dict | None) -> list[dict]:
+    """The compiled groups at the goals' batch (one per compiled setting)."""
+    compiled = compiled or {}
+    comps = compiled.get("comparisons") or (
+        [compiled["comparison"]] if "comparison" in compiled else []
+    )
+    return [c for c in comps if c.get("batch") == GOAL_BATCH]
+
+
+def _joined(comps: list[dict]) -> dict | None:
+    """The groups' rows in one comparison, each group's full batch left out (for the fits)."""
+    if not comps:
+        return None
+    rows = {
+        name: row
+        for comp in comps
+        for name, row in comp["rows"].items()
+        if not name.startswith("full batch")
+    }
+    return {**comps[0], "rows": rows}
 
 
 def _full(comp: dict) -> tuple[str, float] | None:
@@ -150,14 +167,15 @@ def _timed_chunks(comp: dict) -> str:
     return ", ".join(labels) or "none"
 
 
-def _full_batch_goal(comp, compiled, chunk: int, target: float) -> tuple:
+def _full_batch_goal(comp, compiled: list[dict], chunk: int, target: float) -> tuple:
     """dpr-cache at ``chunk`` (its fastest setting: eager, a variant, compiled) over the full
     batch timed beside it."""
     name = f"B={GOAL_BATCH} {GOAL_PRECISION}, chunk {chunk}: dpr-cache over the full batch"
     want = f">= {target}x the full batch of {GOAL_BATCH} (or the largest that fits)"
     tries = []
-    for group, engines in ((comp, "dpr-cache"), (compiled, "dpr-cache compiled")):
-        full = _full(group) if group else None
+    groups = [(comp, "dpr-cache"), *((c, "dpr-cache compiled") for c in compiled)]
+    for group, engines in groups:
+        full = _full(group)
         for setting, row, s in _at_chunk(group, chunk, engines) if full else []:
             tries.append((row["pairs_per_s"] / full[1], setting, row, s, full))
     if not tries:
@@ -192,7 +210,7 @@ def _peer_goal(comp, chunk: int, peer: str, pattern: str) -> tuple:
     )
 
 
-def _chunk_cost_goal(comp, compiled) -> tuple:
+def _chunk_cost_goal(comp, compiled: list[dict]) -> tuple:
     """The smallest cost of a chunk of dpr-cache's engines (eager, variants, compiled)."""
     name = (
         f"B={GOAL_BATCH} {GOAL_PRECISION}: the cost of a chunk, dpr-cache "
@@ -200,8 +218,9 @@ def _chunk_cost_goal(comp, compiled) -> tuple:
     )
     want = f"<= {CHUNK_COST_GOAL_MS:g} ms"
     ours = {e: f for e, f in fits(comp).items() if e.startswith("dpr-cache")}
-    if compiled:
-        ours.update({e: f for e, f in fits(compiled).items() if "compiled" in e})
+    joined = _joined(compiled)
+    if joined:
+        ours.update({e: f for e, f in fits(joined).items() if "compiled" in e})
     if not ours:
         return name, "not measured (fewer than two chunk counts timed)", want, None
     engine, fit = min(ours.items(), key=lambda item: item[1]["b_ms"])
@@ -224,7 +243,7 @@ def speed_goals(speed: dict | None, compiled: dict | None) -> list[tuple]:
     comp = _goal_comparison(speed)
     if comp is None:
         return []
-    comp_compiled = _compiled_comparison(compiled)
+    comp_compiled = _compiled_comparisons(compiled)
     out = [_full_batch_goal(comp, comp_compiled, c, t) for c, t in FULL_BATCH_GOALS]
     for chunk in PEER_GOAL_CHUNKS:
         out += [_peer_goal(comp, chunk, peer, pattern) for peer, pattern in PEERS]
@@ -450,6 +469,27 @@ def counters_text(counters: dict) -> str:
     return text
 
 
+def _compiled_group(comp: dict) -> list[str]:
+    """One compiled setting's group: its rows with their warm-up steps."""
+    lines = [
+        "",
+        f"B={comp['batch']}, {comp['precision']}{_how_timed(comp)}:",
+        "",
+        "| setting | pairs/s | step s | chunks a step | warm-up steps s |",
+        "|---|--:|--:|---|---|",
+    ]
+    for name, row in comp["rows"].items():
+        s = setting_of(name, row, comp["batch"])
+        warm = ", ".join(f"{x:.1f}" for x in row.get("warmup_s", []))
+        if "pairs_per_s" in row:
+            rate = [f"{row['pairs_per_s']:.0f}", f"{row['step_s']:.3f}"]
+        else:
+            rate = [row.get("failed", "not timed"), ""]
+        chunks = chunks_text(s["chunks"], s["engine"])
+        lines.append(f"| {name} | {' | '.join(rate)} | {chunks} | {warm} |")
+    return lines
+
+
 def render_compilation(r: dict) -> list[str]:
     """The compiled rows at the goals' batch, the compile's one-time cost apart."""
     if "unavailable" in r:
@@ -457,8 +497,9 @@ def render_compilation(r: dict) -> list[str]:
     lines = [
         "",
         f"dpr-cache's towers compiled (`compile_towers`, mode `{r.get('mode')}`) in a process of "
-        "its own, beside the same chunks eager and the full batch (a model of its own), "
-        "interleaved. A compiled setting's first warm-up step compiles and its second records "
+        "its own: each compiled setting in a group of its own, in order, beside the same setting "
+        "eager and the full batch (a model of its own), interleaved; the fits join the groups. "
+        "A compiled setting's first warm-up step compiles and its second records "
         "what the first left (new shapes, CUDA graphs): their seconds are the compile's "
         "one-time cost, not in pairs/s.",
     ]
@@ -466,27 +507,11 @@ def render_compilation(r: dict) -> list[str]:
         lines += ["", f"`compile_towers` itself returned in {r['compile_call_s']:.1f} s."]
     if compiles_text(r):
         lines += ["", f"The process ran {compiles_text(r)}."]
-    comp = r.get("comparison")
-    if comp:
-        lines += [
-            "",
-            f"B={comp['batch']}, {comp['precision']}{_how_timed(comp)}:",
-            "",
-            "| setting | pairs/s | step s | chunks a step | warm-up steps s |",
-            "|---|--:|--:|---|---|",
-        ]
-        for name, row in comp["rows"].items():
-            s = setting_of(name, row, comp["batch"])
-            warm = ", ".join(f"{x:.1f}" for x in row.get("warmup_s", []))
-            if "pairs_per_s" in row:
-                rate = [f"{row['pairs_per_s']:.0f}", f"{row['step_s']:.3f}"]
-            else:
-                rate = [row.get("failed", "not timed"), ""]
-            lines.append(
-                f"| {name} | {' | '.join(rate)} | {chunks_text(s['chunks'], s['engine'])} "
-                f"| {warm} |"
-            )
-        lines += _fits(comp)
+    comps = r.get("comparisons") or ([r["comparison"]] if r.get("comparison") else [])
+    for comp in comps:
+        lines += _compiled_group(comp)
+    if len(comps) > 1:
+        lines += _fits(_joined(comps))
     if r.get("compiler"):
         lines += ["", f"The compiler in that process: {counters_text(r['compiler'])}."]
     if r.get("error"):
