@@ -32,6 +32,10 @@ __all__ = [
 
 
 Precision = Literal["fp32", "bf16", "fp16"]
+# where a command encodes (index, eval): auto is resolved for its device by
+# runtime.device.resolve_precision (bf16 on CUDA from compute capability 8.0, else fp16; fp32
+# on the CPU)
+EncodePrecision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
 class _Section(BaseModel):
@@ -140,7 +144,7 @@ class TrainConfig(_Section):
 class IndexConfig(_Section):
     type: Literal["flat", "ivf", "ivfpq", "hnsw"] = "flat"
     device: str = "auto"  # where `index` encodes the passages: auto | cpu | cuda | cuda:N
-    precision: Precision = "fp32"  # autocast of the passage encoder
+    precision: EncodePrecision = "auto"  # autocast of the passage encoder
     batch_size: int = Field(128, ge=1)  # passages per encoding batch
     shard_size: int = Field(50_000, ge=1)  # passages per on-disk shard (resumable unit)
     store_dtype: Literal["float16", "float32"] = "float16"  # stored vectors; scores in float32
@@ -158,7 +162,7 @@ class EvalConfig(_Section):
     top_k: list[int] = Field(default_factory=lambda: [1, 5, 20, 100])
     match: Literal["string", "regex"] = "string"
     device: str = "auto"  # where `eval` encodes the questions: auto | cpu | cuda | cuda:N
-    precision: Precision = "fp32"  # autocast of the question encoder
+    precision: EncodePrecision = "auto"  # autocast of the question encoder
     batch_size: int = Field(128, ge=1)
     fusion: Literal["none", "linear", "rrf"] = "none"  # BM25 fused with the dense ranking
     fusion_weight: float | Literal["auto"] = 1.1  # linear: the dense score's weight

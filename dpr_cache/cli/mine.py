@@ -80,7 +80,12 @@ def mine(
         float | None, typer.Option(help="--teacher hybrid: the dense score's weight.")
     ] = None,
     precision: Annotated[
-        str, typer.Option(help="A cross-encoder teacher's: auto, fp32, bf16 or fp16.")
+        str,
+        typer.Option(
+            help="The autocast of --ranker model's question encoder and of a cross-encoder "
+            "teacher: auto (bf16 on a GPU from compute capability 8.0, else fp16; fp32 on "
+            "CPU), fp32, bf16 or fp16."
+        ),
     ] = "auto",
     batch: Annotated[int, typer.Option(help="Questions per part (resumable unit).")] = 2048,
     memory_gb: MemoryOpt = default_of("index.memory_gb"),
@@ -114,8 +119,8 @@ def mine(
 
     if match not in ("string", "regex", "none"):
         raise InputError(f"--match: {match!r} is not one of string, regex, none")
-    if teacher is None and (fusion_weight is not None or precision != "auto"):
-        raise InputError("--fusion-weight and --precision are the teacher's: give --teacher")
+    if teacher is None and fusion_weight is not None:
+        raise InputError("--fusion-weight is the hybrid teacher's: give --teacher hybrid")
     check_search_flags(memory_gb, nprobe, ef_search)
     rules = NegativeRules(
         None if match == "none" else match,
@@ -125,12 +130,18 @@ def mine(
         teacher_relative,
     )
     taught = None
-    if teacher is not None:
+    if teacher is not None:  # --precision is a cross-encoder's; bm25 and hybrid score in fp32
+        crossed = TeacherSpec(teacher).kind == "cross-encoder"
         taught = TeacherSpec(
-            teacher, fusion_weight=fusion_weight, precision=precision, device=device
+            teacher,
+            fusion_weight=fusion_weight,
+            precision=precision if crossed else "auto",
+            device=device,
         )
     spec = MineSpec(negatives, depth, skip, keep_bm25, rules, batch)
-    ranks = RankerSpec(ranker, model, index, passages, nprobe, ef_search, memory_gb, device)
+    ranks = RankerSpec(
+        ranker, model, index, passages, nprobe, ef_search, memory_gb, device, precision
+    )
     summary = mine_file(
         ranks,
         train,

@@ -143,14 +143,20 @@ def _refuse_train_keys(overrides: list[str] | None, command: str, cfg) -> None:
             name = key.split(".")[1]
             raise InputError(f"{key}: {command} encodes on {command}.{name}; set that instead")
     section = getattr(cfg, command)
-    for name, default in (("device", "auto"), ("precision", "fp32")):
+    for name in ("device", "precision"):
         trained, used = getattr(cfg.train, name), getattr(section, name)
-        if trained != default and used == default:
+        if trained != _default(cfg.train, name) and used == _default(section, name):
             print(
                 f"note: {command} encodes with {command}.{name}: {used} (train.{name}: "
                 f"{trained} is train's own)",
                 file=sys.stderr,
             )
+
+
+def _default(section, name: str):
+    """The default of a config section's key (train's precision has no auto; index's and
+    eval's default to it)."""
+    return type(section).model_fields[name].get_default(call_default_factory=True)
 
 
 @app.command(cls=Command)

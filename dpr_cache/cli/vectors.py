@@ -41,7 +41,11 @@ def encode(
         "index.device"
     ),
     precision: Annotated[
-        str, typer.Option(help="The encoder's autocast: fp32, bf16 or fp16.")
+        str,
+        typer.Option(
+            help="The encoder's autocast: auto (bf16 on a GPU from compute capability 8.0, "
+            "else fp16; fp32 on CPU), fp32, bf16 or fp16."
+        ),
     ] = default_of("index.precision"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -115,8 +119,12 @@ def search(
         str, typer.Option(help="Where --questions are encoded: auto, cpu or cuda.")
     ] = "auto",
     precision: Annotated[
-        str, typer.Option(help="The question encoder's autocast: fp32, bf16 or fp16.")
-    ] = "fp32",
+        str,
+        typer.Option(
+            help="The question encoder's autocast: auto (bf16 on a GPU from compute "
+            "capability 8.0, else fp16; fp32 on CPU), fp32, bf16 or fp16."
+        ),
+    ] = default_of("eval.precision"),
     fusion: Annotated[
         str, typer.Option(help="none, linear (BM25 + weight x dense) or rrf, with BM25.")
     ] = default_of("eval.fusion"),

@@ -1,5 +1,6 @@
-"""Devices and numeric precision: which device a process runs on and what ``fp32 | bf16 | fp16``
-mean for autocast. The one place that maps a device preference or a precision name."""
+"""Devices and numeric precision: which device a process runs on, which precision ``auto``
+stands for there, and what ``fp32 | bf16 | fp16`` mean for autocast. The one place that maps a
+device preference or a precision name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dpr_cache.errors import InputError
 __all__ = [
     "PRECISIONS",
     "resolve_device",
+    "resolve_precision",
     "precision_dtype",
     "autocast",
     "deterministic_kernels",
@@ -48,6 +50,25 @@ def resolve_device(
             rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
             device = torch.device("cuda", rank)
     return device
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The precision a model runs in on ``device``: ``fp32``, ``bf16`` or ``fp16`` as named, and
+    ``auto`` by the device.
+
+    ``auto`` on CUDA is bf16 from compute capability 8.0 (the GPU's own bf16; an older one only
+    emulates it, slowly) and fp16 below it; on ROCm bf16; on any other device (the CPU) fp32.
+    So ``auto`` never means fp32 on a GPU, and nothing here turns TF32 on: an fp32 asked for
+    runs PyTorch's default full-precision fp32 matmuls on any device. ValueError for a name
+    that is none of these.
+    """
+    if precision == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        major, _ = torch.cuda.get_device_capability(device)
+        return "bf16" if torch.version.hip is not None or major >= 8 else "fp16"
+    precision_dtype(precision)  # ValueError for an unknown name
+    return precision
 
 
 def precision_dtype(precision: str) -> torch.dtype:

@@ -18,21 +18,32 @@ N_TOY_PASSAGES = len((TOY / "passages.tsv").read_text().splitlines()) - 1  # les
 
 
 def test_index_and_eval_encode_in_their_own_precision(tmp_path) -> None:
-    runs = {}
-    for precision in ("fp32", "bf16"):
+    """fp32 and bf16 as asked; auto (the default) is fp32 on the CPU: recorded as fp32, never
+    as auto, the same bits and the same shards as fp32 asked for."""
+    runs, keys = {}, {}
+    for precision in ("fp32", "bf16", "auto"):
+        asked = {"index.precision": precision, "eval.precision": precision}
+        if precision == "auto":
+            asked = {}  # the default
         args = ["--config", "configs/toy.yaml", "--model", TINY, "-q",
-                *toy_overrides(tmp_path / precision, **{"index.precision": precision,
-                                                        "eval.precision": precision})]  # fmt: skip
+                *toy_overrides(tmp_path / precision, **asked)]  # fmt: skip
         run_cli("index", *args)
         run_cli("eval", *args)
         out = tmp_path / precision / "run"
         meta = json.loads((out / "index" / "meta.json").read_text())
-        assert meta["model"]["precision"] == precision and meta["encode"]["precision"] == precision
+        used = "fp32" if precision == "auto" else precision
+        assert meta["model"]["precision"] == used and meta["encode"]["precision"] == used
+        metrics = json.loads((out / "eval" / "metrics.json").read_text())
+        assert metrics["measured"]["questions_encoded"] == {"device": "cpu", "precision": used}
+        keys[precision] = meta["shard_key"]
         runs[precision] = (index_vectors(out / "index")[0], (out / "eval" / "run.trec").read_text())
     (fp32, run32), (bf16, run16) = runs["fp32"], runs["bf16"]
     assert (fp32 != bf16).mean() > 0.1  # bf16 asked, bf16 used (fp32 twice: the same bits)
     np.testing.assert_allclose(fp32, bf16, atol=0.01)
     assert run32 != run16  # the questions too: other scores
+    auto, run_auto = runs["auto"]
+    assert np.array_equal(auto, fp32) and run_auto == run32  # auto on the CPU: fp32's bits
+    assert keys["auto"] == keys["fp32"] != keys["bf16"]  # the key holds the precision used
 
 
 def test_train_keys_are_train_own(tmp_path) -> None:
@@ -48,8 +59,12 @@ def test_train_keys_are_train_own(tmp_path) -> None:
             )
     noted = run_cli("index", "--config", "configs/nq_bs512.yaml", "--model", TINY, "-q",
                     *toy_overrides(tmp_path / "nq", **{"data.passages": TOY / "passages.tsv",
-                                                      "index.precision": "fp32"}))  # fmt: skip
-    assert "note: index encodes with index.precision: fp32 (train.precision: fp16" in noted.stderr
+                                                      "index.precision": "auto"}))  # fmt: skip
+    assert "note: index encodes with index.precision: auto (train.precision: fp16" in noted.stderr
+    unnoted = run_cli("index", "--config", "configs/nq_bs512.yaml", "--model", TINY, "-q",
+                      *toy_overrides(tmp_path / "nq", **{"data.passages": TOY / "passages.tsv",
+                                                        "index.precision": "fp32"}))  # fmt: skip
+    assert "note:" not in unnoted.stderr  # index.precision set apart from its default
 
 
 def test_encode_records_what_it_ran_with(tmp_path) -> None:
@@ -58,7 +73,7 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
     run_cli(*base, "--questions", str(TOY / "dev.qa.tsv"), "--out", str(tmp_path / "q"))
     record = json.loads((tmp_path / "q" / "encode.json").read_text())
     assert record["max_length"] == 32 and record["pooling"] == "cls"  # DPR's, as the model says
-    assert record["store_dtype"] == "float32" and record["precision"] == "fp32"
+    assert record["store_dtype"] == "float32" and record["precision"] == "fp32"  # auto on CPU
     for precision in ("fp32", "bf16"):
         out = tmp_path / f"p-{precision}"
         run_cli(*base, "--passages", str(TOY / "passages.tsv"), "--out", str(out),

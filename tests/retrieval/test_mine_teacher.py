@@ -106,7 +106,13 @@ def test_teacher_options_are_checked_in_one_line(train, tmp_path) -> None:
         (["--teacher-margin", "1"], "--teacher-margin and --teacher-relative need --teacher"),
         (["--teacher", "bm25", "--teacher-relative", "1.5"], "must be in (0, 1]"),
         (["--teacher", "bm25", "--teacher-margin", "-1"], "--teacher-margin -1.0 must be >= 0"),
-        (["--fusion-weight", "2"], "--fusion-weight and --precision are the teacher's"),
+        (["--fusion-weight", "2"], "--fusion-weight is the hybrid teacher's: give --teacher"),
+        (["--precision", "bf16"], "--precision bf16: mine --ranker bm25 runs a model only as"),
+        (
+            ["--teacher", "bm25", "--teacher-margin", "1", "--precision", "fp32"],
+            "--precision fp32: mine --ranker bm25 runs a model only as a cross-encoder",
+        ),
+        (["--precision", "fp8"], "--precision: 'fp8' is not one of auto, fp32, bf16, fp16"),
         (["--teacher", str(TOY / "tiny-bert"), "--teacher-margin", "1"], "not a cross-encoder"),
         (["--teacher", "hybrid", "--teacher-margin", "1"], "hybrid: give --model DIR and --index"),
     ]

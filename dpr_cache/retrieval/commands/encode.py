@@ -28,7 +28,8 @@ def encode_questions(
 ) -> tuple[np.ndarray, list[str], EncodeSpec]:
     """The query tower's vectors [n, d] float32 of a qas file's questions, their ids (the
     file's own, ``X.ids.txt``, else its row numbers), and ``spec`` with what it left to the
-    model filled in (``max_length`` None: the model's saved question length)."""
+    model or the device filled in (``max_length`` None: the model's saved question length;
+    ``precision`` auto: as resolved on ``device``)."""
     model = load_encoder(
         model_dir,
         pooling=spec.pooling,
@@ -44,6 +45,7 @@ def encode_questions(
     vectors = question_vectors(model, [q for q, _ in qas], run, max_length=length)
     used = dataclasses.replace(
         spec,
+        precision=run.precision,
         max_length=length,
         pooling=model.pooling,
         normalize=model.normalize,
@@ -96,6 +98,7 @@ def encode_file(
         record = {"model": str(model_dir), "passages": str(passages), "shard_key": encoded.key}
         record.update(
             dataclasses.asdict(spec),
+            precision=encoded.precision,
             max_length=encoded.max_length,
             pooling=encoded.pooling,
             normalize=encoded.normalize,

@@ -8,7 +8,9 @@ qrels, e.g. a BEIR set's) when given. Writes into ``--out`` (default ``output_di
 ``retrieval.json`` (DPR's results file), ``retrieval.pyserini.json`` (the same for pyserini's
 DPR evaluator), ``run.trec`` (trec_eval, ranx and ir-measures read it),
 ``metrics.json`` (``top{k}``, ``mrr@10``, ``recall@{k}``, ``ndcg@10`` in percent,
-``n_questions``, and what was measured: model fingerprint, index, data files, command line),
+``n_questions``, and what was measured: model fingerprint, the device and precision the
+questions were encoded in (``eval.precision: auto`` as resolved), index, data files, command
+line),
 ``config.yaml`` (the resolved config) and ``timings.json`` (seconds per stage).
 """
 
@@ -186,6 +188,7 @@ def evaluate(
             "judged_questions": len(judged),
             "unjudged_questions": len(qids) - len(judged),
             "model": {"dir": str(model_dir), "fingerprint": model_fingerprint(model_dir)},
+            "questions_encoded": {"device": str(dev), "precision": run.precision},
             "index": {
                 "dir": str(opened.path.resolve()),
                 **{

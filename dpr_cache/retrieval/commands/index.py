@@ -90,7 +90,8 @@ def index_passages(
     progress: bool = True,
 ) -> Path:
     """Encode ``passages`` into ``out/shards`` and, on rank 0, finish the index over them
-    within ``memory_gb`` (see :func:`finish_index`)."""
+    within ``memory_gb`` (see :func:`finish_index`). meta.json records the precision the
+    passages were encoded in (an ``auto`` as resolved on ``device``)."""
     encoded = encode_passage_shards(
         passages,
         model_dir,
@@ -105,6 +106,7 @@ def index_passages(
     )
     if rank != 0:
         return out
+    encode = dataclasses.replace(encode, precision=encoded.precision)  # auto as resolved
     extra = {
         "model": {
             "dir": str(model_dir),
@@ -112,7 +114,7 @@ def index_passages(
             "pooling": encoded.pooling,
             "normalize": encoded.normalize,
             "max_passage_length": encoded.max_length,
-            "precision": encode.precision,
+            "precision": encoded.precision,
             "max_query_length": encode.max_query_length,
             "query_prefix": encoded.query_prefix,
             "passage_prefix": encoded.passage_prefix,

@@ -21,6 +21,7 @@ from dpr_cache.retrieval.mining.rules import MineSpec, check_spec
 from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import check_output_file
+from dpr_cache.runtime.device import PRECISIONS
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 
@@ -30,7 +31,8 @@ __all__ = ["RankerSpec", "mine_file", "format_summary"]
 @dataclass(frozen=True)
 class RankerSpec:
     """What ranks the candidates: ``model`` (the model that encoded ``index``; ``passages``
-    default to the index's own) or ``bm25`` (over ``passages``), and how a search may run."""
+    default to the index's own) or ``bm25`` (over ``passages``), how a search may run, and the
+    precision the model encodes the questions in (``auto``: resolved for the device)."""
 
     name: str = "model"
     model: str | None = None
@@ -40,10 +42,12 @@ class RankerSpec:
     ef_search: int = 128
     memory_gb: float | None = None  # the whole process's peak; None: memory_limit's default
     device: str = "auto"
+    precision: str = "auto"
 
-    def check(self, hybrid_teacher: bool = False) -> None:
+    def check(self, teacher: str | None = None) -> None:
         """InputError when the ranker is unknown or its inputs are missing or foreign (a hybrid
-        teacher takes --model and --index under either ranker)."""
+        teacher takes --model and --index under either ranker), or when a precision is asked
+        for that no model here runs in (``teacher``: the teacher's kind, if any)."""
         if self.name not in RANKERS:
             raise InputError(f"--ranker: {self.name!r} is not one of {', '.join(RANKERS)}")
         if self.name == "model" and (self.model is None or self.index is None):
@@ -51,8 +55,17 @@ class RankerSpec:
         if self.name == "bm25":
             if self.passages is None:
                 raise InputError("mine --ranker bm25: give --passages TSV")
-            if not hybrid_teacher and (self.model is not None or self.index is not None):
+            if teacher != "hybrid" and (self.model is not None or self.index is not None):
                 raise InputError("mine --ranker bm25: ranks with no --model or --index")
+        if self.precision not in ("auto", *PRECISIONS):
+            raise InputError(
+                f"--precision: {self.precision!r} is not one of auto, {', '.join(PRECISIONS)}"
+            )
+        if self.name == "bm25" and teacher != "cross-encoder" and self.precision != "auto":
+            raise InputError(
+                f"--precision {self.precision}: mine --ranker bm25 runs a model only as a "
+                "cross-encoder --teacher"
+            )
 
 
 def mine_file(
@@ -70,7 +83,7 @@ def mine_file(
     """Mine ``train`` into ``out`` with the ranker asked for; rank 0 returns the summary.
     ``teacher`` (its own options; the passages, model and index are the ranker's) scores the
     candidates for the teacher rule."""
-    ranker.check(hybrid_teacher=teacher is not None and teacher.kind == "hybrid")
+    ranker.check(teacher.kind if teacher is not None else None)
     check_spec(spec)
     if teacher is None and spec.rules.by_teacher:
         raise InputError("mine: --teacher-margin and --teacher-relative need --teacher")
@@ -96,6 +109,7 @@ def mine_file(
                     cache_dir=cache_dir,
                     memory_gb=ranker.memory_gb,
                     device=env.device,
+                    precision=ranker.precision,
                     rank=env.rank,
                     world_size=env.world_size,
                 )

@@ -67,7 +67,7 @@ class SearchSpec:
     ef_search: int = 128
     tag: str = "dpr-cache"
     device: str = "auto"
-    precision: str = "fp32"
+    precision: str = "auto"  # resolved for the device (QuestionRun)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dpr_cache.model.loading import load_encoder
 from dpr_cache.retrieval.dense.encode import encode_question_texts
 from dpr_cache.retrieval.dense.index import OpenIndex, check_model, query_encoding
 from dpr_cache.retrieval.dense.shards import DEFAULT_QUERY_LENGTH
+from dpr_cache.runtime.device import resolve_precision
 
 __all__ = ["QuestionRun", "query_tower", "question_vectors"]
 
@@ -30,11 +31,15 @@ __all__ = ["QuestionRun", "query_tower", "question_vectors"]
 @dataclass(frozen=True)
 class QuestionRun:
     """Where and how a command encodes its questions: its own device, autocast precision
-    (fp32 | bf16 | fp16) and batch size."""
+    (fp32 | bf16 | fp16; ``auto`` is resolved for the device on creation, so ``precision``
+    always names the one used) and batch size."""
 
     device: torch.device
     precision: str = "fp32"
     batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
 
 
 def query_tower(

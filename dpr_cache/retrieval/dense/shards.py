@@ -25,6 +25,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.loading import load_encoder, model_fingerprint
 from dpr_cache.retrieval.dense.encode import encode_corpus
 from dpr_cache.retrieval.dense.store import Shard, ids_path
+from dpr_cache.runtime.device import resolve_precision
 
 __all__ = [
     "EncodeSpec",
@@ -126,9 +127,10 @@ def wait_for_shards(shard_dir: Path, key: str, sizes: list[int]) -> None:
 @dataclass(frozen=True)
 class EncodeSpec:
     """How texts become stored vectors: the tokens kept, the model's pooling, normalization and
-    prompts (None: as the model saved them), the precision the encoder runs in, the stored dtype
-    and shard size, and the batches (length-sorted, tokenized ``num_workers`` processes
-    ahead)."""
+    prompts (None: as the model saved them), the precision the encoder runs in (``auto``:
+    resolved for the device it runs on, :func:`~dpr_cache.runtime.device.resolve_precision`),
+    the stored dtype and shard size, and the batches (length-sorted, tokenized ``num_workers``
+    processes ahead)."""
 
     max_length: int | None = None  # None: as the model saved it, else DPR's
     max_query_length: int | None = None  # the questions' (recorded by an index); None: the model's
@@ -136,7 +138,7 @@ class EncodeSpec:
     normalize: bool | None = None
     query_prefix: str | None = None
     passage_prefix: str | None = None
-    precision: str = "fp32"
+    precision: str = "auto"
     store_dtype: str = "float16"
     shard_size: int = 50_000
     batch_size: int = 128
@@ -157,6 +159,7 @@ class EncodedShards:
     normalize: bool
     query_prefix: str  # the model's, recorded so that its questions are encoded alike
     passage_prefix: str
+    precision: str  # the precision the passages were encoded in (``auto`` resolved)
     encoded: int  # passages encoded by this call (the rest were on disk already)
     seconds: float  # its encoding
     open_seconds: float  # its reading of the passages (the TSV into its Arrow cache, or the cache)
@@ -199,7 +202,9 @@ def encode_passage_shards(
 ) -> EncodedShards:
     """Encode this rank's missing shards of ``passages`` (shard k is rank ``k % world_size``'s)
     into ``shard_dir``; rank 0 then waits for every shard. ``check(rows, dim)`` runs before
-    any encoding (e.g. that the index type suits the corpus)."""
+    any encoding (e.g. that the index type suits the corpus). The spec's precision is resolved
+    for ``device`` first: the shards' key and what is returned hold fp32, bf16 or fp16, never
+    ``auto``."""
     start = time.perf_counter()
     dataset = load_passages(passages, cache_dir)
     open_seconds = time.perf_counter() - start
@@ -215,6 +220,7 @@ def encode_passage_shards(
     if check is not None:
         check(n, model.dim)
     length = spec.max_length or model.max_passage_length or DEFAULT_PASSAGE_LENGTH
+    precision = resolve_precision(spec.precision, device)
     fingerprint, signature = model_fingerprint(model_dir), passages_signature(passages)
     key = shard_key(
         fingerprint,
@@ -222,7 +228,7 @@ def encode_passage_shards(
         shard_size=spec.shard_size,
         max_length=length,
         pooling=model.pooling,
-        precision=spec.precision,
+        precision=precision,
         store_dtype=spec.store_dtype,
         normalize=model.normalize,
         passage_prefix=model.passage_prefix,
@@ -255,7 +261,7 @@ def encode_passage_shards(
             max_length=length,
             batch_size=spec.batch_size,
             device=device,
-            precision=spec.precision,
+            precision=precision,
             store_dtype=spec.store_dtype,
             num_workers=spec.num_workers,
             sort_by_length=spec.sort_by_length,
@@ -275,6 +281,7 @@ def encode_passage_shards(
         model.normalize,
         model.query_prefix,
         model.passage_prefix,
+        precision,
         todo,
         seconds,
         open_seconds,

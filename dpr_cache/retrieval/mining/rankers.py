@@ -64,7 +64,8 @@ class Ranker(Protocol):
 class ModelRanker:
     """The query tower of ``model_dir`` searching ``opened`` (the bounded search ``eval``
     uses; under ``torchrun`` each rank scans its share of the shards) within ``memory_gb``
-    (:func:`memory_limit`, resolved once, after the first questions are encoded)."""
+    (:func:`memory_limit`, resolved once, after the first questions are encoded); the questions
+    are encoded in ``precision`` (``auto``: resolved for ``device``)."""
 
     def __init__(
         self,
@@ -75,10 +76,12 @@ class ModelRanker:
         cache_dir: Path,
         memory_gb: float | None,
         device: torch.device,
+        precision: str = "auto",
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
         self.model = query_tower(model_dir, opened, device)
+        self.run = QuestionRun(device, precision)
         self.passages = passages_file(opened, passages)
         self.dataset = load_passages(self.passages, cache_dir)
         if not encoded_from(opened, self.dataset, self.passages):
@@ -93,7 +96,7 @@ class ModelRanker:
     def rank(
         self, questions: list[str], positive_rows: np.ndarray, k: int, laps: Laps
     ) -> Ranked | None:
-        queries = question_vectors(self.model, questions, QuestionRun(self.device))
+        queries = question_vectors(self.model, questions, self.run)
         laps.lap("encode questions")
         if self.memory_bytes is None:
             self.memory_bytes = memory_limit(self.memory_gb)
@@ -127,6 +130,7 @@ class ModelRanker:
             "shard_key": opened.meta.get("shard_key"),
             "search": search_knobs(opened.faiss),
             "passages": str(self.passages),
+            "precision": self.run.precision,
         }
 
     def inputs(self) -> list[Any]:
@@ -139,6 +143,7 @@ class ModelRanker:
             opened.meta.get("model"),
             opened.meta.get("index_params"),
             search_knobs(opened.faiss),
+            self.run.precision,
         ]
 
 

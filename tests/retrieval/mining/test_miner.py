@@ -318,3 +318,17 @@ def test_bad_input_is_one_line(index, tmp_path) -> None:
         check=False,
     )
     assert other.returncode == 2 and "not the model the index" in other.stderr
+
+
+def test_the_questions_are_encoded_in_the_precision_asked(index, tmp_path) -> None:
+    """--precision auto (the default) is fp32 on the CPU, recorded as fp32; bf16 asked is bf16
+    used: the candidates' scores differ."""
+    scores = {}
+    for extra in ([], ["--precision", "bf16"]):
+        out = tmp_path / f"mined-{len(extra)}.jsonl"
+        _mine(index, out, "--negatives", "3", "--depth", "10", *extra)
+        summary = json.loads(out.with_suffix(".summary.json").read_text())
+        mined = [c["score"] for r in _read(out) for c in r["hard_negative_ctxs"]]
+        scores[summary["mined_by"]["precision"]] = np.array(mined)
+    assert set(scores) == {"fp32", "bf16"}
+    assert scores["fp32"].size and not np.array_equal(scores["fp32"], scores["bf16"])
