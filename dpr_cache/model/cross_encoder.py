@@ -17,7 +17,8 @@ model's logit:
 Pairs are scored a group at a time (the caller streams a file in groups, so memory is bounded by
 the group): tokenized once, sorted by token length (longest first) into batches, each padded to
 its longest, run in inference mode under the autocast of the precision asked for
-(:mod:`dpr_cache.runtime.device`), and returned in input order.
+(:mod:`dpr_cache.runtime.device`), and returned in input order. A caller may tokenize a group
+ahead (:func:`tokenize_pairs`) while the model scores the one before.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
 from dpr_cache.model.towers import load_tokenizer
 from dpr_cache.runtime.device import autocast, resolve_device
+from dpr_cache.runtime.overlap import HostRows, Transfer, to_device
 
 __all__ = [
     "Pair",
@@ -195,12 +197,17 @@ def score_pairs(
     *,
     batch_size: int = PAIRS_A_FORWARD,
     precision: str = "fp32",
+    features: dict[str, list[list[int]]] | None = None,
+    transfer: Transfer | None = None,
 ) -> np.ndarray:
     """Scores [n] (float32, input order) of one group of pairs; see the module docstring.
 
-    ``precision`` (fp32 | bf16 | fp16) is the autocast the model runs under. Raises
-    :class:`NonFiniteScore` for a score that is inf or NaN, naming the folder, the pair's index
-    in the group and its question.
+    ``precision`` (fp32 | bf16 | fp16) is the autocast the model runs under. ``features``: the
+    pairs as :func:`tokenize_pairs` gave them, when tokenized already (None: tokenized here).
+    The batches travel as ``transfer`` says (default: the device's,
+    :func:`~dpr_cache.runtime.overlap.transfer_for`: on CUDA the host pads and sends the next
+    batch while the model runs). Raises :class:`NonFiniteScore` for a score that is inf or
+    NaN, naming the folder, the pair's index in the group and its question.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -208,15 +215,21 @@ def score_pairs(
     scores = np.empty(len(pairs), dtype=np.float32)
     if not pairs:
         return scores
-    features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
+    if features is None:
+        features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
     lengths = np.array([len(ids) for ids in features["input_ids"]], dtype=np.int64)
+    if len(lengths) != len(pairs):
+        raise ValueError(f"features of {len(lengths)} pairs given for {len(pairs)} pairs")
     order = np.argsort(-lengths, kind="stable")
+    results = HostRows(scores, encoder.device, transfer=transfer)
     with torch.inference_mode(), autocast(encoder.device, precision):
         for start in range(0, len(pairs), batch_size):
             rows = order[start : start + batch_size]
-            batch = pad(encoder.tokenizer, features, rows)
-            logits = encoder.model(**{k: v.to(encoder.device) for k, v in batch.items()}).logits
-            scores[rows] = relevance(logits).cpu().numpy()
+            batch = to_device(
+                pad(encoder.tokenizer, features, rows), encoder.device, results.transfer
+            )
+            results.put(rows, relevance(encoder.model(**batch).logits))
+    results.finish()
     _check_finite(encoder, pairs, scores, precision)
     return scores
 

@@ -7,6 +7,11 @@ Resumable as ``mine`` is (:mod:`dpr_cache.retrieval.mining.parts`): the records 
 ``batch``, each written whole into ``OUT.parts/`` with its counts; a rerun with the same teacher,
 file and settings keeps the finished parts. Under ``torchrun`` every rank reads each part, scores
 the records ``i % world_size == rank`` of it, and rank 0 gathers the scores and writes the part.
+
+Where the teacher is a model on CUDA (``Teacher.ahead``), the next part is read, checked and
+tokenized in a background thread while the device scores the current one, so the summary's
+"read the training file" is then the wait for that thread and "score" the device's share; on
+the CPU each part is read, tokenized and scored in turn.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ from dpr_cache.retrieval.teacher import Group, Teacher, passage_of, score_groups
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import check_output_file, write_atomic, write_json_atomic
 from dpr_cache.runtime.laps import Laps
+from dpr_cache.runtime.overlap import ahead
 
 __all__ = ["ScoreSpec", "SCORED", "score", "groups_of"]
 
@@ -87,13 +94,14 @@ def score(
     laps.lap("load the teacher")
     bar = tqdm(unit="q", desc="score", disable=not (progress and rank == 0), dynamic_ncols=True)
     n_parts = 0
-    with bar:
-        for batch in _records(train, spec.batch):
+    made = _parts_ahead(teacher, train, spec.batch, parts, rank, world_size)
+    with bar, closing(made):  # closed: a part made ahead is waited for, not left running
+        for batch, ready in made:
             laps.lap("read the training file")
-            part = parts / f"part-{n_parts:06d}.jsonl"  # done once its counts (.json) follow it
+            part = _part_path(parts, n_parts)
             if not distributed.rank0_says(part.with_suffix(".json").is_file()):
-                groups = groups_of(train, batch)
-                scores = _scored(teacher, groups, rank, world_size)
+                groups, prepared = ready or (groups_of(train, batch), None)
+                scores = _scored(teacher, groups, prepared, rank, world_size)
                 laps.lap("score")
                 if rank == 0:
                     counts = _write_part(part, batch, scores)
@@ -123,6 +131,30 @@ def score(
     return summary
 
 
+def _part_path(parts: Path, n: int) -> Path:
+    """Part ``n``'s records; the part is done once its counts (``.json``) follow it."""
+    return parts / f"part-{n:06d}.jsonl"
+
+
+def _parts_ahead(
+    teacher: Teacher, train: Path, size: int, parts: Path, rank: int, world_size: int
+) -> Iterator[tuple[list[tuple[str, Any]], tuple[list[Group], Any] | None]]:
+    """Each part's records, and where the teacher prepares ahead (``teacher.ahead``) its groups
+    with this rank's share of them prepared, made in a background thread while the part before
+    is scored (None: a part already done here, or a teacher that does not prepare ahead: the
+    caller makes the groups)."""
+
+    def made():
+        for n, batch in enumerate(_records(train, size)):
+            if not teacher.ahead or _part_path(parts, n).with_suffix(".json").is_file():
+                yield batch, None
+                continue
+            groups = groups_of(train, batch)
+            yield batch, (groups, teacher.prepare(groups[rank::world_size]))
+
+    return ahead(made(), enabled=teacher.ahead)
+
+
 def _records(train: Path, size: int) -> Iterator[list[tuple[str, Any]]]:
     """The file's records, whole, in parts of ``size`` (only one part in memory)."""
     batch, read = [], 0
@@ -139,15 +171,16 @@ def _records(train: Path, size: int) -> Iterator[list[tuple[str, Any]]]:
 
 
 def _scored(
-    teacher: Teacher, groups: list[Group], rank: int, world_size: int
+    teacher: Teacher, groups: list[Group], prepared: Any, rank: int, world_size: int
 ) -> list[np.ndarray] | None:
-    """Every group's scores on rank 0 (None elsewhere): each rank scores its share and rank 0
-    gathers them. A rank's bad input stops every rank with its one line."""
+    """Every group's scores on rank 0 (None elsewhere): each rank scores its share (``prepared``:
+    what the teacher prepared of that share, or None) and rank 0 gathers them. A rank's bad
+    input stops every rank with its one line."""
     if world_size == 1:
-        return score_groups(teacher, groups)
+        return score_groups(teacher, groups, prepared)
     share = groups[rank::world_size]
     try:
-        result: tuple[str, Any] = ("ok", score_groups(teacher, share))
+        result: tuple[str, Any] = ("ok", score_groups(teacher, share, prepared))
     except InputError as e:
         result = ("error", str(e))
     gathered: list[Any] = [None] * world_size

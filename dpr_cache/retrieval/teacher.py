@@ -34,6 +34,7 @@ from dpr_cache.model.cross_encoder import (
     Pair,
     load_cross_encoder,
     score_pairs,
+    tokenize_pairs,
 )
 from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
 from dpr_cache.retrieval.dense.index import encoded_from, open_index, passages_file
@@ -41,7 +42,8 @@ from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, questi
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.fusion import FusionSpec, linear_scores
 from dpr_cache.retrieval.lexical import Bm25Index
-from dpr_cache.runtime.device import PRECISIONS
+from dpr_cache.runtime.device import PRECISIONS, resolve_precision
+from dpr_cache.runtime.overlap import transfer_for
 
 __all__ = [
     "TEACHERS",
@@ -138,24 +140,28 @@ class TeacherSpec:
 
 
 def precision_for(precision: str, device: torch.device) -> str:
-    """``auto``: bf16 on a GPU whose hardware has it (compute capability 8.0 and up; older ones
-    only emulate it, slowly), else fp16; fp32 on the CPU. fp16 on the CPU is refused (CPUs run
-    it slowly or not at all)."""
-    if precision == "auto":
-        if device.type != "cuda":
-            return "fp32"
-        major, _ = torch.cuda.get_device_capability(device)
-        return "bf16" if torch.version.hip is not None or major >= 8 else "fp16"
+    """A cross-encoder's precision on ``device``: ``auto`` as every command resolves it
+    (:func:`~dpr_cache.runtime.device.resolve_precision`: bf16 on a GPU whose hardware has it,
+    else fp16; fp32 on the CPU). fp16 on the CPU is refused (CPUs run it slowly or not at
+    all)."""
     if precision == "fp16" and device.type != "cuda":
         raise InputError("--precision fp16 needs a GPU: use bf16 or fp32 on the CPU")
-    return precision
+    return resolve_precision(precision, device)
 
 
 class Teacher(Protocol):
     """What ``score`` and ``mine`` need of a teacher."""
 
-    def score(self, groups: Sequence[Group]) -> list[np.ndarray]:
-        """Each group's scores (float64, one a passage, in order)."""
+    ahead: bool  # whether preparing the next groups in another thread pays (a model on CUDA)
+
+    def prepare(self, groups: Sequence[Group]) -> Any:
+        """What scoring ``groups`` needs done on the host first (a cross-encoder's tokens),
+        to be done while the device scores the groups before; None where there is nothing."""
+        ...
+
+    def score(self, groups: Sequence[Group], prepared: Any = None) -> list[np.ndarray]:
+        """Each group's scores (float64, one a passage, in order); ``prepared``: what
+        :meth:`prepare` gave for these groups (None: done here)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -174,12 +180,22 @@ class CrossEncoderTeacher:
         self.encoder = load_cross_encoder(spec.name, max_length=spec.max_length, device=device)
         self.precision = precision_for(spec.precision, device)
         self.batch_size = PAIRS_A_FORWARD if spec.batch_size is None else spec.batch_size
+        self.ahead = transfer_for(device).non_blocking
 
-    def score(self, groups: Sequence[Group]) -> list[np.ndarray]:
-        pairs = [Pair(g.question, p.title, p.text) for g in groups for p in g.passages]
+    def prepare(self, groups: Sequence[Group]) -> dict[str, list[list[int]]] | None:
+        """The groups' pairs tokenized (:func:`tokenize_pairs`); None when there is none."""
+        pairs, encoder = _pairs(groups), self.encoder
+        return tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length) if pairs else None
+
+    def score(self, groups: Sequence[Group], prepared: Any = None) -> list[np.ndarray]:
+        pairs = _pairs(groups)
         try:
             flat = score_pairs(
-                self.encoder, pairs, batch_size=self.batch_size, precision=self.precision
+                self.encoder,
+                pairs,
+                batch_size=self.batch_size,
+                precision=self.precision,
+                features=prepared,
             )
         except NonFiniteScore as e:
             group, j = _locate(groups, e.index)
@@ -210,6 +226,8 @@ class CrossEncoderTeacher:
 
 class Bm25Teacher:
     """BM25's score of each passage of ``passages``, found by its id."""
+
+    ahead = False  # BM25 scores on the host, with nothing to prepare
 
     def __init__(self, passages: Path, cache_dir: Path) -> None:
         self.passages = Path(passages)
@@ -242,7 +260,10 @@ class Bm25Teacher:
             for g, r in zip(groups, rows, strict=True)
         ]
 
-    def score(self, groups: Sequence[Group]) -> list[np.ndarray]:
+    def prepare(self, groups: Sequence[Group]) -> None:
+        return None
+
+    def score(self, groups: Sequence[Group], prepared: Any = None) -> list[np.ndarray]:
         return self.bm25(groups, self.rows(groups, "bm25"))
 
     def describe(self) -> dict[str, Any]:
@@ -269,7 +290,7 @@ class HybridTeacher(Bm25Teacher):
         self.model = query_tower(self.model_dir, self.opened, device)
         self.run, self.weight = QuestionRun(device), spec.weight
 
-    def score(self, groups: Sequence[Group]) -> list[np.ndarray]:
+    def score(self, groups: Sequence[Group], prepared: Any = None) -> list[np.ndarray]:
         rows = self.rows(groups, "hybrid")
         bm25 = self.bm25(groups, rows)
         if not groups:
@@ -311,10 +332,13 @@ def open_teacher(spec: TeacherSpec, *, cache_dir: Path, device: torch.device) ->
     return CrossEncoderTeacher(spec, device)
 
 
-def score_groups(teacher: Teacher, groups: Sequence[Group]) -> list[np.ndarray]:
-    """Each group's scores from ``teacher``; InputError naming the record and passage of the
-    first score that is not finite."""
-    scores = teacher.score(groups)
+def score_groups(
+    teacher: Teacher, groups: Sequence[Group], prepared: Any = None
+) -> list[np.ndarray]:
+    """Each group's scores from ``teacher`` (``prepared``: what its ``prepare`` gave for these
+    groups, None: prepared as they are scored); InputError naming the record and passage of
+    the first score that is not finite."""
+    scores = teacher.score(groups) if prepared is None else teacher.score(groups, prepared)
     for group, values in zip(groups, scores, strict=True):
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
@@ -333,6 +357,11 @@ def passage_of(ctx: dict[str, Any]) -> Passage:
     if pid == derived_passage_id(ctx["title"], ctx["text"]):
         pid = None
     return Passage(pid, ctx["title"], ctx["text"])
+
+
+def _pairs(groups: Sequence[Group]) -> list[Pair]:
+    """Every (question, passage) pair of the groups, in order."""
+    return [Pair(g.question, p.title, p.text) for g in groups for p in g.passages]
 
 
 def _split(flat: np.ndarray, groups: Sequence[Group]) -> list[np.ndarray]:

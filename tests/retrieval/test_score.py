@@ -342,3 +342,64 @@ def test_auto_precision_is_bf16_only_where_the_gpu_has_it_not_emulated(monkeypat
     picks = [precision_for("auto", torch.device("cuda", i)) for i in range(3)]
     assert picks == ["fp16", "bf16", "bf16"], picks
     assert [d.index for d in asked] == [0, 1, 2]
+
+
+def test_parts_made_ahead_write_the_file_made_in_turn(root, train, tmp_path) -> None:
+    """On CUDA the next part is read and tokenized in a thread while a part is scored, and the
+    batches' scores come back queued: forced here on the CPU, the same file byte for byte as
+    each part read, tokenized and scored in turn."""
+    import threading
+
+    from dpr_cache.retrieval.scoring import ScoreSpec, score
+    from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
+
+    spec = TeacherSpec(str(CROSS), batch_size=5, device="cpu")
+    teacher = open_teacher(spec, cache_dir=root / "cache", device=torch.device("cpu"))
+    assert teacher.ahead is False  # the CPU scores each part in turn
+    prepare, made_by = teacher.prepare, []
+
+    def recorded(groups):
+        made_by.append(threading.get_ident())
+        return prepare(groups)
+
+    teacher.prepare = recorded
+    written = {}
+    for ahead in (False, True):
+        teacher.ahead = ahead
+        out = tmp_path / f"ahead-{ahead}.jsonl"
+        score(teacher, train, out, ScoreSpec(batch=7), progress=False)
+        written[ahead] = out.read_bytes()
+        if not ahead:
+            assert made_by == []  # control: in turn, the teacher tokenizes as it scores
+    assert written[True] == written[False]
+    assert len(made_by) == 6 and threading.get_ident() not in made_by  # 40 records, 7 a part
+
+
+def test_a_part_done_is_not_tokenized_ahead_and_a_rank_its_share(root, train, tmp_path) -> None:
+    from dpr_cache.model.cross_encoder import Pair, score_pairs, tokenize_pairs
+    from dpr_cache.retrieval.scoring import _parts_ahead, groups_of
+    from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
+    from dpr_cache.runtime.overlap import Transfer
+
+    spec = TeacherSpec(str(CROSS), batch_size=5, device="cpu")
+    teacher = open_teacher(spec, cache_dir=root / "cache", device=torch.device("cpu"))
+    teacher.ahead = True
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part-000000.json").write_text("{}")  # part 0 done
+    made = list(_parts_ahead(teacher, train, 7, parts, 1, 2))
+    assert len(made) == 6 and made[0][1] is None
+    batch, (groups, features) = made[1]
+    assert groups == groups_of(train, batch)
+    share = [Pair(g.question, p.title, p.text) for g in groups[1::2] for p in g.passages]
+    encoder = teacher.encoder
+    assert features == tokenize_pairs(encoder.tokenizer, share, encoder.max_length)
+    everything = [Pair(g.question, p.title, p.text) for g in groups for p in g.passages]
+    assert len(features["input_ids"]) < len(everything)  # control: rank 1's share only
+    plain = score_pairs(encoder, share, batch_size=5)
+    queued = score_pairs(encoder, share, batch_size=5, features=features,
+                         transfer=Transfer(pin=False, non_blocking=True))  # fmt: skip
+    assert np.array_equal(plain, queued) and plain.std() > 0.05
+    with pytest.raises(ValueError, match="features of"):
+        score_pairs(encoder, everything, features=features)
+    assert teacher.prepare([]) is None  # a rank with no share has nothing to tokenize

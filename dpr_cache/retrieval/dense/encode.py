@@ -1,13 +1,17 @@
 """Texts to vectors with a loaded BiEncoder, in inference mode: passages in length-sorted batches
 (each padded to its longest), questions in order. Tokenization is :mod:`dpr_cache.data.tokenize`'s,
-the same as training's; a corpus is tokenized in ``DataLoader`` workers, a chunk ahead of the
-model, and written as store shards."""
+the same as training's; a corpus is tokenized and padded into its batches in ``DataLoader``
+workers, a chunk ahead of the model, and written as store shards.
+
+The batches go to the device and the vectors come back as :mod:`dpr_cache.runtime.overlap`
+moves them: on CUDA through pinned memory without a host wait per batch, so the next batch is
+sent while the device encodes the one before; on the CPU by plain copies, the same bits."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -16,6 +20,7 @@ from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_pa
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.device import autocast
+from dpr_cache.runtime.overlap import HostRows, Transfer, to_device
 from dpr_cache.runtime.processes import worker_init
 
 __all__ = [
@@ -23,11 +28,51 @@ __all__ = [
     "encode_tokenized",
     "encode_question_texts",
     "encode_corpus",
+    "padded_batches",
     "CHUNK_ROWS",
 ]
 
 CHUNK_ROWS = 8192
 """Passages tokenized together (in a worker) and sorted by length into batches."""
+
+Batch = tuple[np.ndarray, dict[str, np.ndarray]]
+"""A batch of passages: its rows (of the tokenized texts) and their padded inputs (int64)."""
+
+
+def padded_batches(
+    tokenizer, feats: Features, *, batch_size: int, max_length: int, sort_by_length: bool = True
+) -> list[Batch]:
+    """Tokenized (title, text) pairs cut into batches and padded: with ``sort_by_length``,
+    batches of similar length (longest first), each padded to its longest; otherwise batches
+    in input order padded to ``max_length``, as DPR does. The inputs are numpy arrays, so
+    that a loader worker hands them over by value."""
+    n = len(feats["input_ids"])
+    lengths = np.fromiter((len(s) for s in feats["input_ids"]), dtype=np.int64, count=n)
+    order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(n)
+    batches = []
+    for start in range(0, n, batch_size):
+        rows = order[start : start + batch_size]
+        width = int(lengths[rows].max()) if sort_by_length else max_length
+        inputs = pad(tokenizer, feats, rows, width=width)
+        batches.append((rows, {key: value.numpy() for key, value in inputs.items()}))
+    return batches
+
+
+def _encode_batches(
+    model: BiEncoder,
+    batches: list[Batch],
+    results: HostRows,
+    *,
+    device: torch.device,
+    precision: str,
+    offset: int = 0,
+) -> None:
+    """Each batch's passage vectors (float32) put into ``results`` at its rows + ``offset``."""
+    with torch.inference_mode(), autocast(device, precision):
+        for rows, inputs in batches:
+            tensors = {key: torch.from_numpy(value) for key, value in inputs.items()}
+            reps = model.encode_passage(to_device(tensors, device, results.transfer))
+            results.put(rows + offset, reps.float())
 
 
 def encode_tokenized(
@@ -40,26 +85,26 @@ def encode_tokenized(
     precision: str = "fp32",
     sort_by_length: bool = True,
     on_batch: Callable[[int], Any] | None = None,
+    transfer: Transfer | None = None,
 ) -> np.ndarray:
-    """Passage embeddings [n, dim] (float32, input order) of tokenized (title, text) pairs.
-
-    ``sort_by_length``: batches of similar length (longest first), each padded to its longest;
-    otherwise batches in input order padded to ``max_length``, as DPR does. ``precision``
-    (fp32 | bf16 | fp16) is the autocast the encoder runs under.
+    """Passage embeddings [n, dim] (float32, input order) of tokenized (title, text) pairs, in
+    the batches of :func:`padded_batches`. ``precision`` (fp32 | bf16 | fp16) is the autocast
+    the encoder runs under; ``on_batch(rows)`` follows each batch whose vectors are in;
+    ``transfer`` (default: the device's, :func:`~dpr_cache.runtime.overlap.transfer_for`) how
+    batches travel.
     """
     n = len(feats["input_ids"])
-    lengths = np.fromiter((len(s) for s in feats["input_ids"]), dtype=np.int64, count=n)
-    order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(n)
     out = np.empty((n, model.dim), dtype=np.float32)  # [n, dim]
-    with torch.inference_mode(), autocast(device, precision):
-        for start in range(0, n, batch_size):
-            rows = order[start : start + batch_size]
-            width = int(lengths[rows].max()) if sort_by_length else max_length
-            inputs = pad(model.tokenizer, feats, rows, width=width)
-            reps = model.encode_passage({k: v.to(device) for k, v in inputs.items()})
-            out[rows] = reps.float().cpu().numpy()
-            if on_batch is not None:
-                on_batch(len(rows))
+    results = HostRows(out, device, on_rows=on_batch, transfer=transfer)
+    batches = padded_batches(
+        model.tokenizer,
+        feats,
+        batch_size=batch_size,
+        max_length=max_length,
+        sort_by_length=sort_by_length,
+    )
+    _encode_batches(model, batches, results, device=device, precision=precision)
+    results.finish()
     return out
 
 
@@ -82,8 +127,10 @@ def encode_question_texts(
     batch_size: int = 128,
 ) -> np.ndarray:
     """Question embeddings [n, dim] (float32) from the query tower, each question after the
-    model's query prefix, in batches of ``batch_size``, under the autocast of ``precision``."""
+    model's query prefix, in batches of ``batch_size``, under the autocast of ``precision``; a
+    batch is tokenized while the device encodes the one before (on CUDA)."""
     out = np.empty((len(questions), model.dim), dtype=np.float32)
+    results = HostRows(out, device)
     for start in range(0, len(questions), batch_size):
         inputs = encode_questions(
             model.tokenizer,
@@ -92,17 +139,26 @@ def encode_question_texts(
             prefix=model.query_prefix,
         )
         with torch.inference_mode(), autocast(device, precision):
-            reps = model.encode_query({k: v.to(device) for k, v in inputs.items()})
-        out[start : start + len(reps)] = reps.float().cpu().numpy()
+            reps = model.encode_query(to_device(inputs, device, results.transfer))
+            results.put(np.arange(start, start + len(reps)), reps.float())
+    results.finish()
     return out
 
 
-class _TokenizedChunks(torch.utils.data.Dataset):
-    """Item i: (start row, ids, tokenized pairs) of the i-th chunk of the rows to encode."""
+class _Layout(NamedTuple):
+    """How a worker tokenizes and pads a chunk's passages."""
 
-    def __init__(self, dataset, chunks: list[tuple[int, int]], tokenizer, max_length: int, prefix):
-        self.dataset, self.chunks = dataset, chunks
-        self.tokenizer, self.max_length, self.prefix = tokenizer, max_length, prefix
+    max_length: int
+    prefix: str
+    batch_size: int
+    sort_by_length: bool
+
+
+class _TokenizedChunks(torch.utils.data.Dataset):
+    """Item i: (start row, ids, padded batches) of the i-th chunk of the rows to encode."""
+
+    def __init__(self, dataset, chunks: list[tuple[int, int]], tokenizer, layout: _Layout):
+        self.dataset, self.chunks, self.tokenizer, self.layout = dataset, chunks, tokenizer, layout
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -110,10 +166,24 @@ class _TokenizedChunks(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         start, stop = self.chunks[i]
         rows = self.dataset[start:stop]
+        layout = self.layout
         feats = tokenize_passages(
-            self.tokenizer, rows["title"], rows["text"], self.max_length, self.prefix
+            self.tokenizer, rows["title"], rows["text"], layout.max_length, layout.prefix
         )
-        return start, rows["id"], feats
+        batches = padded_batches(
+            self.tokenizer,
+            feats,
+            batch_size=layout.batch_size,
+            max_length=layout.max_length,
+            sort_by_length=layout.sort_by_length,
+        )
+        return start, rows["id"], batches
+
+
+def _as_given(item):
+    """A loader item unchanged: its numpy batches travel by value, not turned into tensors
+    shared through a file descriptor each."""
+    return item
 
 
 def encode_corpus(
@@ -129,17 +199,23 @@ def encode_corpus(
     num_workers: int = 1,
     sort_by_length: bool = True,
     on_batch: Callable[[int], Any] | None = None,
+    transfer: Transfer | None = None,
 ) -> None:
     """Encode rows ``[start, start + rows)`` of a passages dataset (columns id, title, text) into
-    each shard ``(path, start, rows)``; tokenization runs ``num_workers`` processes ahead."""
+    each shard ``(path, start, rows)``. Tokenizing and padding run ``num_workers`` processes
+    ahead (0: inline); the vectors of a shard come back as :class:`HostRows` lets them (on
+    CUDA the host waits on the device only when batches pile up, and at the shard's end);
+    ``on_batch(rows)`` follows each batch whose vectors are in."""
     chunks = [
         (s, min(s + CHUNK_ROWS, start + rows))
         for _, start, rows in shards
         for s in range(start, start + rows, CHUNK_ROWS)
     ]
+    layout = _Layout(max_length, model.passage_prefix, batch_size, sort_by_length)
     loader = torch.utils.data.DataLoader(
-        _TokenizedChunks(dataset, chunks, model.tokenizer, max_length, model.passage_prefix),
+        _TokenizedChunks(dataset, chunks, model.tokenizer, layout),
         batch_size=None,
+        collate_fn=_as_given,
         num_workers=num_workers,
         worker_init_fn=worker_init() if num_workers else None,
         generator=torch.Generator().manual_seed(0),  # leave the global RNG alone
@@ -147,21 +223,16 @@ def encode_corpus(
     items = iter(loader)
     for path, start, rows in shards:
         embs = np.empty((rows, model.dim), np.float32)
+        results = HostRows(embs, device, on_rows=on_batch, transfer=transfer)
         ids: list[str] = []
         done = 0
         while done < rows:
-            chunk_start, chunk_ids, feats = next(items)
+            chunk_start, chunk_ids, batches = next(items)
             assert chunk_start == start + done  # chunks arrive in order
-            embs[done : done + len(chunk_ids)] = encode_tokenized(
-                model,
-                feats,
-                max_length=max_length,
-                batch_size=batch_size,
-                device=device,
-                precision=precision,
-                sort_by_length=sort_by_length,
-                on_batch=on_batch,
+            _encode_batches(
+                model, batches, results, device=device, precision=precision, offset=done
             )
             ids += chunk_ids
             done += len(chunk_ids)
+        results.finish()
         write_shard(path, embs, ids, store_dtype)
