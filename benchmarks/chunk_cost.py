@@ -127,6 +127,7 @@ class Engine:
     make: Factory
     fast_dropout: bool = True
     peer: str | None = None  # a name of benchmarks.peers.PEERS: skipped when not installed
+    compiled: bool = False  # towers compiled in place (dpr_cache.model.compiled), eager dropout
 
 
 def dpr_cache_stepper(model, chunk: int, group_size: int, **options):
@@ -149,8 +150,18 @@ def peer_stepper(name: str, model, chunk: int, group_size: int):
     return make_peer(name, model, chunk)
 
 
+COMPILED_WIDTH = 64
+"""The compiled variant's length bucket: at least the plan's longest row, so every chunk of a
+tower has the batch's width and each chunk count compiles one graph a tower and grad mode."""
+
 ENGINES: dict[str, Engine] = {
     "dpr-cache": Engine(dpr_cache_stepper),
+    "dpr-cache-torch-dropout": Engine(dpr_cache_stepper, fast_dropout=False),
+    "dpr-cache-compiled": Engine(
+        functools.partial(dpr_cache_stepper, length_bucket=COMPILED_WIDTH),
+        fast_dropout=False,
+        compiled=True,
+    ),
     "st-cmnrl": Engine(
         functools.partial(peer_stepper, "st-cmnrl"), fast_dropout=False, peer="st-cmnrl"
     ),
@@ -216,6 +227,10 @@ def load_model(folder: Path, engine: Engine, device: torch.device):
         from dpr_cache.model.fast_dropout import use_fast_dropout
 
         use_fast_dropout([model.query_encoder])
+    if engine.compiled:
+        from dpr_cache.model.compiled import compile_mode_for, compile_towers
+
+        compile_towers([model.query_encoder], compile_mode_for(device))
     return model
 
 
@@ -293,7 +308,8 @@ def make_cases(plan, names, folder, device) -> list[Case]:
 
 
 def warm_up(case: Case, batch: tuple, sync: Callable[[], None]) -> None:
-    """One untimed step that also counts the case's forwards and tokens."""
+    """One untimed step that also counts the case's forwards and tokens; compiled towers take
+    a second one without the counting hook, whose removal changes what they compiled."""
     counter = ForwardCounter(case.model)
     try:
         case.run(batch)
@@ -301,6 +317,9 @@ def warm_up(case: Case, batch: tuple, sync: Callable[[], None]) -> None:
     finally:
         counter.handle.remove()
     case.forwards, case.tokens = counter.forwards, counter.tokens
+    if ENGINES[case.engine].compiled:
+        case.run(batch)
+        sync()
 
 
 def time_rounds(cases: list[Case], batch: tuple, plan: CostPlan, sync) -> None:
