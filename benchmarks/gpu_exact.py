@@ -16,6 +16,7 @@ from torch import Tensor
 
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.model.attention import use_sdpa_without_wait
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.device import autocast
 
@@ -93,7 +94,8 @@ def make_model(
     seed: int = 0,
 ) -> BiEncoder:
     """A random BiEncoder of ``SIZES[size]`` in train mode; separate towers start different.
-    Its weights are made on ``device`` (a BERT-base drawn on the host costs seconds)."""
+    Its weights are made on ``device`` (a BERT-base drawn on the host costs seconds). On CUDA
+    its SDPA attention builds padding masks without host waits, as the trainer's does."""
     torch.manual_seed(seed)
     with torch.device(device):
         model = BiEncoder.from_config(
@@ -103,6 +105,8 @@ def make_model(
         with torch.no_grad():
             for param in model.passage_encoder.parameters():
                 param.add_(0.02 * torch.randn_like(param))
+    if device.type == "cuda":
+        use_sdpa_without_wait([model.query_encoder, model.passage_encoder])
     return model.to(device, dtype).train()
 
 
@@ -168,10 +172,19 @@ def full_batch_grads(model: BiEncoder, q, p, ids, precision: str = "fp32", scale
     return float(loss.detach()), {k: v / scale for k, v in _grads(model).items()}
 
 
+SAVINGS = {"length_bucket": 16}
+"""The engine's savings the checks run with beside its defaults (length order, trimmed chunks,
+the kept last graph): chunk widths rounded to a multiple of 16, as compiled towers take them."""
+
+
 def gradcache_grads(model: BiEncoder, q, p, ids, chunk: int, precision="fp32", **engine_kwargs):
     model.zero_grad(set_to_none=True)
     engine = GradCache(
-        model.encode_query, model.encode_passage, contrastive_loss, chunk, **engine_kwargs
+        model.encode_query,
+        model.encode_passage,
+        contrastive_loss,
+        chunk,
+        **{**SAVINGS, **engine_kwargs},
     )
     with autocast(model.device, precision):
         loss = engine.step(q, p, p_ids=ids)
@@ -256,7 +269,7 @@ def replay_bitwise(
         q, p, ids = make_batch(size, 8, 1, device)
         enc_q, enc_p = _Recorder(model.encode_query), _Recorder(model.encode_passage)
         engine = GradCache(
-            enc_q, enc_p, contrastive_loss, 3, keep_last_graph=False, replay_rng=replay
+            enc_q, enc_p, contrastive_loss, 3, keep_last_graph=False, replay_rng=replay, **SAVINGS
         )
         torch.manual_seed(7)
         with autocast(device, precision):
@@ -303,7 +316,12 @@ def dropout_finite_difference(size: str, device: torch.device, dropout: float = 
         model = make_model(size, device, torch.float64, dropout=dropout)
         q, p, ids = make_batch(size, 6, 1, device)
         engine = GradCache(
-            model.encode_query, model.encode_passage, contrastive_loss, 4, replay_rng=replay
+            model.encode_query,
+            model.encode_passage,
+            contrastive_loss,
+            4,
+            replay_rng=replay,
+            **SAVINGS,
         )
 
         def run(engine=engine, model=model, q=q, p=p, ids=ids) -> Tensor:
@@ -331,7 +349,9 @@ def mixed_precision(size: str, device: torch.device, precision: str, n_q: int = 
         return loss
 
     model.zero_grad(set_to_none=True)
-    engine = GradCache(model.encode_query, model.encode_passage, loss_fn, 4, scaler=scaler)
+    engine = GradCache(
+        model.encode_query, model.encode_passage, loss_fn, 4, scaler=scaler, **SAVINGS
+    )
     q_tower, p_tower = engine.split(q, p)
     with autocast(device, precision):
         for tower in (q_tower, p_tower):
