@@ -14,6 +14,7 @@ from torch import Tensor
 
 from dpr_cache.data.ids import passage_hash
 from dpr_cache.data.tokenize import encode_passages, encode_questions
+from dpr_cache.runtime.overlap import to_device
 from dpr_cache.runtime.seeds import stream_entropy
 
 _FILL_TRIES = 20
@@ -44,14 +45,20 @@ class Batch:
     teacher_scores: Tensor | None = None  # [passage rows] float64, when the loss needs them
 
     def to(self, device: torch.device | str) -> Batch:
-        """A copy with every tensor moved to ``device``."""
+        """A copy with every tensor moved to ``device`` (to CUDA through pinned memory, queued
+        without a host wait: :func:`~dpr_cache.runtime.overlap.to_device`)."""
+        device = torch.device(device)
+        rows = {"p_ids": self.p_ids}
+        if self.teacher_scores is not None:
+            rows["teacher_scores"] = self.teacher_scores
+        moved = to_device(rows, device)
         return Batch(
-            {k: v.to(device) for k, v in self.q_inputs.items()},
-            {k: v.to(device) for k, v in self.p_inputs.items()},
-            self.p_ids.to(device),
+            to_device(self.q_inputs, device),
+            to_device(self.p_inputs, device),
+            moved["p_ids"],
             self.n_questions,
             self.group_size,
-            None if self.teacher_scores is None else self.teacher_scores.to(device),
+            moved.get("teacher_scores"),
         )
 
     def loss_inputs(self) -> dict[str, Tensor]:

@@ -53,10 +53,13 @@ def to_device(
     batch: Mapping[str, Tensor], device: torch.device, transfer: Transfer | None = None
 ) -> dict[str, Tensor]:
     """Each host tensor of ``batch`` on ``device``, as ``transfer`` (default: the device's)
-    says: pinned and queued on CUDA, a plain ``.to`` otherwise."""
+    says: pinned and queued on CUDA, a plain ``.to`` otherwise (a tensor already on a GPU is
+    copied as it is)."""
     how = transfer or transfer_for(device)
     return {
-        key: (value.pin_memory() if how.pin else value).to(device, non_blocking=how.non_blocking)
+        key: (value.pin_memory() if how.pin and not value.is_cuda else value).to(
+            device, non_blocking=how.non_blocking
+        )
         for key, value in batch.items()
     }
 
