@@ -6,13 +6,12 @@ Each runs in a child process of its own (``python -m benchmarks.gpu_compiled exa
 what compiling leaves in a process (the compiler's caches, the memory CUDA graphs hold) stays
 out of the suite's other figures, and a compile that hangs is stopped with its stack. The child
 prints each figure as a JSON line as soon as it is measured, so a child stopped part way keeps
-those. Where the checkout has no ``compile_towers``, each says so and starts nothing.
+those.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import re
 import sys
@@ -20,17 +19,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from benchmarks import gpu_exact, gpu_perf
 from benchmarks.gpu_cli import child
 from benchmarks.gpu_perf import Variant
+from dpr_cache.model.compiled import compile_towers
 
 __all__ = [
     "COMPILED_REPLAY_BOUND",
-    "compiled_towers",
     "fp64_check",
     "replay_check",
     "exactness_in_child",
@@ -45,42 +43,26 @@ without autograd, one for the backward) whose roundings differ, so the replay is
 fp32's rounding, not bit for bit: the same masks land near 1e-6, a mask drawn anew near
 dropout's own effect, 1e-1."""
 EXACT_BUCKET = 16
-"""The checks' length bucket, where GradCache has one: the tiny BERT's rows (9 and 12 tokens at
-most) then take one width a tower, so that its compiled shapes are few."""
+"""The checks' length bucket: the tiny BERT's rows (9 and 12 tokens at most) then take one
+width a tower, so that its compiled shapes are few."""
 STEPS = 3
 """Steps each check runs: under CUDA graphs the first warms up, the second records, the third
 replays the recorded graphs."""
 
 
-def compiled_towers(model, device: torch.device, mode: str):
-    """What runs ``model``'s towers compiled in ``mode``. ``compile_towers`` takes the towers
-    (``compile_towers([query_encoder, passage_encoder], mode)``, compiling them in place) or
-    the model (``compile_towers(model, device, mode)``); what it returns is used where it has
-    ``encode_query`` and ``encode_passage`` (or is a pair of encode functions), else ``model``
-    itself, compiled in place."""
-    compile_towers = gpu_perf.compile_towers_function()
-    if compile_towers is None:
-        raise gpu_perf.Unavailable("not in this checkout: no dpr_cache.model.compiled")
-    first = next(iter(inspect.signature(compile_towers).parameters), "")
-    if first in ("towers", "modules"):
-        made = compile_towers([model.query_encoder, model.passage_encoder], mode=mode)
-    else:
-        made = compile_towers(model, device, mode)
-    if hasattr(made, "encode_query") and hasattr(made, "encode_passage"):
-        return made
-    if isinstance(made, tuple) and len(made) == 2 and all(map(callable, made)):
-        return SimpleNamespace(encode_query=made[0], encode_passage=made[1])
-    return model
+def _compile(model, mode: str) -> None:
+    """``model``'s towers compiled in place in ``mode`` (one, where they are shared)."""
+    compile_towers([model.query_encoder, model.passage_encoder], mode)
 
 
 def _engine(encode_q, encode_p, chunk: int, **options):
-    """GradCache on these encoders, with :data:`EXACT_BUCKET` where it takes a length bucket."""
+    """GradCache on these encoders, chunk widths rounded up to :data:`EXACT_BUCKET`."""
     from dpr_cache.core.engine import GradCache
     from dpr_cache.core.loss import contrastive_loss
 
-    if gpu_perf.missing_option(length_bucket=EXACT_BUCKET) is None:
-        options["length_bucket"] = EXACT_BUCKET
-    return GradCache(encode_q, encode_p, contrastive_loss, chunk, **options)
+    return GradCache(
+        encode_q, encode_p, contrastive_loss, chunk, length_bucket=EXACT_BUCKET, **options
+    )
 
 
 def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -104,8 +86,8 @@ def fp64_check(device: torch.device, mode: str, size: str = "tiny") -> dict:
     gpu_exact.full_batch_grads(model, q, p, ids)
     want = _grads(params)
     start = time.perf_counter()
-    towers = compiled_towers(model, device, mode)
-    engine = _engine(towers.encode_query, towers.encode_passage, case.chunk)
+    _compile(model, mode)
+    engine = _engine(model.encode_query, model.encode_passage, case.chunk)
     errors, seconds = [], []
     for _ in range(STEPS):
         model.zero_grad(set_to_none=True)
@@ -117,7 +99,7 @@ def fp64_check(device: torch.device, mode: str, size: str = "tiny") -> dict:
     return {
         "case": case.name,
         "mode": mode,
-        "length_bucket": getattr(engine, "length_bucket", None),
+        "length_bucket": engine.length_bucket,
         "errors": errors,
         "relative_error": worst,
         "bound": gpu_exact.FP64_BOUND,
@@ -153,12 +135,12 @@ def replay_check(device: torch.device, mode: str, size: str = "tiny", dropout: f
         size, eager.encode_query, eager.encode_passage, eager, True, device
     )
     model = gpu_exact.make_model(size, device, torch.float32, dropout=dropout)
-    towers = compiled_towers(model, device, mode)
+    _compile(model, mode)
     result = {"size": size, "dropout": dropout, "mode": mode, "bound": COMPILED_REPLAY_BOUND}
     for replay in (True, False):
         for _ in range(STEPS):
             pairs = _first_and_again(
-                size, towers.encode_query, towers.encode_passage, model, replay, device
+                size, model.encode_query, model.encode_passage, model, replay, device
             )
         gaps = [_relative([b], [a]) for a, b in pairs]
         key = "replayed" if replay else "control_without_replay"
@@ -202,11 +184,11 @@ def speed(
 ) -> Iterator[tuple[str, dict]]:
     """Each compiled variant in a group of its own, in order, its step beside the same
     setting eager and the full batch (a model of its own, eager), interleaved at
-    ``batch_size``; a variant whose length bucket this checkout lacks runs without it. Each
-    group is yielded as it ends (``comparisons``, every group so far), so that a stop in a
-    later variant's compilations keeps an earlier one's rows. The compile's one-time cost is
-    in each compiled row's warm-up steps (the first compiles), not in its pairs/s; the
-    compiler's counters after each group."""
+    ``batch_size``, the towers compiled once for all of them in the first variant's mode. Each
+    group is yielded as it ends (``comparisons``, every group so far), so that a stop in a later
+    variant's compilations keeps an earlier one's rows. The compile's one-time cost is in each
+    compiled row's warm-up steps (the first compiles), not in its pairs/s; the compiler's
+    counters after each group."""
     from dpr_cache.model.biencoder import BiEncoder
 
     def load():
@@ -217,12 +199,10 @@ def speed(
     batch = gpu_perf.squad_batch(eager, squad_gz, squad_dir, batch_size)
     to_compile = load()
     start = time.perf_counter()
-    towers = compiled_towers(to_compile, device, variants[0].compile_mode)
+    _compile(to_compile, variants[0].compile_mode)
     yield "compile_call_s", round(time.perf_counter() - start, 2)
     done = []
     for v in variants:
-        if gpu_perf.missing_option(v.length_bucket) is not None:
-            v = replace(v, length_bucket=None)
         comparison = gpu_perf.speed_comparison(
             eager,
             batch,
@@ -232,7 +212,7 @@ def speed(
             cmnrl_tokens=[],
             lib_chunks=[],
             variants=[v, replace(v, compile_mode=None)],  # compiled, and the same eager
-            compiled=towers,
+            compiled=to_compile,
             rounds=rounds,
             host_waits=False,
             others=[to_compile],
@@ -323,10 +303,7 @@ def _in_child(args: list[str], timeout: float, on_start=None) -> dict:
 
 
 def exactness_in_child(device: str, mode: str, timeout: float = 150, on_start=None) -> dict:
-    """:func:`exactness` in a child (or why it cannot run here)."""
-    why = gpu_perf.missing_option(compile_mode=mode)
-    if why is not None:
-        return {"unavailable": why}
+    """:func:`exactness` in a child."""
     args = ["exact", "--device", device, "--mode", mode]
     return {"mode": mode, **_in_child(args, timeout, on_start)}
 
@@ -341,10 +318,7 @@ def speed_in_child(
     rounds: int,
     timeout: float,
 ) -> dict:
-    """:func:`speed` in a child (or why it cannot run here)."""
-    why = gpu_perf.missing_option(compile_mode=variants[0].compile_mode)
-    if why is not None:
-        return {"unavailable": why}
+    """:func:`speed` in a child."""
     spec = [[v.chunk, v.length_bucket, v.compile_mode] for v in variants]
     args = [
         "speed",

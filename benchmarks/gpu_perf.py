@@ -209,37 +209,6 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
     )
 
 
-class Unavailable(Exception):
-    """An option of dpr-cache this checkout does not have yet (its row says so, untimed)."""
-
-
-def missing_option(length_bucket: int | None = None, compile_mode: str | None = None) -> str | None:
-    """Why a setting cannot run in this checkout (None: it can): ``GradCache`` without a
-    ``length_bucket`` keyword, no ``dpr_cache.model.compiled.compile_towers``."""
-    from dpr_cache.core.engine import GradCache
-
-    if length_bucket is not None and "length_bucket" not in _keywords(GradCache):
-        return "not in this checkout: GradCache takes no length_bucket"
-    if compile_mode is not None and compile_towers_function() is None:
-        return "not in this checkout: no dpr_cache.model.compiled.compile_towers"
-    return None
-
-
-def compile_towers_function() -> Callable | None:
-    """``dpr_cache.model.compiled.compile_towers`` where this checkout has it, else None."""
-    import importlib
-
-    try:
-        module = importlib.import_module("dpr_cache.model.compiled")
-    except ImportError:
-        return None
-    return getattr(module, "compile_towers", None)
-
-
-def _keywords(fn: Callable) -> set[str]:
-    return set(inspect.signature(fn).parameters)
-
-
 def _own_stepper(
     model,
     chunk: int | None,
@@ -252,9 +221,7 @@ def _own_stepper(
     """dpr-cache's GradCache (``chunk`` questions, ``p_chunk`` passages a chunk, by default
     ``chunk``; trimmed widths rounded up to a multiple of ``length_bucket`` where given) or the
     plain full batch (``chunk`` None), on ``towers`` (an object with ``encode_query`` and
-    ``encode_passage``; default ``model``). Raises :class:`Unavailable` for an option this
-    checkout lacks."""
-    from dpr_cache.core.engine import GradCache
+    ``encode_passage``; default ``model``)."""
     from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
 
     loss_fn = make_loss_fn(temperature=1.0, tile_size=None, group_size=2)
@@ -266,21 +233,9 @@ def _own_stepper(
         "p_chunk_size": p_chunk,
         "keep_last_graph": savings.get("keep_last_graph", True),
         "length_order": savings.get("length_order", True),
+        "length_bucket": length_bucket,
     }
-    if length_bucket is None:
-        stepper = make_stepper("gradcache", encoders, loss_fn, chunk_size=chunk, **options)
-    else:
-        why = missing_option(length_bucket=length_bucket)
-        if why is not None:
-            raise Unavailable(why)
-        stepper = GradCache(
-            encoders.encode_q,
-            encoders.encode_p,
-            loss_fn,
-            chunk,
-            length_bucket=length_bucket,
-            **options,
-        )
+    stepper = make_stepper("gradcache", encoders, loss_fn, chunk_size=chunk, **options)
     if "trim_padding" in savings:
         stepper.trim_padding = savings["trim_padding"]
     return stepper
@@ -512,10 +467,10 @@ def speed_comparison(
     ``train.p_chunk_size``; the library's ``chunk_sizes=[q, p]``); CachedMNRL has one
     mini-batch for every column (its token budget packs more of the short questions in one). A
     chunk equal at this batch to one before it (past a tower's rows it is all of them) is left
-    out. A variant runs on ``compiled`` (towers :func:`compile_towers_function` made) where it
-    is compiled, with :data:`COMPILED_WARMUPS` warm-ups; one whose option this checkout lacks is
-    a row that says so. Each row names its engine, its chunk and its chunks a step (of
-    questions and of passages; None where a token budget decides). ``host_waits``: the
+    out. A variant runs on ``compiled`` (a model whose towers
+    :func:`dpr_cache.model.compiled.compile_towers` compiled in place) where it is compiled,
+    with :data:`COMPILED_WARMUPS` warm-ups. Each row names its engine, its chunk and its chunks
+    a step (of questions and of passages; None where a token budget decides). ``host_waits``: the
     settings (all, with True) whose waits for the device are counted (one more step each);
     ``fresh_cache`` and ``others`` as :func:`_interleave` takes them."""
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
@@ -549,10 +504,7 @@ def speed_comparison(
     steppers, rows = {}, {}
     for name, make, engine, chunk, counts in specs:
         rows[name] = {"engine": engine, "chunk": chunk, "chunks": counts}
-        try:
-            steppers[name] = make()
-        except Unavailable as why:
-            rows[name]["failed"] = str(why)
+        steppers[name] = make()
     compiled_names = {v.name for v in variants if v.compile_mode}
     warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled_names else warmups for n in steppers}
     timed = _interleave(
@@ -579,13 +531,9 @@ def speed_comparison(
 
 
 def _variant_stepper(model, variant: Variant, compiled=None):
-    """dpr-cache in ``variant``, on ``compiled`` where it is compiled; raises
-    :class:`Unavailable` where this checkout lacks its option, or nothing was compiled."""
-    why = missing_option(variant.length_bucket, variant.compile_mode)
-    if why is None and variant.compile_mode and compiled is None:
-        why = "no compiled towers given"
-    if why is not None:
-        raise Unavailable(why)
+    """dpr-cache in ``variant``, on ``compiled`` where it is compiled."""
+    if variant.compile_mode and compiled is None:
+        raise ValueError(f"{variant.name}: no compiled towers given")
     towers = compiled if variant.compile_mode else None
     return _own_stepper(model, variant.chunk, length_bucket=variant.length_bucket, towers=towers)
 

@@ -492,8 +492,6 @@ def _compiled_group(comp: dict) -> list[str]:
 
 def render_compilation(r: dict) -> list[str]:
     """The compiled rows at the goals' batch, the compile's one-time cost apart."""
-    if "unavailable" in r:
-        return ["", f"Not run: {r['unavailable']}."]
     lines = [
         "",
         f"dpr-cache's towers compiled (`compile_towers`, mode `{r.get('mode')}`) in a process of "

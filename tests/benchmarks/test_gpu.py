@@ -103,13 +103,12 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert rows["dpr-cache chunk 8/4"]["chunks"] == [1, 4], rows["dpr-cache chunk 8/4"]
     assert rows["CachedMNRL rows 2"]["chunks"] == [4, 8]
     assert rows["GradCache library chunk 2"]["engine"] == "GradCache library"
-    bucket = rows["dpr-cache chunk 2 bucket 8"]  # timed, or named as missing from the checkout
-    assert "pairs_per_s" in bucket or bucket["failed"].startswith("not in this checkout"), bucket
-    assert bucket["engine"] == "dpr-cache bucket 8"
+    bucket = rows["dpr-cache chunk 2 bucket 8"]
+    assert "pairs_per_s" in bucket and bucket["engine"] == "dpr-cache bucket 8", bucket
     # the larger batch: no full batch, the peers' chunks below 4 left out, no warm-up
     assert "full batch" not in second["rows"] and "CachedMNRL rows 2" not in second["rows"]
     assert second["rows"]["dpr-cache chunk 2"]["warmup_s"] == []
-    assert all("pairs_per_s" in r for n, r in second["rows"].items() if "bucket" not in n)
+    assert all("pairs_per_s" in r for r in second["rows"].values()), second["rows"]
     assert [t["batch"] for t in s["speed"]["result"]["tokens"]] == [8, 16]
     page = dry_run[2].split("## Speed")[1].split("## Encoding")[0]
     assert "Pairs/s by chunk at B=8, fp32" in page and "Pairs/s by chunk at B=16, fp32" in page
@@ -1098,71 +1097,48 @@ def test_a_goal_at_a_chunk_takes_its_fastest_setting_compiled_ones_against_their
     assert page.count("| setting | pairs/s |") == 2
 
 
-def test_a_variant_this_checkout_lacks_is_a_row_that_says_so(monkeypatch):
-    import types
+def test_a_compiled_variant_needs_compiled_towers():
+    from benchmarks.gpu_perf import Variant, _variant_stepper
 
-    import benchmarks.gpu_perf as perf
-    from benchmarks.gpu_perf import Variant
-
-    timed_names = []
-
-    def fake_interleave(steppers, batch, model, precision, rounds, host_waits=True, **kw):
-        timed_names.extend(steppers)
-        assert kw["warmups"] == {n: 2 if "compiled" in n else 1 for n in steppers}
-        return {n: {"step_s": 1.0, "pairs_per_s": 8.0, "times_s": [1.0]} for n in steppers}
-
-    monkeypatch.setattr(perf, "_interleave", fake_interleave)
-    monkeypatch.setattr(perf, "_own_stepper", lambda *a, **k: object())
-    monkeypatch.setattr(perf, "compile_towers_function", lambda: None)
-    batch = types.SimpleNamespace(n_questions=8, p_inputs={"input_ids": torch.zeros(16, 4)})
-    variants = [Variant(2, length_bucket=8), Variant(4, length_bucket=8, compile_mode="default")]
-    comp = perf.speed_comparison(
-        None, batch, "fp32", chunks=[2], cmnrl_rows=[], cmnrl_tokens=[], lib_chunks=[],
-        variants=variants,
-    )  # fmt: skip
-    rows = comp["rows"]
-    assert rows["dpr-cache chunk 4 compiled bucket 8"] == {
-        "engine": "dpr-cache compiled bucket 8",
-        "chunk": "4",
-        "chunks": [2, 4],
-        "failed": "not in this checkout: no dpr_cache.model.compiled.compile_towers",
-    }
-    assert "dpr-cache chunk 4 compiled bucket 8" not in timed_names
-    assert rows["dpr-cache chunk 2"]["chunks"] == [4, 8] and rows["full batch"]["pairs_per_s"]
-    if perf.missing_option(length_bucket=8) is None:  # the engine takes a length bucket
-        assert rows["dpr-cache chunk 2 bucket 8"]["pairs_per_s"] == 8.0
-    from dpr_cache.core.engine import GradCache
-
-    monkeypatch.setattr(perf, "_keywords", lambda fn: set() if fn is GradCache else {"x"})
-    assert perf.missing_option(length_bucket=8) == (
-        "not in this checkout: GradCache takes no length_bucket"
-    )
+    with pytest.raises(ValueError, match="no compiled towers given"):
+        _variant_stepper(None, Variant(4, length_bucket=8, compile_mode="default"))
 
 
-def _fake_compile_towers(towers, mode="default"):
-    """The compile function's shape (towers compiled in place), compiling nothing."""
-    return len(towers)
+def _stand_in_compiler(monkeypatch) -> list[tuple[list, str]]:
+    """``compile_towers`` replaced where the suite calls it, compiling nothing: each call's
+    towers and mode, recorded."""
+    from benchmarks import gpu_compiled
+
+    calls = []
+
+    def compile_towers(towers, mode="default"):
+        calls.append((towers, mode))
+        return len({id(t) for t in towers})
+
+    monkeypatch.setattr(gpu_compiled, "compile_towers", compile_towers)
+    return calls
 
 
 def test_the_compiled_checks_with_a_stand_in_compiler(monkeypatch):
     """The checks' logic on the CPU, the towers left eager: the float64 gradient equals the
     full batch's, the replayed re-forward equals the first pass and the control does not."""
-    from benchmarks import gpu_compiled, gpu_perf
+    from benchmarks import gpu_compiled
 
-    monkeypatch.setattr(gpu_perf, "compile_towers_function", lambda: _fake_compile_towers)
+    calls = _stand_in_compiler(monkeypatch)
     device = torch.device("cpu")
     fp64 = gpu_compiled.fp64_check(device, "default")
     assert fp64["ok"] and len(fp64["errors"]) == 3 and fp64["relative_error"] < 1e-12, fp64
     replay = gpu_compiled.replay_check(device, "default")
     assert replay["ok"] and replay["replayed"]["within_bound"] == replay["replayed"]["chunks"]
     assert replay["control_without_replay"]["largest"] > 1e-2 and replay["vs_eager_first_pass"] == 0
+    assert [(len(towers), mode) for towers, mode in calls] == [(2, "default"), (2, "default")]
 
 
 def test_the_compiled_rate_with_a_stand_in_compiler(monkeypatch, tmp_path):
-    from benchmarks import gpu, gpu_compiled, gpu_perf
+    from benchmarks import gpu, gpu_compiled
     from benchmarks.gpu_perf import Variant
 
-    monkeypatch.setattr(gpu_perf, "compile_towers_function", lambda: _fake_compile_towers)
+    calls = _stand_in_compiler(monkeypatch)
     variants = [Variant(4, length_bucket=8, compile_mode="default")]
     found = dict(
         gpu_compiled.speed(
@@ -1171,14 +1147,14 @@ def test_the_compiled_rate_with_a_stand_in_compiler(monkeypatch, tmp_path):
     )
     (group,) = found["comparisons"]
     rows = group["rows"]
-    bucket = "" if gpu_perf.missing_option(length_bucket=8) else " bucket 8"
     compiled, eager = (
-        rows[f"dpr-cache chunk 4 compiled{bucket}"],
-        rows[f"dpr-cache chunk 4{bucket}"],
+        rows["dpr-cache chunk 4 compiled bucket 8"],
+        rows["dpr-cache chunk 4 bucket 8"],
     )
     assert len(compiled["warmup_s"]) == 2 and len(eager["warmup_s"]) == 1, rows
     assert compiled["chunks"] == [2, 4] and "pairs_per_s" in rows["full batch"]
     assert found["compile_call_s"] >= 0 and "recompiles" in found["compiler"]
+    assert [mode for _, mode in calls] == ["default"]  # once, before the first group
 
 
 def test_a_compiled_childs_figures_and_compilations_are_kept_when_it_stops(monkeypatch):
@@ -1274,9 +1250,11 @@ def test_compiled_rows_and_checks_on_the_page():
     judged = gpu_report._exactness_goals({**exact_rows, "compiled": exact})
     assert [g["met"] for g in judged] == [True, True, True, True]
     assert judged[2]["goal"] == "fp64, B=8, chunk 3, towers compiled: GradCache = eager full batch"
-    missing = {"unavailable": "not in this checkout: no dpr_cache.model.compiled"}
-    assert "not checked (not in this checkout" in gpu_report._compiled_exactness(missing)[-1]
-    judged = gpu_report._exactness_goals({**exact_rows, "compiled": missing})
+    not_run = {"not_run": "a dry run compiles nothing"}
+    assert gpu_report._compiled_exactness(not_run)[-1] == (
+        "Compiled towers: not checked (a dry run compiles nothing)."
+    )
+    judged = gpu_report._exactness_goals({**exact_rows, "compiled": not_run})
     assert [g["met"] for g in judged[2:]] == [None, None]
     child = {"why": "out of time after 150 s", "last_lines": ["x"], "progress": ["y"]}
     stopped = {"mode": "reduce-overhead", "seconds": 150.0, "compiles_s": [30.0], "error": child}
@@ -1285,15 +1263,12 @@ def test_compiled_rows_and_checks_on_the_page():
         "1 compilation (30 s in all" in page
         and "The child stopped (out of time after 150 s)" in page
     )
-    assert gpu_report._SECTION["compilation"](missing)[-1] == (
-        "Not run: not in this checkout: no dpr_cache.model.compiled."
-    )
 
 
 def test_the_whole_suites_minutes_say_what_compilation_took():
     done = {
         "speed": {"result": {"comparisons": []}, "seconds": 140.0},
-        "compilation": {"result": {"unavailable": "x"}, "seconds": 150.0},
+        "compilation": {"result": {"mode": "reduce-overhead", "comparisons": []}, "seconds": 150.0},
     }
     report = {
         "dry_run": False,
