@@ -3,7 +3,7 @@ JSON or JSON Lines, streamed) written to ``OUT`` as JSON Lines with every key ke
 ``positive_ctxs`` and ``hard_negative_ctxs`` given ``teacher_score`` (float), and a summary beside
 it (``<OUT stem>.summary.json``: the teacher, the settings, the counts, seconds per stage).
 
-Resumable as ``mine`` is (:mod:`dpr_cache.retrieval.mining.parts`): the records go in parts of
+Resumable as ``mine`` is (:mod:`dpr_cache.runtime.resumable`): the records go in parts of
 ``batch``, each written whole into ``OUT.parts/`` with its counts; a rerun with the same teacher,
 file and settings keeps the finished parts. Under ``torchrun`` every rank reads each part, scores
 the records ``i % world_size == rank`` of it, and rank 0 gathers the scores and writes the part.
@@ -18,26 +18,32 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
-import torch.distributed as dist
-from tqdm.auto import tqdm
 
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.mining.miner import summary_path
-from dpr_cache.retrieval.mining.parts import join_parts, parts_dir
 from dpr_cache.retrieval.teacher import Group, Teacher, passage_of, score_groups
-from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import check_output_file, write_atomic, write_json_atomic
+from dpr_cache.runtime.atomic import check_output_file
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.overlap import ahead
+from dpr_cache.runtime.resumable import (
+    PartJob,
+    PartsSpec,
+    file_signature,
+    fingerprint,
+    finish_parts,
+    in_parts,
+    open_parts,
+    over_ranks,
+    part_done,
+    run_parts,
+)
 
 __all__ = ["ScoreSpec", "SCORED", "score", "groups_of"]
 
@@ -90,50 +96,34 @@ def score(
     train, out = Path(train), Path(out)
     check_output_file(out, {"the training file": train})
     laps = laps or Laps()
-    parts = parts_dir(out, teacher.inputs(), train, spec, None, rank)
+    inputs = fingerprint(*teacher.inputs(), file_signature(train), dataclasses.asdict(spec))
+    parts = PartsSpec(out, spec.batch, inputs, rank, world_size)
+    open_parts(parts)
     laps.lap("load the teacher")
-    bar = tqdm(unit="q", desc="score", disable=not (progress and rank == 0), dynamic_ncols=True)
-    n_parts = 0
-    made = _parts_ahead(teacher, train, spec.batch, parts, rank, world_size)
-    with bar, closing(made):  # closed: a part made ahead is waited for, not left running
-        for batch, ready in made:
-            laps.lap("read the training file")
-            part = _part_path(parts, n_parts)
-            if not distributed.rank0_says(part.with_suffix(".json").is_file()):
-                groups, prepared = ready or (groups_of(train, batch), None)
-                scores = _scored(teacher, groups, prepared, rank, world_size)
-                laps.lap("score")
-                if rank == 0:
-                    counts = _write_part(part, batch, scores)
-                    write_json_atomic(part.with_suffix(".json"), counts)
-                laps.lap("write the part")
-            n_parts += 1
-            bar.update(len(batch))
-    distributed.barrier()
-    if rank != 0:
-        return None
-    summary = join_parts(parts, out, n_parts)
-    del summary["dropped"]  # no rule drops anything here
-    laps.lap("join the parts into OUT")
-    stages = laps.seconds()
-    summary.update(
-        train=str(train),
-        out=str(out),
-        teacher=teacher.describe(),
-        settings=dataclasses.asdict(spec),
-        command=command,
-        ranks=world_size,
-        seconds=round(sum(stages.values()), 1),
-        seconds_by_stage=stages,
+    job = PartJob(
+        work=lambda made: _score_part(teacher, train, made, parts, laps),
+        write=lambda f, made, scores: _write_records(f, made[0], scores),
+        count=lambda made: len(made[0]),
     )
-    write_json_atomic(summary_path(out), summary)
-    shutil.rmtree(parts, ignore_errors=True)
+    made = _parts_ahead(teacher, train, spec.batch, parts.folder, rank, world_size)
+    with closing(made):  # closed: a part made ahead is waited for, not left running
+        totals = run_parts(parts, made, job, laps=laps, progress=progress, desc="score")
+    if totals is None:
+        return None
+    stages = laps.seconds()
+    summary = {
+        **totals,
+        "train": str(train),
+        "out": str(out),
+        "teacher": teacher.describe(),
+        "settings": dataclasses.asdict(spec),
+        "command": command,
+        "ranks": world_size,
+        "seconds": round(sum(stages.values()), 1),
+        "seconds_by_stage": stages,
+    }
+    finish_parts(parts, summary)
     return summary
-
-
-def _part_path(parts: Path, n: int) -> Path:
-    """Part ``n``'s records; the part is done once its counts (``.json``) follow it."""
-    return parts / f"part-{n:06d}.jsonl"
 
 
 def _parts_ahead(
@@ -146,71 +136,51 @@ def _parts_ahead(
 
     def made():
         for n, batch in enumerate(_records(train, size)):
-            if not teacher.ahead or _part_path(parts, n).with_suffix(".json").is_file():
+            if not teacher.ahead or part_done(parts, n):
                 yield batch, None
                 continue
             groups = groups_of(train, batch)
-            yield batch, (groups, teacher.prepare(groups[rank::world_size]))
+            share = groups[rank::world_size]  # this rank's, as over_ranks splits a part
+            yield batch, (groups, teacher.prepare(share))
 
     return ahead(made(), enabled=teacher.ahead)
 
 
 def _records(train: Path, size: int) -> Iterator[list[tuple[str, Any]]]:
     """The file's records, whole, in parts of ``size`` (only one part in memory)."""
-    batch, read = [], 0
-    for item in iter_raw(train):
-        batch.append(item)
-        read += 1
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if not read:
-        raise InputError(f"{train}: no questions")
-    if batch:
-        yield batch
+    return in_parts(iter_raw(train), size, f"{train}: no questions")
 
 
-def _scored(
-    teacher: Teacher, groups: list[Group], prepared: Any, rank: int, world_size: int
+def _score_part(
+    teacher: Teacher,
+    train: Path,
+    made: tuple[list[tuple[str, Any]], tuple[list[Group], Any] | None],
+    parts: PartsSpec,
+    laps: Laps,
 ) -> list[np.ndarray] | None:
-    """Every group's scores on rank 0 (None elsewhere): each rank scores its share (``prepared``:
-    what the teacher prepared of that share, or None) and rank 0 gathers them. A rank's bad
-    input stops every rank with its one line."""
-    if world_size == 1:
-        return score_groups(teacher, groups, prepared)
-    share = groups[rank::world_size]
-    try:
-        result: tuple[str, Any] = ("ok", score_groups(teacher, share, prepared))
-    except InputError as e:
-        result = ("error", str(e))
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, result)
-    errors = [message for status, message in gathered if status == "error"]
-    if errors:
-        raise InputError(errors[0])
-    if rank != 0:
-        return None
-    out: list[np.ndarray] = [np.zeros(0)] * len(groups)
-    for r, (_, scores) in enumerate(gathered):
-        out[r::world_size] = scores
-    return out
+    """Every record's scores of a part on rank 0 (None elsewhere), each rank scoring its share
+    (:func:`~dpr_cache.runtime.resumable.over_ranks`). ``made``: the part's records, and its
+    groups with this rank's share prepared when made ahead (else None: made here)."""
+    batch, ready = made
+    groups, prepared = ready or (groups_of(train, batch), None)
+    scores = over_ranks(groups, lambda share: score_groups(teacher, share, prepared), parts)
+    laps.lap("score")
+    return scores
 
 
-def _write_part(part: Path, batch: list[tuple[str, Any]], scores: list[np.ndarray]) -> dict:
-    """The part's records with each scored ctx's ``teacher_score``; the counts."""
+def _write_records(
+    f: IO[str], batch: list[tuple[str, Any]], scores: list[np.ndarray]
+) -> dict[str, int]:
+    """The part's records written to ``f`` with each scored ctx's ``teacher_score``; the
+    part's counts."""
     counts = {"questions": len(batch), "positives": 0, "hard_negatives": 0, "no_positive": 0}
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for (_, obj), values in zip(batch, scores, strict=True):
-                values = iter(values.tolist())
-                for key in SCORED:
-                    for ctx in obj.get(key) or []:
-                        ctx["teacher_score"] = next(values)
-                counts["positives"] += len(obj.get("positive_ctxs") or [])
-                counts["hard_negatives"] += len(obj.get("hard_negative_ctxs") or [])
-                counts["no_positive"] += not obj.get("positive_ctxs")
-                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-
-    write_atomic(part, write)
+    for (_, obj), values in zip(batch, scores, strict=True):
+        values = iter(values.tolist())
+        for key in SCORED:
+            for ctx in obj.get(key) or []:
+                ctx["teacher_score"] = next(values)
+        counts["positives"] += len(obj.get("positive_ctxs") or [])
+        counts["hard_negatives"] += len(obj.get("hard_negative_ctxs") or [])
+        counts["no_positive"] += not obj.get("positive_ctxs")
+        f.write(json.dumps(obj, ensure_ascii=False) + "\n")
     return counts

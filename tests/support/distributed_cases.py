@@ -8,7 +8,6 @@ averaging and how many times a DDP comm hook saw each parameter.
 
 # No ``from __future__ import annotations``: DDP checks the comm hook's annotations as objects.
 import functools
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from dpr_cache.runtime.atomic import write_atomic
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
 from tests.support.fixtures import bert_config, random_inputs
+from tests.support.ranks import join
 
 N_Q = 8  # global questions: 4 per rank; chunk 3 leaves uneven last chunks (3+1, 3+3+2)
 HARD = 1
@@ -178,15 +178,7 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
 
 def main(rank: int, world: int, port: int, out_dir: str, cases: list[dict[str, Any]]) -> None:
     """Entry point for ``torch.multiprocessing.spawn``: run every case, save one file each."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-    )
-    torch.set_num_threads(1)
-    env = distributed.setup("cpu")
+    env = join(rank, world, port)
     handler = signal.getsignal(signal.SIGTERM)  # a dead peer named even if SIGTERM comes first
     assert handler is distributed._on_sigterm, f"setup left SIGTERM to {handler}"
     try:

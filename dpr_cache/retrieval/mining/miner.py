@@ -10,51 +10,50 @@ within a margin of the positive by the ranker's score or a teacher's) become the
 to ``OUT`` as JSON Lines, with what mined them, what each rule dropped and the seconds each stage
 took beside it (``<OUT stem>.summary.json``).
 
-Resumable: the questions go in parts of ``batch``, each written whole into ``OUT.parts/``; a rerun
-with the same ranker, file and settings keeps the finished parts. A question's id (for the qrels)
+Resumable (:mod:`dpr_cache.runtime.resumable`): the questions go in parts of ``batch``, each
+written whole into ``OUT.parts/``; a rerun with the same ranker, file, settings and qrels keeps
+the finished parts. Under ``torchrun`` every rank ranks every part (the model's ranker splits the
+index's shards over the ranks) and rank 0 writes it. A question's id (for the qrels)
 is its record's ``id``, ``qid``, ``_id`` or ``query_id``, else its place in the file from 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import passage_columns, passage_rows
 from dpr_cache.data.training import iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.metrics import hit_metrics, read_qrels
-from dpr_cache.retrieval.mining.parts import (
-    join_parts,
-    parts_dir,
-    records,
-    settings_of,
-    write_part,
-)
+from dpr_cache.retrieval.mining.parts import records, write_records
 from dpr_cache.retrieval.mining.rankers import Ranked, Ranker
-from dpr_cache.retrieval.mining.rules import MineSpec, check_spec, drop_reason
+from dpr_cache.retrieval.mining.rules import RULES, MineSpec, check_spec, drop_reason
 from dpr_cache.retrieval.teacher import Group, Passage, Teacher, passage_of, score_groups
-from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import check_output_file, write_json_atomic
+from dpr_cache.runtime.atomic import check_output_file
 from dpr_cache.runtime.laps import Laps
+from dpr_cache.runtime.resumable import (
+    PartJob,
+    PartsSpec,
+    file_signature,
+    fingerprint,
+    finish_parts,
+    open_parts,
+    run_parts,
+)
 
-__all__ = ["mine", "mine_part", "negatives_of", "summary_path", "HIT_KS"]
+__all__ = ["mine", "mine_part", "negatives_of", "HIT_KS"]
 
 HIT_KS = (1, 5, 20, 100)
 ANSWER_AT = "answer_at_"  # a part's count of questions whose first answer is at a window rank
-
-
-def summary_path(out: Path) -> Path:
-    """Where a mined file's summary goes: ``<OUT stem>.summary.json`` beside it."""
-    return Path(out).with_suffix(".summary.json")
 
 
 def mine(
@@ -81,32 +80,21 @@ def mine(
     laps = laps or Laps()
     judged = read_qrels(qrels) if qrels is not None else None
     inputs = ranker.inputs() + ([teacher.inputs()] if teacher is not None else [])
-    parts = parts_dir(out, inputs, train, spec, qrels, rank)
+    parts = _parts_spec(out, inputs, train, spec, qrels, rank)
+    open_parts(parts)
     laps.lap("load the ranker and passages")
-    bar = tqdm(unit="q", desc="mine", disable=not (progress and rank == 0), dynamic_ncols=True)
-    n_parts = 0
-    with bar:
-        raw = iter_raw(train)  # the whole records again, streamed beside the parts (rank 0)
-        for batch in records(train, spec.batch):
-            laps.lap("read the training file")
-            part = parts / f"part-{n_parts:06d}.jsonl"  # done once its counts (.json) follow it
-            if not distributed.rank0_says(part.with_suffix(".json").is_file()):
-                mined, counts = mine_part(ranker, batch, train, spec, judged, laps, teacher)
-                if rank == 0:
-                    counts["kept_bm25"] = write_part(part, raw, mined, spec.keep_bm25, train)
-                    write_json_atomic(part.with_suffix(".json"), counts)
-                laps.lap("write the part")
-            elif rank == 0:
-                for _ in itertools.islice(raw, len(batch)):  # past the finished part's records
-                    pass
-            n_parts += 1
-            bar.update(len(batch))
-    distributed.barrier()
-    if rank != 0:
+    raw = iter_raw(train)  # the whole records again, streamed beside the parts (rank 0)
+    job = PartJob(
+        work=lambda batch: mine_part(ranker, batch, train, spec, judged, laps, teacher),
+        write=lambda f, batch, mined: _written(f, raw, mined, spec, train),
+        skip=lambda batch: _past(raw, len(batch)),
+    )
+    questions = records(train, spec.batch)
+    totals = run_parts(parts, questions, job, laps=laps, progress=progress, desc="mine")
+    if totals is None:
         return None
-    summary = join_parts(parts, out, n_parts)
+    summary = _with_dropped(totals)
     summary["answer_in_top"] = _hit_rates(summary, spec)
-    laps.lap("join the parts into OUT")
     stages = laps.seconds()
     mined_by = {**ranker.mined_by(), "qrels": str(qrels) if qrels else None}
     if teacher is not None:
@@ -114,15 +102,48 @@ def mine(
     summary.update(
         train=str(train),
         out=str(out),
-        settings=settings_of(spec),
+        settings=dataclasses.asdict(spec),
         command=command,
         seconds=round(sum(stages.values()), 1),
         seconds_by_stage=stages,
         mined_by=mined_by,
     )
-    write_json_atomic(summary_path(out), summary)
-    shutil.rmtree(parts, ignore_errors=True)
+    finish_parts(parts, summary)
     return summary
+
+
+def _parts_spec(
+    out: Path, ranker: list[Any], train: Path, spec: MineSpec, qrels: Path | None, rank: int
+) -> PartsSpec:
+    """The run's parts: of ``spec.batch`` questions, kept while the ranker (``ranker``: what
+    the ranking depends on), the training file, the settings and the qrels stay the same."""
+    judged = file_signature(qrels) if qrels is not None else None
+    inputs = fingerprint(*ranker, file_signature(train), dataclasses.asdict(spec), judged)
+    return PartsSpec(out, spec.batch, inputs, rank)
+
+
+def _written(
+    f: IO[str],
+    raw: Iterator[tuple[str, Any]],
+    mined: tuple[list[list[dict]], dict[str, Any]],
+    spec: MineSpec,
+    train: Path,
+) -> dict[str, Any]:
+    """A part's records written to ``f`` with their mined negatives; the part's counts."""
+    negatives, counts = mined
+    return {**counts, "kept_bm25": write_records(f, raw, negatives, spec.keep_bm25, train)}
+
+
+def _past(raw: Iterator[tuple[str, Any]], n: int) -> None:
+    """``raw`` moved past a finished part's ``n`` records."""
+    for _ in itertools.islice(raw, n):
+        pass
+
+
+def _with_dropped(totals: dict[str, Any]) -> dict[str, Any]:
+    """The summed counts with each rule's ``dropped_*`` count gathered under ``dropped``."""
+    dropped = {rule: totals.pop(f"dropped_{rule}", 0) for rule in RULES}
+    return {**totals, "dropped": dropped}
 
 
 def mine_part(
