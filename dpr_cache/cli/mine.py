@@ -19,6 +19,7 @@ from dpr_cache.cli.app import (
 )
 from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
+from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules
 
 
 @app.command(cls=Command)
@@ -39,15 +40,19 @@ def mine(
         Path | None,
         typer.Option(help="The passages TSV (bm25: needed; model: default the index's own)."),
     ] = None,
-    negatives: Annotated[int, typer.Option(help="Hard negatives kept per question.")] = 30,
-    depth: Annotated[int, typer.Option(help="Candidates ranked per question.")] = 100,
-    skip: Annotated[int, typer.Option(help="The ranker's top ranks left out first.")] = 0,
+    negatives: Annotated[
+        int, typer.Option(help="Hard negatives kept per question.")
+    ] = MineSpec.negatives,
+    depth: Annotated[int, typer.Option(help="Candidates ranked per question.")] = MineSpec.depth,
+    skip: Annotated[
+        int, typer.Option(help="The ranker's top ranks left out first.")
+    ] = MineSpec.skip,
     keep_bm25: Annotated[
         bool, typer.Option("--keep-bm25", help="Keep the file's own hard negatives after these.")
-    ] = False,
+    ] = MineSpec.keep_bm25,
     match: Annotated[
         str, typer.Option(help="Answer check: string, regex or none (DPR's has_answer).")
-    ] = "string",
+    ] = NegativeRules.match,
     qrels: Annotated[
         Path | None, typer.Option(help="TREC qrels: a passage judged relevant is dropped.")
     ] = None,
@@ -87,7 +92,9 @@ def mine(
             "CPU), fp32, bf16 or fp16."
         ),
     ] = "auto",
-    batch: Annotated[int, typer.Option(help="Questions per part (resumable unit).")] = 2048,
+    batch: Annotated[
+        int, typer.Option(help="Questions per part (resumable unit).")
+    ] = MineSpec.batch,
     memory_gb: MemoryOpt = default_of("index.memory_gb"),
     nprobe: Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")] = default_of(
         "index.ivf_nprobe"
@@ -114,7 +121,6 @@ def mine(
     check_inputs(train=train, passages=passages, qrels=qrels)
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.mine import RankerSpec, format_summary, mine_file
-    from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules
     from dpr_cache.retrieval.teacher import TeacherSpec
 
     if match not in ("string", "regex", "none"):
