@@ -90,11 +90,13 @@ class TrainConfig(_Section):
     log_every: int = Field(1, ge=1)
     keep_last_graph: bool = True
     length_order: bool = True  # gradcache: chunk rows longest first (less padding; exact)
-    # gradcache: each chunk's trimmed width rounded up to a multiple of this (exact), so shapes
-    # repeat; null: its own width, or 32 when the towers are compiled
+    # gradcache: each chunk's trimmed width rounded up to a multiple of this (exact), and each
+    # batch padded to one where it divides model.max_*_length, so shapes repeat; null: each
+    # chunk at its own width, or 32 when the towers are compiled
     length_bucket: int | None = Field(None, ge=1)
-    # torch.compile the towers (exact: dropout replayed): auto is off (measured slower on the
-    # CPU; on CUDA not yet measured); on CUDA compiled towers replay as CUDA graphs
+    # torch.compile the towers (exact: dropout replayed); on CUDA as CUDA graphs. auto is off:
+    # on the CPU half the cost a chunk but more a step at few chunks and seconds a new shape
+    # (docs/bench/chunk_cost.md); on CUDA not yet measured
     compile: Literal["auto", "on", "off"] = "auto"
     fast_dropout: bool = True  # CPU: dropout masks four to a 64-bit draw (model/fast_dropout)
     device: str = "auto"  # auto | cpu | cuda | cuda:N

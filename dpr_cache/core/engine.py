@@ -260,7 +260,7 @@ def _store(tower: _Tower, index: int, reps: Tensor) -> None:
         rows = sum(batch_rows(c) for c in tower.chunks)
         tower.reps = reps.new_empty((rows, *reps.shape[1:]))
     if tower.rows is not None:
-        tower.reps.index_copy_(0, tower.rows[index], reps)
+        tower.reps.index_copy_(0, tower.rows[index].to(reps.device), reps)
         return
     start = sum(batch_rows(c) for c in tower.chunks[:index])
     tower.reps[start : start + reps.shape[0]].copy_(reps)
@@ -276,7 +276,7 @@ def _split_like(grad: Tensor | None, joined: Tensor, tower: _Tower) -> list[Tens
     if grad is None:
         grad = torch.zeros_like(joined)
     if tower.rows is not None:
-        return [grad.index_select(0, rows) for rows in tower.rows]
+        return [grad.index_select(0, rows.to(grad.device)) for rows in tower.rows]
     return list(grad.split([batch_rows(c) for c in tower.chunks]))
 
 

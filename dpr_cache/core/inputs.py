@@ -106,8 +106,10 @@ def cut_chunks(
     ``length_order``: rows ordered longest first by attended tokens (ties in batch order), so
     rows of similar length share a chunk. ``trim``: each chunk cut to the columns up to its
     rows' last attended one; with ``length_bucket``, that width rounded up to a multiple of it
-    (at most the inputs' width), so chunk shapes repeat from step to step. Every 2-D-or-more
-    tensor whose dim 1 has the mask's width is cut alike. Both are exact for right-padded
+    (at most the inputs' width: a batch padded to a multiple of the bucket, as the trainer pads
+    it then, gives every chunk such a width), so chunk shapes repeat from step to step. Every
+    2-D-or-more tensor whose dim 1 has the mask's width is cut alike, into a contiguous tensor
+    (its strides then do not depend on the batch's width either). Both are exact for right-padded
     encoders, whose output ignores masked trailing columns. Inputs without a 2-D
     ``attention_mask`` are chunked in batch order, uncut.
     """
@@ -150,7 +152,10 @@ def _width(spans: RowSpans, rows: Tensor, bucket: int | None) -> int:
 def _narrow(part: dict[str, Tensor], width: int, keep: int) -> dict[str, Tensor]:
     if keep == width:
         return part
-    return {k: t[:, :keep] if t.dim() >= 2 and t.shape[1] == width else t for k, t in part.items()}
+    return {
+        k: t[:, :keep].contiguous() if t.dim() >= 2 and t.shape[1] == width else t
+        for k, t in part.items()
+    }
 
 
 def _device_of(inputs: Inputs) -> torch.device:

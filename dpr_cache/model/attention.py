@@ -3,8 +3,9 @@
 transformers' SDPA mask skips building a mask when no row of a chunk is padded, which it learns
 by reading ``attention_mask.all()`` back from the device: on CUDA a host wait in every forward,
 which stalls the queue of kernels behind it. Here the mask is always built when a padding mask
-is given (SDPA then attends with it; a chunk without padding gets the same outputs from an
-all-true mask), and skipped, as before, only when none is given. Nothing saved changes: the
+is given (SDPA then attends with it; a chunk without padding gets the same outputs, to
+rounding, from an all-true mask, with which CUDA may pick another kernel), and skipped, as
+before, only when none is given. Nothing saved changes: the
 implementation's name is not written to ``config.json``.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["SDPA_NAME", "mask_without_wait", "register", "use_sdpa_without_wait"]
+__all__ = ["SDPA_NAME", "distinct", "mask_without_wait", "register", "use_sdpa_without_wait"]
 
 SDPA_NAME = "dpr_cache_sdpa"
 
@@ -28,13 +29,18 @@ def mask_without_wait(*args, attention_mask=None, allow_is_bidirectional_skip=Fa
     )
 
 
-def register(name: str, attention) -> None:
-    """Register ``attention`` under ``name`` with :func:`mask_without_wait` as its mask."""
+def register(name: str, attention, mask=mask_without_wait) -> None:
+    """Register ``attention`` under ``name``, its padding mask built by ``mask``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, attention)
-    AttentionMaskInterface.register(name, mask_without_wait)
+    AttentionMaskInterface.register(name, mask)
+
+
+def distinct(towers: list[nn.Module]) -> list[nn.Module]:
+    """``towers`` without repeats (a shared tower is listed twice), in order."""
+    return list({id(t): t for t in towers}.values())
 
 
 def use_sdpa_without_wait(towers: list[nn.Module]) -> int:
@@ -44,7 +50,7 @@ def use_sdpa_without_wait(towers: list[nn.Module]) -> int:
 
     register(SDPA_NAME, sdpa_attention_forward)
     switched = 0
-    for tower in {id(t): t for t in towers}.values():
+    for tower in distinct(towers):
         if getattr(tower.config, "_attn_implementation", None) == "sdpa":
             tower.set_attn_implementation(SDPA_NAME)
             switched += 1

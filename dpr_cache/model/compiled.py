@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dpr_cache.model.attention import distinct
+
 __all__ = [
     "COMPILE_MODES",
     "COMPILED_BUCKET",
@@ -32,10 +34,11 @@ COMPILED_BUCKET = 32
 a 256-token passage tower then compiles at most 8 widths."""
 
 
-def compiles(setting: str, device: torch.device) -> bool:
-    """Whether ``train.compile`` (``auto | on | off``) compiles on ``device``. ``auto`` is off:
-    on the CPU a compiled step measured slower than an eager one (benchmarks/chunk_cost.py),
-    and on CUDA no measurement has decided it yet."""
+def compiles(setting: str) -> bool:
+    """Whether ``train.compile`` (``auto | on | off``) compiles. ``auto`` is off on every
+    device: on the CPU compiled towers cost half as much a chunk but more a step at few chunks,
+    and every new shape compiles anew, for seconds (docs/bench/chunk_cost.md); on CUDA no
+    measurement has decided it yet."""
     return setting == "on"
 
 
@@ -51,11 +54,12 @@ def compile_towers(towers: list[nn.Module], mode: str = "default") -> int:
     import torch._dynamo.config as dynamo
     import torch._inductor.config as inductor
 
-    inductor.fallback_random = True  # masks from the global RNG: replayed as eager ones are
+    # for the whole process: masks from the global RNG, replayed as eager ones are
+    inductor.fallback_random = True
     # one graph a shape and grad mode: chunk widths x row counts x (graph-less, re-forward)
     dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
     compiled = 0
-    for tower in {id(t): t for t in towers}.values():
+    for tower in distinct(towers):
         tower.compile(dynamic=False, mode=mode)
         compiled += 1
     return compiled

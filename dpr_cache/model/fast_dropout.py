@@ -10,7 +10,7 @@ CUDA alike. A backward keeps the boolean mask, as PyTorch's dropout does.
 :func:`use_fast_dropout` swaps a tower's ``nn.Dropout`` modules for :class:`FastDropout` and
 its attention for :func:`attention_with_fast_dropout` (a registered transformers attention
 implementation: scores, softmax, this dropout, values; plain SDPA without dropout, as in eval
-mode; its padding mask built as :mod:`dpr_cache.model.attention` builds it). Nothing saved
+mode; its padding mask is transformers' SDPA mask). Nothing saved
 changes: the modules hold no weights and the attention implementation is not written to
 ``config.json``.
 """
@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from dpr_cache.model.attention import register
+from dpr_cache.model.attention import distinct, register
 
 __all__ = ["FastDropout", "fast_dropout", "keep_mask", "use_fast_dropout", "ATTENTION_NAME"]
 
@@ -91,9 +91,11 @@ def attention_with_fast_dropout(
 def use_fast_dropout(towers: list[nn.Module]) -> int:
     """Swap every ``nn.Dropout`` of ``towers`` (transformers models) for :class:`FastDropout` and
     their attention for :func:`attention_with_fast_dropout`; return the modules swapped."""
-    register(ATTENTION_NAME, attention_with_fast_dropout)
+    from transformers.masking_utils import sdpa_mask
+
+    register(ATTENTION_NAME, attention_with_fast_dropout, sdpa_mask)  # the CPU has no waits
     swapped = 0
-    for tower in {id(t): t for t in towers}.values():
+    for tower in distinct(towers):
         for child in list(tower.modules()):
             for attr, sub in list(child.named_children()):
                 if type(sub) is nn.Dropout:

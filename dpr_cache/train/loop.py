@@ -75,7 +75,7 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
         trainer = build_trainer(config, env, total)
         if env.is_main:  # once the model is there: a run that cannot start says that alone
             _warn_if_a_gpu_config_found_no_gpu(config, env)
-        recipe = batch_recipe(config, trainer.model)
+        recipe = batch_recipe(config, trainer.model, trainer.length_bucket)
         start = trainer.resume(out / CHECKPOINTS) if resume else 0
         if start:
             _check_resumed_settings(config, out / "config.yaml", warn=env.is_main)

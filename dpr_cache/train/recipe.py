@@ -32,6 +32,7 @@ class BatchRecipe:
     query_prefix: str = ""
     passage_prefix: str = ""
     teacher_scores: bool = False  # carry each passage row's teacher score (distillation)
+    pad_to_multiple_of: int | None = None  # each side padded to a multiple of this
 
     def batch(
         self,
@@ -57,6 +58,7 @@ class BatchRecipe:
             query_prefix=self.query_prefix,
             passage_prefix=self.passage_prefix,
             teacher_scores=self.teacher_scores,
+            pad_to_multiple_of=self.pad_to_multiple_of,
         )
 
 

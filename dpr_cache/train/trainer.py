@@ -64,6 +64,7 @@ __all__ = [
     "batch_recipe",
     "training_data",
     "prepare_towers",
+    "compile_as_set",
     "length_bucket_of",
     "distillation_of",
     "out_of_memory",
@@ -103,6 +104,7 @@ class Trainer:
     chunk_size: int
     precision: str = "fp32"
     max_grad_norm: float | None = None
+    length_bucket: int | None = None  # GradCache's; batches are padded to a multiple of it
 
     def step(self, batch: Batch) -> StepResult:
         """One update on this rank's slice of a global batch. A loss or gradient that is not
@@ -197,7 +199,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     ).to(env.device)
     if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
         logger.warning("%s", warning)
-    compiled = prepare_towers(model, cfg, env.device)
+    prepare_towers(model, cfg, env.device)
     model.train()
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps
@@ -206,7 +208,8 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         optimizer, linear_warmup_decay(cfg.warmup_steps, total_steps)
     )
     scaler = torch.amp.GradScaler(env.device.type) if cfg.precision == "fp16" else None
-    chunk_size = chunk_size_of(config, model, env)
+    chunk_size = chunk_size_of(config, model, env)  # probed on eager towers
+    compiled = compile_as_set(model, cfg, env.device)
     towers = wrap_towers(model, env)  # DDP broadcasts rank 0's weights
     torch.manual_seed(stream_seed("dropout", cfg.seed, env.rank))
     loss_fn = make_loss_fn(
@@ -239,24 +242,28 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         chunk_size,
         cfg.precision,
         cfg.max_grad_norm,
+        length_bucket_of(cfg, compiled),
     )
 
 
-def prepare_towers(model: BiEncoder, cfg: TrainConfig, device: torch.device) -> bool:
-    """Make ``model``'s towers run as ``cfg`` asks on ``device``; return whether they are
-    compiled. On CUDA, SDPA attention builds its padding masks without host waits; compiled
-    towers (``train.compile``) are compiled in place; on the CPU, eager towers draw dropout
-    with :mod:`~dpr_cache.model.fast_dropout` (``train.fast_dropout``; compiled ones keep
-    PyTorch's dropout, which inductor compiles whole)."""
+def prepare_towers(model: BiEncoder, cfg: TrainConfig, device: torch.device) -> None:
+    """Make ``model``'s eager towers run as ``cfg`` asks on ``device``: on CUDA, SDPA builds
+    its padding masks without host waits; on the CPU, dropout is drawn by
+    :mod:`~dpr_cache.model.fast_dropout` (``train.fast_dropout``), unless the towers are to be
+    compiled (PyTorch's dropout then, whose draws inductor leaves to PyTorch's generator)."""
     towers = [model.query_encoder, model.passage_encoder]
-    compiled = compiles(cfg.compile, device)
     if device.type == "cuda":
         use_sdpa_without_wait(towers)
-    elif cfg.fast_dropout and not compiled:
+    elif cfg.fast_dropout and not compiles(cfg.compile):
         use_fast_dropout(towers)
-    if compiled:
-        compile_towers(towers, compile_mode_for(device))
-    return compiled
+
+
+def compile_as_set(model: BiEncoder, cfg: TrainConfig, device: torch.device) -> bool:
+    """Compile ``model``'s towers in place where ``train.compile`` says so; whether it did."""
+    if not compiles(cfg.compile):
+        return False
+    compile_towers([model.query_encoder, model.passage_encoder], compile_mode_for(device))
+    return True
 
 
 def length_bucket_of(cfg: TrainConfig, compiled: bool) -> int | None:
@@ -285,8 +292,11 @@ def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:
     return dataset, TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=source)
 
 
-def batch_recipe(config: Config, model: BiEncoder) -> BatchRecipe:
-    """How a step's examples become the batch ``model`` trains on (its prompts included)."""
+def batch_recipe(
+    config: Config, model: BiEncoder, pad_to_multiple_of: int | None = None
+) -> BatchRecipe:
+    """How a step's examples become the batch ``model`` trains on (its prompts included),
+    padded to a multiple of ``pad_to_multiple_of`` (the engine's length bucket) when given."""
     cfg, m = config.train, config.model
     return BatchRecipe(
         cfg.hard_negatives,
@@ -296,6 +306,7 @@ def batch_recipe(config: Config, model: BiEncoder) -> BatchRecipe:
         model.query_prefix,
         model.passage_prefix,
         distillation_of(config) is not None,
+        pad_to_multiple_of,
     )
 
 

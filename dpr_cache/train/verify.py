@@ -19,6 +19,7 @@ from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
 from dpr_cache.train.trainer import (
     batch_recipe,
+    compile_as_set,
     distillation_of,
     length_bucket_of,
     prepare_towers,
@@ -90,9 +91,11 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     )
     device = resolve_device(cfg.device, key="train.device")
     model = model.to(device, torch.float64 if double else None)
-    compiled = prepare_towers(model, cfg, device)
+    prepare_towers(model, cfg, device)
+    compiled = compile_as_set(model, cfg, device)
     model.train()
-    batch = batch_recipe(config, model).batch(dataset, batches, model.tokenizer, step).to(device)
+    recipe = batch_recipe(config, model, length_bucket_of(cfg, compiled))
+    batch = recipe.batch(dataset, batches, model.tokenizer, step).to(device)
     results = compare_steps(
         model,
         batch,

@@ -128,11 +128,15 @@ def test_chunking_reads_the_mask_once_a_tower():
             reads.append(1)
             return super().cpu(*args, **kwargs)
 
-    inputs = {"input_ids": mask * 2, "attention_mask": mask}
-    spans = row_spans({"attention_mask": mask.as_subclass(Counted)})
-    assert len(reads) == 1 and spans.ends.tolist() == lengths.tolist()
-    parts = cut_chunks(inputs, 2).parts
+    counted = {"input_ids": mask * 2, "attention_mask": mask.as_subclass(Counted)}
+    parts = cut_chunks(counted, 2).parts
+    assert len(reads) == 1
     assert [p["attention_mask"].shape[1] for p in parts] == [12, 9, 5]
+    assert row_spans(counted).ends.tolist() == lengths.tolist()
+    reads.clear()  # the control: a plan made chunk by chunk reads the mask once a chunk
+    for rows in (slice(0, 2), slice(2, 4), slice(4, 6)):
+        cut_chunks({k: v[rows] for k, v in counted.items()}, 2)
+    assert len(reads) == 3
 
 
 def _padded_tokens(tower) -> int:
@@ -209,6 +213,35 @@ def test_accumulate_trims_each_micro_batch_and_changes_no_gradient(float64):
     ]  # fmt: skip
     assert trimmed == longest and trimmed[:2] == [5, 7]
     assert loss.item() == pytest.approx(want_loss.item(), rel=1e-12)
+    scale = max(a.abs().max() for a in want)
+    for a, b in zip(want, got, strict=True):
+        assert (a - b).abs().max() <= 1e-10 * scale
+
+
+@pytest.mark.parametrize("bucket", [3, 5])
+def test_bucketed_widths_leave_the_gradient_exact(float64, bucket):
+    """Chunk widths rounded up to a bucket between the rows' lengths and the batch's width
+    (10): the gradient equals plain autograd's, and the widths seen are the bucket's multiples
+    (or the batch's width), which differ from the unbucketed ones."""
+    torch.manual_seed(0)
+    model = BiEncoder.from_config(bert_config(), shared=False).double().train()
+    q, p = random_inputs(6, 10, seed=7), random_inputs(12, 10, seed=8)
+    for inputs, rows in ((q, slice(3, 6)), (p, slice(6, 12))):
+        inputs["attention_mask"][rows, 4:] = 0  # short rows: chunks narrower than the batch
+        inputs["input_ids"] *= inputs["attention_mask"]
+    model.zero_grad()
+    contrastive_loss(model.encode_query(q), model.encode_passage(p)).backward()
+    want = [x.grad.clone() for x in model.parameters() if x.grad is not None]
+    engine = GradCache(
+        model.encode_query, model.encode_passage, contrastive_loss, 2, length_bucket=bucket
+    )
+    widths = {c["input_ids"].shape[1] for t in engine.split(q, p) for c in t.chunks}
+    free = GradCache(model.encode_query, model.encode_passage, contrastive_loss, 2)
+    assert widths != {c["input_ids"].shape[1] for t in free.split(q, p) for c in t.chunks}
+    assert all(w % bucket == 0 or w == 10 for w in widths)
+    model.zero_grad()
+    engine.step(q, p)
+    got = [x.grad for x in model.parameters() if x.grad is not None]
     scale = max(a.abs().max() for a in want)
     for a, b in zip(want, got, strict=True):
         assert (a - b).abs().max() <= 1e-10 * scale

@@ -254,3 +254,24 @@ def test_the_recipe_draws_a_step_s_negatives_from_its_epoch(tokenizer) -> None:
     epoch1 = {**groups(3, 2), **groups(3, 3)}
     assert all(epoch1[q] != epoch0[q] for q in range(6))
     assert epoch1 == groups(6, 1)
+
+
+@pytest.mark.parametrize("multiple", [8, 16])
+def test_the_recipe_pads_each_side_to_the_engine_s_length_bucket(tokenizer, multiple) -> None:
+    """With the engine's length bucket, both sides are padded to a multiple of it (so a
+    bucketed chunk's width repeats from step to step); the rows' tokens are unchanged and the
+    added columns are padding. The control: without it, the batch keeps its longest row."""
+    from dpr_cache.train.recipe import BatchRecipe
+
+    pool = [example(i, hard=2) for i in range(4)]
+    batches = TrainBatches(4, 4, seed=3)
+    kwargs = {"hard_negatives": 1, "max_query_length": 32, "max_passage_length": 64, "seed": 3}
+    plain = BatchRecipe(**kwargs).batch(pool, batches, tokenizer, 0)
+    padded = BatchRecipe(**kwargs, pad_to_multiple_of=multiple).batch(pool, batches, tokenizer, 0)
+    for side in ("q_inputs", "p_inputs"):
+        want, got = getattr(plain, side), getattr(padded, side)
+        width = want["input_ids"].shape[1]
+        assert width % multiple != 0  # the control: the plain batch is not a multiple already
+        assert got["input_ids"].shape[1] == -(-width // multiple) * multiple
+        assert torch.equal(got["input_ids"][:, :width], want["input_ids"])
+        assert not got["attention_mask"][:, width:].any()

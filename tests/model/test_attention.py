@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 
 from dpr_cache.model.attention import SDPA_NAME, use_sdpa_without_wait
@@ -68,19 +67,3 @@ def test_other_implementations_are_left_alone_and_nothing_is_saved(tmp_path):
     reloaded = BiEncoder.from_pretrained(tmp_path / "saved").eval()
     inputs = random_inputs(3, 7, seed=2)
     torch.testing.assert_close(reloaded.encode_query(inputs), ours.encode_query(inputs))
-
-
-@pytest.mark.parametrize("dropout", [0.0, 0.2])
-def test_fast_dropout_attention_reads_no_mask_contents_either(monkeypatch, dropout):
-    from transformers import masking_utils
-
-    from dpr_cache.model.fast_dropout import use_fast_dropout
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the padding mask was read")
-
-    monkeypatch.setattr(masking_utils, "_ignore_bidirectional_mask_sdpa", refuse)
-    torch.manual_seed(0)
-    model = BiEncoder.from_config(bert_config(dropout), shared=True).train()
-    use_fast_dropout([model.query_encoder])
-    assert model.encode_query(random_inputs(3, 8, seed=4)).shape == (3, 32)
