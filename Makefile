@@ -64,6 +64,9 @@ demo: $(STAMP)
 	$(VENV)/bin/dpr-cache index --config configs/toy.yaml
 	$(VENV)/bin/dpr-cache eval  --config configs/toy.yaml
 
-# Everything the demo, the README's examples and the tests write in the checkout.
+# Everything the demo, the README's examples and the tests write in the checkout: runs/, and
+# `dpr-cache data squad`'s files (and mine's, with their locks) beside the shipped SQuAD JSON.
+# Kept: the venv, and data/nq (DPR's downloaded files, about 20 GB).
 clean:
 	rm -rf runs .pytest_cache
+	rm -f data/squad/*.jsonl data/squad/*.tsv data/squad/*.summary.json data/squad/.*.lock

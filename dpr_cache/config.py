@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -312,23 +313,117 @@ def _did_you_mean(loc: tuple) -> str:
     return f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
 
 
+# what a key takes where a validator, not the key's type, holds its rule
+_TAKES = {
+    "train.chunk_size": "an integer >= 1 or 'auto'",
+    "train.memory_budget": "a size such as '4GB' or '512MiB', or null",
+    "eval.top_k": "a non-empty list of integers >= 1",
+    "eval.fusion_weight": "a number >= 0 or 'auto'",
+    "eval.fusion_tune_metric": "'mrr@10' or 'top{k}' (e.g. 'top20')",
+}
+# what one item of a list key takes, for a flag that gives one number (search's --k)
+_TAKES_ONE = {"eval.top_k": "an integer >= 1"}
+_NOUNS = {int: ("an integer", "integers"), float: ("a number", "numbers"),
+          str: ("a string", "strings"), bool: ("true or false", "true or false")}  # fmt: skip
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def _number(value: float) -> str:
+    """A bound as written: 0.0 as 0, 1e-08 as 1e-08, 4 as 4."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _either(parts: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def _describe(annotation: Any, bounds: str = "", plural: bool = False) -> str:
+    """A value of ``annotation`` in words ('an integer >= 1', "'cls' or 'mean'", 'a list of
+    strings', 'a string or null'); ``bounds`` (' >= 1') follows a number."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return _either([repr(a) for a in args])
+    if origin in (typing.Union, types.UnionType):
+        kinds = [a for a in args if typing.get_origin(a) is not Literal and a is not type(None)]
+        parts = [_describe(a, bounds, plural) for a in kinds]
+        parts += [repr(v) for a in args if typing.get_origin(a) is Literal for v in a.__args__]
+        return _either(parts + ["null"] if type(None) in args else parts)
+    if origin is list:
+        return f"a list of {_describe(args[0], bounds, plural=True)}"
+    singular, many = _NOUNS.get(annotation, (str(annotation),) * 2)
+    return (many if plural else singular) + (bounds if annotation in (int, float) else "")
+
+
+def _field_at(loc: tuple) -> tuple[str, Any]:
+    """The config key an error's location points into and its field (None for a section or the
+    top level); what follows the key in the location (a union member's tag, a list index) is
+    dropped."""
+    model: Any = Config
+    parts: list[str] = []
+    field = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(part, str) or not fields or part not in fields:
+            break
+        field = fields[part]
+        parts.append(part)
+        model = field.annotation
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        field = None  # a section: its own rules name their keys
+    return ".".join(parts), field
+
+
+def takes(key: str, one: bool = False) -> str:
+    """What the config key ``key`` (``section.name``) takes, in words; ``one``: one item of a
+    list key, as a flag of one number gives it."""
+    if one and key in _TAKES_ONE:
+        return _TAKES_ONE[key]
+    if key in _TAKES:
+        return _TAKES[key]
+    _, field = _field_at(tuple(key.split(".")))
+    rules = [
+        f"{word} {_number(getattr(rule, name))}"
+        for rule in field.metadata
+        for name, word in _BOUNDS
+        if getattr(rule, name, None) is not None
+    ]
+    bounds = " " + " and ".join(rules) if rules else ""
+    annotation = typing.get_args(field.annotation)[0] if one else field.annotation
+    return _describe(annotation, bounds)
+
+
 def _one_line(error: ValidationError, source: str, overridden: set[str]) -> str:
-    """The errors on one line: those of keys given with ``--set`` blamed on it, the others on
-    ``source`` (the file)."""
-    by_source: dict[str, list[str]] = {}
+    """The errors on one line, a part a key: those of keys given with ``--set`` blamed on it,
+    the others on ``source`` (the file). A type or range error says what the key takes (a
+    union's members, which pydantic reports one by one, in one part); a validator's own message
+    says it in its words."""
+    by_source: dict[str, dict[str, str]] = {}
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        key, field = _field_at(tuple(item["loc"]))
+        got = item.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        index = [p for p in item["loc"][len(key.split(".")) :] if isinstance(p, int)]
+        if index and field is not None:  # one item of a list
+            shown = f" (item {index[0] + 1} is {got!r})"
+        message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
+            key = ".".join(str(p) for p in item["loc"])
             part = f"unknown key '{key}'{_did_you_mean(item['loc'])}"
-        else:
-            message = item["msg"].removeprefix("Value error, ")
-            got = item.get("input")
-            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        elif field is None:  # a rule joining keys: its message names them
+            named = re.match(r"[a-z_]+\.[a-z_]+\b", message)
+            part = message if named else f"{key or '(top level)'}: {message}"
+        elif item["type"] == "value_error":  # the key's validator: its message says what it takes
             part = f"{key}: {message}{shown}"
-        given = any(o == key or o.startswith(key + ".") for o in overridden)
+        else:
+            part = f"{key} takes {takes(key)}{shown}"
+        if field is None and item["type"] != "extra_forbidden":  # blamed on a key it names
+            given = any(o == key or re.search(rf"\b{re.escape(o)}\b", message) for o in overridden)
+        else:
+            given = any(o == key or o.startswith(key + ".") for o in overridden)
         where = "--set" if given else source
-        by_source.setdefault(where, []).append(part)
-    return "; ".join(f"{where}: " + "; ".join(parts) for where, parts in by_source.items())
+        by_source.setdefault(where, {}).setdefault(key if field else part, part)
+    return "; ".join(f"{where}: " + "; ".join(parts.values()) for where, parts in by_source.items())
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -375,7 +470,11 @@ def check_flags(section: str, flags: dict[str, tuple[str, Any]]) -> Any:
             for key, flag in sorted(flag_of.items(), key=lambda kv: -len(kv[0])):  # longest first
                 message = message.replace(f"{section}.{key}", flag)
             loc = [str(p) for p in item["loc"]]
-            if loc:
+            value = flags.get(flag_of.get(loc[0], ""), (None, None))[1] if loc else None
+            if loc and isinstance(value, list) and len(value) == 1:  # a flag of one item
+                message = f"{flag_of[loc[0]]}: takes {takes(f'{section}.{loc[0]}', one=True)}"
+                message += f" (got {value[0]!r})"
+            elif loc:
                 got = item.get("input")
                 message = f"{flag_of.get(loc[0], loc[0])}: {message} (got {got!r})"
             parts.append(message)

@@ -1,5 +1,5 @@
 """What the hard-negative and teacher studies' page writers share: the bar plot of their
-retrievers, and the command line that builds a page, its plot and the README's block."""
+retrievers, and the command line that builds a page, its plot and the block of docs/studies.md."""
 
 from __future__ import annotations
 
@@ -75,8 +75,9 @@ def build_page(
     readme_block: Callable[[dict[str, Any]], list[str]],
 ) -> None:
     """The page writer's command line: gather the runs (or read ``results.json`` with
-    ``--kept``), write the page, its data, its plot and, with ``--readme``, the README's block
-    (whose markers are checked before anything is written)."""
+    ``--kept``), write the page, its data, its plot and, with ``--readme``, the study's block of
+    docs/studies.md, the page of every study's table (its markers checked before anything is
+    written)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=runs)
     parser.add_argument("--suffix", default="")

@@ -35,7 +35,7 @@ def test_overrides_are_typed(tmp_path):
     [
         ("train:\n  lrr: 1\n", [], "unknown key 'train.lrr'"),
         ("colour: red\n", [], "unknown key 'colour'"),
-        ("train:\n  lr: -1\n", [], "train.lr: Input should be greater than 0"),
+        ("train:\n  lr: -1\n", [], "train.lr takes a number > 0 (got -1)"),
         ("train:\n  batch_size: many\n", [], "train.batch_size"),
         ("", ["train.precision=fp8"], "train.precision"),
         ("", ["train.chunk_size=0"], "train.chunk_size"),
@@ -48,7 +48,11 @@ def test_overrides_are_typed(tmp_path):
         ("", ["train.teacher_temperature=2"], "train.teacher_temperature is set but"),
         ("", ["train.loss=margin_mse", "train.teacher_temperature=2"], "raw margins"),
         ("", ["train.loss=distill_kl", "train.teacher_temperature=0"], "teacher_temperature"),
-        ("", ["train.loss=distill_kl", "train.teacher_temperature=-1"], "greater than 0"),
+        (
+            "",
+            ["train.loss=distill_kl", "train.teacher_temperature=-1"],
+            "takes a number > 0 or null",
+        ),
         ("", ["train.loss=distill_kl", "train.distill_weight=1"], "train.distill_weight"),
         ("", ["train.loss=distill_kl", "train.distill_weight=-0.1"], "train.distill_weight"),
         ("", ["train.loss=margin_mse", "train.hard_negatives=0"], "train.hard_negatives"),
@@ -165,3 +169,73 @@ def test_changed_settings_of_a_file_that_is_no_config_is_one_line(tmp_path, text
     saved.write_text(text)
     with pytest.raises(InputError, match=r"config\.yaml: (ScannerError|ParserError|not a config)"):
         changed_settings(saved, load_config("configs/toy.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        (
+            "train.chunk_size=abc",
+            "--set: train.chunk_size takes an integer >= 1 or 'auto' (got 'abc')",
+        ),
+        ("train.lr=-1", "--set: train.lr takes a number > 0 (got -1)"),
+        ("train.batch_size=many", "--set: train.batch_size takes an integer >= 1 (got 'many')"),
+        ("model.pooling=max", "--set: model.pooling takes 'cls' or 'mean' (got 'max')"),
+        ("model.dropout=2", "--set: model.dropout takes a number >= 0 and < 1 or null (got 2)"),
+        ("model.shared=maybe", "--set: model.shared takes true or false (got 'maybe')"),
+        ("data.train=5", "--set: data.train takes a string, a list of strings or null (got 5)"),
+        ("eval.top_k=abc", "--set: eval.top_k takes a non-empty list of integers >= 1 (got 'abc')"),
+        (
+            "eval.top_k=[1, x]",
+            "--set: eval.top_k takes a non-empty list of integers >= 1 (item 2 is 'x')",
+        ),
+        (
+            "eval.fusion_weight=x",
+            "--set: eval.fusion_weight takes a number >= 0 or 'auto' (got 'x')",
+        ),
+        (
+            "index.precision=fp8",
+            "--set: index.precision takes 'auto', 'fp32', 'bf16' or 'fp16' (got 'fp8')",
+        ),
+    ],
+)
+def test_a_set_error_names_set_and_says_what_the_key_takes(item, expected):
+    """One part a key, blamed on --set (not on the config file given with it), in words: never
+    pydantic's union members one by one (``train.chunk_size.int: ...``)."""
+    with pytest.raises(InputError) as err:
+        load_config(REPO / "configs" / "toy.yaml", [item])
+    assert str(err.value) == expected
+
+
+def test_a_file_error_says_what_the_key_takes_too(tmp_path):
+    path = write(tmp_path, "train:\n  chunk_size: abc\n  memory_budget: 4GB\n")
+    with pytest.raises(InputError) as err:
+        load_config(path, ["train.lr=1e-4"])
+    assert str(err.value) == f"{path}: train.chunk_size takes an integer >= 1 or 'auto' (got 'abc')"
+
+
+def test_every_key_says_what_it_takes_in_words():
+    """No key falls through to a Python type's name (``<class 'str'>``, ``typing.Literal[...]``)."""
+    from dpr_cache.config import Config, takes
+
+    for section, field in Config.model_fields.items():
+        keys = (
+            [section]
+            if section == "output_dir"
+            else [f"{section}.{name}" for name in field.annotation.model_fields]
+        )
+        for key in keys:
+            words = takes(key)
+            assert words and not any(w in words for w in ("class", "typing", "[")), (key, words)
+
+
+def test_a_flag_of_one_number_for_a_list_key_is_told_as_one_number():
+    """search's --k gives eval.top_k one item: its error speaks of an integer, not a list; a
+    flag of a plain key keeps pydantic's words (the control)."""
+    from dpr_cache.config import check_flags
+
+    with pytest.raises(InputError) as err:
+        check_flags("eval", {"--k": ("top_k", [0]), "--fusion-depth": ("fusion_depth", 5)})
+    assert str(err.value) == "--k: takes an integer >= 1 (got 0)"
+    with pytest.raises(InputError, match="--fusion-depth: Input should be greater than or equal"):
+        check_flags("eval", {"--k": ("top_k", [3]), "--fusion-depth": ("fusion_depth", 0)})

@@ -43,7 +43,9 @@ __all__ = [
 
 
 class _BareFlags:
-    """--help shows a boolean flag (``--quiet``, ``--help``) with no value: it takes none."""
+    """--help shows a boolean flag (``--quiet``, ``--help``) with no value: it takes none; the
+    usage line shows a required argument by its name (``FOLDER``), not in braces (``{FOLDER}``),
+    which read as a placeholder left unfilled."""
 
     def get_params(self, ctx):
         params = super().get_params(ctx)
@@ -52,13 +54,24 @@ class _BareFlags:
                 param.metavar = ""
         return params
 
+    def collect_usage_pieces(self, ctx):
+        pieces = super().collect_usage_pieces(ctx)
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
+
 
 class Command(_BareFlags, TyperCommand):
     """A command of the app (``@app.command(cls=Command)``)."""
 
 
 class _Group(_BareFlags, TyperGroup):
-    pass
+    """A group of commands: given no words, it prints its help and exits 0 (click's own exits 2,
+    a usage error, which a newcomer's first ``dpr-cache`` is not)."""
+
+    def parse_args(self, ctx, args):
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            typer.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
 
 
 # markdown: a help paragraph is one flowing text, never broken where the docstring wraps
@@ -78,10 +91,38 @@ data_app = typer.Typer(
 )
 app.add_typer(data_app, name="data")
 
+
+def _print_version(asked: bool) -> None:
+    """``--version``: the package's version on one line, then exit 0."""
+    if asked:
+        from dpr_cache import __version__
+
+        typer.echo(f"dpr-cache {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top_level(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    # the app's own options (--version); each command's are its own
+    pass
+
+
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config.")]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="Override a config key, e.g. train.lr=3e-5 (repeatable).",
+    ),
 ]
 ModelOpt = Annotated[
     Path | None,

@@ -18,7 +18,11 @@ def data_squad(
     ),
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("data/squad"),
 ) -> None:
-    """DPR-format files (passages.tsv, train/dev.jsonl, dev.qa.tsv) from SQuAD v1.1 dev."""
+    """DPR-format files (passages.tsv, train/dev.jsonl, dev.qa.tsv) from SQuAD v1.1 dev.
+
+    Example: dpr-cache data squad (writes data/squad/passages.tsv, train.jsonl, dev.jsonl and
+    dev.qa.tsv from the shipped data/squad/dev-v1.1.json.gz; make clean removes them)
+    """
     from dpr_cache.data.squad import build_squad
 
     counts = build_squad(source, out)
@@ -32,12 +36,19 @@ def data_squad(
 def data_nq(
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("data/nq"),
     files: Annotated[
-        list[str] | None, typer.Option("--file", help="Only these files (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--file", metavar="NAME", help="Only this file, e.g. nq-dev.qa.csv (repeatable)."
+        ),
     ] = None,
     base_url: Annotated[str | None, typer.Option(help="Mirror of DPR's files.")] = None,
     gunzip: Annotated[bool, typer.Option(help="Decompress .gz files after download.")] = False,
 ) -> None:
-    """Download DPR's NQ files (train/dev JSON, nq-test.qa.csv, psgs_w100.tsv); resumable."""
+    """Download DPR's NQ files (train/dev JSON, nq-test.qa.csv, psgs_w100.tsv); resumable.
+
+    Example: dpr-cache data nq --gunzip (about 20 GB into data/nq, the folder configs/nq_*.yaml
+    read); a cut download goes on where it stopped when run again.
+    """
     from dpr_cache.data.download import download_nq
 
     kwargs = {"base_url": base_url} if base_url else {}
@@ -49,7 +60,10 @@ def data_nq(
 @guarded
 def data_beir(
     folder: Annotated[
-        Path, typer.Argument(help="A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
+        Path,
+        typer.Argument(
+            metavar="FOLDER", help="A BEIR folder (corpus.jsonl, queries.jsonl, qrels/)."
+        ),
     ],
     out: Annotated[Path, typer.Option(help="Output folder.")],
     split: Annotated[str, typer.Option(help="The qrels split to judge with.")] = "test",

@@ -167,7 +167,10 @@ def verify(
     double: Annotated[bool, typer.Option("--double", help="Run both in float64.")] = False,
 ) -> None:
     """One step on a real batch, full batch versus GradCache (dropout off): the gradient gap,
-    its bound and the verdict (exit 1 when over the bound)."""
+    its bound and the verdict (exit 1 when over the bound).
+
+    Example: dpr-cache verify -c configs/toy.yaml --double (float64: a gap near 1e-13, bound 1e-10)
+    """
     cfg = load(config, set_)
     from dpr_cache.train.verify import verify as run
 

@@ -35,6 +35,20 @@ EXTRA_FILES = {
     "README": "nq_license/README",
 }
 _CHUNK = 1 << 20
+DEFAULT_OUT = Path("data/nq")  # `dpr-cache data nq`'s folder
+
+
+def fetch_hint(path: Path) -> str:
+    """For a missing file that is one of DPR's NQ files (compressed or not), the command that
+    downloads it, as the end of its error (``"; DPR's NQ files are downloaded by: dpr-cache data nq
+    --gunzip"``); else ''."""
+    by_name = {n.removesuffix(".gz"): n for n in [*NQ_FILES, "nq-dev.qa.csv", "nq-train.qa.csv"]}
+    name = by_name.get(path.name.removesuffix(".gz"))
+    if name is None:
+        return ""
+    out = "" if path.parent == DEFAULT_OUT else f" --out {path.parent}"
+    file = "" if name in NQ_FILES else f" --file {name}"
+    return f"; DPR's NQ files are downloaded by: dpr-cache data nq --gunzip{out}{file}"
 
 
 def _total_size(response: urllib.response.addinfourl, offset: int) -> int | None:
@@ -81,7 +95,6 @@ def download_file(url: str, dest: Path, *, progress: bool = True, timeout: float
     dest = Path(dest)
     if dest.exists():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     offset = part.stat().st_size if part.exists() else 0
     try:
@@ -93,6 +106,8 @@ def download_file(url: str, dest: Path, *, progress: bool = True, timeout: float
         offset = 0  # the partial copy does not match the remote file: start over
         response = _open(url, offset, timeout)
     with response:
+        # the folder is made once the server answers: a download that cannot start leaves none
+        dest.parent.mkdir(parents=True, exist_ok=True)
         if response.status != 206:  # the server ignored the Range header: start over
             offset = 0
         total = _total_size(response, offset)

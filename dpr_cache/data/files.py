@@ -22,7 +22,9 @@ def check_file(path: Path) -> Path:
     """Return ``path`` if it is an existing file, else raise InputError."""
     path = Path(path)
     if not path.exists():
-        raise InputError(f"{path}: no such file")
+        from dpr_cache.data.download import fetch_hint
+
+        raise InputError(f"{path}: no such file{fetch_hint(path)}")
     if not path.is_file():
         raise InputError(f"{path}: not a file")
     return path

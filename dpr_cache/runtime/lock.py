@@ -43,11 +43,14 @@ def output_lock(target: str | Path, *, is_file: bool = False) -> Iterator[None]:
         yield
         return
     path = lock_path(Path(target), is_file)
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]  # deepest first
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    held = False
     try:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
         except OSError:  # EACCES or EAGAIN: held by another process
             raise InputError(
                 f"{target}: in use by {_holder(fd)}: wait for it to end, or write somewhere else"
@@ -62,7 +65,28 @@ def output_lock(target: str | Path, *, is_file: bool = False) -> Iterator[None]:
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         yield
     finally:
+        if held and made and _only(path):  # a command that wrote nothing in the folder it made
+            path.unlink()  # while held: no other process holds this file
         os.close(fd)  # releases the lock
+        _remove_empty(made)
+
+
+def _only(path: Path) -> bool:
+    """True when the lock file is all its folder holds."""
+    try:
+        return os.listdir(path.parent) == [path.name]
+    except OSError:  # the folder is gone (a command that put another in its place)
+        return False
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """The folders this lock made (deepest first) that are still empty: a command that stopped
+    before writing anything leaves no empty folder."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # something was written there, or another command made it its own
+            return
 
 
 def _holder(fd: int) -> str:

@@ -71,7 +71,7 @@ else
   EXTRA=()
   if [[ $OUT == runs/squad_batch_size ]]; then
     # the committed page, over its kept data: runs whose folders are gone stay on it
-    TABLE=(--readme README.md --kept studies/squad_batch_size/results.json)
+    TABLE=(--readme docs/studies.md --kept studies/squad_batch_size/results.json)
   else  # another OUT is another study: its page goes beside its runs
     TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
   fi

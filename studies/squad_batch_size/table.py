@@ -7,9 +7,9 @@ seeds, and each GradCache run minus the accumulation run of its seed and lr, wit
 interval over the dev questions, after checking from the train logs that the two trained on the
 same batches. The run records and differences go to ``results.json`` beside the page (or
 ``--json``). The hand-written ``reading.md`` beside this script, if present, closes the page.
-With ``--readme``, the arms and the pooled difference also go between the README's
-``<!-- reproduce_table:begin -->`` and ``:end`` markers. Refuses to mix runs of different
-epochs, warmup, chunk, passage length, temperature or dry-run flag.
+With ``--readme``, the arms and the pooled difference also go between the
+``<!-- reproduce_table:begin -->`` and ``:end`` markers of docs/studies.md. Refuses
+to mix runs of different epochs, warmup, chunk, passage length, temperature or dry-run flag.
 
     .venv/bin/python -m studies.squad_batch_size.table [--runs runs/squad_batch_size]
         [--kept studies/squad_batch_size/results.json] [--md studies/squad_batch_size/results.md]

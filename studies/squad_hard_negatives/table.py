@@ -1,5 +1,5 @@
-"""The hard-negative study as a page, a plot and the README's table, from the runs of ``run.sh``
-(or from the ``results.json`` an earlier build left beside the page: ``--kept``).
+"""The hard-negative study as a page, a plot and its table in docs/studies.md, from the runs
+of ``run.sh`` (or from the ``results.json`` an earlier build left beside the page: ``--kept``).
 
     .venv/bin/python -m studies.squad_hard_negatives.table --runs runs/squad_hard_negatives \
         [--readme README.md] [--md PATH --png PATH] [--kept]
@@ -176,7 +176,7 @@ def plot(data: dict[str, Any], png: Path) -> None:
 
 def readme_block(data: dict[str, Any]) -> list[str]:
     pooled = [d for d in data["diffs"] if "all" in d["pair"] or d["pair"].startswith("(a)")]
-    return [*arms_table(data), "", *diffs_table(pooled), "", *goals(data, root="")]
+    return [*arms_table(data), "", *diffs_table(pooled), "", *goals(data, root="../")]
 
 
 def main() -> None:

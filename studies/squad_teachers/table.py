@@ -1,5 +1,5 @@
-"""The teacher study as a page, a plot and the README's table, from the runs of ``run.sh`` (or
-from the ``results.json`` an earlier build left beside the page: ``--kept``).
+"""The teacher study as a page, a plot and its table in docs/studies.md, from the runs of
+``run.sh`` (or from the ``results.json`` an earlier build left beside the page: ``--kept``).
 
     .venv/bin/python -m studies.squad_teachers.table --runs runs/squad_teachers \
         [--readme README.md] [--md PATH --png PATH] [--kept]
@@ -278,7 +278,7 @@ def plot(data: dict[str, Any], png: Path) -> None:
 
 def readme_block(data: dict[str, Any]) -> list[str]:
     pooled = [d for d in data["diffs"] if "all seeds" in d["pair"] or "after" in d["pair"]]
-    return [*arms_table(data), "", *diffs_table(pooled), "", *goals(data, root="")]
+    return [*arms_table(data), "", *diffs_table(pooled), "", *goals(data, root="../")]
 
 
 def main() -> None:

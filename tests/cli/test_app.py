@@ -35,6 +35,14 @@ def test_the_command_list_shows_each_summary_whole() -> None:
         assert any(line == f"{name} {summary}" for line in lines), (name, summary)
 
 
+def _command(words: list[str]):
+    """The click command that ``words`` name (``["data", "beir"]``)."""
+    command = get_command(app)
+    for word in words:
+        command = command.commands[word]
+    return command
+
+
 def _every_command() -> list[list[str]]:
     """Each command's words: the top-level ones and each ``data`` subcommand."""
     group = get_command(app)
@@ -64,3 +72,28 @@ def test_score_help_names_the_cross_encoders_own_defaults(monkeypatch) -> None:
         gpus.append(precision_for("auto", torch.device("cuda")))
     cpu = precision_for("auto", torch.device("cpu"))
     assert f"auto ({gpus[0]} on a GPU that has it, else {gpus[1]}; {cpu} on CPU)" in shown, shown
+
+
+def test_version_and_a_bare_command_exit_0() -> None:
+    """What a newcomer types first: ``dpr-cache --version``, ``dpr-cache``, ``dpr-cache data``."""
+    from dpr_cache import __version__
+
+    done = CliRunner().invoke(app, ["--version"], env=WIDE)
+    assert done.exit_code == 0 and done.output.strip() == f"dpr-cache {__version__}"
+    for words in ([], ["data"]):
+        done = CliRunner().invoke(app, words, env=WIDE)
+        assert done.exit_code == 0, (words, done.output)
+        assert "Commands" in done.output and "Usage" in done.output, done.output
+    assert CliRunner().invoke(app, ["no-such-command"], env=WIDE).exit_code == 2  # control
+
+
+@pytest.mark.parametrize("words", _every_command(), ids=" ".join)
+def test_help_shows_each_value_by_name_and_an_example(words: list[str]) -> None:
+    """No Python type for a value (``<list[str]>``) nor a parameter's name in braces
+    (``{folder}``); ``--set`` shows KEY=VALUE; every command's help ends with an example."""
+    shown = CliRunner().invoke(app, [*words, "--help"], env=WIDE).output
+    [usage] = [line for line in shown.splitlines() if "Usage:" in line]
+    assert "<list[" not in shown and "{" not in usage, shown
+    if any(param.name == "set_" for param in _command(words).params):
+        assert "KEY=VALUE" in shown, shown
+    assert "Example" in shown, (words, shown)

@@ -50,11 +50,40 @@ def test_unknown_key(tmp_path):
 
 def test_mistyped_and_negative_values(tmp_path):
     expect_error(train(tmp_path, "train.batch_size=many"), "train.batch_size")
-    expect_error(train(tmp_path, "train.lr=-1"), "train.lr", "greater than 0")
+    expect_error(train(tmp_path, "train.lr=-1"), "--set: train.lr takes a number > 0 (got -1)")
+
+
+def test_a_set_value_of_another_type_is_blamed_on_set_and_says_what_the_key_takes(tmp_path):
+    """Not on the config file given beside it, and not as pydantic's union members one by one."""
+    proc = train(tmp_path, "train.chunk_size=abc")
+    expect_error(proc, "error: --set: train.chunk_size takes an integer >= 1 or 'auto' (got 'abc')")
+    assert "configs/toy.yaml" not in proc.stderr and "literal" not in proc.stderr
 
 
 def test_missing_training_file(tmp_path):
-    expect_error(train(tmp_path, f"data.train={tmp_path / 'absent.jsonl'}"), "absent.jsonl")
+    proc = train(tmp_path, f"data.train={tmp_path / 'absent.jsonl'}")
+    expect_error(proc, "absent.jsonl")
+    assert "data nq" not in proc.stderr  # not one of DPR's files: no download to name
+
+
+def test_a_missing_nq_file_names_the_command_that_downloads_it(tmp_path):
+    """configs/nq_bs512.yaml before `dpr-cache data nq`: its training file, or one elsewhere."""
+    sets = [
+        "--set",
+        f"output_dir={tmp_path / 'run'}",
+        "--set",
+        "model.name_or_path=data/toy/tiny-bert",
+    ]
+    proc = run_cli("train", "--config", "configs/nq_bs512.yaml", *sets, check=False)
+    if not (REPO / "data" / "nq" / "biencoder-nq-train.json").exists():  # not downloaded here
+        expect_error(proc, "data/nq/biencoder-nq-train.json: no such file",
+                     "downloaded by: dpr-cache data nq --gunzip")  # fmt: skip
+    elsewhere = tmp_path / "nq" / "biencoder-nq-train.json.gz"
+    proc = run_cli("train", "--config", "configs/nq_bs512.yaml", *sets, "--set",
+                   f"data.train={elsewhere}", check=False)  # fmt: skip
+    expect_error(proc, f"{elsewhere}: no such file",
+                 f"dpr-cache data nq --gunzip --out {tmp_path / 'nq'}")  # fmt: skip
+    assert not (tmp_path / "run").exists()
 
 
 def test_malformed_json_line_names_file_and_line(tmp_path, bad_train_file):
@@ -70,6 +99,7 @@ def test_eval_before_index(tmp_path):
     proc = run_cli("eval", "--config", "configs/toy.yaml", *args, "--model", "data/toy/tiny-bert",
                    check=False)  # fmt: skip
     expect_error(proc, "dpr-cache index")
+    assert not (tmp_path / "run").exists()  # a failed eval leaves no empty folder behind
 
 
 def test_index_without_a_model(tmp_path):
@@ -249,3 +279,22 @@ def test_an_output_or_option_a_command_cannot_use_is_one_line(tmp_path, line, me
     words = line.format(file=file, dir=tmp_path / "d").split()
     expect_error(run_cli(*words, check=False), message.format(file=file))
     assert file.read_text() == "kept\n" and not (tmp_path / "d" / "elsewhere").exists()
+
+
+def test_a_flag_of_one_number_is_told_as_one_number(tmp_path):
+    """search's --k is one number (the config's eval.top_k a list): its error says so."""
+    vectors = tmp_path / "q.npy"
+    vectors.write_bytes(b"")
+    proc = run_cli("search", "--index", str(tmp_path / "index"), "--query-embeddings", str(vectors),
+                   "--k", "0", "--out", str(tmp_path / "run.trec"), check=False)  # fmt: skip
+    expect_error(proc, "error: --k: takes an integer >= 1 (got 0)")
+    assert "list" not in proc.stderr
+
+
+def test_a_download_that_cannot_start_leaves_no_folder(tmp_path):
+    out = tmp_path / "data" / "nq"
+    nowhere = "http://127.0.0.1:9"  # nothing listens there
+    proc = run_cli("data", "nq", "--out", str(out), "--file", "nq-test.qa.csv", "--base-url",
+                   nowhere, check=False)  # fmt: skip
+    expect_error(proc, "127.0.0.1:9", "cannot download")
+    assert not (tmp_path / "data").exists()

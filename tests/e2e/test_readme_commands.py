@@ -12,7 +12,8 @@ Each command of a ``bash`` block is of one kind, and a command of no kind fails 
 - network: needs the internet (DPR's files, a hub model); run with every download sent to a port
   where nothing listens, it must stop at once with a one-line ``error:`` and exit 2 (the headline
   command's model download is shown failing clearly in ``tests/model/test_hub.py``);
-- long: hours of measuring; each is rehearsed at toy size by the test named beside it.
+- long: hours of measuring, shown on the docs page of its figures (not the README); each is
+  rehearsed at toy size by the test named beside it.
 The README's Python blocks run too (the engine example in ``test_readme_example.py``).
 """
 
@@ -34,24 +35,26 @@ from tests.support.fixtures import REPO
 VENV = Path(sys.prefix)  # this venv (its bin/ holds dpr-cache and python)
 SETUP = {"make demo", "make test"}  # README's two set-up commands: this test and CI run them
 NETWORK = {"dpr-cache data nq --gunzip", "dpr-cache train --config configs/nq_bs512.yaml"}
-LONG = {
-    "python -m benchmarks.realtext --out docs/bench": "tests/benchmarks/test_realtext.py",
+LONG = {  # on the pages they moved to: each is rehearsed at toy size by the test beside it
+    "python -m benchmarks.realtext --out docs/bench":
+        ("docs/performance.md", "tests/benchmarks/test_realtext.py"),
     "python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench":
-        "tests/benchmarks/test_synthetic.py",
-    "studies/squad_batch_size/run.sh": "tests/studies/test_run_dry.py",
+        ("docs/performance.md", "tests/benchmarks/test_synthetic.py"),
+    "studies/squad_batch_size/run.sh": ("docs/studies.md", "tests/studies/test_run_dry.py"),
 }  # fmt: skip
+README_MAX_BYTES = 20_000  # the path a newcomer walks; the studies and figures are in docs/
 
 
-def _blocks(language: str) -> list[str]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def _blocks(language: str, page: str = "README.md") -> list[str]:
+    text = (REPO / page).read_text(encoding="utf-8")
     return re.findall(rf"```{language}\n(.*?)```", text, re.S)
 
 
-def readme_commands() -> list[str]:
-    """The commands of the README's bash blocks, in order: continuation lines joined, comments
-    and blank lines dropped."""
+def readme_commands(page: str = "README.md") -> list[str]:
+    """The commands of the README's (or another page's) bash blocks, in order: continuation
+    lines joined, comments and blank lines dropped."""
     commands = []
-    for block in _blocks("bash"):
+    for block in _blocks("bash", page):
         for line in block.replace("\\\n", " ").splitlines():
             command = " ".join(re.sub(r"(^|\s)#.*$", "", line).split())
             if command:
@@ -96,9 +99,38 @@ def _run(command: str, cwd: Path, forked: bool = False, **extra: str):
 def test_every_command_has_a_kind() -> None:
     shown = readme_commands()
     assert demo_commands() and all(c in shown for c in demo_commands())
-    assert all(c in shown for c in SETUP | NETWORK | set(LONG))  # no kind lists a stale command
-    for command, rehearsal in LONG.items():
+    assert all(c in shown for c in SETUP | NETWORK)  # no kind lists a stale command
+    for command, (page, rehearsal) in LONG.items():
+        assert command not in shown and command in readme_commands(page), (command, page)
         assert (REPO / rehearsal).is_file(), (command, rehearsal)
+
+
+def test_the_readme_starts_with_the_set_up_and_stays_short() -> None:
+    assert readme_commands()[:2] == ["make demo", "make test"]
+    size = len((REPO / "README.md").read_bytes())
+    assert size < README_MAX_BYTES, f"README.md is {size} bytes"
+
+
+def _links(page: Path) -> list[str]:
+    """The relative targets of a Markdown page's links and images (no web address, no anchor)."""
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:|#", t)]
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", *sorted(p.name for p in (REPO / "docs").glob("*.md"))]
+)
+def test_every_link_leads_to_a_file(page: str) -> None:
+    """The README and each page of docs/ (where the README's studies and figures moved) link
+    only to files that are there."""
+    path = REPO / page if page == "README.md" else REPO / "docs" / page
+    links = _links(path)
+    missing = [t for t in links if not (path.parent / t).exists()]
+    assert not missing, (page, missing)
+    if page == "README.md":  # each page the README's figures and claims moved to is linked
+        moved = ["setup", "commands", "proofs", "performance", "studies", "architecture"]
+        assert all(f"docs/{name}.md" in links for name in moved), links
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +142,7 @@ def checkout(tmp_path_factory) -> Path:
     done = _run(f"make demo VENV={VENV} -o {stamp}", root)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "questions: 263" in done.stdout
+    (root / "runs" / "demo.stdout").write_text(done.stdout)  # for the README's expected table
     return root
 
 
@@ -146,3 +179,25 @@ def test_a_network_command_stops_at_once_with_one_line(command: str, checkout: P
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+
+
+def _numbers_apart(line: str) -> tuple[str, list[float]]:
+    """A line's text with each number replaced by #, and its numbers."""
+    pattern = r"(?<![\w@])\d+(?:\.\d+)?"
+    return re.sub(pattern, "#", line), [float(n) for n in re.findall(pattern, line)]
+
+
+def test_the_demo_prints_the_readmes_expected_table(checkout: Path) -> None:
+    """The table the README shows under the set-up is what ``make demo`` prints: the same lines
+    and, as the README says figures may differ slightly by machine, each figure within 3 points
+    (a question is 0.38 of them); the number of questions exactly."""
+    [expected] = [b for b in _blocks("text") if "hit rate" in b]
+    printed = (checkout / "runs" / "demo.stdout").read_text().splitlines()
+    start = next(i for i, line in enumerate(printed) if "hit rate" in line)
+    printed = printed[start : start + len(expected.splitlines())]
+    assert len(printed) == len(expected.splitlines()), printed
+    for shown, got in zip(expected.splitlines(), printed, strict=True):
+        (shown_text, shown_numbers), (got_text, got_numbers) = map(_numbers_apart, (shown, got))
+        assert shown_text.split() == got_text.split(), (shown, got)
+        for a, b in zip(shown_numbers, got_numbers, strict=True):
+            assert abs(a - b) <= (0 if "questions" in shown else 3.0), (shown, got)

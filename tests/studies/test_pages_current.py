@@ -1,4 +1,4 @@
-"""Each study's committed page and its README block are what its table writes from the
+"""Each study's committed page and its block of docs/studies.md are what its table writes from the
 committed ``results.json`` (and, for the teachers' study, the GPU suite's ``docs/bench/gpu.json``):
 a figure changed in one place is changed everywhere it is shown."""
 
@@ -18,9 +18,9 @@ STUDIES = ["squad_batch_size", "squad_hard_negatives", "squad_teachers"]
 
 
 def _write_pages(study: str, kept: Path, tmp: Path) -> tuple[str, str]:
-    """The page and the README that ``study``'s table writes from ``kept`` (into ``tmp``)."""
-    readme = tmp / "README.md"
-    shutil.copy(REPO / "README.md", readme)
+    """The page and docs/studies.md that ``study``'s table writes from ``kept`` (into ``tmp``)."""
+    readme = tmp / "studies.md"
+    shutil.copy(REPO / "docs" / "studies.md", readme)
     out = ["--runs", str(tmp / "no-runs"), "--md", str(tmp / "results.md")]
     out += ["--png", str(tmp / "plot.png"), "--readme", str(readme)]
     if study == "squad_batch_size":
@@ -42,7 +42,7 @@ def _write_pages(study: str, kept: Path, tmp: Path) -> tuple[str, str]:
 def test_a_studys_page_and_readme_block_are_its_tables_output(study: str, tmp_path: Path) -> None:
     page, readme = _write_pages(study, REPO / "studies" / study / "results.json", tmp_path)
     assert page == (REPO / "studies" / study / "results.md").read_text()
-    assert readme == (REPO / "README.md").read_text()
+    assert readme == (REPO / "docs" / "studies.md").read_text()
 
 
 def test_a_changed_figure_changes_the_readme(tmp_path: Path) -> None:
@@ -52,5 +52,5 @@ def test_a_changed_figure_changes_the_readme(tmp_path: Path) -> None:
     kept = tmp_path / "results.json"
     kept.write_text(json.dumps(data))
     page, readme = _write_pages("squad_teachers", kept, tmp_path)
-    assert readme != (REPO / "README.md").read_text() and "| 12.3 |" in readme
+    assert readme != (REPO / "docs" / "studies.md").read_text() and "| 12.3 |" in readme
     assert page != (REPO / "studies/squad_teachers/results.md").read_text()

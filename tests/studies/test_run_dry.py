@@ -23,7 +23,10 @@ def _run(out: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_writes_every_row(tmp_path: Path) -> None:
-    committed = [ROOT / "README.md", ROOT / "studies" / "squad_batch_size" / "results.json"]
+    committed = [
+        ROOT / "docs" / "studies.md",
+        ROOT / "studies" / "squad_batch_size" / "results.json",
+    ]
     before = [path.read_bytes() for path in committed]
     out = tmp_path / "study-dry"
     done = _run(out)
