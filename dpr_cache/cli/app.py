@@ -239,11 +239,12 @@ def check_inputs(**options: Path | None) -> None:
                 raise InputError(f"--{name.replace('_', '-')} {e}") from None
 
 
-def check_search_flags(memory_gb: float | None, nprobe: int, ef_search: int) -> None:
-    """A search's budget and index knobs (``search``, ``mine``), checked as their config keys."""
+def check_search_flags(memory_gb: float | None, nprobe: int, ef_search: int):
+    """A search's budget and index knobs (``search``, ``mine``), checked as their config keys:
+    the ``index`` section that holds them."""
     from dpr_cache.config import check_flags
 
-    check_flags(
+    return check_flags(
         "index",
         {
             "--memory-gb": ("memory_gb", memory_gb),

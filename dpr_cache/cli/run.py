@@ -20,6 +20,7 @@ from dpr_cache.cli.app import (
     load,
     rank_and_world,
 )
+from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 
 
@@ -145,18 +146,12 @@ def _refuse_train_keys(overrides: list[str] | None, command: str, cfg) -> None:
     section = getattr(cfg, command)
     for name in ("device", "precision"):
         trained, used = getattr(cfg.train, name), getattr(section, name)
-        if trained != _default(cfg.train, name) and used == _default(section, name):
+        if trained != default_of(f"train.{name}") and used == default_of(f"{command}.{name}"):
             print(
                 f"note: {command} encodes with {command}.{name}: {used} (train.{name}: "
                 f"{trained} is train's own)",
                 file=sys.stderr,
             )
-
-
-def _default(section, name: str):
-    """The default of a config section's key (train's precision has no auto; index's and
-    eval's default to it)."""
-    return type(section).model_fields[name].get_default(call_default_factory=True)
 
 
 @app.command(cls=Command)

@@ -59,10 +59,9 @@ def encode(
     check_inputs(passages=passages, questions=questions)
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.retrieval.commands.encode import encode_file
-    from dpr_cache.retrieval.dense.shards import EncodeSpec
     from dpr_cache.runtime.device import resolve_device
 
-    check_flags(
+    settings = check_flags(
         "index",
         {
             "--batch-size": ("batch_size", batch_size),
@@ -71,19 +70,15 @@ def encode(
             "--precision": ("precision", precision),
         },
     )
-    spec = EncodeSpec(
-        max_length=max_length,
-        pooling=pooling,
-        precision=precision,
-        store_dtype=store_dtype,
-        shard_size=shard_size,
-        batch_size=batch_size,
-        num_workers=num_workers,
-    )
+    if pooling is not None:
+        check_flags("model", {"--pooling": ("pooling", pooling)})
     paths = encode_file(
         model,
         out,
-        spec,
+        settings,
+        pooling=pooling,
+        max_length=max_length,
+        num_workers=num_workers,
         passages=passages,
         questions=questions,
         device=resolve_device(device, key="--device"),
@@ -117,7 +112,7 @@ def search(
     tag: Annotated[str, typer.Option(help="The run's name in its last column.")] = "dpr-cache",
     device: Annotated[
         str, typer.Option(help="Where --questions are encoded: auto, cpu or cuda.")
-    ] = "auto",
+    ] = default_of("eval.device"),
     precision: Annotated[
         str,
         typer.Option(
@@ -153,9 +148,8 @@ def search(
         query_embeddings=query_embeddings, questions=questions, bm25_run=bm25_run, passages=passages
     )
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.commands.search import HybridSearch, Queries, SearchSpec
+    from dpr_cache.retrieval.commands.search import Lexical, Queries
     from dpr_cache.retrieval.commands.search import search as run
-    from dpr_cache.retrieval.fusion import FusionSpec
 
     settings = check_flags(
         "eval",
@@ -165,20 +159,19 @@ def search(
             "--fusion-depth": ("fusion_depth", fusion_depth),
             "--k": ("top_k", [k]),
             "--bm25-run": ("bm25_run", None if bm25_run is None else str(bm25_run)),
+            "--device": ("device", device),
             "--precision": ("precision", precision),
         },
     )
-    check_search_flags(memory_gb, nprobe, ef_search)
-    hybrid = None
-    if settings.fusion != "none":
-        spec = FusionSpec(settings.fusion, settings.fusion_weight, settings.fusion_depth)
-        hybrid = HybridSearch(spec, cache_dir or default_cache_dir(), passages, bm25_run)
+    knobs = check_search_flags(memory_gb, nprobe, ef_search)
     path = run(
         index,
         Queries(query_embeddings, questions, model),
         out,
-        SearchSpec(k, memory_gb, nprobe, ef_search, tag, device, precision),
-        hybrid,
+        settings,
+        knobs,
+        Lexical(cache_dir or default_cache_dir(), passages),
+        tag,
     )
     if path is not None:
         print(f"run written to {path}")

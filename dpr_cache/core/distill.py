@@ -29,9 +29,7 @@ from torch import Tensor
 
 from dpr_cache.core.loss import contrastive_loss
 
-__all__ = ["LOSSES", "Distillation", "group_scores", "distill_kl", "margin_mse", "mixed_loss"]
-
-LOSSES = ("contrastive", "distill_kl", "margin_mse")
+__all__ = ["Distillation", "group_scores", "distill_kl", "margin_mse", "mixed_loss"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +43,9 @@ class Distillation:
     teacher_temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSSES[1:]:
+        if self.loss not in _GROUP_LOSSES:
             raise ValueError(
-                f"unknown distillation loss {self.loss!r}; expected one of {LOSSES[1:]}"
+                f"unknown distillation loss {self.loss!r}; expected one of {tuple(_GROUP_LOSSES)}"
             )
         if self.teacher_temperature <= 0:
             raise ValueError(f"teacher_temperature must be > 0, got {self.teacher_temperature}")
@@ -143,13 +141,17 @@ def mixed_loss(
     if teacher_scores is None:
         raise ValueError(f"loss {distillation.loss} needs teacher_scores")
     student = group_scores(q_reps, p_reps, group_size=group_size, temperature=temperature)
-    if distillation.loss == "distill_kl":
-        distill = distill_kl(
-            student, teacher_scores, teacher_temperature=distillation.teacher_temperature
-        )
-    else:
-        distill = margin_mse(student, teacher_scores)
+    distill = _GROUP_LOSSES[distillation.loss](student, teacher_scores, distillation)
     if contrastive is None:
         return distill
     w = distillation.weight
     return w * contrastive + (1.0 - w) * distill
+
+
+# each distillation loss of a student's and a teacher's group scores, by its name
+_GROUP_LOSSES = {
+    "distill_kl": lambda student, teacher, d: distill_kl(
+        student, teacher, teacher_temperature=d.teacher_temperature
+    ),
+    "margin_mse": lambda student, teacher, d: margin_mse(student, teacher),
+}

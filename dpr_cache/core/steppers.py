@@ -18,9 +18,7 @@ from dpr_cache.core.distill import Distillation, mixed_loss
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.gather import all_finite_or_nan, gather_no_grad, gather_with_grad
 
-__all__ = ["MODES", "Towers", "make_loss_fn", "make_stepper"]
-
-MODES = ("gradcache", "full", "accumulate")
+__all__ = ["Towers", "make_loss_fn", "make_stepper"]
 
 
 def make_loss_fn(
@@ -98,7 +96,8 @@ def make_stepper(
     length_bucket: int | None = None,
     release_memory: Callable[[], object] | None = None,
 ):
-    """The step object of ``mode`` over ``towers`` (see :data:`MODES`)."""
+    """The step object of ``mode`` (``train.mode``: gradcache, full or accumulate) over
+    ``towers``."""
     if mode == "gradcache":
         return GradCache(
             towers.encode_q,
@@ -124,4 +123,4 @@ def make_stepper(
             scaler=scaler,
             no_sync=towers.no_sync_all,
         )
-    raise ValueError(f"unknown train.mode {mode!r}; expected one of {MODES}")
+    raise ValueError(f"unknown train.mode {mode!r}")

@@ -6,7 +6,9 @@ Saved layout (``save_pretrained(dir)``)::
                             :mod:`dpr_cache.model.tower_files`)
     dir/passage_encoder/    the same for passages (a copy of the query tower when shared)
     dir/biencoder.json      {"shared", "pooling", "normalize", "max_query_length",
-                             "max_passage_length", "query_prefix", "passage_prefix"}
+                             "max_passage_length", "query_prefix", "passage_prefix"}: the
+                            model's record of how it encodes (its query encoding,
+                            :mod:`dpr_cache.model.encoding`)
     dir/tokenizer files     when the BiEncoder carries a tokenizer
 """
 
@@ -22,6 +24,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from dpr_cache.model.dpr_formats import dpr_kind, load_dpr_towers
+from dpr_cache.model.encoding import ENCODING_FILE, QueryEncoding
 from dpr_cache.model.hub import resolve_model_path
 from dpr_cache.model.pooling import POOLINGS, pool
 from dpr_cache.model.tower_files import clean_tokenizer, write_tower
@@ -36,7 +39,7 @@ from dpr_cache.model.towers import (
 
 __all__ = ["BiEncoder"]
 
-_META = "biencoder.json"
+_META = ENCODING_FILE
 
 
 class BiEncoder(nn.Module):
@@ -231,6 +234,11 @@ class BiEncoder(nn.Module):
         hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
         reps = pool(hidden, inputs["attention_mask"], self.pooling)  # [n, hidden]
         return torch.nn.functional.normalize(reps, dim=-1) if self.normalize else reps
+
+    @property
+    def query_encoding(self) -> QueryEncoding:
+        """How this model encodes a question (its prefix, pooling, normalization, length)."""
+        return QueryEncoding(self.query_prefix, self.pooling, self.normalize, self.max_query_length)
 
     @property
     def dim(self) -> int:

@@ -1,17 +1,27 @@
 """Load a model the user named, for training or for encoding, with one-line errors; fingerprint
-a saved model folder (so an index is never searched with another model's vectors)."""
+a saved model folder (so an index is never searched with another model's vectors); load one for
+encoding with its settings settled by the one rule of :mod:`dpr_cache.model.encoding`."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.dpr_formats import dpr_kind
+from dpr_cache.model.encoding import resolve_encoding, saved_encoding
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
 
-__all__ = ["resolve_model_dir", "load_biencoder", "load_encoder", "model_fingerprint"]
+__all__ = [
+    "resolve_model_dir",
+    "load_biencoder",
+    "load_encoder",
+    "load_settled",
+    "model_fingerprint",
+]
 
 
 def resolve_model_dir(model_dir: str | Path | None, default: Path) -> Path:
@@ -106,3 +116,28 @@ def model_fingerprint(model_dir: str | Path) -> str:
             while block := f.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def load_settled(
+    model_dir: Path,
+    asked: Mapping[str, Any],
+    fallback: Mapping[str, Any],
+    records: Sequence[tuple[str, Mapping[str, Any], str]] = (),
+    *,
+    query_only: bool = False,
+) -> BiEncoder:
+    """:func:`load_encoder` with its encoding settled by
+    :func:`~dpr_cache.model.encoding.resolve_encoding`: ``asked`` checked against ``records``
+    (an index's, when searching one) and the folder's own record, else ``fallback`` (None:
+    as the folder ships it)."""
+    mine = (f"the model at {model_dir} records", saved_encoding(model_dir), "pass another --model")
+    settled = resolve_encoding(asked, [*records, mine], fallback)
+    model = load_encoder(
+        model_dir,
+        pooling=settled["pooling"],
+        normalize=settled["normalize"],
+        prefixes=(settled["query_prefix"], settled["passage_prefix"]),
+        query_only=query_only,
+    )
+    model.max_query_length = settled["max_query_length"] or model.max_query_length
+    return model

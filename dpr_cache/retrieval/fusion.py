@@ -14,31 +14,14 @@ Ties are broken by passage row, so a fused ranking is the same on every run.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FUSIONS", "FusionSpec", "linear_scores", "fuse_linear", "fuse_rrf", "fuse"]
+from dpr_cache.config import EvalConfig
 
-FUSIONS = ("none", "linear", "rrf")
+__all__ = ["linear_scores", "fuse_linear", "fuse_rrf", "fuse"]
+
 Ranking = tuple[np.ndarray, np.ndarray]  # (rows [n], scores [n]) best first; row -1: no passage
-
-
-@dataclass(frozen=True)
-class FusionSpec:
-    """How the two rankings become one: the method, linear's dense weight (None: tuned on
-    held-out questions), the candidates taken from each side, and RRF's constant. Built from
-    settings ``config.py`` validated (``eval.fusion*``, or ``search``'s flags that mirror them);
-    an unknown method is refused here too, for callers of the API."""
-
-    method: str = "none"
-    weight: float | None = 1.1
-    depth: int = 1000
-    rrf_k: int = 60
-
-    def __post_init__(self) -> None:
-        if self.method not in FUSIONS:
-            raise ValueError(f"fusion method must be one of {FUSIONS}, got {self.method!r}")
 
 
 def _valid(ranking: Ranking) -> Ranking:
@@ -93,7 +76,7 @@ def fuse_rrf(rankings: Sequence[Ranking], k: int, rrf_k: int = 60) -> Ranking:
 
 
 def fuse(
-    spec: FusionSpec,
+    spec: EvalConfig,
     dense: list[Ranking],
     sparse: list[Ranking],
     k: int,
@@ -102,17 +85,18 @@ def fuse(
     sparse_of: Callable[[int, np.ndarray], np.ndarray] | None = None,
     weights: Sequence[float] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each question's fused top ``k``, once for each linear weight of ``weights`` (default:
-    ``spec.weight``; rrf has none, so one): a list of (scores [n, k] float32, -inf where fewer;
-    rows [n, k], -1 there). ``dense_of(i, rows)`` / ``sparse_of(i, rows)`` score question i's
-    missing rows (linear only)."""
-    grid = (spec.weight,) if weights is None else tuple(weights)
-    if spec.method == "rrf":
+    """Each question's fused top ``k`` by ``spec.fusion`` (``eval.fusion*``), once for each
+    linear weight of ``weights`` (default: ``spec.fusion_weight``; rrf has none, so one): a
+    list of (scores [n, k] float32, -inf where fewer; rows [n, k], -1 there).
+    ``dense_of(i, rows)`` / ``sparse_of(i, rows)`` score question i's missing rows (linear
+    only)."""
+    grid = (spec.fusion_weight,) if weights is None else tuple(weights)
+    if spec.fusion == "rrf":
         grid = (None,)
     n = len(dense)
     out = [(np.full((n, k), -np.inf, np.float32), np.full((n, k), -1, np.int64)) for _ in grid]
     for i in range(n):
-        if spec.method == "linear":
+        if spec.fusion == "linear":
             fused = fuse_linear(
                 dense[i],
                 sparse[i],
@@ -122,7 +106,7 @@ def fuse(
                 k,
             )
         else:
-            fused = [fuse_rrf([sparse[i], dense[i]], k, spec.rrf_k)]
+            fused = [fuse_rrf([sparse[i], dense[i]], k, spec.fusion_rrf_k)]
         for (scores, rows), (r, s) in zip(out, fused, strict=True):
             rows[i, : len(r)], scores[i, : len(r)] = r, s
     return out

@@ -1,7 +1,7 @@
 """Hybrid retrieval for ``eval`` and ``search``: the dense index's top ``depth`` and BM25's (built
 with bm25s over the passages file, or a TREC run brought from pyserini or Anserini) fused per
-:class:`~dpr_cache.retrieval.fusion.FusionSpec`, and linear fusion's weight picked on held-out
-questions. Rows are the passages file's rows throughout."""
+``eval.fusion*`` (:class:`~dpr_cache.config.EvalConfig`), and linear fusion's weight picked on
+held-out questions. Rows are the passages file's rows throughout."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from dpr_cache.config import EvalConfig
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import passage_columns, passage_rows
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.dense.index import Corpus, search_index
 from dpr_cache.retrieval.dense.search import Hits
-from dpr_cache.retrieval.fusion import FusionSpec, Ranking, fuse
+from dpr_cache.retrieval.fusion import Ranking, fuse
 from dpr_cache.retrieval.lexical import Bm25Index
 from dpr_cache.retrieval.metrics import first_relevant_rank, hit_metrics
 from dpr_cache.retrieval.results import read_trec_run
@@ -64,7 +65,7 @@ class Sparse:
 
 
 def open_sparse(
-    corpus: Corpus, cache_dir: Path, run: str | Path | None, spec: FusionSpec
+    corpus: Corpus, cache_dir: Path, run: str | Path | None, spec: EvalConfig
 ) -> Sparse:
     """BM25 from ``run`` (a TREC run; RRF only, as the config's check says) or built over the
     corpus's passages (saved, reused).
@@ -111,7 +112,7 @@ def dense_rankings(
 
 def _scorers(corpus: Corpus, queries, questions, sparse, spec):
     """Linear fusion's scorers of the rows one side did not rank (None for rrf)."""
-    if spec.method != "linear":
+    if spec.fusion != "linear":
         return None, None
     if not corpus.encoded_from_file():
         raise InputError(
@@ -135,7 +136,7 @@ def hybrid_search(
     questions: Sequence[str],
     qids: Sequence[str],
     sparse: Sparse,
-    spec: FusionSpec,
+    spec: EvalConfig,
     k: int,
     dense: list[Ranking],
     *,
@@ -143,7 +144,7 @@ def hybrid_search(
 ) -> Hits:
     """The fused top ``k`` of each question (rows are passage rows), from its ``dense``
     rankings (:func:`dense_rankings`) and BM25's."""
-    bm25 = sparse.rankings(questions, qids, spec.depth)
+    bm25 = sparse.rankings(questions, qids, spec.fusion_depth)
     dense_of, sparse_of = _scorers(corpus, queries, questions, sparse, spec)
     weights = None if weight is None else [weight]
     [(scores, rows)] = fuse(
@@ -157,10 +158,10 @@ def tune_weight(
     queries: np.ndarray,
     qas: Sequence[tuple[str, list[str]]],
     sparse: Sparse,
-    spec: FusionSpec,
+    spec: EvalConfig,
     metric: str,
     dense: list[Ranking],
-    match: str = "string",
+    match: str,
     *,
     qids: Sequence[str] | None = None,
     qrels: dict[str, dict[str, int]] | None = None,
@@ -172,7 +173,7 @@ def tune_weight(
     k = 10 if metric == "mrr@10" else int(metric.removeprefix("top"))
     questions = [q for q, _ in qas]
     qids = [str(i) for i in range(len(qas))] if qids is None else list(qids)
-    bm25 = sparse.rankings(questions, qids, spec.depth)
+    bm25 = sparse.rankings(questions, qids, spec.fusion_depth)
     dense_of, sparse_of = _scorers(corpus, queries, questions, sparse, spec)
     fused = fuse(spec, dense, bm25, k, dense_of=dense_of, sparse_of=sparse_of, weights=TUNING_GRID)
     rows = np.unique(np.concatenate([r.ravel() for _, r in fused]))

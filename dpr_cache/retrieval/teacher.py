@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
+from dpr_cache.config import default_of
 from dpr_cache.data.ids import derived_passage_id
 from dpr_cache.data.passages import load_passages, passage_rows
 from dpr_cache.errors import InputError
@@ -40,7 +41,7 @@ from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
 from dpr_cache.retrieval.dense.index import encoded_from, open_index, passages_file
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.shards import passages_signature
-from dpr_cache.retrieval.fusion import FusionSpec, linear_scores
+from dpr_cache.retrieval.fusion import linear_scores
 from dpr_cache.retrieval.lexical import Bm25Index
 from dpr_cache.runtime.device import PRECISIONS, resolve_precision
 from dpr_cache.runtime.overlap import transfer_for
@@ -102,7 +103,9 @@ class TeacherSpec:
     @property
     def weight(self) -> float:
         """The dense score's weight in the hybrid (``eval``'s default when none is given)."""
-        return FusionSpec().weight if self.fusion_weight is None else self.fusion_weight
+        return (
+            default_of("eval.fusion_weight") if self.fusion_weight is None else self.fusion_weight
+        )
 
     def check(self, flag: str = "--teacher") -> None:
         """InputError, one line, for options that contradict the teacher or are missing."""
@@ -288,7 +291,7 @@ class HybridTeacher(Bm25Teacher):
             )
         self.model_dir = resolve_model_dir(spec.model, Path("."))
         self.model = query_tower(self.model_dir, self.opened, device)
-        self.run, self.weight = QuestionRun(device), spec.weight
+        self.run, self.weight = QuestionRun(device, "fp32"), spec.weight
 
     def score(self, groups: Sequence[Group], prepared: Any = None) -> list[np.ndarray]:
         rows = self.rows(groups, "hybrid")

@@ -14,7 +14,6 @@ and written to ``output_dir/chunk_choice.json``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from dpr_cache.config import ModelConfig, TrainConfig
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.atomic import write_json_atomic
@@ -57,22 +57,30 @@ def candidate_chunks(local_batch: int) -> list[int]:
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """What one chunk's forward and backward depends on: the model and the input lengths."""
+    """What one chunk's forward and backward depends on: the ``model`` section (the model, its
+    towers, pooling, dropout, checkpointing and lengths) and the ``train`` section (passages
+    per chunk, threads, and the precision the CUDA probe runs under; the CPU probe runs in
+    fp32)."""
 
-    model: str
-    shared: bool = False
-    pooling: str = "cls"
-    dropout: float | None = None
-    checkpointing: bool = False
-    q_len: int = 32
-    p_len: int = 256
-    p_chunk_size: int | None = None  # passages per chunk; default the question chunk
-    threads: int | None = None
-    precision: str = "fp32"  # the CUDA probe runs under its autocast; the CPU probe in fp32
+    model: ModelConfig
+    train: TrainConfig
 
     def payload(self, chunk: int) -> dict:
         """The child's arguments for a question chunk of ``chunk`` rows."""
-        return {**dataclasses.asdict(self), "q_rows": chunk, "p_rows": self.p_chunk_size or chunk}
+        m, t = self.model, self.train
+        return {
+            "model": m.name_or_path,
+            "shared": m.shared,
+            "pooling": m.pooling,
+            "dropout": m.dropout,
+            "checkpointing": m.gradient_checkpointing,
+            "q_len": m.max_query_length,
+            "p_len": m.max_passage_length,
+            "threads": t.num_threads,
+            "precision": t.precision,
+            "q_rows": chunk,
+            "p_rows": t.p_chunk_size or chunk,
+        }
 
 
 @dataclass(frozen=True)

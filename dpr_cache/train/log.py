@@ -56,7 +56,7 @@ class TrainLog(contextlib.AbstractContextManager):
         total: int,
         fixed: dict[str, Any],
         watcher: Watcher | None,
-        log_every: int = 1,
+        log_every: int,
         progress: bool = True,
         desc: str = "train",
     ) -> None:

@@ -87,7 +87,7 @@ def step_batches(
     *,
     rank: int = 0,
     world_size: int = 1,
-    num_workers: int = 1,
+    num_workers: int,
 ):
     """The batches of steps ``start .. stop - 1`` in order, built ``num_workers`` processes
     ahead of the training step (0: in this process). A batch depends on its step alone, and the

@@ -333,19 +333,7 @@ def chunk_size_of(config: Config, model: BiEncoder, env: DistEnv) -> int:
 
 def probe_spec(config: Config) -> ProbeSpec:
     """What the chunk probe of ``config``'s model and lengths needs."""
-    cfg, m = config.train, config.model
-    return ProbeSpec(
-        model=m.name_or_path,
-        shared=m.shared,
-        pooling=m.pooling,
-        dropout=m.dropout,
-        checkpointing=m.gradient_checkpointing,
-        q_len=m.max_query_length,
-        p_len=m.max_passage_length,
-        p_chunk_size=cfg.p_chunk_size,
-        threads=cfg.num_threads,
-        precision=cfg.precision,
-    )
+    return ProbeSpec(config.model, config.train)
 
 
 def out_of_memory(config: Config, trainer: Trainer, step: int) -> InputError:

@@ -50,7 +50,7 @@ class Validator:
         max_query_length: int,
         max_passage_length: int,
         batch_size: int,
-        match: str = "string",
+        match: str,
     ) -> None:
         self.questions, self.passages, self.ks = questions, passages, sorted(ks)
         self.lengths = (max_query_length, max_passage_length)
@@ -69,7 +69,7 @@ class Validator:
                 device=device,
             )
             texts = [text for text, _ in self.questions]
-            run = QuestionRun(device, batch_size=self.batch_size)
+            run = QuestionRun(device, "fp32", self.batch_size)
             q = question_vectors(model, texts, run, max_length=self.lengths[0])
         finally:
             model.train(was_training)

@@ -1,7 +1,8 @@
 """Where index and eval encode, and in what precision, come from their own keys (index.device,
 index.precision, eval.device, eval.precision), and what encode ran with is written beside its
 vectors: the precision asked is the one used (the stored vectors differ), train's keys are
-refused on the command line and noted when only the config sets them."""
+refused on the command line and noted when only the config sets them; a config file that
+contradicts how the index encoded is refused as a ``--set`` is."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.support.cli import run_cli, toy_overrides
-from tests.support.fixtures import TOY, index_vectors
+from tests.support.fixtures import REPO, TOY, index_vectors
 
 TINY = str(TOY / "tiny-bert")
 N_TOY_PASSAGES = len((TOY / "passages.tsv").read_text().splitlines()) - 1  # less the header
@@ -103,3 +105,25 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
     bad = run_cli(*base, "--questions", str(TOY / "dev.qa.tsv"), "--out", str(tmp_path / "x"),
                   "--precision", "fp8", check=False)  # fmt: skip
     assert bad.returncode == 2 and "--precision: " in bad.stderr and "'fp8'" in bad.stderr
+
+
+def test_a_yaml_key_that_contradicts_the_index_is_the_set_error(tmp_path) -> None:
+    """A config file edited after ``index`` (its ``model.query_prefix`` now not the index's) is
+    refused by ``eval`` with the very line a ``--set`` saying the same gets, both values named;
+    the file that agrees with the index evaluates (control)."""
+    args = ["--model", TINY, "-q", *toy_overrides(tmp_path)]
+    run_cli("index", "--config", "configs/toy.yaml", *args)
+    toy = yaml.safe_load((REPO / "configs" / "toy.yaml").read_text())
+    edited, agreeing = tmp_path / "edited.yaml", tmp_path / "agreeing.yaml"
+    for path, prefix in ((edited, "question: "), (agreeing, "")):
+        path.write_text(yaml.safe_dump({**toy, "model": {**toy["model"], "query_prefix": prefix}}))
+    by_file = run_cli("eval", "--config", str(edited), *args, check=False)
+    contradicting = ["--set", "model.query_prefix=question: "]
+    by_set = run_cli("eval", "--config", "configs/toy.yaml", *args, *contradicting, check=False)
+    assert by_file.returncode == by_set.returncode == 2
+    said = [proc.stderr.splitlines()[-1] for proc in (by_file, by_set)]  # after train.* notes
+    assert said == 2 * [
+        "error: model.query_prefix: 'question: ', but the index was built with '': set it back "
+        "or rerun `dpr-cache index`"
+    ]
+    run_cli("eval", "--config", str(agreeing), *args)

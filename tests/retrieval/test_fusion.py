@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpr_cache.retrieval.fusion import FusionSpec, fuse, fuse_linear, fuse_rrf
+from dpr_cache.config import EvalConfig
+from dpr_cache.retrieval.fusion import fuse, fuse_linear, fuse_rrf
 from dpr_cache.retrieval.results import read_trec_run
 from tests.support.cli import run_cli, toy_overrides
 from tests.support.fixtures import TOY
@@ -57,10 +58,10 @@ def test_rrf_by_hand_and_against_ranx() -> None:
 
 
 def test_fuse_pads_short_rankings_and_refuses_an_unknown_method() -> None:
-    [(scores, rows)] = fuse(FusionSpec("rrf"), [_r([2], [1.0])], [_r([], [])], k=3)
+    [(scores, rows)] = fuse(EvalConfig(fusion="rrf"), [_r([2], [1.0])], [_r([], [])], k=3)
     assert rows.tolist() == [[2, -1, -1]] and np.isinf(scores[0, 1:]).all()
-    with pytest.raises(ValueError, match="fusion method"):
-        fuse(FusionSpec("max"), [_r([2], [1.0])], [_r([], [])], k=3)
+    with pytest.raises(ValueError, match="fusion"):
+        fuse(EvalConfig(fusion="max"), [_r([2], [1.0])], [_r([], [])], k=3)
 
 
 @pytest.fixture(scope="module")

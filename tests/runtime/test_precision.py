@@ -51,7 +51,6 @@ def test_a_question_run_holds_the_precision_it_resolved(monkeypatch) -> None:
     assert QuestionRun(torch.device("cuda", 1), "auto").precision == "fp16"
     assert QuestionRun(torch.device("cpu"), "auto").precision == "fp32"
     assert QuestionRun(torch.device("cuda", 0), "fp32").precision == "fp32"
-    assert QuestionRun(torch.device("cpu")).precision == "fp32"  # its default: as given
 
 
 def test_index_and_eval_default_to_auto_and_train_has_none() -> None:

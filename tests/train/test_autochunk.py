@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dpr_cache.config import load_config
+from dpr_cache.config import ModelConfig, TrainConfig, load_config
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.distributed import DistEnv
@@ -23,7 +23,10 @@ from dpr_cache.train.autochunk import (
 from tests.support.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
-PROBE = ProbeSpec(model=TINY, pooling="mean", q_len=32, p_len=64)
+PROBE = ProbeSpec(
+    ModelConfig(name_or_path=TINY, pooling="mean", max_query_length=32, max_passage_length=64),
+    TrainConfig(),
+)
 
 
 def toy_config(tmp_path, batch: int = 8, **extra):

@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from dpr_cache.cli import app
+from dpr_cache.config import ModelConfig, TrainConfig
 from dpr_cache.train import autochunk, trainer
 from dpr_cache.train.autochunk import OUT_OF_MEMORY, BatchShape, ProbeSpec, largest_fitting_chunk
 from tests.support.cli import toy_overrides
@@ -35,7 +36,7 @@ def test_largest_fitting_chunk_bisects_through_out_of_memory_probes(monkeypatch)
     monkeypatch.setattr(autochunk, "_probe_cuda", fake_probe(GB // 4, 64))
     monkeypatch.setattr(autochunk, "batch_extras_bytes", lambda *a: 0)
     shape = BatchShape(batch_size=512)
-    spec = ProbeSpec(model="m")
+    spec = ProbeSpec(ModelConfig(name_or_path="m"), TrainConfig())
     # 10 GB less the 10% margin holds 36 rows: the largest power of two is 32
     assert largest_fitting_chunk(spec, shape, None, 512, 10 * GB) == 32
     # a budget beyond the device: the probe's out-of-memory caps it at 64

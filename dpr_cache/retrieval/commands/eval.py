@@ -16,7 +16,6 @@ line),
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,19 +28,20 @@ from dpr_cache.data.passages import load_passages
 from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
-from dpr_cache.retrieval.commands.specs import (
-    fusion_spec,
-    index_dir_of,
-    index_spec,
-    opened_type,
-)
 from dpr_cache.retrieval.dense.index import (
     Corpus,
     OpenIndex,
+    index_dir_of,
     open_index,
+    opened_as,
     search_index,
 )
-from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
+from dpr_cache.retrieval.dense.questions import (
+    QuestionRun,
+    config_encoding,
+    query_tower,
+    question_vectors,
+)
 from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse, tune_weight
 from dpr_cache.retrieval.metrics import answer_qrels, judged_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
@@ -104,7 +104,7 @@ def evaluate(
     with output_lock(out):
         laps = Laps()
         index_dir = index_dir_of(config.output_path)
-        opened = open_index(index_dir, index_spec(config, opened_type(index_dir)))
+        opened = open_index(index_dir, opened_as(config.index, index_dir))
         check_overrides(overridden, opened, config)
         model_dir = resolve_model_dir(model_dir, config.output_path / "model")
         if not config.data.dev_qa:
@@ -124,23 +124,16 @@ def evaluate(
             device if device is not None else config.eval.device, key="eval.device"
         )
         run = QuestionRun(dev, config.eval.precision, config.eval.batch_size)
-        m = config.model
-        unrecorded = {
-            "pooling": m.pooling,
-            "normalize": m.normalize,
-            "prefixes": (m.query_prefix, m.passage_prefix),
-            "max_query_length": m.max_query_length,
-        }
-        model = query_tower(model_dir, opened, dev, unrecorded)
-        _check_encoding(config, overridden, model, opened)
+        model = query_tower(model_dir, opened, dev, *config_encoding(config.model))
         laps.lap("load the model")
         q_embs = question_vectors(model, [q for q, _ in qas], run)
-        spec = fusion_spec(config)
-        tune = _tune_questions(config, model, qrels, qids, run) if spec.weight is None else None
+        fusion = config.eval.fusion
+        tuned = config.eval.fusion_weight == "auto"
+        tune = _tune_questions(config, model, qrels, qids, run) if tuned else None
         del model
         laps.lap("encode questions")
         k, memory = max(config.eval.top_k), memory_limit(config.index.memory_gb)
-        if spec.method == "none":
+        if fusion == "none":
             hits = search_index(opened, q_embs, k, memory, rank=rank, world_size=world_size)
             laps.lap("search")
             if hits is None:
@@ -148,9 +141,9 @@ def evaluate(
             rows = corpus.rows_of(hits.rows)
         else:
             hits, fused = _hybrid(
-                config, spec, corpus, q_embs, qas, qids, tune, qrels, memory, rank, world_size
+                config, corpus, q_embs, qas, qids, tune, qrels, memory, rank, world_size
             )
-            laps.lap(f"search, BM25 and {spec.method} fusion")
+            laps.lap(f"search, BM25 and {fusion} fusion")
             if hits is None:
                 return None
             rows = hits.rows  # passage rows already
@@ -200,7 +193,7 @@ def evaluate(
             "data": {"dev_qa": str(qas_path.resolve()), "passages": str(passages.resolve())},
             "command": command,
         }
-        if spec.method != "none":
+        if fusion != "none":
             metrics["measured"]["fusion"] = fused
             write_json_atomic(out / FUSION_FILE, fused)
         write_json_atomic(out / TIMINGS_FILE, {"seconds": laps.seconds()})
@@ -236,18 +229,6 @@ def eval_command(
         distributed.teardown()
 
 
-def _check_encoding(config: Config, overridden: Sequence[str], model, opened: OpenIndex) -> None:
-    """A ``model.*`` override of how questions are encoded that contradicts the index (which
-    records how its questions must be encoded) is an error, never silently ignored."""
-    for key in ("pooling", "normalize", "query_prefix", "passage_prefix", "max_query_length"):
-        asked = getattr(config.model, key)
-        if f"model.{key}" in overridden and asked is not None and asked != getattr(model, key):
-            raise InputError(
-                f"model.{key}: {asked!r}, but the index was built with {getattr(model, key)!r}: "
-                "set it back or rerun `dpr-cache index`"
-            )
-
-
 def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: QuestionRun):
     """The held-out questions that pick an ``auto`` weight: (qas, ids, vectors). Judged by
     ``data.qrels`` when set (some must be judged), else by their answers (every one needs
@@ -280,14 +261,12 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: Qu
     return tune, qids, question_vectors(model, [q for q, _ in tune], run)
 
 
-def _hybrid(
-    config, spec, corpus: Corpus, q_embs, qas, qids, tune, qrels, memory: int, rank, world_size
-):
+def _hybrid(config, corpus: Corpus, q_embs, qas, qids, tune, qrels, memory: int, rank, world_size):
     """The fused hits of the dev questions and what fused them (the weight tuned first on the
     held-out questions ``tune`` when asked); (None, None) on ranks but 0. Every collective
     search runs first; BM25 is opened after them, on rank 0 alone."""
     e = config.eval
-    depth = max(spec.depth, max(e.top_k))
+    depth = max(e.fusion_depth, max(e.top_k))
 
     def dense(queries):
         return dense_rankings(corpus, queries, depth, memory, rank=rank, world_size=world_size)
@@ -296,9 +275,12 @@ def _hybrid(
     dev_dense = dense(q_embs)
     if dev_dense is None:
         return None, None
-    sparse = open_sparse(corpus, config.cache_path, e.bm25_run, spec)
-    record = {"method": spec.method, "depth": spec.depth, "bm25": sparse.source}
-    record.update({"weight": spec.weight} if spec.method == "linear" else {"rrf_k": spec.rrf_k})
+    sparse = open_sparse(corpus, config.cache_path, e.bm25_run, e)
+    record = {"method": e.fusion, "depth": e.fusion_depth, "bm25": sparse.source}
+    if e.fusion == "linear":
+        record["weight"] = None if e.fusion_weight == "auto" else e.fusion_weight
+    else:
+        record["rrf_k"] = e.fusion_rrf_k
     if tune is not None:
         tune_qas, tune_qids, tune_embs = tune
         weight, grid = tune_weight(
@@ -306,14 +288,14 @@ def _hybrid(
             tune_embs,
             tune_qas,
             sparse,
-            spec,
+            e,
             e.fusion_tune_metric,
             tune_dense,
             e.match,
             qids=tune_qids,
             qrels=qrels,
         )
-        spec = dataclasses.replace(spec, weight=weight)
+        e = e.model_copy(update={"fusion_weight": weight})
         record.update(
             weight=weight,
             tuned_on=str(Path(e.fusion_tune_qa).resolve()),
@@ -329,7 +311,7 @@ def _hybrid(
         [q for q, _ in qas],
         qids,
         sparse,
-        spec,
+        e,
         max(e.top_k),
         dev_dense,
     )

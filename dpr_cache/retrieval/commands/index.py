@@ -12,31 +12,27 @@ Layout of ``output_dir/index/`` when encoding::
 ``<key>`` hashes all an embedding depends on (see
 :func:`~dpr_cache.retrieval.dense.shards.shard_key`).
 The index type is rebuilt from the shards on every run, so switching it costs no re-encoding.
-:func:`build_index` reads the config; the others take plain arguments and the two specs.
+:func:`build_index` reads the config; the others take plain arguments and its sections.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from dpr_cache.config import Config
+from dpr_cache.config import Config, IndexConfig
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
-from dpr_cache.retrieval.commands.specs import (
-    encode_spec,
-    index_dir_of,
-    index_spec,
-)
-from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec
-from dpr_cache.retrieval.dense.index import finish_index
-from dpr_cache.retrieval.dense.shards import EncodeSpec, encode_passage_shards
+from dpr_cache.retrieval.dense.faiss_index import check_index_spec
+from dpr_cache.retrieval.dense.index import finish_index, index_dir_of
+from dpr_cache.retrieval.dense.questions import config_encoding
+from dpr_cache.retrieval.dense.shards import encode_passage_shards
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import resolve_device
@@ -59,14 +55,17 @@ def build_index(
     model_dir = resolve_model_dir(model_dir, config.output_path / "model")
     if not config.data.passages:
         raise InputError("data.passages: not set (a DPR passages TSV)")
+    asked, fallback = config_encoding(config.model)
     with output_lock(index_dir_of(config.output_path)):
         return index_passages(
             Path(config.data.passages),
             model_dir,
             index_dir_of(config.output_path),
-            encode=encode_spec(config),
-            index=index_spec(config),
-            memory_gb=config.index.memory_gb,
+            config.index,
+            asked=asked,
+            fallback=fallback,
+            max_length=config.model.max_passage_length,
+            num_workers=config.data.num_workers,
             device=resolve_device(config.index.device, key="index.device"),
             cache_dir=config.cache_path,
             rank=rank,
@@ -79,66 +78,65 @@ def index_passages(
     passages: Path,
     model_dir: Path,
     out: Path,
+    index: IndexConfig,
     *,
-    encode: EncodeSpec,
-    index: IndexSpec,
-    memory_gb: float | None,
+    asked: dict[str, Any],
+    fallback: dict[str, Any],
+    max_length: int | None,
+    num_workers: int,
     device: torch.device,
     cache_dir: Path,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
 ) -> Path:
-    """Encode ``passages`` into ``out/shards`` and, on rank 0, finish the index over them
-    within ``memory_gb`` (see :func:`finish_index`). meta.json records the precision the
-    passages were encoded in (an ``auto`` as resolved on ``device``)."""
+    """Encode ``passages`` into ``out/shards`` (the encoding settled from ``asked`` and
+    ``fallback``, see :func:`~dpr_cache.retrieval.dense.shards.encode_passage_shards`) and, on
+    rank 0, finish the ``index.type`` over them within ``index.memory_gb`` (see
+    :func:`finish_index`). meta.json records the model's encoding (how its questions must be
+    encoded) and the precision the passages were encoded in (an ``auto`` as resolved on
+    ``device``)."""
     encoded = encode_passage_shards(
         passages,
         model_dir,
         out / "shards",
-        encode,
+        index,
+        asked=asked,
+        fallback=fallback,
+        max_length=max_length,
+        num_workers=num_workers,
         device=device,
         cache_dir=cache_dir,
         rank=rank,
         world_size=world_size,
         progress=progress,
-        check=lambda n, dim: check_index_spec(index, n, dim, memory_gb),
+        check=lambda n, dim: check_index_spec(index, n, dim, index.memory_gb),
     )
     if rank != 0:
         return out
-    encode = dataclasses.replace(encode, precision=encoded.precision)  # auto as resolved
     extra = {
         "model": {
             "dir": str(model_dir),
             "fingerprint": encoded.fingerprint,
-            "pooling": encoded.pooling,
-            "normalize": encoded.normalize,
+            **encoded.encoding.record(),
+            "passage_prefix": encoded.passage_prefix,
             "max_passage_length": encoded.max_length,
             "precision": encoded.precision,
-            "max_query_length": encode.max_query_length,
-            "query_prefix": encoded.query_prefix,
-            "passage_prefix": encoded.passage_prefix,
         },
         "passages": encoded.signature,
         "shard_key": encoded.key,
-        "encode": dataclasses.asdict(encode),
+        "encode": encoded.settings(index, num_workers),
         "timings": encoded.timings(),  # this run, rank 0
     }
-    finish_index(out, EmbeddingStore.open(encoded.paths), index, memory_gb, extra)
+    finish_index(out, EmbeddingStore.open(encoded.paths), index, extra)
     return out
 
 
-def index_embeddings(
-    pattern: str,
-    out: Path,
-    *,
-    spec: IndexSpec,
-    memory_gb: float | None,
-    store_dtype: str = "float16",
-) -> Path:
-    """``dpr-cache index --embeddings``: an index over precomputed shards. Our ``.npy`` shards
-    are validated and recorded in place; DPR's pickles (``.pkl``/``.pickle``: trusted input only,
-    pickle runs code) are converted once into shards under ``out/shards``."""
+def index_embeddings(pattern: str, out: Path, index: IndexConfig) -> Path:
+    """``dpr-cache index --embeddings``: an ``index.type`` index over precomputed shards. Our
+    ``.npy`` shards are validated and recorded in place; DPR's pickles (``.pkl``/``.pickle``:
+    trusted input only, pickle runs code) are converted once into shards of
+    ``index.store_dtype`` under ``out/shards``."""
     paths = sorted(glob.glob(os.path.expanduser(pattern)))
     if not paths:
         raise InputError(f"{pattern}: matches no file")
@@ -152,10 +150,12 @@ def index_embeddings(
     with output_lock(out):
         if pickles:
             npys = [
-                _dpr_pickle_to_shard(Path(p), out / "shards" / f"dpr-{i:05d}.npy", store_dtype)
+                _dpr_pickle_to_shard(
+                    Path(p), out / "shards" / f"dpr-{i:05d}.npy", index.store_dtype
+                )
                 for i, p in enumerate(pickles)
             ]
-        finish_index(out, EmbeddingStore.open(npys), spec, memory_gb, {"source": pattern})
+        finish_index(out, EmbeddingStore.open(npys), index, {"source": pattern})
     return out
 
 
@@ -193,13 +193,7 @@ def index_command(
             raise InputError("index --embeddings: --out DIR is needed")
         if int(os.environ.get("RANK", "0")) != 0:
             return None
-        return index_embeddings(
-            embeddings,
-            out,
-            spec=index_spec(config),
-            memory_gb=config.index.memory_gb,
-            store_dtype=config.index.store_dtype,
-        )
+        return index_embeddings(embeddings, out, config.index)
     env = distributed.setup(config.index.device, "index.device")
     try:
         path = build_index(

@@ -2,7 +2,9 @@
 as a TREC run. The queries are precomputed vectors (``Q.npy``, their ids in ``Q.ids.txt``) or a
 questions file the model encodes as the index asks
 (:mod:`~dpr_cache.retrieval.dense.questions`), its ids the file's own (``X.ids.txt``) else its
-row numbers, as ``eval`` names them."""
+row numbers, as ``eval`` names them. What it does is the config's settings that its flags mirror:
+``eval.*`` (the depth, where and in what precision questions are encoded, BM25 fusion) and
+``index.*`` (the memory bound and the index's search knobs)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpr_cache.config import EvalConfig, IndexConfig
 from dpr_cache.data.passages import load_passages, passage_columns
 from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
@@ -19,14 +22,13 @@ from dpr_cache.retrieval.dense.index import (
     Corpus,
     OpenIndex,
     open_index,
+    opened_as,
     passages_file,
     recorded_passages,
     search_index,
-    search_spec,
 )
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.store import Shard, ids_path
-from dpr_cache.retrieval.fusion import FusionSpec
 from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.runtime import distributed
@@ -34,7 +36,7 @@ from dpr_cache.runtime.atomic import check_output_file
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.runtime.memory import memory_limit
 
-__all__ = ["Queries", "SearchSpec", "HybridSearch", "read_queries", "search"]
+__all__ = ["Queries", "Lexical", "read_queries", "search"]
 
 
 @dataclass(frozen=True)
@@ -57,28 +59,12 @@ class Queries:
 
 
 @dataclass(frozen=True)
-class SearchSpec:
-    """How deep and in how much memory to search, with which index knobs, where the questions
-    are encoded, and the run's name."""
+class Lexical:
+    """Where BM25's passages come from for a fused search (the index's own file by default)
+    and where its index is cached."""
 
-    k: int = 100
-    memory_gb: float | None = None  # the whole process's peak; None: memory_limit's default
-    nprobe: int = 16
-    ef_search: int = 128
-    tag: str = "dpr-cache"
-    device: str = "auto"
-    precision: str = "auto"  # resolved for the device (QuestionRun)
-
-
-@dataclass(frozen=True)
-class HybridSearch:
-    """BM25 for ``search`` to fuse: from ``bm25_run`` (rrf), else built over ``passages`` (the
-    index's own by default) for the question texts."""
-
-    fusion: FusionSpec
     cache_dir: Path
     passages: Path | None = None
-    bm25_run: Path | None = None
 
 
 def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
@@ -103,41 +89,47 @@ def search(
     index_dir: Path,
     queries: Queries,
     out: Path,
-    spec: SearchSpec,
-    hybrid: HybridSearch | None = None,
+    settings: EvalConfig,
+    index: IndexConfig,
+    lexical: Lexical,
+    tag: str,
 ) -> Path | None:
-    """Search the queries in the index (fused with BM25 per ``hybrid``); rank 0 writes the TREC
-    run ``out`` and returns it. Under ``torchrun`` each rank scans its share of the shards."""
+    """Search the queries in the index for each one's ``settings.top_k`` passages (its one k),
+    fused with BM25 per ``settings.fusion``; rank 0 writes the TREC run ``out`` (its last
+    column ``tag``) and returns it. Under ``torchrun`` each rank scans its share of the
+    shards."""
     queries.check()
     out = Path(out)
     inputs = {"the questions file": queries.questions, "the query vectors": queries.embeddings}
     if queries.embeddings is not None:
         inputs["the query ids"] = ids_path(Path(queries.embeddings))
-    if hybrid is not None:
-        passages = hybrid.passages or recorded_passages(index_dir)
-        inputs.update({"the passages file": passages, "the BM25 run": hybrid.bm25_run})
+    if settings.fusion != "none":
+        passages = lexical.passages or recorded_passages(index_dir)
+        bm25_run = None if settings.bm25_run is None else Path(settings.bm25_run)
+        inputs.update({"the passages file": passages, "the BM25 run": bm25_run})
     check_output_file(out, inputs, folders={"the index": index_dir})
-    env = distributed.setup(spec.device, "--device")
+    env = distributed.setup(settings.device, "--device")
     try:
         with output_lock(out, is_file=True):
-            opened = open_index(index_dir, search_spec(index_dir, spec.nprobe, spec.ef_search))
+            opened = open_index(index_dir, opened_as(index, index_dir))
             vectors, qids, texts = _queries(
-                queries, opened, QuestionRun(env.device, spec.precision)
+                queries, opened, QuestionRun(env.device, settings.precision, settings.batch_size)
             )
-            memory = memory_limit(spec.memory_gb)
-            if hybrid is None:
+            memory = memory_limit(index.memory_gb)
+            k = max(settings.top_k)
+            if settings.fusion == "none":
                 hits = search_index(
-                    opened, vectors, spec.k, memory, rank=env.rank, world_size=env.world_size
+                    opened, vectors, k, memory, rank=env.rank, world_size=env.world_size
                 )
                 if hits is None:
                     return None
                 pids = opened.store.ids_of(hits.rows)
             else:
-                found = _fused(opened, vectors, qids, texts, spec, hybrid, memory, env)
+                found = _fused(opened, vectors, qids, texts, settings, lexical, memory, env)
                 if found is None:
                     return None
                 hits, pids = found
-            write_trec_run(out, qids, pids, hits.scores, spec.tag)
+            write_trec_run(out, qids, pids, hits.scores, tag)
             return out
     finally:
         distributed.teardown()
@@ -158,27 +150,28 @@ def _queries(
     return question_vectors(model, texts, run), question_ids(queries.questions, len(qas)), texts
 
 
-def _fused(opened, vectors, qids, texts, spec: SearchSpec, hybrid: HybridSearch, memory: int, env):
+def _fused(opened, vectors, qids, texts, settings: EvalConfig, lexical: Lexical, memory, env):
     """The fused hits and their passage ids; None on ranks but 0."""
-    if texts is None and hybrid.bm25_run is None:
+    if texts is None and settings.bm25_run is None:
         raise InputError(
             "search --fusion: BM25 needs the question texts (--questions) or a run "
             "(--bm25-run) keyed by the query ids"
         )
-    passages = passages_file(opened, hybrid.passages)
-    corpus = Corpus(opened, load_passages(passages, hybrid.cache_dir), passages)
+    passages = passages_file(opened, lexical.passages)
+    corpus = Corpus(opened, load_passages(passages, lexical.cache_dir), passages)
+    k = max(settings.top_k)
     dense = dense_rankings(
         corpus,
         vectors,
-        max(hybrid.fusion.depth, spec.k),
+        max(settings.fusion_depth, k),
         memory,
         rank=env.rank,
         world_size=env.world_size,
     )
     if dense is None:
         return None
-    sparse = open_sparse(corpus, hybrid.cache_dir, hybrid.bm25_run, hybrid.fusion)
-    hits = hybrid_search(corpus, vectors, texts or qids, qids, sparse, hybrid.fusion, spec.k, dense)
+    sparse = open_sparse(corpus, lexical.cache_dir, settings.bm25_run, settings)
+    hits = hybrid_search(corpus, vectors, texts or qids, qids, sparse, settings, k, dense)
     valid = np.unique(hits.rows[hits.rows >= 0])
     ids = dict(
         zip(valid.tolist(), passage_columns(corpus.dataset, valid.tolist())["id"], strict=True)

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from dpr_cache.config import default_of
 from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_passages
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.dense.store import write_shard
@@ -124,11 +125,12 @@ def encode_question_texts(
     max_length: int,
     device: torch.device,
     precision: str = "fp32",
-    batch_size: int = 128,
+    batch_size: int = default_of("eval.batch_size"),
 ) -> np.ndarray:
     """Question embeddings [n, dim] (float32) from the query tower, each question after the
-    model's query prefix, in batches of ``batch_size``, under the autocast of ``precision``; a
-    batch is tokenized while the device encodes the one before (on CUDA)."""
+    model's query prefix, in batches of ``batch_size`` (default ``eval.batch_size``'s), under the
+    autocast of ``precision``; a batch is tokenized while the device encodes the one before (on
+    CUDA)."""
     out = np.empty((len(questions), model.dim), dtype=np.float32)
     results = HostRows(out, device)
     for start in range(0, len(questions), batch_size):
@@ -195,8 +197,8 @@ def encode_corpus(
     batch_size: int,
     device: torch.device,
     precision: str = "fp32",
-    store_dtype: str = "float16",
-    num_workers: int = 1,
+    store_dtype: str,
+    num_workers: int,
     sort_by_length: bool = True,
     on_batch: Callable[[int], Any] | None = None,
     transfer: Transfer | None = None,

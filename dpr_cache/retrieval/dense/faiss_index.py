@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
+import typing
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 
+from dpr_cache.config import IndexConfig
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.dense.store import EmbeddingStore
 from dpr_cache.runtime import memory
 from dpr_cache.runtime.atomic import write_atomic
 
 __all__ = [
-    "IndexSpec",
     "search_knobs",
     "INDEX_TYPES",
     "INDEX_FILE",
@@ -41,22 +41,10 @@ __all__ = [
     "hnsw_bytes",
 ]
 
-INDEX_TYPES = ("flat", "ivf", "ivfpq", "hnsw")
+INDEX_TYPES = typing.get_args(IndexConfig.model_fields["type"].annotation)
 INDEX_FILE = "faiss.index"
 IVF_DATA_FILE = "faiss.ivfdata"
 MAX_TRAIN_ROWS = 1_000_000
-
-
-@dataclass(frozen=True)
-class IndexSpec:
-    """The kind of index and its knobs (build time and search time)."""
-
-    type: str = "flat"  # flat | ivf | ivfpq | hnsw
-    hnsw_m: int = 32
-    hnsw_ef_search: int = 128
-    ivf_nlist: int | None = None  # default ~4 sqrt(N)
-    pq_m: int = 16
-    ivf_nprobe: int = 16
 
 
 def _default_nlist(n: int) -> int:
@@ -76,7 +64,7 @@ def hnsw_bytes(rows: int, dim: int, m: int, *, building: bool = False) -> int:
     return int(held * HNSW_BUILD_PEAK) if building else held
 
 
-def check_index_spec(spec: IndexSpec, rows: int, dim: int, memory_gb: float | None) -> None:
+def check_index_spec(spec: IndexConfig, rows: int, dim: int, memory_gb: float | None) -> None:
     """InputError for a spec that cannot be built on these vectors, or whose index would not fit
     in ``memory_gb`` (given, the whole process's bound; unset, the headroom it may add)."""
     if spec.type not in INDEX_TYPES:
@@ -107,7 +95,7 @@ def _train_sample(store: EmbeddingStore, n_train: int) -> np.ndarray:
     return store.take(rows)
 
 
-def _trained_ivf(spec: IndexSpec, store: EmbeddingStore) -> tuple[faiss.Index, dict[str, Any]]:
+def _trained_ivf(spec: IndexConfig, store: EmbeddingStore) -> tuple[faiss.Index, dict[str, Any]]:
     nlist = spec.ivf_nlist or _default_nlist(store.rows)
     n_train = min(store.rows, max(50 * nlist, 65_536), MAX_TRAIN_ROWS)
     sample = _train_sample(store, n_train)
@@ -126,7 +114,7 @@ def _trained_ivf(spec: IndexSpec, store: EmbeddingStore) -> tuple[faiss.Index, d
 
 
 def build_faiss_index(
-    spec: IndexSpec, store: EmbeddingStore, out: Path, block_rows: int
+    spec: IndexConfig, store: EmbeddingStore, out: Path, block_rows: int
 ) -> dict[str, Any]:
     """Build ``spec.type`` over ``store`` into ``out`` (faiss.index, faiss.ivfdata); return the
     parameters it was given. Ids are global store rows."""
@@ -157,7 +145,7 @@ def build_faiss_index(
     return params
 
 
-def open_faiss_index(index_dir: Path, spec: IndexSpec) -> faiss.Index:
+def open_faiss_index(index_dir: Path, spec: IndexConfig) -> faiss.Index:
     """The index of ``index_dir`` with its inverted lists memory-mapped, search knobs applied."""
     path = Path(index_dir) / INDEX_FILE
     if not path.is_file():
@@ -178,7 +166,7 @@ def search_knobs(index: faiss.Index | None) -> dict[str, int]:
     return knobs
 
 
-def configure_search(index: faiss.Index, spec: IndexSpec) -> faiss.Index:
+def configure_search(index: faiss.Index, spec: IndexConfig) -> faiss.Index:
     """Apply the search-time knobs (``ivf_nprobe``, ``hnsw_ef_search``) to a loaded index."""
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:

@@ -18,11 +18,12 @@ from typing import Any
 import faiss
 import numpy as np
 
+from dpr_cache.config import IndexConfig
 from dpr_cache.data.passages import passage_rows
 from dpr_cache.errors import InputError
+from dpr_cache.model.encoding import encoding_record
 from dpr_cache.model.loading import model_fingerprint
 from dpr_cache.retrieval.dense.faiss_index import (
-    IndexSpec,
     build_faiss_index,
     check_index_spec,
     hnsw_bytes,
@@ -41,6 +42,10 @@ from dpr_cache.runtime.atomic import write_json_atomic
 
 __all__ = [
     "META_FILE",
+    "index_dir_of",
+    "recorded_type",
+    "search_spec",
+    "opened_as",
     "recorded_passages",
     "passages_file",
     "FORMAT",
@@ -84,17 +89,16 @@ def _shard_entry(path: Path, out: Path, rows: int) -> dict[str, Any]:
 def finish_index(
     out: Path,
     store: EmbeddingStore,
-    spec: IndexSpec,
-    memory_gb: float | None,
+    spec: IndexConfig,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build what ``spec.type`` needs over ``store`` into ``out`` within ``memory_gb``
+    """Build what ``spec.type`` needs over ``store`` into ``out`` within ``spec.memory_gb``
     (:func:`~dpr_cache.runtime.memory.memory_limit`, resolved here) and write ``meta.json``
     last (an index folder without its meta is not an index). Returns the meta."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    check_index_spec(spec, store.rows, store.dim, memory_gb)
-    limit = memory.memory_limit(memory_gb)
+    check_index_spec(spec, store.rows, store.dim, spec.memory_gb)
+    limit = memory.memory_limit(spec.memory_gb)
     used = memory.rss_bytes()
     # what the index itself holds while it is built: HNSW its graph, IVF a copy of each block
     # in its part index (half of what is left); the blocks get the rest
@@ -129,15 +133,31 @@ def finish_index(
     return meta
 
 
-def search_spec(index_dir: str | Path, nprobe: int, ef_search: int) -> IndexSpec:
-    """The search knobs for the index at ``index_dir``, of the type it records (flat when its
-    meta cannot be read: :func:`open_index` then says what is wrong)."""
-    meta = Path(index_dir) / META_FILE
+def index_dir_of(output_dir: Path) -> Path:
+    """Where a run's index lives: ``output_dir/index``."""
+    return Path(output_dir) / "index"
+
+
+def recorded_type(index_dir: str | Path) -> str | None:
+    """The type the index at ``index_dir`` records (None when its meta cannot be read:
+    :func:`open_index` then says what is wrong)."""
     try:
-        kind = json.loads(meta.read_text()).get("type", "flat")
+        return json.loads((Path(index_dir) / META_FILE).read_text()).get("type")
     except (OSError, ValueError, AttributeError):
-        kind = "flat"
-    return IndexSpec(type=kind, ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
+        return None
+
+
+def search_spec(index_dir: str | Path, nprobe: int, ef_search: int) -> IndexConfig:
+    """The search knobs for the index at ``index_dir``, of the type it records (the default
+    when its meta cannot be read: :func:`open_index` then says what is wrong)."""
+    spec = IndexConfig(ivf_nprobe=nprobe, hnsw_ef_search=ef_search)
+    return opened_as(spec, index_dir)
+
+
+def opened_as(spec: IndexConfig, index_dir: str | Path) -> IndexConfig:
+    """``spec`` with the type the index at ``index_dir`` records (its search knobs kept)."""
+    kind = recorded_type(index_dir)
+    return spec if kind is None else spec.model_copy(update={"type": kind})
 
 
 def recorded_passages(index_dir: str | Path | None) -> Path | None:
@@ -168,7 +188,7 @@ def _meta_passages(meta: dict[str, Any]) -> Path | None:
     return Path(recorded["path"]) if isinstance(recorded, dict) and "path" in recorded else None
 
 
-def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenIndex:
+def open_index(index_dir: str | Path, spec: IndexConfig | None = None) -> OpenIndex:
     """The index at ``index_dir``; InputError when it is missing, of another format, or its
     shards changed since it was built. ``spec`` sets the search knobs (nprobe, efSearch)."""
     index_dir = Path(index_dir)
@@ -197,7 +217,7 @@ def open_index(index_dir: str | Path, spec: IndexSpec | None = None) -> OpenInde
     store = EmbeddingStore(shards)
     index = None
     if meta["type"] != "flat":
-        index = open_faiss_index(index_dir, spec or IndexSpec(type=meta["type"]))
+        index = open_faiss_index(index_dir, spec or IndexConfig(type=meta["type"]))
     return OpenIndex(index_dir, meta, store, index)
 
 
@@ -233,8 +253,9 @@ def search_index(
 
 
 def check_model(model_dir: Path, model, opened: OpenIndex) -> None:
-    """The model must be the one that encoded the index (fingerprint and pooling); an index of
-    precomputed embeddings records none, so only the dimension can be checked."""
+    """The model must be the one that encoded the index (its fingerprint; how it encodes is
+    settled by :func:`~dpr_cache.model.encoding.resolve_encoding`); an index of precomputed
+    embeddings records none, so only the dimension can be checked."""
     built = opened.meta.get("model")
     if built is None:
         if model.dim != opened.store.dim:
@@ -249,25 +270,13 @@ def check_model(model_dir: Path, model, opened: OpenIndex) -> None:
             f"{model_dir}: not the model the index at {opened.path} was built with "
             f"({built['dir']}): pass that --model, or rerun `dpr-cache index`"
         )
-    for key in ("pooling", "normalize", "passage_prefix"):
-        if key in built and getattr(model, key) != built[key]:
-            raise InputError(
-                f"model.{key}: {getattr(model, key)!r}, but the index was built with "
-                f"{built[key]!r}: set it back or rerun `dpr-cache index`"
-            )
 
 
-def query_encoding(opened: OpenIndex) -> dict:
-    """How a question must be encoded to search this index: the pooling, normalization and
-    prompts its passages were encoded with, and the question length it records (each None
-    where not recorded: as the model saved it)."""
-    built = opened.meta.get("model") or {}
-    return {
-        "pooling": built.get("pooling"),
-        "normalize": built.get("normalize"),
-        "prefixes": (built.get("query_prefix"), built.get("passage_prefix")),
-        "max_query_length": built.get("max_query_length"),
-    }
+def query_encoding(opened: OpenIndex) -> dict[str, Any]:
+    """How a question must be encoded to search this index: what it records of the encoding
+    of its passages (:data:`~dpr_cache.model.encoding.RECORDED_KEYS`; none for precomputed
+    vectors)."""
+    return encoding_record(opened.meta.get("model"))
 
 
 def encoded_from(opened: OpenIndex, dataset, path: Path) -> bool:

@@ -1,16 +1,17 @@
 """Questions into vectors for an index, the one way every command does it (``eval``, ``search
 --questions``, ``mine``, ``encode --questions`` and validation during training).
 
-The query tower is set up as the index's passages were encoded (the pooling, normalization and
-prompts the index records, :func:`~dpr_cache.retrieval.dense.index.query_encoding`); each
-question gets the model's query prefix and is cut at the question length the index records (else
-the model's saved one, else DPR's 32). Where it runs, in which precision and in what batches is
-the calling command's own setting (:class:`QuestionRun`).
+The query tower is set as :func:`~dpr_cache.model.encoding.resolve_encoding` settles its
+encoding (prefix, pooling, normalization, question length): what the user gave, which must not
+contradict what the index records (else, for precomputed vectors, what the model folder
+records), else that record, else the command's fallback (the config's values; the question
+length defaults to ``model.max_query_length``'s). Where it runs, in which precision and in what
+batches is the calling command's own setting (:class:`QuestionRun`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,53 +19,73 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpr_cache.config import ModelConfig, default_of
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.model.loading import load_encoder
+from dpr_cache.model.encoding import RECORDED_KEYS
+from dpr_cache.model.loading import load_settled
 from dpr_cache.retrieval.dense.encode import encode_question_texts
 from dpr_cache.retrieval.dense.index import OpenIndex, check_model, query_encoding
-from dpr_cache.retrieval.dense.shards import DEFAULT_QUERY_LENGTH
 from dpr_cache.runtime.device import resolve_precision
 
-__all__ = ["QuestionRun", "query_tower", "question_vectors"]
+__all__ = [
+    "QuestionRun",
+    "config_encoding",
+    "query_tower",
+    "question_tower",
+    "question_vectors",
+]
 
 
 @dataclass(frozen=True)
 class QuestionRun:
     """Where and how a command encodes its questions: its own device, autocast precision
-    (fp32 | bf16 | fp16; ``auto`` is resolved for the device on creation, so ``precision``
-    always names the one used) and batch size."""
+    (auto | fp32 | bf16 | fp16; ``auto`` is resolved for the device on creation, so
+    ``precision`` always names the one used) and batch size (default ``eval.batch_size``'s)."""
 
     device: torch.device
-    precision: str = "fp32"
-    batch_size: int = 128
+    precision: str
+    batch_size: int = default_of("eval.batch_size")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
+
+
+def config_encoding(model: ModelConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The encoding settings of a config's ``model.*`` for :func:`question_tower`: those its
+    file or a ``--set`` gave (checked against what is recorded), and every one with its value
+    or default (the fallback where nothing is recorded)."""
+    given = {key: getattr(model, key) for key in RECORDED_KEYS if key in model.model_fields_set}
+    return given, {key: getattr(model, key) for key in RECORDED_KEYS}
+
+
+def question_tower(
+    model_dir: Path,
+    device: torch.device,
+    asked: Mapping[str, Any] | None = None,
+    fallback: Mapping[str, Any] | None = None,
+    records: Sequence[tuple[str, Mapping[str, Any], str]] = (),
+) -> BiEncoder:
+    """The query tower of ``model_dir`` on ``device``, its encoding settled by
+    :func:`~dpr_cache.model.encoding.resolve_encoding` from ``asked`` (the settings the user
+    gave, by config key), ``records`` (an index's) and the model folder's own record, and
+    ``fallback`` (None where the folder's own setting applies; the question length
+    ``model.max_query_length``'s default)."""
+    fallback = {"max_query_length": default_of("model.max_query_length"), **(fallback or {})}
+    return load_settled(model_dir, asked or {}, fallback, records, query_only=True).to(device)
 
 
 def query_tower(
     model_dir: Path,
     opened: OpenIndex,
     device: torch.device,
-    unrecorded: dict[str, Any] | None = None,
+    asked: Mapping[str, Any] | None = None,
+    fallback: Mapping[str, Any] | None = None,
 ) -> BiEncoder:
-    """The query tower of ``model_dir``, set as the index ``opened`` was encoded and checked to
-    be its model, on ``device``. What the index does not record (precomputed vectors record
-    nothing) is taken from ``unrecorded`` (keys of
-    :func:`~dpr_cache.retrieval.dense.index.query_encoding`), else as the model saved it."""
-    encoding = query_encoding(opened)
-    for key, value in (unrecorded or {}).items():
-        if encoding[key] is None or encoding[key] == (None, None):
-            encoding[key] = value
-    model = load_encoder(
-        model_dir,
-        pooling=encoding["pooling"],
-        normalize=encoding["normalize"],
-        prefixes=encoding["prefixes"],
-        query_only=True,
-    ).to(device)
-    if encoding["max_query_length"] is not None:
-        model.max_query_length = encoding["max_query_length"]
+    """The query tower of ``model_dir`` set as the index ``opened`` was encoded (a setting in
+    ``asked`` that contradicts it is an InputError naming both; see :func:`question_tower`)
+    and checked to be its model, on ``device``."""
+    built = ("the index was built with", query_encoding(opened), "rerun `dpr-cache index`")
+    model = question_tower(model_dir, device, asked, fallback, [built])
     check_model(model_dir, model, opened)
     return model
 
@@ -73,12 +94,11 @@ def question_vectors(
     model: BiEncoder, questions: Sequence[str], run: QuestionRun, max_length: int | None = None
 ) -> np.ndarray:
     """The questions' vectors [n, d] float32: each after the model's query prefix, cut at
-    ``max_length`` (None: the model's question length, else DPR's)."""
-    length = max_length or model.max_query_length or DEFAULT_QUERY_LENGTH
+    ``max_length`` (None: the model's question length, as :func:`question_tower` set it)."""
     return encode_question_texts(
         model,
         list(questions),
-        max_length=length,
+        max_length=max_length or model.max_query_length,
         device=run.device,
         precision=run.precision,
         batch_size=run.batch_size,

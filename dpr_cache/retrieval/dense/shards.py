@@ -1,8 +1,9 @@
 """Resumable encoding of a corpus into store shards: ``<key>-00000.npy`` (float16 or float32, file
 order) and ``<key>-00000.ids.txt``. ``<key>`` hashes everything an embedding depends on, so a shard
 of another model, corpus or dtype is never reused; a finished shard is skipped on a rerun, and
-shard k belongs to rank ``k % world_size``. How a corpus is encoded travels as one
-:class:`EncodeSpec`."""
+shard k belongs to rank ``k % world_size``. How a corpus is encoded is the config's
+``index.*`` section (precision, stored dtype, shard and batch sizes) and the model's encoding
+settled by :func:`~dpr_cache.model.loading.load_settled`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,16 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from dpr_cache.config import IndexConfig, default_of
 from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
-from dpr_cache.model.loading import load_encoder, model_fingerprint
+from dpr_cache.model.encoding import QueryEncoding
+from dpr_cache.model.loading import load_settled, model_fingerprint
 from dpr_cache.retrieval.dense.encode import encode_corpus
 from dpr_cache.retrieval.dense.store import Shard, ids_path
 from dpr_cache.runtime.device import resolve_precision
 
 __all__ = [
-    "EncodeSpec",
     "EncodedShards",
     "encode_passage_shards",
     "passages_signature",
@@ -40,8 +42,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_QUERY_LENGTH, DEFAULT_PASSAGE_LENGTH = 32, 256  # DPR's, for models that record none
 
 _POLL_SECONDS = 5.0
 
@@ -124,28 +124,6 @@ def wait_for_shards(shard_dir: Path, key: str, sizes: list[int]) -> None:
         time.sleep(_POLL_SECONDS)
 
 
-@dataclass(frozen=True)
-class EncodeSpec:
-    """How texts become stored vectors: the tokens kept, the model's pooling, normalization and
-    prompts (None: as the model saved them), the precision the encoder runs in (``auto``:
-    resolved for the device it runs on, :func:`~dpr_cache.runtime.device.resolve_precision`),
-    the stored dtype and shard size, and the batches (length-sorted, tokenized ``num_workers``
-    processes ahead)."""
-
-    max_length: int | None = None  # None: as the model saved it, else DPR's
-    max_query_length: int | None = None  # the questions' (recorded by an index); None: the model's
-    pooling: str | None = None
-    normalize: bool | None = None
-    query_prefix: str | None = None
-    passage_prefix: str | None = None
-    precision: str = "auto"
-    store_dtype: str = "float16"
-    shard_size: int = 50_000
-    batch_size: int = 128
-    sort_by_length: bool = True
-    num_workers: int = 1
-
-
 @dataclass
 class EncodedShards:
     """What :func:`encode_passage_shards` wrote: the shards of a corpus and how long it took."""
@@ -155,15 +133,20 @@ class EncodedShards:
     fingerprint: str
     signature: dict[str, Any]
     max_length: int
-    pooling: str
-    normalize: bool
-    query_prefix: str  # the model's, recorded so that its questions are encoded alike
+    encoding: QueryEncoding  # the model's, recorded so that its questions are encoded alike
     passage_prefix: str
     precision: str  # the precision the passages were encoded in (``auto`` resolved)
     encoded: int  # passages encoded by this call (the rest were on disk already)
     seconds: float  # its encoding
     open_seconds: float  # its reading of the passages (the TSV into its Arrow cache, or the cache)
     first_batch: tuple[float, int] | None  # seconds to its first batch encoded, and its passages
+
+    def settings(self, index: IndexConfig, num_workers: int) -> dict[str, Any]:
+        """What the passages were encoded with: ``index``'s stored dtype, shard and batch
+        sizes, the precision as resolved, the tokens kept and the tokenizing processes."""
+        kept = index.model_dump(include={"store_dtype", "shard_size", "batch_size"})
+        used = {"precision": self.precision, "max_length": self.max_length}
+        return {**kept, **used, "num_workers": num_workers}
 
     def timings(self) -> dict[str, Any]:
         """This call's passages encoded, its seconds reading and encoding them (start-up and
@@ -191,8 +174,12 @@ def encode_passage_shards(
     passages: Path,
     model_dir: Path,
     shard_dir: Path,
-    spec: EncodeSpec,
+    index: IndexConfig,
     *,
+    asked: Mapping[str, Any],
+    fallback: Mapping[str, Any],
+    max_length: int | None,
+    num_workers: int,
     device: torch.device,
     cache_dir: Path,
     rank: int = 0,
@@ -201,42 +188,41 @@ def encode_passage_shards(
     check: Callable[[int, int], None] | None = None,
 ) -> EncodedShards:
     """Encode this rank's missing shards of ``passages`` (shard k is rank ``k % world_size``'s)
-    into ``shard_dir``; rank 0 then waits for every shard. ``check(rows, dim)`` runs before
-    any encoding (e.g. that the index type suits the corpus). The spec's precision is resolved
-    for ``device`` first: the shards' key and what is returned hold fp32, bf16 or fp16, never
-    ``auto``."""
+    into ``shard_dir`` as ``index.*`` says; rank 0 then waits for every shard. The model's
+    encoding is settled from ``asked`` and ``fallback``
+    (:func:`~dpr_cache.model.loading.load_settled`); passages are cut at ``max_length`` (None:
+    the model's saved length, else ``model.max_passage_length``'s default) and tokenized
+    ``num_workers`` processes ahead.
+    ``check(rows, dim)`` runs before any encoding (e.g. that the index type suits the corpus).
+    ``index.precision`` is resolved for ``device`` first: the shards' key and what is returned
+    hold fp32, bf16 or fp16, never ``auto``."""
     start = time.perf_counter()
     dataset = load_passages(passages, cache_dir)
     open_seconds = time.perf_counter() - start
     n = len(dataset)
     if n == 0:
         raise InputError(f"{passages}: no passages")
-    model = load_encoder(
-        model_dir,
-        pooling=spec.pooling,
-        normalize=spec.normalize,
-        prefixes=(spec.query_prefix, spec.passage_prefix),
-    ).to(device)
+    model = load_settled(model_dir, asked, fallback).to(device)
     if check is not None:
         check(n, model.dim)
-    length = spec.max_length or model.max_passage_length or DEFAULT_PASSAGE_LENGTH
-    precision = resolve_precision(spec.precision, device)
+    length = max_length or model.max_passage_length or default_of("model.max_passage_length")
+    precision = resolve_precision(index.precision, device)
     fingerprint, signature = model_fingerprint(model_dir), passages_signature(passages)
     key = shard_key(
         fingerprint,
         signature,
-        shard_size=spec.shard_size,
+        shard_size=index.shard_size,
         max_length=length,
         pooling=model.pooling,
         precision=precision,
-        store_dtype=spec.store_dtype,
+        store_dtype=index.store_dtype,
         normalize=model.normalize,
         passage_prefix=model.passage_prefix,
     )
     shard_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # other ranks only write this key's files; their tmp files must survive
         remove_stale(shard_dir, key, temporary=world_size == 1)
-    size = spec.shard_size
+    size = index.shard_size
     sizes = [min(size, n - k * size) for k in range(math.ceil(n / size))]
     mine = [
         (shard_path(shard_dir, key, k), k * size, sizes[k])
@@ -259,12 +245,11 @@ def encode_passage_shards(
             dataset,
             mine,
             max_length=length,
-            batch_size=spec.batch_size,
+            batch_size=index.batch_size,
             device=device,
             precision=precision,
-            store_dtype=spec.store_dtype,
-            num_workers=spec.num_workers,
-            sort_by_length=spec.sort_by_length,
+            store_dtype=index.store_dtype,
+            num_workers=num_workers,
             on_batch=on_batch,
         )
     seconds = time.perf_counter() - start
@@ -277,9 +262,7 @@ def encode_passage_shards(
         fingerprint,
         signature,
         length,
-        model.pooling,
-        model.normalize,
-        model.query_prefix,
+        model.query_encoding,
         model.passage_prefix,
         precision,
         todo,

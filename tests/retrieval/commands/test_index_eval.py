@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from dpr_cache.config import Config
+from dpr_cache.config import Config, IndexConfig
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
@@ -26,7 +26,7 @@ from dpr_cache.retrieval.commands.eval import evaluate, format_metrics_table
 from dpr_cache.retrieval.commands.index import build_index
 from dpr_cache.retrieval.dense import index as dense_index
 from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
-from dpr_cache.retrieval.dense.faiss_index import IndexSpec, check_index_spec, hnsw_bytes
+from dpr_cache.retrieval.dense.faiss_index import check_index_spec, hnsw_bytes
 from dpr_cache.retrieval.dense.index import finish_index, open_index, search_index
 from dpr_cache.retrieval.dense.shards import shard_key
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
@@ -207,8 +207,8 @@ def test_approximate_indexes_find_the_exact_neighbours(tmp_path, kind, least_rec
     for i, part in enumerate((p_embs[:2500], p_embs[2500:])):
         write_shard(tmp_path / f"s{i}.npy", part, [str(j) for j in range(len(part))], "float32")
     store = EmbeddingStore.from_glob(str(tmp_path / "s*.npy"))
-    spec = IndexSpec(type=kind, pq_m=16)
-    meta = finish_index(tmp_path / "index", store, spec, BUDGET / 1e9)
+    spec = IndexConfig(type=kind, pq_m=16, memory_gb=BUDGET / 1e9)
+    meta = finish_index(tmp_path / "index", store, spec)
     assert meta["type"] == kind and meta["rows"] == 4000
     hits = search_index(open_index(tmp_path / "index", spec), q_embs, 10, BUDGET)
     exact = _exact_top(p_embs, q_embs, 10)
@@ -347,19 +347,22 @@ def test_a_budget_too_small_to_build_names_the_one_that_fits(
     store = EmbeddingStore.from_glob(str(tmp_path / "s*.npy"))
     held = memory.rss_bytes() + GPU_HELD
     monkeypatch.setattr(memory, "rss_bytes", lambda: held)
-    spec = IndexSpec(type=kind)
+
+    def spec(memory_gb: float) -> IndexConfig:
+        return IndexConfig(type=kind, memory_gb=memory_gb)
+
     with pytest.raises(InputError, match=r"a memory budget of 4\.00 GB is too small") as refused:
-        finish_index(tmp_path / "refused", store, spec, 4.0)
+        finish_index(tmp_path / "refused", store, spec(4.0))
     given = float(re.search(r"give --memory-gb ([0-9.]+) or more$", str(refused.value))[1])
     with pytest.raises(InputError, match=f"give --memory-gb {given:.1f} or more$"):
-        finish_index(tmp_path / "short", store, spec, given - 0.1)
-    assert finish_index(tmp_path / "index", store, spec, given)["rows"] == 2000
+        finish_index(tmp_path / "short", store, spec(given - 0.1))
+    assert finish_index(tmp_path / "index", store, spec(given))["rows"] == 2000
 
 
 def test_hnsw_is_refused_when_its_build_peak_is_over_the_budget() -> None:
     """The budget covers the build's peak, not only the finished graph (FAISS's storage grows by
     doubling while rows are added)."""
-    rows, dim, spec = 4_000_000, 768, IndexSpec(type="hnsw")
+    rows, dim, spec = 4_000_000, 768, IndexConfig(type="hnsw")
     finished = hnsw_bytes(rows, dim, spec.hnsw_m)
     assert abs(finished / 1e9 - 13.38) < 0.01  # the 4M x 768 index measured at 13.38 GB on disk
     check_index_spec(spec, rows, dim, (finished * 1.3 + 1) / 1e9)
