@@ -102,7 +102,7 @@ def mine(
     ef_search: Annotated[
         int, typer.Option(help="HNSW search breadth (an HNSW index).")
     ] = default_of("index.hnsw_ef_search"),
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = default_of("eval.device"),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:

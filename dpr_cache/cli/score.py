@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import Command, app, check_inputs, guarded
+from dpr_cache.config import default_of
 
 
 @app.command(cls=Command)
@@ -45,7 +46,7 @@ def score(
         int | None, typer.Option(help="cross-encoder: tokens a pair (default the model's).")
     ] = None,
     batch: Annotated[int, typer.Option(help="Records per part (resumable unit).")] = 1024,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = default_of("eval.device"),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:

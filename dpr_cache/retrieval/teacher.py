@@ -94,7 +94,7 @@ class TeacherSpec:
     precision: str = "auto"
     batch_size: int | None = None
     max_length: int | None = None
-    device: str = "auto"
+    device: str = default_of("eval.device")
 
     @property
     def kind(self) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.dense.index import open_index, recorded_passages, search_spec
@@ -38,10 +39,10 @@ class RankerSpec:
     model: str | None = None
     index: Path | None = None
     passages: Path | None = None
-    nprobe: int = 16
-    ef_search: int = 128
+    nprobe: int = default_of("index.ivf_nprobe")
+    ef_search: int = default_of("index.hnsw_ef_search")
     memory_gb: float | None = None  # the whole process's peak; None: memory_limit's default
-    device: str = "auto"
+    device: str = default_of("eval.device")
     precision: str = "auto"
 
     def check(self, teacher: str | None = None) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpr_cache.config import default_of
 from dpr_cache.data.answers import has_answer
 from dpr_cache.errors import InputError
 
@@ -33,7 +34,7 @@ class NegativeRules:
     answers not looked at), the margins below the positive's score (None: no margin) and the
     teacher's (None: no teacher rule)."""
 
-    match: str | None = "string"
+    match: str | None = default_of("eval.match")
     margin: float | None = None
     relative_margin: float | None = None
     teacher_margin: float | None = None
