@@ -615,7 +615,11 @@ def parse_args(argv: list[str]) -> tuple[CostPlan, list[str], Path]:
     default = CostPlan()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="Folder for the json and page.")
-    parser.add_argument("--engines", default=",".join(ENGINES), help=f"Of {', '.join(ENGINES)}.")
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help=f"Of {', '.join(ENGINES)} (default: all; a dry run leaves out compiled ones).",
+    )
     parser.add_argument("--chunks", default=None, help="Question chunks a step, e.g. 1,2,4,8,16.")
     parser.add_argument("--rounds", type=int, default=None, help="Timed steps of every case.")
     parser.add_argument("--layers", type=int, default=None, help="Encoder layers.")
@@ -635,7 +639,11 @@ def parse_args(argv: list[str]) -> tuple[CostPlan, list[str], Path]:
         **values, threads=args.threads, device=args.device, profile=not args.no_profile,
         dry_run=args.dry_run,
     )  # fmt: skip
-    return plan, [n.strip() for n in args.engines.split(",") if n.strip()], args.out
+    if args.engines is None:
+        names = [n for n, e in ENGINES.items() if not (args.dry_run and e.compiled)]
+    else:
+        names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    return plan, names, args.out
 
 
 def main(argv: list[str] | None = None) -> None:

