@@ -214,15 +214,6 @@ def test_top_level_holds_at_most_eight_modules() -> None:
 # where the functions and specs below the config live, whose parameters and fields could
 # write a config key's default again
 DEFAULTS_CHECKED = ("retrieval", "train", "cli")
-# mine's and score's specs and flags (MineSpec, RankerSpec, TeacherSpec), whose settings are
-# being made the config's in their own part of issue 56: (module, name) still written here
-NOT_YET_THE_CONFIGS = {
-    ("retrieval/commands/mine.py", "device"),
-    ("retrieval/mining/rules.py", "match"),
-    ("retrieval/teacher.py", "device"),
-    ("cli/mine.py", "device"),
-    ("cli/score.py", "device"),
-}
 
 
 def _config_defaults() -> dict[str, list[tuple[str, Any]]]:
@@ -286,10 +277,6 @@ def test_no_module_writes_a_config_default_again(path: Path) -> None:
     """A setting's default is written once, in ``config.py``: a spec field or a flag that
     mirrors a key takes it from there (``default_of``, or the section itself)."""
     wrong = _rewritten_defaults(path.read_text(encoding="utf-8"), _config_defaults())
-    module = str(path.relative_to(PACKAGE))
-    wrong = [
-        w for w in wrong if (module, w.split(": ")[1].split(" = ")[0]) not in NOT_YET_THE_CONFIGS
-    ]
     assert not wrong, f"{path.relative_to(REPO)}: " + "; ".join(wrong)
 
 
