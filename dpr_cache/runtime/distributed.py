@@ -36,6 +36,10 @@ __all__ = [
     "barrier",
     "rank0_says",
     "all_mean",
+    "joined",
+    "all_objects",
+    "rank0_gathers",
+    "any_rank",
     "lost_rank",
     "name_lost_rank_on_sigterm",
     "stop_if_a_peer_ended",
@@ -98,24 +102,58 @@ def setup(device: str = "auto", key: str = "train.device") -> DistEnv:
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, chosen)
 
 
+def joined() -> bool:
+    """Whether this process is a rank of a process group."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def teardown() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if joined():
         dist.destroy_process_group()
 
 
 def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if joined():
         dist.barrier()
 
 
 def rank0_says(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (a picklable object; itself on one process): one answer
     where ranks could see different files, as on nodes without a shared disk."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not joined():
         return value
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_objects(value: Any) -> list[Any]:
+    """Every rank's ``value`` (a picklable object), in rank order, on every rank; ``[value]`` on
+    one process."""
+    if not joined():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def rank0_gathers(value: Any) -> list[Any] | None:
+    """Every rank's ``value`` in rank order on rank 0, None on the others; ``[value]`` on one
+    process."""
+    if not joined():
+        return [value]
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """Whether ``flag`` holds on any rank (every rank gets the same answer)."""
+    if not env.enabled:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=env.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
 
 
 def all_mean(value: torch.Tensor, env: DistEnv) -> float:

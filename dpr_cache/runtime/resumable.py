@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
+from dpr_cache.runtime.distributed import all_objects
 from dpr_cache.runtime.laps import Laps
 
 __all__ = [
@@ -148,8 +148,7 @@ def over_ranks(
         result: tuple[str, Any] = ("ok", work(share_of(records, spec)))
     except InputError as e:
         result = ("error", str(e))
-    gathered: list[Any] = [None] * spec.world_size
-    dist.all_gather_object(gathered, result)
+    gathered = all_objects(result)
     errors = [message for status, message in gathered if status == "error"]
     if errors:
         raise InputError(errors[0])

@@ -27,7 +27,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.device import autocast
-from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.runtime.distributed import DistEnv, rank0_says
 from dpr_cache.runtime.memory import peak_memory_bytes
 from dpr_cache.runtime.processes import ChildFailed, run_json_child
 
@@ -221,11 +221,7 @@ def pick_chunk_size(
 
         best = _bisect(candidates, fits)
         choice[0] = candidates[best] if best is not None else None
-    if env.enabled:
-        import torch.distributed as dist
-
-        dist.broadcast_object_list(choice, src=0)
-    chunk = choice[0]
+    chunk = rank0_says(choice[0])
     record = {
         "chunk_size": chunk,
         "budget_bytes": budget_bytes,

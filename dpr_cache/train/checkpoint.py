@@ -22,14 +22,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.data.collate import NEGATIVE_DRAW
 from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
-from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.runtime.distributed import DistEnv, all_objects
 
 __all__ = [
     "save_checkpoint",
@@ -68,12 +67,7 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEnv, keep) -> Path:
     """Rank 0 writes ``root/step-N`` atomically; every rank's RNG state goes with it."""
-    rng = rng_states()
-    if env.enabled:
-        gathered: list[Any] = [None] * env.world_size
-        dist.all_gather_object(gathered, rng)
-    else:
-        gathered = [rng]
+    gathered = all_objects(rng_states())
     final = Path(root) / f"step-{step:08d}"
     if env.is_main:
         state = {

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from dpr_cache.config import Config, changed_settings, save_config
 from dpr_cache.core.distill import Distillation
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import deterministic_kernels
-from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.runtime.distributed import DistEnv, any_rank
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.train.checkpoint import latest_checkpoint
 from dpr_cache.train.log import TrainLog, negatives_per_question
@@ -36,6 +35,7 @@ from dpr_cache.train.trainer import (
     distillation_of,
     out_of_memory,
     training_data,
+    training_files,
 )
 from dpr_cache.train.watch_setup import make_watcher
 
@@ -187,8 +187,7 @@ def _warn_if_a_gpu_config_found_no_gpu(config: Config, env: DistEnv) -> None:
 
 def _check_start(config: Config, resume: bool) -> None:
     """A training file is given; a fresh run does not overwrite another run's checkpoints."""
-    if not config.train_files:
-        raise InputError("data.train: no training file given")
+    training_files(config)
     if not resume and latest_checkpoint(config.output_path / CHECKPOINTS) is not None:
         raise InputError(
             f"{config.output_path}: holds checkpoints of an earlier run; pass --resume to "
@@ -293,8 +292,4 @@ class StopRequest:
 
     def agreed(self, env: DistEnv) -> bool:
         """Whether any rank was asked to stop (every rank gets the same answer)."""
-        if not env.enabled:
-            return self.requested
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=env.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        return any_rank(self.requested, env)

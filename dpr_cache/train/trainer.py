@@ -63,6 +63,7 @@ __all__ = [
     "build_trainer",
     "batch_recipe",
     "training_data",
+    "training_files",
     "prepare_towers",
     "compile_as_set",
     "length_bucket_of",
@@ -273,14 +274,19 @@ def length_bucket_of(cfg: TrainConfig, compiled: bool) -> int | None:
     return cfg.length_bucket
 
 
+def training_files(config: Config) -> list[Path]:
+    """The ``data.train`` files; InputError when none is given."""
+    if not config.train_files:
+        raise InputError("data.train: no training file given")
+    return config.train_files
+
+
 def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:
     """The ``data.train`` files as one dataset (rank 0 fills the Arrow caches, the other ranks
     then open them) and the steps' batches over it. A distillation loss needs every record's
     positive and ``train.hard_negatives`` hard negatives scored by the teacher (checked here,
     before any step)."""
-    files = config.train_files
-    if not files:
-        raise InputError("data.train: no training file given")
+    files = training_files(config)
     cfg = config.train
     scored = cfg.hard_negatives if distillation_of(config) is not None else None
     load = functools.partial(load_training_sets, files, config.cache_path, scored_negatives=scored)

@@ -243,11 +243,10 @@ def search_index(
         part = exact_search(opened.store, queries, k, memory_bytes, shards=mine)
     else:
         part = Hits(np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1))
-    import torch.distributed as dist
+    from dpr_cache.runtime.distributed import rank0_gathers
 
-    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
-    dist.gather_object((part.scores, part.rows), gathered, dst=0)
-    if rank != 0:
+    gathered = rank0_gathers((part.scores, part.rows))
+    if gathered is None:
         return None
     return merge_hits([Hits(s, r) for s, r in gathered], k)
 

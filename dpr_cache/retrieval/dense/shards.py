@@ -109,11 +109,11 @@ def shard_key(
 
 def wait_for_shards(shard_dir: Path, key: str, sizes: list[int]) -> None:
     """Rank 0 waits for the other ranks' shards to land on disk (no collective time-out)."""
-    import torch.distributed as dist
+    from dpr_cache.runtime.distributed import joined
 
     last_note = 0.0
     while missing := [k for k, r in enumerate(sizes) if not shard_done(shard_dir, key, k, r)]:
-        if not (dist.is_available() and dist.is_initialized()):
+        if not joined():
             raise RuntimeError(
                 f"{len(missing)} shard(s) of {shard_dir} are missing (first {missing[0]}): "
                 "other ranks have not finished; rerun when they have"
