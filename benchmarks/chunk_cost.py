@@ -513,7 +513,7 @@ def chunk_parts(small: Case, large: Case, batch: tuple, sync, device) -> dict:
         "per_chunk": scalars,
         "steps": {
             k: {n: v for n, v in m.items() if not isinstance(v, dict)} for k, m in measured.items()
-        },  # fmt: skip
+        },
         "aten_by_count": _dearest(d["aten_by_name"]),
         "modules_by_count": _dearest(d["modules_by_type"]),
         "functions_by_own_time": _dearest(d["functions"], key=lambda v: v[1]),
@@ -560,8 +560,11 @@ def measure(plan: CostPlan, names: list[str], folder: Path) -> tuple[dict, dict]
         "questions": _lengths(q["attention_mask"]),
         "passages": _lengths(p["attention_mask"]),
     }
-    batch = ({k: v.to(device) for k, v in q.items()}, {k: v.to(device) for k, v in p.items()},
-             ids.to(device))  # fmt: skip
+    batch = (
+        {k: v.to(device) for k, v in q.items()},
+        {k: v.to(device) for k, v in p.items()},
+        ids.to(device),
+    )
     torch.manual_seed(plan.seed)
     cases = make_cases(plan, names, folder, device)
     for case in cases:
@@ -584,8 +587,9 @@ def run_chunk_cost(plan: CostPlan, names: list[str], out: Path, command: str = "
     quiet_libraries()
     names, skipped = available_engines(names)
     if any(plan.questions % n for n in plan.chunks) or len(set(plan.chunks)) < 2:
-        raise SystemExit(f"error: chunks {plan.chunks}: two or more, each dividing "
-                         f"{plan.questions} questions")  # fmt: skip
+        raise SystemExit(
+            f"error: chunks {plan.chunks}: two or more, each dividing {plan.questions} questions"
+        )
     plan.chunks = sorted(set(plan.chunks))
     torch.set_num_threads(plan.threads)
     started = datetime.datetime.now().isoformat(timespec="seconds")
@@ -636,9 +640,12 @@ def parse_args(argv: list[str]) -> tuple[CostPlan, list[str], Path]:
     if args.chunks:
         values["chunks"] = [int(n) for n in args.chunks.split(",")]
     plan = CostPlan(
-        **values, threads=args.threads, device=args.device, profile=not args.no_profile,
+        **values,
+        threads=args.threads,
+        device=args.device,
+        profile=not args.no_profile,
         dry_run=args.dry_run,
-    )  # fmt: skip
+    )
     if args.engines is None:
         names = [n for n, e in ENGINES.items() if not (args.dry_run and e.compiled)]
     else:

@@ -25,9 +25,13 @@ def _step(model, q, p, *, seed: int, **engine_kwargs) -> list[torch.Tensor]:
     """One GradCache step of 2-row chunks all 8 columns wide (one shape: one graph a grad mode)
     under RNG state ``seed``."""
     engine = GradCache(
-        model.encode_query, model.encode_passage, contrastive_loss, 2, length_bucket=8,
+        model.encode_query,
+        model.encode_passage,
+        contrastive_loss,
+        2,
+        length_bucket=8,
         **engine_kwargs,
-    )  # fmt: skip
+    )
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     engine.step(q, p)
