@@ -455,7 +455,7 @@ def _resident_child(args: list[str]) -> None:
         "faiss",
         "datasets",
         "dpr_cache.cli.app",
-        "dpr_cache.retrieval.commands.eval",
+        "dpr_cache.retrieval.drivers.eval",
     ):
         importlib.import_module(module)
         read(f"import {module}")

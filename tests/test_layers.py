@@ -49,8 +49,8 @@ CONFIG_EDGE = {
     "train/bench.py",
     "train/verify.py",
     "train/watch_setup.py",
-    "retrieval/commands/index.py",
-    "retrieval/commands/eval.py",
+    "retrieval/drivers/index.py",
+    "retrieval/drivers/eval.py",
 }
 WHOLE_CONFIG = {"dpr_cache.config.Config", "dpr_cache.config.load_config"}
 # the rooms of retrieval/ -> the rooms each may import (itself included)
@@ -65,8 +65,8 @@ ROOMS_ALLOWED = {
     "mining": {"mining", "dense", "lexical", "metrics", "teacher"},
     "teacher": {"teacher", "dense", "lexical", "fusion"},
     "scoring": {"scoring", "teacher", "mining"},
-    "commands": {
-        "commands",
+    "drivers": {
+        "drivers",
         "teacher",
         "scoring",
         "dense",
@@ -168,17 +168,17 @@ def _rooms(names: set[str]) -> set[str]:
     ids=lambda p: str(p.relative_to(RETRIEVAL)),
 )
 def test_retrieval_rooms_import_one_way(path: Path) -> None:
-    """Dense search knows nothing of BM25, fusion or mining; only commands/ sits on top."""
+    """Dense search knows nothing of BM25, fusion or mining; only drivers/ sits on top."""
     room = _room(path)
     wrong = _rooms(_imports(path)) - ROOMS_ALLOWED[room]
     assert not wrong, f"{path.relative_to(REPO)} ({room}) imports {sorted(wrong)}"
 
 
-def test_only_the_commands_read_a_config() -> None:
+def test_only_the_drivers_read_a_config() -> None:
     readers = {
         str(p.relative_to(RETRIEVAL)) for p in RETRIEVAL.rglob("*.py") if _imports(p) & WHOLE_CONFIG
     }
-    assert readers and all(r.startswith("commands/") for r in readers), sorted(readers)
+    assert readers and all(r.startswith("drivers/") for r in readers), sorted(readers)
 
 
 def test_the_room_checker_sees_a_wrong_import(tmp_path: Path) -> None:

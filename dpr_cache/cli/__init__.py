@@ -1,4 +1,5 @@
-"""The ``dpr-cache`` command line (Typer): each command a thin wrapper around a plain function.
+"""The ``dpr-cache`` command line (Typer): parsing only. Each command checks its flags and calls
+one plain function that drives the work (``train/``, ``retrieval/drivers/``, ``model/``).
 
 ``app.py`` holds the app and the error mapping; the command modules register on import, in the
 order ``--help`` lists them.

@@ -120,7 +120,7 @@ def mine(
     """
     check_inputs(train=train, passages=passages, qrels=qrels)
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.commands.mine import RankerSpec, format_summary, mine_file
+    from dpr_cache.retrieval.drivers.mine import RankerSpec, format_summary, mine_file
     from dpr_cache.retrieval.teacher import TeacherSpec
 
     if match not in ("string", "regex", "none"):

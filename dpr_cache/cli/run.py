@@ -93,7 +93,7 @@ def index(
         )
     if embeddings is None:
         _refuse_train_keys(set_, "index", cfg)
-    from dpr_cache.retrieval.commands.index import index_command
+    from dpr_cache.retrieval.drivers.index import index_command
 
     path = index_command(cfg, model, embeddings=embeddings, out=out, progress=not quiet)
     if path is not None:
@@ -119,7 +119,7 @@ def eval_(
     """
     cfg = load(config, set_)
     _refuse_train_keys(set_, "eval", cfg)
-    from dpr_cache.retrieval.commands.eval import eval_command, format_metrics_table
+    from dpr_cache.retrieval.drivers.eval import eval_command, format_metrics_table
 
     metrics = eval_command(
         cfg,

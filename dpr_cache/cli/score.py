@@ -63,7 +63,7 @@ def score(
     """
     check_inputs(train=train, passages=passages)
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.commands.score import format_summary, score_file
+    from dpr_cache.retrieval.drivers.score import format_summary, score_file
     from dpr_cache.retrieval.scoring import ScoreSpec
     from dpr_cache.retrieval.teacher import TeacherSpec
 

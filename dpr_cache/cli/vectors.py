@@ -58,7 +58,7 @@ def encode(
     """
     check_inputs(passages=passages, questions=questions)
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.commands.encode import encode_file
+    from dpr_cache.retrieval.drivers.encode import encode_file
     from dpr_cache.runtime.device import resolve_device
 
     settings = check_flags(
@@ -148,8 +148,8 @@ def search(
         query_embeddings=query_embeddings, questions=questions, bm25_run=bm25_run, passages=passages
     )
     from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.commands.search import Lexical, Queries
-    from dpr_cache.retrieval.commands.search import search as run
+    from dpr_cache.retrieval.drivers.search import Lexical, Queries
+    from dpr_cache.retrieval.drivers.search import search as run
 
     settings = check_flags(
         "eval",

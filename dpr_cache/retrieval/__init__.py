@@ -7,6 +7,7 @@
 - ``mining/``: hard negatives: the rules (``rules``), the one candidate loop (``miner``) and the
   resumable parts of a run (``parts``).
 - ``metrics.py`` and ``results.py``: judging a ranking, and the files it is written to.
-- ``commands/``: the entry points of ``index``, ``eval``, ``encode``, ``search`` and ``mine``;
+- ``drivers/``: what each command does (``index``, ``eval``, ``encode``, ``search``, ``mine``,
+  ``score``), under ``cli/``'s parsing;
   the only modules that read a whole ``Config``; the parts below take its sections.
 """

@@ -33,7 +33,7 @@ def test_ctrl_c_is_one_line_saying_what_is_kept(monkeypatch, tmp_path, work, wor
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(f"dpr_cache.retrieval.commands.{work}", interrupted)
+    monkeypatch.setattr(f"dpr_cache.retrieval.drivers.{work}", interrupted)
     if words[0] != "eval":
         words = [*words, "--out", str(tmp_path / "out")]
     result = CliRunner().invoke(app, words)

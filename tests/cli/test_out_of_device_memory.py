@@ -48,7 +48,7 @@ def _fails_with(monkeypatch, target: str, error: BaseException):
 
 def _encode_failing_with(monkeypatch, tmp_path, error: BaseException):
     """``dpr-cache encode`` of the toy passages, its work raising ``error``."""
-    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.encode.encode_file", error)
+    _fails_with(monkeypatch, "dpr_cache.retrieval.drivers.encode.encode_file", error)
     args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
     return CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
 
@@ -69,7 +69,7 @@ def test_encode_out_of_gpu_memory_is_one_line_with_what_the_gpu_holds(
 def test_eval_names_its_own_batch_setting(full_gpu, monkeypatch, tmp_path):
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    _fails_with(monkeypatch, "dpr_cache.retrieval.commands.eval.eval_command", error)
+    _fails_with(monkeypatch, "dpr_cache.retrieval.drivers.eval.eval_command", error)
     args = ["--config", "configs/toy.yaml", "--set", f"output_dir={tmp_path}"]
     result = CliRunner().invoke(app, ["eval", *args])
     assert result.exit_code == 1, result.output

@@ -383,7 +383,7 @@ def test_torchrun_resume_reproduces_the_run(cli_runs):
 def test_torchrun_index_equals_single_process(cli_runs, monkeypatch):
     """Shards go round-robin to 2 ranks; rank 0 builds the index over all of them."""
     from dpr_cache.config import load_config
-    from dpr_cache.retrieval.commands.index import build_index
+    from dpr_cache.retrieval.drivers.index import build_index
     from tests.support.fixtures import index_vectors
 
     model = cli_runs["two"] / "model"

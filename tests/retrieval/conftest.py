@@ -13,8 +13,8 @@ import pytest
 
 from dpr_cache.config import Config
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.retrieval.commands.eval import evaluate
-from dpr_cache.retrieval.commands.index import build_index
+from dpr_cache.retrieval.drivers.eval import evaluate
+from dpr_cache.retrieval.drivers.index import build_index
 from tests.support.tiny_bert import build_tiny_bert
 
 N_PASSAGES = 50

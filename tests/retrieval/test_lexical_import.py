@@ -21,7 +21,7 @@ def _imported_after(code: str) -> set[str]:
 
 
 def test_the_commands_import_no_bm25_until_it_runs() -> None:
-    imports = "\n".join(f"import dpr_cache.retrieval.commands.{name}" for name in COMMANDS)
+    imports = "\n".join(f"import dpr_cache.retrieval.drivers.{name}" for name in COMMANDS)
     assert _imported_after(imports) == set()
     # control: the same modules, then one BM25 tokenization, bring it in
     tokenize = "from dpr_cache.retrieval.lexical import bm25_tokens\nbm25_tokens(['a question'])"

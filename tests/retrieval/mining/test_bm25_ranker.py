@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from dpr_cache.cli import app
 from dpr_cache.data.answers import has_answer
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.commands.mine import RankerSpec, format_summary, mine_file
+from dpr_cache.retrieval.drivers.mine import RankerSpec, format_summary, mine_file
 from dpr_cache.retrieval.lexical import K1, B, top_rows
 from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules
 

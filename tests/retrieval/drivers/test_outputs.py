@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dpr_cache.cli import app
-from dpr_cache.retrieval.commands.index import build_index
+from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.retrieval.dense.index import recorded_passages
 
 

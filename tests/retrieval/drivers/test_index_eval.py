@@ -21,9 +21,9 @@ from dpr_cache.config import Config, IndexConfig
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.retrieval.commands import eval as eval_command
-from dpr_cache.retrieval.commands.eval import evaluate, format_metrics_table
-from dpr_cache.retrieval.commands.index import build_index
+from dpr_cache.retrieval.drivers import eval as eval_command
+from dpr_cache.retrieval.drivers.eval import evaluate, format_metrics_table
+from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.retrieval.dense import index as dense_index
 from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
 from dpr_cache.retrieval.dense.faiss_index import check_index_spec, hnsw_bytes
