@@ -51,6 +51,7 @@ CONFIG_EDGE = {
     "train/watch_setup.py",
     "retrieval/drivers/index.py",
     "retrieval/drivers/eval.py",
+    "retrieval/drivers/overrides.py",
 }
 WHOLE_CONFIG = {"dpr_cache.config.Config", "dpr_cache.config.load_config"}
 # the rooms of retrieval/ -> the rooms each may import (itself included)

@@ -261,6 +261,11 @@ def load(config: Path | None, overrides: list[str] | None):
     return load_config(config, overrides or [])
 
 
+def overridden(overrides: list[str] | None) -> list[str]:
+    """The keys that ``--set`` overrides."""
+    return [item.split("=", 1)[0].strip() for item in overrides or []]
+
+
 def rank_and_world() -> tuple[int, int]:
     """This process's rank and world size under torchrun (0, 1 otherwise), without torch."""
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

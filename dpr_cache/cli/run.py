@@ -18,9 +18,9 @@ from dpr_cache.cli.app import (
     app,
     guarded,
     load,
+    overridden,
     rank_and_world,
 )
-from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 
 
@@ -91,11 +91,11 @@ def index(
             "index --out: with --config the index goes to output_dir/index (--set "
             "output_dir=DIR); --out is for --embeddings"
         )
-    if embeddings is None:
-        _refuse_train_keys(set_, "index", cfg)
     from dpr_cache.retrieval.drivers.index import index_command
 
-    path = index_command(cfg, model, embeddings=embeddings, out=out, progress=not quiet)
+    path = index_command(
+        cfg, model, embeddings=embeddings, out=out, progress=not quiet, overridden=overridden(set_)
+    )
     if path is not None:
         print(f"index written to {path}")
 
@@ -118,7 +118,6 @@ def eval_(
     Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
     """
     cfg = load(config, set_)
-    _refuse_train_keys(set_, "eval", cfg)
     from dpr_cache.retrieval.drivers.eval import eval_command, format_metrics_table
 
     metrics = eval_command(
@@ -126,32 +125,12 @@ def eval_(
         model,
         out_dir=out,
         progress=not quiet,
-        overridden=[s.split("=", 1)[0].strip() for s in set_ or []],
+        overridden=overridden(set_),
         command=shlex.join(["dpr-cache", *sys.argv[1:]]),
     )
     if metrics is not None:
         print(format_metrics_table(metrics))
         print(f"results in {out or cfg.output_path / 'eval'}")
-
-
-def _refuse_train_keys(overrides: list[str] | None, command: str, cfg) -> None:
-    """``--set train.device`` / ``train.precision`` on index or eval: they are train's own;
-    each command reads its section's ``device`` and ``precision``. A config whose train
-    section sets them while the command's section is left at its default is told so."""
-    for item in overrides or []:
-        key = item.split("=", 1)[0].strip()
-        if key in ("train.device", "train.precision"):
-            name = key.split(".")[1]
-            raise InputError(f"{key}: {command} encodes on {command}.{name}; set that instead")
-    section = getattr(cfg, command)
-    for name in ("device", "precision"):
-        trained, used = getattr(cfg.train, name), getattr(section, name)
-        if trained != default_of(f"train.{name}") and used == default_of(f"{command}.{name}"):
-            print(
-                f"note: {command} encodes with {command}.{name}: {used} (train.{name}: "
-                f"{trained} is train's own)",
-                file=sys.stderr,
-            )
 
 
 @app.command(cls=Command)
@@ -201,20 +180,9 @@ def bench(
         if cfg.train.chunk_size == "auto":
             raise InputError("--chunks: give the sizes to time (train.chunk_size is auto)")
         sizes = [int(cfg.train.chunk_size)]
-    from dpr_cache.train.bench import bench_chunks, format_table, pick_chunk
+    from dpr_cache.train.bench import bench_chunks, choose_chunk, format_table
 
     timings = bench_chunks(cfg, sizes, steps, warmup)
     print(format_table(timings, cfg.train.memory_budget))
-    best = pick_chunk(timings)
-    if best is None and timings[0].out_of_memory is not None:
-        first = timings[0].chunk
-        if cfg.train.mode == "full":
-            advice = "train.mode full runs the whole batch at once: set train.mode=gradcache"
-        elif first > 1:
-            advice = "ask for smaller ones (--chunks)"
-        else:
-            advice = "shorten model.max_passage_length or use a larger GPU"
-        raise InputError(f"bench: chunk {first}, the smallest asked, ran out of memory: {advice}")
-    if best is None:
-        raise InputError(f"train.memory_budget: no chunk size fits {cfg.train.memory_budget}")
+    best = choose_chunk(timings, cfg)
     print(f"fastest: train.chunk_size={best.chunk} ({best.pairs_per_s:.2f} pairs/s)")

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,9 +27,11 @@ from dpr_cache.retrieval.results import read_trec_run
 __all__ = [
     "TUNING_GRID",
     "Sparse",
+    "Tuning",
     "open_sparse",
     "dense_rankings",
     "hybrid_search",
+    "fused_search",
     "tune_weight",
 ]
 
@@ -202,3 +205,80 @@ def tune_weight(
         grid[f"{w:g}"] = float(hit_metrics(ranks, [k])[metric].mean())
     best = max(TUNING_GRID, key=lambda w: (grid[f"{w:g}"], -abs(np.log(w))))
     return best, grid
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Held-out questions that pick linear fusion's weight: their qas, ids and vectors, the
+    file they came from, and the qrels that judge them (None: their answers do)."""
+
+    qas: list[tuple[str, list[str]]]
+    qids: list[str]
+    vectors: np.ndarray
+    path: Path
+    qrels: dict[str, dict[str, int]] | None = None
+    qrels_source: str | None = None
+
+
+def fused_search(
+    corpus: Corpus,
+    queries: np.ndarray,
+    questions: Sequence[str],
+    qids: Sequence[str],
+    spec: EvalConfig,
+    cache_dir: Path,
+    memory_bytes: int,
+    *,
+    tune: Tuning | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> tuple[Hits, dict[str, Any]] | None:
+    """The hybrid search of ``eval`` and ``search``: each question's fused top ``max(top_k)``
+    (rows are passage rows) and a record of what fused them, the weight tuned first on
+    ``tune`` when given; None on ranks but 0. Every collective dense search runs first; BM25
+    is opened after them, on rank 0 alone."""
+    depth = max(spec.fusion_depth, max(spec.top_k))
+
+    def dense(vectors: np.ndarray) -> list[Ranking] | None:
+        return dense_rankings(
+            corpus, vectors, depth, memory_bytes, rank=rank, world_size=world_size
+        )
+
+    tune_dense = dense(tune.vectors) if tune is not None else None
+    dev_dense = dense(queries)
+    if dev_dense is None:
+        return None
+    sparse = open_sparse(corpus, cache_dir, spec.bm25_run, spec)
+    record: dict[str, Any] = {
+        "method": spec.fusion,
+        "depth": spec.fusion_depth,
+        "bm25": sparse.source,
+    }
+    if spec.fusion == "linear":
+        record["weight"] = None if spec.fusion_weight == "auto" else spec.fusion_weight
+    else:
+        record["rrf_k"] = spec.fusion_rrf_k
+    if tune is not None:
+        weight, grid = tune_weight(
+            corpus,
+            tune.vectors,
+            tune.qas,
+            sparse,
+            spec,
+            spec.fusion_tune_metric,
+            tune_dense,
+            spec.match,
+            qids=tune.qids,
+            qrels=tune.qrels,
+        )
+        spec = spec.model_copy(update={"fusion_weight": weight})
+        judged = f"answers ({spec.match} match)"
+        record.update(
+            weight=weight,
+            tuned_on=str(tune.path.resolve()),
+            tune_metric=spec.fusion_tune_metric,
+            grid=grid,
+            judged_by=judged if tune.qrels is None else f"qrels {tune.qrels_source}",
+        )
+    hits = hybrid_search(corpus, queries, questions, qids, sparse, spec, max(spec.top_k), dev_dense)
+    return hits, record

@@ -30,7 +30,7 @@ from dpr_cache.runtime.device import out_of_memory_state
 from dpr_cache.runtime.processes import ChildFailed, run_json_child
 from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data, training_files
 
-__all__ = ["ChunkTiming", "bench_chunks", "pick_chunk", "format_table"]
+__all__ = ["ChunkTiming", "bench_chunks", "pick_chunk", "choose_chunk", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,25 @@ def pick_chunk(timings: list[ChunkTiming]) -> ChunkTiming | None:
     """The fastest chunk that fits the budget (None when none does)."""
     fitting = [t for t in timings if t.fits]
     return max(fitting, key=lambda t: t.pairs_per_s) if fitting else None
+
+
+def choose_chunk(timings: list[ChunkTiming], config: Config) -> ChunkTiming:
+    """The chunk to train with (:func:`pick_chunk`); an InputError saying what to change when
+    none fits: the smallest chunk asked ran out of memory, or every one is over
+    ``train.memory_budget``."""
+    best = pick_chunk(timings)
+    if best is not None:
+        return best
+    first = timings[0]
+    if first.out_of_memory is None:
+        raise InputError(f"train.memory_budget: no chunk size fits {config.train.memory_budget}")
+    if config.train.mode == "full":
+        advice = "train.mode full runs the whole batch at once: set train.mode=gradcache"
+    elif first.chunk > 1:
+        advice = "ask for smaller ones (--chunks)"
+    else:
+        advice = "shorten model.max_passage_length or use a larger GPU"
+    raise InputError(f"bench: chunk {first.chunk}, the smallest asked, ran out of memory: {advice}")
 
 
 def format_table(timings: list[ChunkTiming], budget: str | None) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ from dpr_cache.retrieval.dense.questions import (
     query_tower,
     question_vectors,
 )
-from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse, tune_weight
+from dpr_cache.retrieval.dense.search import Hits
+from dpr_cache.retrieval.drivers.overrides import refuse_train_keys
+from dpr_cache.retrieval.hybrid import Tuning, fused_search
 from dpr_cache.retrieval.metrics import answer_qrels, judged_qrels, ranking_metrics, read_qrels
 from dpr_cache.retrieval.results import (
     CONFIG_FILE,
@@ -85,6 +88,20 @@ def check_overrides(overridden: Sequence[str], opened: OpenIndex, config: Config
             )
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What an evaluation reads: the index and the passages it was built from, the model, the
+    questions with their ids, and the qrels that judge them (None: their answers do)."""
+
+    opened: OpenIndex
+    corpus: Corpus
+    model_dir: Path
+    qas_path: Path
+    qas: list[tuple[str, list[str]]]
+    qids: list[str]
+    qrels: dict[str, dict[str, int]] | None
+
+
 def evaluate(
     config: Config,
     model_dir: str | Path | None = None,
@@ -103,103 +120,144 @@ def evaluate(
     out = Path(out_dir) if out_dir is not None else config.output_path / "eval"
     with output_lock(out):
         laps = Laps()
-        index_dir = index_dir_of(config.output_path)
-        opened = open_index(index_dir, opened_as(config.index, index_dir))
-        check_overrides(overridden, opened, config)
-        model_dir = resolve_model_dir(model_dir, config.output_path / "model")
-        if not config.data.dev_qa:
-            raise InputError("data.dev_qa: not set (a DPR qas TSV of questions and answers)")
-        qas_path = Path(config.data.dev_qa)
-        qas = read_qas(qas_path)
-        if not qas:
-            raise InputError(f"{qas_path}: no questions")
-        qids = question_ids(qas_path, len(qas))
-        qrels = read_qrels(config.data.qrels) if config.data.qrels else None
-        if not config.data.passages:
-            raise InputError("data.passages: not set (the passages TSV the index was built from)")
-        passages = Path(config.data.passages)
-        corpus = Corpus(opened, load_passages(passages, config.cache_path), passages)
+        inputs = _open_inputs(config, model_dir, overridden)
         laps.lap("open index, questions and passages")
         dev = resolve_device(
             device if device is not None else config.eval.device, key="eval.device"
         )
         run = QuestionRun(dev, config.eval.precision, config.eval.batch_size)
-        model = query_tower(model_dir, opened, dev, *config_encoding(config.model))
+        model = query_tower(inputs.model_dir, inputs.opened, dev, *config_encoding(config.model))
         laps.lap("load the model")
-        q_embs = question_vectors(model, [q for q, _ in qas], run)
-        fusion = config.eval.fusion
+        q_embs = question_vectors(model, [q for q, _ in inputs.qas], run)
         tuned = config.eval.fusion_weight == "auto"
-        tune = _tune_questions(config, model, qrels, qids, run) if tuned else None
+        tune = _tune_questions(config, model, inputs, run) if tuned else None
         del model
         laps.lap("encode questions")
-        k, memory = max(config.eval.top_k), memory_limit(config.index.memory_gb)
-        if fusion == "none":
-            hits = search_index(opened, q_embs, k, memory, rank=rank, world_size=world_size)
-            laps.lap("search")
-            if hits is None:
-                return None
-            rows = corpus.rows_of(hits.rows)
-        else:
-            hits, fused = _hybrid(
-                config, corpus, q_embs, qas, qids, tune, qrels, memory, rank, world_size
-            )
-            laps.lap(f"search, BM25 and {fusion} fusion")
-            if hits is None:
-                return None
-            rows = hits.rows  # passage rows already
-        laps.lap("map hits to passages")
+        found = _retrieve(config, inputs, q_embs, tune, rank, world_size)
+        laps.lap(
+            "search"
+            if config.eval.fusion == "none"
+            else f"search, BM25 and {config.eval.fusion} fusion"
+        )
+        if found is None:
+            return None
+        hits, fused = found
         pids, flags = write_retrieval(
             out / RETRIEVAL_FILE,
-            qas,
+            inputs.qas,
             hits.scores,
-            rows,
-            corpus.dataset,
+            hits.rows,
+            inputs.corpus.dataset,
             config.eval.match,
             progress,
         )
         laps.lap("read passages, match answers, write retrieval.json")
         scores = [row[: len(p)] for row, p in zip(hits.scores, pids, strict=True)]
-        write_trec_run(out / RUN_FILE, qids, pids, scores, "dpr-cache")
-        write_pyserini_retrieval(out / PYSERINI_FILE, qids, qas, pids, scores, flags)
-        if qrels is not None:
-            judged = judged_qrels(qrels, qids, config.data.qrels)
-        else:
-            judged = answer_qrels(qids, pids, flags)
-        metrics = rounded(
-            ranking_metrics(dict(zip(qids, pids, strict=True)), judged, config.eval.top_k)
-        )
-        metrics["n_questions"] = len(qas)
-        relevance = f"qrels {config.data.qrels}"
-        if qrels is None:
-            relevance = (
-                f"answers in the passage text (DPR's has_answer, {config.eval.match} match) of "
-                f"the retrieved top {max(config.eval.top_k)} only: recall@k and ndcg@10 are "
-                "relative to that pool"
-            )
-        metrics["measured"] = {
-            "relevance": relevance,
-            "judged_questions": len(judged),
-            "unjudged_questions": len(qids) - len(judged),
-            "model": {"dir": str(model_dir), "fingerprint": model_fingerprint(model_dir)},
-            "questions_encoded": {"device": str(dev), "precision": run.precision},
-            "index": {
-                "dir": str(opened.path.resolve()),
-                **{
-                    k: opened.meta[k]
-                    for k in ("type", "rows", "dim", "store_dtype", "index_params")
-                },
-                "shards": len(opened.meta["shards"]),
-            },
-            "data": {"dev_qa": str(qas_path.resolve()), "passages": str(passages.resolve())},
-            "command": command,
-        }
-        if fusion != "none":
+        write_trec_run(out / RUN_FILE, inputs.qids, pids, scores, "dpr-cache")
+        write_pyserini_retrieval(out / PYSERINI_FILE, inputs.qids, inputs.qas, pids, scores, flags)
+        metrics, judged = _judge(config, inputs, pids, flags)
+        metrics["measured"] = _measured(config, inputs, judged, dev, run, command)
+        if fused is not None:
             metrics["measured"]["fusion"] = fused
             write_json_atomic(out / FUSION_FILE, fused)
         write_json_atomic(out / TIMINGS_FILE, {"seconds": laps.seconds()})
         save_config(config, out / CONFIG_FILE)
         write_json_atomic(out / METRICS_FILE, metrics)  # last: it marks the evaluation done
         return metrics
+
+
+def _open_inputs(config: Config, model_dir, overridden: Sequence[str]) -> _Inputs:
+    """The index (checked against the overrides), the model folder, the questions, their ids
+    and qrels, and the passages; InputError naming the key of any that is missing."""
+    index_dir = index_dir_of(config.output_path)
+    opened = open_index(index_dir, opened_as(config.index, index_dir))
+    check_overrides(overridden, opened, config)
+    model_dir = resolve_model_dir(model_dir, config.output_path / "model")
+    if not config.data.dev_qa:
+        raise InputError("data.dev_qa: not set (a DPR qas TSV of questions and answers)")
+    qas_path = Path(config.data.dev_qa)
+    qas = read_qas(qas_path)
+    if not qas:
+        raise InputError(f"{qas_path}: no questions")
+    qrels = read_qrels(config.data.qrels) if config.data.qrels else None
+    if not config.data.passages:
+        raise InputError("data.passages: not set (the passages TSV the index was built from)")
+    passages = Path(config.data.passages)
+    corpus = Corpus(opened, load_passages(passages, config.cache_path), passages)
+    qids = question_ids(qas_path, len(qas))
+    return _Inputs(opened, corpus, model_dir, qas_path, qas, qids, qrels)
+
+
+def _retrieve(config: Config, inputs: _Inputs, q_embs, tune: Tuning | None, rank, world_size):
+    """Each question's top ``max(eval.top_k)`` passage rows (dense, or fused with BM25) and
+    the fusion's record (None when dense alone); None on ranks but 0."""
+    spec, memory = config.eval, memory_limit(config.index.memory_gb)
+    if spec.fusion == "none":
+        hits = search_index(
+            inputs.opened, q_embs, max(spec.top_k), memory, rank=rank, world_size=world_size
+        )
+        if hits is None:
+            return None
+        return Hits(hits.scores, inputs.corpus.rows_of(hits.rows)), None
+    questions = [q for q, _ in inputs.qas]
+    return fused_search(
+        inputs.corpus,
+        q_embs,
+        questions,
+        inputs.qids,
+        spec,
+        config.cache_path,
+        memory,
+        tune=tune,
+        rank=rank,
+        world_size=world_size,
+    )
+
+
+def _judge(config: Config, inputs: _Inputs, pids, flags) -> tuple[dict[str, Any], int]:
+    """The ranking's metrics (percent, rounded, with the number of questions) and how many
+    questions were judged: by the qrels when given, else by the answers found in the retrieved
+    passages."""
+    if inputs.qrels is not None:
+        judged = judged_qrels(inputs.qrels, inputs.qids, config.data.qrels)
+    else:
+        judged = answer_qrels(inputs.qids, pids, flags)
+    ranking = dict(zip(inputs.qids, pids, strict=True))
+    metrics = rounded(ranking_metrics(ranking, judged, config.eval.top_k))
+    metrics["n_questions"] = len(inputs.qas)
+    return metrics, len(judged)
+
+
+def _measured(
+    config: Config, inputs: _Inputs, judged: int, dev, run: QuestionRun, command: str
+) -> dict[str, Any]:
+    """What was measured: how relevance was judged, the model, the device and precision the
+    questions were encoded in, the index, the data files and the command line."""
+    relevance = f"qrels {config.data.qrels}"
+    if inputs.qrels is None:
+        relevance = (
+            f"answers in the passage text (DPR's has_answer, {config.eval.match} match) of "
+            f"the retrieved top {max(config.eval.top_k)} only: recall@k and ndcg@10 are "
+            "relative to that pool"
+        )
+    opened = inputs.opened
+    return {
+        "relevance": relevance,
+        "judged_questions": judged,
+        "unjudged_questions": len(inputs.qids) - judged,
+        "model": {"dir": str(inputs.model_dir), "fingerprint": model_fingerprint(inputs.model_dir)},
+        "questions_encoded": {"device": str(dev), "precision": run.precision},
+        "index": {
+            "dir": str(opened.path.resolve()),
+            **{k: opened.meta[k] for k in ("type", "rows", "dim", "store_dtype", "index_params")},
+            "shards": len(opened.meta["shards"]),
+        },
+        "data": {
+            "dev_qa": str(inputs.qas_path.resolve()),
+            "passages": str(inputs.corpus.path.resolve()),
+        },
+        "command": command,
+    }
 
 
 def eval_command(
@@ -213,6 +271,7 @@ def eval_command(
 ) -> dict[str, Any] | None:
     """``dpr-cache eval``: :func:`evaluate` on this process's rank (under ``torchrun`` each
     rank scans its share of the shards); the metrics on rank 0, None on the others."""
+    refuse_train_keys(overridden, "eval", config)
     env = distributed.setup(config.eval.device, "eval.device")
     try:
         return evaluate(
@@ -229,10 +288,9 @@ def eval_command(
         distributed.teardown()
 
 
-def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: QuestionRun):
-    """The held-out questions that pick an ``auto`` weight: (qas, ids, vectors). Judged by
-    ``data.qrels`` when set (some must be judged), else by their answers (every one needs
-    some)."""
+def _tune_questions(config: Config, model, inputs: _Inputs, run: QuestionRun) -> Tuning:
+    """The held-out questions that pick an ``auto`` weight. Judged by ``data.qrels`` when set
+    (some must be judged), else by their answers (every one needs some)."""
     tune_path = Path(config.eval.fusion_tune_qa)
     if tune_path.resolve() == Path(config.data.dev_qa).resolve():
         raise InputError(f"eval.fusion_tune_qa: {tune_path} is data.dev_qa: not held out")
@@ -240,6 +298,7 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: Qu
     if not tune:
         raise InputError(f"{tune_path}: no questions")
     qids = question_ids(tune_path, len(tune))
+    qrels = inputs.qrels
     if qrels is not None:
         ids_file = tune_path.with_suffix(".ids.txt")
         if not ids_file.is_file():  # row numbers would be judged as the dev questions' ids
@@ -247,7 +306,7 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: Qu
                 f"{tune_path}: judged by data.qrels, its questions need ids "
                 f"({ids_file}, one a line)"
             )
-        if set(qids) & set(dev_qids):
+        if set(qids) & set(inputs.qids):
             raise InputError(f"{ids_file}: shares question ids with data.dev_qa: not held out")
         if not any(q in qrels for q in qids):
             raise InputError(f"{tune_path}: none of its questions is judged in {config.data.qrels}")
@@ -258,61 +317,5 @@ def _tune_questions(config: Config, model, qrels: dict | None, dev_qids, run: Qu
                     f"{tune_path} line {n}: question {question[:60]!r} has no answers to "
                     "judge the weight by (give them, or set data.qrels)"
                 )
-    return tune, qids, question_vectors(model, [q for q, _ in tune], run)
-
-
-def _hybrid(config, corpus: Corpus, q_embs, qas, qids, tune, qrels, memory: int, rank, world_size):
-    """The fused hits of the dev questions and what fused them (the weight tuned first on the
-    held-out questions ``tune`` when asked); (None, None) on ranks but 0. Every collective
-    search runs first; BM25 is opened after them, on rank 0 alone."""
-    e = config.eval
-    depth = max(e.fusion_depth, max(e.top_k))
-
-    def dense(queries):
-        return dense_rankings(corpus, queries, depth, memory, rank=rank, world_size=world_size)
-
-    tune_dense = dense(tune[2]) if tune is not None else None
-    dev_dense = dense(q_embs)
-    if dev_dense is None:
-        return None, None
-    sparse = open_sparse(corpus, config.cache_path, e.bm25_run, e)
-    record = {"method": e.fusion, "depth": e.fusion_depth, "bm25": sparse.source}
-    if e.fusion == "linear":
-        record["weight"] = None if e.fusion_weight == "auto" else e.fusion_weight
-    else:
-        record["rrf_k"] = e.fusion_rrf_k
-    if tune is not None:
-        tune_qas, tune_qids, tune_embs = tune
-        weight, grid = tune_weight(
-            corpus,
-            tune_embs,
-            tune_qas,
-            sparse,
-            e,
-            e.fusion_tune_metric,
-            tune_dense,
-            e.match,
-            qids=tune_qids,
-            qrels=qrels,
-        )
-        e = e.model_copy(update={"fusion_weight": weight})
-        record.update(
-            weight=weight,
-            tuned_on=str(Path(e.fusion_tune_qa).resolve()),
-            tune_metric=e.fusion_tune_metric,
-            grid=grid,
-            judged_by=f"qrels {config.data.qrels}"
-            if qrels is not None
-            else f"answers ({e.match} match)",
-        )
-    hits = hybrid_search(
-        corpus,
-        q_embs,
-        [q for q, _ in qas],
-        qids,
-        sparse,
-        e,
-        max(e.top_k),
-        dev_dense,
-    )
-    return hits, record
+    vectors = question_vectors(model, [q for q, _ in tune], run)
+    return Tuning(tune, qids, vectors, tune_path, qrels, config.data.qrels)

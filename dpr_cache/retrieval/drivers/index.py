@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from dpr_cache.retrieval.dense.index import finish_index, index_dir_of
 from dpr_cache.retrieval.dense.questions import config_encoding
 from dpr_cache.retrieval.dense.shards import encode_passage_shards
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.drivers.overrides import refuse_train_keys
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.lock import output_lock
@@ -184,10 +186,13 @@ def index_command(
     embeddings: str | None = None,
     out: Path | None = None,
     progress: bool = True,
+    overridden: Sequence[str] = (),
 ) -> Path | None:
     """``dpr-cache index``: precomputed shards (``embeddings`` into ``out``, by rank 0) or
     ``data.passages`` encoded (under ``torchrun`` the ranks share the shards); the index folder
-    on the main rank, None on the others."""
+    on the main rank, None on the others. ``overridden``: the keys ``--set`` gave."""
+    if embeddings is None:
+        refuse_train_keys(overridden, "index", config)
     if embeddings is not None:
         if out is None:
             raise InputError("index --embeddings: --out DIR is needed")

@@ -29,7 +29,7 @@ from dpr_cache.retrieval.dense.index import (
 )
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.store import Shard, ids_path
-from dpr_cache.retrieval.hybrid import dense_rankings, hybrid_search, open_sparse
+from dpr_cache.retrieval.hybrid import fused_search
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import check_output_file
@@ -159,19 +159,20 @@ def _fused(opened, vectors, qids, texts, settings: EvalConfig, lexical: Lexical,
         )
     passages = passages_file(opened, lexical.passages)
     corpus = Corpus(opened, load_passages(passages, lexical.cache_dir), passages)
-    k = max(settings.top_k)
-    dense = dense_rankings(
+    found = fused_search(
         corpus,
         vectors,
-        max(settings.fusion_depth, k),
+        texts or qids,
+        qids,
+        settings,
+        lexical.cache_dir,
         memory,
         rank=env.rank,
         world_size=env.world_size,
     )
-    if dense is None:
+    if found is None:
         return None
-    sparse = open_sparse(corpus, lexical.cache_dir, settings.bm25_run, settings)
-    hits = hybrid_search(corpus, vectors, texts or qids, qids, sparse, settings, k, dense)
+    hits, _ = found
     valid = np.unique(hits.rows[hits.rows >= 0])
     ids = dict(
         zip(valid.tolist(), passage_columns(corpus.dataset, valid.tolist())["id"], strict=True)
