@@ -22,6 +22,7 @@ from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = [
     "Config",
+    "LoraConfig",
     "TrainConfig",
     "load_config",
     "save_config",
@@ -43,10 +44,30 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(_Section):
+    """LoRA adapters trained through peft on a frozen base (``model.lora``)."""
+
+    r: int = Field(16, ge=1)  # the adapters' rank
+    alpha: float = Field(32.0, gt=0.0)  # their scale is alpha / r
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)  # on each adapter's input, replayed by GradCache
+    # the layers adapted: names of linear layers (as peft matches them, e.g. q_proj, v_proj),
+    # or all-linear (every linear layer of the tower)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets_named(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and (not value or not all(name.strip() for name in value)):
+            raise ValueError("must be 'all-linear' or a non-empty list of layer names")
+        return value
+
+
 class ModelConfig(_Section):
     name_or_path: str = "data/toy/tiny-bert"
     shared: bool = False
-    pooling: Literal["cls", "mean"] = "cls"
+    # cls (DPR), mean (masked mean), last (each row's final real token, decoders: the tokenizer's
+    # EOS appended where its template does not add one)
+    pooling: Literal["cls", "mean", "last"] = "cls"
     gradient_checkpointing: bool = False
     max_query_length: int = Field(32, ge=4)
     max_passage_length: int = Field(256, ge=8)
@@ -54,6 +75,12 @@ class ModelConfig(_Section):
     normalize: bool | None = None  # unit vectors (cosine); null = as the model ships
     query_prefix: str | None = None  # prepended to every question; null = as the model ships
     passage_prefix: str | None = None  # before every passage's title; null = as the model ships
+    # the dtype the weights are loaded and kept in (train.precision is autocast beside it); the
+    # GradCache cache and the loss stay fp32. fp16 needs a GPU
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # transformers' attention; flash_attention_2 where the flash-attn package is installed
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    lora: LoraConfig | None = None  # null: every weight trains (full fine-tuning)
 
 
 class DataConfig(_Section):
@@ -278,13 +305,38 @@ def _apply_override(raw: dict, item: str) -> str:
     if _is_text(parts) and value is not None and not isinstance(value, str):
         value = text
     node = raw
-    for part in parts[:-1]:
+    for depth, part in enumerate(parts[:-1], start=1):
+        if node.get(part) is None and _optional_section(parts[:depth]):
+            section = ".".join(parts[:depth])
+            raise InputError(
+                f"--set {key}: {section} is null (off), so it has no keys to set: give the whole "
+                f"section, e.g. --set '{section}={{{parts[depth]}: ...}}', or a {part}: section "
+                "in the config file"
+            )
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise InputError(f"--set {key}: {part!r} is not a section")
         node = child
     node[parts[-1]] = value
     return key
+
+
+def _section_of(annotation: Any) -> Any:
+    """A key's type, a section that may be null (``LoraConfig | None``) taken as the section."""
+    members = typing.get_args(annotation)
+    sections = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+    return sections[0] if type(None) in members and len(sections) == 1 else annotation
+
+
+def _optional_section(parts: list[str]) -> bool:
+    """True when the config key ``parts`` is a section that may be null (``model.lora``)."""
+    model: Any = Config
+    for part in parts:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return False
+        model = field.annotation
+    return _section_of(model) is not model
 
 
 def _is_text(parts: list[str]) -> bool:
@@ -294,7 +346,7 @@ def _is_text(parts: list[str]) -> bool:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return False
-        model = field.annotation
+        model = _section_of(field.annotation)
     return model is str or (
         str in typing.get_args(model) and set(typing.get_args(model)) <= {str, type(None)}
     )
@@ -305,9 +357,9 @@ def _did_you_mean(loc: tuple) -> str:
     model: type[BaseModel] = Config
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
-        if field is None or not isinstance(field.annotation, type):
+        if field is None or not isinstance(_section_of(field.annotation), type):
             return ""
-        model = field.annotation
+        model = _section_of(field.annotation)
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
     prefix = ".".join(str(p) for p in loc[:-1])
     return f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
@@ -368,10 +420,23 @@ def _field_at(loc: tuple) -> tuple[str, Any]:
             break
         field = fields[part]
         parts.append(part)
-        model = field.annotation
+        model = _section_of(field.annotation)
     if isinstance(model, type) and issubclass(model, BaseModel):
         field = None  # a section: its own rules name their keys
     return ".".join(parts), field
+
+
+def _keys_of(key: str) -> str:
+    """The keys of the section ``key`` (``model.lora``), in words."""
+    model: Any = Config
+    for part in key.split("."):
+        model = _section_of(model.model_fields[part].annotation)
+    return _either(list(model.model_fields))
+
+
+def _or_null(key: str) -> str:
+    """`` or null`` for a section that may be null."""
+    return " or null" if _optional_section(key.split(".")) else ""
 
 
 def takes(key: str, one: bool = False) -> str:
@@ -410,6 +475,8 @@ def _one_line(error: ValidationError, source: str, overridden: set[str]) -> str:
         if item["type"] == "extra_forbidden":
             key = ".".join(str(p) for p in item["loc"])
             part = f"unknown key '{key}'{_did_you_mean(item['loc'])}"
+        elif field is None and item["type"] == "model_type":  # a section given as a value
+            part = f"{key} takes a section (a mapping of {_keys_of(key)}){_or_null(key)}{shown}"
         elif field is None:  # a rule joining keys: its message names them
             named = re.match(r"[a-z_]+\.[a-z_]+\b", message)
             part = message if named else f"{key or '(top level)'}: {message}"
@@ -420,7 +487,7 @@ def _one_line(error: ValidationError, source: str, overridden: set[str]) -> str:
         if field is None and item["type"] != "extra_forbidden":  # blamed on a key it names
             given = any(o == key or re.search(rf"\b{re.escape(o)}\b", message) for o in overridden)
         else:
-            given = any(o == key or o.startswith(key + ".") for o in overridden)
+            given = any(o == key or f"{key}.".startswith(f"{o}.") for o in overridden)
         where = "--set" if given else source
         by_source.setdefault(where, {}).setdefault(key if field else part, part)
     return "; ".join(f"{where}: " + "; ".join(parts.values()) for where, parts in by_source.items())

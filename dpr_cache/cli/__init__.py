@@ -9,7 +9,7 @@ import importlib
 
 from dpr_cache.cli.app import app, main
 
-for _module in ("run", "vectors", "mine", "score", "data"):
+for _module in ("run", "vectors", "mine", "score", "data", "export"):
     importlib.import_module(f"dpr_cache.cli.{_module}")
 
 __all__ = ["app", "main"]

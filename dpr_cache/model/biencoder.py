@@ -6,15 +6,23 @@ Saved layout (``save_pretrained(dir)``)::
                             :mod:`dpr_cache.model.tower_files`)
     dir/passage_encoder/    the same for passages (a copy of the query tower when shared)
     dir/biencoder.json      {"shared", "pooling", "normalize", "max_query_length",
-                             "max_passage_length", "query_prefix", "passage_prefix"}: the
-                            model's record of how it encodes (its query encoding,
-                            :mod:`dpr_cache.model.encoding`)
+                             "max_passage_length", "query_prefix", "passage_prefix", "dtype"}:
+                            the model's record of how it encodes (its query encoding,
+                            :mod:`dpr_cache.model.encoding`) and the dtype its weights were
+                            trained in (what loading it takes by default; null: fp32)
     dir/tokenizer files     when the BiEncoder carries a tokenizer
+
+A tower with LoRA adapters (:mod:`dpr_cache.model.lora`) is saved as peft saves it: its folder
+holds ``adapter_config.json`` and ``adapter_model.safetensors`` beside the tokenizer and the
+sentence-transformers files, the base named by the adapter's config; ``from_pretrained`` loads
+the base and the adapters back. :meth:`BiEncoder.merge_adapters` merges them into the base
+(``dpr-cache export --format merged``, :mod:`dpr_cache.model.export`).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,9 +31,18 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
+from dpr_cache.model.decoders import attention_of, prepare_tokenizer, torch_dtype
 from dpr_cache.model.dpr_formats import dpr_kind, load_dpr_towers
 from dpr_cache.model.encoding import ENCODING_FILE, QueryEncoding
 from dpr_cache.model.hub import resolve_model_path
+from dpr_cache.model.lora import (
+    ADAPTER_CONFIG,
+    adapter_base,
+    add_lora,
+    has_adapters,
+    load_adapters,
+    merged,
+)
 from dpr_cache.model.pooling import POOLINGS, pool
 from dpr_cache.model.tower_files import clean_tokenizer, write_tower
 from dpr_cache.model.towers import (
@@ -53,9 +70,12 @@ class BiEncoder(nn.Module):
         max_query_length, max_passage_length: the token limits it was trained with, saved so
             that ``dpr-cache encode`` needs no config (None: not known).
         normalize: scale every vector to unit length (cosine similarity), after pooling.
-        query_prefix, passage_prefix: the model's prompts (e.g. ``"query: "``), prepended to
-            every question and to every passage pair's first text wherever it encodes
+        query_prefix, passage_prefix: the model's prompts (e.g. ``"query: "``, or
+            E5-Mistral's ``"Instruct: {task}\nQuery: "``), prepended to every question and to
+            every passage pair's first text wherever it encodes
             (:mod:`dpr_cache.data.tokenize`), and saved as its sentence-transformers prompts.
+        dtype: the name (``fp32 | bf16 | fp16``) of the dtype the weights were loaded in,
+            recorded when saved (None: not given, fp32).
     """
 
     def __init__(
@@ -70,6 +90,7 @@ class BiEncoder(nn.Module):
         normalize: bool = False,
         query_prefix: str = "",
         passage_prefix: str = "",
+        dtype: str | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -83,6 +104,7 @@ class BiEncoder(nn.Module):
         self.max_passage_length = max_passage_length
         self.normalize = normalize
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
+        self.weights_dtype = dtype
 
     # -- construction -----------------------------------------------------------------------
 
@@ -95,13 +117,23 @@ class BiEncoder(nn.Module):
         gradient_checkpointing: bool = False,
         dropout: float | None = None,
         normalize: bool | None = None,
+        *,
+        dtype: str | None = None,
+        attn_implementation: str | None = None,
+        lora=None,
     ) -> BiEncoder:
         """Load a saved BiEncoder folder, or any Hugging Face model (a folder or a hub name, see
-        :func:`~dpr_cache.model.hub.resolve_model_path`) for both towers.
+        :func:`~dpr_cache.model.hub.resolve_model_path`) for both towers: encoders (BERTs) and
+        decoders (Llama, Mistral, Qwen2/Qwen3, Gemma: ``AutoModel``) alike.
 
         ``pooling=None`` and ``normalize=None`` keep what the model ships: a saved BiEncoder's
         settings (which always win for pooling), or a sentence-transformers folder's Pooling and
-        Normalize modules; else CLS pooling (DPR's) without normalization."""
+        Normalize modules; else CLS pooling (DPR's) without normalization. ``dtype`` (``fp32 |
+        bf16 | fp16``; None: what a saved BiEncoder records, else transformers' default) and
+        ``attn_implementation`` (None or ``auto``: transformers' choice) go to every tower.
+        ``lora`` (``model.lora``: ``r``, ``alpha``, ``dropout``, ``target_modules``) adds
+        trainable LoRA adapters to a frozen base; a folder saved with adapters loads them (frozen
+        unless ``lora`` is given, then trainable: its own adapters go on training)."""
         path = resolve_model_path(path)
         if dpr_kind(path) is not None:  # HF DPR pair or DPR's .cp: two BERTs, [CLS], no norm
             query, passage, tokenizer = load_dpr_towers(path, dropout)
@@ -111,27 +143,36 @@ class BiEncoder(nn.Module):
             return model
         if not path.is_dir():
             raise FileNotFoundError(2, "no such model folder", str(path))
-        meta = {}
-        if (path / "query_encoder").is_dir():
-            meta = json.loads((path / _META).read_text()) if (path / _META).is_file() else {}
-            query = load_tower(path / "query_encoder", dropout)
-            passage = None if shared else load_tower(path / "passage_encoder", dropout)
+        saved = (path / "query_encoder").is_dir()
+        meta = json.loads((path / _META).read_text()) if (path / _META).is_file() else {}
+        dtype = dtype or meta.get("dtype")
+        load = functools.partial(
+            _load_tower,
+            dropout=dropout,
+            dtype=torch_dtype(dtype),
+            attention=attention_of(attn_implementation),
+            lora=lora,
+        )
+        if saved:
+            query = _with_lora(load(path / "query_encoder"), lora)
+            passage = None if shared else _with_lora(load(path / "passage_encoder"), lora)
             pooling = meta.get("pooling", pooling)
         else:
-            query = load_tower(path, dropout)
-            passage = None if shared else copy.deepcopy(query)
+            query, passage = _plain_towers(load(path), shared, lora)
             meta = {"normalize": shipped_normalize(path), **shipped_prefixes(path)}
             pooling = pooling or shipped_pooling(path)
+        pooling = pooling or "cls"
         model = cls(
             query,
             passage,
-            pooling=pooling or "cls",
-            tokenizer=load_tokenizer(path),
+            pooling=pooling,
+            tokenizer=prepare_tokenizer(load_tokenizer(path), pooling),
             max_query_length=meta.get("max_query_length"),
             max_passage_length=meta.get("max_passage_length"),
             normalize=bool(meta.get("normalize", False)) if normalize is None else normalize,
             query_prefix=meta.get("query_prefix", ""),
             passage_prefix=meta.get("passage_prefix", ""),
+            dtype=dtype,
         )
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
@@ -147,23 +188,53 @@ class BiEncoder(nn.Module):
         dropout: float | None = None,
         tokenizer=None,
         normalize: bool = False,
+        *,
+        lora=None,
+        attn_implementation: str | None = None,
     ) -> BiEncoder:
-        """Random-init towers from a Hugging Face config (separate towers start equal)."""
-        query = tower_from_config(config, dropout)
-        passage = None if shared else copy.deepcopy(query)
-        model = cls(query, passage, pooling=pooling, tokenizer=tokenizer, normalize=normalize)
+        """Random-init towers from a Hugging Face config (separate towers start equal; with
+        ``lora``, equal bases and adapters of their own)."""
+        query = tower_from_config(config, dropout, attention=attention_of(attn_implementation))
+        query, passage = _plain_towers(query, shared, lora)
+        model = cls(
+            query,
+            passage,
+            pooling=pooling,
+            tokenizer=prepare_tokenizer(tokenizer, pooling),
+            normalize=normalize,
+        )
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
         return model
 
     def enable_gradient_checkpointing(self) -> None:
-        """Recompute each layer's activations in the backward (non-reentrant checkpoints)."""
-        towers = [self.query_encoder] + ([] if self.shared else [self.passage_encoder])
-        for tower in towers:
+        """Recompute each layer's activations in the backward (non-reentrant checkpoints). A
+        tower with adapters also makes its input embeddings' output require grad, as peft asks
+        of a frozen base (each checkpointed layer's input then carries a graph)."""
+        for tower in self.towers:
             if hasattr(tower, "activation_checkpointing_enable"):  # transformers >= 5.x
                 tower.activation_checkpointing_enable({"use_reentrant": False})
             else:
                 tower.gradient_checkpointing_enable({"use_reentrant": False})
+            if has_adapters(tower):
+                tower.enable_input_require_grads()
+
+    @property
+    def towers(self) -> list[nn.Module]:
+        """The distinct towers: one when shared, else the query and the passage tower."""
+        return [self.query_encoder] + ([] if self.shared else [self.passage_encoder])
+
+    @property
+    def has_adapters(self) -> bool:
+        """Whether the towers carry LoRA adapters (their base frozen)."""
+        return has_adapters(self.query_encoder)
+
+    def merge_adapters(self) -> BiEncoder:
+        """Merge each tower's adapters into its base weights (in place): plain Hugging Face
+        towers that encode as the adapted ones did."""
+        self.query_encoder = merged(self.query_encoder)
+        self.passage_encoder = self.query_encoder if self.shared else merged(self.passage_encoder)
+        return self
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write both towers (each a complete transformers and sentence-transformers folder),
@@ -203,6 +274,7 @@ class BiEncoder(nn.Module):
             "max_passage_length": self.max_passage_length,
             "query_prefix": self.query_prefix,
             "passage_prefix": self.passage_prefix,
+            "dtype": self.weights_dtype,
         }
         (out_dir / _META).write_text(json.dumps(meta, indent=2) + "\n")
         if self.tokenizer is not None:
@@ -247,3 +319,43 @@ class BiEncoder(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+def _load_tower(folder: Path, *, dropout, dtype, attention, lora) -> nn.Module:
+    """One tower from ``folder``: a Hugging Face model, or a base with the adapters saved there
+    (peft's format: frozen, or trainable when ``lora`` is given)."""
+    if (folder / ADAPTER_CONFIG).is_file():
+        base = load_tower(_base_path(folder), dropout, dtype, attention)
+        return load_adapters(base, folder, trainable=lora is not None)
+    return load_tower(folder, dropout, dtype, attention)
+
+
+def _with_lora(tower: nn.Module, lora) -> nn.Module:
+    """``tower`` with new adapters per ``lora`` (None: as it is; one with adapters keeps
+    them)."""
+    if lora is None or has_adapters(tower):
+        return tower
+    return add_lora(_absolute_name(tower), lora)
+
+
+def _base_path(folder: Path) -> Path:
+    """The base an adapter folder names, as a local folder."""
+    return resolve_model_path(adapter_base(folder))
+
+
+def _absolute_name(tower: nn.Module) -> nn.Module:
+    """``tower`` named by the absolute path of the local folder it came from, which adapters
+    record as their base (so that a saved run's adapters find it from any working directory)."""
+    name = tower.config._name_or_path
+    if name and Path(name).is_dir():
+        tower.config._name_or_path = str(Path(name).resolve())
+        tower.name_or_path = tower.config._name_or_path
+    return tower
+
+
+def _plain_towers(query: nn.Module, shared: bool, lora) -> tuple[nn.Module, nn.Module | None]:
+    """The towers of one plain model: the passage tower a copy of the query tower (None when
+    shared); with ``lora``, each given its own adapters (a model already with adapters keeps
+    them)."""
+    passage = None if shared else copy.deepcopy(query)
+    return _with_lora(query, lora), None if passage is None else _with_lora(passage, lora)

@@ -10,7 +10,9 @@ CUDA alike. A backward keeps the boolean mask, as PyTorch's dropout does.
 :func:`use_fast_dropout` swaps a tower's ``nn.Dropout`` modules for :class:`FastDropout` and
 its attention for :func:`attention_with_fast_dropout` (a registered transformers attention
 implementation: scores, softmax, this dropout, values; plain SDPA without dropout, as in eval
-mode; its padding mask is transformers' SDPA mask). Nothing saved
+mode; its padding mask is transformers' SDPA mask, causal for decoders, whose grouped key and
+value heads it repeats as SDPA does). LoRA's dropout modules (peft's, ``nn.Dropout``) are
+swapped with the rest. Nothing saved
 changes: the modules hold no weights and the attention implementation is not written to
 ``config.json``.
 """
@@ -75,6 +77,11 @@ def attention_with_fast_dropout(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs
         )
+    if key.shape[1] != query.shape[1]:  # grouped-query attention: each KV head serves a group
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    if attention_mask is None and _causal(module, query.shape[2], kwargs.get("is_causal")):
+        attention_mask = _causal_mask(query.shape[2], key.shape[2], query.device)
     scale = query.size(-1) ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query * scale, key.transpose(2, 3))  # [b, h, q, k]
     if attention_mask is not None:
@@ -86,6 +93,20 @@ def attention_with_fast_dropout(
     kept = torch.where(keep_mask(probs.shape, dropout, probs.device), probs, 0)
     out = torch.matmul(kept, value).mul_(1.0 / (1.0 - dropout))  # scaled after the product
     return out.transpose(1, 2).contiguous(), None  # [b, q, h, d]
+
+
+def _causal(module: nn.Module, q_len: int, given: bool | None) -> bool:
+    """Whether attention without a mask is causal, decided as transformers' SDPA decides it."""
+    causal = given if given is not None else getattr(module, "is_causal", True)
+    return bool(causal) and q_len > 1
+
+
+def _causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """[1, 1, q_len, k_len] bool, True where a query may attend (keys up to its own position):
+    what SDPA's ``is_causal`` does where transformers leaves a decoder's mask to it (no
+    padding)."""
+    full = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    return full.tril(k_len - q_len)[None, None]
 
 
 def use_fast_dropout(towers: list[nn.Module]) -> int:

@@ -45,10 +45,14 @@ def load_biencoder(
     normalize: bool | None = None,
     prefixes: tuple[str | None, str | None] = (None, None),
     source: str | None = None,
+    dtype: str | None = None,
+    attn_implementation: str | None = None,
+    lora=None,
 ) -> BiEncoder:
     """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming the path, the
     ``source`` it came from (a flag or config key) when given, and what went wrong. ``prefixes``
-    (query, passage) replace the model's own prompts where not None."""
+    (query, passage) replace the model's own prompts where not None; ``dtype``,
+    ``attn_implementation`` and ``lora`` (``model.*``) go to the towers."""
     where = f"{source}: {path}" if source else str(path)
     try:
         model = BiEncoder.from_pretrained(
@@ -58,7 +62,12 @@ def load_biencoder(
             gradient_checkpointing=gradient_checkpointing,
             dropout=dropout,
             normalize=normalize,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            lora=lora,
         )
+    except InputError:  # already one line naming its key
+        raise
     except ModuleNotFoundError as e:  # a module the model's code needs is not installed
         raise InputError(f"{where}: {e}") from None
     except ModelNotFound as e:  # neither a local folder nor had from the hub: says why

@@ -48,7 +48,7 @@ def write_tower(
     ``prompt`` (name, text), when the text is not empty, is its default sentence-transformers
     prompt, so ``SentenceTransformer(out).encode`` prepends it as dpr-cache does."""
     out = Path(out)
-    tower.save_pretrained(out)
+    tower.save_pretrained(out)  # with adapters: peft's adapter_config.json and weights alone
     length = max_length or getattr(tokenizer, "model_max_length", 512)
     if tokenizer is not None:
         clean_tokenizer(tokenizer).save_pretrained(out)
@@ -78,6 +78,7 @@ def write_tower(
             "pooling_mode_mean_tokens": pooling == "mean",
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_lasttoken": pooling == "last",
         },
     )
     return out

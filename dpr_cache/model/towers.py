@@ -7,6 +7,7 @@ import copy
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig
 
@@ -44,16 +45,41 @@ def _freeze_pooler(tower: nn.Module) -> nn.Module:
     return tower
 
 
-def load_tower(path: str | Path, dropout: float | None = None) -> nn.Module:
-    """A pretrained encoder (``dropout`` overrides its dropout probabilities when given)."""
+def _loading_options(dtype: torch.dtype | None, attention: str | None) -> dict:
+    """``from_pretrained`` / ``from_config`` keywords for a dtype and an attention
+    implementation, each only when given (else transformers' own choice)."""
+    options: dict = {}
+    if dtype is not None:
+        options["dtype"] = dtype
+    if attention is not None:
+        options["attn_implementation"] = attention
+    return options
+
+
+def load_tower(
+    path: str | Path,
+    dropout: float | None = None,
+    dtype: torch.dtype | None = None,
+    attention: str | None = None,
+) -> nn.Module:
+    """A pretrained encoder or decoder (``AutoModel``: a causal LM's checkpoint gives its base
+    model); ``dropout`` overrides its dropout probabilities, ``dtype`` the dtype its weights
+    load in, ``attention`` its attention implementation, each when given."""
     config = _set_dropout(AutoConfig.from_pretrained(path), dropout)
-    return _freeze_pooler(AutoModel.from_pretrained(path, config=config))
+    options = _loading_options(dtype, attention)
+    return _freeze_pooler(AutoModel.from_pretrained(path, config=config, **options))
 
 
-def tower_from_config(config: PretrainedConfig, dropout: float | None = None) -> nn.Module:
-    """A randomly initialised encoder of ``config``."""
+def tower_from_config(
+    config: PretrainedConfig,
+    dropout: float | None = None,
+    dtype: torch.dtype | None = None,
+    attention: str | None = None,
+) -> nn.Module:
+    """A randomly initialised model of ``config``."""
     config = _set_dropout(copy.deepcopy(config), dropout)
-    return _freeze_pooler(AutoModel.from_config(config))
+    options = _loading_options(dtype, attention)
+    return _freeze_pooler(AutoModel.from_config(config, **options))
 
 
 def _shipped_modules(path: Path) -> list[dict]:
@@ -68,17 +94,26 @@ def shipped_normalize(path: Path) -> bool:
 
 
 def shipped_pooling(path: Path) -> str | None:
-    """The pooling a sentence-transformers folder's Pooling module does (``"cls"`` or
-    ``"mean"``), or None when it has none (or one of another kind)."""
+    """The pooling a sentence-transformers folder's Pooling module does (``"cls"``,
+    ``"mean"`` or ``"last"``), or None when it has none (or one of another kind). Its config
+    says it either way sentence-transformers writes it: ``pooling_mode_*`` flags, or one
+    ``pooling_mode`` name."""
     for module in _shipped_modules(path):
         config = Path(path) / module.get("path", "") / "config.json"
         if module.get("type", "").endswith("Pooling") and config.is_file():
             modes = json.loads(config.read_text())
-            if modes.get("pooling_mode_cls_token"):
-                return "cls"
-            if modes.get("pooling_mode_mean_tokens"):
-                return "mean"
+            for ours, flag, name in _POOLING_MODES:
+                if modes.get(flag) or modes.get("pooling_mode") == name:
+                    return ours
     return None
+
+
+# ours, sentence-transformers' flag, its name
+_POOLING_MODES = (
+    ("cls", "pooling_mode_cls_token", "cls"),
+    ("mean", "pooling_mode_mean_tokens", "mean"),
+    ("last", "pooling_mode_lasttoken", "lasttoken"),
+)
 
 
 def shipped_prefixes(path: Path) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """Checkpoints that resume bit-exactly: weights, optimizer, schedule, scaler and every rank's RNG.
 
-``checkpoints/step-N/state.pt`` is written by rank 0 under a temporary name, flushed to disk and
-swapped into place, with its SHA-256 beside it (``state.sha256``); the oldest are removed beyond
+A LoRA run's checkpoint holds the adapters alone (:func:`model_state`), its base being the
+frozen one ``model.name_or_path`` loads again. ``checkpoints/step-N/state.pt`` is written by
+rank 0 under a temporary name, flushed to disk and swapped into place, with its SHA-256 beside it
+(``state.sha256``); the oldest are removed beyond
 ``keep``. Resuming takes the newest checkpoint whose bytes match their checksum: one cut short or
 with a flipped bit is reported and passed over for the one before it. It refuses a checkpoint of
 another layout (:data:`FORMAT`), another world size (the ranks' RNG streams and data slices would
@@ -36,6 +38,7 @@ __all__ = [
     "sound_checkpoint",
     "load_checkpoint",
     "rng_states",
+    "model_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,27 @@ def rng_states() -> dict[str, Any]:
     }
 
 
+def _frozen_base(model: torch.nn.Module) -> bool:
+    """Whether ``model`` trains adapters on a frozen base (LoRA)."""
+    return bool(getattr(model, "has_adapters", False))
+
+
+def _trainable_names(model: torch.nn.Module) -> set[str]:
+    """The state-dict names of ``model``'s trainable parameters (a shared tower's under both
+    of its names)."""
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps of ``model``: every weight, or with LoRA the adapters alone
+    (what trains; the frozen base is reloaded from ``model.name_or_path`` on resume)."""
+    state = model.state_dict()
+    if not _frozen_base(model):
+        return state
+    trainable = _trainable_names(model)
+    return {name: tensor for name, tensor in state.items() if name in trainable}
+
+
 def _set_rng_states(states: dict[str, Any]) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
@@ -73,7 +97,8 @@ def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEn
         state = {
             "format": FORMAT,
             "step": step,
-            "model": model.state_dict(),
+            "model": model_state(model),
+            "weights": "trainable" if _frozen_base(model) else "all",
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
@@ -169,6 +194,8 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
             f"{NEGATIVE_DRAW}; finish it with the dpr-cache that started it, or train afresh"
         )
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    if state.get("weights") == "trainable":  # the frozen base comes from model.name_or_path
+        missing = [name for name in missing if name in _trainable_names(model)]
     if missing or unexpected:
         raise InputError(
             f"{path}: does not fit this model ({len(missing)} weights missing, e.g. "

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-from dpr_cache.config import Config, TrainConfig, parse_bytes
+from dpr_cache.config import Config, LoraConfig, ModelConfig, TrainConfig, parse_bytes
 from dpr_cache.core.distill import Distillation
 from dpr_cache.core.steppers import make_loss_fn, make_stepper
 from dpr_cache.data.batches import TrainBatches
@@ -30,6 +30,7 @@ from dpr_cache.model.attention import use_sdpa_without_wait
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.compiled import COMPILED_BUCKET, compile_mode_for, compile_towers, compiles
 from dpr_cache.model.ddp import wrap_towers
+from dpr_cache.model.decoders import check_dtype_on, check_positions
 from dpr_cache.model.fast_dropout import use_fast_dropout
 from dpr_cache.model.loading import load_biencoder
 from dpr_cache.runtime import distributed, memory
@@ -61,6 +62,7 @@ __all__ = [
     "StepResult",
     "NonFinite",
     "build_trainer",
+    "load_model",
     "batch_recipe",
     "training_data",
     "training_files",
@@ -188,16 +190,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     """The trainer ``config`` describes, on ``env``'s device, its schedule over ``total_steps``.
     Each rank then draws dropout from its own stream (rank 0's is a single process's)."""
     cfg, m = config.train, config.model
-    model = load_biencoder(
-        m.name_or_path,
-        shared=m.shared,
-        pooling=m.pooling,
-        dropout=m.dropout,
-        gradient_checkpointing=m.gradient_checkpointing,
-        normalize=m.normalize,
-        prefixes=(m.query_prefix, m.passage_prefix),
-        source="model.name_or_path",
-    ).to(env.device)
+    model = load_model(m, env.device, dropout=m.dropout, lora=m.lora)
     if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
         logger.warning("%s", warning)
     prepare_towers(model, cfg, env.device)
@@ -245,6 +238,31 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         cfg.max_grad_norm,
         length_bucket_of(cfg, compiled),
     )
+
+
+def load_model(
+    m: ModelConfig, device: torch.device, *, dropout: float | None, lora: LoraConfig | None
+) -> BiEncoder:
+    """The model ``model.*`` describes on ``device``, with ``dropout`` and ``lora`` (the keys'
+    values, or verify's, which turns dropout off); InputError for fp16 weights on a CPU and for
+    a tower whose context is shorter than its texts' length."""
+    check_dtype_on(m.dtype, device)
+    model = load_biencoder(
+        m.name_or_path,
+        shared=m.shared,
+        pooling=m.pooling,
+        dropout=dropout,
+        gradient_checkpointing=m.gradient_checkpointing,
+        normalize=m.normalize,
+        prefixes=(m.query_prefix, m.passage_prefix),
+        source="model.name_or_path",
+        dtype=m.dtype,
+        attn_implementation=m.attn_implementation,
+        lora=lora,
+    )
+    check_positions(model.query_encoder, m.max_query_length, "model.max_query_length")
+    check_positions(model.passage_encoder, m.max_passage_length, "model.max_passage_length")
+    return model.to(device)
 
 
 def prepare_towers(model: BiEncoder, cfg: TrainConfig, device: torch.device) -> None:

@@ -1,7 +1,8 @@
 """``dpr-cache verify``: the user's own proof that GradCache equals the full batch.
 
-One real batch from ``data.train`` with the configured model, dropout off: the gradient of a
-plain full-batch step and of a GradCache step, the largest difference relative to the largest
+One real batch from ``data.train`` with the configured model (its LoRA adapters, pooling and
+towers), dropout off (LoRA's too), in float32 (or float64) whatever ``model.dtype``: the gradient
+of a plain full-batch step and of a GradCache step, the largest difference relative to the largest
 gradient, and the verdict against the bound of the precision (:data:`BOUNDS`): rounding alone
 stays far below it, a wrong gradient (a chunk's RNG not replayed, a dropped chunk) far above.
 """
@@ -13,7 +14,6 @@ import torch
 from dpr_cache.config import Config
 from dpr_cache.core.distill import Distillation
 from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
-from dpr_cache.model.loading import load_biencoder
 from dpr_cache.runtime.device import resolve_device
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
@@ -22,6 +22,7 @@ from dpr_cache.train.trainer import (
     compile_as_set,
     distillation_of,
     length_bucket_of,
+    load_model,
     prepare_towers,
     training_data,
 )
@@ -79,18 +80,10 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     cfg, m = config.train, config.model
     chunk = 8 if cfg.chunk_size == "auto" else int(cfg.chunk_size)
     dataset, batches = training_data(config, DistEnv())
-    model = load_biencoder(
-        m.name_or_path,
-        shared=m.shared,
-        pooling=m.pooling,
-        gradient_checkpointing=m.gradient_checkpointing,
-        dropout=0.0,
-        normalize=m.normalize,
-        prefixes=(m.query_prefix, m.passage_prefix),
-        source="model.name_or_path",
-    )
     device = resolve_device(cfg.device, key="train.device")
-    model = model.to(device, torch.float64 if double else None)
+    lora = m.lora.model_copy(update={"dropout": 0.0}) if m.lora is not None else None
+    model = load_model(m, device, dropout=0.0, lora=lora)  # dropout off, LoRA's too
+    model = model.to(device, torch.float64 if double else torch.float32)
     prepare_towers(model, cfg, device)
     compiled = compile_as_set(model, cfg, device)
     model.train()
