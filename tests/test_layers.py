@@ -45,6 +45,7 @@ CONFIG_EDGE = {
     "__init__.py",  # load_config, public API
     "cli/app.py",
     "train/loop.py",
+    "train/resume.py",
     "train/trainer.py",
     "train/bench.py",
     "train/verify.py",

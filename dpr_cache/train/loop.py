@@ -13,13 +13,16 @@ import contextlib
 import logging
 import random
 import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dpr_cache.config import Config, changed_settings, save_config
+from dpr_cache.config import Config, save_config
 from dpr_cache.core.distill import Distillation
+from dpr_cache.data.batches import TrainBatches
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import deterministic_kernels
@@ -28,8 +31,10 @@ from dpr_cache.runtime.lock import output_lock
 from dpr_cache.train.checkpoint import latest_checkpoint
 from dpr_cache.train.log import TrainLog, negatives_per_question
 from dpr_cache.train.recipe import step_batches
+from dpr_cache.train.resume import check_resumed_settings, check_start
 from dpr_cache.train.trainer import (
     NonFinite,
+    Trainer,
     batch_recipe,
     build_trainer,
     distillation_of,
@@ -54,97 +59,128 @@ def train(config: Config, *, resume: bool = False, progress: bool = True) -> Pat
         return _train(config, resume, progress)
 
 
+@dataclass
+class _Run:
+    """What the loop runs: the trainer, the batches (their order and the loader from the first
+    step to run), the log, and the steps from ``start`` to ``total``."""
+
+    trainer: Trainer
+    batches: TrainBatches
+    loader: Iterator
+    log: TrainLog
+    distill: Distillation | None
+    start: int
+    total: int
+
+
 def _train(config: Config, resume: bool, progress: bool) -> Path:
-    cfg, m = config.train, config.model
     out = config.output_path
-    _check_start(config, resume)
-    deterministic_kernels(cfg.deterministic)
-    env = distributed.setup(cfg.device)
+    training_files(config)
+    check_start(config, out / CHECKPOINTS, resume)
+    deterministic_kernels(config.train.deterministic)
+    env = distributed.setup(config.train.device)
     try:
-        # -- set-up: data, trainer, resume, log ---------------------------------------------------
-        if cfg.batch_size % env.world_size != 0:
-            raise InputError(
-                f"train.batch_size ({cfg.batch_size}) must be divisible by the world size "
-                f"({env.world_size})"
-            )
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
-        _seed_everything(cfg.seed)
-        dataset, batches = training_data(config, env)
-        total = cfg.max_steps or batches.steps_per_epoch * cfg.epochs
-        trainer = build_trainer(config, env, total)
-        if env.is_main:  # once the model is there: a run that cannot start says that alone
-            _warn_if_a_gpu_config_found_no_gpu(config, env)
-        recipe = batch_recipe(config, trainer.model, trainer.length_bucket)
-        start = trainer.resume(out / CHECKPOINTS) if resume else 0
-        if start:
-            _check_resumed_settings(config, out / "config.yaml", warn=env.is_main)
-        if env.is_main:
-            save_config(config, out / "config.yaml")
-        distill = distillation_of(config)
-        fixed = {
-            "batch_size": cfg.batch_size,
-            "negatives_per_question": negatives_per_question(
-                cfg.mode,
-                cfg.batch_size,
-                trainer.chunk_size,
-                env.world_size,
-                1 + cfg.hard_negatives,
-                in_batch=distill is None or distill.weight > 0,
-            ),
-        }
-        watcher = make_watcher(config, env.device, start) if env.is_main else None
-        log = TrainLog(
-            out,
-            env,
-            start=start,
-            total=total,
-            fixed=fixed,
-            watcher=watcher,
-            log_every=cfg.log_every,
-            progress=progress,
-            desc=f"train {cfg.mode} B={cfg.batch_size} on {env.device} {cfg.precision}",
-        )
-        loader = step_batches(
-            recipe,
-            dataset,
-            batches,
-            trainer.model.tokenizer,
-            start,
-            total,
-            rank=env.rank,
-            world_size=env.world_size,
-            num_workers=config.data.num_workers,
-        )
-
-        # -- the loop: step, log, checkpoint ------------------------------------------------------
-        stop = StopRequest()
-        with stop.installed(), log:
-            for step, batch in enumerate(loader, start=start):
-                digest = batch.digest() if env.is_main else None
-                try:
-                    result = trainer.step(batch)
-                except NonFinite as e:
-                    root = out / CHECKPOINTS
-                    raise _diverged(e, step, batch.digest(), batches, root, distill) from None
-                except torch.OutOfMemoryError:
-                    result = None  # explained below, once the failed step's memory is freed
-                if result is None:
-                    raise out_of_memory(config, trainer, step)
-                log.record(step, batches.epoch_of(step), digest, result, trainer.model)
-                done, interrupted = step + 1, stop.agreed(env)
-                if done % cfg.checkpoint_every == 0 or done == total or interrupted:
-                    path = trainer.checkpoint(out / CHECKPOINTS, done, cfg.keep_checkpoints)
-                    if interrupted:
-                        raise Interrupted(path)
-            log.finish()
-
-        # -- the final model ----------------------------------------------------------------------
-        trainer.save_model(out / MODEL, m.max_query_length, m.max_passage_length)
+        run = _set_up(config, env, resume, progress)
+        _loop(config, env, run)
+        m = config.model
+        run.trainer.save_model(out / MODEL, m.max_query_length, m.max_passage_length)
         distributed.barrier()
         return out / MODEL
     finally:
         distributed.teardown()
+
+
+def _set_up(config: Config, env: DistEnv, resume: bool, progress: bool) -> _Run:
+    """The data, the trainer (resumed from its last checkpoint when asked), the saved config,
+    the log and the loader of the steps to run."""
+    cfg, out = config.train, config.output_path
+    if cfg.batch_size % env.world_size != 0:
+        raise InputError(
+            f"train.batch_size ({cfg.batch_size}) must be divisible by the world size "
+            f"({env.world_size})"
+        )
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    _seed_everything(cfg.seed)
+    dataset, batches = training_data(config, env)
+    total = cfg.max_steps or batches.steps_per_epoch * cfg.epochs
+    trainer = build_trainer(config, env, total)
+    if env.is_main:  # once the model is there: a run that cannot start says that alone
+        _warn_if_a_gpu_config_found_no_gpu(config, env)
+    recipe = batch_recipe(config, trainer.model, trainer.length_bucket)
+    start = trainer.resume(out / CHECKPOINTS) if resume else 0
+    if start:
+        check_resumed_settings(config, out / "config.yaml", warn=env.is_main)
+    if env.is_main:
+        save_config(config, out / "config.yaml")
+    distill = distillation_of(config)
+    log = _log(config, env, trainer, distill, start, total, progress)
+    loader = step_batches(
+        recipe,
+        dataset,
+        batches,
+        trainer.model.tokenizer,
+        start,
+        total,
+        rank=env.rank,
+        world_size=env.world_size,
+        num_workers=config.data.num_workers,
+    )
+    return _Run(trainer, batches, loader, log, distill, start, total)
+
+
+def _log(config: Config, env: DistEnv, trainer, distill, start: int, total: int, progress: bool):
+    """The run's log: what each step records, and what the whole run holds fixed."""
+    cfg = config.train
+    fixed = {
+        "batch_size": cfg.batch_size,
+        "negatives_per_question": negatives_per_question(
+            cfg.mode,
+            cfg.batch_size,
+            trainer.chunk_size,
+            env.world_size,
+            1 + cfg.hard_negatives,
+            in_batch=distill is None or distill.weight > 0,
+        ),
+    }
+    watcher = make_watcher(config, env.device, start) if env.is_main else None
+    return TrainLog(
+        config.output_path,
+        env,
+        start=start,
+        total=total,
+        fixed=fixed,
+        watcher=watcher,
+        log_every=cfg.log_every,
+        progress=progress,
+        desc=f"train {cfg.mode} B={cfg.batch_size} on {env.device} {cfg.precision}",
+    )
+
+
+def _loop(config: Config, env: DistEnv, run: _Run) -> None:
+    """The steps: each one updates the model, is logged, and is checkpointed every
+    ``train.checkpoint_every`` steps, at the last, and when a stop is asked for."""
+    cfg, checkpoints, trainer = config.train, config.output_path / CHECKPOINTS, run.trainer
+    stop = StopRequest()
+    with stop.installed(), run.log:
+        for step, batch in enumerate(run.loader, start=run.start):
+            digest = batch.digest() if env.is_main else None
+            try:
+                result = trainer.step(batch)
+            except NonFinite as e:
+                diverged = _diverged(e, step, batch.digest(), run.batches, checkpoints, run.distill)
+                raise diverged from None
+            except torch.OutOfMemoryError:
+                result = None  # explained below, once the failed step's memory is freed
+            if result is None:
+                raise out_of_memory(config, trainer, step)
+            run.log.record(step, run.batches.epoch_of(step), digest, result, trainer.model)
+            done, interrupted = step + 1, stop.agreed(env)
+            if done % cfg.checkpoint_every == 0 or done == run.total or interrupted:
+                path = trainer.checkpoint(checkpoints, done, cfg.keep_checkpoints)
+                if interrupted:
+                    raise Interrupted(path)
+        run.log.finish()
 
 
 def _diverged(
@@ -182,82 +218,6 @@ def _warn_if_a_gpu_config_found_no_gpu(config: Config, env: DistEnv) -> None:
             "slowly; %s, or set train.device=cpu and train.precision=fp32",
             torch.__version__,
             fix,
-        )
-
-
-def _check_start(config: Config, resume: bool) -> None:
-    """A training file is given; a fresh run does not overwrite another run's checkpoints."""
-    training_files(config)
-    if not resume and latest_checkpoint(config.output_path / CHECKPOINTS) is not None:
-        raise InputError(
-            f"{config.output_path}: holds checkpoints of an earlier run; pass --resume to "
-            "continue it or choose another output_dir"
-        )
-
-
-# keys a resumed run may set anew: its steps compute the same without them
-RESUME_FREE = (
-    "output_dir",
-    "data.cache_dir",
-    "data.num_workers",
-    "data.passages",
-    "data.dev_qa",
-    "data.qrels",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.log_every",
-    "train.log_to",
-    "train.eval_every",
-    "train.eval_passages",
-    "train.eval_questions",
-    "index.",
-    "eval.",
-)
-# keys that change only the rounding of what the steps compute (the chunk sizes but under
-# accumulation, where a chunk bounds the negatives)
-RESUME_ROUNDING = (
-    "train.num_threads",
-    "train.memory_budget",
-    "train.loss_tile_size",
-    "train.keep_last_graph",
-    "train.length_order",
-    "train.length_bucket",
-    "model.gradient_checkpointing",
-)
-RESUME_CHUNKS = ("train.chunk_size", "train.p_chunk_size")
-# keys a resumed run takes from its checkpoint: the optimizer's state holds them
-RESUME_KEPT = ("train.lr", "train.weight_decay", "train.adam_eps")
-
-
-def _check_resumed_settings(config: Config, saved: Path, *, warn: bool) -> None:
-    """A resumed run's settings against its config.yaml (``saved``): InputError for one the
-    checkpoint keeps its own value of; with ``warn``, one warning naming the others that the
-    steps to come depend on beyond their rounding."""
-    if not saved.is_file():
-        return
-    try:
-        changed = changed_settings(saved, config)
-    except InputError as exc:
-        if warn:
-            logger.warning("--resume: the run's settings cannot be compared: %s", exc)
-        return
-    said = {key: f"{key} {before!r} -> {now!r}" for key, before, now in changed}
-    kept = [said[key] for key in RESUME_KEPT if key in said]
-    if kept:
-        raise InputError(
-            f"--resume: {'; '.join(kept)}: a resumed run keeps its optimizer's "
-            f"{', '.join(RESUME_KEPT)} from its checkpoint: set them back, or train afresh in "
-            "another output_dir"
-        )
-    free = RESUME_FREE + RESUME_ROUNDING
-    if config.train.mode != "accumulate":
-        free += RESUME_CHUNKS
-    rest = [text for key, text in said.items() if not key.startswith(free)]
-    if rest and warn:
-        logger.warning(
-            "--resume with settings other than the run's (%s): the steps to come follow the new "
-            "ones, so the model is not the one an unbroken run would train",
-            "; ".join(rest),
         )
 
 
