@@ -447,6 +447,8 @@ def takes(key: str, one: bool = False) -> str:
     if key in _TAKES:
         return _TAKES[key]
     _, field = _field_at(tuple(key.split(".")))
+    if field is None:  # a section
+        return f"a section (a mapping of {_keys_of(key)}){_or_null(key)}"
     rules = [
         f"{word} {_number(getattr(rule, name))}"
         for rule in field.metadata
@@ -476,7 +478,7 @@ def _one_line(error: ValidationError, source: str, overridden: set[str]) -> str:
             key = ".".join(str(p) for p in item["loc"])
             part = f"unknown key '{key}'{_did_you_mean(item['loc'])}"
         elif field is None and item["type"] == "model_type":  # a section given as a value
-            part = f"{key} takes a section (a mapping of {_keys_of(key)}){_or_null(key)}{shown}"
+            part = f"{key} takes {takes(key)}{shown}"
         elif field is None:  # a rule joining keys: its message names them
             named = re.match(r"[a-z_]+\.[a-z_]+\b", message)
             part = message if named else f"{key or '(top level)'}: {message}"

@@ -180,7 +180,7 @@ def test_changed_settings_of_a_file_that_is_no_config_is_one_line(tmp_path, text
         ),
         ("train.lr=-1", "--set: train.lr takes a number > 0 (got -1)"),
         ("train.batch_size=many", "--set: train.batch_size takes an integer >= 1 (got 'many')"),
-        ("model.pooling=max", "--set: model.pooling takes 'cls' or 'mean' (got 'max')"),
+        ("model.pooling=max", "--set: model.pooling takes 'cls', 'mean' or 'last' (got 'max')"),
         ("model.dropout=2", "--set: model.dropout takes a number >= 0 and < 1 or null (got 2)"),
         ("model.shared=maybe", "--set: model.shared takes true or false (got 'maybe')"),
         ("data.train=5", "--set: data.train takes a string, a list of strings or null (got 5)"),
