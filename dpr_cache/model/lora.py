@@ -13,7 +13,10 @@ it swaps the base's. A saved tower folder holds ``adapter_config.json`` and
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +82,8 @@ def add_lora(tower: nn.Module, lora: Any) -> nn.Module:
         target_modules=lora.target_modules,
         bias="none",
     )
-    return get_peft_model(tower, config, autocast_adapter_dtype=True)
+    with _quiet_peft():
+        return get_peft_model(tower, config, autocast_adapter_dtype=True)
 
 
 def adapter_base(folder: Path) -> str:
@@ -92,10 +96,22 @@ def load_adapters(base: nn.Module, folder: Path, trainable: bool = False) -> nn.
     """``base`` with the adapters saved in ``folder`` (peft's format), trainable or frozen."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(base, str(folder), is_trainable=trainable)
+    with _quiet_peft():
+        return PeftModel.from_pretrained(base, str(folder), is_trainable=trainable)
 
 
 def merged(tower: nn.Module) -> nn.Module:
     """The plain Hugging Face model with ``tower``'s adapters merged into its weights (a tower
     without adapters as it is)."""
     return tower.merge_and_unload() if has_adapters(tower) else tower
+
+
+@contextlib.contextmanager
+def _quiet_peft() -> Iterator[None]:
+    """peft reads transformers' ``is_gradient_checkpointing``, whose deprecation warning would
+    print on every load: silenced here alone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
+        )
+        yield
