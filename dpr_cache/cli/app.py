@@ -139,6 +139,14 @@ ConfigMemoryOpt = Annotated[  # index's, over its config's key
 ]
 
 
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+NprobeOpt = Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")]
+EfSearchOpt = Annotated[int, typer.Option(help="HNSW search breadth (an HNSW index).")]
+AUTOCAST = (
+    "auto (bf16 on a GPU from compute capability 8.0, else fp16; fp32 on CPU), fp32, bf16 or fp16"
+)
+
+
 def _fail(message: str, code: int = 2) -> None:
     _say(f"error: {message}")
     raise typer.Exit(code)

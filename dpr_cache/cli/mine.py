@@ -10,8 +10,12 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import (
+    AUTOCAST,
     Command,
+    EfSearchOpt,
     MemoryOpt,
+    NprobeOpt,
+    QuietOpt,
     app,
     check_inputs,
     check_search_flags,
@@ -88,23 +92,18 @@ def mine(
         str,
         typer.Option(
             help="The autocast of --ranker model's question encoder and of a cross-encoder "
-            "teacher: auto (bf16 on a GPU from compute capability 8.0, else fp16; fp32 on "
-            "CPU), fp32, bf16 or fp16."
+            f"teacher: {AUTOCAST}."
         ),
     ] = "auto",
     batch: Annotated[
         int, typer.Option(help="Questions per part (resumable unit).")
     ] = MineSpec.batch,
     memory_gb: MemoryOpt = default_of("index.memory_gb"),
-    nprobe: Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")] = default_of(
-        "index.ivf_nprobe"
-    ),
-    ef_search: Annotated[
-        int, typer.Option(help="HNSW search breadth (an HNSW index).")
-    ] = default_of("index.hnsw_ef_search"),
+    nprobe: NprobeOpt = default_of("index.ivf_nprobe"),
+    ef_search: EfSearchOpt = default_of("index.hnsw_ef_search"),
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = default_of("eval.device"),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Hard negatives for a training file: the best-ranked passages that are not positives,
     hold no answer and are not judged relevant. With --ranker model, the model's own over its
@@ -123,17 +122,15 @@ def mine(
     from dpr_cache.retrieval.drivers.mine import RankerSpec, format_summary, mine_file
     from dpr_cache.retrieval.teacher import TeacherSpec
 
-    if match not in ("string", "regex", "none"):
-        raise InputError(f"--match: {match!r} is not one of string, regex, none")
     if teacher is None and fusion_weight is not None:
         raise InputError("--fusion-weight is the hybrid teacher's: give --teacher hybrid")
     check_search_flags(memory_gb, nprobe, ef_search)
-    rules = NegativeRules(
-        None if match == "none" else match,
-        margin,
-        relative_margin,
-        teacher_margin,
-        teacher_relative,
+    rules = NegativeRules.from_flag(
+        match,
+        margin=margin,
+        relative_margin=relative_margin,
+        teacher_margin=teacher_margin,
+        teacher_relative=teacher_relative,
     )
     taught = None
     if teacher is not None:  # --precision is a cross-encoder's; bm25 and hybrid score in fp32

@@ -14,6 +14,7 @@ from dpr_cache.cli.app import (
     ConfigMemoryOpt,
     ConfigOpt,
     ModelOpt,
+    QuietOpt,
     SetOpt,
     app,
     guarded,
@@ -32,7 +33,7 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the last checkpoint.")
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Train a DPR bi-encoder (gradcache | full | accumulate); writes output_dir/model.
 
@@ -66,7 +67,7 @@ def index(
     type_: TypeOpt = None,
     nlist: Annotated[int | None, typer.Option(help="IVF lists (default index.ivf_nlist).")] = None,
     pq_m: Annotated[int | None, typer.Option(help="PQ sub-vectors (default index.pq_m).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Index data.passages (--config) or precomputed shards (--embeddings GLOB --out DIR).
 
@@ -109,7 +110,7 @@ def eval_(
     out: Annotated[
         Path | None, typer.Option(help="Where the results go (default output_dir/eval).")
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Search data.dev_qa questions, judge them (DPR's answer match, or data.qrels), print the
     metrics; writes retrieval.json, retrieval.pyserini.json, run.trec, metrics.json,

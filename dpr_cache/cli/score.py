@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, check_inputs, guarded
+from dpr_cache.cli.app import Command, QuietOpt, app, check_inputs, guarded
 from dpr_cache.config import default_of
 
 
@@ -48,7 +48,7 @@ def score(
     batch: Annotated[int, typer.Option(help="Records per part (resumable unit).")] = 1024,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = default_of("eval.device"),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """A teacher's score on each positive and hard negative of a training file, as
     teacher_score, for train.loss distill_kl or margin_mse.

@@ -7,9 +7,19 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, MemoryOpt, app, check_inputs, check_search_flags, guarded
+from dpr_cache.cli.app import (
+    AUTOCAST,
+    Command,
+    EfSearchOpt,
+    MemoryOpt,
+    NprobeOpt,
+    QuietOpt,
+    app,
+    check_inputs,
+    check_search_flags,
+    guarded,
+)
 from dpr_cache.config import check_flags, default_of
-from dpr_cache.errors import InputError
 
 
 @app.command(cls=Command)
@@ -42,12 +52,9 @@ def encode(
     ),
     precision: Annotated[
         str,
-        typer.Option(
-            help="The encoder's autocast: auto (bf16 on a GPU from compute capability 8.0, "
-            "else fp16; fp32 on CPU), fp32, bf16 or fp16."
-        ),
+        typer.Option(help=f"The encoder's autocast: {AUTOCAST}."),
     ] = default_of("index.precision"),
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Embedding shards (X.npy + X.ids.txt) of a passages TSV or a questions file.
 
@@ -103,22 +110,15 @@ def search(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model folder for --questions.")] = None,
     memory_gb: MemoryOpt = default_of("index.memory_gb"),
-    nprobe: Annotated[int, typer.Option(help="IVF lists searched.")] = default_of(
-        "index.ivf_nprobe"
-    ),
-    ef_search: Annotated[int, typer.Option(help="HNSW search breadth.")] = default_of(
-        "index.hnsw_ef_search"
-    ),
+    nprobe: NprobeOpt = default_of("index.ivf_nprobe"),
+    ef_search: EfSearchOpt = default_of("index.hnsw_ef_search"),
     tag: Annotated[str, typer.Option(help="The run's name in its last column.")] = "dpr-cache",
     device: Annotated[
         str, typer.Option(help="Where --questions are encoded: auto, cpu or cuda.")
     ] = default_of("eval.device"),
     precision: Annotated[
         str,
-        typer.Option(
-            help="The question encoder's autocast: auto (bf16 on a GPU from compute "
-            "capability 8.0, else fp16; fp32 on CPU), fp32, bf16 or fp16."
-        ),
+        typer.Option(help=f"The question encoder's autocast: {AUTOCAST}."),
     ] = default_of("eval.precision"),
     fusion: Annotated[
         str, typer.Option(help="none, linear (BM25 + weight x dense) or rrf, with BM25.")
@@ -175,28 +175,3 @@ def search(
     )
     if path is not None:
         print(f"run written to {path}")
-
-
-@app.command(cls=Command)
-@guarded
-def export(
-    model: Annotated[str, typer.Option("--model", help="A saved dpr-cache model folder.")],
-    out: Annotated[Path, typer.Option(help="Output folder.")],
-    format_: Annotated[str, typer.Option("--format", help="dpr-hf: HF's DPR classes.")] = "dpr-hf",
-) -> None:
-    """Write the model for another tool (dpr-hf: HF's DPRQuestionEncoder / DPRContextEncoder).
-
-    OUT/question_encoder and OUT/ctx_encoder, with their tokenizers; CLS pooling only.
-    Example: dpr-cache export --format dpr-hf --model runs/toy-cls/model --out runs/toy-cls/dpr-hf
-    """
-    from dpr_cache.model.dpr_formats import DPR_HF_FOLDERS, export_dpr_hf
-    from dpr_cache.model.loading import load_encoder, resolve_model_dir
-    from dpr_cache.runtime.atomic import check_output_folder, write_dir_atomic
-
-    if format_ != "dpr-hf":
-        raise InputError(f"--format: {format_!r} is not a known format (dpr-hf)")
-    model_dir = resolve_model_dir(model, Path("."))
-    check_output_folder(out, {"the model (--model)": model_dir}, DPR_HF_FOLDERS)
-    encoder = load_encoder(model_dir)
-    write_dir_atomic(out, lambda tmp: export_dpr_hf(encoder, tmp))
-    print(f"exported to {out}")

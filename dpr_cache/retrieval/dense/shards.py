@@ -7,6 +7,7 @@ settled by :func:`~dpr_cache.model.loading.load_settled`."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -32,6 +33,7 @@ from dpr_cache.runtime.device import resolve_precision
 
 __all__ = [
     "EncodedShards",
+    "PassageSource",
     "encode_passage_shards",
     "passages_signature",
     "shard_path",
@@ -170,44 +172,53 @@ def passages_signature(path: Path) -> dict[str, Any]:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+@dataclass(frozen=True)
+class PassageSource:
+    """What a corpus is encoded from and how: the passages TSV (read through its Arrow cache in
+    ``cache_dir``), the model folder, its encoding settled from ``asked`` and ``fallback``
+    (:func:`~dpr_cache.model.loading.load_settled`), the tokens kept (None: the model's saved
+    length, else ``model.max_passage_length``'s default) and the tokenizing processes ahead."""
+
+    passages: Path
+    model_dir: Path
+    asked: Mapping[str, Any]
+    fallback: Mapping[str, Any]
+    max_length: int | None
+    num_workers: int
+    cache_dir: Path
+
+
 def encode_passage_shards(
-    passages: Path,
-    model_dir: Path,
+    source: PassageSource,
     shard_dir: Path,
     index: IndexConfig,
     *,
-    asked: Mapping[str, Any],
-    fallback: Mapping[str, Any],
-    max_length: int | None,
-    num_workers: int,
     device: torch.device,
-    cache_dir: Path,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
     check: Callable[[int, int], None] | None = None,
 ) -> EncodedShards:
-    """Encode this rank's missing shards of ``passages`` (shard k is rank ``k % world_size``'s)
-    into ``shard_dir`` as ``index.*`` says; rank 0 then waits for every shard. The model's
-    encoding is settled from ``asked`` and ``fallback``
-    (:func:`~dpr_cache.model.loading.load_settled`); passages are cut at ``max_length`` (None:
-    the model's saved length, else ``model.max_passage_length``'s default) and tokenized
-    ``num_workers`` processes ahead.
-    ``check(rows, dim)`` runs before any encoding (e.g. that the index type suits the corpus).
-    ``index.precision`` is resolved for ``device`` first: the shards' key and what is returned
-    hold fp32, bf16 or fp16, never ``auto``."""
+    """Encode this rank's missing shards of ``source``'s passages (shard k is rank
+    ``k % world_size``'s) into ``shard_dir`` as ``index.*`` says; rank 0 then waits for every
+    shard. ``check(rows, dim)`` runs before any encoding (e.g. that the index type suits the
+    corpus). ``index.precision`` is resolved for ``device`` first: the shards' key and what is
+    returned hold fp32, bf16 or fp16, never ``auto``."""
     start = time.perf_counter()
-    dataset = load_passages(passages, cache_dir)
+    dataset = load_passages(source.passages, source.cache_dir)
     open_seconds = time.perf_counter() - start
     n = len(dataset)
     if n == 0:
-        raise InputError(f"{passages}: no passages")
-    model = load_settled(model_dir, asked, fallback).to(device)
+        raise InputError(f"{source.passages}: no passages")
+    model = load_settled(source.model_dir, source.asked, source.fallback).to(device)
     if check is not None:
         check(n, model.dim)
-    length = max_length or model.max_passage_length or default_of("model.max_passage_length")
+    length = source.max_length or model.max_passage_length or default_of("model.max_passage_length")
     precision = resolve_precision(index.precision, device)
-    fingerprint, signature = model_fingerprint(model_dir), passages_signature(passages)
+    fingerprint, signature = (
+        model_fingerprint(source.model_dir),
+        passages_signature(source.passages),
+    )
     key = shard_key(
         fingerprint,
         signature,
@@ -222,42 +233,30 @@ def encode_passage_shards(
     shard_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # other ranks only write this key's files; their tmp files must survive
         remove_stale(shard_dir, key, temporary=world_size == 1)
-    size = index.shard_size
-    sizes = [min(size, n - k * size) for k in range(math.ceil(n / size))]
+    sizes = _shard_sizes(n, index.shard_size)
     mine = [
-        (shard_path(shard_dir, key, k), k * size, sizes[k])
+        (shard_path(shard_dir, key, k), k * index.shard_size, sizes[k])
         for k in range(rank, len(sizes), world_size)
         if not shard_done(shard_dir, key, k, sizes[k])
     ]
+    encode = functools.partial(
+        encode_corpus,
+        model,
+        dataset,
+        mine,
+        max_length=length,
+        batch_size=index.batch_size,
+        device=device,
+        precision=precision,
+        store_dtype=index.store_dtype,
+        num_workers=source.num_workers,
+    )
     todo = sum(rows for _, _, rows in mine)
-    bar = tqdm(total=todo, unit="psg", desc=f"encode passages (rank {rank})", disable=not progress)
-    start = time.perf_counter()
-    first_batch: list[tuple[float, int]] = []
-
-    def on_batch(rows: int) -> None:
-        if not first_batch:
-            first_batch.append((time.perf_counter() - start, rows))
-        bar.update(rows)
-
-    with bar:
-        encode_corpus(
-            model,
-            dataset,
-            mine,
-            max_length=length,
-            batch_size=index.batch_size,
-            device=device,
-            precision=precision,
-            store_dtype=index.store_dtype,
-            num_workers=num_workers,
-            on_batch=on_batch,
-        )
-    seconds = time.perf_counter() - start
+    seconds, first_batch = _with_progress(encode, todo, f"encode passages (rank {rank})", progress)
     if rank == 0:
         wait_for_shards(shard_dir, key, sizes)
-    paths = [shard_path(shard_dir, key, k) for k in range(len(sizes))]
     return EncodedShards(
-        paths,
+        [shard_path(shard_dir, key, k) for k in range(len(sizes))],
         key,
         fingerprint,
         signature,
@@ -268,5 +267,29 @@ def encode_passage_shards(
         todo,
         seconds,
         open_seconds,
-        first_batch[0] if first_batch else None,
+        first_batch,
     )
+
+
+def _shard_sizes(rows: int, shard_size: int) -> list[int]:
+    """The rows of each shard of a corpus of ``rows`` passages."""
+    return [min(shard_size, rows - k * shard_size) for k in range(math.ceil(rows / shard_size))]
+
+
+def _with_progress(
+    encode: Callable[..., None], todo: int, desc: str, progress: bool
+) -> tuple[float, tuple[float, int] | None]:
+    """Run ``encode(on_batch=...)`` under a progress bar of ``todo`` passages: its seconds, and
+    the seconds to its first batch with that batch's passages (None when nothing was left)."""
+    bar = tqdm(total=todo, unit="psg", desc=desc, disable=not progress)
+    start = time.perf_counter()
+    first_batch: list[tuple[float, int]] = []
+
+    def on_batch(rows: int) -> None:
+        if not first_batch:
+            first_batch.append((time.perf_counter() - start, rows))
+        bar.update(rows)
+
+    with bar:
+        encode(on_batch=on_batch)
+    return time.perf_counter() - start, first_batch[0] if first_batch else None

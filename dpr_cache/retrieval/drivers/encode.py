@@ -18,7 +18,7 @@ from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.dense.questions import QuestionRun, question_tower, question_vectors
-from dpr_cache.retrieval.dense.shards import encode_passage_shards
+from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shards
 from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.atomic import write_json_atomic
 from dpr_cache.runtime.lock import output_lock
@@ -90,19 +90,10 @@ def encode_file(
             record = {"model": str(model_dir), "questions": str(questions)}
             write_json_atomic(out / "encode.json", {**record, **used})
             return [out / QUESTIONS]
-        encoded = encode_passage_shards(
-            Path(passages),
-            model_dir,
-            out,
-            index,
-            asked={"pooling": pooling},
-            fallback={},
-            max_length=max_length,
-            num_workers=num_workers,
-            device=device,
-            cache_dir=cache_dir,
-            progress=progress,
+        source = PassageSource(
+            Path(passages), model_dir, {"pooling": pooling}, {}, max_length, num_workers, cache_dir
         )
+        encoded = encode_passage_shards(source, out, index, device=device, progress=progress)
         record = {"model": str(model_dir), "passages": str(passages), "shard_key": encoded.key}
         record.update(
             encoded.settings(index, num_workers),

@@ -22,7 +22,6 @@ import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +32,7 @@ from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.dense.faiss_index import check_index_spec
 from dpr_cache.retrieval.dense.index import finish_index, index_dir_of
 from dpr_cache.retrieval.dense.questions import config_encoding
-from dpr_cache.retrieval.dense.shards import encode_passage_shards
+from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shards
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.retrieval.drivers.overrides import refuse_train_keys
 from dpr_cache.runtime import distributed
@@ -58,18 +57,21 @@ def build_index(
     if not config.data.passages:
         raise InputError("data.passages: not set (a DPR passages TSV)")
     asked, fallback = config_encoding(config.model)
+    source = PassageSource(
+        Path(config.data.passages),
+        model_dir,
+        asked,
+        fallback,
+        config.model.max_passage_length,
+        config.data.num_workers,
+        config.cache_path,
+    )
     with output_lock(index_dir_of(config.output_path)):
         return index_passages(
-            Path(config.data.passages),
-            model_dir,
+            source,
             index_dir_of(config.output_path),
             config.index,
-            asked=asked,
-            fallback=fallback,
-            max_length=config.model.max_passage_length,
-            num_workers=config.data.num_workers,
             device=resolve_device(config.index.device, key="index.device"),
-            cache_dir=config.cache_path,
             rank=rank,
             world_size=world_size,
             progress=progress,
@@ -77,38 +79,25 @@ def build_index(
 
 
 def index_passages(
-    passages: Path,
-    model_dir: Path,
+    source: PassageSource,
     out: Path,
     index: IndexConfig,
     *,
-    asked: dict[str, Any],
-    fallback: dict[str, Any],
-    max_length: int | None,
-    num_workers: int,
     device: torch.device,
-    cache_dir: Path,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
 ) -> Path:
-    """Encode ``passages`` into ``out/shards`` (the encoding settled from ``asked`` and
-    ``fallback``, see :func:`~dpr_cache.retrieval.dense.shards.encode_passage_shards`) and, on
-    rank 0, finish the ``index.type`` over them within ``index.memory_gb`` (see
-    :func:`finish_index`). meta.json records the model's encoding (how its questions must be
-    encoded) and the precision the passages were encoded in (an ``auto`` as resolved on
-    ``device``)."""
+    """Encode ``source``'s passages into ``out/shards`` (see
+    :func:`~dpr_cache.retrieval.dense.shards.encode_passage_shards`) and, on rank 0, finish the
+    ``index.type`` over them within ``index.memory_gb`` (see :func:`finish_index`). meta.json
+    records the model's encoding (how its questions must be encoded) and the precision the
+    passages were encoded in (an ``auto`` as resolved on ``device``)."""
     encoded = encode_passage_shards(
-        passages,
-        model_dir,
+        source,
         out / "shards",
         index,
-        asked=asked,
-        fallback=fallback,
-        max_length=max_length,
-        num_workers=num_workers,
         device=device,
-        cache_dir=cache_dir,
         rank=rank,
         world_size=world_size,
         progress=progress,
@@ -118,7 +107,7 @@ def index_passages(
         return out
     extra = {
         "model": {
-            "dir": str(model_dir),
+            "dir": str(source.model_dir),
             "fingerprint": encoded.fingerprint,
             **encoded.encoding.record(),
             "passage_prefix": encoded.passage_prefix,
@@ -127,7 +116,7 @@ def index_passages(
         },
         "passages": encoded.signature,
         "shard_key": encoded.key,
-        "encode": encoded.settings(index, num_workers),
+        "encode": encoded.settings(index, source.num_workers),
         "timings": encoded.timings(),  # this run, rank 0
     }
     finish_index(out, EmbeddingStore.open(encoded.paths), index, extra)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpr_cache.config import default_of
+from dpr_cache.config import check_flags, default_of, takes
 from dpr_cache.data.answers import has_answer
 from dpr_cache.errors import InputError
 
@@ -39,6 +39,20 @@ class NegativeRules:
     relative_margin: float | None = None
     teacher_margin: float | None = None
     teacher_relative: float | None = None
+
+    @classmethod
+    def from_flag(cls, match: str, **margins: float | None) -> NegativeRules:
+        """The rules as ``mine``'s flags give them: ``match`` is eval.match's values or
+        ``none`` (answers not looked at); an InputError naming ``--match`` otherwise."""
+        if match == "none":
+            return cls(None, **margins)
+        try:
+            check_flags("eval", {"--match": ("match", match)})
+        except InputError:
+            raise InputError(
+                f"--match: {match!r} is not one of {takes('eval.match')} or 'none'"
+            ) from None
+        return cls(match, **margins)
 
     @property
     def by_teacher(self) -> bool:
