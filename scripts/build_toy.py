@@ -1,5 +1,5 @@
 """Build data/toy/ from the SQuAD v1.1 dev split in DPR's formats: corpus, train file, dev qas,
-tiny BERT, tiny cross-encoder.
+tiny BERT, tiny cross-encoder, tiny decoders.
 
 The source is what ``dpr-cache data squad`` writes to data/squad/ from the shipped
 ``dev-v1.1.json.gz``. Run from the repo root with the package installed:
@@ -25,6 +25,8 @@ sys.path.insert(0, str(ROOT))  # the tiny BERT builder lives with the tests that
 from dpr_cache.data.answers import has_answer, tokenize  # noqa: E402
 from dpr_cache.runtime.atomic import write_dir_atomic  # noqa: E402
 from tests.support.tiny_bert import build_tiny_bert, build_tiny_cross_encoder  # noqa: E402
+from tests.support.tiny_decoder import KINDS as DECODER_KINDS  # noqa: E402
+from tests.support.tiny_decoder import build_tiny_decoder  # noqa: E402
 
 DEFAULT_SRC = ROOT / "data" / "squad"
 DEFAULT_OUT = ROOT / "data" / "toy"
@@ -202,6 +204,12 @@ this folder:
   2 layers, 2 heads, 256 positions, weights drawn with std 0.5 so that its scores spread over about
   a unit, seed 0) and a copy of tiny-bert's tokenizer: a teacher for `dpr-cache score` in the
   tests (`tests.support.tiny_bert.build_tiny_cross_encoder`). Its scores mean nothing.
+- **tiny-llama/**, **tiny-qwen2/**: random-init decoder LLMs shaped as Llama and Qwen2 (hidden
+  32, 2 layers, 4 query and 2 key-value heads, 256 positions, seed 0, saved as `*ForCausalLM`)
+  with byte-level BPE vocabularies (512 tokens) learned on the same texts; Llama's tokenizer puts
+  BOS first, has no pad token and pads on the left, Qwen2's pads with its EOS on the right: the
+  towers of `configs/toy_llm.yaml` and the decoder tests (`tests.support.tiny_decoder`,
+  `scripts/build_tiny_decoders.py` rebuilds them alone).
 
 ## Files
 
@@ -212,6 +220,7 @@ this folder:
 | `dev.qa.tsv` | {n_dev} | DPR qas: `question<TAB>["answer", ...]`, no header |
 | `tiny-bert/` | - | Hugging Face folder: `AutoModel` / `AutoTokenizer` load it offline |
 | `tiny-cross-encoder/` | - | Hugging Face folder for `AutoModelForSequenceClassification` |
+| `tiny-llama/`, `tiny-qwen2/` | - | Hugging Face causal LM folders: `AutoModel` loads the base |
 
 {n_full} of {n_train} train questions have {hard} hard negatives.
 """
@@ -246,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         texts = [text for _, text, _ in corpus] + list(ARTICLES) + [q["question"] for q in train]
         build_tiny_bert(texts, out / "tiny-bert")
         build_tiny_cross_encoder(out / "tiny-bert", out / "tiny-cross-encoder")
+        for kind in DECODER_KINDS:
+            build_tiny_decoder(texts, out / f"tiny-{kind}", kind=kind)
         (out / "README.md").write_text(
             README.format(
                 n_articles=len(ARTICLES),
