@@ -104,14 +104,17 @@ def step_batches(
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no decay on biases and LayerNorm weights (as DPR and BERT do)."""
+    """AdamW groups: no decay on biases and norm weights (as DPR and BERT do; a decoder's
+    RMSNorm weights, named ``input_layernorm`` or ``norm``, are vectors as LayerNorm's are). Only
+    what trains is grouped: with LoRA, the adapters."""
     decay, no_decay, seen = [], [], set()
     for name, param in model.named_parameters():
         if id(param) in seen or not param.requires_grad:
             continue
         seen.add(id(param))
         lowered = name.lower()
-        skip = name.endswith("bias") or "layernorm" in lowered or "layer_norm" in lowered
+        norm = "layernorm" in lowered or "layer_norm" in lowered or param.dim() < 2
+        skip = name.endswith("bias") or norm
         (no_decay if skip else decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay},

@@ -173,3 +173,17 @@ def test_flash_attention_where_not_installed_is_refused():
         BiEncoder.from_pretrained(DECODERS["llama"], attn_implementation="flash_attention_2")
     eager = BiEncoder.from_pretrained(DECODERS["llama"], attn_implementation="eager")
     assert eager.query_encoder.config._attn_implementation == "eager"
+
+
+def test_a_decoders_norm_weights_take_no_weight_decay():
+    model = BiEncoder.from_pretrained(DECODERS["llama"], shared=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = (
+        {names[id(p)] for p in group["params"]} for group in param_groups(model, 0.01)
+    )
+    assert {n.split(".")[-2] for n in no_decay} == {
+        "input_layernorm",
+        "post_attention_layernorm",
+        "norm",
+    }
+    assert all(n.endswith("proj.weight") or "embed" in n for n in decay)
