@@ -1,12 +1,12 @@
 """The project's own error types. The CLI maps each to one line on stderr and an exit code:
-:class:`InputError` exits 2, :class:`Diverged` 3, :class:`Interrupted` 130; anything else keeps its
-own message."""
+:class:`InputError` exits 2, :class:`Diverged` 3, :class:`OutOfDeviceMemory` 1,
+:class:`Interrupted` 130; anything else keeps its own message."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["InputError", "Interrupted", "Diverged"]
+__all__ = ["InputError", "Interrupted", "Diverged", "OutOfDeviceMemory"]
 
 
 class InputError(ValueError):
@@ -24,3 +24,8 @@ class Interrupted(Exception):
 class Diverged(ArithmeticError):
     """Training met a loss or gradient that is not finite (fp32, bf16): the message names the
     step and its batch, and the last checkpoint, which is left as it was."""
+
+
+class OutOfDeviceMemory(RuntimeError):
+    """A command's work ran out of GPU memory: the message says what the GPU holds and the
+    setting of that work to lower (:func:`dpr_cache.runtime.device.advises_on_out_of_memory`)."""

@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from dpr_cache.errors import Diverged, InputError, Interrupted
+from dpr_cache.errors import Diverged, InputError, Interrupted, OutOfDeviceMemory
 from dpr_cache.runtime.memory import HEADROOM_GB
 from dpr_cache.runtime.quiet import quiet_libraries
 
@@ -172,6 +172,8 @@ def guarded(func):
             _fail(str(exc), 2)
         except Diverged as exc:
             _fail(str(exc), 3)
+        except OutOfDeviceMemory as exc:  # the work's own advice: the setting to lower
+            _fail(f"{func.__name__.rstrip('_')}: {exc}", 1)
         except Interrupted as exc:
             _say(str(exc))
             raise typer.Exit(130) from None
@@ -205,20 +207,11 @@ _KEPT = {
     "data nq": ": the bytes downloaded are kept, and the same command goes on from them",
 }
 
-# the setting that sets how much each command puts on the GPU at once
-_GPU_BATCH = {
-    "eval": "eval.batch_size",
-    "index": "index.batch_size",
-    "encode": "--batch-size",
-    "score": "--batch-size",
-    "train": "train.chunk_size",
-    "verify": "train.batch_size",
-}
-
 
 def _out_of_device_memory(error: RuntimeError, command: str) -> str | None:
-    """One line for ``command`` run out of GPU memory (training's steps have their own, which
-    names a chunk that fits); None for any other error."""
+    """One line for ``command`` run out of GPU memory outside the work that names its own
+    setting to lower (:func:`~dpr_cache.runtime.device.advises_on_out_of_memory`); None for
+    any other error."""
     if "torch" not in sys.modules:
         return None
     from dpr_cache.runtime.device import out_of_memory_state
@@ -226,12 +219,7 @@ def _out_of_device_memory(error: RuntimeError, command: str) -> str | None:
     state = out_of_memory_state(error)
     if state is None:
         return None
-    advice = "free the GPU of other processes"
-    if command in _GPU_BATCH:
-        advice += f", or lower {_GPU_BATCH[command]}"
-    elif command in ("search", "mine"):  # no batch setting of their own: the CPU is the other way
-        advice += ", or run it with --device cpu"
-    return f"{command}: {state}: {advice}"
+    return f"{command}: {state}: free the GPU of other processes"
 
 
 def check_inputs(**options: Path | None) -> None:

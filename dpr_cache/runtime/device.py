@@ -5,13 +5,14 @@ device preference or a precision name."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import traceback
 
 import torch
 
-from dpr_cache.errors import InputError
+from dpr_cache.errors import InputError, OutOfDeviceMemory
 
 __all__ = [
     "PRECISIONS",
@@ -128,3 +129,27 @@ def out_of_memory_state(error: BaseException) -> str | None:
         f"{name} (cuda:{index}) ran out of memory: {free / 1e9:.2f} of {total / 1e9:.1f} GB free "
         f"now, this process held at most {held / 1e9:.2f} GB"
     )
+
+
+def advises_on_out_of_memory(way_out: str):
+    """A decorator for a command's work: a CUDA out-of-memory error it raises becomes
+    :class:`~dpr_cache.errors.OutOfDeviceMemory`, one line saying what the GPU holds (see
+    :func:`out_of_memory_state`) and ``way_out`` beside freeing the GPU (e.g. ``"lower
+    eval.batch_size"``, the setting that bounds what that work puts on the GPU at once)."""
+
+    def decorate(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            try:
+                return func(*args, **kwargs)
+            except RuntimeError as exc:
+                state = out_of_memory_state(exc)
+                if state is None:
+                    raise
+                advice = f"free the GPU of other processes, or {way_out}"
+                raise OutOfDeviceMemory(f"{state}: {advice}") from None
+
+        wrapper.way_out = way_out
+        return wrapper
+
+    return decorate

@@ -25,7 +25,7 @@ from dpr_cache.core.distill import Distillation
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.device import deterministic_kernels
+from dpr_cache.runtime.device import advises_on_out_of_memory, deterministic_kernels
 from dpr_cache.runtime.distributed import DistEnv, any_rank
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.train.checkpoint import latest_checkpoint
@@ -52,6 +52,7 @@ CHECKPOINTS, MODEL = "checkpoints", "model"
 logger = logging.getLogger(__name__)
 
 
+@advises_on_out_of_memory("lower train.chunk_size")
 def train(config: Config, *, resume: bool = False, progress: bool = True) -> Path:
     """Train per ``config``; return ``output_dir/model``. Raises InputError on bad input, and
     when another command holds ``output_dir``."""

@@ -14,7 +14,7 @@ import torch
 from dpr_cache.config import Config
 from dpr_cache.core.distill import Distillation
 from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
-from dpr_cache.runtime.device import resolve_device
+from dpr_cache.runtime.device import advises_on_out_of_memory, resolve_device
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
 from dpr_cache.train.trainer import (
@@ -75,6 +75,7 @@ def compare_steps(
     return results
 
 
+@advises_on_out_of_memory("lower train.batch_size")
 def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, object]:
     """Full batch vs GradCache on the batch of ``step``; returns the figures it prints."""
     cfg, m = config.train, config.model

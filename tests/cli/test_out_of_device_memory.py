@@ -9,11 +9,15 @@ is ``tests/cuda``'s and the GPU suite's.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from dpr_cache.cli import app
+from dpr_cache.errors import OutOfDeviceMemory
+from dpr_cache.runtime.device import advises_on_out_of_memory
 
 GB = 10**9
 CUDA_MESSAGE = (
@@ -47,8 +51,8 @@ def _fails_with(monkeypatch, target: str, error: BaseException):
 
 
 def _encode_failing_with(monkeypatch, tmp_path, error: BaseException):
-    """``dpr-cache encode`` of the toy passages, its work raising ``error``."""
-    _fails_with(monkeypatch, "dpr_cache.retrieval.drivers.encode.encode_file", error)
+    """``dpr-cache encode`` of the toy passages, its encoding raising ``error``."""
+    _fails_with(monkeypatch, "dpr_cache.retrieval.drivers.encode.encode_passage_shards", error)
     args = ["--model", "data/toy/tiny-bert", "--passages", "data/toy/passages.tsv"]
     return CliRunner().invoke(app, ["encode", *args, "--out", str(tmp_path), "--device", "cpu"])
 
@@ -69,8 +73,9 @@ def test_encode_out_of_gpu_memory_is_one_line_with_what_the_gpu_holds(
 def test_eval_names_its_own_batch_setting(full_gpu, monkeypatch, tmp_path):
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    _fails_with(monkeypatch, "dpr_cache.retrieval.drivers.eval.eval_command", error)
+    _fails_with(monkeypatch, "dpr_cache.retrieval.drivers.eval.evaluate", error)
     args = ["--config", "configs/toy.yaml", "--set", f"output_dir={tmp_path}"]
+    args += ["--set", "eval.device=cpu"]
     result = CliRunner().invoke(app, ["eval", *args])
     assert result.exit_code == 1, result.output
     line = result.output.strip()
@@ -108,18 +113,43 @@ def test_a_cuda_calls_own_out_of_memory_counts_too_and_an_unreadable_gpu_is_said
 
 
 @pytest.mark.parametrize(
-    ("command", "advice"),
+    ("driver", "way_out"),
     [
-        ("index", "or lower index.batch_size"),
-        ("search", "or run it with --device cpu"),
-        ("export", "free the GPU of other processes"),  # no GPU setting to name
+        ("dpr_cache.retrieval.drivers.index:index_command", "lower index.batch_size"),
+        ("dpr_cache.retrieval.drivers.eval:eval_command", "lower eval.batch_size"),
+        ("dpr_cache.retrieval.drivers.encode:encode_file", "lower --batch-size"),
+        ("dpr_cache.retrieval.drivers.score:score_file", "lower --batch-size"),
+        ("dpr_cache.retrieval.drivers.search:search", "run it with --device cpu"),
+        ("dpr_cache.retrieval.drivers.mine:mine_file", "run it with --device cpu"),
+        ("dpr_cache.train.verify:verify", "lower train.batch_size"),
+        ("dpr_cache.train.loop:train", "lower train.chunk_size"),
     ],
 )
-def test_each_command_is_told_its_own_way_out(full_gpu, command, advice):
+def test_each_commands_work_names_its_own_way_out(driver, way_out):
+    """The function each command calls carries the setting that bounds what it puts on the
+    GPU at once."""
+    module, name = driver.split(":")
+    assert importlib.import_module(module).__dict__[name].way_out == way_out
+
+
+def test_the_advice_is_added_to_an_out_of_memory_error_alone(full_gpu):
+    @advises_on_out_of_memory("lower x.batch_size")
+    def work(error):
+        raise error
+
+    with pytest.raises(OutOfDeviceMemory) as caught:
+        work(torch.OutOfMemoryError(CUDA_MESSAGE))
+    line = str(caught.value)
+    assert line.startswith("Test GPU (cuda:1) ran out of memory: 0.00 of 150.0 GB free now")
+    assert line.endswith(": free the GPU of other processes, or lower x.batch_size")
+    with pytest.raises(RuntimeError, match="^boom$"):  # control: any other error passes through
+        work(RuntimeError("boom"))
+
+
+def test_work_without_its_own_advice_is_told_to_free_the_gpu(full_gpu):
     import sys
 
     cli_app = sys.modules["dpr_cache.cli.app"]
-    line = cli_app._out_of_device_memory(torch.OutOfMemoryError(CUDA_MESSAGE), command)
-    assert line.startswith(f"{command}: Test GPU (cuda:1) ran out of memory") and line.endswith(
-        advice
-    )
+    line = cli_app._out_of_device_memory(torch.OutOfMemoryError(CUDA_MESSAGE), "export")
+    assert line.startswith("export: Test GPU (cuda:1) ran out of memory")
+    assert line.endswith(": free the GPU of other processes")

@@ -21,6 +21,7 @@ from dpr_cache.retrieval.dense.questions import QuestionRun, question_tower, que
 from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shards
 from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.atomic import write_json_atomic
+from dpr_cache.runtime.device import advises_on_out_of_memory
 from dpr_cache.runtime.lock import output_lock
 
 __all__ = ["encode_file", "question_file_vectors", "QUESTIONS"]
@@ -55,6 +56,7 @@ def question_file_vectors(
     return vectors, question_ids(Path(questions), len(qas)), used
 
 
+@advises_on_out_of_memory("lower --batch-size")
 def encode_file(
     model_path: str | Path,
     out: Path,

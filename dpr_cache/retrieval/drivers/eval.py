@@ -63,7 +63,7 @@ from dpr_cache.retrieval.results import (
 )
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_json_atomic
-from dpr_cache.runtime.device import resolve_device
+from dpr_cache.runtime.device import advises_on_out_of_memory, resolve_device
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.runtime.memory import memory_limit
@@ -260,6 +260,7 @@ def _measured(
     }
 
 
+@advises_on_out_of_memory("lower eval.batch_size")
 def eval_command(
     config: Config,
     model_dir: str | Path | None = None,

@@ -36,7 +36,7 @@ from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shard
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.retrieval.drivers.overrides import refuse_train_keys
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.device import resolve_device
+from dpr_cache.runtime.device import advises_on_out_of_memory, resolve_device
 from dpr_cache.runtime.lock import output_lock
 
 __all__ = ["index_command", "build_index", "index_passages", "index_embeddings"]
@@ -168,6 +168,7 @@ def _dpr_pickle_to_shard(path: Path, npy: Path, dtype: str) -> Path:
     return npy
 
 
+@advises_on_out_of_memory("lower index.batch_size")
 def index_command(
     config: Config,
     model_dir: str | Path | None = None,

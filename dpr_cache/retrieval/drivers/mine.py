@@ -22,7 +22,7 @@ from dpr_cache.retrieval.mining.rules import MineSpec, check_spec
 from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import check_output_file
-from dpr_cache.runtime.device import PRECISIONS
+from dpr_cache.runtime.device import PRECISIONS, advises_on_out_of_memory
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 
@@ -69,6 +69,7 @@ class RankerSpec:
             )
 
 
+@advises_on_out_of_memory("run it with --device cpu")
 def mine_file(
     ranker: RankerSpec,
     train: Path,

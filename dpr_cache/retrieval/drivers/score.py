@@ -13,12 +13,14 @@ from dpr_cache.retrieval.scoring import ScoreSpec, score
 from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import check_output_file
+from dpr_cache.runtime.device import advises_on_out_of_memory
 from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 
 __all__ = ["score_file", "format_summary"]
 
 
+@advises_on_out_of_memory("lower --batch-size")
 def score_file(
     teacher: TeacherSpec,
     train: Path,

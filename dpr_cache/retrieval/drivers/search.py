@@ -33,6 +33,7 @@ from dpr_cache.retrieval.hybrid import fused_search
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import check_output_file
+from dpr_cache.runtime.device import advises_on_out_of_memory
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.runtime.memory import memory_limit
 
@@ -85,6 +86,7 @@ def read_queries(path: Path) -> tuple[np.ndarray, list[str]]:
     return vectors, ids
 
 
+@advises_on_out_of_memory("run it with --device cpu")
 def search(
     index_dir: Path,
     queries: Queries,
