@@ -36,6 +36,21 @@ def _set_dropout(config: PretrainedConfig, dropout: float | None) -> PretrainedC
     return config
 
 
+def _no_kv_cache(config: PretrainedConfig) -> PretrainedConfig:
+    """A decoder-only model's config with its key-value cache off: a tower encodes each text in
+    one forward and generates nothing, so a cache would only hold memory (and checkpointed
+    layers turn it off with a warning)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    kind = getattr(config, "model_type", None)
+    if kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        config.use_cache = False
+    return config
+
+
 def _freeze_pooler(tower: nn.Module) -> nn.Module:
     """Keep BERT's pooler (saved, so ``pooler_output`` means what the checkpoint meant) but out
     of training: DPR pools from the last hidden state, and DDP ignores frozen parameters."""
@@ -65,7 +80,7 @@ def load_tower(
     """A pretrained encoder or decoder (``AutoModel``: a causal LM's checkpoint gives its base
     model); ``dropout`` overrides its dropout probabilities, ``dtype`` the dtype its weights
     load in, ``attention`` its attention implementation, each when given."""
-    config = _set_dropout(AutoConfig.from_pretrained(path), dropout)
+    config = _no_kv_cache(_set_dropout(AutoConfig.from_pretrained(path), dropout))
     options = _loading_options(dtype, attention)
     return _freeze_pooler(AutoModel.from_pretrained(path, config=config, **options))
 
@@ -77,7 +92,7 @@ def tower_from_config(
     attention: str | None = None,
 ) -> nn.Module:
     """A randomly initialised model of ``config``."""
-    config = _set_dropout(copy.deepcopy(config), dropout)
+    config = _no_kv_cache(_set_dropout(copy.deepcopy(config), dropout))
     options = _loading_options(dtype, attention)
     return _freeze_pooler(AutoModel.from_config(config, **options))
 
