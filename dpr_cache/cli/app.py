@@ -21,7 +21,6 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from dpr_cache.errors import Diverged, InputError, Interrupted, OutOfDeviceMemory
-from dpr_cache.runtime.memory import HEADROOM_GB
 from dpr_cache.runtime.quiet import quiet_libraries
 
 __all__ = [
@@ -33,11 +32,6 @@ __all__ = [
     "check_search_flags",
     "load",
     "rank_and_world",
-    "ConfigOpt",
-    "SetOpt",
-    "ModelOpt",
-    "MemoryOpt",
-    "ConfigMemoryOpt",
     "main",
 ]
 
@@ -112,39 +106,6 @@ def _top_level(
 ) -> None:
     # the app's own options (--version); each command's are its own
     pass
-
-
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config.")]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--set",
-        "-s",
-        metavar="KEY=VALUE",
-        help="Override a config key, e.g. train.lr=3e-5 (repeatable).",
-    ),
-]
-ModelOpt = Annotated[
-    Path | None,
-    typer.Option("--model", help="Model folder (default: output_dir/model); any HF model works."),
-]
-_MEMORY_HELP = (
-    "Peak memory of the whole process, in GB{}; unset, the process may add "
-    f"{HEADROOM_GB:g} GB to what it holds when its first search or build begins."
-)
-MemoryOpt = Annotated[float | None, typer.Option("--memory-gb", help=_MEMORY_HELP.format(""))]
-ConfigMemoryOpt = Annotated[  # index's, over its config's key
-    float | None,
-    typer.Option("--memory-gb", help=_MEMORY_HELP.format(" (default index.memory_gb)")),
-]
-
-
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
-NprobeOpt = Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")]
-EfSearchOpt = Annotated[int, typer.Option(help="HNSW search breadth (an HNSW index).")]
-AUTOCAST = (
-    "auto (bf16 on a GPU from compute capability 8.0, else fp16; fp32 on CPU), fp32, bf16 or fp16"
-)
 
 
 def _fail(message: str, code: int = 2) -> None:

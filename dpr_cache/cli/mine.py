@@ -9,18 +9,8 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import (
-    AUTOCAST,
-    Command,
-    EfSearchOpt,
-    MemoryOpt,
-    NprobeOpt,
-    QuietOpt,
-    app,
-    check_inputs,
-    check_search_flags,
-    guarded,
-)
+from dpr_cache.cli.app import Command, app, check_inputs, check_search_flags, guarded
+from dpr_cache.cli.options import AUTOCAST, EfSearchOpt, MemoryOpt, NprobeOpt, QuietOpt
 from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules

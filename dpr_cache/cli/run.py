@@ -9,19 +9,8 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import (
-    Command,
-    ConfigMemoryOpt,
-    ConfigOpt,
-    ModelOpt,
-    QuietOpt,
-    SetOpt,
-    app,
-    guarded,
-    load,
-    overridden,
-    rank_and_world,
-)
+from dpr_cache.cli.app import Command, app, guarded, load, overridden, rank_and_world
+from dpr_cache.cli.options import ConfigMemoryOpt, ConfigOpt, ModelOpt, QuietOpt, SetOpt
 from dpr_cache.errors import InputError
 
 

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, QuietOpt, app, check_inputs, guarded
+from dpr_cache.cli.app import Command, app, check_inputs, guarded
+from dpr_cache.cli.options import QuietOpt
 from dpr_cache.config import default_of
 
 

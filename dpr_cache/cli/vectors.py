@@ -7,18 +7,8 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import (
-    AUTOCAST,
-    Command,
-    EfSearchOpt,
-    MemoryOpt,
-    NprobeOpt,
-    QuietOpt,
-    app,
-    check_inputs,
-    check_search_flags,
-    guarded,
-)
+from dpr_cache.cli.app import Command, app, check_inputs, check_search_flags, guarded
+from dpr_cache.cli.options import AUTOCAST, EfSearchOpt, MemoryOpt, NprobeOpt, QuietOpt
 from dpr_cache.config import check_flags, default_of
 
 
