@@ -34,8 +34,8 @@ from dpr_cache.config import Config, load_config
 from dpr_cache.data.passages import read_passages
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.model.loading import load_encoder
-from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.retrieval.dense.index import open_index, search_index
+from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.runtime.memory import rss_bytes
 from tests.support.dpr_answers import dpr_has_answer
 from tests.support.fixtures import index_vectors

@@ -21,15 +21,15 @@ from dpr_cache.config import Config, IndexConfig
 from dpr_cache.data.tokenize import encode_questions
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
-from dpr_cache.retrieval.drivers import eval as eval_command
-from dpr_cache.retrieval.drivers.eval import evaluate, format_metrics_table
-from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.retrieval.dense import index as dense_index
 from dpr_cache.retrieval.dense.encode import encode_passage_texts, encode_question_texts
 from dpr_cache.retrieval.dense.faiss_index import check_index_spec, hnsw_bytes
 from dpr_cache.retrieval.dense.index import finish_index, open_index, search_index
 from dpr_cache.retrieval.dense.shards import shard_key
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.drivers import eval as eval_command
+from dpr_cache.retrieval.drivers.eval import evaluate, format_metrics_table
+from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.runtime import memory
 from tests.support.fixtures import index_vectors
 

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dpr_cache.cli import app
-from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.retrieval.dense.index import recorded_passages
+from dpr_cache.retrieval.drivers.index import build_index
 
 
 @pytest.fixture(scope="module")
