@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dpr_cache.config import ModelConfig, TrainConfig
+from dpr_cache.config import LoraConfig, ModelConfig, TrainConfig
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.atomic import write_json_atomic
@@ -58,9 +58,9 @@ def candidate_chunks(local_batch: int) -> list[int]:
 @dataclass(frozen=True)
 class ProbeSpec:
     """What one chunk's forward and backward depends on: the ``model`` section (the model, its
-    towers, pooling, dropout, checkpointing and lengths) and the ``train`` section (passages
-    per chunk, threads, and the precision the CUDA probe runs under; the CPU probe runs in
-    fp32)."""
+    towers, pooling, dropout, checkpointing, lengths, dtype, attention and LoRA adapters) and the
+    ``train`` section (passages per chunk, threads, and the precision the CUDA probe runs under;
+    the CPU probe runs in fp32)."""
 
     model: ModelConfig
     train: TrainConfig
@@ -74,6 +74,9 @@ class ProbeSpec:
             "pooling": m.pooling,
             "dropout": m.dropout,
             "checkpointing": m.gradient_checkpointing,
+            "dtype": m.dtype,
+            "attn_implementation": m.attn_implementation,
+            "lora": m.lora.model_dump() if m.lora is not None else None,
             "q_len": m.max_query_length,
             "p_len": m.max_passage_length,
             "threads": t.num_threads,
@@ -270,6 +273,9 @@ def main(argv: list[str] | None = None) -> None:
         pooling=payload["pooling"],
         gradient_checkpointing=payload["checkpointing"],
         dropout=payload["dropout"],
+        dtype=payload["dtype"],
+        attn_implementation=payload["attn_implementation"],
+        lora=LoraConfig(**payload["lora"]) if payload["lora"] is not None else None,
     ).train()
     _chunk_step(model, payload, torch.device("cpu"))
     print(json.dumps({"peak_bytes": peak_memory_bytes()}), flush=True)
