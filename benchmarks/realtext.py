@@ -72,10 +72,17 @@ class RealTextPlan:
 def plan_configs(plan: RealTextPlan) -> tuple[list[PointSpec], list[PointSpec]]:
     """(timed configurations in run order, untimed memory points)."""
     base = dict(
-        model=plan.model, text=plan.text, q_len=plan.q_len, p_len=plan.p_len,
-        hard_negatives=plan.hard_negatives, chunk=plan.chunk, warmup=plan.warmup,
-        repeats=plan.repeats, threads=plan.threads, cache_dir=plan.cache_dir,
-    )  # fmt: skip
+        model=plan.model,
+        text=plan.text,
+        q_len=plan.q_len,
+        p_len=plan.p_len,
+        hard_negatives=plan.hard_negatives,
+        chunk=plan.chunk,
+        warmup=plan.warmup,
+        repeats=plan.repeats,
+        threads=plan.threads,
+        cache_dir=plan.cache_dir,
+    )
     timed = []
 
     def spec(**kw) -> PointSpec:
@@ -98,9 +105,10 @@ def plan_configs(plan: RealTextPlan) -> tuple[list[PointSpec], list[PointSpec]]:
     memory = []
     if plan.memory_batch:
         memory.append(
-            PointSpec(mode="gradcache", batch=plan.memory_batch, **{**base, "warmup": 0,
-                                                                      "repeats": 1})
-        )  # fmt: skip
+            PointSpec(
+                mode="gradcache", batch=plan.memory_batch, **{**base, "warmup": 0, "repeats": 1}
+            )
+        )
     return timed, memory
 
 
@@ -164,35 +172,55 @@ def targets(summaries: list[dict], plan: RealTextPlan) -> list[dict]:
     batch = plan.batches[0]
     ours = _find(summaries, mode="gradcache", batch=batch, precision="fp32", length_order=True)
     fulls = [
-        s for s in summaries
+        s
+        for s in summaries
         if s["mode"] == "full" and s["precision"] == "fp32" and s["rounds"] and s["within_budget"]
-    ]  # fmt: skip
+    ]
     best_full = max(fulls, key=lambda s: s["pairs_per_s"]) if fulls else None
 
     def ratio(name: str, other: dict | None, goal: float) -> dict:
         if ours is None or other is None:
-            return {"target": name, "value": None, "goal": f">= {goal}", "met": None,
-                    "detail": "not measured"}  # fmt: skip
+            return {
+                "target": name,
+                "value": None,
+                "goal": f">= {goal}",
+                "met": None,
+                "detail": "not measured",
+            }
         value = ours["pairs_per_s"] / other["pairs_per_s"]
         detail = (
             f"{ours['pairs_per_s']:.3g} / {other['pairs_per_s']:.3g} pairs/s ({other['label']})"
         )
-        return {"target": name, "value": round(value, 3), "goal": f">= {goal}",
-                "met": value >= goal, "detail": detail}  # fmt: skip
+        return {
+            "target": name,
+            "value": round(value, 3),
+            "goal": f">= {goal}",
+            "met": value >= goal,
+            "detail": detail,
+        }
 
     out = [
         ratio(f"ours B={batch} vs the best full batch in {plan.budget_gb:g} GB", best_full, 1.0),
         ratio(f"ours vs st-cmnrl, B={batch}", _find(summaries, mode="st-cmnrl", batch=batch), 1.3),
-        ratio(f"ours vs gradcache-lib, B={batch}",
-              _find(summaries, mode="gradcache-lib", batch=batch), 1.2),
-    ]  # fmt: skip
+        ratio(
+            f"ours vs gradcache-lib, B={batch}",
+            _find(summaries, mode="gradcache-lib", batch=batch),
+            1.2,
+        ),
+    ]
     mem = _find(summaries, mode="gradcache", batch=plan.memory_batch or -1)
     full32 = _find(summaries, mode="full", batch=plan.chunk, precision="fp32")
     if mem and full32:
         value = mem["peak_gb"] / full32["peak_gb"]
-        out.append({"target": f"ours B={mem['batch']} peak vs full B={plan.chunk}",
-                    "value": round(value, 3), "goal": "<= 1.1", "met": value <= 1.1,
-                    "detail": f"{mem['peak_gb']:.2f} / {full32['peak_gb']:.2f} GB"})  # fmt: skip
+        out.append(
+            {
+                "target": f"ours B={mem['batch']} peak vs full B={plan.chunk}",
+                "value": round(value, 3),
+                "goal": "<= 1.1",
+                "met": value <= 1.1,
+                "detail": f"{mem['peak_gb']:.2f} / {full32['peak_gb']:.2f} GB",
+            }
+        )
     return out
 
 
@@ -213,8 +241,10 @@ def _profile(spec: PointSpec, path: Path, reuse: bool, echo: Callable[[str], Non
     args = dataclasses.asdict(spec)
     result = cached_child_result("benchmarks.profile", args, path, reuse, echo)
     if result is not None:
-        echo(f"profile: step {result['dropout_on']['step']:.2f} s with dropout, "
-             f"{result['dropout_off']['step']:.2f} s without")  # fmt: skip
+        echo(
+            f"profile: step {result['dropout_on']['step']:.2f} s with dropout, "
+            f"{result['dropout_off']['step']:.2f} s without"
+        )
     return result
 
 
@@ -316,13 +346,26 @@ def main(
             f"error: {text}: no training file (run `dpr-cache data squad` and `mine --ranker bm25`)"
         )
     plan = RealTextPlan(
-        text=str(text), model=model, q_len=q_len, p_len=p_len, hard_negatives=hard_negatives,
-        chunk=chunk, batches=int_list(batches, "--batches"),
-        full_batches=int_list(full_batches, "--full-batches"), memory_batch=memory_batch or None,
-        budget_gb=budget_gb, rounds=rounds, warmup=warmup, repeats=repeats, bf16=bf16,
-        peers=peers, batch_order=batch_order, profile=profile, threads=threads,
+        text=str(text),
+        model=model,
+        q_len=q_len,
+        p_len=p_len,
+        hard_negatives=hard_negatives,
+        chunk=chunk,
+        batches=int_list(batches, "--batches"),
+        full_batches=int_list(full_batches, "--full-batches"),
+        memory_batch=memory_batch or None,
+        budget_gb=budget_gb,
+        rounds=rounds,
+        warmup=warmup,
+        repeats=repeats,
+        bf16=bf16,
+        peers=peers,
+        batch_order=batch_order,
+        profile=profile,
+        threads=threads,
         cache_dir=str(cache_dir) if cache_dir else None,
-    )  # fmt: skip
+    )
     command = shlex.join(["python", "-m", "benchmarks.realtext", *sys.argv[1:]])
     result = run_realtext(plan, out, command=command, reuse=reuse)
     for t in result["targets"]:

@@ -153,11 +153,17 @@ def plot(result: dict, path: Path) -> Path:
     for y, c in zip(ys, configs, strict=True):
         color = "C0" if c["mode"] == "gradcache" else "C1" if c["mode"] == "full" else "C2"
         left.barh(y, c["pairs_per_s"], color=color, alpha=0.6)
-        left.scatter([c["batch"] / s for s in c["step_s_each"]], [y] * len(c["step_s_each"]),
-                     color="black", s=10, zorder=3)  # fmt: skip
+        left.scatter(
+            [c["batch"] / s for s in c["step_s_each"]],
+            [y] * len(c["step_s_each"]),
+            color="black",
+            s=10,
+            zorder=3,
+        )
         right.barh(y, c["encoded_tokens"] / c["batch"], color=color, alpha=0.6)
-        right.scatter([c["real_tokens"] / c["batch"]], [y], marker="|", s=200, color="black",
-                      zorder=3)  # fmt: skip
+        right.scatter(
+            [c["real_tokens"] / c["batch"]], [y], marker="|", s=200, color="black", zorder=3
+        )
     left.set_yticks(ys, [c["label"] for c in configs], fontsize=8)
     left.set_xlabel("question-passage pairs per second (dots: each round)")
     right.set_yticks(ys, ["" for _ in configs])

@@ -24,14 +24,26 @@ def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
     linear = max(per_row) / min(per_row) - 1
     rate = full["gflops"] / exact["matmul_gflops"] if full else None
     out = [
-        ("peak RSS at 21M, --memory-gb 2", f"{full['peak_rss_gb']:.2f} GB" if full else "-",
-         "<= 3 GB", full["peak_rss_gb"] <= 3 if full else None),
+        (
+            "peak RSS at 21M, --memory-gb 2",
+            f"{full['peak_rss_gb']:.2f} GB" if full else "-",
+            "<= 3 GB",
+            full["peak_rss_gb"] <= 3 if full else None,
+        ),
         ("peak RSS spread over 1M, 4M, 21M", f"{spread:.1%}", "<= 10%", spread <= 0.10),
-        ("time per vector, spread over 1M, 4M, 21M", f"{linear:.1%}", "linear in N (<= 15%)",
-         linear <= 0.15),
-        ("scan rate / matmul rate", f"{rate:.2f}" if rate else "-", ">= 0.50",
-         rate >= 0.5 if rate else None),
-    ]  # fmt: skip
+        (
+            "time per vector, spread over 1M, 4M, 21M",
+            f"{linear:.1%}",
+            "linear in N (<= 15%)",
+            linear <= 0.15,
+        ),
+        (
+            "scan rate / matmul rate",
+            f"{rate:.2f}" if rate else "-",
+            ">= 0.50",
+            rate >= 0.5 if rate else None,
+        ),
+    ]
     return out
 
 
@@ -86,43 +98,96 @@ def write_report(results: dict, out: Path, notes: Path | None = None) -> Path:
         lines += markdown_table(["step", "machine"], ran)
     if targets(results):
         lines += ["", "## Targets (exact search)", ""]
-        lines += markdown_table(["target", "measured", "goal", "met"],
-                        [[t, v, g, {True: "yes", False: "**no**", None: "-"}[ok]]
-                         for t, v, g, ok in targets(results)])  # fmt: skip
+        lines += markdown_table(
+            ["target", "measured", "goal", "met"],
+            [
+                [t, v, g, {True: "yes", False: "**no**", None: "-"}[ok]]
+                for t, v, g, ok in targets(results)
+            ],
+        )
     exact = results.get("exact")
     if exact:
-        lines += ["", "## Exact search, streamed from disk", "",
-                  f"Top-{exact['k']} of {exact['queries']:,} unit queries over clustered unit"
-                  " vectors (768-d, float16 shards of 500,000 rows, read block by block into"
-                  f" reused buffers; float32 scores), `--memory-gb {exact['memory_gb']}`."
-                  f" Plain float32 matmul on this machine: {exact['matmul_gflops']} GFLOP/s"
-                  f" before, {exact.get('matmul_gflops_after', '-')} after.", ""]  # fmt: skip
-        lines += markdown_table(["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"],
-                        [[f"{s['rows']:,}", f"{s['rows'] * 768 * 2 / 1e9:.1f}", s["peak_rss_gb"],
-                          s["seconds"], s["gflops"]] for s in exact["sizes"].values()])  # fmt: skip
+        lines += [
+            "",
+            "## Exact search, streamed from disk",
+            "",
+            f"Top-{exact['k']} of {exact['queries']:,} unit queries over clustered unit"
+            " vectors (768-d, float16 shards of 500,000 rows, read block by block into"
+            f" reused buffers; float32 scores), `--memory-gb {exact['memory_gb']}`."
+            f" Plain float32 matmul on this machine: {exact['matmul_gflops']} GFLOP/s"
+            f" before, {exact.get('matmul_gflops_after', '-')} after.",
+            "",
+        ]
+        lines += markdown_table(
+            ["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"],
+            [
+                [
+                    f"{s['rows']:,}",
+                    f"{s['rows'] * 768 * 2 / 1e9:.1f}",
+                    s["peak_rss_gb"],
+                    s["seconds"],
+                    s["gflops"],
+                ]
+                for s in exact["sizes"].values()
+            ],
+        )
         _plot(results, out / "scale.png")
         lines += ["", "![memory and time against the corpus size](scale.png)"]
     for kind in ("ivfpq", "hnsw"):
         if kind in results:
             lines += ["", f"## {kind.upper()}", ""]
             lines += markdown_table(
-                ["vectors", "recall@100 vs exact", "build s", "build peak GB", "search s",
-                 "search peak GB", "index GB", "params"],
-                [[name, r["recall_at_100"], r["build"]["seconds"], r["build"]["peak_rss_gb"],
-                  r["search"]["seconds"], r["search"]["peak_rss_gb"], r["index_gb"],
-                  r["params"]] for name, r in results[kind].items()])  # fmt: skip
+                [
+                    "vectors",
+                    "recall@100 vs exact",
+                    "build s",
+                    "build peak GB",
+                    "search s",
+                    "search peak GB",
+                    "index GB",
+                    "params",
+                ],
+                [
+                    [
+                        name,
+                        r["recall_at_100"],
+                        r["build"]["seconds"],
+                        r["build"]["peak_rss_gb"],
+                        r["search"]["seconds"],
+                        r["search"]["peak_rss_gb"],
+                        r["index_gb"],
+                        r["params"],
+                    ]
+                    for name, r in results[kind].items()
+                ],
+            )
     for key, title in (("tsv", "Passages TSV -> Arrow"), ("json", "Training JSON -> Arrow")):
         if key in results:
             sizes = results[key]["sizes"] if key == "tsv" else results[key]
             lines += ["", f"## {title}", ""]
-            lines += markdown_table(["file", "GB", "peak RSS GB", "wall s", "MB/s"],
-                            [[n, s.get("tsv_gb", s.get("json_gb")), s["peak_rss_gb"],
-                              s["seconds"], s["mb_per_s"]] for n, s in sizes.items()])  # fmt: skip
+            lines += markdown_table(
+                ["file", "GB", "peak RSS GB", "wall s", "MB/s"],
+                [
+                    [
+                        n,
+                        s.get("tsv_gb", s.get("json_gb")),
+                        s["peak_rss_gb"],
+                        s["seconds"],
+                        s["mb_per_s"],
+                    ]
+                    for n, s in sizes.items()
+                ],
+            )
     if "eval" in results:
         e = results["eval"]
-        lines += ["", "## `dpr-cache eval` at full size", "",
-                  f"Whole command: {e['eval']['seconds']} s, peak RSS {e['eval']['peak_rss_gb']}"
-                  f" GB (`index.memory_gb: {e['memory_gb']}`). Stages:", ""]  # fmt: skip
+        lines += [
+            "",
+            "## `dpr-cache eval` at full size",
+            "",
+            f"Whole command: {e['eval']['seconds']} s, peak RSS {e['eval']['peak_rss_gb']}"
+            f" GB (`index.memory_gb: {e['memory_gb']}`). Stages:",
+            "",
+        ]
         lines += markdown_table(["stage", "s"], [[k, v] for k, v in e["stages"].items()])
     if "tokenize" in results:
         lines += ["", "## Tokenization (256-token (title, text) pairs, fast tokenizer)", ""]

@@ -133,18 +133,24 @@ def _loss_sweep(
             with path.open("a", encoding="utf-8") as f:
                 append_line(f, json.dumps(row))
         rows.append(row)
-        echo(f"{'loss ' + mode:>16} B={b:<6} {row['ns_per_score']:.3f} ns/score, "
-             f"peak {row['peak_rss'] / 1e9:.2f} GB")  # fmt: skip
+        echo(
+            f"{'loss ' + mode:>16} B={b:<6} {row['ns_per_score']:.3f} ns/score, "
+            f"peak {row['peak_rss'] / 1e9:.2f} GB"
+        )
     return rows, skipped
 
 
 def _index_run(plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]):
     """Sorted versus padded corpus encoding in a fresh process (reused if the same args)."""
     args = dict(
-        model=plan.model, passages=plan.index_passages, pooling=plan.pooling,
-        max_length=plan.index_max_length, batch_size=plan.index_batch_size,
-        limit=plan.index_limit, threads=plan.threads,
-    )  # fmt: skip
+        model=plan.model,
+        passages=plan.index_passages,
+        pooling=plan.pooling,
+        max_length=plan.index_max_length,
+        batch_size=plan.index_batch_size,
+        limit=plan.index_limit,
+        threads=plan.threads,
+    )
     index = cached_child_result("benchmarks.index", args, path, reuse, echo)
     if index is not None:
         echo(f"index: padded {index['padded_s']:.1f} s, sorted {index['sorted_s']:.1f} s")
@@ -264,16 +270,32 @@ def main(
     if index_sweep and not passages.is_file():
         raise SystemExit(f"error: {passages}: no passages file (run `dpr-cache data squad` first)")
     plan = BenchPlan(
-        model=model, shared=shared, pooling=pooling, dropout=dropout, q_len=q_len, p_len=p_len,
-        chunk=chunk, hard_negatives=hard_negatives, tile=tile, repeats=repeats, warmup=warmup,
-        threads=threads, device=device, batches=int_list(batches, "--batches"),
-        modes=[m for m in modes.replace(" ", "").split(",") if m], focus_batch=focus_batch,
-        memory_batches=int_list(memory_batches, "--memory-batches"), peers=peers,
+        model=model,
+        shared=shared,
+        pooling=pooling,
+        dropout=dropout,
+        q_len=q_len,
+        p_len=p_len,
+        chunk=chunk,
+        hard_negatives=hard_negatives,
+        tile=tile,
+        repeats=repeats,
+        warmup=warmup,
+        threads=threads,
+        device=device,
+        batches=int_list(batches, "--batches"),
+        modes=[m for m in modes.replace(" ", "").split(",") if m],
+        focus_batch=focus_batch,
+        memory_batches=int_list(memory_batches, "--memory-batches"),
+        peers=peers,
         loss_batches=int_list(loss_batches, "--loss-batches") if loss_sweep else [],
-        loss_dim=loss_dim, loss_direct_max=loss_direct_max,
-        index_passages=str(passages) if index_sweep else None, index_limit=index_limit,
-        index_batch_size=index_batch_size, index_max_length=index_length,
-    )  # fmt: skip
+        loss_dim=loss_dim,
+        loss_direct_max=loss_direct_max,
+        index_passages=str(passages) if index_sweep else None,
+        index_limit=index_limit,
+        index_batch_size=index_batch_size,
+        index_max_length=index_length,
+    )
     command = shlex.join(["python", "-m", "benchmarks.synthetic", *sys.argv[1:]])
     try:
         result = run_bench(plan, out, command=command, reuse=reuse)

@@ -40,17 +40,26 @@ def _loss_targets(rows: list[dict], big: int = 65536) -> list[dict]:
     if tiled:
         peak = tiled[-1]["peak_rss"]
         out.append(
-            _target(f"tiled loss peak at B={big}", round(peak / GB, 3), "< 2.5 GB", peak < 2.5 * GB,
-                    f"peak RSS of the whole process, d={tiled[-1]['dim']}")
-        )  # fmt: skip
+            _target(
+                f"tiled loss peak at B={big}",
+                round(peak / GB, 3),
+                "< 2.5 GB",
+                peak < 2.5 * GB,
+                f"peak RSS of the whole process, d={tiled[-1]['dim']}",
+            )
+        )
     if tiled and direct:
         ref = max(direct, key=lambda r: r["batch"])
         value = tiled[-1]["ns_per_score"] / ref["ns_per_score"]
         out.append(
-            _target(f"tiled time/score at B={big} vs direct at B={ref['batch']}", round(value, 3),
-                    "<= 1.3", value <= 1.3,
-                    f"{tiled[-1]['ns_per_score']:.3f} / {ref['ns_per_score']:.3f} ns per score")
-        )  # fmt: skip
+            _target(
+                f"tiled time/score at B={big} vs direct at B={ref['batch']}",
+                round(value, 3),
+                "<= 1.3",
+                value <= 1.3,
+                f"{tiled[-1]['ns_per_score']:.3f} / {ref['ns_per_score']:.3f} ns per score",
+            )
+        )
     return out
 
 
@@ -63,27 +72,41 @@ def targets(result: dict) -> list[dict]:
     gc = _point(points, "gradcache", focus)
     out = [
         _ratio_target(f"gradcache B={focus} vs best full batch", gc, best_full, ">= 0.80"),
-        _ratio_target(f"gradcache vs st-cmnrl, B={focus}", gc, _point(points, "st-cmnrl", focus),
-                      ">= 1.3"),
-        _ratio_target(f"gradcache vs gradcache-lib, B={focus}", gc,
-                      _point(points, "gradcache-lib", focus), ">= 1.15"),
-    ]  # fmt: skip
+        _ratio_target(
+            f"gradcache vs st-cmnrl, B={focus}", gc, _point(points, "st-cmnrl", focus), ">= 1.3"
+        ),
+        _ratio_target(
+            f"gradcache vs gradcache-lib, B={focus}",
+            gc,
+            _point(points, "gradcache-lib", focus),
+            ">= 1.15",
+        ),
+    ]
     mem = [p for p in points if p["mode"] == "gradcache" and "error" not in p]
     biggest = max(mem, key=lambda p: p["batch"]) if mem else None
     out.append(
-        _ratio_target(f"gradcache B={biggest['batch'] if biggest else '?'} peak vs full B={chunk}",
-                      biggest, _point(points, "full", chunk), "<= 1.10", higher=False,
-                      field="peak_bytes")
-    )  # fmt: skip
+        _ratio_target(
+            f"gradcache B={biggest['batch'] if biggest else '?'} peak vs full B={chunk}",
+            biggest,
+            _point(points, "full", chunk),
+            "<= 1.10",
+            higher=False,
+            field="peak_bytes",
+        )
+    )
     out += _loss_targets(result.get("loss") or [])
     index = result.get("index")
     if index:
         out.append(
-            _target("index: sorted vs padded batches", round(index["speedup"], 3), ">= 1.3",
-                    index["speedup"] >= 1.3,
-                    f"{index['padded_s']:.1f} s / {index['sorted_s']:.1f} s, "
-                    f"{index['passages']} passages, max {index['max_length']} tokens")
-        )  # fmt: skip
+            _target(
+                "index: sorted vs padded batches",
+                round(index["speedup"], 3),
+                ">= 1.3",
+                index["speedup"] >= 1.3,
+                f"{index['padded_s']:.1f} s / {index['sorted_s']:.1f} s, "
+                f"{index['passages']} passages, max {index['max_length']} tokens",
+            )
+        )
     return out
 
 
@@ -164,8 +187,10 @@ def markdown(result: dict) -> str:
         parts += [sweep_table(result["loss"])]
     for skip in result.get("loss_skipped") or []:
         mode = "direct" if skip["tile"] is None else f"tiled ({skip['tile']})"
-        parts += ["", f"Not run, too big for this machine's memory: B={skip['batch']} {mode}, "
-                  f"{skip['why']}."]  # fmt: skip
+        parts += [
+            "",
+            f"Not run, too big for this machine's memory: B={skip['batch']} {mode}, {skip['why']}.",
+        ]
     if result.get("index"):
         i = result["index"]
         parts += [

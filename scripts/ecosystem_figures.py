@@ -37,8 +37,11 @@ def _passages(path: Path, n: int) -> tuple[list[str], list[str]]:
 def _gap(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:
     cos = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
     norms = np.abs(np.linalg.norm(ours, axis=1) - np.linalg.norm(theirs, axis=1))
-    return {"max_1_minus_cos": float((1 - cos).max()), "max_norm_diff": float(norms.max()),
-            "max_abs_diff": float(np.abs(ours - theirs).max())}  # fmt: skip
+    return {
+        "max_1_minus_cos": float((1 - cos).max()),
+        "max_norm_diff": float(norms.max()),
+        "max_abs_diff": float(np.abs(ours - theirs).max()),
+    }
 
 
 def main() -> None:
@@ -54,19 +57,23 @@ def main() -> None:
     questions = [q for q, _ in read_qas(args.qas)][: args.n]
     titles, texts = _passages(args.passages, args.n)
     ours_q = encode_question_texts(model, questions, max_length=model.max_query_length, device=CPU)
-    ours_p = encode_passage_texts(model, titles, texts, max_length=model.max_passage_length,
-                                  batch_size=32, device=CPU)  # fmt: skip
+    ours_p = encode_passage_texts(
+        model, titles, texts, max_length=model.max_passage_length, batch_size=32, device=CPU
+    )
     q_st = SentenceTransformer(str(args.model / "query_encoder"), device="cpu")
     p_st = SentenceTransformer(str(args.model / "passage_encoder"), device="cpu")
     pairs = [[t, x] for t, x in zip(titles, texts, strict=True)]
     report = {
-        "model": str(args.model), "pooling": model.pooling, "normalize": model.normalize,
-        "questions": len(questions), "passages": len(texts),
+        "model": str(args.model),
+        "pooling": model.pooling,
+        "normalize": model.normalize,
+        "questions": len(questions),
+        "passages": len(texts),
         "sentence_transformers": {
             "questions": _gap(ours_q, q_st.encode(questions)),
             "passages": _gap(ours_p, p_st.encode(pairs)),
         },
-    }  # fmt: skip
+    }
     if model.pooling == "cls":
         from transformers import AutoTokenizer, DPRContextEncoder, DPRQuestionEncoder
 
@@ -76,8 +83,13 @@ def main() -> None:
             c = DPRContextEncoder.from_pretrained(Path(tmp) / "ctx_encoder").eval()
             tok = AutoTokenizer.from_pretrained(Path(tmp) / "ctx_encoder")
             with torch.no_grad():
-                q_in = tok(questions, truncation=True, max_length=model.max_query_length,
-                           padding=True, return_tensors="pt")  # fmt: skip
+                q_in = tok(
+                    questions,
+                    truncation=True,
+                    max_length=model.max_query_length,
+                    padding=True,
+                    return_tensors="pt",
+                )
                 p_in = tok(
                     titles,
                     texts,

@@ -125,8 +125,10 @@ def test_distillation_keys_load_and_round_trip(tmp_path):
     sets = ["train.loss=distill_kl", "train.distill_weight=0.25", "train.teacher_temperature=2"]
     cfg = load_config(REPO / "configs" / "toy.yaml", sets)
     assert (cfg.train.loss, cfg.train.distill_weight, cfg.train.teacher_temperature) == (
-        "distill_kl", 0.25, 2.0,
-    )  # fmt: skip
+        "distill_kl",
+        0.25,
+        2.0,
+    )
     assert load_config(save_config(cfg, tmp_path / "config.yaml")) == cfg
     plain = load_config(REPO / "configs" / "toy.yaml")
     assert plain.train.loss == "contrastive" and plain.train.distill_weight is None

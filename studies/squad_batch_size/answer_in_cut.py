@@ -39,8 +39,10 @@ def main() -> None:
     tokenizer = load_tokenizer(Path(resolve_model_path(args.model)))
     for length in args.lengths:
         kept = answer_kept(rows, tokenizer, length)
-        print(f"{length} tokens: answer in the cut positive for {kept:,} of {len(rows):,}"
-              f" questions ({kept / len(rows):.1%})")  # fmt: skip
+        print(
+            f"{length} tokens: answer in the cut positive for {kept:,} of {len(rows):,}"
+            f" questions ({kept / len(rows):.1%})"
+        )
 
 
 if __name__ == "__main__":

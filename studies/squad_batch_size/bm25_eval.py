@@ -50,9 +50,15 @@ def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
         ctxs = []
         for r, s in zip(rows.tolist(), scores.tolist(), strict=True):
             text = found["text"][where[r]]
-            ctxs.append({"id": found["id"][where[r]], "title": found["title"][where[r]],
-                         "text": text, "score": float(s),
-                         "has_answer": has_answer(answers, text, config.eval.match)})  # fmt: skip
+            ctxs.append(
+                {
+                    "id": found["id"][where[r]],
+                    "title": found["title"][where[r]],
+                    "text": text,
+                    "score": float(s),
+                    "has_answer": has_answer(answers, text, config.eval.match),
+                }
+            )
         entries.append({"question": question, "answers": answers, "ctxs": ctxs})
     eval_dir = out / "eval"
     write_text_atomic(eval_dir / RETRIEVAL_FILE, json.dumps(entries, ensure_ascii=False, indent=0))
@@ -65,8 +71,14 @@ def bm25_eval(config_path: Path, out: Path, overrides: list[str]) -> dict:
     metrics["n_questions"] = len(entries)
     write_json_atomic(eval_dir / METRICS_FILE, metrics)
     save_config(config, eval_dir / CONFIG_FILE)
-    run = {"model": "bm25", "setting": "bm25", "mode": "bm25", "batch_size": 0, "seed": 0,
-           "eval_seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    run = {
+        "model": "bm25",
+        "setting": "bm25",
+        "mode": "bm25",
+        "batch_size": 0,
+        "seed": 0,
+        "eval_seconds": round(time.perf_counter() - start, 1),
+    }
     write_json_atomic(out / "run.json", run)  # last: the script treats it as "done"
     return metrics
 

@@ -21,10 +21,22 @@ from studies.squad_batch_size.runs import METRICS, RECIPE_KEYS, diff_order
 
 # What a kept run record holds: enough to average the arms and fill every cell of the page.
 RUN_FIELDS = (
-    "mode", "batch_size", "lr", "seed", "dir", "code", *METRICS, *RECIPE_KEYS,
-    "peak_memory_bytes", "train_seconds", "train_wall_seconds", "index_seconds",
-    "eval_seconds", "steps", "negatives_per_question",
-)  # fmt: skip
+    "mode",
+    "batch_size",
+    "lr",
+    "seed",
+    "dir",
+    "code",
+    *METRICS,
+    *RECIPE_KEYS,
+    "peak_memory_bytes",
+    "train_seconds",
+    "train_wall_seconds",
+    "index_seconds",
+    "eval_seconds",
+    "steps",
+    "negatives_per_question",
+)
 # runs: RUN_FIELDS and "source" each; diffs: as runs.paired_differences gives them;
 # unattributed: machine hours known only as a total over some runs ({"hours", "runs": keys})
 KEPT_KEYS = ("runs", "diffs", "unattributed")
@@ -41,8 +53,12 @@ def compact(record: dict[str, Any], source: str) -> dict[str, Any]:
 
 def run_key(run: dict[str, Any]) -> tuple[str, int, float, int]:
     """(mode, batch size, lr, seed); 0 where a reference run (BM25) has none."""
-    return (run["mode"], int(run.get("batch_size") or 0), float(run.get("lr") or 0),
-            int(run.get("seed") or 0))  # fmt: skip
+    return (
+        run["mode"],
+        int(run.get("batch_size") or 0),
+        float(run.get("lr") or 0),
+        int(run.get("seed") or 0),
+    )
 
 
 def remade(kept: dict[str, Any], runs: list[dict[str, Any]]) -> set[tuple]:
@@ -89,25 +105,35 @@ def merge_diffs(
     merged, dropped = {}, []
     for d in kept["diffs"]:
         seeds = d["seeds"] if d["seed"] == "all" else [d["seed"]]
-        pair = {(m, int(d["batch_size"]), float(d["lr"]), int(s))
-                for m in ("accumulate", "gradcache") for s in seeds}  # fmt: skip
+        pair = {
+            (m, int(d["batch_size"]), float(d["lr"]), int(s))
+            for m in ("accumulate", "gradcache")
+            for s in seeds
+        }
         if again & pair:
             dropped.append(d)
         else:
             merged[diff_order(d)] = d
     merged |= {diff_order(d): d for d in diffs}
-    warnings = [f"kept difference B={d['batch_size']}, lr {d['lr']:g}, seed {d['seed']} dropped: "
-                "a run of it was made again, and the runs do not give it again"
-                for d in dropped if diff_order(d) not in merged]  # fmt: skip
+    warnings = [
+        f"kept difference B={d['batch_size']}, lr {d['lr']:g}, seed {d['seed']} dropped: "
+        "a run of it was made again, and the runs do not give it again"
+        for d in dropped
+        if diff_order(d) not in merged
+    ]
     for mode, batch, lr, seed in sorted(run_key(r) for r in runs):
         if mode == "gradcache" and (lr, batch, False, (seed,)) not in merged:
-            warnings.append(f"no difference for GradCache B={batch}, lr {lr:g}, seed {seed}: "
-                            "its accumulation run is not among the runs")  # fmt: skip
+            warnings.append(
+                f"no difference for GradCache B={batch}, lr {lr:g}, seed {seed}: "
+                "its accumulation run is not among the runs"
+            )
     for lr, batch, pooled, seeds in merged:
         paired = sorted(k[3][0] for k in merged if k[:3] == (lr, batch, False))
         if pooled and list(seeds) != paired:
-            warnings.append(f"the difference B={batch}, lr {lr:g} over seeds {list(seeds)} "
-                            f"leaves out some of the paired seeds {paired}")  # fmt: skip
+            warnings.append(
+                f"the difference B={batch}, lr {lr:g} over seeds {list(seeds)} "
+                f"leaves out some of the paired seeds {paired}"
+            )
     return [merged[k] for k in sorted(merged)], warnings
 
 

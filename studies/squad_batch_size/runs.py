@@ -18,9 +18,14 @@ from dpr_cache.runtime.atomic import read_lines
 KS = (1, 5, 20, 100)
 METRICS = (*(f"top{k}" for k in KS), "mrr@10")
 RECIPE_KEYS = (
-    "epochs", "warmup_pct", "chunk_size", "max_passage_length", "temperature", "dry_run",
+    "epochs",
+    "warmup_pct",
+    "chunk_size",
+    "max_passage_length",
+    "temperature",
+    "dry_run",
     "n_questions",
-)  # fmt: skip
+)
 TRAINED = ("full", "accumulate", "gradcache")
 
 
@@ -130,8 +135,10 @@ def check_same_recipe(records: list[dict[str, Any]]) -> None:
         values = {str(r.get(key)): r for r in trained}
         if len(values) > 1:
             (a, run_a), (b, run_b) = list(values.items())[:2]
-            where = [r["dir"] + (f" from {r['source']}" if r.get("source") else "")
-                     for r in (run_a, run_b)]  # fmt: skip
+            where = [
+                r["dir"] + (f" from {r['source']}" if r.get("source") else "")
+                for r in (run_a, run_b)
+            ]
             raise SystemExit(
                 f"error: runs differ in {key} ({where[0]}: {a}, {where[1]}: {b}); give each "
                 "recipe its own OUT= (studies/squad_batch_size/run.sh), or build without --kept"

@@ -56,12 +56,17 @@ README_BEGIN, README_END = "<!-- reproduce_table:begin -->", "<!-- reproduce_tab
 # Keys: the (mode, batch) of our arm that matches the row, if we ran one.
 PAPER_NQ = [
     ("sequential B=8 (what fits one GPU)", ("full", 8), 59.3, 71.9, 80.9),
-    ("accumulation 16 x 8 (128 examples an update, 8 in a batch)", ("accumulate", 128), 64.3,
-     77.2, 84.9),
+    (
+        "accumulation 16 x 8 (128 examples an update, 8 in a batch)",
+        ("accumulate", 128),
+        64.3,
+        77.2,
+        84.9,
+    ),
     ("GradCache B=128", ("gradcache", 128), 68.6, 79.3, 86.0),
     ("GradCache B=512", ("gradcache", 512), 68.3, 79.9, 86.6),
     ("DPR, B=128 on 8 GPUs (DPR's paper)", None, None, 78.4, 85.4),
-]  # fmt: skip
+]
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -252,8 +257,10 @@ def main() -> None:
     runs = kept.merge_runs(base, fresh)
     trained = [r for r in runs if r["mode"] in TRAINED]
     if not trained:
-        raise SystemExit(f"error: no finished training runs under {args.runs}"
-                         + (f" nor in {args.kept}" if args.kept else ""))  # fmt: skip
+        raise SystemExit(
+            f"error: no finished training runs under {args.runs}"
+            + (f" nor in {args.kept}" if args.kept else "")
+        )
     check_same_recipe(trained)
     fresh_trained = [r for r in records if r["mode"] in TRAINED]
     diffs, warnings = kept.merge_diffs(base, fresh, paired_differences(fresh_trained, args.runs))

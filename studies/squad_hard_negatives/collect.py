@@ -101,33 +101,53 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     per_q["off-the-shelf"] = per_question(refs / "off-the-shelf" / "eval" / "retrieval.json")
     hours += machine_hours(collect(refs))
     names = (("bm25", "BM25 (bm25s)"), ("off-the-shelf", "all-MiniLM-L6-v2 off the shelf"))
-    references = [{"arm": name, **{m: float(per_q[key][m].mean()) for m in METRICS}}
-                  for key, name in names]  # fmt: skip
+    references = [
+        {"arm": name, **{m: float(per_q[key][m].mean()) for m in METRICS}} for key, name in names
+    ]
     hybrids, hybrid_diffs = _hybrids(out, suffix, arms, split, per_q)
     seeds = [r["seed"] for r in arms.get("round1", [])]
     diffs = []
     both = [s for s in seeds if ("round2-both", s) in per_q]
     for s in both:
-        diffs.append(paired(f"(b) - round 1, seed {s}", [per_q["round2-both", s]],
-                            [per_q["round1", s]], [s]))  # fmt: skip
+        diffs.append(
+            paired(f"(b) - round 1, seed {s}", [per_q["round2-both", s]], [per_q["round1", s]], [s])
+        )
     if len(both) > 1:
-        diffs.append(paired("(b) - round 1, all seeds", [per_q["round2-both", s] for s in both],
-                            [per_q["round1", s] for s in both], both))  # fmt: skip
+        diffs.append(
+            paired(
+                "(b) - round 1, all seeds",
+                [per_q["round2-both", s] for s in both],
+                [per_q["round1", s] for s in both],
+                both,
+            )
+        )
     for s in [s for s in seeds if ("round2-mined", s) in per_q]:
-        diffs.append(paired(f"(a) - round 1, seed {s}", [per_q["round2-mined", s]],
-                            [per_q["round1", s]], [s]))  # fmt: skip
+        diffs.append(
+            paired(
+                f"(a) - round 1, seed {s}", [per_q["round2-mined", s]], [per_q["round1", s]], [s]
+            )
+        )
     hours += _extra_hours(out, suffix)
-    return {"arms": rows, "references": references, "hybrids": hybrids, "diffs": diffs,
-            "hybrid_diffs": hybrid_diffs, "filter": _filter(out), "hours": hours,
-            "questions": len(per_q["bm25"]["top1"])}  # fmt: skip
+    return {
+        "arms": rows,
+        "references": references,
+        "hybrids": hybrids,
+        "diffs": diffs,
+        "hybrid_diffs": hybrid_diffs,
+        "filter": _filter(out),
+        "hours": hours,
+        "questions": len(per_q["bm25"]["top1"]),
+    }
 
 
 def _hybrids(out, suffix, arms, split, per_q):
     """Each model fused with BM25 (linear, rrf): figures, tuned weights, differences to BM25."""
     models = [("off-the-shelf", out / f"references{suffix}" / "off-the-shelf", None)]
     for folder, runs in arms.items():
-        models += [(f"{folder} s{r['seed']}", out / f"{folder}{suffix}" / r["dir"],
-                    (folder, r["seed"])) for r in runs]  # fmt: skip
+        models += [
+            (f"{folder} s{r['seed']}", out / f"{folder}{suffix}" / r["dir"], (folder, r["seed"]))
+            for r in runs
+        ]
     rows, diffs = [], []
     linear_by_run: dict[tuple[str, int], dict] = {}  # (folder, seed) -> per-question figures
     for name, run_dir, run in models:
@@ -147,15 +167,19 @@ def _hybrids(out, suffix, arms, split, per_q):
             }
             row["weights"] = weights if method == "linear" else None
             rows.append(row)
-            diffs.append(paired(f"BM25 + {name} ({method}) - BM25", [figures], [per_q["bm25"]],
-                                []))  # fmt: skip
-    seeds = sorted(s for f, s in linear_by_run if f == "round1" and ("round2-both", s) in
-                   linear_by_run)  # fmt: skip
+            diffs.append(paired(f"BM25 + {name} ({method}) - BM25", [figures], [per_q["bm25"]], []))
+    seeds = sorted(
+        s for f, s in linear_by_run if f == "round1" and ("round2-both", s) in linear_by_run
+    )
     if seeds:  # the fused rounds paired by seed, as the models alone are
-        diffs.append(paired(f"BM25 + round2-both - BM25 + round1 (linear), seeds "
-                            f"{','.join(map(str, seeds))}",
-                            [linear_by_run["round2-both", s] for s in seeds],
-                            [linear_by_run["round1", s] for s in seeds], seeds))  # fmt: skip
+        diffs.append(
+            paired(
+                f"BM25 + round2-both - BM25 + round1 (linear), seeds {','.join(map(str, seeds))}",
+                [linear_by_run["round2-both", s] for s in seeds],
+                [linear_by_run["round1", s] for s in seeds],
+                seeds,
+            )
+        )
     return rows, diffs
 
 

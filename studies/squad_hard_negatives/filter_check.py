@@ -43,8 +43,9 @@ def looser(answers: list[str], text: str) -> list[str]:
 
 def snippet(text: str, answers: list[str], width: int = 160) -> str:
     """The text around the first place an answer occurs (lower-cased search)."""
-    at = min((text.lower().find(a.lower()) for a in answers if a.lower() in text.lower()),
-             default=0)  # fmt: skip
+    at = min(
+        (text.lower().find(a.lower()) for a in answers if a.lower() in text.lower()), default=0
+    )
     start = max(0, at - width // 2)
     return ("..." if start else "") + text[start : start + width] + "..."
 
@@ -78,8 +79,12 @@ def main() -> None:
                     }
                 )
     sample = random.Random(0).sample(flagged, min(SAMPLE, len(flagged)))
-    result = {"mined_negatives": negatives, "flagged": flagged_total, "by_rule": by_rule,
-              "sample": sample}  # fmt: skip
+    result = {
+        "mined_negatives": negatives,
+        "flagged": flagged_total,
+        "by_rule": by_rule,
+        "sample": sample,
+    }
     write_json_atomic(args.out, result)
     print(
         f"{flagged_total} of {negatives} mined negatives hold an answer under a looser rule "

@@ -14,8 +14,13 @@ from studies.page import Bar, build_page, hybrid_bars, plot_bars
 from studies.squad_hard_negatives.collect import METRICS, gather
 
 HERE = Path(__file__).resolve().parent
-NAMES = {"top1": "top-1", "top5": "top-5", "top20": "top-20", "top100": "top-100",
-         "mrr@10": "MRR@10"}  # fmt: skip
+NAMES = {
+    "top1": "top-1",
+    "top5": "top-5",
+    "top20": "top-20",
+    "top100": "top-100",
+    "mrr@10": "MRR@10",
+}
 README_BEGIN, README_END = (
     "<!-- hard_negatives_table:begin -->",
     "<!-- hard_negatives_table:end -->",
@@ -78,9 +83,11 @@ def hybrids_table(rows: list[dict[str, Any]]) -> list[str]:
 def filter_table(f: dict[str, Any]) -> list[str]:
     if "mined" not in f:
         return ["(not mined yet)"]
-    lines = ["| file | questions | negatives | a question | short | looked at | "
-             "dropped: positive id | positive text | judged | answer | margin |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+    lines = [
+        "| file | questions | negatives | a question | short | looked at | "
+        "dropped: positive id | positive text | judged | answer | margin |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
     for kind in ("mined", "both"):
         s = f.get(kind)
         if s:
@@ -101,8 +108,10 @@ def goals(data: dict[str, Any], root: str = "../../") -> list[str]:
     if pooled:
         for m in ("top1", "mrr@10"):
             lo = pooled[m + "_ci"][0]
-            lines.append(f"| round 2 (b) ahead of round 1 at {NAMES[m]}, interval above 0 | "
-                         f"{diff_cell(pooled, m)} | {'yes' if lo > 0 else 'no'} |")  # fmt: skip
+            lines.append(
+                f"| round 2 (b) ahead of round 1 at {NAMES[m]}, interval above 0 | "
+                f"{diff_cell(pooled, m)} | {'yes' if lo > 0 else 'no'} |"
+            )
     best = None
     for d in [d for d in data["hybrid_diffs"] if d["pair"].endswith(") - BM25")]:
         ahead = all(d[m + "_ci"][0] > 0 for m in ("top1", "top5", "top20"))
@@ -110,12 +119,16 @@ def goals(data: dict[str, Any], root: str = "../../") -> list[str]:
             best = ((ahead, d["top1"]), d)
     if best:
         d = best[1]
-        lines.append(f"| a hybrid ahead of BM25 at top-1, 5, 20 | {d['pair']}: "
-                     f"{', '.join(diff_cell(d, m) for m in ('top1', 'top5', 'top20'))} | "
-                     f"{'yes' if best[0][0] else 'no'} |")  # fmt: skip
-    lines.append("| `mine` at NQ's size (58,880 questions, 21M passages) | projected from measured "
-                 f"rates on [docs/bench/mine.md]({root}docs/bench/mine.md): 3.2 h on 2 cores, peak "
-                 "memory within `--memory-gb` | measured there |")  # fmt: skip
+        lines.append(
+            f"| a hybrid ahead of BM25 at top-1, 5, 20 | {d['pair']}: "
+            f"{', '.join(diff_cell(d, m) for m in ('top1', 'top5', 'top20'))} | "
+            f"{'yes' if best[0][0] else 'no'} |"
+        )
+    lines.append(
+        "| `mine` at NQ's size (58,880 questions, 21M passages) | projected from measured "
+        f"rates on [docs/bench/mine.md]({root}docs/bench/mine.md): 3.2 h on 2 cores, peak "
+        "memory within `--memory-gb` | measured there |"
+    )
     return lines
 
 
@@ -153,12 +166,15 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
     ]
     check = data["filter"].get("check")
     if check:
-        parts += ["", f"Looser rules than DPR's flag {check['flagged']:,} of the "
-                  f"{check['mined_negatives']:,} mined negatives: {check['by_rule']['prefix']:,} "
-                  "where an answer starts a word, "
-                  f"{check['by_rule']['words']:,} where every word of an answer appears in the "
-                  "passage (a negative can be flagged by both); the sample read is in the "
-                  "reading below."]  # fmt: skip
+        parts += [
+            "",
+            f"Looser rules than DPR's flag {check['flagged']:,} of the "
+            f"{check['mined_negatives']:,} mined negatives: {check['by_rule']['prefix']:,} "
+            "where an answer starts a word, "
+            f"{check['by_rule']['words']:,} where every word of an answer appears in the "
+            "passage (a negative can be flagged by both); the sample read is in the "
+            "reading below.",
+        ]
     parts += ["", "## Goals", "", *goals(data)]
     if reading:
         parts += ["", reading.strip()]

@@ -14,9 +14,13 @@ from tests.support.fixtures import REPO
 
 def _run(name: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", *args], cwd=REPO, env=child_env(),
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture

@@ -95,8 +95,16 @@ def test_a_chunks_parts_are_differences_over_the_chunks() -> None:
 def test_engines_are_data_and_a_variant_runs(tmp_path, monkeypatch) -> None:
     variant = Engine(functools.partial(dpr_cache_stepper, length_order=False))
     monkeypatch.setitem(ENGINES, "dpr-cache-batch-order", variant)
-    plan, names, out = parse_args(["--out", str(tmp_path), "--dry-run", "--no-profile",
-                                   "--engines", "dpr-cache,dpr-cache-batch-order"])  # fmt: skip
+    plan, names, out = parse_args(
+        [
+            "--out",
+            str(tmp_path),
+            "--dry-run",
+            "--no-profile",
+            "--engines",
+            "dpr-cache,dpr-cache-batch-order",
+        ]
+    )
     assert names == ["dpr-cache", "dpr-cache-batch-order"] and out == tmp_path
     plan.layers, plan.questions, plan.chunks, plan.rounds = 1, 4, [1, 2], 1
     threads = torch.get_num_threads()

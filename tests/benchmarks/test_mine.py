@@ -13,8 +13,15 @@ from dpr_cache.runtime.processes import child_env
 
 def test_tiny_rehearsal_measures_mine_and_projects_it(tmp_path) -> None:
     env = {**child_env(), "DPR_CACHE_SCALE_TINY": "1"}
-    cmd = [sys.executable, "-m", "benchmarks.mine", "--work", str(tmp_path / "w"),
-           "--out", str(tmp_path / "out")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.mine",
+        "--work",
+        str(tmp_path / "w"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "mine.json").read_text())

@@ -15,8 +15,17 @@ from benchmarks.realtext_report import markdown
 from tests.support.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
-REAL = dict(model=TINY, text=str(TOY / "train.jsonl"), q_len=64, p_len=256, hard_negatives=1,
-            chunk=4, warmup=0, repeats=1, dropout=0.0)  # fmt: skip
+REAL = dict(
+    model=TINY,
+    text=str(TOY / "train.jsonl"),
+    q_len=64,
+    p_len=256,
+    hard_negatives=1,
+    chunk=4,
+    warmup=0,
+    repeats=1,
+    dropout=0.0,
+)
 
 
 def _point(tmp_path, **kw) -> dict:
@@ -29,8 +38,9 @@ def test_real_batches_count_every_token_each_mode_encodes(tmp_path):
     from benchmarks.point import load_point
 
     full = _point(tmp_path, mode="full", batch=8)
-    _, q, p, _, collate_s = load_point(PointSpec(**{**REAL, "mode": "full", "batch": 8,
-                                                     "cache_dir": str(tmp_path)}))  # fmt: skip
+    _, q, p, _, collate_s = load_point(
+        PointSpec(**{**REAL, "mode": "full", "batch": 8, "cache_dir": str(tmp_path)})
+    )
     assert full["encoded_tokens"] == q["input_ids"].numel() + p["input_ids"].numel()
     assert full["real_tokens"] == int(q["attention_mask"].sum() + p["attention_mask"].sum())
     assert full["real_tokens"] < full["encoded_tokens"] and collate_s > 0  # ragged: padded
@@ -47,23 +57,40 @@ def test_plan_summaries_and_targets():
     labels = [realtext.label(dataclasses.asdict(s)) for s in timed]
     assert [s.warmup for s in timed if s.batch == 512] == [0, 0, 0]  # ours and the peers
     assert labels[:5] == [
-        "ours (gradcache) B=128 chunk 32", "ours (gradcache) B=128 chunk 32, batch order",
-        "ours (gradcache) B=128 chunk 32, bf16", "st-cmnrl B=128 chunk 32",
+        "ours (gradcache) B=128 chunk 32",
+        "ours (gradcache) B=128 chunk 32, batch order",
+        "ours (gradcache) B=128 chunk 32, bf16",
+        "st-cmnrl B=128 chunk 32",
         "gradcache-lib B=128 chunk 32",
-    ]  # fmt: skip
+    ]
     assert "ours (gradcache) B=512 chunk 32, batch order" not in labels  # first batch only
     assert labels[-3:] == ["full B=32", "full B=64", "full B=32, bf16"]
     assert [(m.batch, m.warmup, m.repeats) for m in memory] == [(2048, 0, 1)]
-    only = realtext.RealTextPlan(batches=[128], full_batches=[8, 16], memory_batch=None,
-                                 bf16=False, peers=False, batch_order=False)  # fmt: skip
+    only = realtext.RealTextPlan(
+        batches=[128],
+        full_batches=[8, 16],
+        memory_batch=None,
+        bf16=False,
+        peers=False,
+        batch_order=False,
+    )
     assert [realtext.label(dataclasses.asdict(s)) for s in realtext.plan_configs(only)[0]] == [
-        "ours (gradcache) B=128 chunk 32", "full B=8", "full B=16"
-    ]  # fmt: skip
+        "ours (gradcache) B=128 chunk 32",
+        "full B=8",
+        "full B=16",
+    ]
 
     def row(spec: PointSpec, round_: int, step_s: float, peak_gb: float) -> dict:
-        return {**dataclasses.asdict(spec), "key": spec.key(), "round": round_, "step_s": step_s,
-                "peak_bytes": peak_gb * 1e9, "real_tokens": 1000, "encoded_tokens": 1500,
-                "collate_s": 0.1}  # fmt: skip
+        return {
+            **dataclasses.asdict(spec),
+            "key": spec.key(),
+            "round": round_,
+            "step_s": step_s,
+            "peak_bytes": peak_gb * 1e9,
+            "real_tokens": 1000,
+            "encoded_tokens": 1500,
+            "collate_s": 0.1,
+        }
 
     ours, cmnrl, lib = timed[0], timed[3], timed[4]
     full32, full64 = timed[-3], timed[-2]
@@ -92,27 +119,72 @@ def test_plan_summaries_and_targets():
 
 
 def test_profile_phases_add_up_to_the_step(tmp_path):
-    prof = profile_point(PointSpec(**{**REAL, "mode": "gradcache", "batch": 8, "repeats": 1,
-                                      "dropout": None, "cache_dir": str(tmp_path)}))  # fmt: skip
+    prof = profile_point(
+        PointSpec(
+            **{
+                **REAL,
+                "mode": "gradcache",
+                "batch": 8,
+                "repeats": 1,
+                "dropout": None,
+                "cache_dir": str(tmp_path),
+            }
+        )
+    )
     for setting in ("dropout_on", "dropout_off"):
         phases = prof[setting]
         assert all(phases[p] > 0 for p in PHASES if p != "forward_last")
         assert sum(phases[p] for p in PHASES) <= phases["step"] * 1.01
         assert sum(phases[p] for p in PHASES) >= phases["step"] * 0.5  # the phases are the step
-    text = markdown({"machine": {"cpu": "x", "cores": 2, "ram_gb": 1, "flags": [], "torch": "t",
-                                 "threads": 2, "transformers": "t"}, "started": "now",
-                     "seconds": 60, "command": "c", "plan": dataclasses.asdict(
-                         realtext.RealTextPlan()), "targets": [], "configs": [],
-                     "profile": prof})  # fmt: skip
+    text = markdown(
+        {
+            "machine": {
+                "cpu": "x",
+                "cores": 2,
+                "ram_gb": 1,
+                "flags": [],
+                "torch": "t",
+                "threads": 2,
+                "transformers": "t",
+            },
+            "started": "now",
+            "seconds": 60,
+            "command": "c",
+            "plan": dataclasses.asdict(realtext.RealTextPlan()),
+            "targets": [],
+            "configs": [],
+            "profile": prof,
+        }
+    )
     assert "| re-forward with graph + backward |" in text and "dropout's cost" in text
 
 
 def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path, run_benchmark):
     out = tmp_path / "rt"
-    args = ["--text", str(TOY / "train.jsonl"), "--model", TINY,
-            "--batches", "8", "--full-batches", "4", "--memory-batch", "0", "--chunk", "4",
-            "--rounds", "2", "--warmup", "0", "--no-peers", "--no-bf16",
-            "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]  # fmt: skip
+    args = [
+        "--text",
+        str(TOY / "train.jsonl"),
+        "--model",
+        TINY,
+        "--batches",
+        "8",
+        "--full-batches",
+        "4",
+        "--memory-batch",
+        "0",
+        "--chunk",
+        "4",
+        "--rounds",
+        "2",
+        "--warmup",
+        "0",
+        "--no-peers",
+        "--no-bf16",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+    ]
     done = run_benchmark("realtext", *args)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (out / realtext.POINTS_FILE).read_text().splitlines()
@@ -130,14 +202,29 @@ def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path, run_benchmark):
 
 
 def test_reuse_reads_only_this_plan_rows_and_retries_failed_rounds(tmp_path, monkeypatch):
-    plan = realtext.RealTextPlan(batches=[8], full_batches=[4], chunk=4, memory_batch=None,
-                                 rounds=2, bf16=False, peers=False, profile=False)  # fmt: skip
+    plan = realtext.RealTextPlan(
+        batches=[8],
+        full_batches=[4],
+        chunk=4,
+        memory_batch=None,
+        rounds=2,
+        bf16=False,
+        peers=False,
+        profile=False,
+    )
     timed, _ = realtext.plan_configs(plan)  # ours, ours in batch order, full B=4
 
     def row(spec: PointSpec, round_: int, step_s: float) -> dict:
-        return {**dataclasses.asdict(spec), "key": spec.key(), "round": round_, "step_s": step_s,
-                "peak_bytes": 1e9, "real_tokens": 100, "encoded_tokens": 150,
-                "collate_s": 0.1}  # fmt: skip
+        return {
+            **dataclasses.asdict(spec),
+            "key": spec.key(),
+            "round": round_,
+            "step_s": step_s,
+            "peak_bytes": 1e9,
+            "real_tokens": 100,
+            "encoded_tokens": 150,
+            "collate_s": 0.1,
+        }
 
     stale = dataclasses.replace(timed[2], batch=64)  # a full batch an earlier plan measured
     saved = [row(stale, 1, 0.1), row(timed[1], 1, 3.0)]

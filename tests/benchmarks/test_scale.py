@@ -12,8 +12,15 @@ from dpr_cache.runtime.processes import child_env
 
 def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path) -> None:
     env = {**child_env(), "DPR_CACHE_SCALE_TINY": "1"}
-    cmd = [sys.executable, "-m", "benchmarks.scale", "--work", str(tmp_path / "w"),
-           "--out", str(tmp_path / "out")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.scale",
+        "--work",
+        str(tmp_path / "w"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "scale.json").read_text())

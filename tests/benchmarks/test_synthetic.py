@@ -79,9 +79,14 @@ def test_targets_are_ratios_of_points():
             point("gradcache", 2048, 8.0, 1.3e9),
         ],
         "loss": [],
-        "index": {"padded_s": 30.0, "sorted_s": 20.0, "speedup": 1.5, "passages": 9,
-                  "max_length": 256},
-    }  # fmt: skip
+        "index": {
+            "padded_s": 30.0,
+            "sorted_s": 20.0,
+            "speedup": 1.5,
+            "passages": 9,
+            "max_length": 256,
+        },
+    }
     got = {t["target"]: t for t in targets(result)}
     assert got["gradcache B=128 vs best full batch"]["value"] == 0.85
     assert got["gradcache B=128 vs best full batch"]["met"] is True
@@ -119,9 +124,21 @@ def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
     from benchmarks import synthetic as bench
 
     ran = []
-    monkeypatch.setattr(bench_loss, "measure_loss_memory", lambda b, d, t: ran.append(b) or {
-        "batch": b, "dim": d, "tile": t, "mode": "tiled", "ns_per_score": 1.0, "peak_rss": 1,
-    })  # fmt: skip
+    monkeypatch.setattr(
+        bench_loss,
+        "measure_loss_memory",
+        lambda b, d, t: (
+            ran.append(b)
+            or {
+                "batch": b,
+                "dim": d,
+                "tile": t,
+                "mode": "tiled",
+                "ns_per_score": 1.0,
+                "peak_rss": 1,
+            }
+        ),
+    )
     small = bench_loss.estimated_peak_bytes(1024, 768, 4096)
     big = bench_loss.estimated_peak_bytes(262144, 768, 4096)
     assert big > 6e9 and small < 1e9

@@ -60,13 +60,19 @@ def reference_contrastive_autograd(q, p, *, group, temperature, p_ids):
     return total / q.shape[0]
 
 
-def reference_mixed(q, p, t, *, group, temperature, kind, weight, teacher_temperature=1.0,
-                    p_ids=None):  # fmt: skip
+def reference_mixed(
+    q, p, t, *, group, temperature, kind, weight, teacher_temperature=1.0, p_ids=None
+):
     """``weight * contrastive + (1 - weight) * mean_i term_i``, written out."""
     terms = reference_terms(
-        q, p, t, group=group, temperature=temperature,
-        teacher_temperature=teacher_temperature, kind=kind,
-    )  # fmt: skip
+        q,
+        p,
+        t,
+        group=group,
+        temperature=temperature,
+        teacher_temperature=teacher_temperature,
+        kind=kind,
+    )
     distill = sum(terms) / len(terms)
     if weight == 0:
         return distill
@@ -128,13 +134,26 @@ def test_mixed_loss_value_and_gradient_equal_the_formula(kind, weight, tile):
     t = teacher_for(p.shape[0])
     spec = Distillation(kind, weight=weight, teacher_temperature=0.5)
     got = mixed_loss(
-        q, p, group_size=3, temperature=0.3, tile_size=tile, distillation=spec, p_ids=p_ids,
-        teacher_scores=t,
-    )  # fmt: skip
-    want = reference_mixed(
-        q, p, t, group=3, temperature=0.3, kind=kind, weight=weight, teacher_temperature=0.5,
+        q,
+        p,
+        group_size=3,
+        temperature=0.3,
+        tile_size=tile,
+        distillation=spec,
         p_ids=p_ids,
-    )  # fmt: skip
+        teacher_scores=t,
+    )
+    want = reference_mixed(
+        q,
+        p,
+        t,
+        group=3,
+        temperature=0.3,
+        kind=kind,
+        weight=weight,
+        teacher_temperature=0.5,
+        p_ids=p_ids,
+    )
     if weight:  # the written-out contrastive part against the loss tests' own reference
         contrastive = reference_contrastive(q.detach(), p.detach(), 0.3, p_ids, 3)
         alone = reference_mixed(
@@ -166,7 +185,7 @@ def test_contrastive_rows_of_other_ranks_and_local_groups():
             all_p_reps=p,
             all_p_ids=p_ids,
             positive_offset=r * 6,
-        )  # fmt: skip
+        )
         for r in range(2)
     ]
     assert (sum(parts) / 2).item() == pytest.approx(whole.item(), rel=1e-12)
@@ -189,21 +208,29 @@ def test_bad_arguments_raise():
 # -- GradCache = full batch, float64, tiny BERT ---------------------------------------------
 
 
-def full_batch_reference(model, q_inputs, p_inputs, t, p_ids, *, group, kind, weight,
-                         temperature, teacher_temperature):  # fmt: skip
+def full_batch_reference(
+    model, q_inputs, p_inputs, t, p_ids, *, group, kind, weight, temperature, teacher_temperature
+):
     """One forward over the whole batch, the formula written out above, one backward."""
     model.zero_grad(set_to_none=True)
     loss = reference_mixed(
-        model.encode_query(q_inputs), model.encode_passage(p_inputs), t, group=group,
-        temperature=temperature, kind=kind, weight=weight,
-        teacher_temperature=teacher_temperature, p_ids=p_ids,
-    )  # fmt: skip
+        model.encode_query(q_inputs),
+        model.encode_passage(p_inputs),
+        t,
+        group=group,
+        temperature=temperature,
+        kind=kind,
+        weight=weight,
+        teacher_temperature=teacher_temperature,
+        p_ids=p_ids,
+    )
     loss.backward()
     return loss.item(), grads(model)
 
 
-def stepper_grads(mode, model, q_inputs, p_inputs, t, p_ids, *, chunk, group, spec, tile,
-                  temperature):  # fmt: skip
+def stepper_grads(
+    mode, model, q_inputs, p_inputs, t, p_ids, *, chunk, group, spec, tile, temperature
+):
     model.zero_grad(set_to_none=True)
     loss_fn = make_loss_fn(
         temperature=temperature, tile_size=tile, group_size=group, distillation=spec
@@ -226,14 +253,29 @@ def test_gradcache_equals_full_batch(kind, weight, tile, chunk, hard_negatives, 
     t = teacher_for(N_Q * group)
     setting = dict(group=group, temperature=0.4)
     want_loss, want = full_batch_reference(
-        model, q_inputs, p_inputs, t, p_ids, kind=kind, weight=weight, teacher_temperature=2.0,
+        model,
+        q_inputs,
+        p_inputs,
+        t,
+        p_ids,
+        kind=kind,
+        weight=weight,
+        teacher_temperature=2.0,
         **setting,
-    )  # fmt: skip
+    )
     spec = Distillation(kind, weight=weight, teacher_temperature=2.0)
     got_loss, got = stepper_grads(
-        "gradcache", model, q_inputs, p_inputs, t, p_ids, chunk=chunk, spec=spec, tile=tile,
+        "gradcache",
+        model,
+        q_inputs,
+        p_inputs,
+        t,
+        p_ids,
+        chunk=chunk,
+        spec=spec,
+        tile=tile,
         **setting,
-    )  # fmt: skip
+    )
     assert len(want) == len([p for p in model.parameters() if p.requires_grad])
     assert got_loss == pytest.approx(want_loss, rel=1e-12)
     assert max_relative_error(got, want) < 1e-10
@@ -277,9 +319,17 @@ def test_negative_controls_change_the_gradient(kind, control):
     q_inputs, p_inputs, p_ids = make_batch(2)
     t = teacher_for(N_Q * 3)
     _, want = full_batch_reference(
-        model, q_inputs, p_inputs, t, p_ids, group=3, kind=kind, weight=0.0, temperature=0.4,
+        model,
+        q_inputs,
+        p_inputs,
+        t,
+        p_ids,
+        group=3,
+        kind=kind,
+        weight=0.0,
+        temperature=0.4,
         teacher_temperature=2.0,
-    )  # fmt: skip
+    )
     spec, temperature, teacher = Distillation(kind, teacher_temperature=2.0), 0.4, t
     if control == "shuffled teacher":
         teacher = t[torch.randperm(t.numel(), generator=torch.Generator().manual_seed(0))]
@@ -288,9 +338,18 @@ def test_negative_controls_change_the_gradient(kind, control):
     else:
         temperature = 1.0
     _, got = stepper_grads(
-        "gradcache", model, q_inputs, p_inputs, teacher, p_ids, chunk=3, group=3, spec=spec,
-        tile=None, temperature=temperature,
-    )  # fmt: skip
+        "gradcache",
+        model,
+        q_inputs,
+        p_inputs,
+        teacher,
+        p_ids,
+        chunk=3,
+        group=3,
+        spec=spec,
+        tile=None,
+        temperature=temperature,
+    )
     assert max_relative_error(got, want) > 1e-3
 
 
@@ -347,7 +406,8 @@ def test_the_tiled_mix_builds_no_block_larger_than_a_tile(monkeypatch):
     monkeypatch.setattr(torch, "mm", mm)
     monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
     spec = Distillation("margin_mse", weight=0.5)
-    mixed_loss(q, p, group_size=3, tile_size=4, distillation=spec,
-               teacher_scores=teacher_for(24)).backward()  # fmt: skip
+    mixed_loss(
+        q, p, group_size=3, tile_size=4, distillation=spec, teacher_scores=teacher_for(24)
+    ).backward()
     assert blocks and max(r for r, _ in blocks) <= 4 and max(c for _, c in blocks) <= 4
     assert matmuls == []

@@ -159,9 +159,12 @@ def test_length_order_pads_less_and_changes_no_gradient(float64, chunk):
     result = {}
     for ordered in (True, False):
         engine = GradCache(
-            model.encode_query, model.encode_passage, contrastive_loss, chunk,
+            model.encode_query,
+            model.encode_passage,
+            contrastive_loss,
+            chunk,
             length_order=ordered,
-        )  # fmt: skip
+        )
         towers = engine.split(q, p)
         widths = [c["input_ids"].shape[1] for c in towers[0].chunks]
         model.zero_grad()
@@ -196,9 +199,12 @@ def test_accumulate_trims_each_micro_batch_and_changes_no_gradient(float64):
             return lambda inputs: (seen.append(inputs["input_ids"].shape[1]), encode(inputs))[1]
 
         step = Accumulate(
-            encoder(model.encode_query), encoder(model.encode_passage), contrastive_loss, 3,
+            encoder(model.encode_query),
+            encoder(model.encode_passage),
+            contrastive_loss,
+            3,
             trim_padding=trim,
-        )  # fmt: skip
+        )
         model.zero_grad()
         loss = step.step(q, p)
         grads = [x.grad.clone() for x in model.parameters() if x.grad is not None]
@@ -207,10 +213,13 @@ def test_accumulate_trims_each_micro_batch_and_changes_no_gradient(float64):
     assert untrimmed == [16, 20] * 3  # negative control: every micro-batch at the batch's width
     longest = [
         int(inputs["attention_mask"][rows].sum(1).max())
-        for q_rows, p_rows in ((slice(0, 3), slice(0, 6)), (slice(3, 6), slice(6, 12)),
-                               (slice(6, 7), slice(12, 14)))
+        for q_rows, p_rows in (
+            (slice(0, 3), slice(0, 6)),
+            (slice(3, 6), slice(6, 12)),
+            (slice(6, 7), slice(12, 14)),
+        )
         for inputs, rows in ((q, q_rows), (p, p_rows))
-    ]  # fmt: skip
+    ]
     assert trimmed == longest and trimmed[:2] == [5, 7]
     assert loss.item() == pytest.approx(want_loss.item(), rel=1e-12)
     scale = max(a.abs().max() for a in want)

@@ -14,8 +14,18 @@ from tests.support.dpr_answers import dpr_has_answer
 
 def test_tokens_are_alphanumeric_runs_or_single_symbols() -> None:
     assert tokenize("Hello, World! It's 3.5km.") == [
-        "hello", ",", "world", "!", "it", "'", "s", "3", ".", "5km", ".",
-    ]  # fmt: skip
+        "hello",
+        ",",
+        "world",
+        "!",
+        "it",
+        "'",
+        "s",
+        "3",
+        ".",
+        "5km",
+        ".",
+    ]
 
 
 def test_combining_marks_stay_in_their_token() -> None:

@@ -192,8 +192,14 @@ def test_many_hard_negatives_are_drawn_per_epoch_seeded(tokenizer) -> None:
     examples = [example(i, hard=30) for i in range(3)]
 
     def negatives(epoch: int, seed: int = 0, who: list[int] = (0, 1, 2)) -> list[list[int]]:
-        batch = build([examples[i] for i in who], tokenizer, hard_negatives=15, epoch=epoch,
-                      seed=seed, indices=list(who))  # fmt: skip
+        batch = build(
+            [examples[i] for i in who],
+            tokenizer,
+            hard_negatives=15,
+            epoch=epoch,
+            seed=seed,
+            indices=list(who),
+        )
         ids = row_ids(batch)
         return [ids[k * 16 + 1 : (k + 1) * 16] for k in range(len(who))]
 

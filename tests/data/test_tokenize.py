@@ -34,16 +34,25 @@ def _rows(inputs: dict[str, torch.Tensor]) -> list[list[int]]:
 def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
     """A passage in a training batch and the same passage encoded for the index: same ids."""
     batch = build_batch(
-        examples, tokenizer=tok, hard_negatives=1, max_query_length=32, max_passage_length=48,
-        seed=0, epoch=0,
-    )  # fmt: skip
+        examples,
+        tokenizer=tok,
+        hard_negatives=1,
+        max_query_length=32,
+        max_passage_length=48,
+        seed=0,
+        epoch=0,
+    )
     ctxs = [e["positive_ctxs"][0] for e in examples]  # each group's first row
     indexed = tokenize_passages(tok, [c["title"] for c in ctxs], [c["text"] for c in ctxs], 48)
     trained = _rows(batch.p_inputs)[:: batch.group_size]
     assert trained == indexed["input_ids"]
     # and both equal the tokenizer's own DPR-style pair encoding (the independent reference)
-    ref = tok([c["title"] for c in ctxs], [c["text"] for c in ctxs], truncation="only_second",
-              max_length=48)["input_ids"]  # fmt: skip
+    ref = tok(
+        [c["title"] for c in ctxs],
+        [c["text"] for c in ctxs],
+        truncation="only_second",
+        max_length=48,
+    )["input_ids"]
     assert indexed["input_ids"] == ref
     assert max(len(r) for r in ref) == 48  # the limit was reached, so truncation was exercised
 
@@ -51,9 +60,14 @@ def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
 def test_a_training_batch_equals_the_tokenizers_padded_batch(tok, examples) -> None:
     """Every tensor of a step's passages, padding included, as the tokenizer pads them."""
     batch = build_batch(
-        examples, tokenizer=tok, hard_negatives=1, max_query_length=32, max_passage_length=48,
-        seed=0, epoch=0,
-    )  # fmt: skip
+        examples,
+        tokenizer=tok,
+        hard_negatives=1,
+        max_query_length=32,
+        max_passage_length=48,
+        seed=0,
+        epoch=0,
+    )
     ids = batch.p_inputs["input_ids"].tolist()
     ctxs = []
     for e in examples:  # recover the chosen contexts by their encodings
@@ -65,8 +79,14 @@ def test_a_training_batch_equals_the_tokenizers_padded_batch(tok, examples) -> N
                 ctxs.append(c)
                 break
     assert len(ctxs) == len(ids)
-    want = tok([c["title"] for c in ctxs], [c["text"] for c in ctxs], truncation="only_second",
-               max_length=48, padding=True, return_tensors="pt")  # fmt: skip
+    want = tok(
+        [c["title"] for c in ctxs],
+        [c["text"] for c in ctxs],
+        truncation="only_second",
+        max_length=48,
+        padding=True,
+        return_tensors="pt",
+    )
     for key in want:
         assert torch.equal(batch.p_inputs[key], want[key]), key
 
@@ -78,8 +98,14 @@ def test_questions_match_the_tokenizer_padded_batch(tok, examples) -> None:
     assert got.keys() == want.keys()
     for key in want:
         assert torch.equal(got[key], want[key]), key
-    want8 = tok(questions, max_length=12, truncation=True, padding=True, pad_to_multiple_of=4,
-                return_tensors="pt")  # fmt: skip
+    want8 = tok(
+        questions,
+        max_length=12,
+        truncation=True,
+        padding=True,
+        pad_to_multiple_of=4,
+        return_tensors="pt",
+    )
     assert torch.equal(encode_questions(tok, questions, 12, 4)["input_ids"], want8["input_ids"])
 
 

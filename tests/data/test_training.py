@@ -234,8 +234,13 @@ def scored(question: str, scores: list, n_hard: int | None = None) -> dict:
         if score is not None:
             c["teacher_score"] = score
         ctxs.append(c)
-    return {"question": question, "answers": ["a"], "positive_ctxs": ctxs[:1],
-            "hard_negative_ctxs": ctxs[1:], "negative_ctxs": [ctx("n", text="neg")]}  # fmt: skip
+    return {
+        "question": question,
+        "answers": ["a"],
+        "positive_ctxs": ctxs[:1],
+        "hard_negative_ctxs": ctxs[1:],
+        "negative_ctxs": [ctx("n", text="neg")],
+    }
 
 
 def test_teacher_scores_are_read_from_json_and_jsonl(tmp_path: Path) -> None:

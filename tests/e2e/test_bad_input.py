@@ -76,13 +76,24 @@ def test_a_missing_nq_file_names_the_command_that_downloads_it(tmp_path):
     ]
     proc = run_cli("train", "--config", "configs/nq_bs512.yaml", *sets, check=False)
     if not (REPO / "data" / "nq" / "biencoder-nq-train.json").exists():  # not downloaded here
-        expect_error(proc, "data/nq/biencoder-nq-train.json: no such file",
-                     "downloaded by: dpr-cache data nq --gunzip")  # fmt: skip
+        expect_error(
+            proc,
+            "data/nq/biencoder-nq-train.json: no such file",
+            "downloaded by: dpr-cache data nq --gunzip",
+        )
     elsewhere = tmp_path / "nq" / "biencoder-nq-train.json.gz"
-    proc = run_cli("train", "--config", "configs/nq_bs512.yaml", *sets, "--set",
-                   f"data.train={elsewhere}", check=False)  # fmt: skip
-    expect_error(proc, f"{elsewhere}: no such file",
-                 f"dpr-cache data nq --gunzip --out {tmp_path / 'nq'}")  # fmt: skip
+    proc = run_cli(
+        "train",
+        "--config",
+        "configs/nq_bs512.yaml",
+        *sets,
+        "--set",
+        f"data.train={elsewhere}",
+        check=False,
+    )
+    expect_error(
+        proc, f"{elsewhere}: no such file", f"dpr-cache data nq --gunzip --out {tmp_path / 'nq'}"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -96,8 +107,9 @@ def test_batch_larger_than_the_data(tmp_path):
 
 def test_eval_before_index(tmp_path):
     args = toy_overrides(tmp_path)
-    proc = run_cli("eval", "--config", "configs/toy.yaml", *args, "--model", "data/toy/tiny-bert",
-                   check=False)  # fmt: skip
+    proc = run_cli(
+        "eval", "--config", "configs/toy.yaml", *args, "--model", "data/toy/tiny-bert", check=False
+    )
     expect_error(proc, "dpr-cache index")
     assert not (tmp_path / "run").exists()  # a failed eval leaves no empty folder behind
 
@@ -112,8 +124,15 @@ def test_missing_passages_file_keeps_what_was_written(tmp_path):
     run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
     model = tmp_path / "run" / "model" / "query_encoder" / "model.safetensors"
     before = model.read_bytes()
-    proc = run_cli("index", "--config", "configs/toy.yaml", *args, "--set",
-                   f"data.passages={tmp_path / 'gone.tsv'}", check=False)  # fmt: skip
+    proc = run_cli(
+        "index",
+        "--config",
+        "configs/toy.yaml",
+        *args,
+        "--set",
+        f"data.passages={tmp_path / 'gone.tsv'}",
+        check=False,
+    )
     expect_error(proc, "gone.tsv")
     assert model.read_bytes() == before
 
@@ -149,10 +168,17 @@ def test_a_record_without_a_teacher_score_is_named_and_nothing_written_is_lost(t
 
     before = written()
     path = write_scored_toy(tmp_path / "scored.jsonl", unscored=4)
-    more = ["--set", f"data.train={path}", "--set", "train.loss=distill_kl", "--set",
-            "train.max_steps=4"]  # fmt: skip
-    proc = run_cli("train", "--config", "configs/toy.yaml", *args, *more, "--resume", "-q",
-                   check=False)  # fmt: skip
+    more = [
+        "--set",
+        f"data.train={path}",
+        "--set",
+        "train.loss=distill_kl",
+        "--set",
+        "train.max_steps=4",
+    ]
+    proc = run_cli(
+        "train", "--config", "configs/toy.yaml", *args, *more, "--resume", "-q", check=False
+    )
     expect_error(proc, "scored.jsonl line 5: hard_negative_ctxs[1] has no teacher_score")
     assert written() == before and len(before) > 10
 
@@ -285,8 +311,18 @@ def test_a_flag_of_one_number_is_told_as_one_number(tmp_path):
     """search's --k is one number (the config's eval.top_k a list): its error says so."""
     vectors = tmp_path / "q.npy"
     vectors.write_bytes(b"")
-    proc = run_cli("search", "--index", str(tmp_path / "index"), "--query-embeddings", str(vectors),
-                   "--k", "0", "--out", str(tmp_path / "run.trec"), check=False)  # fmt: skip
+    proc = run_cli(
+        "search",
+        "--index",
+        str(tmp_path / "index"),
+        "--query-embeddings",
+        str(vectors),
+        "--k",
+        "0",
+        "--out",
+        str(tmp_path / "run.trec"),
+        check=False,
+    )
     expect_error(proc, "error: --k: takes an integer >= 1 (got 0)")
     assert "list" not in proc.stderr
 
@@ -294,7 +330,16 @@ def test_a_flag_of_one_number_is_told_as_one_number(tmp_path):
 def test_a_download_that_cannot_start_leaves_no_folder(tmp_path):
     out = tmp_path / "data" / "nq"
     nowhere = "http://127.0.0.1:9"  # nothing listens there
-    proc = run_cli("data", "nq", "--out", str(out), "--file", "nq-test.qa.csv", "--base-url",
-                   nowhere, check=False)  # fmt: skip
+    proc = run_cli(
+        "data",
+        "nq",
+        "--out",
+        str(out),
+        "--file",
+        "nq-test.qa.csv",
+        "--base-url",
+        nowhere,
+        check=False,
+    )
     expect_error(proc, "127.0.0.1:9", "cannot download")
     assert not (tmp_path / "data").exists()

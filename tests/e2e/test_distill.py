@@ -16,10 +16,12 @@ LOSSES = {
     "distill_kl": ["train.loss=distill_kl", "train.teacher_temperature=2"],
     "distill_kl mixed": ["train.loss=distill_kl", "train.distill_weight=0.5"],
     "margin_mse mixed, tiled": [
-        "train.loss=margin_mse", "train.distill_weight=0.3", "train.loss_tile_size=7",
+        "train.loss=margin_mse",
+        "train.distill_weight=0.3",
+        "train.loss_tile_size=7",
         "train.hard_negatives=2",
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,9 @@ def sets(*items: str) -> list[str]:
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_verify_proves_the_configured_loss(tmp_path, scored, name):
     args = toy_overrides(tmp_path, **{"data.train": scored, "train.chunk_size": 3})
-    proc = run_cli("verify", "--config", "configs/toy.yaml", *args, *sets(*LOSSES[name]),
-                   "--double")  # fmt: skip
+    proc = run_cli(
+        "verify", "--config", "configs/toy.yaml", *args, *sets(*LOSSES[name]), "--double"
+    )
     loss_line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("loss:"))
     assert name.split()[0] in loss_line
     line = next(x for x in proc.stdout.splitlines() if "max relative grad difference" in x)
@@ -68,8 +71,9 @@ def test_verify_calls_a_wrong_distillation_gradient_different(tmp_path, scored, 
 def test_train_distills_with_fifteen_hard_negatives(tmp_path):
     """A short run with distill_kl mixed in, H = 15 drawn from 16 scored hard negatives."""
     scored = write_scored_toy(tmp_path / "scored.jsonl", extra=14)
-    args = toy_overrides(tmp_path, **{"data.train": scored, "train.max_steps": 2,
-                                      "train.batch_size": 8})  # fmt: skip
+    args = toy_overrides(
+        tmp_path, **{"data.train": scored, "train.max_steps": 2, "train.batch_size": 8}
+    )
     extra = sets("train.loss=distill_kl", "train.distill_weight=0.5", "train.hard_negatives=15")
     run_cli("train", "--config", "configs/toy.yaml", *args, *extra, "-q")
     log = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]

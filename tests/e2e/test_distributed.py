@@ -170,19 +170,43 @@ def test_negative_control_gather_without_gradient_is_wrong(spawned, case):
 # -- distillation: each rank's group terms on its own rows, the same normalisation -------------
 
 DISTILL = [
-    {"name": "distill-kl-gradcache-separate", "mode": "gradcache", "shared": False,
-     "distill": "distill_kl"},
-    {"name": "distill-kl-mixed-gradcache-shared-tiled", "mode": "gradcache", "shared": True,
-     "distill": "distill_kl", "weight": 0.5, "tile": 3},
-    {"name": "margin-mse-gradcache-shared", "mode": "gradcache", "shared": True,
-     "distill": "margin_mse"},
-    {"name": "margin-mse-mixed-full-separate", "mode": "full", "shared": False,
-     "distill": "margin_mse", "weight": 0.3},
-]  # fmt: skip
+    {
+        "name": "distill-kl-gradcache-separate",
+        "mode": "gradcache",
+        "shared": False,
+        "distill": "distill_kl",
+    },
+    {
+        "name": "distill-kl-mixed-gradcache-shared-tiled",
+        "mode": "gradcache",
+        "shared": True,
+        "distill": "distill_kl",
+        "weight": 0.5,
+        "tile": 3,
+    },
+    {
+        "name": "margin-mse-gradcache-shared",
+        "mode": "gradcache",
+        "shared": True,
+        "distill": "margin_mse",
+    },
+    {
+        "name": "margin-mse-mixed-full-separate",
+        "mode": "full",
+        "shared": False,
+        "distill": "margin_mse",
+        "weight": 0.3,
+    },
+]
 DISTILL_CONTROL = [
-    {"name": "distill-kl-wrong-teacher", "mode": "gradcache", "shared": False,
-     "distill": "distill_kl", "wrong_teacher": True},
-]  # fmt: skip
+    {
+        "name": "distill-kl-wrong-teacher",
+        "mode": "gradcache",
+        "shared": False,
+        "distill": "distill_kl",
+        "wrong_teacher": True,
+    },
+]
 
 
 @pytest.fixture(scope="module")
@@ -214,9 +238,13 @@ def distill_reference(case_name: str, step: int) -> tuple[float, dict[str, torch
     model = w.make_model(case["shared"])
     q_inputs, p_inputs, p_ids = w.global_batch(step)
     loss_fn = functools.partial(
-        mixed_loss, temperature=w.TEMPERATURE, group_size=w.GROUP, p_ids=p_ids,
-        distillation=w.distillation(case), teacher_scores=w.teacher_scores(step),
-    )  # fmt: skip
+        mixed_loss,
+        temperature=w.TEMPERATURE,
+        group_size=w.GROUP,
+        p_ids=p_ids,
+        distillation=w.distillation(case),
+        teacher_scores=w.teacher_scores(step),
+    )
     model.zero_grad(set_to_none=True)
     loss = FullBatch(model.encode_query, model.encode_passage, loss_fn).step(q_inputs, p_inputs)
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -414,14 +442,43 @@ def test_torchrun_search_equals_single_process(cli_runs, tmp_path):
     """Each rank scans its share of a flat index's shards (3 shards over 2 ranks); rank 0's
     merged TREC run is the single process's, byte for byte."""
     model = cli_runs["two"] / "model"
-    run_cli(["encode", "--model", str(model), "--passages", "data/toy/passages.tsv", "--out",
-             str(tmp_path / "p"), "--cache-dir", str(cli_runs["cache"]), "--shard-size", "100",
-             "-q"])  # fmt: skip
-    run_cli(["encode", "--model", str(model), "--questions", "data/toy/dev.qa.tsv", "--out",
-             str(tmp_path / "q")])  # fmt: skip
+    run_cli(
+        [
+            "encode",
+            "--model",
+            str(model),
+            "--passages",
+            "data/toy/passages.tsv",
+            "--out",
+            str(tmp_path / "p"),
+            "--cache-dir",
+            str(cli_runs["cache"]),
+            "--shard-size",
+            "100",
+            "-q",
+        ]
+    )
+    run_cli(
+        [
+            "encode",
+            "--model",
+            str(model),
+            "--questions",
+            "data/toy/dev.qa.tsv",
+            "--out",
+            str(tmp_path / "q"),
+        ]
+    )
     run_cli(["index", "--embeddings", f"{tmp_path}/p/*.npy", "--out", str(tmp_path / "index")])
-    common = ["search", "--index", str(tmp_path / "index"), "--query-embeddings",
-              str(tmp_path / "q" / "questions.npy"), "--k", "20"]  # fmt: skip
+    common = [
+        "search",
+        "--index",
+        str(tmp_path / "index"),
+        "--query-embeddings",
+        str(tmp_path / "q" / "questions.npy"),
+        "--k",
+        "20",
+    ]
     run_cli([*common, "--out", str(tmp_path / "one.trec")])
     run_cli([*common, "--out", str(tmp_path / "two.trec")], world=WORLD)
     one = (tmp_path / "one.trec").read_text()
@@ -433,11 +490,37 @@ def test_torchrun_mine_equals_single_process(cli_runs, tmp_path):
     """Mining splits the index's shards over 2 ranks (3 shards); rank 0 writes the same file."""
     model = cli_runs["two"] / "model"
     sets = ["--set", f"output_dir={tmp_path}", "--set", f"data.cache_dir={cli_runs['cache']}"]
-    run_cli(["index", "--config", "configs/toy.yaml", "-q", "--model", str(model), *sets,
-             "--set", "index.shard_size=100"])  # fmt: skip
-    common = ["mine", "--model", str(model), "--index", str(tmp_path / "index"), "--train",
-              "data/toy/train.jsonl", "--cache-dir", str(cli_runs["cache"]), "--negatives", "5",
-              "--depth", "20", "--batch", "128", "-q"]  # fmt: skip
+    run_cli(
+        [
+            "index",
+            "--config",
+            "configs/toy.yaml",
+            "-q",
+            "--model",
+            str(model),
+            *sets,
+            "--set",
+            "index.shard_size=100",
+        ]
+    )
+    common = [
+        "mine",
+        "--model",
+        str(model),
+        "--index",
+        str(tmp_path / "index"),
+        "--train",
+        "data/toy/train.jsonl",
+        "--cache-dir",
+        str(cli_runs["cache"]),
+        "--negatives",
+        "5",
+        "--depth",
+        "20",
+        "--batch",
+        "128",
+        "-q",
+    ]
     run_cli([*common, "--out", str(tmp_path / "one.jsonl")])
     run_cli([*common, "--out", str(tmp_path / "two.jsonl")], world=WORLD)
     one = (tmp_path / "one.jsonl").read_bytes()

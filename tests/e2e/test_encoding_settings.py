@@ -27,8 +27,14 @@ def test_index_and_eval_encode_in_their_own_precision(tmp_path) -> None:
         asked = {"index.precision": precision, "eval.precision": precision}
         if precision == "auto":
             asked = {}  # the default
-        args = ["--config", "configs/toy.yaml", "--model", TINY, "-q",
-                *toy_overrides(tmp_path / precision, **asked)]  # fmt: skip
+        args = [
+            "--config",
+            "configs/toy.yaml",
+            "--model",
+            TINY,
+            "-q",
+            *toy_overrides(tmp_path / precision, **asked),
+        ]
         run_cli("index", *args)
         run_cli("eval", *args)
         out = tmp_path / precision / "run"
@@ -59,13 +65,29 @@ def test_train_keys_are_train_own(tmp_path) -> None:
                 f"error: {key.split('=')[0]}: {command} encodes on {command}.{name}; set that "
                 "instead"
             )
-    noted = run_cli("index", "--config", "configs/nq_bs512.yaml", "--model", TINY, "-q",
-                    *toy_overrides(tmp_path / "nq", **{"data.passages": TOY / "passages.tsv",
-                                                      "index.precision": "auto"}))  # fmt: skip
+    noted = run_cli(
+        "index",
+        "--config",
+        "configs/nq_bs512.yaml",
+        "--model",
+        TINY,
+        "-q",
+        *toy_overrides(
+            tmp_path / "nq", **{"data.passages": TOY / "passages.tsv", "index.precision": "auto"}
+        ),
+    )
     assert "note: index encodes with index.precision: auto (train.precision: fp16" in noted.stderr
-    unnoted = run_cli("index", "--config", "configs/nq_bs512.yaml", "--model", TINY, "-q",
-                      *toy_overrides(tmp_path / "nq", **{"data.passages": TOY / "passages.tsv",
-                                                        "index.precision": "fp32"}))  # fmt: skip
+    unnoted = run_cli(
+        "index",
+        "--config",
+        "configs/nq_bs512.yaml",
+        "--model",
+        TINY,
+        "-q",
+        *toy_overrides(
+            tmp_path / "nq", **{"data.passages": TOY / "passages.tsv", "index.precision": "fp32"}
+        ),
+    )
     assert "note:" not in unnoted.stderr  # index.precision set apart from its default
 
 
@@ -78,8 +100,17 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
     assert record["store_dtype"] == "float32" and record["precision"] == "fp32"  # auto on CPU
     for precision in ("fp32", "bf16"):
         out = tmp_path / f"p-{precision}"
-        run_cli(*base, "--passages", str(TOY / "passages.tsv"), "--out", str(out),
-                "--precision", precision, "--max-length", "64")  # fmt: skip
+        run_cli(
+            *base,
+            "--passages",
+            str(TOY / "passages.tsv"),
+            "--out",
+            str(out),
+            "--precision",
+            precision,
+            "--max-length",
+            "64",
+        )
         record = json.loads((out / "encode.json").read_text())
         assert (record["precision"], record["max_length"], record["pooling"]) == (
             precision,
@@ -99,11 +130,21 @@ def test_encode_records_what_it_ran_with(tmp_path) -> None:
     again = json.loads((tmp_path / "p-fp32" / "encode.json").read_text())["timings"]
     assert again["encoded_passages"] == 0 and again["passages_per_second"] is None  # on disk
     assert again["first_batch_seconds"] is None and again["first_batch_passages"] is None
-    keys = {json.loads((tmp_path / f"p-{p}" / "encode.json").read_text())["shard_key"]
-            for p in ("fp32", "bf16")}  # fmt: skip
+    keys = {
+        json.loads((tmp_path / f"p-{p}" / "encode.json").read_text())["shard_key"]
+        for p in ("fp32", "bf16")
+    }
     assert len(keys) == 2  # another precision, other shards
-    bad = run_cli(*base, "--questions", str(TOY / "dev.qa.tsv"), "--out", str(tmp_path / "x"),
-                  "--precision", "fp8", check=False)  # fmt: skip
+    bad = run_cli(
+        *base,
+        "--questions",
+        str(TOY / "dev.qa.tsv"),
+        "--out",
+        str(tmp_path / "x"),
+        "--precision",
+        "fp8",
+        check=False,
+    )
     assert bad.returncode == 2 and "--precision: " in bad.stderr and "'fp8'" in bad.stderr
 
 

@@ -137,8 +137,14 @@ def test_qrels_judge_only_the_questions_evaluated(tmp_path: Path) -> None:
     qrels = {str(i): {run[str(i)][0]: 1} for i in range(10)}
     qrels |= {f"other{i}": {"x": 1} for i in range(5)}
     write_qrels(tmp_path / "some.qrels", qrels)
-    proc = run_cli("eval", *args, "--set", f"data.qrels={tmp_path / 'some.qrels'}",
-                   "--out", str(tmp_path / "some"))  # fmt: skip
+    proc = run_cli(
+        "eval",
+        *args,
+        "--set",
+        f"data.qrels={tmp_path / 'some.qrels'}",
+        "--out",
+        str(tmp_path / "some"),
+    )
     assert "10 of 263 questions judged (5 qrels questions not evaluated)" in proc.stderr
     metrics = json.loads((tmp_path / "some" / "metrics.json").read_text())
     assert metrics["measured"]["judged_questions"] == 10
@@ -154,22 +160,43 @@ def test_squad_directly_and_through_beir_give_the_same_numbers(tmp_path: Path) -
     squad = tmp_path / "squad"
     build_squad(SQUAD_SOURCE, squad)
     dev = [json.loads(line) for line in (squad / "dev.jsonl").read_text().splitlines()]
-    write_qrels(squad / "dev.qrels", {str(i): {e["positive_ctxs"][0]["passage_id"]: 1}
-                                      for i, e in enumerate(dev)})  # fmt: skip
+    write_qrels(
+        squad / "dev.qrels",
+        {str(i): {e["positive_ctxs"][0]["passage_id"]: 1} for i, e in enumerate(dev)},
+    )
     write_beir(squad / "passages.tsv", squad / "dev.jsonl", tmp_path / "beir")
     read_beir(tmp_path / "beir", tmp_path / "back")
     assert read_qrels(tmp_path / "back" / "qrels.trec") == read_qrels(squad / "dev.qrels")
     results = []
     for name, data in (
-        ("direct", {"passages": squad / "passages.tsv", "dev_qa": squad / "dev.qa.tsv",
-                    "qrels": squad / "dev.qrels"}),
-        ("beir", {"passages": tmp_path / "back" / "passages.tsv",
-                  "dev_qa": tmp_path / "back" / "questions.tsv",
-                  "qrels": tmp_path / "back" / "qrels.trec"}),
-    ):  # fmt: skip
+        (
+            "direct",
+            {
+                "passages": squad / "passages.tsv",
+                "dev_qa": squad / "dev.qa.tsv",
+                "qrels": squad / "dev.qrels",
+            },
+        ),
+        (
+            "beir",
+            {
+                "passages": tmp_path / "back" / "passages.tsv",
+                "dev_qa": tmp_path / "back" / "questions.tsv",
+                "qrels": tmp_path / "back" / "qrels.trec",
+            },
+        ),
+    ):
         sets = toy_overrides(tmp_path / name, **{f"data.{k}": v for k, v in data.items()})
-        args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *sets,
-                "--set", "model.max_passage_length=64"]  # fmt: skip
+        args = [
+            "--config",
+            "configs/toy.yaml",
+            "--model",
+            TINY,
+            "-q",
+            *sets,
+            "--set",
+            "model.max_passage_length=64",
+        ]
         run_cli("index", *args)
         run_cli("eval", *args)
         results.append(_metrics(tmp_path / name / "run" / "eval" / "metrics.json"))

@@ -21,8 +21,15 @@ def test_train_index_eval(tmp_path):
     assert "hit rate" in proc.stdout
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(1, 17))
-    assert {"loss", "lr", "grad_norm", "batch_size", "negatives_per_question", "seconds",
-            "peak_memory_bytes"} <= log[0].keys()  # fmt: skip
+    assert {
+        "loss",
+        "lr",
+        "grad_norm",
+        "batch_size",
+        "negatives_per_question",
+        "seconds",
+        "peak_memory_bytes",
+    } <= log[0].keys()
     assert log[0]["negatives_per_question"] == 16 * 2 - 1
     first, last = log[0]["loss"], sum(r["loss"] for r in log[-4:]) / 4
     assert last < 0.8 * first, (first, last)  # the loss falls
@@ -57,8 +64,9 @@ def _accumulate_loss_from_scratch(tmp_path, batch_size: int, micro: int) -> floa
     tok = AutoTokenizer.from_pretrained(TOY / "tiny-bert")
     recipe = BatchRecipe(hard_negatives=1, max_query_length=32, max_passage_length=128, seed=42)
     batch = recipe.batch(dataset, TrainBatches(len(dataset), batch_size, 42), tok, 0)
-    bert = AutoModel.from_pretrained(TOY / "tiny-bert", hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0).eval()  # fmt: skip
+    bert = AutoModel.from_pretrained(
+        TOY / "tiny-bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    ).eval()
 
     def mean_pool(inputs):
         hidden = bert(**inputs).last_hidden_state

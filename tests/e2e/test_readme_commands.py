@@ -36,12 +36,16 @@ VENV = Path(sys.prefix)  # this venv (its bin/ holds dpr-cache and python)
 SETUP = {"make demo", "make test"}  # README's two set-up commands: this test and CI run them
 NETWORK = {"dpr-cache data nq --gunzip", "dpr-cache train --config configs/nq_bs512.yaml"}
 LONG = {  # on the pages they moved to: each is rehearsed at toy size by the test beside it
-    "python -m benchmarks.realtext --out docs/bench":
-        ("docs/performance.md", "tests/benchmarks/test_realtext.py"),
-    "python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench":
-        ("docs/performance.md", "tests/benchmarks/test_synthetic.py"),
+    "python -m benchmarks.realtext --out docs/bench": (
+        "docs/performance.md",
+        "tests/benchmarks/test_realtext.py",
+    ),
+    "python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench": (
+        "docs/performance.md",
+        "tests/benchmarks/test_synthetic.py",
+    ),
     "studies/squad_batch_size/run.sh": ("docs/studies.md", "tests/studies/test_run_dry.py"),
-}  # fmt: skip
+}
 README_MAX_BYTES = 20_000  # the path a newcomer walks; the studies and figures are in docs/
 
 
@@ -72,10 +76,16 @@ def demo_commands() -> list[str]:
 
 def _copy_checkout(dest: Path) -> None:
     """The checkout's files as a fresh clone has them (tracked, and new files not ignored)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-        capture_output=True,
-    ).stdout.decode().split("\0")  # fmt: skip
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         if (REPO / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -165,8 +175,9 @@ def test_every_command_runs_as_printed(checkout: Path) -> None:
 
 def test_the_python_examples_run_on_the_demo_model(checkout: Path) -> None:
     [st_example] = [b for b in _blocks("python") if "SentenceTransformer" in b]
-    done = _run(f"python - <<'EOF'\n{st_example}\nprint(questions.shape, passages.shape)\nEOF",
-                checkout)  # fmt: skip
+    done = _run(
+        f"python - <<'EOF'\n{st_example}\nprint(questions.shape, passages.shape)\nEOF", checkout
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["(1,", "64)", "(1,", "64)"]
 
@@ -174,8 +185,16 @@ def test_the_python_examples_run_on_the_demo_model(checkout: Path) -> None:
 @pytest.mark.parametrize("command", sorted(NETWORK))
 def test_a_network_command_stops_at_once_with_one_line(command: str, checkout: Path) -> None:
     nowhere = "http://127.0.0.1:9"  # nothing listens: no download can start, online or not
-    done = _run(command, checkout, HF_HUB_OFFLINE="0", HF_ENDPOINT=nowhere, HTTPS_PROXY=nowhere,
-                HTTP_PROXY=nowhere, https_proxy=nowhere, http_proxy=nowhere)  # fmt: skip
+    done = _run(
+        command,
+        checkout,
+        HF_HUB_OFFLINE="0",
+        HF_ENDPOINT=nowhere,
+        HTTPS_PROXY=nowhere,
+        HTTP_PROXY=nowhere,
+        https_proxy=nowhere,
+        http_proxy=nowhere,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]

@@ -27,9 +27,14 @@ def test_the_readme_example_runs_and_steps() -> None:
     with open(TOY / "train.jsonl", encoding="utf-8") as f:
         examples = [json.loads(line) for line in f][:8]
     batch = build_batch(
-        examples, tokenizer=load_tokenizer(TOY / "tiny-bert"), hard_negatives=1,
-        max_query_length=16, max_passage_length=32, seed=0, epoch=0,
-    )  # fmt: skip
+        examples,
+        tokenizer=load_tokenizer(TOY / "tiny-bert"),
+        hard_negatives=1,
+        max_query_length=16,
+        max_passage_length=32,
+        seed=0,
+        epoch=0,
+    )
     scope = {"batches": [(batch.q_inputs, batch.p_inputs, batch.p_ids)]}
     torch.manual_seed(0)
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102
@@ -40,5 +45,6 @@ def test_the_readme_example_runs_and_steps() -> None:
         new = dict(getattr(model, tower).named_parameters())
         old = dict(getattr(start, tower).named_parameters())
         assert all(p.grad is not None for p in new.values() if p.requires_grad), tower
-        assert not torch.equal(new["embeddings.word_embeddings.weight"],
-                               old["embeddings.word_embeddings.weight"]), tower  # fmt: skip
+        assert not torch.equal(
+            new["embeddings.word_embeddings.weight"], old["embeddings.word_embeddings.weight"]
+        ), tower

@@ -49,8 +49,9 @@ def encoded(tmp_path_factory) -> Path:
         "100",
         "-q",
     )
-    run_cli("encode", "--model", TINY, "--questions", str(TOY / "dev.qa.tsv"), "--out",
-            str(root / "q"))  # fmt: skip
+    run_cli(
+        "encode", "--model", TINY, "--questions", str(TOY / "dev.qa.tsv"), "--out", str(root / "q")
+    )
     return root
 
 
@@ -60,8 +61,17 @@ def test_search_run_equals_brute_force(encoded: Path) -> None:
         "0\n1\n"
     )
     run_cli("index", "--embeddings", f"{p}/*.npy", "--out", str(encoded / "flat"))
-    run_cli("search", "--index", str(encoded / "flat"), "--query-embeddings",
-            str(q / "questions.npy"), "--k", "10", "--out", str(encoded / "run.trec"))  # fmt: skip
+    run_cli(
+        "search",
+        "--index",
+        str(encoded / "flat"),
+        "--query-embeddings",
+        str(q / "questions.npy"),
+        "--k",
+        "10",
+        "--out",
+        str(encoded / "run.trec"),
+    )
     run = _run(encoded / "run.trec")
     store = EmbeddingStore.from_glob(f"{p}/*.npy")
     vectors = np.concatenate([b.copy() for _, b in store.blocks(1000)])
@@ -101,9 +111,17 @@ def test_dpr_pickles_index_like_our_shards(encoded: Path) -> None:
     )
     if not (encoded / "run.trec").is_file():
         run_cli("index", "--embeddings", f"{encoded / 'p'}/*.npy", "--out", str(encoded / "flat"))
-        run_cli("search", "--index", str(encoded / "flat"), "--query-embeddings",
-                str(encoded / "q" / "questions.npy"), "--k", "10", "--out",
-                str(encoded / "run.trec"))  # fmt: skip
+        run_cli(
+            "search",
+            "--index",
+            str(encoded / "flat"),
+            "--query-embeddings",
+            str(encoded / "q" / "questions.npy"),
+            "--k",
+            "10",
+            "--out",
+            str(encoded / "run.trec"),
+        )
     assert (encoded / "dpr.trec").read_text() == (encoded / "run.trec").read_text()
 
 
@@ -116,9 +134,22 @@ def test_an_index_of_precomputed_vectors_evaluates_like_an_encoded_one(encoded, 
     encoded_pids = _run_pids(tmp_path / "run" / "eval" / "run.trec")
     shutil.rmtree(tmp_path / "run" / "index")
     # the same vectors, written by `encode` (as toy.yaml encodes) with no record of the TSV
-    run_cli("encode", "--model", TINY, "--passages", str(TOY / "passages.tsv"), "--out",
-            str(tmp_path / "p"), "--cache-dir", str(encoded / "cache"), "--pooling", "mean",
-            "--max-length", "128", "-q")  # fmt: skip
+    run_cli(
+        "encode",
+        "--model",
+        TINY,
+        "--passages",
+        str(TOY / "passages.tsv"),
+        "--out",
+        str(tmp_path / "p"),
+        "--cache-dir",
+        str(encoded / "cache"),
+        "--pooling",
+        "mean",
+        "--max-length",
+        "128",
+        "-q",
+    )
     run_cli(
         "index", "--embeddings", f"{tmp_path / 'p'}/*.npy", "--out", str(tmp_path / "run" / "index")
     )
@@ -132,8 +163,13 @@ def test_an_index_of_precomputed_vectors_evaluates_like_an_encoded_one(encoded, 
     with open(tmp_path / "wiki_passages_0.pkl", "wb") as f:
         pickle.dump(list(zip(ids, vectors, strict=True)), f)
     shutil.rmtree(tmp_path / "run" / "index")
-    run_cli("index", "--embeddings", str(tmp_path / "wiki_passages_0.pkl"), "--out",
-            str(tmp_path / "run" / "index"))  # fmt: skip
+    run_cli(
+        "index",
+        "--embeddings",
+        str(tmp_path / "wiki_passages_0.pkl"),
+        "--out",
+        str(tmp_path / "run" / "index"),
+    )
     run_cli("eval", *args)
     prefixed = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
     assert {k: v for k, v in prefixed.items() if k != "measured"} == {
@@ -160,15 +196,31 @@ def test_bad_input_is_one_line(encoded: Path, tmp_path: Path) -> None:
     mixed = tmp_path / "mixed"
     shutil.copytree(encoded / "p", mixed)
     write_shard(mixed / "zz-wide.npy", np.zeros((2, 65)), ["a", "b"])
-    _expect_error(run_cli("index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "i"),
-                          check=False), "zz-wide.npy", "65 x float16")  # fmt: skip
+    _expect_error(
+        run_cli(
+            "index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "i"), check=False
+        ),
+        "zz-wide.npy",
+        "65 x float16",
+    )
     (mixed / "zz-wide.npy").unlink()
     (mixed / "zz-wide.ids.txt").unlink()
     run_cli("index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "i"))
     write_shard(tmp_path / "q.npy", np.zeros((3, 7)), ["a", "b", "c"], "float32")
-    _expect_error(run_cli("search", "--index", str(tmp_path / "i"), "--query-embeddings",
-                          str(tmp_path / "q.npy"), "--out", str(tmp_path / "r.trec"),
-                          check=False), "(3, 7)", "64-d")  # fmt: skip
+    _expect_error(
+        run_cli(
+            "search",
+            "--index",
+            str(tmp_path / "i"),
+            "--query-embeddings",
+            str(tmp_path / "q.npy"),
+            "--out",
+            str(tmp_path / "r.trec"),
+            check=False,
+        ),
+        "(3, 7)",
+        "64-d",
+    )
     _expect_error(
         run_cli(
             "search",
@@ -186,14 +238,38 @@ def test_bad_input_is_one_line(encoded: Path, tmp_path: Path) -> None:
         "give --memory-gb",
     )
     assert not (tmp_path / "r.trec").exists()
-    _expect_error(run_cli("index", "--embeddings", f"{mixed}/*.npy", "--out", str(tmp_path / "h"),
-                          "--type", "hnsw", "--memory-gb", "0.00001", check=False),
-                  "hnsw", "cannot be memory-mapped")  # fmt: skip
+    _expect_error(
+        run_cli(
+            "index",
+            "--embeddings",
+            f"{mixed}/*.npy",
+            "--out",
+            str(tmp_path / "h"),
+            "--type",
+            "hnsw",
+            "--memory-gb",
+            "0.00001",
+            check=False,
+        ),
+        "hnsw",
+        "cannot be memory-mapped",
+    )
     shard = next(mixed.glob("*-00001.npy"))
     shard.unlink()  # a shard the index recorded is gone
-    _expect_error(run_cli("search", "--index", str(tmp_path / "i"), "--query-embeddings",
-                          str(encoded / "q" / "questions.npy"), "--out", str(tmp_path / "r.trec"),
-                          check=False), shard.name, "no such shard")  # fmt: skip
+    _expect_error(
+        run_cli(
+            "search",
+            "--index",
+            str(tmp_path / "i"),
+            "--query-embeddings",
+            str(encoded / "q" / "questions.npy"),
+            "--out",
+            str(tmp_path / "r.trec"),
+            check=False,
+        ),
+        shard.name,
+        "no such shard",
+    )
 
 
 def test_eval_and_search_rank_the_same_questions_alike(tmp_path: Path) -> None:
@@ -203,17 +279,46 @@ def test_eval_and_search_rank_the_same_questions_alike(tmp_path: Path) -> None:
     args += ["--set", "model.max_query_length=12"]
     run_cli("index", *args)
     run_cli("eval", *args)
-    run_cli("search", "--index", str(tmp_path / "run" / "index"), "--questions",
-            str(TOY / "dev.qa.tsv"), "--model", TINY, "--k", "100", "--out",
-            str(tmp_path / "search.trec"))  # fmt: skip
+    run_cli(
+        "search",
+        "--index",
+        str(tmp_path / "run" / "index"),
+        "--questions",
+        str(TOY / "dev.qa.tsv"),
+        "--model",
+        TINY,
+        "--k",
+        "100",
+        "--out",
+        str(tmp_path / "search.trec"),
+    )
     searched = (tmp_path / "search.trec").read_text()
     assert searched == (tmp_path / "run" / "eval" / "run.trec").read_text()
     # negative control: the same questions cut at the model's own length rank otherwise
-    run_cli("encode", "--model", TINY, "--questions", str(TOY / "dev.qa.tsv"), "--pooling",
-            "mean", "--max-length", "32", "--out", str(tmp_path / "q32"))  # fmt: skip
-    run_cli("search", "--index", str(tmp_path / "run" / "index"), "--query-embeddings",
-            str(tmp_path / "q32" / "questions.npy"), "--k", "100", "--out",
-            str(tmp_path / "q32.trec"))  # fmt: skip
+    run_cli(
+        "encode",
+        "--model",
+        TINY,
+        "--questions",
+        str(TOY / "dev.qa.tsv"),
+        "--pooling",
+        "mean",
+        "--max-length",
+        "32",
+        "--out",
+        str(tmp_path / "q32"),
+    )
+    run_cli(
+        "search",
+        "--index",
+        str(tmp_path / "run" / "index"),
+        "--query-embeddings",
+        str(tmp_path / "q32" / "questions.npy"),
+        "--k",
+        "100",
+        "--out",
+        str(tmp_path / "q32.trec"),
+    )
     assert (tmp_path / "q32.trec").read_text() != searched
 
 
@@ -225,14 +330,31 @@ def test_a_beir_run_is_named_as_its_qrels(tmp_path: Path) -> None:
     args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *toy_overrides(tmp_path)]
     args += ["--set", f"data.passages={beir / 'passages.tsv'}"]
     run_cli("index", *args)
-    run_cli("search", "--index", str(tmp_path / "run" / "index"), "--questions",
-            str(beir / "questions.tsv"), "--model", TINY, "--k", "5", "--out",
-            str(tmp_path / "run.trec"))  # fmt: skip
+    run_cli(
+        "search",
+        "--index",
+        str(tmp_path / "run" / "index"),
+        "--questions",
+        str(beir / "questions.tsv"),
+        "--model",
+        TINY,
+        "--k",
+        "5",
+        "--out",
+        str(tmp_path / "run.trec"),
+    )
     judged = read_qrels(beir / "qrels.trec")
     ids = (beir / "questions.ids.txt").read_text().splitlines()
     assert list(_run(tmp_path / "run.trec")) == ids and set(ids) == set(judged)
-    run_cli("encode", "--model", TINY, "--questions", str(beir / "questions.tsv"), "--out",
-            str(tmp_path / "q"))  # fmt: skip
+    run_cli(
+        "encode",
+        "--model",
+        TINY,
+        "--questions",
+        str(beir / "questions.tsv"),
+        "--out",
+        str(tmp_path / "q"),
+    )
     assert (tmp_path / "q" / "questions.ids.txt").read_text().splitlines() == ids
 
 

@@ -33,13 +33,24 @@ def start(*args: str, env: dict | None = None, world: int = 1) -> subprocess.Pop
     if world > 1:
         from dpr_cache.runtime.processes import free_port
 
-        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                     "--master_addr=127.0.0.1", f"--master_port={free_port()}"]  # fmt: skip
+        launcher += [
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={world}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+        ]
     full = {**child_env(), **(env or {})}
     if world > 1:
         full["OMP_NUM_THREADS"] = "1"
-    return subprocess.Popen([*launcher, "-m", "dpr_cache", *args], cwd=REPO, env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [*launcher, "-m", "dpr_cache", *args],
+        cwd=REPO,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def descendants(pid: int) -> list[int]:
@@ -121,8 +132,15 @@ def assert_whole(path: Path) -> None:
 
 
 def record(fault: str, command: str, where: str, survived: bool, lost_bytes: int = 0) -> None:
-    RECORDS.append({"fault": fault, "command": command, "where": where, "survived": survived,
-                    "lost_bytes": lost_bytes})  # fmt: skip
+    RECORDS.append(
+        {
+            "fault": fault,
+            "command": command,
+            "where": where,
+            "survived": survived,
+            "lost_bytes": lost_bytes,
+        }
+    )
 
 
 VOLATILE = {

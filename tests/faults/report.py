@@ -28,8 +28,10 @@ def table(records: list[dict]) -> list[str]:
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
         groups[(r["fault"], r["command"])].append(r)
-    lines = ["| fault | command | injections | survived | lost bytes | where it struck | "
-             "reproduce |", "|---|---|--:|--:|--:|---|---|"]  # fmt: skip
+    lines = [
+        "| fault | command | injections | survived | lost bytes | where it struck | reproduce |",
+        "|---|---|--:|--:|--:|---|---|",
+    ]
     faults = list(TESTS)  # the table in this order, whichever test process ran first
     for (fault, command), rows in sorted(groups.items(), key=lambda g: faults.index(g[0][0])):
         where = "; ".join(dict.fromkeys(r["where"] for r in rows))

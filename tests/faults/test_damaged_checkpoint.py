@@ -28,8 +28,9 @@ def cut_run(tmp_path_factory):
     want = saved_weights(root / "whole" / "run" / "model")
     out = root / "cut" / "run"
     proc = start(*_args(root / "cut"))
-    assert kill_when(proc, lambda: (out / "checkpoints" / "step-00000006" / "state.sha256")
-                     .is_file())  # fmt: skip
+    assert kill_when(
+        proc, lambda: (out / "checkpoints" / "step-00000006" / "state.sha256").is_file()
+    )
     return want, root / "cut"
 
 

@@ -80,8 +80,12 @@ def test_a_dead_rank_is_named_and_the_run_resumes(tmp_path) -> None:
     assert resumed.returncode == 0
     got = saved_weights(tmp_path / "run" / "model")
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
-    record("a rank killed", "train under torchrun (2 gloo ranks)",
-           f"after step 3; the survivor stopped in {stopped_in:.0f} s", True)  # fmt: skip
+    record(
+        "a rank killed",
+        "train under torchrun (2 gloo ranks)",
+        f"after step 3; the survivor stopped in {stopped_in:.0f} s",
+        True,
+    )
 
 
 def test_a_rank_that_stops_answering_is_given_up_on_at_the_timeout(tmp_path) -> None:
@@ -106,9 +110,13 @@ def test_a_rank_that_stops_answering_is_given_up_on_at_the_timeout(tmp_path) -> 
     ours = [line for line in err.splitlines() if "error: rank 0:" in line]
     assert ours and f"rank 1 (pid {frozen}, not answering) stopped" in ours[0], err[-3000:]
     assert (tmp_path / "run" / "checkpoints" / "step-00000002").is_dir()
-    record("a rank killed", "train under torchrun (2 gloo ranks)",
-           f"rank 1 frozen (SIGSTOP) after step 3, timeout 15 s: the survivor stopped in "
-           f"{gave_up_in:.0f} s", True)  # fmt: skip
+    record(
+        "a rank killed",
+        "train under torchrun (2 gloo ranks)",
+        f"rank 1 frozen (SIGSTOP) after step 3, timeout 15 s: the survivor stopped in "
+        f"{gave_up_in:.0f} s",
+        True,
+    )
 
 
 CHILD = """
@@ -183,39 +191,58 @@ try:
 except typer.Exit as e:
     sys.exit(e.exit_code)
 """
-LINE = ("error: rank 0: rank 1 (pid {}) stopped, and torchrun stopped this rank: once every rank "
-        "can run, --resume continues from the last checkpoint")  # fmt: skip
+LINE = (
+    "error: rank 0: rank 1 (pid {}) stopped, and torchrun stopped this rank: once every rank "
+    "can run, --resume continues from the last checkpoint"
+)
 
 
 def _run(peer: str, handler: str, where: str) -> tuple[int, list[str], list[str]]:
     """The stand-in rank's exit code, its stdout's lines (the peer's pid first) and the lines
     of stderr that are errors or tracebacks."""
     env = {**child_env(), "RANK": "0", "WORLD_SIZE": "2"}  # as torchrun sets them
-    done = subprocess.run([sys.executable, "-c", CHILD, peer, handler, where], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, peer, handler, where],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     out = done.stdout.split()
     assert out, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "Traceback"))]
     return done.returncode, out, said
 
 
-MOMENTS = {"unwinding": "while unwinding from the failure", "reading the error": "while reading "
-           "the error", "the training loop": "inside the training loop"}  # fmt: skip
+MOMENTS = {
+    "unwinding": "while unwinding from the failure",
+    "reading the error": "while reading the error",
+    "the training loop": "inside the training loop",
+}
 
 
 @pytest.mark.parametrize("where", list(MOMENTS))
 def test_a_sigterm_before_the_report_still_names_the_dead_rank(where) -> None:
     code, out, said = _run("ended", "installed", where)
     assert (code, said) == (1, [LINE.format(out[0])])
-    record("a rank killed", "the survivor's report (one process, its peer's process ended)",
-           f"torchrun's SIGTERM {MOMENTS[where]}", True)  # fmt: skip
+    record(
+        "a rank killed",
+        "the survivor's report (one process, its peer's process ended)",
+        f"torchrun's SIGTERM {MOMENTS[where]}",
+        True,
+    )
 
 
 def test_a_sigterm_after_another_errors_line_adds_nothing() -> None:
     code, _, said = _run("ended", "installed", "after another error's line")
     assert (code, said) == (2, ["error: data.train: no training file given"])
-    record("a rank killed", "the survivor's report (one process, its peer's process ended)",
-           "torchrun's SIGTERM after another error's line", True)  # fmt: skip
+    record(
+        "a rank killed",
+        "the survivor's report (one process, its peer's process ended)",
+        "torchrun's SIGTERM after another error's line",
+        True,
+    )
 
 
 def test_a_forked_worker_is_not_a_rank() -> None:

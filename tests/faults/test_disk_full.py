@@ -47,9 +47,20 @@ def _one_line(done, name: str) -> str:
 
 def test_encode_stops_on_a_full_disk_and_resumes_with_room(tmp_path, small_disk) -> None:
     disk, resize = small_disk
-    args = ["encode", "--model", str(TOY / "tiny-bert"), "--passages", str(TOY / "passages.tsv"),
-            "--shard-size", "40", "--store-dtype", "float32", "--cache-dir",
-            str(tmp_path / "cache"), "-q"]  # fmt: skip
+    args = [
+        "encode",
+        "--model",
+        str(TOY / "tiny-bert"),
+        "--passages",
+        str(TOY / "passages.tsv"),
+        "--shard-size",
+        "40",
+        "--store-dtype",
+        "float32",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "-q",
+    ]
     run_cli(*args, "--out", str(tmp_path / "whole"))
     want = digest(tmp_path / "whole")
     done = run_cli(*args, "--out", str(disk / "vecs"), check=False)
@@ -70,8 +81,14 @@ def test_train_stops_on_a_full_disk_at_a_checkpoint_and_resumes(tmp_path, small_
     args = ["train", "--config", "configs/toy.yaml", "-q"]
     run_cli(*args, *toy_overrides(tmp_path / "whole", **sets))
     want = saved_weights(tmp_path / "whole" / "run" / "model")
-    size = sum(p.stat().st_size for p in (tmp_path / "whole" / "run" / "checkpoints").rglob("*")
-               if p.is_file()) // 2  # one checkpoint  # fmt: skip
+    size = (
+        sum(
+            p.stat().st_size
+            for p in (tmp_path / "whole" / "run" / "checkpoints").rglob("*")
+            if p.is_file()
+        )
+        // 2
+    )  # one checkpoint
     resize(int(size * 1.5) // 1024)  # room for one checkpoint, not two
     mine = [*args, *toy_overrides(tmp_path, **sets), "--set", f"output_dir={disk / 'run'}"]
     done = run_cli(*mine, check=False)
@@ -115,9 +132,20 @@ def test_the_message_names_a_size_a_person_reads(tmp_path) -> None:
 def test_encode_stops_at_a_file_size_limit_and_resumes_without_it(tmp_path) -> None:
     """RLIMIT_FSIZE below one shard's size: encode stops at its first shard with one line naming
     the file and the limit (EFBIG, not a full disk); without the limit the rerun ends whole."""
-    args = ["encode", "--model", str(TOY / "tiny-bert"), "--passages", str(TOY / "passages.tsv"),
-            "--shard-size", "100", "--store-dtype", "float32", "--cache-dir",
-            str(tmp_path / "cache"), "-q"]  # fmt: skip
+    args = [
+        "encode",
+        "--model",
+        str(TOY / "tiny-bert"),
+        "--passages",
+        str(TOY / "passages.tsv"),
+        "--shard-size",
+        "100",
+        "--store-dtype",
+        "float32",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "-q",
+    ]
     run_cli(*args, "--out", str(tmp_path / "whole"))  # also fills the Arrow cache
     want = digest(tmp_path / "whole")
     shard = max(p.stat().st_size for p in (tmp_path / "whole").glob("*.npy"))
@@ -128,9 +156,15 @@ def test_encode_stops_at_a_file_size_limit_and_resumes_without_it(tmp_path) -> N
     def capped() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    done = subprocess.run([sys.executable, "-m", "dpr_cache", *args, "--out", str(tmp_path / "v")],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True,
-                          preexec_fn=capped, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dpr_cache", *args, "--out", str(tmp_path / "v")],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=capped,
+        timeout=600,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     [line] = done.stderr.strip().splitlines()[-1:]
     assert line.startswith(f"error: cannot write {tmp_path / 'v'}"), line

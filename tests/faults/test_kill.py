@@ -33,13 +33,19 @@ STEPS = 8
 def model(tmp_path_factory) -> Path:
     """A toy model, trained a few steps: what encode, index, search, eval and mine use."""
     root = tmp_path_factory.mktemp("kill-model")
-    run_cli("train", "--config", "configs/toy.yaml", "-q",
-            *toy_overrides(root, **{"train.max_steps": 4}))  # fmt: skip
+    run_cli(
+        "train",
+        "--config",
+        "configs/toy.yaml",
+        "-q",
+        *toy_overrides(root, **{"train.max_steps": 4}),
+    )
     return root / "run" / "model"
 
 
-def _inject(command: str, args: list[str], out: Path, fractions: list[float],
-            rerun: list[str] | None = None) -> None:  # fmt: skip
+def _inject(
+    command: str, args: list[str], out: Path, fractions: list[float], rerun: list[str] | None = None
+) -> None:
     """Run to the end for the reference, then for each fraction: start afresh, kill -9 once the
     folder ``out`` holds that share of the reference's bytes, check, rerun, compare."""
     run_cli(*args)
@@ -91,8 +97,12 @@ def test_train_killed_at_seeded_steps_and_inside_a_checkpoint(tmp_path) -> None:
         run_cli(*args, "--resume")
         assert digest(out) == want, f"killed at {point}: the resumed run differs"
         assert not leftovers(out), leftovers(out)
-        record("kill -9", "train", f"after step {point}" if point != "checkpoint"
-               else "while a checkpoint was written", True)  # fmt: skip
+        record(
+            "kill -9",
+            "train",
+            f"after step {point}" if point != "checkpoint" else "while a checkpoint was written",
+            True,
+        )
 
 
 def test_encode_killed_while_writing_shards(tmp_path, model) -> None:
@@ -116,8 +126,9 @@ def test_encode_killed_while_writing_shards(tmp_path, model) -> None:
 
 @pytest.mark.parametrize("kind", ["flat", "ivf"])
 def test_index_killed_while_building(tmp_path, model, kind) -> None:
-    sets = toy_overrides(tmp_path, **{"index.shard_size": 40, "index.type": kind,
-                                      "index.ivf_nlist": 4})  # fmt: skip
+    sets = toy_overrides(
+        tmp_path, **{"index.shard_size": 40, "index.type": kind, "index.ivf_nlist": 4}
+    )
     args = ["index", "--config", "configs/toy.yaml", "--model", str(model), "-q", *sets]
     _inject(f"index ({kind})", args, tmp_path / "run" / "index", _fractions(2))
 
@@ -126,8 +137,16 @@ def test_search_eval_and_mine_killed_while_writing(tmp_path, model) -> None:
     sets = toy_overrides(tmp_path, **{"index.shard_size": 40})
     run_cli("index", "--config", "configs/toy.yaml", "--model", str(model), "-q", *sets)
     index = tmp_path / "run" / "index"
-    run_cli("encode", "--model", str(model), "--questions", str(TOY / "dev.qa.tsv"), "--out",
-            str(tmp_path / "q"), "-q")  # fmt: skip
+    run_cli(
+        "encode",
+        "--model",
+        str(model),
+        "--questions",
+        str(TOY / "dev.qa.tsv"),
+        "--out",
+        str(tmp_path / "q"),
+        "-q",
+    )
     runs = tmp_path / "runs"
     search = [
         "search",
@@ -142,13 +161,39 @@ def test_search_eval_and_mine_killed_while_writing(tmp_path, model) -> None:
     ]
     _inject("search", search, runs, _fractions(2))
     eval_out = tmp_path / "eval"
-    evaluate = ["eval", "--config", "configs/toy.yaml", "--model", str(model), "-q", *sets,
-                "--out", str(eval_out)]  # fmt: skip
+    evaluate = [
+        "eval",
+        "--config",
+        "configs/toy.yaml",
+        "--model",
+        str(model),
+        "-q",
+        *sets,
+        "--out",
+        str(eval_out),
+    ]
     _inject("eval", evaluate, eval_out, _fractions(2))
     mined = tmp_path / "mined" / "train.mined.jsonl"
-    mine = ["mine", "--model", str(model), "--index", str(index), "--train",
-            str(TOY / "train.jsonl"), "--out", str(mined), "--negatives", "5", "--depth", "20",
-            "--batch", "60", "--cache-dir", str(tmp_path / "cache"), "-q"]  # fmt: skip
+    mine = [
+        "mine",
+        "--model",
+        str(model),
+        "--index",
+        str(index),
+        "--train",
+        str(TOY / "train.jsonl"),
+        "--out",
+        str(mined),
+        "--negatives",
+        "5",
+        "--depth",
+        "20",
+        "--batch",
+        "60",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "-q",
+    ]
     _inject("mine", mine, mined.parent, _fractions(2))
     summary = json.loads((mined.parent / "train.mined.summary.json").read_text())
     assert summary["questions"] == 300
@@ -178,8 +223,12 @@ def test_a_data_loader_worker_ends_with_its_killed_parent(set_up: bool) -> None:
 
     from dpr_cache.runtime.processes import child_env
 
-    proc = subprocess.Popen([sys.executable, "-c", _LOADER, "1" if set_up else "0"],
-                            env=child_env(), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LOADER, "1" if set_up else "0"],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     if set_up:
         assert kill_when(proc, lambda: True, timeout=30)

@@ -53,12 +53,19 @@ def toy_run(tmp_path_factory) -> Path:
 def _hold(target: Path, is_file: bool) -> subprocess.Popen:
     """A process holding the lock of ``target`` until killed."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\n"
-         "from dpr_cache.runtime.lock import output_lock\n"
-         "with output_lock(sys.argv[1], is_file=sys.argv[2] == 'file'):\n"
-         "    print('held', flush=True); time.sleep(600)", str(target),
-         "file" if is_file else "folder"],
-        stdout=subprocess.PIPE, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from dpr_cache.runtime.lock import output_lock\n"
+            "with output_lock(sys.argv[1], is_file=sys.argv[2] == 'file'):\n"
+            "    print('held', flush=True); time.sleep(600)",
+            str(target),
+            "file" if is_file else "folder",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -74,16 +81,52 @@ def test_a_command_into_an_output_another_process_writes_is_refused(
     to_file = command in ("mine", "score")
     out = tmp_path / ("mined.jsonl" if to_file else "out")
     args = {
-        "encode": ["encode", "--model", str(model), "--passages", str(TOY / "passages.tsv"),
-                   "--out", str(out), *cache],
-        "index": ["index", "--embeddings", str(toy_run / "run" / "index" / "shards" / "*.npy"),
-                  "--out", str(out)],
-        "mine": ["mine", "--model", str(model), "--index", str(toy_run / "run" / "index"),
-                 "--train", str(TOY / "train.jsonl"), "--out", str(out), "--negatives", "3",
-                 "--depth", "10", *cache],
-        "score": ["score", "--teacher", "bm25", "--passages", str(TOY / "passages.tsv"),
-                  "--train", str(TOY / "train.jsonl"), "--out", str(out), *cache],
-    }[command]  # fmt: skip
+        "encode": [
+            "encode",
+            "--model",
+            str(model),
+            "--passages",
+            str(TOY / "passages.tsv"),
+            "--out",
+            str(out),
+            *cache,
+        ],
+        "index": [
+            "index",
+            "--embeddings",
+            str(toy_run / "run" / "index" / "shards" / "*.npy"),
+            "--out",
+            str(out),
+        ],
+        "mine": [
+            "mine",
+            "--model",
+            str(model),
+            "--index",
+            str(toy_run / "run" / "index"),
+            "--train",
+            str(TOY / "train.jsonl"),
+            "--out",
+            str(out),
+            "--negatives",
+            "3",
+            "--depth",
+            "10",
+            *cache,
+        ],
+        "score": [
+            "score",
+            "--teacher",
+            "bm25",
+            "--passages",
+            str(TOY / "passages.tsv"),
+            "--train",
+            str(TOY / "train.jsonl"),
+            "--out",
+            str(out),
+            *cache,
+        ],
+    }[command]
     holder = _hold(out, is_file=to_file)
     second = run_cli(*args, "-q", check=False)
     assert second.returncode == 2 and f"in use by pid {holder.pid}" in second.stderr

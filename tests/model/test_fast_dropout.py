@@ -93,8 +93,11 @@ def test_swap_changes_no_output_in_eval_mode_and_nothing_saved(tmp_path):
     plain = {n: type(m) for n, m in model.named_modules() if isinstance(m, nn.Dropout)}
     plain_attention_p = model.query_encoder.config.attention_probs_dropout_prob
     assert use_fast_dropout([model.query_encoder, model.passage_encoder]) == len(plain) > 0
-    assert all(isinstance(m, FastDropout) and not m.training
-               for m in model.modules() if isinstance(m, nn.Dropout))  # fmt: skip
+    assert all(
+        isinstance(m, FastDropout) and not m.training
+        for m in model.modules()
+        if isinstance(m, nn.Dropout)
+    )
     assert model.query_encoder.config._attn_implementation == ATTENTION_NAME
     assert torch.equal(model.encode_query(inputs), before)
     model.train()
@@ -118,9 +121,12 @@ def _directional_error(replay_rng: bool) -> float:
     assert use_fast_dropout([model.query_encoder, model.passage_encoder]) > 0
     q, p = random_inputs(6, 9, seed=1), random_inputs(12, 12, seed=2)
     engine = GradCache(
-        model.encode_query, model.encode_passage, functools.partial(contrastive_loss), 4,
+        model.encode_query,
+        model.encode_passage,
+        functools.partial(contrastive_loss),
+        4,
         replay_rng=replay_rng,
-    )  # fmt: skip
+    )
 
     def loss() -> torch.Tensor:
         torch.manual_seed(1234)

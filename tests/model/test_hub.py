@@ -31,12 +31,17 @@ def _hub_cache(root: Path) -> Path:
 def test_a_cached_hub_model_trains_offline(tmp_path, monkeypatch) -> None:
     cache = _hub_cache(tmp_path / "hub")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    args = toy_overrides(tmp_path, **{"model.name_or_path": "dpr-cache-test/tiny-bert",
-                                      "train.max_steps": 2})  # fmt: skip
+    args = toy_overrides(
+        tmp_path, **{"model.name_or_path": "dpr-cache-test/tiny-bert", "train.max_steps": 2}
+    )
     run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
     assert (tmp_path / "run" / "model" / "query_encoder" / "model.safetensors").is_file()
-    other = ["--set", "model.name_or_path=dpr-cache-test/not-cached", "--set",
-             f"output_dir={tmp_path / 'other'}"]  # fmt: skip
+    other = [
+        "--set",
+        "model.name_or_path=dpr-cache-test/not-cached",
+        "--set",
+        f"output_dir={tmp_path / 'other'}",
+    ]
     missing = run_cli("train", "--config", "configs/toy.yaml", *args, *other, check=False)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
@@ -49,8 +54,12 @@ def test_a_cached_hub_model_trains_offline(tmp_path, monkeypatch) -> None:
 def test_the_headline_command_says_when_the_hub_cannot_be_reached(tmp_path, monkeypatch) -> None:
     """configs/nq_bs512.yaml as printed but on the toy files: the model it names
     (bert-base-uncased) is fetched from the hub, which is unreachable here."""
-    data = {"data.train": TOY / "train.jsonl", "data.passages": TOY / "passages.tsv",
-            "data.dev_qa": TOY / "dev.qa.tsv", "train.batch_size": 16}  # fmt: skip
+    data = {
+        "data.train": TOY / "train.jsonl",
+        "data.passages": TOY / "passages.tsv",
+        "data.dev_qa": TOY / "dev.qa.tsv",
+        "train.batch_size": 16,
+    }
     args = ["--config", "configs/nq_bs512.yaml", *toy_overrides(tmp_path, **data)]
     for key, value in UNREACHABLE.items():
         monkeypatch.setenv(key, value)  # for the child process only: this one read it at start

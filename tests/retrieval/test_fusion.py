@@ -51,8 +51,10 @@ def test_rrf_by_hand_and_against_ranx() -> None:
     assert rows.tolist() == sorted(want, key=lambda r: (-want[r], r))
     np.testing.assert_allclose(scores, [want[r] for r in rows.tolist()])
     ranx = pytest.importorskip("ranx")
-    runs = [ranx.Run({"q": {f"d{r}": float(s) for r, s in zip(*pair, strict=True) if r >= 0}})
-            for pair in (sparse, dense)]  # fmt: skip
+    runs = [
+        ranx.Run({"q": {f"d{r}": float(s) for r, s in zip(*pair, strict=True) if r >= 0}})
+        for pair in (sparse, dense)
+    ]
     theirs = ranx.fuse(runs=runs, method="rrf", params={"k": 60}).to_dict()["q"]
     assert {int(d[1:]): v for d, v in theirs.items()} == pytest.approx(want)
 
@@ -68,8 +70,12 @@ def test_fuse_pads_short_rankings_and_refuses_an_unknown_method() -> None:
 def toy_run(tmp_path_factory) -> tuple[Path, list[str]]:
     """A toy model trained a few steps, its index, and the toy's eval arguments."""
     root = tmp_path_factory.mktemp("fusion")
-    args = ["--config", "configs/toy.yaml", "-q",
-            *toy_overrides(root, **{"train.max_steps": 4, "eval.top_k": "[1,5,20]"})]  # fmt: skip
+    args = [
+        "--config",
+        "configs/toy.yaml",
+        "-q",
+        *toy_overrides(root, **{"train.max_steps": 4, "eval.top_k": "[1,5,20]"}),
+    ]
     run_cli("train", *args)
     run_cli("index", *args)
     return root, args
@@ -92,10 +98,27 @@ def test_eval_weights_zero_and_huge_give_bm25_and_dense(toy_run) -> None:
         assert record["method"] == "linear" and record["weight"] == weight
         assert json.loads((out / "metrics.json").read_text())["measured"]["fusion"] == record
     search = root / "bm25.trec"
-    run_cli("search", "--index", str(root / "run" / "index"), "--questions",
-            str(TOY / "dev.qa.tsv"), "--model", str(root / "run" / "model"), "--k", "20",
-            "--out", str(search), "--fusion", "linear", "--fusion-weight", "0",
-            "--fusion-depth", "50", "--cache-dir", str(root / "cache"))  # fmt: skip
+    run_cli(
+        "search",
+        "--index",
+        str(root / "run" / "index"),
+        "--questions",
+        str(TOY / "dev.qa.tsv"),
+        "--model",
+        str(root / "run" / "model"),
+        "--k",
+        "20",
+        "--out",
+        str(search),
+        "--fusion",
+        "linear",
+        "--fusion-weight",
+        "0",
+        "--fusion-depth",
+        "50",
+        "--cache-dir",
+        str(root / "cache"),
+    )
     assert {q: [p for p, _ in r] for q, r in read_trec_run(search).items()} == fused[0]
     from dpr_cache.data.passages import load_passages, passage_columns
     from dpr_cache.data.qas import read_qas
@@ -120,8 +143,16 @@ def test_eval_weights_zero_and_huge_give_bm25_and_dense(toy_run) -> None:
 def test_a_bm25_run_fuses_like_bm25_built_here(toy_run) -> None:
     root, args = toy_run
     built = root / "rrf-built"
-    run_cli("eval", *args, "--out", str(built), "--set", "eval.fusion=rrf",
-            "--set", "eval.fusion_depth=30")  # fmt: skip
+    run_cli(
+        "eval",
+        *args,
+        "--out",
+        str(built),
+        "--set",
+        "eval.fusion=rrf",
+        "--set",
+        "eval.fusion_depth=30",
+    )
     from dpr_cache.data.passages import load_passages, passage_columns
     from dpr_cache.data.qas import read_qas
     from dpr_cache.retrieval.lexical import Bm25Index
@@ -130,33 +161,76 @@ def test_a_bm25_run_fuses_like_bm25_built_here(toy_run) -> None:
     ids = passage_columns(load_passages(TOY / "passages.tsv", root / "cache"), range(bm25.rows))
     questions = [q for q, _ in read_qas(TOY / "dev.qa.tsv")]
     search = root / "bm25-30.trec"  # BM25's own top 30, written as pyserini writes a run
-    search.write_text("".join(
-        f"{qid} Q0 {ids['id'][r]} {rank} {score:.4f} bm25\n"
-        for qid, (rows, scores) in enumerate(bm25.search(questions, 30))
-        for rank, (r, score) in enumerate(zip(rows.tolist(), scores.tolist(), strict=True), 1)
-    ))  # fmt: skip
+    search.write_text(
+        "".join(
+            f"{qid} Q0 {ids['id'][r]} {rank} {score:.4f} bm25\n"
+            for qid, (rows, scores) in enumerate(bm25.search(questions, 30))
+            for rank, (r, score) in enumerate(zip(rows.tolist(), scores.tolist(), strict=True), 1)
+        )
+    )
     from_run = root / "rrf-run"
-    run_cli("eval", *args, "--out", str(from_run), "--set", "eval.fusion=rrf",
-            "--set", f"eval.bm25_run={search}", "--set", "eval.fusion_depth=30")  # fmt: skip
+    run_cli(
+        "eval",
+        *args,
+        "--out",
+        str(from_run),
+        "--set",
+        "eval.fusion=rrf",
+        "--set",
+        f"eval.bm25_run={search}",
+        "--set",
+        "eval.fusion_depth=30",
+    )
     assert _run(from_run) == _run(built)
-    bad = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set",
-                  f"eval.bm25_run={search}", check=False)  # fmt: skip
+    bad = run_cli(
+        "eval",
+        *args,
+        "--set",
+        "eval.fusion=linear",
+        "--set",
+        f"eval.bm25_run={search}",
+        check=False,
+    )
     assert bad.returncode == 2 and "use rrf with a run" in bad.stderr
 
 
 def _tuned(root: Path, args: list[str], out: Path, tune: Path, *extra: str) -> dict:
-    run_cli("eval", *args, "--out", str(out), "--set", "eval.fusion=linear",
-            "--set", "eval.fusion_weight=auto", "--set", f"eval.fusion_tune_qa={tune}",
-            "--set", "eval.fusion_depth=50", *extra)  # fmt: skip
+    run_cli(
+        "eval",
+        *args,
+        "--out",
+        str(out),
+        "--set",
+        "eval.fusion=linear",
+        "--set",
+        "eval.fusion_weight=auto",
+        "--set",
+        f"eval.fusion_tune_qa={tune}",
+        "--set",
+        "eval.fusion_depth=50",
+        *extra,
+    )
     return json.loads((out / "fusion.json").read_text())
 
 
 def _mrr_at(root: Path, args: list[str], tune: Path, weight: str, *extra: str) -> float:
     """MRR@10 of the held-out questions scored by eval itself at a fixed weight."""
     out = root / f"fixed-{tune.stem}-{weight}"
-    run_cli("eval", *args, "--out", str(out), "--set", f"data.dev_qa={tune}",
-            "--set", "eval.fusion=linear", "--set", f"eval.fusion_weight={weight}",
-            "--set", "eval.fusion_depth=50", *extra)  # fmt: skip
+    run_cli(
+        "eval",
+        *args,
+        "--out",
+        str(out),
+        "--set",
+        f"data.dev_qa={tune}",
+        "--set",
+        "eval.fusion=linear",
+        "--set",
+        f"eval.fusion_weight={weight}",
+        "--set",
+        "eval.fusion_depth=50",
+        *extra,
+    )
     return json.loads((out / "metrics.json").read_text())["mrr@10"]
 
 
@@ -175,15 +249,33 @@ def test_an_auto_weight_is_the_best_of_its_grid_on_held_out_questions(toy_run) -
         assert record["grid"][weight] == pytest.approx(
             _mrr_at(root, args, held_out, weight), abs=0.01
         )
-    same = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set",
-                   "eval.fusion_weight=auto", "--set",
-                   f"eval.fusion_tune_qa={TOY / 'dev.qa.tsv'}", check=False)  # fmt: skip
+    same = run_cli(
+        "eval",
+        *args,
+        "--set",
+        "eval.fusion=linear",
+        "--set",
+        "eval.fusion_weight=auto",
+        "--set",
+        f"eval.fusion_tune_qa={TOY / 'dev.qa.tsv'}",
+        check=False,
+    )
     assert same.returncode == 2 and "not held out" in same.stderr
     no_answers = root / "bare.qa.tsv"
     no_answers.write_text("".join(f"{r['question']}\t[]\n" for r in lines))
-    bare = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set",
-                   "eval.fusion_weight=auto", "--set", f"eval.fusion_tune_qa={no_answers}",
-                   "--set", "eval.fusion_depth=50", check=False)  # fmt: skip
+    bare = run_cli(
+        "eval",
+        *args,
+        "--set",
+        "eval.fusion=linear",
+        "--set",
+        "eval.fusion_weight=auto",
+        "--set",
+        f"eval.fusion_tune_qa={no_answers}",
+        "--set",
+        "eval.fusion_depth=50",
+        check=False,
+    )
     assert bare.returncode == 2 and f"{no_answers} line 1:" in bare.stderr.strip().splitlines()[-1]
 
 
@@ -201,14 +293,27 @@ def test_an_auto_weight_judged_by_qrels(toy_run) -> None:
     dev = root / "dev.qa.tsv"  # the toy's dev questions, with ids the qrels can name
     dev.write_text((TOY / "dev.qa.tsv").read_text())
     dev.with_suffix(".ids.txt").write_text("".join(f"{q}\n" for q in dev_ids))
-    qrels.write_text("".join(f"t{i} 0 {r['positive_ctxs'][0]['passage_id']} 1\n"
-                             for i, r in enumerate(lines)) + f"{dev_ids[0]} 0 0 1\n")  # fmt: skip
+    qrels.write_text(
+        "".join(f"t{i} 0 {r['positive_ctxs'][0]['passage_id']} 1\n" for i, r in enumerate(lines))
+        + f"{dev_ids[0]} 0 0 1\n"
+    )
     judged = ["--set", f"data.qrels={qrels}", "--set", f"data.dev_qa={dev}"]
     unnamed = root / "unnamed.qa.tsv"  # no ids: its row numbers could be the dev questions'
     unnamed.write_text(tune.read_text())
-    bad = run_cli("eval", *args, "--set", "eval.fusion=linear", "--set", "eval.fusion_weight=auto",
-                  "--set", f"eval.fusion_tune_qa={unnamed}", "--set", "eval.fusion_depth=50",
-                  *judged, check=False)  # fmt: skip
+    bad = run_cli(
+        "eval",
+        *args,
+        "--set",
+        "eval.fusion=linear",
+        "--set",
+        "eval.fusion_weight=auto",
+        "--set",
+        f"eval.fusion_tune_qa={unnamed}",
+        "--set",
+        "eval.fusion_depth=50",
+        *judged,
+        check=False,
+    )
     assert bad.returncode == 2 and "its questions need ids" in bad.stderr
     record = _tuned(root, args, root / "auto-qrels", tune, *judged)
     assert record["judged_by"] == f"qrels {qrels}"

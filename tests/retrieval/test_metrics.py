@@ -35,8 +35,11 @@ def _random_case(seed: int):
 
 def _reference(run, qrels) -> dict[str, float]:
     """ir-measures on the same run, its scores decreasing with the rank."""
-    ir_run = [ir_measures.ScoredDoc(q, d, float(100 - r)) for q, docs in run.items()
-              for r, d in enumerate(docs)]  # fmt: skip
+    ir_run = [
+        ir_measures.ScoredDoc(q, d, float(100 - r))
+        for q, docs in run.items()
+        for r, d in enumerate(docs)
+    ]
     ir_qrels = [ir_measures.Qrel(q, d, g) for q, docs in qrels.items() for d, g in docs.items()]
     names = {ir_measures.RR @ 10: "mrr@10", ir_measures.nDCG @ 10: "ndcg@10"}
     for k in KS:
@@ -80,8 +83,11 @@ def test_a_judged_question_missing_from_the_run_counts_as_a_miss() -> None:
     """As trec_eval -c: a judged question the run lacks scores 0 (ir-measures, which skips it,
     agrees once the question has a run of only an unjudged passage)."""
     run, qrels = _random_case(1)
-    relevant = next(q for q, docs in qrels.items()  # a question the run answers in its top 1
-                    if docs.get(run.get(q, [""])[0], 0) > 0)  # fmt: skip
+    relevant = next(
+        q
+        for q, docs in qrels.items()  # a question the run answers in its top 1
+        if docs.get(run.get(q, [""])[0], 0) > 0
+    )
     partial = {q: docs for q, docs in run.items() if q != relevant}
     got = ranking_metrics(partial, qrels, KS)
     want = _reference({**partial, relevant: ["not-judged"]}, qrels)
@@ -102,8 +108,11 @@ def test_hit_rates_and_mrr_per_question_by_hand() -> None:
     assert ranks == [0, 2, np.inf, 1, 3]
     per = hit_metrics(ranks, [1, 2, 3, 5])
     assert {k: float(v.mean()) for k, v in per.items() if k.startswith("top")} == {
-        "top1": 20.0, "top2": 40.0, "top3": 60.0, "top5": 80.0
-    }  # fmt: skip
+        "top1": 20.0,
+        "top2": 40.0,
+        "top3": 60.0,
+        "top5": 80.0,
+    }
     assert per["mrr@10"].tolist() == pytest.approx([100.0, 100 / 3, 0.0, 50.0, 25.0])
     assert hit_metrics([], [1])["top1"].size == 0
     with pytest.raises(ValueError):

@@ -29,9 +29,24 @@ def train(tmp_path_factory) -> Path:
 
 
 def _mine(train: Path, out: Path, *extra: str, check: bool = True):
-    return run_cli("mine", "--ranker", "bm25", "--passages", str(PASSAGES), "--train",
-                   str(train), "--out", str(out), "--cache-dir", str(train.parent / "cache"),
-                   "--depth", str(DEPTH), "-q", *extra, check=check)  # fmt: skip
+    return run_cli(
+        "mine",
+        "--ranker",
+        "bm25",
+        "--passages",
+        str(PASSAGES),
+        "--train",
+        str(train),
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(train.parent / "cache"),
+        "--depth",
+        str(DEPTH),
+        "-q",
+        *extra,
+        check=check,
+    )
 
 
 def _read(path: Path) -> list[dict]:
@@ -50,8 +65,9 @@ def _teacher(question: str, ctx: dict) -> float:
     """The tiny cross-encoder's logit for (question, title + " " + text), transformers alone."""
     tokenizer, model = _cross_encoder()
     passage = f"{ctx['title']} {ctx['text']}" if ctx["title"] else ctx["text"]
-    inputs = tokenizer(question, passage, truncation="only_second", max_length=256,
-                       return_tensors="pt")  # fmt: skip
+    inputs = tokenizer(
+        question, passage, truncation="only_second", max_length=256, return_tensors="pt"
+    )
     with torch.no_grad():
         return float(model(**inputs).logits[0, 0])
 
@@ -84,8 +100,9 @@ def _reference(every: list[dict], near) -> tuple[list[list[str]], int]:
 def test_the_teacher_rule_drops_what_the_reference_drops(train, tmp_path, flag, value, near):
     _mine(train, tmp_path / "all.jsonl", "--negatives", str(DEPTH))  # every candidate kept
     every = _read(tmp_path / "all.jsonl")
-    done = _mine(train, tmp_path / "t.jsonl", "--negatives", str(KEEP), "--teacher", str(CROSS),
-                 flag, value)  # fmt: skip
+    done = _mine(
+        train, tmp_path / "t.jsonl", "--negatives", str(KEEP), "--teacher", str(CROSS), flag, value
+    )
     got = [[c["passage_id"] for c in r["hard_negative_ctxs"]] for r in _read(tmp_path / "t.jsonl")]
     want, dropped = _reference(every, near)
     assert got == want
@@ -137,9 +154,24 @@ def test_two_ranks_clean_as_one_process(train, tmp_path) -> None:
         "cpu",
     ]
     _mine(train, tmp_path / "one.jsonl", *extra)
-    run_cli("mine", "--ranker", "bm25", "--passages", str(PASSAGES), "--train", str(train),
-            "--out", str(tmp_path / "two.jsonl"), "--cache-dir", str(train.parent / "cache"),
-            "--depth", str(DEPTH), "-q", *extra, world=2)  # fmt: skip
+    run_cli(
+        "mine",
+        "--ranker",
+        "bm25",
+        "--passages",
+        str(PASSAGES),
+        "--train",
+        str(train),
+        "--out",
+        str(tmp_path / "two.jsonl"),
+        "--cache-dir",
+        str(train.parent / "cache"),
+        "--depth",
+        str(DEPTH),
+        "-q",
+        *extra,
+        world=2,
+    )
     one = (tmp_path / "one.jsonl").read_bytes()
     assert one and (tmp_path / "two.jsonl").read_bytes() == one
     summaries = [json.loads((tmp_path / f"{n}.summary.json").read_text()) for n in ("one", "two")]

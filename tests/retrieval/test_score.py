@@ -32,8 +32,18 @@ SCORED = ("positive_ctxs", "hard_negative_ctxs")
 def root(tmp_path_factory) -> Path:
     """A cache folder and the toy passages indexed by the tiny BERT (both towers)."""
     root = tmp_path_factory.mktemp("score")
-    run_cli("index", "--config", "configs/toy.yaml", "--model", str(TINY), "-q", "--set",
-            f"output_dir={root}", "--set", f"data.cache_dir={root / 'cache'}")  # fmt: skip
+    run_cli(
+        "index",
+        "--config",
+        "configs/toy.yaml",
+        "--model",
+        str(TINY),
+        "-q",
+        "--set",
+        f"output_dir={root}",
+        "--set",
+        f"data.cache_dir={root / 'cache'}",
+    )
     return root
 
 
@@ -48,8 +58,19 @@ def train(root) -> Path:
 
 
 def _score(root: Path, train: Path, out: Path, *extra: str, check: bool = True, world: int = 1):
-    return run_cli("score", "--train", str(train), "--out", str(out), "--cache-dir",
-                   str(root / "cache"), "-q", *extra, check=check, world=world)  # fmt: skip
+    return run_cli(
+        "score",
+        "--train",
+        str(train),
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(root / "cache"),
+        "-q",
+        *extra,
+        check=check,
+        world=world,
+    )
 
 
 def _read(path: Path) -> list[dict]:
@@ -88,8 +109,13 @@ def test_cross_encoder_scores_equal_transformers(root, train, tmp_path) -> None:
         row = []
         for ctx in [c for key in SCORED for c in record[key]]:
             passage = f"{ctx['title']} {ctx['text']}" if ctx["title"] else ctx["text"]
-            inputs = tokenizer(record["question"], passage, truncation="only_second",
-                               max_length=256, return_tensors="pt")  # fmt: skip
+            inputs = tokenizer(
+                record["question"],
+                passage,
+                truncation="only_second",
+                max_length=256,
+                return_tensors="pt",
+            )
             with torch.no_grad():
                 row.append(float(model(**inputs).logits[0, 0]))
         want.append(row)
@@ -115,12 +141,14 @@ def _bm25_reference(records: list[dict]) -> list[list[float]]:
     row_of = {pid: r for r, (pid, _, _) in enumerate(rows)}
     retriever = bm25s.BM25(k1=0.9, b=0.4, method="lucene")
     corpus = [f"{title} {text}" for _, text, title in rows]
-    retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False),
-                    show_progress=False)  # fmt: skip
+    retriever.index(
+        bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False
+    )
     out = []
     for record in records:
-        query = bm25s.tokenize([record["question"]], stopwords="en", return_ids=False,
-                               show_progress=False)[0]  # fmt: skip
+        query = bm25s.tokenize(
+            [record["question"]], stopwords="en", return_ids=False, show_progress=False
+        )[0]
         every = retriever.get_scores(query)
         out.append([float(every[row_of[c["passage_id"]]]) for k in SCORED for c in record[k]])
     return out
@@ -142,16 +170,28 @@ def test_bm25_scores_equal_bm25s(root, train, tmp_path) -> None:
 
 def test_hybrid_scores_are_bm25_plus_w_dense(root, train, tmp_path) -> None:
     out = tmp_path / "hybrid.jsonl"
-    _score(root, train, out, "--teacher", "hybrid", "--model", str(TINY), "--index",
-           str(root / "index"), "--fusion-weight", "3.5")  # fmt: skip
+    _score(
+        root,
+        train,
+        out,
+        "--teacher",
+        "hybrid",
+        "--model",
+        str(TINY),
+        "--index",
+        str(root / "index"),
+        "--fusion-weight",
+        "3.5",
+    )
     scored = _read(out)
     _check_keys_kept(scored, train)
     vectors, ids = index_vectors(root / "index")  # the stored float16, as float32
     row_of = {pid: r for r, pid in enumerate(ids)}
     records = _read(train)
     model = load_encoder(TINY, pooling="mean", query_only=True)  # as the toy config indexed
-    q = encode_question_texts(model, [r["question"] for r in records], max_length=32,
-                              device=torch.device("cpu"))  # fmt: skip
+    q = encode_question_texts(
+        model, [r["question"] for r in records], max_length=32, device=torch.device("cpu")
+    )
     bm25 = _bm25_reference(records)
     got = _scores(scored)
     dense_parts = []
@@ -266,30 +306,49 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
         ([*bm25, "--batch-size", "8"], "--teacher bm25: takes no --batch-size"),
         (["--teacher", str(CROSS), "--batch-size", "0"], "--batch-size 0 must be >= 1"),
         (["--teacher", "hybrid", "--model", str(TINY)], "hybrid: give --model DIR and --index"),
-        (["--teacher", "hybrid", *index, "--fusion-weight", "-1"],
-         "--fusion-weight -1.0 must be >= 0, as eval's"),
+        (
+            ["--teacher", "hybrid", *index, "--fusion-weight", "-1"],
+            "--fusion-weight -1.0 must be >= 0, as eval's",
+        ),
         (["--teacher", "bm25"], "--teacher bm25: give --passages TSV"),
         (["--teacher", str(CROSS), "--passages", str(PASSAGES)], "takes no --passages"),
         (["--teacher", str(CROSS), "--precision", "fp16", "--device", "cpu"], "fp16 needs a GPU"),
         (["--teacher", str(CROSS), "--precision", "fp8"], "--precision: 'fp8' is not one of"),
         ([*bm25, "--precision", "bf16"], "bm25 scores in fp32"),
-        ([*bm25, "--train", str(no_id)],
-         f"{no_id} line 2: hard_negative_ctxs[1] has no passage_id"),
-        ([*bm25, "--train", str(foreign)],
-         f"{foreign} line 1: positive_ctxs[0]: passage 'nowhere'"),
-        (["--teacher", str(inf)], f"{train} line 1: positive_ctxs[0]: the cross-encoder {inf} "
-                                  "scored it inf or NaN under fp32"),
+        (
+            [*bm25, "--train", str(no_id)],
+            f"{no_id} line 2: hard_negative_ctxs[1] has no passage_id",
+        ),
+        (
+            [*bm25, "--train", str(foreign)],
+            f"{foreign} line 1: positive_ctxs[0]: passage 'nowhere'",
+        ),
+        (
+            ["--teacher", str(inf)],
+            f"{train} line 1: positive_ctxs[0]: the cross-encoder {inf} "
+            "scored it inf or NaN under fp32",
+        ),
         ([*bm25, "--batch", "0"], "--batch 0 must be >= 1"),
-        (["--teacher", "bm25", "--passages", str(passages), "--out", str(passages)],
-         f"{passages}: the output must not overwrite the passages file"),
+        (
+            ["--teacher", "bm25", "--passages", str(passages), "--out", str(passages)],
+            f"{passages}: the output must not overwrite the passages file",
+        ),
         ([*bm25, "--out", str(train)], f"{train}: the output must not overwrite the training file"),
         ([*bm25, "--out", str(folder)], f"{folder}: a folder: give the path of the file to write"),
-    ]  # fmt: skip
+    ]
     for extra, message in cases:
         if "--train" not in extra:
             extra = [*extra, "--train", str(train)]
-        done = run_cli("score", "--out", str(out), "--cache-dir", str(root / "cache"), "-q",
-                       *extra, check=False)  # fmt: skip
+        done = run_cli(
+            "score",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(root / "cache"),
+            "-q",
+            *extra,
+            check=False,
+        )
         assert done.returncode == 2, (extra, done.stderr[-500:])
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
@@ -397,8 +456,13 @@ def test_a_part_done_is_not_tokenized_ahead_and_a_rank_its_share(root, train, tm
     everything = [Pair(g.question, p.title, p.text) for g in groups for p in g.passages]
     assert len(features["input_ids"]) < len(everything)  # control: rank 1's share only
     plain = score_pairs(encoder, share, batch_size=5)
-    queued = score_pairs(encoder, share, batch_size=5, features=features,
-                         transfer=Transfer(pin=False, non_blocking=True))  # fmt: skip
+    queued = score_pairs(
+        encoder,
+        share,
+        batch_size=5,
+        features=features,
+        transfer=Transfer(pin=False, non_blocking=True),
+    )
     assert np.array_equal(plain, queued) and plain.std() > 0.05
     with pytest.raises(ValueError, match="features of"):
         score_pairs(encoder, everything, features=features)

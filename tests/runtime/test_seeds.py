@@ -19,9 +19,15 @@ def test_shifted_keys_name_different_streams_where_sums_collide() -> None:
 
 def test_no_two_names_meet_through_padding_splitting_or_purpose() -> None:
     names = [
-        ("order", (1, 1)), ("order", (1, 1, 0)), ("order", (1,)), ("order", (1, 0)),
-        ("order", (1, 2**32)), ("order", (1, 0, 1)), ("dropout", (1, 1)), ("order", (1, -1)),
-    ]  # fmt: skip
+        ("order", (1, 1)),
+        ("order", (1, 1, 0)),
+        ("order", (1,)),
+        ("order", (1, 0)),
+        ("order", (1, 2**32)),
+        ("order", (1, 0, 1)),
+        ("dropout", (1, 1)),
+        ("order", (1, -1)),
+    ]
     seeds = [stream_seed(purpose, *keys) for purpose, keys in names]
     for (a, sa), (b, sb) in itertools.combinations(zip(names, seeds, strict=True), 2):
         assert sa != sb, (a, b)

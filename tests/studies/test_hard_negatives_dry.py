@@ -18,8 +18,9 @@ SCRIPT = REPO / "studies" / "squad_hard_negatives" / "run.sh"
 def test_dry_run_writes_the_page(tmp_path: Path) -> None:
     out = tmp_path / "hn-dry"
     env = {**child_env(), "DRY_RUN": "1", "OUT": str(out), "PY": fork_python(), "SEEDS": "1"}
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
-                          timeout=1800, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1800, cwd=REPO
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     page = (out / "results.md").read_text()
     for row in (
@@ -40,11 +41,16 @@ def test_dry_run_writes_the_page(tmp_path: Path) -> None:
     assert data["filter"]["mined"]["questions"] == 300 and data["hours"] > 0
     both = [json.loads(line) for line in (out / "train.both.jsonl").open()]
     mined = [json.loads(line) for line in (out / "train.mined.jsonl").open()]
-    assert all(len(b["hard_negative_ctxs"]) >= len(m["hard_negative_ctxs"])
-               for b, m in zip(both, mined, strict=True))  # fmt: skip
+    assert all(
+        len(b["hard_negative_ctxs"]) >= len(m["hard_negative_ctxs"])
+        for b, m in zip(both, mined, strict=True)
+    )
     for half in "ab":  # each half scored with the weight tuned on the other
-        record = json.loads((out / "round1-dry" / "gradcache-b32-s1" / f"eval-linear-{half}" /
-                             "fusion.json").read_text())  # fmt: skip
+        record = json.loads(
+            (
+                out / "round1-dry" / "gradcache-b32-s1" / f"eval-linear-{half}" / "fusion.json"
+            ).read_text()
+        )
         assert record["tuned_on"].endswith(f"dev-{'b' if half == 'a' else 'a'}.qa.tsv")
     assert (out / "plot.png").stat().st_size > 0
 

@@ -34,15 +34,21 @@ def test_dry_run_writes_every_row(tmp_path: Path) -> None:
     assert "passed" in done.stdout  # the numbers check ran inside the script
     table = (out / "results.md").read_text()
     assert "**Dry run**" in table and "| BM25 (bm25s, as mined) |" in table
-    for arm, seeds in (("sequential B=8", "1"), ("accumulation 4 x 8", "1,2"),
-                       ("GradCache B=32", "1,2"), ("accumulation 4 x 8, lr 1e-4", "1"),
-                       ("GradCache B=32, lr 1e-4", "1")):  # fmt: skip
+    for arm, seeds in (
+        ("sequential B=8", "1"),
+        ("accumulation 4 x 8", "1,2"),
+        ("GradCache B=32", "1,2"),
+        ("accumulation 4 x 8, lr 1e-4", "1"),
+        ("GradCache B=32, lr 1e-4", "1"),
+    ):
         assert f"| {arm} | {seeds} | 2 |" in table, arm
     assert "| GradCache B=32 − accumulation 4 x 8 | all: 1,2 |" in table
     run = json.loads((out / "gradcache-b32-s1" / "run.json").read_text())
     assert run["train_wall_seconds"] > 0 and run["batch_size"] == 32 and run["lr"] == 2e-5
-    logs = [(out / name / "train_log.jsonl").read_text().splitlines()
-            for name in ("accumulate-b32-s1", "gradcache-b32-s1", "gradcache-b32-s2")]  # fmt: skip
+    logs = [
+        (out / name / "train_log.jsonl").read_text().splitlines()
+        for name in ("accumulate-b32-s1", "gradcache-b32-s1", "gradcache-b32-s2")
+    ]
     digests = [[json.loads(line)["batch_digest"] for line in log] for log in logs]
     assert digests[0] == digests[1] and digests[1] != digests[2]  # pairs by seed
     assert (out / "plot.png").stat().st_size > 10_000

@@ -26,8 +26,15 @@ def _run(
         entries.append({"question": "q", "answers": ["a"], "ctxs": ctxs})
     (root / name / "eval").mkdir(parents=True)
     (root / name / "eval" / "retrieval.json").write_text(json.dumps(entries))
-    return {"mode": mode, "batch_size": 128, "lr": lr, "seed": seed, "dir": name,
-            "digests": DIGESTS, **extra}  # fmt: skip
+    return {
+        "mode": mode,
+        "batch_size": 128,
+        "lr": lr,
+        "seed": seed,
+        "dir": name,
+        "digests": DIGESTS,
+        **extra,
+    }
 
 
 def test_per_question_metrics_from_a_results_file(tmp_path):
@@ -76,11 +83,26 @@ def test_a_pair_must_have_trained_on_the_same_batches(tmp_path):
 
 
 def _record(mode: str, seed: int, top1: float, lr: float = 2e-5, batch: int = 128, **extra):
-    base = {"epochs": 3, "warmup_pct": 10, "chunk_size": 8, "max_passage_length": 96,
-            "dry_run": 0, "steps": 180, "negatives_per_question": 15}  # fmt: skip
+    base = {
+        "epochs": 3,
+        "warmup_pct": 10,
+        "chunk_size": 8,
+        "max_passage_length": 96,
+        "dry_run": 0,
+        "steps": 180,
+        "negatives_per_question": 15,
+    }
     metrics = {m: top1 for m in runs.METRICS}
-    return {"mode": mode, "batch_size": batch, "lr": lr, "seed": seed,
-            "dir": f"{mode}-{lr}-s{seed}", **metrics, **base, **extra}  # fmt: skip
+    return {
+        "mode": mode,
+        "batch_size": batch,
+        "lr": lr,
+        "seed": seed,
+        "dir": f"{mode}-{lr}-s{seed}",
+        **metrics,
+        **base,
+        **extra,
+    }
 
 
 def test_group_averages_seeds_per_arm_in_the_papers_order():
@@ -93,8 +115,11 @@ def test_group_averages_seeds_per_arm_in_the_papers_order():
     ]
     rows = runs.group(records)
     assert [(r["mode"], r["lr"]) for r in rows] == [
-        ("full", 2e-5), ("accumulate", 2e-5), ("gradcache", 2e-5), ("gradcache", 1e-4)
-    ]  # fmt: skip
+        ("full", 2e-5),
+        ("accumulate", 2e-5),
+        ("gradcache", 2e-5),
+        ("gradcache", 1e-4),
+    ]
     acc = rows[1]
     assert acc["seeds"] == [1, 2] and acc["per_seed"]["top1"] == [60.0, 64.0]
     assert acc["top1"] == 62.0 and acc["top1_sd"] == pytest.approx(2**0.5 * 2)
@@ -108,8 +133,10 @@ def test_labels_follow_the_paper():
     assert runs.format_lr(2e-5) == "2e-5" and runs.format_lr(3e-4) == "3e-4"
     rows = runs.group([_record("accumulate", 1, 60.0), _record("gradcache", 1, 70.0)])
     lines = table.paper_table(rows)
-    assert "| accumulation 16 x 8 (128 examples an update, 8 in a batch) | 64.3 | 77.2 | 84.9 " \
-        "| 60.0 | 60.0 | 60.0 |" in lines  # fmt: skip
+    assert (
+        "| accumulation 16 x 8 (128 examples an update, 8 in a batch) | 64.3 | 77.2 | 84.9 "
+        "| 60.0 | 60.0 | 60.0 |" in lines
+    )
     assert "| GradCache B=128 | 68.6 | 79.3 | 86.0 | 70.0 | 70.0 | 70.0 |" in lines
     assert "| sequential B=8 (what fits one GPU) | 59.3 | 71.9 | 80.9 | not run" in lines[2]
 
@@ -137,8 +164,14 @@ def test_readme_block_is_replaced_between_the_markers(tmp_path):
         assert readme.read_text() == broken
 
 
-RECIPE = {"epochs": 3, "warmup_pct": 10, "chunk_size": 8, "max_passage_length": 96,
-          "temperature": 0.05, "dry_run": 0}  # fmt: skip
+RECIPE = {
+    "epochs": 3,
+    "warmup_pct": 10,
+    "chunk_size": 8,
+    "max_passage_length": 96,
+    "temperature": 0.05,
+    "dry_run": 0,
+}
 
 
 def _kept_run(mode: str, seed: int, top1: float, lr: float = 2e-5, source: str = "lost") -> dict:
@@ -161,8 +194,10 @@ def test_a_run_made_again_replaces_its_kept_record_and_the_differences_it_was_in
     diffs = [*(_diff(s, 1.0) for s in (1, 2, 3)), _diff("all", 1.0, seeds=(1, 2, 3))]
     covered = [list(kept.run_key(r)) for r in lost]
     kept_runs = {"runs": lost, "diffs": diffs, "unattributed": {"hours": 0.6, "runs": covered}}
-    fresh = [_kept_run(mode, seed, 50.0, source="new")
-             for mode, seed in (("accumulate", 1), ("gradcache", 1), ("gradcache", 4))]  # fmt: skip
+    fresh = [
+        _kept_run(mode, seed, 50.0, source="new")
+        for mode, seed in (("accumulate", 1), ("gradcache", 1), ("gradcache", 4))
+    ]
     merged = kept.merge_runs(kept_runs, fresh)
     acc = runs.group([r for r in merged if r["mode"] == "accumulate"])[0]
     assert acc["seeds"] == [1, 2, 3] and acc["per_seed"]["top1"] == [50.0, 62.0, 63.0]
@@ -200,8 +235,16 @@ def _run_folder(root: Path, mode: str, seed: int, first_hits: list[int | None]) 
     per_q = runs.per_question(folder / "eval" / "retrieval.json")
     metrics = {m: float(v.mean()) for m, v in per_q.items()} | {"n_questions": len(first_hits)}
     (folder / "eval" / "metrics.json").write_text(json.dumps(metrics))
-    run = {"mode": mode, "batch_size": 128, "lr": 2e-5, "seed": seed, **RECIPE,
-           "train_wall_seconds": 1800.0, "index_seconds": 60.0, "eval_seconds": 30.0}  # fmt: skip
+    run = {
+        "mode": mode,
+        "batch_size": 128,
+        "lr": 2e-5,
+        "seed": seed,
+        **RECIPE,
+        "train_wall_seconds": 1800.0,
+        "index_seconds": 60.0,
+        "eval_seconds": 30.0,
+    }
     (folder / "run.json").write_text(json.dumps(run))
     step = {"seconds": 10.0, "peak_memory_bytes": 1e9, "negatives_per_question": 15}
     log = [{"step": i + 1, **step, "batch_digest": d} for i, d in enumerate(DIGESTS)]

@@ -139,9 +139,13 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
         loss_fn = naive_loss_fn(env, case.get("tile"))
     else:
         loss_fn = make_loss_fn(
-            temperature=TEMPERATURE, tile_size=case.get("tile"), group_size=GROUP,
-            rank=env.rank, world_size=env.world_size, distillation=distillation(case),
-        )  # fmt: skip
+            temperature=TEMPERATURE,
+            tile_size=case.get("tile"),
+            group_size=GROUP,
+            rank=env.rank,
+            world_size=env.world_size,
+            distillation=distillation(case),
+        )
     if case.get("sync_every_chunk"):  # the counter's own control: no no_sync at all
         towers.no_sync = None
     stepper = make_stepper(

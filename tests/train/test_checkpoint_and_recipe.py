@@ -95,8 +95,9 @@ def test_old_checkpoints_are_pruned_and_another_world_size_refused(tmp_path) -> 
         save_checkpoint(tmp_path, step, model, optimizer, scheduler, None, DistEnv(), keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000003"]
     with pytest.raises(InputError, match="saved with 1 ranks, resumed with 2"):
-        load_checkpoint(latest_checkpoint(tmp_path), model, optimizer, scheduler, None,
-                        DistEnv(world_size=2))  # fmt: skip
+        load_checkpoint(
+            latest_checkpoint(tmp_path), model, optimizer, scheduler, None, DistEnv(world_size=2)
+        )
 
 
 def test_a_checkpoint_of_another_layout_or_epoch_order_is_refused(tmp_path) -> None:
@@ -144,8 +145,9 @@ def test_no_decay_on_biases_and_layer_norms() -> None:
     decay, no_decay = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)]
-               for p in no_decay["params"])  # fmt: skip
+    assert all(
+        names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"]
+    )
     assert all(p.dim() == 2 for p in decay["params"])  # weights of linear layers and embeddings
     total = len(decay["params"]) + len(no_decay["params"])
     trainable = {id(p) for p in model.parameters() if p.requires_grad}  # the pooler is frozen

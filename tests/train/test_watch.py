@@ -14,9 +14,16 @@ event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.ev
 
 
 def test_tensorboard_validation_best_model_and_curve(tmp_path: Path) -> None:
-    sets = toy_overrides(tmp_path, **{"train.max_steps": 4, "train.log_to": "tensorboard",
-                                      "train.eval_every": 2, "train.eval_questions": 263,
-                                      "index.store_dtype": "float32"})  # fmt: skip
+    sets = toy_overrides(
+        tmp_path,
+        **{
+            "train.max_steps": 4,
+            "train.log_to": "tensorboard",
+            "train.eval_every": 2,
+            "train.eval_questions": 263,
+            "index.store_dtype": "float32",
+        },
+    )
     run_cli("train", "--config", "configs/toy.yaml", *sets, "-q")
     run = tmp_path / "run"
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]

@@ -42,8 +42,13 @@ def _plain(model, titles, texts, *, sort: bool) -> np.ndarray:
     for start in range(0, len(order), BATCH):
         rows = order[start : start + BATCH]
         padding = "longest" if sort else "max_length"
-        inputs = tok([titles[r] for r in rows], [texts[r] for r in rows], padding=padding,
-                     return_tensors="pt", **cut)  # fmt: skip
+        inputs = tok(
+            [titles[r] for r in rows],
+            [texts[r] for r in rows],
+            padding=padding,
+            return_tensors="pt",
+            **cut,
+        )
         with torch.inference_mode():
             out[rows] = model.encode_passage(dict(inputs)).numpy()
     return out
@@ -60,9 +65,18 @@ def test_corpus_shards_equal_a_plain_loop(
     n = len(dataset)
     shards = [(tmp_path / "a.npy", 0, 150), (tmp_path / "b.npy", 150, n - 150)]
     landed: list[int] = []
-    encode.encode_corpus(model, dataset, shards, max_length=LENGTH, batch_size=BATCH,
-                         device=CPU, store_dtype="float32", num_workers=workers,
-                         on_batch=landed.append, transfer=transfer)  # fmt: skip
+    encode.encode_corpus(
+        model,
+        dataset,
+        shards,
+        max_length=LENGTH,
+        batch_size=BATCH,
+        device=CPU,
+        store_dtype="float32",
+        num_workers=workers,
+        on_batch=landed.append,
+        transfer=transfer,
+    )
     sizes = []
     for path, start, rows in shards:
         want = []
@@ -84,16 +98,28 @@ def test_texts_and_questions_equal_a_plain_loop(model, dataset, sort) -> None:
     part = dataset[:70]
     want = _plain(model, part["title"], part["text"], sort=sort)
     for transfer in (QUEUED, None):
-        got = encode_passage_texts(model, part["title"], part["text"], max_length=LENGTH,
-                                   batch_size=BATCH, device=CPU, sort_by_length=sort,
-                                   transfer=transfer)  # fmt: skip
+        got = encode_passage_texts(
+            model,
+            part["title"],
+            part["text"],
+            max_length=LENGTH,
+            batch_size=BATCH,
+            device=CPU,
+            sort_by_length=sort,
+            transfer=transfer,
+        )
         assert np.array_equal(got, want)
     questions = [f"who wrote {title}?" for title in part["title"]]
     got = encode_question_texts(model, questions, max_length=32, device=CPU, batch_size=BATCH)
     want = np.empty_like(got)
     for start in range(0, len(questions), BATCH):
-        inputs = model.tokenizer(questions[start : start + BATCH], padding="longest",
-                                 truncation=True, max_length=32, return_tensors="pt")  # fmt: skip
+        inputs = model.tokenizer(
+            questions[start : start + BATCH],
+            padding="longest",
+            truncation=True,
+            max_length=32,
+            return_tensors="pt",
+        )
         with torch.inference_mode():
             want[start : start + BATCH] = model.encode_query(dict(inputs)).numpy()
     assert np.array_equal(got, want)

@@ -52,7 +52,11 @@ def test_files_follow_the_contract(corpus, built: Config) -> None:
     metrics = json.loads((out / "eval" / "metrics.json").read_text())
     ks = (1, 5, 20)
     assert set(metrics) == {f"top{k}" for k in ks} | {f"recall@{k}" for k in ks} | {
-        "mrr@10", "ndcg@10", "n_questions", "measured"}  # fmt: skip
+        "mrr@10",
+        "ndcg@10",
+        "n_questions",
+        "measured",
+    }
     assert metrics["n_questions"] == 13
 
     results = json.loads((out / "eval" / "retrieval.json").read_text())
@@ -318,11 +322,22 @@ def test_plain_hf_folder_serves_both_towers(corpus, make_config, tmp_path) -> No
         rows = list(csv.DictReader(f, delimiter="\t"))
     results = json.loads((tmp_path / "eval" / "retrieval.json").read_text())
     with torch.inference_mode():
-        p_in = tok([r["title"] for r in rows], [r["text"] for r in rows], truncation="only_second",
-                   max_length=48, padding=True, return_tensors="pt")  # fmt: skip
+        p_in = tok(
+            [r["title"] for r in rows],
+            [r["text"] for r in rows],
+            truncation="only_second",
+            max_length=48,
+            padding=True,
+            return_tensors="pt",
+        )
         p_embs = bert(**p_in).last_hidden_state[:, 0].numpy()
-        q_in = tok([e["question"] for e in results], truncation=True, max_length=16,
-                   padding=True, return_tensors="pt")  # fmt: skip
+        q_in = tok(
+            [e["question"] for e in results],
+            truncation=True,
+            max_length=16,
+            padding=True,
+            return_tensors="pt",
+        )
         q_embs = bert(**q_in).last_hidden_state[:, 0].numpy()
     scores = q_embs @ p_embs.T
     for entry, row in zip(results, scores, strict=True):

@@ -29,15 +29,38 @@ RECORDS = [json.loads(line) for line in TRAIN.read_text().splitlines()]
 def index(tmp_path_factory) -> Path:
     """The toy passages indexed by the tiny BERT (an HF folder: both towers)."""
     root = tmp_path_factory.mktemp("mine")
-    run_cli("index", "--config", "configs/toy.yaml", "--model", str(TINY), "-q", "--set",
-            f"output_dir={root}", "--set", f"data.cache_dir={root / 'cache'}")  # fmt: skip
+    run_cli(
+        "index",
+        "--config",
+        "configs/toy.yaml",
+        "--model",
+        str(TINY),
+        "-q",
+        "--set",
+        f"output_dir={root}",
+        "--set",
+        f"data.cache_dir={root / 'cache'}",
+    )
     return root / "index"
 
 
 def _mine(index: Path, out: Path, *extra: str, check: bool = True):
-    return run_cli("mine", "--model", str(TINY), "--index", str(index), "--train", str(TRAIN),
-                   "--out", str(out), "--cache-dir", str(index.parent / "cache"), "-q", *extra,
-                   check=check)  # fmt: skip
+    return run_cli(
+        "mine",
+        "--model",
+        str(TINY),
+        "--index",
+        str(index),
+        "--train",
+        str(TRAIN),
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(index.parent / "cache"),
+        "-q",
+        *extra,
+        check=check,
+    )
 
 
 def _reference(
@@ -52,8 +75,9 @@ def _reference(
     with open(TOY / "passages.tsv", encoding="utf-8", newline="") as f:
         texts = {pid: text for pid, text, _ in list(csv.reader(f, delimiter="\t"))[1:]}
     model = load_encoder(TINY, pooling="mean", query_only=True)  # as the toy config indexed
-    q = encode_question_texts(model, [r["question"] for r in RECORDS], max_length=32,
-                              device=torch.device("cpu"))  # fmt: skip
+    q = encode_question_texts(
+        model, [r["question"] for r in RECORDS], max_length=32, device=torch.device("cpu")
+    )
     out, every = [], []
     for record, scores in zip(RECORDS, q @ vectors.T, strict=True):
         order = np.lexsort((np.arange(len(scores)), -scores))[skip : skip + depth]
@@ -63,9 +87,14 @@ def _reference(
         if relative_margin is not None:
             pos = float(scores[row_of[record["positive_ctxs"][0]["passage_id"]]])
             ceiling = pos - relative_margin * abs(pos)
-        kept = [ids[r] for r in order if ids[r] not in pos_ids and texts[ids[r]] not in pos_texts
-                and not dpr_has_answer(record["answers"], texts[ids[r]])
-                and scores[r] < ceiling]  # fmt: skip
+        kept = [
+            ids[r]
+            for r in order
+            if ids[r] not in pos_ids
+            and texts[ids[r]] not in pos_texts
+            and not dpr_has_answer(record["answers"], texts[ids[r]])
+            and scores[r] < ceiling
+        ]
         out.append(kept[:negatives])
         every.append(dict(zip(ids, scores.tolist(), strict=True)))
     return out, every
@@ -115,8 +144,9 @@ def test_mined_negatives_equal_the_reference(index, tmp_path) -> None:
         assert {k: v for k, v in record.items() if k != "hard_negative_ctxs"} == {
             k: v for k, v in original.items() if k != "hard_negative_ctxs"
         }
-        assert all(set(c) == {"passage_id", "title", "text", "score"}
-                   for c in record["hard_negative_ctxs"])  # fmt: skip
+        assert all(
+            set(c) == {"passage_id", "title", "text", "score"} for c in record["hard_negative_ctxs"]
+        )
         scores = [c["score"] for c in record["hard_negative_ctxs"]]
         assert scores == sorted(scores, reverse=True)
     summary = json.loads((tmp_path / "mined.summary.json").read_text())
@@ -148,8 +178,9 @@ def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
     first = plain[0]["hard_negative_ctxs"][0]["passage_id"]  # judged relevant: dropped
     qrels = tmp_path / "qrels.trec"
     qrels.write_text(f"{RECORDS[0]['id']} 0 {first} 1\n")
-    _mine(index, tmp_path / "judged.jsonl", "--negatives", "3", "--depth", "20", "--qrels",
-          str(qrels))  # fmt: skip
+    _mine(
+        index, tmp_path / "judged.jsonl", "--negatives", "3", "--depth", "20", "--qrels", str(qrels)
+    )
     judged = _read(tmp_path / "judged.jsonl")
     assert first not in {c["passage_id"] for c in judged[0]["hard_negative_ctxs"]}
     assert judged[1:] == plain[1:]
@@ -158,8 +189,16 @@ def test_the_files_own_negatives_qrels_and_margins(index, tmp_path) -> None:
     _mine(index, tmp_path / "margin.jsonl", "--negatives", "3", "--depth", "20", "--margin", "9")
     summary = json.loads((tmp_path / "margin.summary.json").read_text())
     assert summary["negatives"] == 0 and summary["short"] == 300  # none is 9 below its positive
-    _mine(index, tmp_path / "rel.jsonl", "--negatives", "3", "--depth", "20",
-          "--relative-margin", "0.05")  # fmt: skip
+    _mine(
+        index,
+        tmp_path / "rel.jsonl",
+        "--negatives",
+        "3",
+        "--depth",
+        "20",
+        "--relative-margin",
+        "0.05",
+    )
     got = [
         [c["passage_id"] for c in r["hard_negative_ctxs"]] for r in _read(tmp_path / "rel.jsonl")
     ]
@@ -262,8 +301,9 @@ def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
 
 def test_bad_input_is_one_line(index, tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
-    record = dict(RECORDS[0], positive_ctxs=[dict(RECORDS[0]["positive_ctxs"][0],
-                                                  passage_id="nowhere")])  # fmt: skip
+    record = dict(
+        RECORDS[0], positive_ctxs=[dict(RECORDS[0]["positive_ctxs"][0], passage_id="nowhere")]
+    )
     bad.write_text(json.dumps(RECORDS[1]) + "\n" + json.dumps(record) + "\n")
     cases = [
         (["--train", str(bad)], f"{bad} line 2: positive passage 'nowhere' is not among"),
@@ -295,9 +335,22 @@ def test_bad_input_is_one_line(index, tmp_path) -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (extra, lines)
     assert not (tmp_path / "o.jsonl").exists()
-    ok = run_cli("mine", "--model", str(TINY), "--index", str(index), "--train", str(no_answers),
-                 "--out", str(tmp_path / "o.jsonl"), "--match", "none", "-q",
-                 "--cache-dir", str(index.parent / "cache"))  # fmt: skip
+    ok = run_cli(
+        "mine",
+        "--model",
+        str(TINY),
+        "--index",
+        str(index),
+        "--train",
+        str(no_answers),
+        "--out",
+        str(tmp_path / "o.jsonl"),
+        "--match",
+        "none",
+        "-q",
+        "--cache-dir",
+        str(index.parent / "cache"),
+    )
     assert ok.returncode == 0
     from dpr_cache.model.biencoder import BiEncoder
 
