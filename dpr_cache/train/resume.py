@@ -52,6 +52,7 @@ RESUME_ROUNDING = (
     "train.length_order",
     "train.length_bucket",
     "model.gradient_checkpointing",
+    "model.attn_implementation",
 )
 RESUME_CHUNKS = ("train.chunk_size", "train.p_chunk_size")
 # keys a resumed run takes from its checkpoint: the optimizer's state holds them
@@ -77,6 +78,12 @@ def check_resumed_settings(config: Config, saved: Path, *, warn: bool) -> None:
             f"--resume: {'; '.join(kept)}: a resumed run keeps its optimizer's "
             f"{', '.join(RESUME_KEPT)} from its checkpoint: set them back, or train afresh in "
             "another output_dir"
+        )
+    adapters = [text for key, text in said.items() if key.startswith("model.lora")]
+    if adapters:
+        raise InputError(
+            f"--resume: {'; '.join(adapters)}: the checkpoint holds the run's own adapters: set "
+            "model.lora back, or train afresh in another output_dir"
         )
     free = RESUME_FREE + RESUME_ROUNDING
     if config.train.mode != "accumulate":
