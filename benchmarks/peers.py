@@ -103,10 +103,13 @@ class CachedMNRLStep:
 
     It encodes questions and passages with one SentenceTransformer, so it needs shared towers.
     Its loss takes the first passage of each group as the positive and every passage row as a
-    candidate, as ours does; it knows no passage ids (no false-negative mask).
+    candidate, as ours does; it knows no passage ids (no false-negative mask). Its Transformer
+    module is loaded from ``st_folder`` (default: the folder the model came from) and then given
+    our tower in place of the model it loaded, so a tower built in memory from a config names a
+    small folder of its family here. Last-token pooling is sentence-transformers' ``lasttoken``.
     """
 
-    def __init__(self, model: BiEncoder, chunk_size: int) -> None:
+    def __init__(self, model: BiEncoder, chunk_size: int, st_folder: str | None = None) -> None:
         if not model.shared:
             raise ValueError("st-cmnrl encodes both sides with one model: needs model.shared")
         from sentence_transformers import SentenceTransformer
@@ -116,10 +119,11 @@ class CachedMNRLStep:
         from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
         from sentence_transformers.util import dot_score
 
-        path = model.query_encoder.config._name_or_path
+        path = st_folder or model.query_encoder.config._name_or_path
         transformer = Transformer(path)
         transformer.model = model.query_encoder  # the very module our modes train
-        pooling = Pooling(model.dim, pooling_mode=model.pooling)
+        mode = {"last": "lasttoken"}.get(model.pooling, model.pooling)
+        pooling = Pooling(model.dim, pooling_mode=mode)
         self.st = SentenceTransformer(modules=[transformer, pooling], device=str(model.device))
         self.st.train()
         self.loss = CachedMultipleNegativesRankingLoss(
