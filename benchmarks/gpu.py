@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import signal
@@ -31,7 +32,7 @@ from typing import Annotated, NamedTuple
 import torch
 import typer
 
-from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_perf, gpu_watch
+from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_llm, gpu_perf, gpu_watch
 from benchmarks.gpu_perf import Chunk, Variant
 from benchmarks.gpu_report import write_page
 from benchmarks.machine import machine_info
@@ -88,6 +89,7 @@ class Plan:
     score_precisions: list[str]
     score_batch: int
     score_rounds: int  # timed rounds of each precision, the order alternating
+    llm: gpu_llm.LlmPlan  # the decoder LLM section's sizes
 
 
 GPU_PLAN = Plan(
@@ -133,6 +135,7 @@ GPU_PLAN = Plan(
     score_precisions=["bf16", "fp16", "fp32"],
     score_batch=256,
     score_rounds=2,
+    llm=gpu_llm.GPU_LLM,
 )
 DRY_PLAN = Plan(
     exact_sizes=["tiny"],
@@ -166,6 +169,7 @@ DRY_PLAN = Plan(
     score_precisions=["fp32", "bf16"],
     score_batch=16,
     score_rounds=2,
+    llm=gpu_llm.DRY_LLM,
 )
 
 
@@ -405,6 +409,11 @@ def _sections(
             "ran_beside": beside.ran_beside,
         }
 
+    def llm():  # alone, last: it fills the GPU, and a 7B step at B=1,024 takes a minute
+        gpu_perf.free_device(device)  # what a section stopped before it may have left
+        into = partial.setdefault("llm", {})
+        return gpu_llm.llm_figures(plan.llm, device, work / "llm", _seconds_left, into)
+
     def too_large():  # alone, once the commands beside have ended: it fills the GPU
         gpu_perf.free_device(device)  # what a section stopped before it may have left
         return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
@@ -424,6 +433,8 @@ def _sections(
         Section("teacher_scoring", None, 35, teacher_scoring),
         # last: a compile's one-time cost is not known before its first run on a device
         Section("compilation", "needs a GPU (a CPU compile takes minutes)", 120, compilation),
+        # decoder LLMs (issue 57): run alone (--only llm), it takes most of a 600 s call
+        Section("llm", None, 380, llm),
     ]
 
 
@@ -459,6 +470,11 @@ _deadline: float | None = None  # when the running section stops (monotonic), on
 def _time_left(default: float) -> float:
     """Seconds until the running section stops, or ``default`` where it has no limit."""
     return default if _deadline is None else _deadline - time.monotonic()
+
+
+def _seconds_left() -> float:
+    """Seconds until the running section stops; unbounded where it has no limit."""
+    return _time_left(math.inf)
 
 
 def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.gpu_report_llm import llm_goals, render_llm
 from benchmarks.gpu_report_speed import (
     compiles_text,
     counters_text,
@@ -27,7 +28,7 @@ def write_page(report: dict, out: Path) -> None:
     write_text_atomic(out / "gpu.md", render(report))
 
 
-_PARTIAL_SHOWN = ("speed", "command_line")  # figures before a stop: reported (and judged)
+_PARTIAL_SHOWN = ("speed", "command_line", "llm")  # figures before a stop: reported (and judged)
 ENCODE_GOAL_MIN = 30
 HISTORY = "gpu_history.md"  # the runs so far, what each missed and what fixed it
 
@@ -84,6 +85,7 @@ def goals(report: dict) -> list[dict]:
     enc = _result(report, "encoding")
     if enc and enc.get("nq_projected_s"):
         out.append(_encode_goal(enc))
+    out += [_goal(*g) for g in llm_goals(_result(report, "llm"))]
     large = _result(report, "chunk_too_large")
     if large:
         out.append(
@@ -745,4 +747,5 @@ _SECTION = {
     "command_line": _command_line,
     "chunk_too_large": _chunk_too_large,
     "largest_full_batch": _largest_full_batch,
+    "llm": render_llm,
 }
