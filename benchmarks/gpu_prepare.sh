@@ -15,10 +15,11 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/ex
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 grep -qx '/.gpu-out/' .git/info/exclude 2>/dev/null || echo '/.gpu-out/' >> .git/info/exclude
 rm -rf .whl && mkdir -p .whl .gpu
-# What the GPU image lacks (faiss, datasets, pydantic, bm25s, ijson, the GradCache library) and
-# what those need beyond it.
+# What the GPU image lacks (faiss, datasets, pydantic, bm25s, ijson, the GradCache library;
+# peft for LoRA, the llm section's adapters) and what those need beyond it (accelerate and
+# psutil for peft).
 PACKAGES="faiss-cpu datasets dill multiprocess pydantic pydantic-core annotated-types
-  typing-inspection bm25s ijson"
+  typing-inspection bm25s ijson peft accelerate psutil"
 for pkg in $PACKAGES; do
   version=$($PY -m pip show "$pkg" 2>/dev/null | sed -n 's/^Version: //p')
   spec=$pkg${version:+==$version}
