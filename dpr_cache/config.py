@@ -128,6 +128,12 @@ class TrainConfig(_Section):
     compile: Literal["auto", "on", "off"] = "auto"
     fast_dropout: bool = True  # CPU: dropout masks four to a 64-bit draw (model/fast_dropout)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # under torchrun: none (DDP: each rank holds the whole model) or fsdp (FSDP2: each rank
+    # holds 1/W of the weights, gradients and optimizer state; docs/distributed.md)
+    shard: Literal["none", "fsdp"] = "none"
+    # fsdp: gradients reduce-scattered once a step (step: a rank holds its towers' whole
+    # gradients until the last chunk) or after every chunk (chunk: a rank holds its shard only)
+    shard_sync: Literal["step", "chunk"] = "step"
     deterministic: bool = False  # CUDA: deterministic kernels (bit-exact reruns and resumes)
     num_threads: int | None = Field(None, ge=1)
     log_to: Literal["tensorboard", "none"] | None = None  # null = tensorboard when installed
@@ -162,6 +168,11 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"train.hard_negatives: train.loss {self.loss} learns the teacher's scores of "
                 "each question's positive and hard negatives: set it to 1 or more"
+            )
+        if self.shard == "fsdp" and self.precision == "fp16":
+            raise ValueError(
+                "train.precision: fp16 under train.shard fsdp needs a sharded loss scaler: "
+                "use bf16 (or fp32), or train.shard none"
             )
         if self.loss == "margin_mse" and self.teacher_temperature is not None:
             raise ValueError(

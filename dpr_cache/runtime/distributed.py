@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +45,9 @@ __all__ = [
     "name_lost_rank_on_sigterm",
     "stop_if_a_peer_ended",
     "PEERS",
+    "device_mesh",
+    "sharded_save",
+    "sharded_load",
 ]
 
 PEERS: dict[int, tuple[str, int]] = {}
@@ -145,6 +149,35 @@ def rank0_gathers(value: Any) -> list[Any] | None:
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(value, gathered, dst=0)
     return gathered
+
+
+def device_mesh(env: DistEnv):
+    """The one-dimensional mesh of every rank's device, for FSDP's sharding. A single process
+    joins a group of one first (an in-process store: nothing listens), so that a model is
+    sharded the same way on one GPU as on many."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not joined():
+        backend = "nccl" if env.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return init_device_mesh(env.device.type, (dist.get_world_size(),))
+
+
+def sharded_save(state: dict[str, Any], folder: Path) -> None:
+    """``state`` (sharded tensors and the objects beside them) saved by every rank into
+    ``folder`` with ``torch.distributed.checkpoint``: each rank writes its shards, rank 0 the
+    metadata."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(folder))
+
+
+def sharded_load(state: dict[str, Any], folder: Path) -> None:
+    """``state``'s tensors filled in place from ``folder`` (:func:`sharded_save`'s), each rank
+    reading the shards it holds."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, checkpoint_id=str(folder))
 
 
 def any_rank(flag: bool, env: DistEnv) -> bool:

@@ -1,7 +1,10 @@
 """Checkpoints that resume bit-exactly: weights, optimizer, schedule, scaler and every rank's RNG.
 
 A LoRA run's checkpoint holds the adapters alone (:func:`model_state`), its base being the
-frozen one ``model.name_or_path`` loads again. ``checkpoints/step-N/state.pt`` is written by
+frozen one ``model.name_or_path`` loads again. A sharded run's (``train.shard: fsdp``) weights
+and optimizer state are saved by every rank, each its own shards, with
+``torch.distributed.checkpoint`` into ``step-N/shards/`` (checked by ``shards.sha256``); the rest
+is ``state.pt`` as in any run. ``checkpoints/step-N/state.pt`` is written by
 rank 0 under a temporary name, flushed to disk and swapped into place, with its SHA-256 beside it
 (``state.sha256``); the oldest are removed beyond
 ``keep``. Resuming takes the newest checkpoint whose bytes match their checksum: one cut short or
@@ -17,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import random
 import shutil
 from pathlib import Path
@@ -28,6 +32,7 @@ import torch
 from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.data.collate import NEGATIVE_DRAW
 from dpr_cache.errors import InputError
+from dpr_cache.model.fsdp import is_sharded
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
 from dpr_cache.runtime.distributed import DistEnv, all_objects
@@ -46,6 +51,7 @@ log = logging.getLogger(__name__)
 _STEP_DRAW = "stream_entropy(seed, step, question index)"
 """The hard-negative draw of checkpoints that do not record theirs (one draw a step)."""
 STATE_FILE, CHECKSUM_FILE = "state.pt", "state.sha256"
+SHARDS, SHARDS_CHECKSUM = "shards", "shards.sha256"
 FORMAT = 3
 """The layout of ``state.pt``; a checkpoint of another layout is refused, not converted."""
 
@@ -90,37 +96,75 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 def save_checkpoint(root, step, model, optimizer, scheduler, scaler, env: DistEnv, keep) -> Path:
-    """Rank 0 writes ``root/step-N`` atomically; every rank's RNG state goes with it."""
+    """Rank 0 writes ``root/step-N`` atomically; every rank's RNG state goes with it, and under
+    sharding every rank's shards."""
     gathered = all_objects(rng_states())
     final = Path(root) / f"step-{step:08d}"
+    sharded = is_sharded(model)
+    state = {
+        "format": FORMAT,
+        "step": step,
+        "sharded": sharded,
+        "weights": "trainable" if _frozen_base(model) else "all",
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": gathered,
+        "world_size": env.world_size,
+        "epoch_order": EPOCH_ORDER,
+        "negative_draw": NEGATIVE_DRAW,
+    }
+    if sharded:
+        _save_sharded(final, state, model, optimizer, env)
+    elif env.is_main:
+        state.update(model=model_state(model), optimizer=optimizer.state_dict())
+        write_dir_atomic(
+            final, functools.partial(_write_state, state), size_hint=_tensor_bytes(state)
+        )
     if env.is_main:
-        state = {
-            "format": FORMAT,
-            "step": step,
-            "model": model_state(model),
-            "weights": "trainable" if _frozen_base(model) else "all",
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": gathered,
-            "world_size": env.world_size,
-            "epoch_order": EPOCH_ORDER,
-            "negative_draw": NEGATIVE_DRAW,
-        }
-
-        size = _tensor_bytes(state)
-
-        def write(tmp: Path) -> None:
-            tmp.mkdir(parents=True)
-            save = functools.partial(torch.save, state)
-            write_atomic(tmp / STATE_FILE, save, fsync=True, size_hint=size)
-            write_text_atomic(tmp / CHECKSUM_FILE, _sha256(tmp / STATE_FILE) + "\n")
-
-        write_dir_atomic(final, write, size_hint=size)
         for old in sorted(Path(root).glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
     return final
+
+
+def _write_state(state: dict[str, Any], folder: Path) -> None:
+    """``state.pt`` and its checksum, written into a new ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save = functools.partial(torch.save, state)
+    write_atomic(folder / STATE_FILE, save, fsync=True, size_hint=_tensor_bytes(state))
+    write_text_atomic(folder / CHECKSUM_FILE, _sha256(folder / STATE_FILE) + "\n")
+
+
+def _save_sharded(final: Path, state: dict[str, Any], model, optimizer, env: DistEnv) -> None:
+    """Every rank's shards into a folder beside ``final``, then rank 0's ``state.pt`` and the
+    checksums, and the folder swapped into place."""
+    partial = final.with_name(f".{final.name}.partial")
+    if env.is_main:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    distributed.barrier()
+    distributed.sharded_save(sharded_state(model, optimizer), partial / SHARDS)
+    distributed.barrier()
+    if env.is_main:
+        write_text_atomic(partial / SHARDS_CHECKSUM, _folder_sha256(partial / SHARDS) + "\n")
+        _write_state(state, partial)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+
+
+def sharded_state(model, optimizer) -> dict[str, Any]:
+    """A sharded model's and its optimizer's state as this rank holds it (the adapters alone
+    under LoRA): what ``torch.distributed.checkpoint`` saves and loads in place."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_sharded_options())
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _sharded_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True)
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -136,7 +180,11 @@ def sound_checkpoint(root: Path) -> Path | None:
     for path in reversed(done):
         stored = path / CHECKSUM_FILE
         if stored.is_file() and stored.read_text().strip() == _sha256(path / STATE_FILE):
-            return path
+            shards = path / SHARDS_CHECKSUM
+            if not (path / SHARDS).exists():
+                return path
+            if shards.is_file() and shards.read_text().strip() == _folder_sha256(path / SHARDS):
+                return path
         why = (
             "its bytes do not match its checksum"
             if stored.is_file()
@@ -151,6 +199,14 @@ def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
             digest.update(block)
+    return digest.hexdigest()
+
+
+def _folder_sha256(folder: Path) -> str:
+    """One digest of every file in ``folder``: their names and bytes, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(folder)}\0{_sha256(path)}\n".encode())
     return digest.hexdigest()
 
 
@@ -193,7 +249,51 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
             f"{path}: its run draws hard negatives as {draw}, this dpr-cache as "
             f"{NEGATIVE_DRAW}; finish it with the dpr-cache that started it, or train afresh"
         )
-    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    sharded = bool(state.get("sharded"))
+    if sharded != is_sharded(model):
+        saved, now = ("fsdp", "none") if sharded else ("none", "fsdp")
+        raise InputError(
+            f"{path}: saved with train.shard {saved}, resumed with {now}: resume with "
+            f"train.shard {saved}"
+        )
+    if sharded:
+        _load_sharded(path, model, optimizer)
+    else:
+        _load_whole(path, state, model, optimizer)
+    scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    _set_rng_states(state["rng"][env.rank])
+    return int(state["step"])
+
+
+def _load_sharded(path: Path, model, optimizer) -> None:
+    """This rank's shards of the weights and optimizer state, read in place."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = sharded_state(model, optimizer)
+    distributed.sharded_load(state, path / SHARDS)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=_sharded_options(),
+    )
+
+
+def _load_whole(path: Path, state: dict[str, Any], model, optimizer) -> None:
+    """The weights (or the adapters) and the optimizer state of an unsharded checkpoint."""
+    try:
+        missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    except RuntimeError as exc:  # a weight of another shape
+        first = next(
+            (line.strip() for line in str(exc).splitlines() if "size mismatch" in line), ""
+        )
+        raise InputError(
+            f"{path}: does not fit this model ({first.rstrip('.')}): resume with the run's own "
+            "config"
+        ) from None
     if state.get("weights") == "trainable":  # the frozen base comes from model.name_or_path
         missing = [name for name in missing if name in _trainable_names(model)]
     if missing or unexpected:
@@ -203,8 +303,3 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
             f"{(unexpected or [None])[0]!r}): resume with the run's own config"
         )
     optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    if scaler is not None and state["scaler"] is not None:
-        scaler.load_state_dict(state["scaler"])
-    _set_rng_states(state["rng"][env.rank])
-    return int(state["step"])

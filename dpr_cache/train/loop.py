@@ -109,9 +109,9 @@ def _set_up(config: Config, env: DistEnv, resume: bool, progress: bool) -> _Run:
     if env.is_main:  # once the model is there: a run that cannot start says that alone
         _warn_if_a_gpu_config_found_no_gpu(config, env)
     recipe = batch_recipe(config, trainer.model, trainer.length_bucket)
-    start = trainer.resume(out / CHECKPOINTS) if resume else 0
-    if start:
+    if resume and latest_checkpoint(out / CHECKPOINTS) is not None:  # before loading it
         check_resumed_settings(config, out / "config.yaml", warn=env.is_main)
+    start = trainer.resume(out / CHECKPOINTS) if resume else 0
     if env.is_main:
         save_config(config, out / "config.yaml")
     distill = distillation_of(config)

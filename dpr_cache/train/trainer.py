@@ -13,15 +13,17 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from datasets import Dataset
+from torch.nn.utils import clip_grad_norm_
 
 from dpr_cache.config import Config, LoraConfig, ModelConfig, TrainConfig, parse_bytes
 from dpr_cache.core.distill import Distillation
-from dpr_cache.core.steppers import make_loss_fn, make_stepper
+from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch
 from dpr_cache.data.training import load_training_sets
@@ -32,6 +34,7 @@ from dpr_cache.model.compiled import COMPILED_BUCKET, compile_mode_for, compile_
 from dpr_cache.model.ddp import wrap_towers
 from dpr_cache.model.decoders import check_dtype_on, check_positions
 from dpr_cache.model.fast_dropout import use_fast_dropout
+from dpr_cache.model.fsdp import full_state, full_value, is_sharded, shard_towers
 from dpr_cache.model.loading import load_biencoder
 from dpr_cache.runtime import distributed, memory
 from dpr_cache.runtime.atomic import write_dir_atomic
@@ -67,6 +70,7 @@ __all__ = [
     "training_data",
     "training_files",
     "prepare_towers",
+    "distribute_towers",
     "compile_as_set",
     "length_bucket_of",
     "distillation_of",
@@ -108,6 +112,7 @@ class Trainer:
     precision: str = "fp32"
     max_grad_norm: float | None = None
     length_bucket: int | None = None  # GradCache's; batches are padded to a multiple of it
+    unsharded: Callable[[], BiEncoder] | None = None  # sharded: a whole model to save into
 
     def step(self, batch: Batch) -> StepResult:
         """One update on this rank's slice of a global batch. A loss or gradient that is not
@@ -127,7 +132,7 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or math.inf)
+        grad_norm = full_value(clip_grad_norm_(params, self.max_grad_norm or math.inf))
         skipped = False
         if self.scaler is not None:
             scale = self.scaler.get_scale()
@@ -178,12 +183,21 @@ class Trainer:
         )
 
     def save_model(self, out: Path, max_query_length: int, max_passage_length: int) -> None:
-        """Rank 0 writes the model folder, swapped in whole, with the lengths it trained at."""
+        """Rank 0 writes the model folder, swapped in whole, with the lengths it trained at. A
+        sharded model's weights are gathered once into rank 0's memory (a collective) and
+        written from a whole copy, the same folder an unsharded run writes."""
+        model = self.model
+        if is_sharded(model):
+            state = full_state(model)
+            model = self.unsharded() if self.env.is_main else None
+            if model is not None:
+                model.load_state_dict(state)
         if self.env.is_main:
-            self.model.max_query_length = max_query_length
-            self.model.max_passage_length = max_passage_length
-            size = 2 * sum(p.numel() * p.element_size() for p in self.model.parameters())
-            write_dir_atomic(out, self.model.save_pretrained, size_hint=size)
+            model.max_query_length = max_query_length
+            model.max_passage_length = max_passage_length
+            saved = [p for p in model.parameters() if p.requires_grad or not model.has_adapters]
+            size = 2 * sum(p.numel() * p.element_size() for p in saved)
+            write_dir_atomic(out, model.save_pretrained, size_hint=size)
 
 
 def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
@@ -191,20 +205,21 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     Each rank then draws dropout from its own stream (rank 0's is a single process's)."""
     cfg, m = config.train, config.model
     model = load_model(m, env.device, dropout=m.dropout, lora=m.lora)
+    check_trains(model, m)
     if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
         logger.warning("%s", warning)
     prepare_towers(model, cfg, env.device)
     model.train()
-    optimizer = torch.optim.AdamW(
+    chunk_size = chunk_size_of(config, model, env)  # probed on eager towers
+    compiled = compile_as_set(model, cfg, env.device)
+    towers = distribute_towers(model, cfg, env)
+    optimizer = torch.optim.AdamW(  # over the parameters as sharded, where they are
         param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, linear_warmup_decay(cfg.warmup_steps, total_steps)
     )
     scaler = torch.amp.GradScaler(env.device.type) if cfg.precision == "fp16" else None
-    chunk_size = chunk_size_of(config, model, env)  # probed on eager towers
-    compiled = compile_as_set(model, cfg, env.device)
-    towers = wrap_towers(model, env)  # DDP broadcasts rank 0's weights
     torch.manual_seed(stream_seed("dropout", cfg.seed, env.rank))
     loss_fn = make_loss_fn(
         temperature=cfg.temperature,
@@ -237,7 +252,40 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         cfg.precision,
         cfg.max_grad_norm,
         length_bucket_of(cfg, compiled),
+        unsharded_model(m, env) if cfg.shard == "fsdp" else None,
     )
+
+
+def check_trains(model: BiEncoder, m: ModelConfig) -> None:
+    """InputError when nothing of ``model`` would train, or when its fp16 weights would: a
+    loss scaler unscales fp32 gradients only, so fp16 weights train adapters alone."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise InputError(
+            f"{m.name_or_path}: no weight of the model trains (the base is frozen): set "
+            "model.lora to train adapters on it"
+        )
+    if m.dtype == "fp16" and any(p.dtype == torch.float16 for p in trainable):
+        raise InputError(
+            "model.dtype: fp16 weights train with LoRA only (model.lora): set model.lora, or "
+            "keep the weights fp32 or bf16 (train.precision fp16 computes in fp16 all the same)"
+        )
+
+
+def unsharded_model(m: ModelConfig, env: DistEnv) -> Callable[[], BiEncoder]:
+    """What builds a whole copy of the model ``model.*`` describes, with its dropout and
+    adapters: on the CPU (fp16 weights, which the CPU does not run, on ``env``'s device)."""
+    device = env.device if m.dtype == "fp16" else torch.device("cpu")
+    return functools.partial(load_model, m, device, dropout=m.dropout, lora=m.lora)
+
+
+def distribute_towers(model: BiEncoder, cfg: TrainConfig, env: DistEnv) -> Towers:
+    """``model``'s towers as the step objects take them: sharded with FSDP2 (``train.shard:
+    fsdp``, also on one process), wrapped in DDP on several ranks (which broadcasts rank 0's
+    weights), or as they are."""
+    if cfg.shard == "fsdp":
+        return shard_towers(model, env, precision=cfg.precision, sync=cfg.shard_sync)
+    return wrap_towers(model, env)
 
 
 def load_model(

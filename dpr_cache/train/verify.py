@@ -83,7 +83,8 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     dataset, batches = training_data(config, DistEnv())
     device = resolve_device(cfg.device, key="train.device")
     lora = m.lora.model_copy(update={"dropout": 0.0}) if m.lora is not None else None
-    model = load_model(m, device, dropout=0.0, lora=lora)  # dropout off, LoRA's too
+    whole = m.model_copy(update={"dtype": "fp32"})  # compared in fp32 or fp64 whatever it is
+    model = load_model(whole, device, dropout=0.0, lora=lora)  # dropout off, LoRA's too
     model = model.to(device, torch.float64 if double else torch.float32)
     prepare_towers(model, cfg, device)
     compiled = compile_as_set(model, cfg, device)
