@@ -9,7 +9,8 @@ Saved layout (``save_pretrained(dir)``)::
                              "max_passage_length", "query_prefix", "passage_prefix", "dtype"}:
                             the model's record of how it encodes (its query encoding,
                             :mod:`dpr_cache.model.encoding`) and the dtype its weights were
-                            trained in (what loading it takes by default; null: fp32)
+                            trained in (what loading it takes by default; null: none was
+                            given, and the weights load as transformers loads the base)
     dir/tokenizer files     when the BiEncoder carries a tokenizer
 
 A tower with LoRA adapters (:mod:`dpr_cache.model.lora`) is saved as peft saves it: its folder
@@ -31,21 +32,25 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
+from dpr_cache.errors import InputError
 from dpr_cache.model.decoders import attention_of, prepare_tokenizer, torch_dtype
 from dpr_cache.model.dpr_formats import dpr_kind, load_dpr_towers
 from dpr_cache.model.encoding import ENCODING_FILE, QueryEncoding
-from dpr_cache.model.hub import resolve_model_path
+from dpr_cache.model.hub import hub_name_of, resolve_model_path
 from dpr_cache.model.lora import (
     ADAPTER_CONFIG,
     adapter_base,
     add_lora,
+    check_saved_lora,
     has_adapters,
     load_adapters,
     merged,
+    set_lora_dropout,
 )
 from dpr_cache.model.pooling import POOLINGS, pool
 from dpr_cache.model.tower_files import clean_tokenizer, write_tower
 from dpr_cache.model.towers import (
+    decoder_only,
     load_tokenizer,
     load_tower,
     shipped_normalize,
@@ -65,7 +70,10 @@ class BiEncoder(nn.Module):
     Args:
         query_encoder: a Hugging Face encoder (``last_hidden_state`` output).
         passage_encoder: the passage tower; ``None`` shares the query tower.
-        pooling: ``"cls"`` (DPR) or ``"mean"`` (masked mean, sentence-transformers).
+        pooling: ``"cls"`` (DPR), ``"mean"`` (masked mean, sentence-transformers) or
+            ``"last"`` (each text's final real token: decoders); None: ``"last"`` for a
+            decoder-only tower, else ``"cls"``. ``"cls"`` on a decoder-only tower is an
+            InputError (its first token sees nothing of the text).
         tokenizer: optional, saved beside the towers.
         max_query_length, max_passage_length: the token limits it was trained with, saved so
             that ``dpr-cache encode`` needs no config (None: not known).
@@ -75,7 +83,7 @@ class BiEncoder(nn.Module):
             every passage pair's first text wherever it encodes
             (:mod:`dpr_cache.data.tokenize`), and saved as its sentence-transformers prompts.
         dtype: the name (``fp32 | bf16 | fp16``) of the dtype the weights were loaded in,
-            recorded when saved (None: not given, fp32).
+            recorded when saved (None: not given; transformers' default dtype).
     """
 
     def __init__(
@@ -83,7 +91,7 @@ class BiEncoder(nn.Module):
         query_encoder: nn.Module,
         passage_encoder: nn.Module | None = None,
         *,
-        pooling: str = "cls",
+        pooling: str | None = None,
         tokenizer=None,
         max_query_length: int | None = None,
         max_passage_length: int | None = None,
@@ -93,8 +101,7 @@ class BiEncoder(nn.Module):
         dtype: str | None = None,
     ) -> None:
         super().__init__()
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        pooling = _pooling_for(query_encoder, pooling)
         self.query_encoder = query_encoder
         self.shared = passage_encoder is None or passage_encoder is query_encoder
         self.passage_encoder = query_encoder if self.shared else passage_encoder
@@ -128,7 +135,8 @@ class BiEncoder(nn.Module):
 
         ``pooling=None`` and ``normalize=None`` keep what the model ships: a saved BiEncoder's
         settings (which always win for pooling), or a sentence-transformers folder's Pooling and
-        Normalize modules; else CLS pooling (DPR's) without normalization. ``dtype`` (``fp32 |
+        Normalize modules; else CLS pooling (DPR's) without normalization, or last-token
+        pooling for a decoder-only model (its tokenizer then appending EOS). ``dtype`` (``fp32 |
         bf16 | fp16``; None: what a saved BiEncoder records, else transformers' default) and
         ``attn_implementation`` (None or ``auto``: transformers' choice) go to every tower.
         ``lora`` (``model.lora``: ``r``, ``alpha``, ``dropout``, ``target_modules``) adds
@@ -161,7 +169,7 @@ class BiEncoder(nn.Module):
             query, passage = _plain_towers(load(path), shared, lora)
             meta = {"normalize": shipped_normalize(path), **shipped_prefixes(path)}
             pooling = pooling or shipped_pooling(path)
-        pooling = pooling or "cls"
+        pooling = _pooling_for(query, pooling)  # before the tokenizer: last appends EOS
         model = cls(
             query,
             passage,
@@ -183,25 +191,32 @@ class BiEncoder(nn.Module):
         cls,
         config: PretrainedConfig,
         shared: bool = False,
-        pooling: str = "cls",
+        pooling: str | None = None,
         gradient_checkpointing: bool = False,
         dropout: float | None = None,
         tokenizer=None,
         normalize: bool = False,
         *,
         lora=None,
+        dtype: str | None = None,
         attn_implementation: str | None = None,
     ) -> BiEncoder:
         """Random-init towers from a Hugging Face config (separate towers start equal; with
-        ``lora``, equal bases and adapters of their own)."""
-        query = tower_from_config(config, dropout, attention=attention_of(attn_implementation))
+        ``lora``, equal bases and adapters of their own), their weights in ``dtype`` (``fp32 |
+        bf16 | fp16``; None: transformers' default), recorded when saved as
+        ``from_pretrained``'s are; ``pooling`` None as :class:`BiEncoder` takes it."""
+        query = tower_from_config(
+            config, dropout, torch_dtype(dtype), attention=attention_of(attn_implementation)
+        )
         query, passage = _plain_towers(query, shared, lora)
+        pooling = _pooling_for(query, pooling)
         model = cls(
             query,
             passage,
             pooling=pooling,
             tokenizer=prepare_tokenizer(tokenizer, pooling),
             normalize=normalize,
+            dtype=dtype,
         )
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
@@ -323,10 +338,15 @@ class BiEncoder(nn.Module):
 
 def _load_tower(folder: Path, *, dropout, dtype, attention, lora) -> nn.Module:
     """One tower from ``folder``: a Hugging Face model, or a base with the adapters saved there
-    (peft's format: frozen, or trainable when ``lora`` is given)."""
+    (peft's format): frozen, or, when ``lora`` is given, trainable with ``lora.dropout`` as
+    their dropout (InputError when ``lora`` disagrees with them on r, alpha or target
+    modules)."""
     if (folder / ADAPTER_CONFIG).is_file():
         base = load_tower(_base_path(folder), dropout, dtype, attention)
-        return load_adapters(base, folder, trainable=lora is not None)
+        if lora is None:
+            return load_adapters(base, folder)
+        check_saved_lora(folder, base, lora)
+        return set_lora_dropout(load_adapters(base, folder, trainable=True), lora.dropout)
     return load_tower(folder, dropout, dtype, attention)
 
 
@@ -344,13 +364,31 @@ def _base_path(folder: Path) -> Path:
 
 
 def _absolute_name(tower: nn.Module) -> nn.Module:
-    """``tower`` named by the absolute path of the local folder it came from, which adapters
-    record as their base (so that a saved run's adapters find it from any working directory)."""
+    """``tower`` named as adapters should record their base: a model of the Hugging Face hub by
+    its hub name (its cache folder is this machine's), a local folder by its absolute path (so
+    that a saved run's adapters find it from any working directory)."""
     name = tower.config._name_or_path
     if name and Path(name).is_dir():
-        tower.config._name_or_path = str(Path(name).resolve())
+        tower.config._name_or_path = hub_name_of(Path(name)) or str(Path(name).resolve())
         tower.name_or_path = tower.config._name_or_path
     return tower
+
+
+def _pooling_for(tower: nn.Module, pooling: str | None) -> str:
+    """``pooling`` checked for ``tower``, or its default when None: ``last`` for a decoder-only
+    tower (a causal model's last token is the only one that sees the whole text), else
+    ``cls``. InputError for ``cls`` on a decoder-only tower (its first token sees nothing of
+    the text, and on left padding is a pad)."""
+    decoder = decoder_only(tower.config)
+    pooling = pooling or ("last" if decoder else "cls")
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if pooling == "cls" and decoder:
+        raise InputError(
+            f"model.pooling: cls on a decoder-only model ({tower.config.model_type}), whose "
+            "first token sees nothing of the text that follows it: use last (or mean)"
+        )
+    return pooling
 
 
 def _plain_towers(query: nn.Module, shared: bool, lora) -> tuple[nn.Module, nn.Module | None]:

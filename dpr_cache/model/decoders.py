@@ -29,6 +29,7 @@ from dpr_cache.errors import InputError
 __all__ = [
     "DTYPES",
     "torch_dtype",
+    "dtype_name",
     "attention_of",
     "prepare_tokenizer",
     "append_eos",
@@ -46,6 +47,13 @@ _PROBE = ("a", "b")  # texts whose tokens show where a template puts its special
 def torch_dtype(name: str | None) -> torch.dtype | None:
     """``model.dtype`` (``fp32 | bf16 | fp16``) as a torch dtype; None stays None."""
     return None if name is None else DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype as ``model.dtype`` names it (``fp32 | bf16 | fp16``; another dtype, e.g.
+    float64, by torch's own name)."""
+    names = {value: key for key, value in DTYPES.items()}
+    return names.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def attention_of(name: str | None) -> str | None:

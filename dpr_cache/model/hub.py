@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["ModelNotFound", "resolve_model_path", "HUB_FILES"]
+__all__ = ["ModelNotFound", "resolve_model_path", "hub_name_of", "HUB_FILES"]
 
 HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "2_Normalize/*"]
 """What a download fetches: configs, tokenizer files, safetensors weights and the
@@ -38,6 +38,16 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if path.exists() or not _is_hub_name(text):
         return path
     return _hub_snapshot(text)
+
+
+def hub_name_of(folder: Path) -> str | None:
+    """The hub name (``org/name``) of a snapshot folder of the Hugging Face cache
+    (``.../models--org--name/snapshots/<revision>``, as :func:`resolve_model_path` gives a hub
+    model), or None for any other folder."""
+    parent, repo = folder.parent, folder.parent.parent.name
+    if parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    return None
 
 
 def _is_hub_name(text: str) -> bool:

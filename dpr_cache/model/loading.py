@@ -14,6 +14,7 @@ from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.dpr_formats import dpr_kind
 from dpr_cache.model.encoding import resolve_encoding, saved_encoding
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
+from dpr_cache.model.lora import ADAPTER_CONFIG
 
 __all__ = [
     "resolve_model_dir",
@@ -48,13 +49,22 @@ def load_biencoder(
     dtype: str | None = None,
     attn_implementation: str | None = None,
     lora=None,
+    frozen: bool = False,
 ) -> BiEncoder:
     """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming the path, the
     ``source`` it came from (a flag or config key) when given, and what went wrong. ``prefixes``
     (query, passage) replace the model's own prompts where not None; ``dtype``,
-    ``attn_implementation`` and ``lora`` (``model.*``) go to the towers."""
+    ``attn_implementation`` and ``lora`` (``model.*``) go to the towers. ``frozen``: loaded to
+    encode, a folder's LoRA adapters frozen with their base; else loaded to train, where a
+    folder holding adapters with no ``lora`` is an InputError (nothing of it would train)."""
     where = f"{source}: {path}" if source else str(path)
     try:
+        if not frozen and lora is None and _holds_adapters(resolve_model_path(path)):
+            raise InputError(
+                f"{where} holds LoRA adapters and model.lora is null, so nothing would train: "
+                "set model.lora (as the adapters were saved) to train them, or give the base "
+                "model (or the run's `dpr-cache export --format merged`) to fine-tune every weight"
+            )
         model = BiEncoder.from_pretrained(
             path,
             shared=shared,
@@ -85,6 +95,12 @@ def load_biencoder(
     return model
 
 
+def _holds_adapters(path: Path) -> bool:
+    """Whether the model folder ``path`` holds LoRA adapters (a saved BiEncoder's towers, or a
+    peft adapter folder itself)."""
+    return any((Path(path) / sub / ADAPTER_CONFIG).is_file() for sub in ("query_encoder", "."))
+
+
 def load_encoder(
     model_dir: Path,
     *,
@@ -92,9 +108,12 @@ def load_encoder(
     normalize: bool | None = None,
     prefixes: tuple[str | None, str | None] = (None, None),
     query_only: bool = False,
+    dtype: str | None = None,
+    attn_implementation: str | None = None,
 ) -> BiEncoder:
     """A saved BiEncoder (both towers, or only the query tower), or a plain HF folder serving
-    both towers, in eval mode."""
+    both towers, in eval mode, its weights in ``dtype`` (None: as the folder records) with
+    ``attn_implementation`` (None: transformers' choice)."""
     saved = (Path(model_dir) / "query_encoder").is_dir() or dpr_kind(Path(model_dir)) is not None
     model = load_biencoder(
         model_dir,
@@ -102,6 +121,9 @@ def load_encoder(
         pooling=pooling,
         normalize=normalize,
         prefixes=prefixes,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        frozen=True,
     )
     return model.eval()
 
@@ -134,11 +156,14 @@ def load_settled(
     records: Sequence[tuple[str, Mapping[str, Any], str]] = (),
     *,
     query_only: bool = False,
+    loading: Mapping[str, Any] | None = None,
 ) -> BiEncoder:
     """:func:`load_encoder` with its encoding settled by
     :func:`~dpr_cache.model.encoding.resolve_encoding`: ``asked`` checked against ``records``
     (an index's, when searching one) and the folder's own record, else ``fallback`` (None:
-    as the folder ships it)."""
+    as the folder ships it). ``loading``: how the weights load (``dtype``,
+    ``attn_implementation``; a key missing or None: as the folder records), which changes a
+    vector's rounding, not what it means, so no record is checked against it."""
     mine = (f"the model at {model_dir} records", saved_encoding(model_dir), "pass another --model")
     settled = resolve_encoding(asked, [*records, mine], fallback)
     model = load_encoder(
@@ -147,6 +172,8 @@ def load_settled(
         normalize=settled["normalize"],
         prefixes=(settled["query_prefix"], settled["passage_prefix"]),
         query_only=query_only,
+        dtype=(loading or {}).get("dtype"),
+        attn_implementation=(loading or {}).get("attn_implementation"),
     )
     model.max_query_length = settled["max_query_length"] or model.max_query_length
     return model

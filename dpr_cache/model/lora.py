@@ -30,6 +30,8 @@ __all__ = [
     "has_adapters",
     "adapter_base",
     "load_adapters",
+    "check_saved_lora",
+    "set_lora_dropout",
     "linear_names",
     "merged",
 ]
@@ -98,6 +100,57 @@ def load_adapters(base: nn.Module, folder: Path, trainable: bool = False) -> nn.
 
     with _quiet_peft():
         return PeftModel.from_pretrained(base, str(folder), is_trainable=trainable)
+
+
+def check_saved_lora(folder: Path, base: nn.Module, lora: Any) -> None:
+    """InputError when ``lora`` (``model.lora``) disagrees with the adapters saved in
+    ``folder`` (on ``base``) on ``r``, ``alpha`` or ``target_modules``: the saved adapters'
+    shapes and scale are theirs, so a different setting cannot go on training them. Target
+    modules compare by their last names (peft saves ``all-linear`` as the full names it
+    matched, which for ``all-linear`` are every linear layer of ``base``)."""
+    saved = json.loads((Path(folder) / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    pairs = [
+        ("r", lora.r, saved.get("r")),
+        ("alpha", float(lora.alpha), float(saved.get("lora_alpha", 0.0))),
+        (
+            "target_modules",
+            _targets(lora.target_modules, base),
+            _targets(saved.get("target_modules"), base),
+        ),
+    ]
+    for field, asked, found in pairs:
+        if asked != found:
+            shown = ", ".join(asked) if isinstance(asked, list) else asked
+            was = ", ".join(found) if isinstance(found, list) else found
+            raise InputError(
+                f"model.lora.{field}: {shown}, but the adapters saved in {folder} have {was}: "
+                "set it as saved to train them on, or give their base model to train new ones"
+            )
+
+
+def _targets(targets: Any, base: nn.Module) -> list[str] | str:
+    """``target_modules`` as the sorted last names of the layers it names (``all-linear``: every
+    linear layer of ``base``), or a pattern string as it is."""
+    if targets == "all-linear":
+        return linear_names(base)
+    if isinstance(targets, str):
+        return targets
+    return sorted({str(name).rsplit(".", 1)[-1] for name in targets or []})
+
+
+def set_lora_dropout(tower: nn.Module, p: float) -> nn.Module:
+    """``tower``'s LoRA dropout set to ``p`` on every adapter (``nn.Dropout``, or
+    ``nn.Identity`` for 0, as peft builds them), and recorded in its adapter config so that
+    saving writes it."""
+    for module in tower.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, nn.ModuleDict):
+            for name in list(dropouts):
+                dropouts[name] = nn.Dropout(p) if p > 0 else nn.Identity()
+                dropouts[name].train(module.training)
+    for config in tower.peft_config.values():
+        config.lora_dropout = p
+    return tower
 
 
 def merged(tower: nn.Module) -> nn.Module:

@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig
 
 __all__ = [
     "load_tower",
+    "decoder_only",
     "tower_from_config",
     "load_tokenizer",
     "shipped_normalize",
@@ -36,17 +37,25 @@ def _set_dropout(config: PretrainedConfig, dropout: float | None) -> PretrainedC
     return config
 
 
-def _no_kv_cache(config: PretrainedConfig) -> PretrainedConfig:
-    """A decoder-only model's config with its key-value cache off: a tower encodes each text in
-    one forward and generates nothing, so a cache would only hold memory (and checkpointed
-    layers turn it off with a warning)."""
+def decoder_only(config: PretrainedConfig) -> bool:
+    """Whether ``config`` is a decoder-only model's (Llama, Mistral, Qwen2, ...): a causal
+    language model's type that is no masked one (BERT is both)."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
 
     kind = getattr(config, "model_type", None)
-    if kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+    return (
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+
+
+def _no_kv_cache(config: PretrainedConfig) -> PretrainedConfig:
+    """A decoder-only model's config with its key-value cache off: a tower encodes each text in
+    one forward and generates nothing, so a cache would only hold memory (and checkpointed
+    layers turn it off with a warning)."""
+    if decoder_only(config):
         config.use_cache = False
     return config
 

@@ -187,3 +187,143 @@ def test_a_decoders_norm_weights_take_no_weight_decay():
         "norm",
     }
     assert all(n.endswith("proj.weight") or "embed" in n for n in decay)
+
+
+# -- a saved LoRA folder loaded again ----------------------------------------------------------
+
+
+def _saved_lora(folder: Path) -> Path:
+    """A shared tiny-Llama run folder with adapters r=4 (alpha 8) on q_proj, dropout 0.3."""
+    lora = lora_settings(dropout=0.3, targets=["q_proj"])
+    decoder_model(lora=lora, shared=True).save_pretrained(folder)
+    return folder
+
+
+def _lora_dropouts(model: BiEncoder) -> list[torch.nn.Module]:
+    return [m for n, m in model.named_modules() if ".lora_dropout." in n]
+
+
+@pytest.mark.parametrize(
+    ("field", "change", "shown"),
+    [
+        ("r", {"r": 8, "alpha": 8.0}, "model.lora.r: 8, but the adapters saved in"),
+        ("alpha", {"alpha": 16.0}, "model.lora.alpha: 16.0, but"),
+        ("target_modules", {"target_modules": ["q_proj", "v_proj"]}, "q_proj, v_proj, but"),
+        ("target_modules", {"target_modules": "all-linear"}, "have q_proj:"),
+    ],
+)
+def test_saved_adapters_that_model_lora_contradicts_are_one_line(field, change, shown, tmp_path):
+    folder = _saved_lora(tmp_path / "m")
+    lora = lora_settings(dropout=0.0, targets=["q_proj"])
+    lora.__dict__.update(change)
+    with pytest.raises(InputError) as err:
+        BiEncoder.from_pretrained(folder, shared=True, lora=lora)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"model.lora.{field}: ") and shown in message
+    assert "have 4" in message if field == "r" else True  # both values named
+
+
+def test_saved_adapters_train_on_with_model_loras_dropout(tmp_path: Path):
+    folder = _saved_lora(tmp_path / "m")
+    assert json.loads((folder / "query_encoder" / "adapter_config.json").read_text())[
+        "lora_dropout"
+    ] == pytest.approx(0.3)
+    off = BiEncoder.from_pretrained(folder, shared=True, lora=lora_settings(0.0, ["q_proj"]))
+    dropouts = _lora_dropouts(off)
+    assert dropouts and all(isinstance(m, torch.nn.Identity) for m in dropouts)  # was p=0.3
+    assert any(p.requires_grad for p in off.parameters())
+    off.train()
+    q, _, _ = toy_batch(off.tokenizer, 3, 0)
+    assert torch.equal(off.encode_query(q), off.encode_query(q))  # no dropout left anywhere
+    other = BiEncoder.from_pretrained(folder, shared=True, lora=lora_settings(0.1, ["q_proj"]))
+    assert {m.p for m in _lora_dropouts(other)} == {0.1}
+    other.save_pretrained(tmp_path / "again")  # the dropout it trained with is what it records
+    saved = json.loads((tmp_path / "again" / "query_encoder" / "adapter_config.json").read_text())
+    assert saved["lora_dropout"] == pytest.approx(0.1)
+    frozen = BiEncoder.from_pretrained(folder, shared=True)  # control: encoding keeps the folder's
+    assert {m.p for m in _lora_dropouts(frozen)} == {0.3}
+
+
+def test_a_lora_folder_with_model_lora_null_is_refused_for_training(tmp_path: Path):
+    from dpr_cache.model.loading import load_biencoder, load_encoder
+
+    folder = _saved_lora(tmp_path / "m")
+    with pytest.raises(InputError) as err:
+        load_biencoder(folder, shared=True, source="model.name_or_path")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"model.name_or_path: {folder} holds LoRA")
+    assert "set model.lora" in message and "give the base model" in message
+    encoder = load_encoder(folder)  # control: encoding loads it frozen
+    assert encoder.has_adapters and not any(p.requires_grad for p in encoder.parameters())
+    trained = load_biencoder(folder, shared=True, lora=lora_settings(0.0, ["q_proj"]))
+    assert any(p.requires_grad for p in trained.parameters())  # control: model.lora set
+
+
+# -- a plain decoder folder: its pooling -------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_plain_decoder_folder_pools_its_last_token_by_default(kind):
+    from dpr_cache.model.loading import load_encoder
+
+    model = load_encoder(DECODERS[kind])
+    assert model.pooling == "last"
+    assert model.tokenizer("who won")["input_ids"][-1] == model.tokenizer.eos_token_id
+    model.tokenizer.padding_side = "left"  # the side that made cls read a pad
+    inputs = model.tokenizer(["who won", "where is the big old bridge"], padding=True)
+    inputs = {k: torch.tensor(v) for k, v in inputs.items()}
+    with torch.no_grad():
+        reps = model.encode_query(inputs)
+    assert not torch.allclose(reps[0], reps[1], atol=1e-4)  # the vectors see the text
+    bert = load_encoder(Path(DECODERS[kind]).parent / "tiny-bert")
+    assert bert.pooling == "cls"  # control: an encoder keeps DPR's default
+
+
+def test_cls_pooling_on_a_decoder_is_refused():
+    from transformers import AutoConfig
+
+    with pytest.raises(InputError) as err:
+        BiEncoder.from_pretrained(DECODERS["llama"], pooling="cls")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("model.pooling: cls on a decoder-only")
+    with pytest.raises(InputError, match="model.pooling: cls"):
+        BiEncoder.from_config(AutoConfig.from_pretrained(DECODERS["qwen2"]), pooling="cls")
+    assert BiEncoder.from_config(AutoConfig.from_pretrained(DECODERS["qwen2"])).pooling == "last"
+
+
+def test_from_config_takes_and_records_a_dtype(tmp_path: Path):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(DECODERS["llama"])
+    model = BiEncoder.from_config(config, shared=True, dtype="bf16", lora=lora_settings())
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert frozen == {torch.bfloat16} and model.weights_dtype == "bf16"
+    model.tokenizer = AutoTokenizer.from_pretrained(DECODERS["llama"])
+    model.save_pretrained(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "biencoder.json").read_text())["dtype"] == "bf16"
+
+
+def test_adapters_on_a_hub_base_name_it_by_its_hub_name(tmp_path: Path, monkeypatch):
+    """The base loaded from the Hugging Face cache is recorded as ``org/name``, not as this
+    machine's snapshot folder; a local base by its absolute path."""
+    import huggingface_hub.constants
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--dpr-cache-test--tiny-llama"
+    shutil.copytree(DECODERS["llama"], repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = BiEncoder.from_pretrained(
+        "dpr-cache-test/tiny-llama", shared=True, lora=lora_settings()
+    )
+    model.save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "query_encoder" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == "dpr-cache-test/tiny-llama"
+    again = BiEncoder.from_pretrained(tmp_path / "m", shared=True)  # found on the hub again
+    assert again.has_adapters
+    local = BiEncoder.from_pretrained(DECODERS["llama"], shared=True, lora=lora_settings())
+    local.save_pretrained(tmp_path / "local")
+    saved = json.loads((tmp_path / "local" / "query_encoder" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(Path(DECODERS["llama"]).resolve())
