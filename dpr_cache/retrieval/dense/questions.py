@@ -30,6 +30,7 @@ from dpr_cache.runtime.device import resolve_precision
 __all__ = [
     "QuestionRun",
     "config_encoding",
+    "config_loading",
     "query_tower",
     "question_tower",
     "question_vectors",
@@ -58,20 +59,37 @@ def config_encoding(model: ModelConfig) -> tuple[dict[str, Any], dict[str, Any]]
     return given, {key: getattr(model, key) for key in RECORDED_KEYS}
 
 
+def config_loading(model: ModelConfig) -> dict[str, Any]:
+    """How a config's ``model.*`` loads the weights to encode: ``model.dtype`` where its file
+    or a ``--set`` gave it (else None: the dtype the model folder records) and
+    ``model.attn_implementation``. Neither is part of the query encoding: they change a
+    vector's rounding, not what it means."""
+    given = "dtype" in model.model_fields_set
+    return {
+        "dtype": model.dtype if given else None,
+        "attn_implementation": model.attn_implementation,
+    }
+
+
 def question_tower(
     model_dir: Path,
     device: torch.device,
     asked: Mapping[str, Any] | None = None,
     fallback: Mapping[str, Any] | None = None,
     records: Sequence[tuple[str, Mapping[str, Any], str]] = (),
+    loading: Mapping[str, Any] | None = None,
 ) -> BiEncoder:
     """The query tower of ``model_dir`` on ``device``, its encoding settled by
     :func:`~dpr_cache.model.encoding.resolve_encoding` from ``asked`` (the settings the user
     gave, by config key), ``records`` (an index's) and the model folder's own record, and
     ``fallback`` (None where the folder's own setting applies; the question length
-    ``model.max_query_length``'s default)."""
+    ``model.max_query_length``'s default); its weights loaded as ``loading`` says
+    (:func:`config_loading`; None: as the folder records)."""
     fallback = {"max_query_length": default_of("model.max_query_length"), **(fallback or {})}
-    return load_settled(model_dir, asked or {}, fallback, records, query_only=True).to(device)
+    model = load_settled(
+        model_dir, asked or {}, fallback, records, query_only=True, loading=loading
+    )
+    return model.to(device)
 
 
 def query_tower(
@@ -80,12 +98,13 @@ def query_tower(
     device: torch.device,
     asked: Mapping[str, Any] | None = None,
     fallback: Mapping[str, Any] | None = None,
+    loading: Mapping[str, Any] | None = None,
 ) -> BiEncoder:
     """The query tower of ``model_dir`` set as the index ``opened`` was encoded (a setting in
     ``asked`` that contradicts it is an InputError naming both; see :func:`question_tower`)
-    and checked to be its model, on ``device``."""
+    and checked to be its model, on ``device``, its weights loaded as ``loading`` says."""
     built = ("the index was built with", query_encoding(opened), "rerun `dpr-cache index`")
-    model = question_tower(model_dir, device, asked, fallback, [built])
+    model = question_tower(model_dir, device, asked, fallback, [built], loading)
     check_model(model_dir, model, opened)
     return model
 

@@ -7,6 +7,7 @@ settled by :func:`~dpr_cache.model.loading.load_settled`."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 from dpr_cache.config import IndexConfig, default_of
 from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
+from dpr_cache.model.decoders import dtype_name
 from dpr_cache.model.encoding import QueryEncoding
 from dpr_cache.model.loading import load_settled, model_fingerprint
 from dpr_cache.retrieval.dense.encode import encode_corpus
@@ -101,11 +103,14 @@ def shard_key(
     store_dtype: str,
     normalize: bool,
     passage_prefix: str = "",
+    weights_dtype: str = "fp32",
 ) -> str:
-    """A hash of all an embedding depends on: weights, passages file, sizes, pooling,
-    normalization and prompt, dtypes."""
+    """A hash of all an embedding depends on: weights (and the dtype they were loaded in),
+    passages file, sizes, pooling, normalization and prompt, dtypes."""
     ident = [fingerprint, passages, shard_size, max_length, pooling, normalize, precision]
     ident += [store_dtype, passage_prefix]
+    if weights_dtype != "fp32":  # fp32 weights keep the keys their shards were written under
+        ident.append(weights_dtype)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -138,6 +143,7 @@ class EncodedShards:
     encoding: QueryEncoding  # the model's, recorded so that its questions are encoded alike
     passage_prefix: str
     precision: str  # the precision the passages were encoded in (``auto`` resolved)
+    weights_dtype: str  # the dtype the passage tower's weights were loaded in (fp32 | bf16 | fp16)
     encoded: int  # passages encoded by this call (the rest were on disk already)
     seconds: float  # its encoding
     open_seconds: float  # its reading of the passages (the TSV into its Arrow cache, or the cache)
@@ -145,9 +151,11 @@ class EncodedShards:
 
     def settings(self, index: IndexConfig, num_workers: int) -> dict[str, Any]:
         """What the passages were encoded with: ``index``'s stored dtype, shard and batch
-        sizes, the precision as resolved, the tokens kept and the tokenizing processes."""
+        sizes, the precision as resolved, the weights' dtype, the tokens kept and the
+        tokenizing processes."""
         kept = index.model_dump(include={"store_dtype", "shard_size", "batch_size"})
-        used = {"precision": self.precision, "max_length": self.max_length}
+        used = {"precision": self.precision, "weights_dtype": self.weights_dtype}
+        used["max_length"] = self.max_length
         return {**kept, **used, "num_workers": num_workers}
 
     def timings(self) -> dict[str, Any]:
@@ -177,7 +185,9 @@ class PassageSource:
     """What a corpus is encoded from and how: the passages TSV (read through its Arrow cache in
     ``cache_dir``), the model folder, its encoding settled from ``asked`` and ``fallback``
     (:func:`~dpr_cache.model.loading.load_settled`), the tokens kept (None: the model's saved
-    length, else ``model.max_passage_length``'s default) and the tokenizing processes ahead."""
+    length, else ``model.max_passage_length``'s default), the tokenizing processes ahead, and
+    how the weights load (``loading``: ``dtype``, ``attn_implementation``; empty: as the model
+    folder records)."""
 
     passages: Path
     model_dir: Path
@@ -186,6 +196,7 @@ class PassageSource:
     max_length: int | None
     num_workers: int
     cache_dir: Path
+    loading: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def encode_passage_shards(
@@ -210,11 +221,14 @@ def encode_passage_shards(
     n = len(dataset)
     if n == 0:
         raise InputError(f"{source.passages}: no passages")
-    model = load_settled(source.model_dir, source.asked, source.fallback).to(device)
+    model = load_settled(
+        source.model_dir, source.asked, source.fallback, loading=source.loading
+    ).to(device)
     if check is not None:
         check(n, model.dim)
     length = source.max_length or model.max_passage_length or default_of("model.max_passage_length")
     precision = resolve_precision(index.precision, device)
+    weights_dtype = dtype_name(model.passage_encoder.dtype)
     fingerprint, signature = (
         model_fingerprint(source.model_dir),
         passages_signature(source.passages),
@@ -229,6 +243,7 @@ def encode_passage_shards(
         store_dtype=index.store_dtype,
         normalize=model.normalize,
         passage_prefix=model.passage_prefix,
+        weights_dtype=weights_dtype,
     )
     shard_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # other ranks only write this key's files; their tmp files must survive
@@ -264,6 +279,7 @@ def encode_passage_shards(
         model.query_encoding,
         model.passage_prefix,
         precision,
+        weights_dtype,
         todo,
         seconds,
         open_seconds,

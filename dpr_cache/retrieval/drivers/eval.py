@@ -40,6 +40,7 @@ from dpr_cache.retrieval.dense.index import (
 from dpr_cache.retrieval.dense.questions import (
     QuestionRun,
     config_encoding,
+    config_loading,
     query_tower,
     question_vectors,
 )
@@ -126,7 +127,13 @@ def evaluate(
             device if device is not None else config.eval.device, key="eval.device"
         )
         run = QuestionRun(dev, config.eval.precision, config.eval.batch_size)
-        model = query_tower(inputs.model_dir, inputs.opened, dev, *config_encoding(config.model))
+        model = query_tower(
+            inputs.model_dir,
+            inputs.opened,
+            dev,
+            *config_encoding(config.model),
+            loading=config_loading(config.model),
+        )
         laps.lap("load the model")
         q_embs = question_vectors(model, [q for q, _ in inputs.qas], run)
         tuned = config.eval.fusion_weight == "auto"

@@ -31,7 +31,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.dense.faiss_index import check_index_spec
 from dpr_cache.retrieval.dense.index import finish_index, index_dir_of
-from dpr_cache.retrieval.dense.questions import config_encoding
+from dpr_cache.retrieval.dense.questions import config_encoding, config_loading
 from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shards
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.retrieval.drivers.overrides import refuse_train_keys
@@ -65,6 +65,7 @@ def build_index(
         config.model.max_passage_length,
         config.data.num_workers,
         config.cache_path,
+        config_loading(config.model),
     )
     with output_lock(index_dir_of(config.output_path)):
         return index_passages(
