@@ -1,5 +1,5 @@
 """`dpr-cache export`: a saved model written for another tool (HF's DPR classes, or a LoRA
-run's adapters merged into its base)."""
+run's adapters merged into its base; :func:`dpr_cache.model.export.export`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import Command, app, guarded
-from dpr_cache.errors import InputError
+from dpr_cache.model.export import FORMATS
 
-FORMATS = ("dpr-hf", "merged")
+_FORMAT_HELP = "; ".join(f"{name}: {what}" for name, what in FORMATS.items())
 
 
 @app.command(cls=Command)
@@ -19,13 +19,7 @@ FORMATS = ("dpr-hf", "merged")
 def export(
     model: Annotated[str, typer.Option("--model", help="A saved dpr-cache model folder.")],
     out: Annotated[Path, typer.Option(help="Output folder.")],
-    format_: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help="dpr-hf: HF's DPR classes; merged: LoRA adapters merged into the base.",
-        ),
-    ] = "dpr-hf",
+    format_: Annotated[str, typer.Option("--format", help=_FORMAT_HELP)] = next(iter(FORMATS)),
 ) -> None:
     """Write the model for another tool.
 
@@ -37,22 +31,8 @@ def export(
 
     Example: dpr-cache export --format merged --model runs/toy-llm/model --out runs/toy-llm/merged
     """
+    from dpr_cache.model.export import export as export_model
     from dpr_cache.model.loading import resolve_model_dir
-    from dpr_cache.runtime.atomic import check_output_folder, write_dir_atomic
 
-    if format_ not in FORMATS:
-        raise InputError(f"--format: {format_!r} is not a known format ({', '.join(FORMATS)})")
-    model_dir = resolve_model_dir(model, Path("."))
-    if format_ == "merged":
-        from dpr_cache.model.export import MERGED_ENTRIES, export_merged
-
-        check_output_folder(out, {"the model (--model)": model_dir}, MERGED_ENTRIES)
-        write_dir_atomic(out, lambda tmp: export_merged(model_dir, tmp))
-    else:
-        from dpr_cache.model.dpr_formats import DPR_HF_FOLDERS, export_dpr_hf
-        from dpr_cache.model.loading import load_encoder
-
-        check_output_folder(out, {"the model (--model)": model_dir}, DPR_HF_FOLDERS)
-        encoder = load_encoder(model_dir)
-        write_dir_atomic(out, lambda tmp: export_dpr_hf(encoder, tmp))
+    export_model(resolve_model_dir(model, Path(".")), out, format_)
     print(f"exported to {out}")

@@ -9,6 +9,8 @@ from torch import Tensor
 __all__ = ["POOLINGS", "pool", "last_positions"]
 
 POOLINGS = ("cls", "mean", "last")
+"""``model.pooling``'s values (``config.ModelConfig``, which model/ may not import: a test
+checks that the two agree)."""
 
 
 def last_positions(attention_mask: Tensor) -> Tensor:

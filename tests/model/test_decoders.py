@@ -327,3 +327,17 @@ def test_adapters_on_a_hub_base_name_it_by_its_hub_name(tmp_path: Path, monkeypa
     local.save_pretrained(tmp_path / "local")
     saved = json.loads((tmp_path / "local" / "query_encoder" / "adapter_config.json").read_text())
     assert saved["base_model_name_or_path"] == str(Path(DECODERS["llama"]).resolve())
+
+
+def test_the_poolings_and_dtypes_are_the_configs():
+    """model/ may not import the config (tests/test_layers.py), so pooling.POOLINGS and
+    decoders.DTYPES repeat model.pooling's and model.dtype's values: they must agree."""
+    from typing import get_args
+
+    from dpr_cache.config import ModelConfig
+    from dpr_cache.model.decoders import DTYPES
+    from dpr_cache.model.pooling import POOLINGS
+
+    fields = ModelConfig.model_fields
+    assert POOLINGS == get_args(fields["pooling"].annotation)
+    assert tuple(DTYPES) == get_args(fields["dtype"].annotation)
