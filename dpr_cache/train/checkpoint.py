@@ -162,9 +162,12 @@ def sharded_state(model, optimizer) -> dict[str, Any]:
 
 
 def _sharded_options():
+    """What a sharded checkpoint holds: what trains (the frozen weights, a LoRA base or BERT's
+    unused pooler, are loaded again from ``model.name_or_path``), so loading it leaves them be;
+    ``torch.distributed.checkpoint`` refuses a checkpoint that lacks a key asked for."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(ignore_frozen_params=True)
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def latest_checkpoint(root: Path) -> Path | None:
