@@ -139,6 +139,8 @@ def verify(
     from dpr_cache.train.verify import verify as run
 
     report = run(cfg, double=double)
+    if report is None:  # a rank but 0 of a sharded check: rank 0 prints
+        return
     for key, value in report.items():
         print(f"{key:>28}: {value}")
     if report["verdict"].startswith("DIFFERENT"):

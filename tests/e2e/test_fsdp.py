@@ -194,3 +194,19 @@ def test_a_sharded_checkpoint_resumed_unsharded_is_one_line(cli_runs):
     assert result.returncode != 0  # torchrun's agent reports the ranks' exit with its own trace
     assert not any(f"[rank{r}]: Traceback" in result.stderr for r in range(2)), result.stderr
     assert said and "saved with train.shard fsdp, resumed with none" in said[0], result.stderr
+
+
+@pytest.mark.parametrize("config", ["configs/toy.yaml", "configs/toy_llm.yaml"])
+def test_verify_under_torchrun_with_sharded_towers(config):
+    """``verify`` with train.shard fsdp: GradCache over towers sharded on 2 ranks, each on its
+    slice of the batch, against one rank's unsharded full batch, in float64."""
+    sets = ["train.shard=fsdp", "train.device=cpu", "train.batch_size=8", "train.chunk_size=3"]
+    args = ["verify", "-c", config, "--double"]
+    for item in sets:
+        args += ["--set", item]
+    result = run_cli(*args, world=2)
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert "towers: sharded over 2 rank(s) (FSDP2, sync per step)" in lines, result.stdout
+    assert sum(line.startswith("verdict:") for line in lines) == 1  # rank 0 alone reports
+    gap = next(line for line in lines if line.startswith("max relative grad difference"))
+    assert float(gap.split(":")[1].split()[0]) <= 1e-10, gap
