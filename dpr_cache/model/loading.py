@@ -39,43 +39,29 @@ def resolve_model_dir(model_dir: str | Path | None, default: Path) -> Path:
 def load_biencoder(
     path: str | Path,
     *,
-    shared: bool = False,
-    pooling: str | None = None,
-    gradient_checkpointing: bool = False,
-    dropout: float | None = None,
-    normalize: bool | None = None,
     prefixes: tuple[str | None, str | None] = (None, None),
     source: str | None = None,
-    dtype: str | None = None,
-    attn_implementation: str | None = None,
-    lora=None,
     frozen: bool = False,
+    **towers: Any,
 ) -> BiEncoder:
-    """:meth:`BiEncoder.from_pretrained` with a tokenizer, or InputError naming the path, the
-    ``source`` it came from (a flag or config key) when given, and what went wrong. ``prefixes``
-    (query, passage) replace the model's own prompts where not None; ``dtype``,
-    ``attn_implementation`` and ``lora`` (``model.*``) go to the towers. ``frozen``: loaded to
-    encode, a folder's LoRA adapters frozen with their base; else loaded to train, where a
-    folder holding adapters with no ``lora`` is an InputError (nothing of it would train)."""
+    """:meth:`BiEncoder.from_pretrained` of ``path`` with ``towers``, its settings (``shared``,
+    ``pooling``, ``gradient_checkpointing``, ``dropout``, ``normalize``, ``dtype``,
+    ``attn_implementation``, ``lora``: ``model.*``), and a tokenizer; or InputError naming the
+    path, the ``source`` it came from (a flag or config key) when given, and what went wrong.
+    ``prefixes`` (query, passage) replace the model's own prompts where not None. ``frozen``:
+    loaded to encode, a folder's LoRA adapters frozen with their base; else loaded to train,
+    where a folder holding adapters with no ``lora`` is an InputError (nothing of it would
+    train)."""
     where = f"{source}: {path}" if source else str(path)
     try:
+        lora = towers.get("lora")
         if not frozen and lora is None and _holds_adapters(resolve_model_path(path)):
             raise InputError(
                 f"{where} holds LoRA adapters and model.lora is null, so nothing would train: "
                 "set model.lora (as the adapters were saved) to train them, or give the base "
                 "model (or the run's `dpr-cache export --format merged`) to fine-tune every weight"
             )
-        model = BiEncoder.from_pretrained(
-            path,
-            shared=shared,
-            pooling=pooling,
-            gradient_checkpointing=gradient_checkpointing,
-            dropout=dropout,
-            normalize=normalize,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            lora=lora,
-        )
+        model = BiEncoder.from_pretrained(path, **towers)
     except InputError:  # already one line naming its key
         raise
     except ModuleNotFoundError as e:  # a module the model's code needs is not installed
