@@ -141,6 +141,12 @@ class TrainConfig(_Section):
     eval_passages: int = Field(10_000, ge=1)  # corpus sample validation searches
     eval_questions: int = Field(500, ge=1)  # first dev questions validation asks
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_words(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare on / off as true / false
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     @field_validator("chunk_size")
     @classmethod
     def _chunk_positive(cls, value: int | str) -> int | str:
@@ -168,6 +174,16 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"train.hard_negatives: train.loss {self.loss} learns the teacher's scores of "
                 "each question's positive and hard negatives: set it to 1 or more"
+            )
+        if self.shard == "fsdp" and self.chunk_size == "auto":
+            raise ValueError(
+                "train.chunk_size: auto probes the model whole on one device; under train.shard "
+                "fsdp give the chunk (docs/distributed.md)"
+            )
+        if self.shard == "fsdp" and self.compile == "on":
+            raise ValueError(
+                "train.compile: on is not supported under train.shard fsdp (the towers are "
+                "sharded eager): set it off or auto"
             )
         if self.shard == "fsdp" and self.precision == "fp16":
             raise ValueError(

@@ -241,3 +241,28 @@ def test_a_flag_of_one_number_for_a_list_key_is_told_as_one_number():
     assert str(err.value) == "--k: takes an integer >= 1 (got 0)"
     with pytest.raises(InputError, match="--fusion-depth: Input should be greater than or equal"):
         check_flags("eval", {"--k": ("top_k", [3]), "--fusion-depth": ("fusion_depth", 0)})
+
+
+def test_compile_takes_on_and_off_unquoted(tmp_path):
+    """YAML 1.1 reads a bare on / off as a boolean: train.compile takes them as its words."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  compile: on\n")
+    assert load_config(path).train.compile == "on"
+    assert load_config(None, ["train.compile=off"]).train.compile == "off"
+    assert load_config(None, ["train.compile=auto"]).train.compile == "auto"
+    with pytest.raises(InputError, match="train.compile"):
+        load_config(None, ["train.compile=maybe"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["train.chunk_size=auto", "train.memory_budget=1GB"], "give the chunk"),
+        (["train.compile=on"], "not supported under train.shard fsdp"),
+        (["train.precision=fp16"], "use bf16"),
+    ],
+)
+def test_what_sharding_refuses_is_one_line(extra, fragment):
+    with pytest.raises(InputError, match=fragment):
+        load_config(None, ["train.shard=fsdp", *extra])
+    load_config(None, ["train.shard=none", *extra])  # control: unsharded, each is fine
