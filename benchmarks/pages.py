@@ -5,8 +5,8 @@
 
 Each page is what its benchmark writes at the end of a run (``python -m benchmarks.synthetic``,
 ``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``,
-``benchmarks.chunk_cost``), so a change to a report is seen on every page without hours of
-measuring.
+``benchmarks.chunk_cost``, ``benchmarks.sharding``), so a change to a report is seen on every
+page without hours of measuring.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from benchmarks import (
     mine_report,
     realtext_report,
     scale_report,
+    sharding_report,
     synthetic_report,
 )
 from dpr_cache.runtime.atomic import write_text_atomic
@@ -35,6 +36,7 @@ PAGES = {
     "mine.json": "mine",
     "gpu.json": "gpu",
     "chunk_cost.json": "chunk_cost",
+    "sharding.json": "sharding",
 }
 """Saved figures (relative to the bench folder) -> the benchmark whose report they feed."""
 
@@ -62,6 +64,9 @@ def write_pages(source: Path, out: Path) -> list[Path]:
             written.append(folder / "gpu.md")
         elif kind == "chunk_cost":
             written.append(chunk_cost_report.write_page(result, folder))
+        elif kind == "sharding":
+            write_text_atomic(folder / sharding_report.PAGE, sharding_report.markdown(result))
+            written.append(folder / sharding_report.PAGE)
         elif kind == "mine":
             written.append(mine_report.write_report(result, folder, path.parent))
         else:
