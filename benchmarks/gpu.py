@@ -32,7 +32,7 @@ from typing import Annotated, NamedTuple
 import torch
 import typer
 
-from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_llm, gpu_perf, gpu_watch
+from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_fsdp, gpu_llm, gpu_perf, gpu_watch
 from benchmarks.gpu_perf import Chunk, Variant
 from benchmarks.gpu_report import write_page
 from benchmarks.machine import machine_info
@@ -90,6 +90,7 @@ class Plan:
     score_batch: int
     score_rounds: int  # timed rounds of each precision, the order alternating
     llm: gpu_llm.LlmPlan  # the decoder LLM section's sizes
+    fsdp: gpu_fsdp.FsdpPlan  # the sharded (FSDP2, a group of one) section's sizes
 
 
 GPU_PLAN = Plan(
@@ -136,6 +137,7 @@ GPU_PLAN = Plan(
     score_batch=256,
     score_rounds=2,
     llm=gpu_llm.GPU_LLM,
+    fsdp=gpu_fsdp.GPU_FSDP,
 )
 DRY_PLAN = Plan(
     exact_sizes=["tiny"],
@@ -170,6 +172,7 @@ DRY_PLAN = Plan(
     score_batch=16,
     score_rounds=2,
     llm=gpu_llm.DRY_LLM,
+    fsdp=gpu_fsdp.DRY_FSDP,
 )
 
 
@@ -414,6 +417,10 @@ def _sections(
         into = partial.setdefault("llm", {})
         return gpu_llm.llm_figures(plan.llm, device, work / "llm", _seconds_left, into)
 
+    def fsdp():  # last: it joins a process group of one, left again at its end
+        gpu_perf.free_device(device)  # what a section stopped before it may have left
+        return gpu_fsdp.fsdp_figures(plan.fsdp, device, partial.setdefault("fsdp", {}))
+
     def too_large():  # alone, once the commands beside have ended: it fills the GPU
         gpu_perf.free_device(device)  # what a section stopped before it may have left
         return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
@@ -435,6 +442,9 @@ def _sections(
         Section("compilation", "needs a GPU (a CPU compile takes minutes)", 120, compilation),
         # decoder LLMs (issue 57): run alone (--only llm), it takes most of a 600 s call
         Section("llm", None, 380, llm),
+        # FSDP2 on one GPU (issue 58): the float64 case and a BERT-base step's memory, sharded
+        # and not; estimated from arithmetic, no device has run it yet
+        Section("fsdp", None, 45, fsdp),
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.gpu_report_fsdp import fsdp_goals, render_fsdp
 from benchmarks.gpu_report_llm import llm_goals, render_llm
 from benchmarks.gpu_report_speed import (
     compiles_text,
@@ -28,7 +29,12 @@ def write_page(report: dict, out: Path) -> None:
     write_text_atomic(out / "gpu.md", render(report))
 
 
-_PARTIAL_SHOWN = ("speed", "command_line", "llm")  # figures before a stop: reported (and judged)
+_PARTIAL_SHOWN = (
+    "speed",
+    "command_line",
+    "llm",
+    "fsdp",
+)  # figures before a stop: reported (and judged)
 ENCODE_GOAL_MIN = 30
 HISTORY = "gpu_history.md"  # the runs so far, what each missed and what fixed it
 
@@ -86,6 +92,7 @@ def goals(report: dict) -> list[dict]:
     if enc and enc.get("nq_projected_s"):
         out.append(_encode_goal(enc))
     out += [_goal(*g) for g in llm_goals(_result(report, "llm"))]
+    out += [_goal(*g) for g in fsdp_goals(_result(report, "fsdp"))]
     large = _result(report, "chunk_too_large")
     if large:
         out.append(
@@ -748,4 +755,5 @@ _SECTION = {
     "chunk_too_large": _chunk_too_large,
     "largest_full_batch": _largest_full_batch,
     "llm": render_llm,
+    "fsdp": render_fsdp,
 }

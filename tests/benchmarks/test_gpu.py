@@ -52,6 +52,7 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
         "teacher_scoring",
         "compilation",
         "llm",  # its figures: tests/benchmarks/test_gpu_llm.py
+        "fsdp",  # its figures: tests/benchmarks/test_gpu_fsdp.py
     ]
     assert sections.pop("chunk_too_large") == {"skipped": "needs a GPU to run out of"}
     assert sections.pop("largest_full_batch") == {"skipped": "needs a GPU to fill"}

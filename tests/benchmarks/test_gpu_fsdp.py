@@ -1,0 +1,84 @@
+"""The GPU suite's ``fsdp`` section (FSDP2 in a process group of one, issue 58): its dry run alone
+through the suite's command (``--only fsdp``) on a tiny BERT, and the page's goals judged on
+figures made up to sit on either side of the bound."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.gpu_report import goals, render
+from dpr_cache.runtime.processes import child_env
+from tests.support.fixtures import REPO
+
+
+@pytest.fixture(scope="module")
+def dry_fsdp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-fsdp")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--dry-run", "--only", "fsdp"],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
+
+
+def test_the_dry_run_shards_a_tiny_bert_in_a_group_of_one(dry_fsdp):
+    report, _ = dry_fsdp
+    sections = report["sections"]
+    assert list(sections)[-1] == "fsdp" and report["planned"] == ["fsdp"]
+    fsdp = sections["fsdp"]
+    assert "result" in fsdp, (fsdp.get("error"), fsdp.get("traceback"))
+    r = fsdp["result"]
+    assert [row["sync"] for row in r["exactness"]["rows"]] == ["step", "chunk"]
+    assert all(row["ok"] and row["relative_error"] <= 1e-12 for row in r["exactness"]["rows"])
+    none, sharded = r["memory"]
+    assert (none["shard"], sharded["shard"]) == ("none", "fsdp")
+    # one rank: a shard is the whole parameter, so FSDP holds what the model itself holds
+    for kind in ("parameters", "gradients", "optimizer_state", "held"):
+        assert sharded[kind] == none[kind] > 0, kind
+    assert none["optimizer_state"] >= 2 * none["gradients"]
+
+
+def test_the_page_says_one_gpu_divides_nothing(dry_fsdp):
+    report, page = dry_fsdp
+    section = page.split("## Fsdp\n")[1]
+    assert "one GPU, in a process group of one" in section
+    assert "nothing to divide" in section and "Two GPUs were not available" in section
+    assert "| once a step |" in section and "| once a chunk |" in section
+    assert "| none |" in section and "| fsdp |" in section and "fsdp / none: peak" in section
+    judged = [g for g in report["goals"] if g["goal"].startswith("FSDP2 on one GPU")]
+    assert [g["met"] for g in judged] == [True, True]
+
+
+@pytest.mark.parametrize("gap, met", [(3e-15, True), (2e-10, False)])
+def test_the_exactness_goal_is_judged_on_either_side(gap, met):
+    row = {"sync": "step", "relative_error": gap, "bound": 1e-10, "ok": gap <= 1e-10}
+    result = {
+        "plan": {"batch": 16, "chunk": 4},
+        "exactness": {"batch": 16, "chunk": 4, "hidden": 64, "layers": 2, "rows": [row]},
+    }
+    report = {
+        "dry_run": False,
+        "environment": {
+            "device": "cuda:0",
+            "device_name": "H200",
+            "torch": "2.11",
+            "cuda": "13.0",
+            "python": "3.12",
+            "date": "today",
+            "host": {"cpu": "x", "cores": 16, "transformers": "5"},
+        },
+        "sections": {"fsdp": {"result": result, "seconds": 30.0}},
+    }
+    (goal,) = [g for g in goals(report) if g["goal"].startswith("FSDP2")]
+    assert goal["met"] is met and goal["measured"] == f"{gap:.1e}"
+    page = render({**report, "goals": goals(report)})
+    assert ("| **no** |" in page) is not met
