@@ -14,10 +14,13 @@ import torch.distributed as dist
 from dpr_cache.runtime.processes import child_env
 from tests.support.fixtures import REPO
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()),
-    reason="torch.distributed with gloo is unavailable",
-)
+pytestmark = [
+    pytest.mark.slow,  # spawned ranks importing torch and transformers: about 30 s
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()),
+        reason="torch.distributed with gloo is unavailable",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
