@@ -180,6 +180,12 @@ class TrainConfig(_Section):
                 "train.chunk_size: auto probes the model whole on one device; under train.shard "
                 "fsdp give the chunk (docs/distributed.md)"
             )
+        if self.shard == "fsdp" and self.eval_every is not None:
+            raise ValueError(
+                "train.eval_every: validation encodes on rank 0 alone, and sharded towers need "
+                "every rank: under train.shard fsdp leave it null and run `dpr-cache eval` on "
+                "the saved model"
+            )
         if self.shard == "fsdp" and self.compile == "on":
             raise ValueError(
                 "train.compile: on is not supported under train.shard fsdp (the towers are "

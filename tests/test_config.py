@@ -259,6 +259,7 @@ def test_compile_takes_on_and_off_unquoted(tmp_path):
     [
         (["train.chunk_size=auto", "train.memory_budget=1GB"], "give the chunk"),
         (["train.compile=on"], "not supported under train.shard fsdp"),
+        (["train.eval_every=2"], "validation encodes on rank 0 alone"),
         (["train.precision=fp16"], "use bf16"),
     ],
 )
