@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import shutil
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -43,19 +43,13 @@ def _bert_pipeline():
     return tok
 
 
-def learn_wordpiece_vocab(word_counts: Counter[str], vocab_size: int) -> list[str]:
-    """Learn WordPiece tokens by repeatedly merging the most frequent adjacent pair.
-
-    Starts from every character, word-initial and ``##``-continued; stops at ``vocab_size``
-    tokens (special tokens included) or when nothing is left to merge. Deterministic.
-    """
-    words = sorted(word_counts)
-    freq = [word_counts[w] for w in words]
-    pieces = [[w[0]] + [PREFIX + c for c in w[1:]] for w in words]
-    chars = sorted({c for w in words for c in w})
-    vocab = SPECIAL_TOKENS + chars + [PREFIX + c for c in chars]
-    seen = set(vocab)
-
+def frequent_merges(
+    pieces: list[list[str]], freq: list[int], join
+) -> Iterator[tuple[tuple[str, str], str]]:
+    """Merge the most frequent adjacent pair of symbols over ``pieces`` (each word's symbols,
+    the word counted ``freq[i]`` times) again and again, ties broken by the pair's strings, until
+    nothing is left to merge; yield each pair and the symbol it became (``join(left, right)``)
+    once the merge is applied to every word. Deterministic: no hash order is involved."""
     pair_count: Counter[tuple[str, str]] = Counter()
     holders: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
     for i, syms in enumerate(pieces):
@@ -64,16 +58,11 @@ def learn_wordpiece_vocab(word_counts: Counter[str], vocab_size: int) -> list[st
             holders[pair].add(i)
     heap = [(-n, pair) for pair, n in pair_count.items()]
     heapq.heapify(heap)
-
-    while len(vocab) < vocab_size and heap:
+    while heap:
         neg, pair = heapq.heappop(heap)
         if pair_count.get(pair, 0) != -neg or neg == 0:
             continue  # stale entry
-        left, right = pair
-        merged = left + right[len(PREFIX) :]
-        if merged not in seen:
-            seen.add(merged)
-            vocab.append(merged)
+        merged = join(*pair)
         touched: set[tuple[str, str]] = set()
         for i in sorted(holders.pop(pair)):
             syms = pieces[i]
@@ -83,7 +72,7 @@ def learn_wordpiece_vocab(word_counts: Counter[str], vocab_size: int) -> list[st
             out: list[str] = []
             j = 0
             while j < len(syms):
-                if j + 1 < len(syms) and syms[j] == left and syms[j + 1] == right:
+                if j + 1 < len(syms) and (syms[j], syms[j + 1]) == pair:
                     out.append(merged)
                     j += 2
                 else:
@@ -100,6 +89,30 @@ def learn_wordpiece_vocab(word_counts: Counter[str], vocab_size: int) -> list[st
             else:
                 pair_count.pop(p, None)
                 holders.pop(p, None)
+        yield pair, merged
+
+
+def learn_wordpiece_vocab(word_counts: Counter[str], vocab_size: int) -> list[str]:
+    """Learn WordPiece tokens by repeatedly merging the most frequent adjacent pair
+    (:func:`frequent_merges`).
+
+    Starts from every character, word-initial and ``##``-continued; stops at ``vocab_size``
+    tokens (special tokens included) or when nothing is left to merge. Deterministic.
+    """
+    words = sorted(word_counts)
+    freq = [word_counts[w] for w in words]
+    pieces = [[w[0]] + [PREFIX + c for c in w[1:]] for w in words]
+    chars = sorted({c for w in words for c in w})
+    vocab = SPECIAL_TOKENS + chars + [PREFIX + c for c in chars]
+    seen = set(vocab)
+    if len(vocab) >= vocab_size:
+        return vocab
+    for _, merged in frequent_merges(pieces, freq, lambda left, right: left + right[len(PREFIX) :]):
+        if merged not in seen:
+            seen.add(merged)
+            vocab.append(merged)
+        if len(vocab) >= vocab_size:
+            break
     return vocab
 
 

@@ -16,11 +16,11 @@ give byte-identical folders.
 
 from __future__ import annotations
 
-import heapq
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
-from itertools import pairwise
 from pathlib import Path
+
+from tests.support.tiny_bert import frequent_merges
 
 __all__ = ["KINDS", "learn_bpe_merges", "train_byte_bpe", "build_tiny_decoder"]
 
@@ -33,58 +33,19 @@ KINDS = {
 
 def learn_bpe_merges(word_counts: Counter[str], n_merges: int) -> list[tuple[str, str]]:
     """Up to ``n_merges`` BPE merges over ``word_counts`` (words as their byte-level
-    characters): the most frequent adjacent pair first, ties broken by the pair. Deterministic."""
+    characters): the most frequent adjacent pair first, ties broken by the pair
+    (:func:`~tests.support.tiny_bert.frequent_merges`, the WordPiece learner's). Deterministic."""
     words = sorted(word_counts)
-    freq = [word_counts[w] for w in words]
     pieces = [list(w) for w in words]
-    pair_count: Counter[tuple[str, str]] = Counter()
-    holders: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
-    for i, syms in enumerate(pieces):
-        for pair in pairwise(syms):
-            pair_count[pair] += freq[i]
-            holders[pair].add(i)
-    heap = [(-n, pair) for pair, n in pair_count.items()]
-    heapq.heapify(heap)
     merges: list[tuple[str, str]] = []
-    while len(merges) < n_merges and heap:
-        neg, pair = heapq.heappop(heap)
-        if pair_count.get(pair, 0) != -neg or neg == 0:
-            continue  # stale entry
+    if n_merges <= 0:
+        return merges
+    freq = [word_counts[w] for w in words]
+    for pair, _ in frequent_merges(pieces, freq, lambda left, right: left + right):
         merges.append(pair)
-        touched = _merge_everywhere(pair, pieces, freq, pair_count, holders)
-        for p in sorted(touched):
-            if pair_count[p] > 0:
-                heapq.heappush(heap, (-pair_count[p], p))
-            else:
-                pair_count.pop(p, None)
-                holders.pop(p, None)
+        if len(merges) >= n_merges:
+            break
     return merges
-
-
-def _merge_everywhere(pair, pieces, freq, pair_count, holders) -> set[tuple[str, str]]:
-    """Apply one merge to every word holding ``pair``; the pairs whose counts changed."""
-    left, right = pair
-    touched: set[tuple[str, str]] = set()
-    for i in sorted(holders.pop(pair)):
-        syms = pieces[i]
-        for old in pairwise(syms):
-            pair_count[old] -= freq[i]
-            touched.add(old)
-        out: list[str] = []
-        j = 0
-        while j < len(syms):
-            if j + 1 < len(syms) and syms[j] == left and syms[j + 1] == right:
-                out.append(left + right)
-                j += 2
-            else:
-                out.append(syms[j])
-                j += 1
-        pieces[i] = out
-        for new in pairwise(out):
-            pair_count[new] += freq[i]
-            holders[new].add(i)
-            touched.add(new)
-    return touched
 
 
 def train_byte_bpe(texts: Iterable[str], vocab_size: int, specials: list[str]):
