@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,10 @@ import yaml
 from dpr_cache.core.accumulate import FullBatch
 from dpr_cache.core.distill import mixed_loss
 from dpr_cache.core.loss import contrastive_loss
-from dpr_cache.runtime.processes import free_port
 from tests.support import distributed_cases as w
 from tests.support.cli import run_cli as run_dpr_cache
 from tests.support.fixtures import REPO, saved_weights
+from tests.support.ranks import spawn_ranks
 
 pytestmark = [
     pytest.mark.slow,
@@ -70,22 +69,9 @@ SPAWN_TIMEOUT = 120
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> Path:
     """Run every case on 2 spawned ranks once; return the folder of their result files."""
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("dist-grads")
-    context = mp.start_processes(
-        w.main,
-        args=(WORLD, free_port(), str(out), PARITY + ACCUMULATE + NAIVE + SYNC_CONTROL),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + SPAWN_TIMEOUT
-    while not context.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail(f"distributed workers did not finish within {SPAWN_TIMEOUT}s")
+    cases = PARITY + ACCUMULATE + NAIVE + SYNC_CONTROL
+    spawn_ranks(w.main, WORLD, str(out), cases, timeout=SPAWN_TIMEOUT)
     return out
 
 
@@ -212,22 +198,8 @@ DISTILL_CONTROL = [
 @pytest.fixture(scope="module")
 def spawned_distill(tmp_path_factory) -> Path:
     """The distillation cases on 2 spawned ranks (apart, so ``-k distill`` runs only them)."""
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("dist-distill")
-    context = mp.start_processes(
-        w.main,
-        args=(WORLD, free_port(), str(out), DISTILL + DISTILL_CONTROL),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + SPAWN_TIMEOUT
-    while not context.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail(f"distributed workers did not finish within {SPAWN_TIMEOUT}s")
+    spawn_ranks(w.main, WORLD, str(out), DISTILL + DISTILL_CONTROL, timeout=SPAWN_TIMEOUT)
     return out
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpr_cache.runtime.processes import free_port
 from tests.support import fsdp_cases as w
 from tests.support.cli import run_cli
 from tests.support.fixtures import saved_weights
+from tests.support.ranks import spawn_ranks
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,32 +50,14 @@ CONTROLS = [
 SPAWN_TIMEOUT = 300
 
 
-def _spawn(out: Path, world: int, cases: list[dict[str, Any]]) -> Path:
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(
-        w.main,
-        args=(world, free_port(), str(out), cases),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + SPAWN_TIMEOUT
-    while not context.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail(f"sharded workers did not finish within {SPAWN_TIMEOUT}s")
-    return out
-
-
 @pytest.fixture(scope="module", params=[2, 3], ids=["2-ranks", "3-ranks"])
 def spawned(request, tmp_path_factory) -> tuple[int, Path]:
     """Every case on ``world`` spawned ranks once; the folder of rank 0's result files."""
     world = request.param
     out = tmp_path_factory.mktemp(f"fsdp-{world}")
     cases = EXACT + CONTROLS if world == 2 else EXACT
-    return world, _spawn(out, world, cases)
+    spawn_ranks(w.main, world, str(out), cases, timeout=SPAWN_TIMEOUT)
+    return world, out
 
 
 def _result(folder: Path, case: dict[str, Any]) -> dict[str, Any]:

@@ -24,8 +24,9 @@ from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
+from tests.support.distributed_cases import make_model as bert_model
 from tests.support.distributed_cases import naive_loss_fn
-from tests.support.fixtures import bert_config, random_inputs
+from tests.support.fixtures import random_inputs
 from tests.support.ranks import join
 
 N_Q = 6  # global questions: 3 a rank at 2 ranks (chunk 2 leaves 2 + 1), 2 a rank at 3
@@ -51,15 +52,7 @@ def make_model(case: dict[str, Any]) -> BiEncoder:
             "llama", lora=lora_settings(), shared=shared, checkpointing=checkpointing
         )
         return model.double().train()
-    torch.manual_seed(0)
-    model = BiEncoder.from_config(
-        bert_config(), shared=shared, pooling="mean", gradient_checkpointing=checkpointing
-    )
-    if not shared:
-        with torch.no_grad():
-            for param in model.passage_encoder.parameters():
-                param.add_(0.02 * torch.randn_like(param))
-    return model.double().train()
+    return bert_model(shared, checkpointing)
 
 
 def global_batch(case: dict[str, Any], model: BiEncoder, step: int) -> tuple[dict, dict, Tensor]:

@@ -24,3 +24,24 @@ def join(rank: int, world: int, port: int) -> DistEnv:
     )
     torch.set_num_threads(1)
     return distributed.setup("cpu")
+
+
+def spawn_ranks(main, world: int, *args, timeout: float) -> None:
+    """``main(rank, world, port, *args)`` in ``world`` spawned processes, their group met at a
+    free port on this host; AssertionError when they have not all ended within ``timeout``
+    seconds (they are killed) or when one of them failed."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    from dpr_cache.runtime.processes import free_port
+
+    context = mp.start_processes(
+        main, args=(world, free_port(), *args), nprocs=world, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for proc in context.processes:
+                proc.kill()
+            raise AssertionError(f"{world} spawned ranks did not finish within {timeout:g}s")
