@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import subprocess
 import sys
 import types
 
@@ -17,21 +16,13 @@ import typer
 
 from benchmarks.gpu_perf import operator_times
 from benchmarks.gpu_report import goals, render
-from dpr_cache.runtime.processes import child_env
-from tests.support.fixtures import REPO
+from tests.support.cli import run_benchmark
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--dry-run"],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    proc = run_benchmark("gpu", "--out", str(out), "--dry-run", timeout=1200)
     return proc, json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
 
 
@@ -644,7 +635,6 @@ def test_commands_never_start_beside_a_section_that_times_or_fills_the_gpu(tmp_p
 
 def test_commands_whose_section_is_skipped_for_time_are_stopped(tmp_path, monkeypatch):
     import os
-    import sys
 
     import benchmarks.gpu as gpu
     from benchmarks.gpu_cli import Beside, child
@@ -682,7 +672,6 @@ def _wait_for(path, seconds: float = 30) -> None:
 
 def test_commands_beside_are_stopped_when_their_wait_runs_out_of_time(tmp_path):
     import os
-    import sys
     import time
 
     from benchmarks.gpu_cli import Beside, child, in_parallel
@@ -718,7 +707,6 @@ def test_a_section_past_the_budget_is_stopped_and_named_and_a_quick_one_is_not()
 
 
 def test_a_hung_child_is_stopped_with_the_stack_it_hung_in():
-    import sys
 
     from benchmarks.gpu_cli import child
 
@@ -748,7 +736,6 @@ def _time_up_after(seconds: int):
 
 def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
     import os
-    import sys
     import time
 
     from benchmarks.gpu_cli import child
@@ -766,7 +753,6 @@ def test_a_child_whose_section_ran_out_of_time_is_killed(tmp_path):
 
 def test_a_child_slow_to_print_its_stack_is_killed_when_its_section_runs_out_of_time(tmp_path):
     import os
-    import sys
     import time
 
     from benchmarks.gpu_cli import child
@@ -788,7 +774,6 @@ def test_commands_run_at_the_same_time_and_a_section_out_of_time_stops_them_all(
     tmp_path, monkeypatch
 ):
     import os
-    import sys
     import time
 
     import benchmarks.gpu_cli
@@ -1183,7 +1168,6 @@ def test_a_compiled_childs_figures_and_compilations_are_kept_when_it_stops(monke
 
 def test_a_started_child_is_killed_alone_when_its_wait_runs_out_of_time(tmp_path):
     import os
-    import sys
     import time
 
     from benchmarks.gpu_cli import Started, child

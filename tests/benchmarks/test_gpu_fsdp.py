@@ -5,27 +5,17 @@ figures made up to sit on either side of the bound."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.gpu_report import goals, render
-from dpr_cache.runtime.processes import child_env
-from tests.support.fixtures import REPO
+from tests.support.cli import run_benchmark
 
 
 @pytest.fixture(scope="module")
 def dry_fsdp(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-fsdp")
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--dry-run", "--only", "fsdp"],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_benchmark("gpu", "--out", str(out), "--dry-run", "--only", "fsdp", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
 

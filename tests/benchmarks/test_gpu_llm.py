@@ -5,28 +5,18 @@ goals judged on figures made up to sit on either side of each."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.gpu_llm import linear_prediction, search_largest
 from benchmarks.gpu_report import goals, render
-from dpr_cache.runtime.processes import child_env
-from tests.support.fixtures import REPO
+from tests.support.cli import run_benchmark
 
 
 @pytest.fixture(scope="module")
 def dry_llm(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-llm")
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--out", str(out), "--dry-run", "--only", "llm"],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_benchmark("gpu", "--out", str(out), "--dry-run", "--only", "llm", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
 

@@ -5,14 +5,11 @@ world size, DDP holds it whole, the gradients agree, and the page says so."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch.distributed as dist
 
-from dpr_cache.runtime.processes import child_env
-from tests.support.fixtures import REPO
+from tests.support.cli import run_benchmark
 
 pytestmark = [
     pytest.mark.slow,  # spawned ranks importing torch and transformers: about 30 s
@@ -26,14 +23,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharding")
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.sharding", "--dry-run", "--out", str(out)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_benchmark("sharding", "--dry-run", "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "sharding.json").read_text()), (out / "sharding.md").read_text()
 

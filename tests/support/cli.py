@@ -115,3 +115,16 @@ def toy_overrides(tmp_path: Path, **extra) -> list[str]:
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
     return args
+
+
+def run_benchmark(name: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.NAME ARGS`` from the repository root, as its page says to run
+    it: the finished process (stdout, stderr, returncode)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
