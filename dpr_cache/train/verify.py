@@ -36,7 +36,12 @@ BOUNDS = {"float64": 1e-10, "float32": 1e-4}
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    """Every gradient of ``model``, a sharded one gathered whole (a collective)."""
+    return {
+        n: full_value(p.grad).detach().clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
 
 
 def compare_steps(
@@ -50,15 +55,21 @@ def compare_steps(
     distillation: Distillation | None = None,
     length_bucket: int | None = None,
     modes: tuple[str, ...] = ("full", "gradcache"),
+    towers: Towers | None = None,
+    env: DistEnv = DistEnv(),
 ) -> dict[str, tuple[float, dict]]:
     """The loss and the gradients of a full-batch step and of a GradCache step on ``batch``,
     for the contrastive loss or its mix with ``distillation``; GradCache's chunks rounded to
-    ``length_bucket`` as the trainer rounds them."""
-    towers = Towers(model.encode_query, model.encode_passage)
+    ``length_bucket`` as the trainer rounds them. ``towers`` (default: the model's own) may be
+    sharded over ``env``'s ranks, ``batch`` then being this rank's slice: the loss is the mean
+    over ranks, the gradients are gathered whole."""
+    towers = towers or Towers(model.encode_query, model.encode_passage)
     loss_fn = make_loss_fn(
         temperature=temperature,
         tile_size=tile,
         group_size=batch.group_size,
+        rank=env.rank,
+        world_size=env.world_size,
         distillation=distillation,
     )
     results = {}
@@ -74,7 +85,7 @@ def compare_steps(
             release_memory=trim,
         )
         loss = stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
-        results[mode] = (float(loss), _grads(model))
+        results[mode] = (distributed.all_mean(loss, env), _grads(model))
     return results
 
 
@@ -165,32 +176,9 @@ def sharded_step(model, part, env: DistEnv, sync: str, **spec) -> tuple[float, d
     """GradCache's loss (the mean over ranks) and gradient (gathered whole) on ``model``
     sharded over ``env``'s ranks in place, each rank stepping on its slice ``part`` of the
     batch with every rank's passages as negatives."""
-    sharded = model
-    towers = shard_towers(sharded, env, precision="fp32", sync=sync)
-    loss_fn = make_loss_fn(
-        temperature=spec["temperature"],
-        tile_size=spec["tile"],
-        group_size=part.group_size,
-        rank=env.rank,
-        world_size=env.world_size,
-        distillation=spec["distillation"],
-    )
-    stepper = make_stepper(
-        "gradcache",
-        towers,
-        loss_fn,
-        chunk_size=spec["chunk"],
-        p_chunk_size=spec["p_chunk"],
-        length_bucket=spec["length_bucket"],
-        release_memory=trim,
-    )
-    loss = stepper.step(part.q_inputs, part.p_inputs, **part.loss_inputs())
-    grads = {
-        n: full_value(p.grad).detach().clone()
-        for n, p in sharded.named_parameters()
-        if p.grad is not None
-    }
-    return distributed.all_mean(loss, env), grads
+    towers = shard_towers(model, env, precision="fp32", sync=sync)
+    results = compare_steps(model, part, modes=("gradcache",), towers=towers, env=env, **spec)
+    return results["gradcache"]
 
 
 def _loss_name(config: Config) -> str:
