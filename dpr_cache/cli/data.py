@@ -79,3 +79,28 @@ def data_beir(
     for key, value in read_beir(folder, out, split).items():
         print(f"{key}: {value}")
     print(f"written to {out}")
+
+
+@data_app.command("folds", cls=Command)
+@guarded
+def data_folds(
+    train: Annotated[Path, typer.Option(help="A DPR training file (JSON or JSON Lines).")],
+    out: Annotated[Path, typer.Option(help="Output folder: fold-K/ for each fold, folds.json.")],
+    folds: Annotated[int, typer.Option(min=2, help="How many folds.")] = 2,
+    seed: Annotated[int, typer.Option(help="Orders articles of equal size.")] = 0,
+) -> None:
+    """Cross-fitting folds of a training file, split by article (the positive's title).
+
+    Writes OUT/fold-K/train.jsonl (the other folds: what fold K's model trains on),
+    OUT/fold-K/held.jsonl (fold K: what that model mines and scores, never having seen it),
+    OUT/fold-K/held.qa.tsv (fold K's questions: where a hybrid teacher's weight is tuned) and
+    OUT/folds.json. Example: dpr-cache data folds --train data/toy/train.jsonl --out
+    runs/toy/folds (the cross-fitted teacher's recipe: docs/teachers.md)
+    """
+    from dpr_cache.data.folds import split_folds
+
+    summary = split_folds(train, out, folds, seed)
+    pairs = zip(summary["questions"], summary["articles"], strict=True)
+    for k, (n, titles) in enumerate(pairs, start=1):
+        print(f"fold-{k}: {n} questions, {len(titles)} articles")
+    print(f"written to {out}")

@@ -10,7 +10,15 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import Command, app, check_inputs, check_search_flags, guarded
-from dpr_cache.cli.options import AUTOCAST, EfSearchOpt, MemoryOpt, NprobeOpt, QuietOpt
+from dpr_cache.cli.options import (
+    AUTOCAST,
+    EfSearchOpt,
+    MemoryOpt,
+    NprobeOpt,
+    QuietOpt,
+    TeacherMarginOpt,
+    TeacherRelativeOpt,
+)
 from dpr_cache.config import default_of
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.mining.rules import MineSpec, NegativeRules
@@ -64,17 +72,8 @@ def mine(
             "scores near the positive."
         ),
     ] = None,
-    teacher_margin: Annotated[
-        float | None,
-        typer.Option(help="Drop a candidate the teacher scores at least positive - MARGIN."),
-    ] = None,
-    teacher_relative: Annotated[
-        float | None,
-        typer.Option(
-            help="Drop a candidate the teacher scores at least positive - (1 - R) x "
-            "|positive| (R x a positive above 0; 0.95: NV-Retriever's)."
-        ),
-    ] = None,
+    teacher_margin: TeacherMarginOpt = None,
+    teacher_relative: TeacherRelativeOpt = None,
     fusion_weight: Annotated[
         float | None, typer.Option(help="--teacher hybrid: the dense score's weight.")
     ] = None,

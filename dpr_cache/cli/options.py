@@ -19,6 +19,8 @@ __all__ = [
     "NprobeOpt",
     "QuietOpt",
     "SetOpt",
+    "TeacherMarginOpt",
+    "TeacherRelativeOpt",
 ]
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config.")]
@@ -52,3 +54,14 @@ EfSearchOpt = Annotated[int, typer.Option(help="HNSW search breadth (an HNSW ind
 AUTOCAST = (
     "auto (bf16 on a GPU from compute capability 8.0, else fp16; fp32 on CPU), fp32, bf16 or fp16"
 )
+TeacherMarginOpt = Annotated[
+    float | None,
+    typer.Option(help="Drop a candidate the teacher scores at least positive - MARGIN."),
+]
+TeacherRelativeOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Drop a candidate the teacher scores at least positive - (1 - R) x "
+        "|positive| (R x a positive above 0; 0.95: NV-Retriever's)."
+    ),
+]

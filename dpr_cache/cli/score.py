@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import Command, app, check_inputs, guarded
-from dpr_cache.cli.options import QuietOpt
+from dpr_cache.cli.options import QuietOpt, TeacherMarginOpt, TeacherRelativeOpt
 from dpr_cache.config import default_of
 
 
@@ -46,6 +46,8 @@ def score(
     max_length: Annotated[
         int | None, typer.Option(help="cross-encoder: tokens a pair (default the model's).")
     ] = None,
+    teacher_margin: TeacherMarginOpt = None,
+    teacher_relative: TeacherRelativeOpt = None,
     batch: Annotated[int, typer.Option(help="Records per part (resumable unit).")] = 1024,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = default_of("eval.device"),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
@@ -55,7 +57,9 @@ def score(
     teacher_score, for train.loss distill_kl or margin_mse.
 
     Writes OUT (JSON Lines, every key kept) and its summary beside it; resumable; under
-    torchrun the records are split over the ranks.
+    torchrun the records are split over the ranks. With --teacher-margin or --teacher-relative,
+    the hard negatives the teacher scores near its first positive are left out of OUT
+    (cleaning: the summary counts them).
 
     Examples: dpr-cache score --teacher bm25 --passages data/toy/passages.tsv
     --train data/toy/train.jsonl --out runs/toy/train.bm25-scored.jsonl;
@@ -75,7 +79,7 @@ def score(
         spec,
         train,
         out,
-        ScoreSpec(batch),
+        ScoreSpec(batch, teacher_margin, teacher_relative),
         cache_dir=cache_dir or default_cache_dir(),
         progress=not quiet,
         command=shlex.join(["dpr-cache", *sys.argv[1:]]),

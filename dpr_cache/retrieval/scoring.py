@@ -8,6 +8,11 @@ Resumable as ``mine`` is (:mod:`dpr_cache.runtime.resumable`): the records go in
 file and settings keeps the finished parts. Under ``torchrun`` every rank reads each part, scores
 the records ``i % world_size == rank`` of it, and rank 0 gathers the scores and writes the part.
 
+Cleaning: with ``teacher_margin`` or ``teacher_relative`` (the teacher rule of
+:mod:`dpr_cache.retrieval.mining.rules`; NV-Retriever's 95%-of-positive at 0.95), a hard negative
+the teacher scores near the record's first positive, or above it, is left out of ``OUT`` and
+counted (``cleaned``).
+
 Where the teacher is a model on CUDA (``Teacher.ahead``), the next part is read, checked and
 tokenized in a background thread while the device scores the current one, so the summary's
 "read the training file" is then the wait for that thread and "score" the device's share; on
@@ -28,6 +33,7 @@ import numpy as np
 
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
+from dpr_cache.retrieval.mining.rules import NegativeRules, near_teacher_positive
 from dpr_cache.retrieval.teacher import Group, Teacher, passage_of, score_groups
 from dpr_cache.runtime.atomic import check_output_file
 from dpr_cache.runtime.laps import Laps
@@ -52,13 +58,29 @@ SCORED = ("positive_ctxs", "hard_negative_ctxs")  # the ctxs given a teacher_sco
 
 @dataclass(frozen=True)
 class ScoreSpec:
-    """How a file is scored: records a part (the resumable unit)."""
+    """How a file is scored: records a part (the resumable unit), and the teacher rule that
+    leaves hard negatives out (None, None: every one kept)."""
 
     batch: int = 1024
+    teacher_margin: float | None = None
+    teacher_relative: float | None = None
 
     def check(self) -> None:
         if self.batch < 1:
             raise InputError(f"score: --batch {self.batch} must be >= 1")
+        if self.teacher_margin is not None and self.teacher_margin < 0:
+            raise InputError(f"score: --teacher-margin {self.teacher_margin} must be >= 0")
+        if self.teacher_relative is not None and not 0 < self.teacher_relative <= 1:
+            raise InputError(f"score: --teacher-relative {self.teacher_relative} must be in (0, 1]")
+
+    @property
+    def rules(self) -> NegativeRules | None:
+        """The cleaning rule (None: none)."""
+        if self.teacher_margin is None and self.teacher_relative is None:
+            return None
+        return NegativeRules(
+            None, teacher_margin=self.teacher_margin, teacher_relative=self.teacher_relative
+        )
 
 
 def groups_of(train: Path, part: list[tuple[str, Any]]) -> list[Group]:
@@ -102,7 +124,7 @@ def score(
     laps.lap("load the teacher")
     job = PartJob(
         work=lambda made: _score_part(teacher, train, made, parts, laps),
-        write=lambda f, made, scores: _write_records(f, made[0], scores),
+        write=lambda f, made, scores: _write_records(f, made[0], scores, spec.rules),
         count=lambda made: len(made[0]),
     )
     made = _parts_ahead(teacher, train, spec.batch, parts.folder, rank, world_size)
@@ -169,18 +191,39 @@ def _score_part(
 
 
 def _write_records(
-    f: IO[str], batch: list[tuple[str, Any]], scores: list[np.ndarray]
+    f: IO[str],
+    batch: list[tuple[str, Any]],
+    scores: list[np.ndarray],
+    rules: NegativeRules | None = None,
 ) -> dict[str, int]:
-    """The part's records written to ``f`` with each scored ctx's ``teacher_score``; the
-    part's counts."""
-    counts = {"questions": len(batch), "positives": 0, "hard_negatives": 0, "no_positive": 0}
+    """The part's records written to ``f`` with each scored ctx's ``teacher_score`` (less the
+    hard negatives ``rules`` drops); the part's counts."""
+    counts = {
+        "questions": len(batch),
+        "positives": 0,
+        "hard_negatives": 0,
+        "no_positive": 0,
+        "cleaned": 0,
+    }
     for (_, obj), values in zip(batch, scores, strict=True):
         values = iter(values.tolist())
         for key in SCORED:
             for ctx in obj.get(key) or []:
                 ctx["teacher_score"] = next(values)
+        if rules is not None and obj.get("positive_ctxs"):
+            counts["cleaned"] += _clean(obj, rules)
         counts["positives"] += len(obj.get("positive_ctxs") or [])
         counts["hard_negatives"] += len(obj.get("hard_negative_ctxs") or [])
         counts["no_positive"] += not obj.get("positive_ctxs")
         f.write(json.dumps(obj, ensure_ascii=False) + "\n")
     return counts
+
+
+def _clean(obj: dict[str, Any], rules: NegativeRules) -> int:
+    """Leave out of ``obj`` the hard negatives its teacher scores near its first positive;
+    how many were left out."""
+    positive = obj["positive_ctxs"][0]["teacher_score"]
+    negatives = obj.get("hard_negative_ctxs") or []
+    kept = [c for c in negatives if not near_teacher_positive(c["teacher_score"], positive, rules)]
+    obj["hard_negative_ctxs"] = kept
+    return len(negatives) - len(kept)

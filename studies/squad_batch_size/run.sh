@@ -14,12 +14,14 @@
 # Runs go in this order, so a cut study loses the last ones: the pair at seed 1, the sequential
 # batch, the pair at seeds 2 and 3, the larger-lr pair. ONLY="name ..." runs just those folders.
 # Knobs (environment): SEEDS, EPOCHS, LR, HIGH_LR, TEMPERATURE, WARMUP_PCT, CHUNK, BATCH,
-# FULL_BATCH, P_LEN, HARD (hard negatives a question), SETS (more "key=value" settings for every
-# trained run, e.g. a distillation loss: recorded in run.json and checked like the rest), OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the
-# whole study), TRAIN (the training file, hard negatives and all: default BM25's, mined first if
-# missing; studies/squad_hard_negatives trains its second round on the model's own), PAGE=0 (the
-# runs and their numbers check only, no table: for a study that writes its own page), KEEP_OUT=1
-# (a dry run keeps the OUT it finds: for a study that adds its runs one call at a time).
+# FULL_BATCH, P_LEN, HARD (hard negatives a question), PRECISION (train's autocast: fp32, or bf16
+# where the CPU has it; index and eval encode in fp32 either way), SETS (more "key=value" settings
+# for every trained run, e.g. a distillation loss: recorded in run.json and checked like the
+# rest), OUT, CODE (a source tree to train with, e.g. a git worktree pinned for the whole study),
+# TRAIN (the training file, hard negatives and all: default BM25's, mined first if missing;
+# studies/squad_hard_negatives trains its second round on the model's own), PAGE=0 (the runs and
+# their numbers check only, no table: for a study that writes its own page), KEEP_OUT=1 (a dry run
+# keeps the OUT it finds: for a study that adds its runs one call at a time).
 set -euo pipefail
 # SIGTERM / SIGINT to the study's process group: the train call checkpoints and exits, then this
 # script records that call's wall time and stops (without the trap, bash would die first).
@@ -38,6 +40,7 @@ CHUNK=${CHUNK:-8}          # accumulation's micro-batch and GradCache's chunk: 8
 BATCH=${BATCH:-128}
 FULL_BATCH=${FULL_BATCH:-8}
 HARD=${HARD:-1}            # DPR's one hard negative a question
+PRECISION=${PRECISION:-fp32}
 SETS=${SETS:-}
 ONLY=${ONLY:-}
 if [[ -n ${CODE:-} ]]; then
@@ -97,7 +100,7 @@ write_run_json() {  # dir setting mode batch seed lr warmup train_s index_s eval
 {"model": "minilm", "setting": "$2", "mode": "$3", "batch_size": $4, "chunk_size": $CHUNK,
  "seed": $5, "epochs": $EPOCHS, "lr": $6, "warmup_pct": $WARMUP_PCT, "warmup_steps": $7,
  "max_passage_length": $P_LEN, "temperature": $TEMPERATURE, "hard_negatives": $HARD,
- "sets": "$SETS", "train_wall_seconds": $8,
+ "sets": "$SETS", "precision": "$PRECISION", "train_wall_seconds": $8,
  "index_seconds": $9, "eval_seconds": ${10}, "code": "$COMMIT", "dry_run": $DRY_RUN,
  "train": "$TRAIN"}
 EOF
@@ -107,14 +110,17 @@ EOF
 # A finished run made with another recipe must not be skipped into this one's table.
 check_recipe() {  # dir lr
   "$PY" - "$1/run.json" "$SETS" "$EPOCHS" "$2" "$WARMUP_PCT" "$CHUNK" "$P_LEN" "$TEMPERATURE" \
-    "$HARD" <<'PYEOF'
+    "$HARD" "$PRECISION" <<'PYEOF'
 import json, sys
+precision = sys.argv.pop()
 run = json.load(open(sys.argv[1]))
 run.setdefault("hard_negatives", 1)  # a run.json without the key: one a question
 keys = ("epochs", "lr", "warmup_pct", "chunk_size", "max_passage_length", "temperature",
         "hard_negatives")
 want = dict(zip(keys, map(float, sys.argv[3:])))
 diff = [f"{k} {run.get(k)} (asked {v:g})" for k, v in want.items() if float(run.get(k, -1)) != v]
+if run.get("precision", "fp32") != precision:
+    diff.append(f"precision {run.get('precision', 'fp32')} (asked {precision})")
 if run.get("sets", "") != sys.argv[2]:
     diff.append(f"sets {run.get('sets', '')!r} (asked {sys.argv[2]!r})")
 if diff:
@@ -172,6 +178,7 @@ trained() {  # mode batch seed lr
     [[ -d $dir/checkpoints ]] && resume=(--resume)
     local status=0
     run_timed "${BIN[@]}" train -c "$CFG" -q "${sets[@]}" --set "model.max_passage_length=$P_LEN" \
+      --set "train.precision=$PRECISION" \
       "${DATA[@]}" "${EXTRA[@]}" "${resume[@]}" || status=$?
     echo "$ELAPSED" >> "$dir/train_wall_seconds.txt"  # one line per call: a cut run adds up
     (( status == 0 && CUT == 0 )) || exit $(( status ? status : 143 ))  # cut (checkpointed) or failed

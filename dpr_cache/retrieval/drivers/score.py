@@ -69,7 +69,13 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"questions: {summary.get('questions', 0)} ({summary.get('no_positive', 0)} "
             "without a positive)",
             f"scored: {summary.get('positives', 0)} positives, "
-            f"{summary.get('hard_negatives', 0)} hard negatives",
+            f"{summary.get('hard_negatives', 0)} hard negatives"
+            + (
+                f" ({summary['cleaned']} more left out by the teacher's rule)"
+                if summary["settings"].get("teacher_margin") is not None
+                or summary["settings"].get("teacher_relative") is not None
+                else ""
+            ),
             f"teacher: {json.dumps(summary['teacher'])}",
             f"seconds: {summary['seconds']:.1f} ({stages})",
         ]

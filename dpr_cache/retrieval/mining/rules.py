@@ -23,7 +23,14 @@ from dpr_cache.config import check_flags, default_of, takes
 from dpr_cache.data.answers import has_answer
 from dpr_cache.errors import InputError
 
-__all__ = ["RULES", "NegativeRules", "MineSpec", "check_spec", "drop_reason"]
+__all__ = [
+    "RULES",
+    "NegativeRules",
+    "MineSpec",
+    "check_spec",
+    "drop_reason",
+    "near_teacher_positive",
+]
 
 RULES = ("positive_id", "positive_text", "judged", "answer", "margin", "teacher")
 
@@ -93,12 +100,12 @@ def drop_reason(
             rules.relative_margin * abs(positive_score)
         ):
             return "margin"
-    if teacher is not None and _near_teacher_positive(*teacher, rules):
+    if teacher is not None and near_teacher_positive(*teacher, rules):
         return "teacher"
     return None
 
 
-def _near_teacher_positive(score: float, positive: float, rules: NegativeRules) -> bool:
+def near_teacher_positive(score: float, positive: float, rules: NegativeRules) -> bool:
     """The teacher scores the candidate within its margin of the positive, or above it."""
     if rules.teacher_margin is not None and score >= positive - rules.teacher_margin:
         return True
