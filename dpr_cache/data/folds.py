@@ -36,7 +36,7 @@ FILES = ("train.jsonl", "held.jsonl", "held.qa.tsv", "held.qa.ids.txt")
 def article(record: Any, where: str, path: Path) -> str:
     """A record's article: its first positive passage's title."""
     positives = record.get("positive_ctxs") if isinstance(record, dict) else None
-    if not positives or not isinstance(positives[0], dict):
+    if not isinstance(positives, list) or not positives or not isinstance(positives[0], dict):
         raise InputError(f"{path} {where}: no positive_ctxs to take the article from")
     title = positives[0].get("title")
     if not isinstance(title, str) or not title.strip():
@@ -89,6 +89,8 @@ def split_folds(train: Path, out: Path, folds: int = 2, seed: int = 0) -> dict[s
                     files[1].write(line)
                     answers = json.dumps(record.get("answers") or [], ensure_ascii=False)
                     question = " ".join(str(record.get("question", "")).split())
+                    if question.startswith('"'):  # csv-quoted, as read_qas reads it
+                        question = '"' + question.replace('"', '""') + '"'
                     files[2].write(f"{question}\t{answers}\n")
                     files[3].write(record_question_id(record, n) + "\n")
         finally:

@@ -1,6 +1,7 @@
 """``dpr-cache score``: each teacher's scores against a reference computed here (transformers run
 directly for the cross-encoder, bm25s for BM25, BM25 + w * the index's stored vectors for the
-hybrid), every other key kept, a cut run resumed from its parts, 2 gloo ranks writing the file one
+hybrid), every other key kept, the hard negatives the teacher scores near the positive left out
+by the rule worked out here, a cut run resumed from its parts, 2 gloo ranks writing the file one
 process writes, and bad input as one line with nothing written lost."""
 
 from __future__ import annotations
@@ -206,6 +207,71 @@ def test_hybrid_scores_are_bm25_plus_w_dense(root, train, tmp_path) -> None:
     assert summary["teacher"]["teacher"] == "hybrid" and summary["teacher"]["fusion_weight"] == 3.5
 
 
+def _near_positive(
+    negative: float, positive: float, margin: float | None, relative: float | None
+) -> bool:
+    """The teacher's rule, written out: at least positive - M, or positive - (1 - R) |positive|."""
+    if margin is not None and negative >= positive - margin:
+        return True
+    return relative is not None and negative >= positive - (1 - relative) * abs(positive)
+
+
+def test_cleaning_leaves_out_the_negatives_the_teacher_scores_near_the_positive(
+    root, train, tmp_path
+) -> None:
+    """--teacher-relative / --teacher-margin: the scored file less exactly the hard negatives the
+    rule names (worked out here from the file scored without a rule), counted as ``cleaned``;
+    positives, other keys and a record without a positive untouched."""
+    records = _read(train)
+    bare = json.loads(json.dumps(records[5]))
+    bare["positive_ctxs"] = []  # no positive to measure against: its negatives stay
+    source = tmp_path / "train41.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in [*records, bare]))
+    bm25 = ["--teacher", "bm25", "--passages", str(PASSAGES)]
+    done = _score(root, source, tmp_path / "plain.jsonl", *bm25)
+    plain = _read(tmp_path / "plain.jsonl")
+    total = sum(len(r["hard_negative_ctxs"]) for r in plain)
+    # negative control: with no rule nothing is left out
+    assert [_without_scores(r) for r in plain] == _read(source) and total == 82
+    summary = json.loads((tmp_path / "plain.summary.json").read_text())
+    assert summary["cleaned"] == 0 and summary["hard_negatives"] == total
+    assert "left out" not in done.stdout
+    cases = [
+        (["--teacher-relative", "0.95"], None, 0.95),
+        (["--teacher-relative", "1"], None, 1.0),  # only those at or above the positive
+        (["--teacher-margin", "1"], 1.0, None),
+        (["--teacher-margin", "0.5", "--teacher-relative", "0.9"], 0.5, 0.9),  # either rule
+    ]
+    for n, (flags, margin, relative) in enumerate(cases):
+        out = tmp_path / f"clean{n}.jsonl"
+        done = _score(root, source, out, *bm25, *flags)
+        want, dropped = [], 0
+        for record in plain:
+            record = json.loads(json.dumps(record))
+            if record["positive_ctxs"]:
+                positive = record["positive_ctxs"][0]["teacher_score"]
+                negatives = record["hard_negative_ctxs"]
+                kept = [
+                    c
+                    for c in negatives
+                    if not _near_positive(c["teacher_score"], positive, margin, relative)
+                ]
+                dropped += len(negatives) - len(kept)
+                record["hard_negative_ctxs"] = kept
+            want.append(record)
+        assert 0 < dropped < total // 2, (flags, dropped)  # the rule bites, and not everywhere
+        cleaned = _read(out)
+        assert cleaned == want, flags
+        assert [r["positive_ctxs"] for r in cleaned] == [r["positive_ctxs"] for r in plain]
+        assert cleaned[-1]["hard_negative_ctxs"] == plain[-1]["hard_negative_ctxs"]
+        summary = json.loads((tmp_path / f"clean{n}.summary.json").read_text())
+        assert summary["cleaned"] == dropped and summary["hard_negatives"] == total - dropped
+        assert summary["positives"] == 40 and summary["no_positive"] == 1
+        assert summary["settings"]["teacher_margin"] == margin
+        assert summary["settings"]["teacher_relative"] == relative
+        assert f"{total - dropped} hard negatives ({dropped} more left out" in done.stdout
+
+
 def test_a_cut_run_resumes_its_parts(root, train, tmp_path, monkeypatch) -> None:
     from dpr_cache.retrieval import scoring
     from dpr_cache.retrieval.teacher import TeacherSpec, open_teacher
@@ -329,6 +395,9 @@ def test_bad_input_is_one_line_and_loses_nothing(root, train, tmp_path) -> None:
             "scored it inf or NaN under fp32",
         ),
         ([*bm25, "--batch", "0"], "--batch 0 must be >= 1"),
+        ([*bm25, "--teacher-relative", "1.5"], "score: --teacher-relative 1.5 must be in (0, 1]"),
+        ([*bm25, "--teacher-relative", "0"], "score: --teacher-relative 0.0 must be in (0, 1]"),
+        ([*bm25, "--teacher-margin", "-1"], "score: --teacher-margin -1.0 must be >= 0"),
         (
             ["--teacher", "bm25", "--passages", str(passages), "--out", str(passages)],
             f"{passages}: the output must not overwrite the passages file",
