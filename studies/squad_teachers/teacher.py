@@ -2,8 +2,8 @@
 
     python -m studies.squad_teachers.teacher keep --hard 3 --by MINED --train FILE --out FILE
     python -m studies.squad_teachers.teacher qa --train FILE --out TSV
-    python -m studies.squad_teachers.teacher temperature --hybrid FILE --bm25 FILE --weight W \
-        --out JSON
+    python -m studies.squad_teachers.teacher temperature --hybrid FILE... --bm25 FILE... \
+        --weight W... --out JSON
     python -m studies.squad_teachers.teacher best --runs DIR --seed 1 --out JSON
 
 ``keep``: the records of a training file whose question has at least ``--hard`` candidates in
@@ -28,7 +28,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,19 +113,22 @@ def positive_first(groups: list[np.ndarray]) -> float:
     return 100.0 * float(np.mean([g[0] > g[1:].max() for g in groups if g.size > 1]))
 
 
-def teacher_temperature(hybrid: Path, bm25: Path, weight: float) -> dict[str, Any]:
-    """The temperature that gives the teacher's scores round 1's spread, and what it rests on."""
+def teacher_temperature(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, Any]:
+    """The temperature that gives the teacher's scores round 1's spread, and what it rests on.
+    ``parts``: (hybrid-scored file, bm25-scored file, the hybrid's weight) each, their groups
+    pooled (a cross-fitted teacher: one part a fold, each with its own round 1 and weight)."""
     teacher, lexical, student = [], [], []
-    for (qid, h), (qid_b, b) in zip(_groups(hybrid), _groups(bm25), strict=True):
-        if qid != qid_b or h.shape != b.shape:
-            raise SystemExit(f"error: {hybrid} and {bm25} differ at question {qid!r}")
-        teacher.append(h)
-        lexical.append(b)
-        student.append((h - b) / weight / TRAIN_TEMPERATURE)
+    for hybrid, bm25, weight in parts:
+        for (qid, h), (qid_b, b) in zip(_groups(hybrid), _groups(bm25), strict=True):
+            if qid != qid_b or h.shape != b.shape:
+                raise SystemExit(f"error: {hybrid} and {bm25} differ at question {qid!r}")
+            teacher.append(h)
+            lexical.append(b)
+            student.append((h - b) / weight / TRAIN_TEMPERATURE)
     t_spread, s_spread = spread(teacher), spread(student)
     return {
         "teacher_temperature": round(t_spread / s_spread, 4),
-        "weight": weight,
+        "weight": parts[0][2] if len(parts) == 1 else [w for _, _, w in parts],
         "train_temperature": TRAIN_TEMPERATURE,
         "groups": len(teacher),
         "candidates_a_group": float(np.mean([g.size - 1 for g in teacher])),
@@ -162,9 +165,9 @@ def main() -> None:
     qa.add_argument("--train", type=Path, required=True)
     qa.add_argument("--out", type=Path, required=True)
     temp = sub.add_parser("temperature")
-    temp.add_argument("--hybrid", type=Path, required=True)
-    temp.add_argument("--bm25", type=Path, required=True)
-    temp.add_argument("--weight", type=float, required=True)
+    temp.add_argument("--hybrid", type=Path, nargs="+", required=True)
+    temp.add_argument("--bm25", type=Path, nargs="+", required=True)
+    temp.add_argument("--weight", type=float, nargs="+", required=True)
     temp.add_argument("--out", type=Path, required=True)
     best = sub.add_parser("best")
     best.add_argument("--runs", type=Path, required=True)
@@ -185,7 +188,8 @@ def main() -> None:
     elif args.step == "qa":
         print(f"{write_qa(args.train, args.out)} questions written to {args.out}")
     elif args.step == "temperature":
-        write_json_atomic(args.out, teacher_temperature(args.hybrid, args.bm25, args.weight))
+        parts = list(zip(args.hybrid, args.bm25, args.weight, strict=True))
+        write_json_atomic(args.out, teacher_temperature(parts))
         print(f"written to {args.out}")
     else:
         chosen = best_arm(args.runs, args.suffix, args.seed)

@@ -107,16 +107,18 @@ def test_temperature_gives_the_teacher_round_ones_spread(tmp_path: Path) -> None
     rng = np.random.default_rng(0)
     weight = 20.0
     bm25, hybrid = [], []
-    dense_groups, teacher_groups = [], []
+    dense_groups, teacher_groups, b_groups, cos_groups = [], [], [], []
     for q in range(40):
         b = rng.normal(20, 4, size=1 + q % 5 + 2)
         cos = rng.uniform(0.2, 0.9, size=b.size)
+        b_groups.append(b)
+        cos_groups.append(cos)
         bm25.append(_record(str(q), b.tolist()))
         hybrid.append(_record(str(q), (b + weight * cos).tolist()))
         dense_groups.append(cos / 0.05)
         teacher_groups.append(b + weight * cos)
     result = teacher_temperature(
-        _write(tmp_path / "h.jsonl", hybrid), _write(tmp_path / "b.jsonl", bm25), weight
+        [(_write(tmp_path / "h.jsonl", hybrid), _write(tmp_path / "b.jsonl", bm25), weight)]
     )
 
     # by hand: pooled within-group sd of each side
@@ -129,8 +131,30 @@ def test_temperature_gives_the_teacher_round_ones_spread(tmp_path: Path) -> None
     # negative control: the files out of step are refused
     with pytest.raises(SystemExit, match="differ at question"):
         teacher_temperature(
-            _write(tmp_path / "h2.jsonl", hybrid[1:] + hybrid[:1]), tmp_path / "b.jsonl", weight
+            [(_write(tmp_path / "h2.jsonl", hybrid[1:] + hybrid[:1]), tmp_path / "b.jsonl", weight)]
         )
+    # two folds, each with its own weight, pool their groups: fold 2's hybrid is BM25 + 2 x
+    # weight x cosine, so its dense score is read off with 2 x weight
+    bm25_2 = [_record(f"b{q}", g.tolist()) for q, g in enumerate(b_groups)]
+    hybrid_2 = [
+        _record(f"b{q}", (g + 2 * weight * c).tolist())
+        for q, (g, c) in enumerate(zip(b_groups, cos_groups, strict=True))
+    ]
+    pooled_result = teacher_temperature(
+        [
+            (tmp_path / "h.jsonl", tmp_path / "b.jsonl", weight),
+            (
+                _write(tmp_path / "h3.jsonl", hybrid_2),
+                _write(tmp_path / "b3.jsonl", bm25_2),
+                2 * weight,
+            ),
+        ]
+    )
+    teacher_2 = [g + 2 * weight * c for g, c in zip(b_groups, cos_groups, strict=True)]
+    want_2 = pooled(teacher_groups + teacher_2) / pooled(dense_groups + dense_groups)
+    assert pooled_result["teacher_temperature"] == pytest.approx(want_2, abs=1e-4)
+    assert pooled_result["weight"] == [weight, 2 * weight]
+    assert abs(want_2 - want) > 0.01  # the second fold moves it: the pooling is seen
 
 
 def test_keep_drops_the_same_questions_from_every_file(tmp_path: Path) -> None:
