@@ -28,11 +28,12 @@ ARMS = {  # folder -> the arm's name on the page
 MINED = ("mined", "cleaned-all")  # train.<kind>.jsonl, mined by round 1 over its index
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's content; None where a step has not written it yet."""
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _train_seconds(run: dict[str, Any]) -> float:
+def median_train_seconds(run: dict[str, Any]) -> float:
     """A run's training time, estimated as its updates at its median step time: a step that spans a
     pause (the study's processes stopped while CI runs beside it), slow steps (other work beside
     it) and the time outside steps (loading, checkpoints, segments cut) do not count. A run
@@ -42,10 +43,11 @@ def _train_seconds(run: dict[str, Any]) -> float:
     return train_seconds(run)
 
 
-def _arms(out: Path, suffix: str) -> tuple[list[dict], dict, dict]:
-    """Each arm's row (mean and sd over its seeds), its runs, and each run's dev figures."""
+def arm_rows(out: Path, suffix: str, arms: dict[str, str] = ARMS) -> tuple[list[dict], dict, dict]:
+    """Each arm's row (mean and sd over its seeds), its runs, and each run's dev figures;
+    ``arms``: folder -> the arm's name on the page."""
     rows, runs_of, per_q = [], {}, {}
-    for folder, label in ARMS.items():
+    for folder, label in arms.items():
         runs = sorted(
             (r for r in collect(out / f"{folder}{suffix}") if r["mode"] == "gradcache"),
             key=lambda r: r["seed"],
@@ -59,8 +61,8 @@ def _arms(out: Path, suffix: str) -> tuple[list[dict], dict, dict]:
             "seeds": [r["seed"] for r in runs],
             "steps": runs[0].get("steps"),
             "hard_negatives": runs[0].get("hard_negatives", 1),
-            "train_h": statistics.mean(_train_seconds(r) for r in runs) / 3600,
-            "hours": machine_hours(runs, _train_seconds),
+            "train_h": statistics.mean(median_train_seconds(r) for r in runs) / 3600,
+            "hours": machine_hours(runs, median_train_seconds),
             "peak_gb": max(r.get("peak_memory_bytes", 0) for r in runs) / 2**30,
         }
         for m in METRICS:
@@ -98,13 +100,14 @@ def _differences(per_q: dict, best: str | None) -> list[dict[str, Any]]:
     return diffs
 
 
-def _hybrids(out: Path, suffix: str, runs_of: dict, bm25: dict) -> tuple[list, list]:
-    """Each student fused with BM25 (linear, rrf): figures, weights, differences to BM25, and
-    each treatment's fused figures minus the control's, paired by seed."""
-    split = _json(out / "dev-split" / "split.json")
-    rows, diffs, linear = [], [], {}
+def fused_runs(out: Path, suffix: str, runs_of: dict) -> tuple[list, dict]:
+    """Each run of ``runs_of`` (folder -> its runs) fused with BM25 (linear, rrf) where all
+    three fusions are done: a row per (run, method) with its figures and the linear halves'
+    weights, and each run's linear per-question figures by (folder, seed), in the same order."""
+    split = read_json(out / "dev-split" / "split.json")
+    rows, linear = [], {}
     if split is None:
-        return rows, diffs
+        return rows, linear
     for folder, runs in runs_of.items():
         for r in runs:
             run_dir = out / f"{folder}{suffix}" / r["dir"]
@@ -116,18 +119,27 @@ def _hybrids(out: Path, suffix: str, runs_of: dict, bm25: dict) -> tuple[list, l
             )
             linear[folder, r["seed"]] = fused
             rrf = per_question(run_dir / "eval-rrf" / "retrieval.json")
-            name = f"{folder} s{r['seed']}"
             for method, figures in (("linear", fused), ("rrf", rrf)):
                 rows.append(
                     {
-                        "model": name,
+                        "model": f"{folder} s{r['seed']}",
                         "folder": folder,
                         "method": method,
                         "weights": weights if method == "linear" else None,
                         **{m: float(figures[m].mean()) for m in METRICS},
                     }
                 )
-            diffs.append(paired(f"BM25 + {name} (linear) - BM25", [fused], [bm25], []))
+    return rows, linear
+
+
+def _hybrids(out: Path, suffix: str, runs_of: dict, bm25: dict) -> tuple[list, list]:
+    """Each student fused with BM25 (linear, rrf): figures, weights, differences to BM25, and
+    each treatment's fused figures minus the control's, paired by seed."""
+    rows, linear = fused_runs(out, suffix, runs_of)
+    diffs = [
+        paired(f"BM25 + {folder} s{seed} (linear) - BM25", [fused], [bm25], [])
+        for (folder, seed), fused in linear.items()
+    ]
     for arm in TREATMENTS:
         seeds = sorted(s for a, s in linear if a == arm and ("control", s) in linear)
         if seeds:
@@ -144,16 +156,16 @@ def _hybrids(out: Path, suffix: str, runs_of: dict, bm25: dict) -> tuple[list, l
 
 def _setup(out: Path) -> dict[str, Any]:
     """The teacher (weight, temperature, spreads), the mined and cleaned files, score's rate."""
-    setup: dict[str, Any] = {"teacher": _json(out / "teacher" / "teacher.json")}
+    setup: dict[str, Any] = {"teacher": read_json(out / "teacher" / "teacher.json")}
     for kind in MINED:
-        setup[kind] = _json(out / f"train.{kind}.summary.json")
+        setup[kind] = read_json(out / f"train.{kind}.summary.json")
     for kind in ("scored", "bm25-scored"):
-        setup[kind] = _json(out / f"train.{kind}.summary.json")
+        setup[kind] = read_json(out / f"train.{kind}.summary.json")
     for kind in ("candidates", "cleaned"):
-        setup[f"{kind}_keep"] = _json(out / f"train.{kind}.keep.json")
-    setup["weight_eval"] = _json(out / "teacher" / "weight" / "fusion.json")
-    setup["best"] = _json(out / "best.json")
-    setup["score_rate"] = _json(out / "score-rate" / "rate.json")
+        setup[f"{kind}_keep"] = read_json(out / f"train.{kind}.keep.json")
+    setup["weight_eval"] = read_json(out / "teacher" / "weight" / "fusion.json")
+    setup["best"] = read_json(out / "best.json")
+    setup["score_rate"] = read_json(out / "score-rate" / "rate.json")
     return setup
 
 
@@ -165,7 +177,7 @@ def _setup_hours(out: Path, setup: dict[str, Any]) -> float:
     return seconds / 3600
 
 
-def _hybrid_hours(out: Path, suffix: str) -> float:
+def hybrid_hours(out: Path, suffix: str) -> float:
     seconds = 0.0
     for timings in out.glob(f"*{suffix}/*/eval-*/timings.json"):
         seconds += sum(json.loads(timings.read_text())["seconds"].values())
@@ -174,7 +186,7 @@ def _hybrid_hours(out: Path, suffix: str) -> float:
 
 def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     """Everything the page shows, computed from the run folders under ``out``."""
-    rows, runs_of, per_q = _arms(out, suffix)
+    rows, runs_of, per_q = arm_rows(out, suffix)
     bm25_dir = out / f"references{suffix}" / "bm25" / "eval" / "retrieval.json"
     bm25 = per_question(bm25_dir)
     setup = _setup(out)
@@ -182,7 +194,7 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     hybrids, hybrid_diffs = _hybrids(out, suffix, runs_of, bm25)
     costs = {row["folder"]: row["hours"] for row in rows}
     costs["teacher and mining"] = _setup_hours(out, setup)
-    costs["fused evaluations"] = _hybrid_hours(out, suffix)
+    costs["fused evaluations"] = hybrid_hours(out, suffix)
     return {
         "references": [{"arm": "BM25 (bm25s)", **{m: float(bm25[m].mean()) for m in METRICS}}],
         "arms": rows,

@@ -194,7 +194,7 @@ def test_best_arm_is_the_higher_mrr_at_the_seed(tmp_path: Path) -> None:
 
 def test_a_runs_training_time_leaves_out_a_paused_step(tmp_path: Path) -> None:
     from studies.squad_batch_size.runs import _read_log, machine_hours
-    from studies.squad_teachers.collect import _train_seconds
+    from studies.squad_teachers.collect import median_train_seconds
 
     log = tmp_path / "train_log.jsonl"
     seconds = [27.0, 26.0, 1212.0, 28.0, 27.5]  # the third step spans a 20-minute pause
@@ -203,10 +203,10 @@ def test_a_runs_training_time_leaves_out_a_paused_step(tmp_path: Path) -> None:
     log.write_text("\n".join(lines) + "\n")
     run = _read_log(log)
     assert run["train_seconds"] == sum(seconds)  # the wall sum counts the pause
-    assert _train_seconds(run) == 5 * 27.5  # 5 updates at the median step
+    assert median_train_seconds(run) == 5 * 27.5  # 5 updates at the median step
     timed = [{**run, "index_seconds": 30.0, "eval_seconds": 15.0}]
-    assert machine_hours(timed, _train_seconds) == 182.5 / 3600
-    assert _train_seconds({"train_wall_seconds": 900.0}) == 900.0  # no train log: wall time
+    assert machine_hours(timed, median_train_seconds) == 182.5 / 3600
+    assert median_train_seconds({"train_wall_seconds": 900.0}) == 900.0  # no train log: wall time
 
 
 @pytest.mark.parametrize("dry_run", ["0", "1"])

@@ -1,0 +1,266 @@
+"""studies/squad_crossfit's page writer: the two-level bootstrap (questions and seeds) against a
+computation by hand, wider than the questions-only interval when seeds differ, zero for identical
+arms; and the page, its data and its README block built from a study's folders cut part way."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpr_cache.retrieval.metrics import hit_metrics
+from studies.squad_crossfit import table
+from studies.squad_crossfit.collect import gather, two_level
+from studies.squad_hard_negatives.collect import KS, METRICS, N_BOOT, RANKS_NAME, paired
+
+
+def _figures(rng: np.random.Generator, n: int, shift: float = 0.0) -> dict[str, np.ndarray]:
+    """A run's per-question figures: each metric drawn at random, ``shift`` points added."""
+    return {m: rng.uniform(0, 100, size=n) + shift for m in METRICS}
+
+
+def _by_hand(ours: list[dict], theirs: list[dict], m: str) -> tuple[float, list[float]]:
+    """The two-level bootstrap written out resample by resample (the module's draws: questions,
+    then seeds, from default_rng(0))."""
+    n, k = len(ours[0][m]), len(ours)
+    rng = np.random.default_rng(0)
+    questions = rng.integers(0, n, size=(N_BOOT, n))
+    seeds = rng.integers(0, k, size=(N_BOOT, k))
+    diffs = [a[m] - b[m] for a, b in zip(ours, theirs, strict=True)]
+    boot = [np.mean([diffs[s][questions[b]].mean() for s in seeds[b]]) for b in range(N_BOOT)]
+    mean = float(np.mean([d.mean() for d in diffs]))
+    return mean, [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+
+
+def test_two_level_bootstrap_against_a_hand_computation() -> None:
+    rng = np.random.default_rng(7)
+    ours = [_figures(rng, 30) for _ in range(3)]
+    theirs = [_figures(rng, 30) for _ in range(3)]
+    row = two_level("a - b", ours, theirs, [1, 2, 3])
+    assert set(row) >= set(paired("a - b", ours, theirs, [1, 2, 3]))  # diffs_table reads both
+    assert row["interval"] == "questions and seeds" and row["seeds"] == [1, 2, 3]
+    for m in ("top1", "mrr@10"):
+        mean, ci = _by_hand(ours, theirs, m)
+        assert row[m] == pytest.approx(mean)
+        assert row[m + "_ci"] == pytest.approx(ci, rel=1e-12)
+        sd = np.std([(a[m] - b[m]).mean() for a, b in zip(ours, theirs, strict=True)], ddof=1)
+        assert row[m + "_sd"] == pytest.approx(sd)
+    # one seed: the seed draw is trivial, the interval the questions-only one, to the bit
+    one = two_level("a - b", ours[:1], theirs[:1], [1])
+    alone = paired("a - b", ours[:1], theirs[:1], [1])
+    assert one["interval"] == "questions" and one["top1_sd"] is None
+    assert all(one[m + "_ci"] == alone[m + "_ci"] and one[m] == alone[m] for m in METRICS)
+
+
+def test_seed_to_seed_variance_widens_the_interval() -> None:
+    """Negative control: the same per-question noise, the seeds' differences spread by +-6
+    points; the questions-only interval over the seeds does not see the spread, the two-level
+    one does."""
+    rng = np.random.default_rng(3)
+    n = 400
+    theirs = [_figures(rng, n) for _ in range(3)]
+    noise = [rng.normal(0, 5, size=n) for _ in range(3)]
+    ours = [
+        {m: t[m] + e + shift for m in METRICS}
+        for t, e, shift in zip(theirs, noise, (-6.0, 0.0, 6.0), strict=True)
+    ]
+    both, questions = two_level("x", ours, theirs, [1, 2, 3]), paired("x", ours, theirs, [1, 2, 3])
+    for m in METRICS:
+        assert both[m] == pytest.approx(questions[m])  # the same difference, a wider interval
+        lo, hi = both[m + "_ci"]
+        qlo, qhi = questions[m + "_ci"]
+        assert hi - lo > 3 * (qhi - qlo)
+    # without the spread the two intervals are alike
+    flat = [{m: t[m] + e for m in METRICS} for t, e in zip(theirs, noise, strict=True)]
+    both, questions = two_level("x", flat, theirs, [1, 2, 3]), paired("x", flat, theirs, [1, 2, 3])
+    width = both["top1_ci"][1] - both["top1_ci"][0]
+    assert width < 1.5 * (questions["top1_ci"][1] - questions["top1_ci"][0])
+
+
+def test_identical_arms_differ_by_zero() -> None:
+    rng = np.random.default_rng(5)
+    runs = [_figures(rng, 25) for _ in range(2)]
+    row = two_level("same", runs, [dict(r) for r in runs], [1, 2])
+    for m in METRICS:
+        assert row[m] == 0.0 and row[m + "_ci"] == [0.0, 0.0] and row[m + "_sd"] == 0.0
+
+
+# -- a study's folders, faked: each run's per-question ranks as a saved study keeps them ----------
+
+N = 8  # dev questions
+SPLIT = {"a": list(range(0, N, 2)), "b": list(range(1, N, 2))}
+
+
+def _json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def _ranks(folder: Path, ranks: list[int | None]) -> None:
+    """An eval folder's saved ranks (0-based, None: no answer) and its metrics."""
+    _json(folder / RANKS_NAME, ranks)
+    figures = hit_metrics([np.inf if r is None else r for r in ranks], KS)
+    _json(folder / "metrics.json", {m: float(figures[m].mean()) for m in METRICS})
+    _json(folder / "timings.json", {"seconds": {"search": 1.5, "encode": 0.5}})
+
+
+def _run(arm: Path, seed: int, ranks: list[int | None], hard: int = 3, fused: bool = True) -> None:
+    run = arm / f"gradcache-b32-s{seed}"
+    _json(
+        run / "run.json",
+        {
+            "mode": "gradcache",
+            "seed": seed,
+            "hard_negatives": hard,
+            "train_wall_seconds": 500.0,
+            "index_seconds": 10.0,
+            "eval_seconds": 5.0,
+        },
+    )
+    keys = {"peak_memory_bytes": 1, "negatives_per_question": 7}
+    seconds = (3.0, 900.0, 3.0)  # the second step spans a pause: 3 updates at 3 s
+    log = "".join(
+        json.dumps({"step": i + 1, "seconds": t, **keys}) + "\n" for i, t in enumerate(seconds)
+    )
+    (run / "train_log.jsonl").write_text(log)
+    _ranks(run / "eval", ranks)
+    if fused:
+        better = [0 if r is not None else 5 for r in ranks]
+        _ranks(run / "eval-rrf", better)
+        for half, rows in SPLIT.items():
+            _ranks(run / f"eval-linear-{half}", [better[i] for i in rows])
+            _json(run / f"eval-linear-{half}" / "fusion.json", {"weight": 2.0})
+
+
+def _set_up(out: Path, folds: tuple[int, ...] = (1, 2), teacher: bool = True) -> None:
+    """BM25 on dev (its DPR results file), the dev halves, the folds, each fold's round 1 and
+    teacher and, with ``teacher``, the pooled temperature and the students' files' counts."""
+    flags = [[j == i % 3 for j in range(5)] for i in range(N)]
+    entries = [
+        {
+            "question": "q",
+            "answers": ["a"],
+            "ctxs": [{"id": str(j), "has_answer": f} for j, f in enumerate(row)],
+        }
+        for row in flags
+    ]
+    _json(out / "references-dry" / "bm25" / "eval" / "retrieval.json", entries)
+    _json(out / "references-dry" / "bm25" / "eval" / "metrics.json", {"top1": 1.0})
+    _json(out / "references-dry" / "bm25" / "run.json", {"mode": "bm25", "eval_seconds": 3.0})
+    _json(out / "dev-split" / "split.json", SPLIT)
+    _json(out / "folds" / "folds.json", {"questions": [40, 60], "articles": [["x"], ["y", "z"]]})
+    mined = {
+        "questions": 40,
+        "negatives": 1200,
+        "candidates": 1300,
+        "short": 2,
+        "kept_bm25": 1000,
+        "dropped": {"positive_id": 30, "positive_text": 0, "answer": 70, "margin": 0},
+        "seconds": 60.0,
+    }
+    scored = {"questions": 40, "positives": 40, "hard_negatives": 2200, "cleaned": 0}
+    for k in folds:
+        _run(out / f"round1-fold{k}-dry", 1, [0, 1, None, 3, 0, 2, 1, 0], hard=1, fused=False)
+        t = out / f"teacher-{k}"
+        _json(t / "weight" / "fusion.json", {"weight": 0.5 * k, "grid": {f"{0.5 * k:g}": 61.25}})
+        _json(t / "weight" / "metrics.json", {"top1": 80.0 + k, "mrr@10": 86.0, "top5": 93.0})
+        _json(t / "weight" / "timings.json", {"seconds": {"search": 30.0}})
+        _json(t / "mined.summary.json", mined)
+        _json(t / "scored.summary.json", {**scored, "seconds": 100.0})
+        _json(t / "bm25-scored.summary.json", {**scored, "seconds": 10.0})
+        cleaned = {**scored, "hard_negatives": 2000, "cleaned": 200, "seconds": 100.0}
+        _json(t / "cleaned.summary.json", cleaned)
+    if teacher:
+        _json(
+            out / "teacher" / "teacher.json",
+            {
+                "teacher_temperature": 0.4,
+                "weight": [0.5, 1.0],
+                "train_temperature": 0.05,
+                "groups": 100,
+                "candidates_a_group": 55.0,
+                "spread": {"teacher": 2.0, "round1": 5.0},
+                "positive_first": {"teacher": 90.0, "round1": 60.0, "bm25": 70.0},
+            },
+        )
+        _json(
+            out / "train.scored.keep.json", {"hard": 3, "kept": 100, "dropped": 0, "kept_short": 0}
+        )
+        _json(
+            out / "train.cleaned.keep.json", {"hard": 3, "kept": 100, "dropped": 0, "kept_short": 4}
+        )
+
+
+def _page(out: Path, monkeypatch) -> tuple[str, str]:
+    """The table's command line, as run.sh calls it (with a README holding the markers)."""
+    readme = out / "README.md"
+    readme.write_text(f"# x\n\n{table.README_BEGIN}\nSTALE\n{table.README_END}\nafter\n")
+    argv = ["table", "--runs", str(out), "--suffix=-dry", "--readme", str(readme)]
+    argv += ["--md", str(out / "results.md"), "--png", str(out / "plot.png")]
+    monkeypatch.setattr(sys, "argv", argv)
+    table.main()
+    return (out / "results.md").read_text(), readme.read_text()
+
+
+def test_the_page_of_a_study_cut_part_way(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "crossfit-dry"
+    _set_up(out)
+    control = [0, 1, 2, None, 0, 4, 0, 1]
+    _run(out / "control-dry", 1, control)
+    _run(out / "control-dry", 2, [0, 1, 0, None, 3, 4, 0, 1])
+    _run(out / "kl05-dry", 1, [0, 0, 2, 1, 0, 4, 0, 0])
+    _run(out / "kl05-dry", 2, [0, 0, 2, 1, 0, 0, 0, 0])
+    _run(out / "kl0-dry", 1, control, fused=False)  # trained, not fused with BM25 yet
+    page, readme = _page(out, monkeypatch)
+    for row in (
+        "| BM25 (bm25s) | – | – | – |",
+        "| round 1, fold 1: BM25 negatives, H = 1, trained without fold 1 | 1 | 1 | 3 |",
+        "| control: contrastive | 1,2 | 3 | 3 |",
+        "| kl0: distill_kl alone | 1 | 3 | 3 |",
+        "| kl0 - control, seed 1 | +0.0 [+0.0, +0.0] |",
+        "| kl05 - control, seed 2 |",
+        "| kl05 - control, seeds 1,2 (questions and seeds) |",
+        "| control s2 | linear | 2 / 2 |",
+        "| BM25 + kl05 - BM25 + control (linear), seeds 1,2 (questions and seeds) |",
+        "| 1 | 40 | 1 | 0.5 | 61.2 | 81.0 | 86.0 |",
+        "| 2 | 40 | 1,200 | 1,000 | 55.0 | 2 | 1,300 | 70 | 30 | 2,200 | 200 (9.1%) |",
+        "| teacher, fold 2: weight, mining, scoring, cleaning | 0.08 |",
+        "| kl05 ahead of the control at top-1, interval (questions and seeds) above 0 |",
+        "| a dense model alone at BM25's top-1 (79.5) | best arm: kl05,",
+        "covers both the questions and the seeds",
+    ):
+        assert row in page, row
+    assert "kl0 s1 |" not in page  # no fusions yet: no hybrid row
+    assert "| mse05" not in page and "| cleaned:" not in page  # arms not started
+    data = json.loads((out / "results.json").read_text())
+    pooled = next(d for d in data["diffs"] if d["pair"].startswith("kl05 - control, seeds"))
+    assert pooled["interval"] == "questions and seeds" and pooled["seeds"] == [1, 2]
+    # the README block: the retrievers, the pooled differences (or the one seed), the goals
+    block = readme.split(table.README_BEGIN)[1].split(table.README_END)[0]
+    assert readme.endswith(f"{table.README_END}\nafter\n") and "STALE" not in block
+    assert "| kl05 - control, seeds 1,2 (questions and seeds) |" in block
+    assert "| kl0 - control, seed 1 |" in block and "| kl05 - control, seed 1 |" not in block
+    assert "| kl0 ahead of the control at MRR@10, interval (questions and seeds) above 0" in block
+    assert (out / "plot.png").stat().st_size > 0
+    # --kept writes the same page from results.json
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--kept"])
+    table.main()
+    assert (out / "results.md").read_text() == page
+
+
+def test_the_page_before_any_student(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "crossfit-dry"
+    _set_up(out, folds=(1,), teacher=False)  # fold 2's round 1 not trained yet
+    page, readme = _page(out, monkeypatch)
+    assert "| round 1, fold 1:" in page and "| round 1, fold 2:" not in page
+    assert "| 1 | 40 | 1 | 0.5 |" in page and "softmax temperature" not in page
+    assert "| control" not in page and "| goal | measured | met |" in readme
+    # nothing but the dev halves: a page all the same
+    bare = tmp_path / "bare-dry"
+    _json(bare / "dev-split" / "split.json", SPLIT)
+    page, _ = _page(bare, monkeypatch)
+    assert "(the teachers are not set up yet)" in page and "0 questions" in page
+    assert gather(bare, "-dry")["hours"] == 0.0
