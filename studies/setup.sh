@@ -4,7 +4,10 @@
 # SEEDS, CFG, BASE, DEV, PASSAGES, DEV_QA, BM25_TRAIN, EXTRA (settings for every dpr-cache run),
 # CACHE (mine's and score's cache option), SUFFIX (the dry run's folder suffix), TABLE (where the
 # page goes), the seeds array and B (the batch). A dry run deletes OUT first, so its name must end
-# in -dry. Its last command succeeds, so sourcing it under `set -e` goes on.
+# in -dry. Its last command succeeds, so sourcing it under `set -e` goes on. It also defines what
+# the teachers' studies share: done_or (a step's marker there: say so), save_state (the study's
+# finished steps into SAVED by studies/$STUDY/saved.py; nothing when SAVED is empty or unset) and
+# fuse (a trained run fused with BM25 on dev, studies/squad_hard_negatives/hybrid.sh).
 if [[ -n ${CODE:-} ]]; then
   export PYTHONPATH=$CODE${PYTHONPATH:+:$PYTHONPATH}
   export PYTHONSAFEPATH=1  # python -m X: from CODE, not from the current folder
@@ -32,4 +35,17 @@ else
   B=128
 fi
 mkdir -p "$OUT"
+done_or() {  # file: say it is done (and return 0) when it exists
+  [[ -f $1 ]] && echo "== $1: done, skipped"
+}
+save_state() {  # what is finished, into SAVED (nothing when SAVED is empty)
+  [[ -z ${SAVED:-} ]] ||
+    "$PY" -m "studies.$STUDY.saved" save --out "$OUT" --saved "$SAVED" --suffix="$SUFFIX" \
+      --passages "$PASSAGES"
+}
+source studies/squad_hard_negatives/hybrid.sh
+fuse() {  # run-folder: fused with BM25 as soon as it is made, so a saved run is whole without
+  [[ -f $1/run.json ]] || return 0  # its model
+  hybrid "$1" "$1/model"
+}
 read -r -a seeds <<< "$SEEDS"

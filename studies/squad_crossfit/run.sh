@@ -55,21 +55,8 @@ arm() {  # out-folder training-file hard-negatives epochs settings run-names
     CODE=${CODE:-} DRY_RUN=$DRY_RUN PY=$PY PAGE=0 SEEDS=$SEEDS SEEDS_DRY=$SEEDS KEEP_OUT=1 \
     bash "$BATCH_STUDY"
 }
-done_or() {  # file: say it is done (and return 0) when it exists
-  [[ -f $1 ]] && echo "== $1: done, skipped"
-}
-save_state() {  # what is finished, into SAVED (nothing when SAVED is empty)
-  [[ -z $SAVED ]] ||
-    "$PY" -m studies.squad_crossfit.saved save --out "$OUT" --saved "$SAVED" --suffix="$SUFFIX" \
-      --passages "$PASSAGES"
-}
 json_key() {  # file key
   "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
-}
-source studies/squad_hard_negatives/hybrid.sh
-fuse() {  # run-folder: fused with BM25 on dev (RRF, and linear on each dev half)
-  [[ -f $1/run.json ]] || return 0
-  hybrid "$1" "$1/model"
 }
 
 # -- what earlier sessions saved, BM25's negatives and BM25 on dev ------------------------------

@@ -48,21 +48,6 @@ arm() {  # out-folder training-file hard-negatives settings run-names
   OUT=$1 TRAIN=$2 HARD=$3 SETS=$4 ONLY=$5 CODE=${CODE:-} DRY_RUN=$DRY_RUN PY=$PY PAGE=0 \
     SEEDS=$SEEDS SEEDS_DRY=$SEEDS KEEP_OUT=1 bash "$BATCH_STUDY"
 }
-done_or() {  # file: say it is done (and return 0) when it exists
-  [[ -f $1 ]] && echo "== $1: done, skipped"
-}
-save_state() {  # what is finished, into SAVED (nothing when SAVED is empty)
-  [[ -z $SAVED ]] ||
-    "$PY" -m studies.squad_teachers.saved save --out "$OUT" --saved "$SAVED" --suffix="$SUFFIX" \
-      --passages "$PASSAGES"
-}
-# A trained run fused with BM25 (studies/squad_hard_negatives/hybrid.sh) as soon as it is made,
-# so that a saved run is whole without its model.
-source studies/squad_hard_negatives/hybrid.sh
-fuse() {  # run-folder
-  [[ -f $1/run.json ]] || return 0
-  hybrid "$1" "$1/model"
-}
 
 # -- what earlier sessions saved, then round 1 and BM25 -----------------------------------------
 if [[ $DRY_RUN != 1 && ! -f data/squad/train.jsonl ]]; then "${BIN[@]}" data squad; fi
