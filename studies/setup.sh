@@ -1,6 +1,6 @@
 # The set-up shared by the studies that train through studies/squad_batch_size/run.sh
-# (squad_hard_negatives, squad_teachers): sourced from the repository root with STUDY (the study's
-# folder name), PY and DRY_RUN set. It points PYTHONPATH at CODE when given, and sets BIN, OUT,
+# (squad_hard_negatives, squad_teachers, squad_crossfit): sourced from the repository root with
+# STUDY (the study's folder name), PY and DRY_RUN set. It points PYTHONPATH at CODE when given, and sets BIN, OUT,
 # SEEDS, CFG, BASE, DEV, PASSAGES, DEV_QA, BM25_TRAIN, EXTRA (settings for every dpr-cache run),
 # CACHE (mine's and score's cache option), SUFFIX (the dry run's folder suffix), TABLE (where the
 # page goes), the seeds array and B (the batch). A dry run deletes OUT first, so its name must end

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dpr_cache.data.qas import record_question_id
-from dpr_cache.data.training import iter_raw
+from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_json_atomic, write_many_atomic
 
@@ -34,8 +34,10 @@ FILES = ("train.jsonl", "held.jsonl", "held.qa.tsv", "held.qa.ids.txt")
 
 
 def article(record: Any, where: str, path: Path) -> str:
-    """A record's article: its first positive passage's title."""
-    positives = record.get("positive_ctxs") if isinstance(record, dict) else None
+    """A record's article: its first positive passage's title (the record checked as training
+    reads it: a question, answers as a list)."""
+    clean_example(record, f"{path} {where}")
+    positives = record.get("positive_ctxs")
     if not isinstance(positives, list) or not positives or not isinstance(positives[0], dict):
         raise InputError(f"{path} {where}: no positive_ctxs to take the article from")
     title = positives[0].get("title")
@@ -44,12 +46,14 @@ def article(record: Any, where: str, path: Path) -> str:
     return title
 
 
-def assign_folds(counts: dict[str, int], folds: int, seed: int = 0) -> dict[str, int]:
+def assign_folds(
+    counts: dict[str, int], folds: int, seed: int = 0, source: str = "the training file"
+) -> dict[str, int]:
     """Each article's fold (0-based): largest first, to the fold with the fewest questions."""
     if folds < 2:
         raise ValueError(f"folds must be at least 2, got {folds}")
     if len(counts) < folds:
-        raise InputError(f"{len(counts)} article(s) cannot make {folds} folds")
+        raise InputError(f"{source}: {len(counts)} article(s) cannot make {folds} folds")
 
     def order(title: str) -> tuple[int, str]:
         salt = hashlib.sha256(f"{seed}\0{title}".encode()).hexdigest()
@@ -72,7 +76,7 @@ def split_folds(train: Path, out: Path, folds: int = 2, seed: int = 0) -> dict[s
     for where, record in iter_raw(train):
         title = article(record, where, train)
         counts[title] = counts.get(title, 0) + 1
-    fold_of = assign_folds(counts, folds, seed)
+    fold_of = assign_folds(counts, folds, seed, str(train))
     paths = [out / f"fold-{k + 1}" / name for k in range(folds) for name in FILES]
 
     def write(tmps: list[Path]) -> None:

@@ -71,7 +71,9 @@ done_or "$OUT/dev-split/split.json" ||  # the dev halves each linear fusion's we
   "$PY" -m studies.squad_hard_negatives.split_dev --dev "$DEV" --qa "$DEV_QA" --out "$OUT/dev-split"
 
 # -- the cross-fitted teacher: two folds of articles, round 1 on each scoring the other ----------
-done_or "$OUT/folds/folds.json" ||
+# (written again where the saved state restored folds.json without the fold files: a round 1
+# that trains again must find its fold's file, never the whole training set in its place)
+[[ -f $OUT/folds/fold-1/train.jsonl && -f $OUT/folds/fold-2/train.jsonl ]] ||
   "${BIN[@]}" data folds --train "$BM25_TRAIN" --out "$OUT/folds" --folds 2
 WEIGHTS=()
 for k in 1 2; do

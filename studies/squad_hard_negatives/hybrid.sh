@@ -1,7 +1,7 @@
 # BM25 fused with a model's dense ranking on dev: RRF, and DPR's linear fusion with its weight
 # picked on the other half of the dev articles (OUT/dev-split), over each side's top 1000.
-# Sourced by this study's run.sh and by studies/squad_teachers/run.sh, whose BIN, CFG, PASSAGES,
-# DEV_QA, EXTRA and OUT it reads.
+# Sourced by this study's run.sh and by studies/setup.sh (the teachers' studies' fuse), whose BIN,
+# CFG, PASSAGES, DEV_QA, EXTRA and OUT it reads.
 hybrid() {  # run-folder model
   local dir=$1 model=$2 common
   common=(-c "$CFG" -q --set "output_dir=$dir" --set "data.passages=$PASSAGES" --model "$model"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -119,9 +120,10 @@ def teacher_temperature(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, 
     pooled (a cross-fitted teacher: one part a fold, each with its own round 1 and weight)."""
     teacher, lexical, student = [], [], []
     for hybrid, bm25, weight in parts:
-        for (qid, h), (qid_b, b) in zip(_groups(hybrid), _groups(bm25), strict=True):
-            if qid != qid_b or h.shape != b.shape:
-                raise SystemExit(f"error: {hybrid} and {bm25} differ at question {qid!r}")
+        pairs = itertools.zip_longest(_groups(hybrid), _groups(bm25), fillvalue=(None, None))
+        for (qid, h), (qid_b, b) in pairs:
+            if qid is None or qid_b is None or qid != qid_b or h.shape != b.shape:
+                raise SystemExit(f"error: {hybrid} and {bm25} differ at question {qid or qid_b!r}")
             teacher.append(h)
             lexical.append(b)
             student.append((h - b) / weight / TRAIN_TEMPERATURE)

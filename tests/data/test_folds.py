@@ -237,10 +237,12 @@ def test_bad_input_is_one_line_naming_the_file_and_record(tmp_path: Path) -> Non
     good = _record("q?", "T")
     no_key = {k: v for k, v in good.items() if k != "positive_ctxs"}
     cases = [
-        (no_key, "no positive_ctxs to take the article from"),
+        (no_key, "missing key 'positive_ctxs'"),
         ({**good, "positive_ctxs": []}, "no positive_ctxs to take the article from"),
-        ({**good, "positive_ctxs": {"title": "T"}}, "no positive_ctxs to take the article from"),
-        ({**good, "positive_ctxs": ["text"]}, "no positive_ctxs to take the article from"),
+        ({**good, "positive_ctxs": {"title": "T"}}, "key 'positive_ctxs' must be a list"),
+        ({**good, "positive_ctxs": ["text"]}, "positive_ctxs[0] must be an object with a 'text'"),
+        ({k: v for k, v in good.items() if k != "question"}, "missing key 'question'"),
+        ({**good, "answers": "Denver"}, "key 'answers' must be a list"),
         (_record("q?", None), "its first positive passage has no title"),
         (_record("q?", "  "), "its first positive passage has no title"),
         (
@@ -262,7 +264,7 @@ def test_bad_input_is_one_line_naming_the_file_and_record(tmp_path: Path) -> Non
     few = tmp_path / "few.jsonl"
     few.write_text("".join(json.dumps(_record(f"q{i}?", "AB"[i % 2])) + "\n" for i in range(6)))
     line = _fails("--train", str(few), "--out", str(out), "--folds", "3")
-    assert line == "error: 2 article(s) cannot make 3 folds", line
+    assert line == f"error: {few}: 2 article(s) cannot make 3 folds", line
     assert not out.exists()
     with pytest.raises(ValueError, match="at least 2"):
         assign_folds({"a": 1, "b": 1}, 1)

@@ -60,6 +60,11 @@ def test_the_recipe_runs_as_printed_and_keeps_its_promises(tmp_path: Path) -> No
         trained_on = {r["id"] for r in _records(fold / "train.jsonl")}
         assert held and not held & trained_on  # round 1 of fold k never saw its questions
         assert held | trained_on == set(source)
+        rules = json.loads((fold / "mined.summary.json").read_text())["settings"]["rules"]
+        assert rules["relative_margin"] is None and rules["margin"] is None  # the answer rule only
+        assert rules["match"] == "string"
+        config = (runs / f"round1-fold{k}/config.yaml").read_text()
+        assert f"train: runs/xfit/folds/fold-{k}/train.jsonl" in config  # not the held file
         summary = json.loads((fold / "scored.summary.json").read_text())
         assert summary["teacher"]["model"].endswith(f"runs/xfit/round1-fold{k}/model")
         assert summary["questions"] == len(held)

@@ -39,6 +39,9 @@ def test_dry_run_writes_the_page_and_resumes_from_the_saved_state(tmp_path: Path
     for k in (1, 2):
         held = set(_ids(out / f"folds/fold-{k}/held.jsonl"))
         assert held and not held & set(_ids(out / f"folds/fold-{k}/train.jsonl"))
+        round1 = out / f"round1-fold{k}-dry/gradcache-b32-s1"
+        trained_on = json.loads((round1 / "run.json").read_text())["train"]
+        assert trained_on.endswith(f"folds/fold-{k}/train.jsonl")  # the other fold, not the held
         scored = json.loads((out / f"teacher-{k}/scored.summary.json").read_text())
         assert f"round1-fold{k}-dry/gradcache-b32-s1/model" in scored["teacher"]["model"]
         assert scored["questions"] == len(held)

@@ -133,6 +133,11 @@ def test_temperature_gives_the_teacher_round_ones_spread(tmp_path: Path) -> None
         teacher_temperature(
             [(_write(tmp_path / "h2.jsonl", hybrid[1:] + hybrid[:1]), tmp_path / "b.jsonl", weight)]
         )
+    # a file shorter than the other is refused the same way
+    with pytest.raises(SystemExit, match="differ at question"):
+        teacher_temperature(
+            [(_write(tmp_path / "h4.jsonl", hybrid[:-1]), tmp_path / "b.jsonl", weight)]
+        )
     # two folds, each with its own weight, pool their groups: fold 2's hybrid is BM25 + 2 x
     # weight x cosine, so its dense score is read off with 2 x weight
     bm25_2 = [_record(f"b{q}", g.tolist()) for q, g in enumerate(b_groups)]
