@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.fixtures import REPO
 
-STUDIES = ["squad_batch_size", "squad_hard_negatives", "squad_teachers"]
+STUDIES = ["squad_batch_size", "squad_hard_negatives", "squad_teachers", "squad_crossfit"]
 
 
 def _write_pages(study: str, kept: Path, tmp: Path) -> tuple[str, str]:
