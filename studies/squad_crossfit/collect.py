@@ -82,15 +82,19 @@ def _differences(per_q: dict) -> list[dict[str, Any]]:
                 paired(f"{arm} - control, seed {s}", [per_q[arm, s]], [per_q["control", s]], [s])
             )
         if len(seeds) > 1:
-            diffs.append(
-                two_level(
-                    f"{arm} - control, seeds {_listed(seeds)}",
-                    [per_q[arm, s] for s in seeds],
-                    [per_q["control", s] for s in seeds],
-                    seeds,
-                )
-            )
+            diffs.append(_against_control(f"{arm} - control", per_q, arm, seeds))
     return diffs
+
+
+def _against_control(name: str, figures: dict, arm: str, seeds: list[int]) -> dict[str, Any]:
+    """``arm`` minus the control in ``figures`` (by arm and seed) over ``seeds``, the interval
+    over the questions and the seeds."""
+    return two_level(
+        f"{name}, seeds {_listed(seeds)}",
+        [figures[arm, s] for s in seeds],
+        [figures["control", s] for s in seeds],
+        seeds,
+    )
 
 
 def _hybrid_diffs(linear: dict, bm25: dict | None) -> list[dict[str, Any]]:
@@ -111,14 +115,8 @@ def _hybrid_diffs(linear: dict, bm25: dict | None) -> list[dict[str, Any]]:
     for arm in TREATMENTS:
         seeds = _seeds(linear, arm)
         if seeds:
-            diffs.append(
-                two_level(
-                    f"BM25 + {arm} - BM25 + control (linear), seeds {_listed(seeds)}",
-                    [linear[arm, s] for s in seeds],
-                    [linear["control", s] for s in seeds],
-                    seeds,
-                )
-            )
+            name = f"BM25 + {arm} - BM25 + control (linear)"
+            diffs.append(_against_control(name, linear, arm, seeds))
     return diffs
 
 
