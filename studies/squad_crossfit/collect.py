@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from studies.squad_batch_size.runs import collect, machine_hours
 from studies.squad_hard_negatives.collect import METRICS, N_BOOT, paired, per_question
@@ -32,6 +33,7 @@ ARMS = {  # folder -> the arm's name on the page
 TREATMENTS = ("kl0", "kl05", "mse05", "cleaned")
 DISTILLED = ("kl0", "kl05", "mse05")
 SUMMARIES = ("mined", "scored", "bm25-scored", "cleaned")  # teacher-k/<kind>.summary.json
+QUANTILES = (10, 50, 90)  # the teacher's margins' percentiles on the page
 BOTH = "questions and seeds"  # what a pooled row's interval covers
 
 
@@ -158,6 +160,66 @@ def _teacher(out: Path) -> dict[str, Any]:
     }
 
 
+def teacher_margins(train: Path) -> dict[str, Any] | None:
+    """The teacher's margins in the training file the students read (None when it is absent):
+    for each question, its positive's ``teacher_score`` minus each candidate's, the pairs
+    ``margin_mse`` draws its targets from. Their count, mean, sd, mean square and percentiles,
+    and the share of candidates the teacher scores at or above the positive."""
+    if not train.is_file():
+        return None
+    margins: list[float] = []
+    questions = 0
+    with train.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            positive = record["positive_ctxs"][0]["teacher_score"]
+            margins += [positive - c["teacher_score"] for c in record["hard_negative_ctxs"]]
+            questions += 1
+    m = np.asarray(margins)
+    return {
+        "questions": questions,
+        "pairs": len(m),
+        "mean": float(m.mean()),
+        "sd": float(m.std(ddof=1)),
+        "mean_square": float((m**2).mean()),
+        "percentiles": {str(q): float(np.percentile(m, q)) for q in QUANTILES},
+        "not_below": float(100 * (m <= 0).mean()),
+    }
+
+
+def _logged(log: Path) -> list[dict[str, Any]]:
+    """A run's logged updates, one per step (the last line logged for it)."""
+    steps = {}
+    for line in log.read_text().splitlines():
+        step = json.loads(line) if line.strip() else {}
+        if "loss" in step and "grad_norm" in step:
+            steps[step["step"]] = step
+    return list(steps.values())
+
+
+def updates(out: Path, suffix: str, runs_of: dict[str, list[dict]]) -> list[dict[str, Any]]:
+    """Each arm's logged updates over its seeds: the loss and the gradient's norm before
+    clipping, each as its median, least and greatest over every update of every seed."""
+    rows = []
+    for folder, runs in runs_of.items():
+        logs = [out / f"{folder}{suffix}" / r["dir"] / "train_log.jsonl" for r in runs]
+        steps = [step for log in logs if log.is_file() for step in _logged(log)]
+        if not steps:
+            continue
+        row: dict[str, Any] = {"folder": folder, "seeds": [r["seed"] for r in runs]}
+        row["updates"] = len(steps)
+        config = logs[0].parent / "config.yaml"
+        train = yaml.safe_load(config.read_text())["train"] if config.is_file() else {}
+        row["clip"] = train.get("max_grad_norm")
+        for key in ("loss", "grad_norm"):
+            values = [float(s[key]) for s in steps]
+            row[key] = [statistics.median(values), min(values), max(values)]
+        rows.append(row)
+    return rows
+
+
 def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     """Everything the page shows, computed from the run folders under ``out``."""
     rows, runs_of, per_q = arm_rows(out, suffix, {**ROUND1, **ARMS})
@@ -184,6 +246,8 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
         "hybrids": hybrids,
         "hybrid_diffs": _hybrid_diffs(linear, bm25),
         "setup": teacher,
+        "margins": teacher_margins(out / "train.scored.jsonl"),
+        "updates": updates(out, suffix, students),
         "costs": costs,
         "hours": sum(costs.values()),
         "questions": len(questions["top1"]) if questions else 0,

@@ -161,6 +161,53 @@ def teacher_lines(setup: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _spread(values: list[float]) -> str:
+    """A median and its range: ``median [least, greatest]``."""
+    median, least, greatest = values
+    return f"{median:.2f} [{least:.2f}, {greatest:.2f}]"
+
+
+def margin_lines(data: dict[str, Any]) -> list[str]:
+    """The teacher's margins against the student's scale, and each arm's logged updates."""
+    lines = []
+    margins, teacher = data.get("margins"), data["setup"].get("teacher")
+    if margins and teacher:
+        t = teacher["train_temperature"]
+        q = margins["percentiles"]
+        lines += [
+            "`margin_mse` fits the student's margins (its cosines / the training temperature, "
+            f"{t:g}) to the teacher's, which are in the teacher's units (BM25 + weight x "
+            "cosine) with no temperature. Over the "
+            f"{margins['questions']:,} training questions' {margins['pairs']:,} (positive, "
+            "candidate) pairs in the students' file, the positive's teacher score minus the "
+            f"candidate's: mean {margins['mean']:.1f} (sd {margins['sd']:.1f}), 10th, 50th and "
+            f"90th percentiles {q['10']:.1f}, {q['50']:.1f} and {q['90']:.1f}, mean square "
+            f"{margins['mean_square']:.1f}; {margins['not_below']:.1f}% of the candidates score "
+            "at or above the positive. At the student's scale the mean margin is a cosine gap "
+            f"of {margins['mean'] * t:.2f}, the 90th percentile's {q['90'] * t:.2f} (a cosine "
+            "gap is at most 2).",
+            "",
+        ]
+    rows = data.get("updates") or []
+    if rows:
+        clips = sorted({f"{r['clip']:g}" for r in rows if r["clip"] is not None})
+        lines += [
+            "Each arm's logged updates over its seeds: the loss and the gradient's norm before "
+            f"clipping (`train.max_grad_norm`: {', '.join(clips) or 'none'}), each as median "
+            "[least, greatest].",
+            "",
+            "| arm | seeds | updates | loss | gradient norm |",
+            "|---|---|--:|--:|--:|",
+        ]
+        for r in rows:
+            seeds = ",".join(map(str, r["seeds"]))
+            lines.append(
+                f"| {r['folder']} | {seeds} | {r['updates']:,} | {_spread(r['loss'])} | "
+                f"{_spread(r['grad_norm'])} |"
+            )
+    return lines or ["(no students' file yet, and no student trained)"]
+
+
 def cost_lines(data: dict[str, Any]) -> list[str]:
     lines = ["| part | machine hours |", "|---|--:|"]
     for part, hours in data["costs"].items():
@@ -242,6 +289,10 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
         "## The teachers and the candidates",
         "",
         *teacher_lines(data["setup"]),
+        "",
+        "## The teacher's margins and the students' updates",
+        "",
+        *margin_lines(data),
         "",
         "## BM25 + dense",
         "",

@@ -13,7 +13,7 @@ import pytest
 
 from dpr_cache.retrieval.metrics import hit_metrics
 from studies.squad_crossfit import table
-from studies.squad_crossfit.collect import gather, two_level
+from studies.squad_crossfit.collect import gather, teacher_margins, two_level, updates
 from studies.squad_hard_negatives.collect import KS, METRICS, N_BOOT, RANKS_NAME, paired
 
 
@@ -123,9 +123,14 @@ def _run(arm: Path, seed: int, ranks: list[int | None], hard: int = 3, fused: bo
     keys = {"peak_memory_bytes": 1, "negatives_per_question": 7}
     seconds = (3.0, 900.0, 3.0)  # the second step spans a pause: 3 updates at 3 s
     log = "".join(
-        json.dumps({"step": i + 1, "seconds": t, **keys}) + "\n" for i, t in enumerate(seconds)
+        json.dumps(
+            {"step": i + 1, "seconds": t, "loss": seed + i, "grad_norm": 10 * seed + i, **keys}
+        )
+        + "\n"
+        for i, t in enumerate(seconds)
     )
     (run / "train_log.jsonl").write_text(log)
+    (run / "config.yaml").write_text("train:\n  max_grad_norm: 2.0\n")
     _ranks(run / "eval", ranks)
     if fused:
         better = [0 if r is not None else 5 for r in ranks]
@@ -133,6 +138,18 @@ def _run(arm: Path, seed: int, ranks: list[int | None], hard: int = 3, fused: bo
         for half, rows in SPLIT.items():
             _ranks(run / f"eval-linear-{half}", [better[i] for i in rows])
             _json(run / f"eval-linear-{half}" / "fusion.json", {"weight": 2.0})
+
+
+def _scored(path: Path, groups: list[tuple[float, list[float]]]) -> None:
+    """A students' training file: each question's positive's and candidates' teacher scores."""
+    lines = []
+    for positive, candidates in groups:
+        ctx = lambda t: {"passage_id": "1", "title": "", "text": "", "teacher_score": t}  # noqa: E731
+        record = {"question": "q", "answers": ["a"], "positive_ctxs": [ctx(positive)]}
+        record["hard_negative_ctxs"] = [ctx(t) for t in candidates]
+        lines.append(json.dumps(record) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
 
 
 def _set_up(out: Path, folds: tuple[int, ...] = (1, 2), teacher: bool = True) -> None:
@@ -189,6 +206,7 @@ def _set_up(out: Path, folds: tuple[int, ...] = (1, 2), teacher: bool = True) ->
         _json(
             out / "train.scored.keep.json", {"hard": 3, "kept": 100, "dropped": 0, "kept_short": 0}
         )
+        _scored(out / "train.scored.jsonl", [(10.0, [7.0, 12.0]), (5.0, [1.0])])
         _json(
             out / "train.cleaned.keep.json", {"hard": 3, "kept": 100, "dropped": 0, "kept_short": 4}
         )
@@ -234,6 +252,15 @@ def test_the_page_of_a_study_cut_part_way(tmp_path: Path, monkeypatch) -> None:
         "| at most 15 machine hours on this 2-core CPU |",
         "| a dense model alone at BM25's top-1 (79.5) | best arm: kl05,",
         "covers both the questions and the seeds",
+        # margins 3, -2 and 4: mean 5/3, mean square 29/3, one of three at or above the positive
+        "3 (positive, candidate) pairs",
+        "mean 1.7 (sd 3.2), 10th, 50th and 90th percentiles -1.0, 3.0 and 3.8, mean square 9.7; "
+        "33.3% of the candidates",
+        "a cosine gap of 0.08",
+        "(`train.max_grad_norm`: 2)",
+        # control's logs: seed 1 losses 1, 2, 3 and norms 10, 11, 12; seed 2's 2, 3, 4 and 20-22
+        "| control | 1,2 | 6 | 2.50 [1.00, 4.00] | 16.00 [10.00, 22.00] |",
+        "| kl0 | 1 | 3 | 2.00 [1.00, 3.00] | 11.00 [10.00, 12.00] |",
     ):
         assert row in page, row
     assert "kl0 s1 |" not in page  # no fusions yet: no hybrid row
@@ -267,7 +294,38 @@ def test_the_page_before_any_student(tmp_path: Path, monkeypatch) -> None:
     _json(bare / "dev-split" / "split.json", SPLIT)
     page, _ = _page(bare, monkeypatch)
     assert "(the teachers are not set up yet)" in page and "0 questions" in page
+    assert "(no students' file yet, and no student trained)" in page
     assert gather(bare, "-dry")["hours"] == 0.0
+
+
+def test_a_resumed_runs_repeated_steps_count_once(tmp_path: Path) -> None:
+    arm = tmp_path / "kl0"
+    _run(arm, 1, [0] * N)
+    log = arm / "gradcache-b32-s1" / "train_log.jsonl"
+    lines = log.read_text().splitlines()
+    cut = json.loads(lines[1])
+    # the run was cut after step 2 and resumed: step 2 logged again, with the resumed figures
+    log.write_text("\n".join([*lines[:2], json.dumps({**cut, "loss": 9.0}), lines[2]]) + "\n")
+    (row,) = updates(tmp_path, "", {"kl0": [{"dir": "gradcache-b32-s1", "seed": 1}]})
+    assert row["updates"] == 3 and row["loss"] == [3.0, 1.0, 9.0]
+    assert row["grad_norm"] == [11.0, 10.0, 12.0] and row["clip"] == 2.0
+    # a log without the figures (an older run's): no row
+    log.write_text(json.dumps({"step": 1, "seconds": 3.0}) + "\n")
+    assert updates(tmp_path, "", {"kl0": [{"dir": "gradcache-b32-s1", "seed": 1}]}) == []
+
+
+def test_the_teachers_margins_by_hand(tmp_path: Path) -> None:
+    train = tmp_path / "train.scored.jsonl"
+    _scored(train, [(10.0, [7.0, 12.0, 10.0]), (5.0, [1.0]), (2.0, [])])
+    got = teacher_margins(train)
+    assert got is not None and got["questions"] == 3 and got["pairs"] == 4  # margins 3, -2, 0, 4
+    assert got["mean"] == pytest.approx(5 / 4) and got["mean_square"] == pytest.approx(29 / 4)
+    assert got["sd"] == pytest.approx(
+        ((3 - 1.25) ** 2 + 3.25**2 + 1.25**2 + 2.75**2) ** 0.5 / 3**0.5
+    )
+    assert got["percentiles"]["50"] == pytest.approx(1.5)  # halfway between 0 and 3
+    assert got["not_below"] == pytest.approx(50.0)  # -2 and 0: a tie counts
+    assert teacher_margins(tmp_path / "absent.jsonl") is None
 
 
 def test_a_goal_is_judged_over_three_seeds_met_or_not(tmp_path: Path, monkeypatch) -> None:
