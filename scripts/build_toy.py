@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the tiny BERT builder lives with the tests that check it
 
 from dpr_cache.data.answers import has_answer, tokenize  # noqa: E402
+from dpr_cache.data.qas import qas_line  # noqa: E402
 from dpr_cache.runtime.atomic import write_dir_atomic  # noqa: E402
 from tests.support.tiny_bert import build_tiny_bert, build_tiny_cross_encoder  # noqa: E402
 from tests.support.tiny_decoder import KINDS as DECODER_KINDS  # noqa: E402
@@ -159,10 +160,7 @@ def write_train(path: Path, train: list[dict], articles: dict[str, list]) -> int
 def write_dev_qa(path: Path, dev: list[dict]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for q in dev:
-            question = q["question"]
-            if question.startswith('"') or "\t" in question or "\n" in question:
-                raise ValueError(f"question {q['id']} cannot be written unquoted in a qas TSV")
-            f.write(f"{question}\t{json.dumps(q['answers'], ensure_ascii=False)}\n")
+            f.write(qas_line(q["question"], q["answers"]))
 
 
 README = """\

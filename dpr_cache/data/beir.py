@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dpr_cache.data.files import open_text
 from dpr_cache.data.passages import read_passages
+from dpr_cache.data.qas import qas_line
 from dpr_cache.data.training import iter_training_examples
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_many_atomic
@@ -73,10 +74,7 @@ def read_beir(folder: Path, out: Path, split: str = "test") -> dict[str, int]:
                 text = str(obj.get("text", "")).translate(_CLEAN)
                 passages.writerow([obj["_id"], text, str(obj.get("title", "")).translate(_CLEAN)])
                 counts["passages"] += 1
-        with open(tmps[1], "w", encoding="utf-8", newline="") as f:  # csv quoting, as read_qas
-            csv.writer(f, delimiter="\t", lineterminator="\n").writerows(
-                [queries[q], "[]"] for q in qrels
-            )
+        tmps[1].write_text("".join(qas_line(queries[q], []) for q in qrels), encoding="utf-8")
         tmps[2].write_text("".join(f"{q}\n" for q in qrels), encoding="utf-8")
         lines = [f"{q} 0 {p} {g}\n" for q, docs in qrels.items() for p, g in docs]
         tmps[3].write_text("".join(lines), encoding="utf-8")

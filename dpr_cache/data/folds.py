@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dpr_cache.data.qas import record_question_id
+from dpr_cache.data.qas import qas_line, record_question_id
 from dpr_cache.data.training import clean_example, iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_json_atomic, write_many_atomic
@@ -91,11 +91,8 @@ def split_folds(train: Path, out: Path, folds: int = 2, seed: int = 0) -> dict[s
                         files[0].write(line)
                         continue
                     files[1].write(line)
-                    answers = json.dumps(record.get("answers") or [], ensure_ascii=False)
                     question = " ".join(str(record.get("question", "")).split())
-                    if question.startswith('"'):  # csv-quoted, as read_qas reads it
-                        question = '"' + question.replace('"', '""') + '"'
-                    files[2].write(f"{question}\t{answers}\n")
+                    files[2].write(qas_line(question, record.get("answers") or []))
                     files[3].write(record_question_id(record, n) + "\n")
         finally:
             for h in handles:

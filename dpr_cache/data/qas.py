@@ -25,6 +25,15 @@ def parse_answers(field: str) -> list[str] | None:
     return [str(a) for a in value]
 
 
+def qas_line(question: str, answers: list[str]) -> str:
+    """One line of a qas file: the question, csv-quoted where :func:`read_qas` (and DPR's own
+    reader, ``csv.reader`` on tabs) would misread it bare (an opening quote, a tab, a line break),
+    then the answers as a JSON list."""
+    if question.startswith('"') or any(c in question for c in "\t\r\n"):
+        question = '"' + question.replace('"', '""') + '"'
+    return f"{question}\t{json.dumps(list(answers), ensure_ascii=False)}\n"
+
+
 def read_qas(path: Path) -> list[tuple[str, list[str]]]:
     """Read a DPR qas file (``.tsv`` or DPR's tab-delimited ``.csv``, optionally gzipped)."""
     path = Path(path)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dpr_cache.data.files import open_text
+from dpr_cache.data.qas import qas_line
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_many_atomic
 
@@ -94,4 +95,4 @@ def _write_splits(articles, counts, psg_f, train_f, dev_f, qa_f) -> None:
                 _write_jsonl(dev_f if dev else train_f, example)
                 counts["dev" if dev else "train"] += 1
                 if dev:
-                    qa_f.write(f"{question}\t{json.dumps(answers, ensure_ascii=False)}\n")
+                    qa_f.write(qas_line(question, answers))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
 from pathlib import Path
 
 import pytest
 
 from dpr_cache.data.passages import load_passages, read_passages
-from dpr_cache.data.qas import read_qas
+from dpr_cache.data.qas import qas_line, read_qas
 from dpr_cache.errors import InputError
 
 PASSAGES = [
@@ -77,6 +78,26 @@ def test_qas_json_and_python_literal_lists(tmp_path: Path) -> None:
         ("when was it released", ["1982", "November 30, 1982"]),
         ("what is 2+2", ["4"]),
     ]
+
+
+def test_a_qas_line_reads_back_as_written(tmp_path: Path) -> None:
+    """Questions a bare line would lose (an opening quote, a tab, a line break) read back whole,
+    through read_qas and through csv.reader on tabs (DPR's own reader); bare lines stay bare."""
+    qas = [
+        ('"Bairn" and "hyem" come from what culture?', ["Scandinavia"]),
+        ("a tab\there and a break\nthere", ['say "yes"', "naïve"]),
+        ('who sang "thriller"', ["Michael Jackson"]),
+        ("none", []),
+    ]
+    path = tmp_path / "dev.qa.tsv"
+    path.write_text("".join(qas_line(q, a) for q, a in qas), encoding="utf-8")
+    assert read_qas(path) == qas
+    with path.open(encoding="utf-8", newline="") as f:
+        assert [(q, json.loads(a)) for q, a in csv.reader(f, delimiter="\t")] == qas
+    assert qas_line(*qas[2]) == 'who sang "thriller"\t["Michael Jackson"]\n'
+    # negative control: the opening-quote question written bare does not read back
+    path.write_text(f"{qas[0][0]}\t{json.dumps(qas[0][1])}\n", encoding="utf-8")
+    assert read_qas(path) != qas[:1]
 
 
 def test_qas_errors_name_the_line(tmp_path: Path) -> None:
