@@ -30,8 +30,8 @@ TRAINED = ("full", "accumulate", "gradcache")
 
 
 def _read_log(path: Path) -> dict[str, Any]:
-    """Peak memory, summed and median step seconds, step count and per-step batch digests of a
-    train_log.jsonl (empty if none)."""
+    """Peak memory, summed and median step seconds, step count, per-step batch digests and each
+    step's (loss, gradient norm before clipping) by step, of a train_log.jsonl (empty if none)."""
     lines = [json.loads(line) for line in read_lines(path)]
     if not lines:
         return {}
@@ -42,6 +42,11 @@ def _read_log(path: Path) -> dict[str, Any]:
         "steps": lines[-1]["step"],
         "negatives_per_question": lines[-1]["negatives_per_question"],
         "digests": [r.get("batch_digest") for r in lines],
+        "updates": {
+            r["step"]: (r["loss"], r["grad_norm"])
+            for r in lines
+            if "loss" in r and "grad_norm" in r
+        },
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dpr_cache.data.training import iter_raw
 from studies.squad_batch_size.runs import collect, machine_hours
 from studies.squad_hard_negatives.collect import METRICS, N_BOOT, paired, per_question
 from studies.squad_teachers.collect import arm_rows, fused_runs, hybrid_hours, read_json
@@ -169,14 +170,10 @@ def teacher_margins(train: Path) -> dict[str, Any] | None:
         return None
     margins: list[float] = []
     questions = 0
-    with train.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            positive = record["positive_ctxs"][0]["teacher_score"]
-            margins += [positive - c["teacher_score"] for c in record["hard_negative_ctxs"]]
-            questions += 1
+    for _, record in iter_raw(train):
+        positive = record["positive_ctxs"][0]["teacher_score"]
+        margins += [positive - c["teacher_score"] for c in record["hard_negative_ctxs"]]
+        questions += 1
     m = np.asarray(margins)
     return {
         "questions": questions,
@@ -189,32 +186,21 @@ def teacher_margins(train: Path) -> dict[str, Any] | None:
     }
 
 
-def _logged(log: Path) -> list[dict[str, Any]]:
-    """A run's logged updates, one per step (the last line logged for it)."""
-    steps = {}
-    for line in log.read_text().splitlines():
-        step = json.loads(line) if line.strip() else {}
-        if "loss" in step and "grad_norm" in step:
-            steps[step["step"]] = step
-    return list(steps.values())
-
-
 def updates(out: Path, suffix: str, runs_of: dict[str, list[dict]]) -> list[dict[str, Any]]:
-    """Each arm's logged updates over its seeds: the loss and the gradient's norm before
-    clipping, each as its median, least and greatest over every update of every seed."""
+    """Each arm's logged updates over its seeds (``runs_of``: :func:`collect`'s records): the
+    loss and the gradient's norm before clipping, each as its median, least and greatest over
+    every update of every seed, and the clip (the first run's ``train.max_grad_norm``)."""
     rows = []
     for folder, runs in runs_of.items():
-        logs = [out / f"{folder}{suffix}" / r["dir"] / "train_log.jsonl" for r in runs]
-        steps = [step for log in logs if log.is_file() for step in _logged(log)]
+        steps = [step for r in runs for step in r.get("updates", {}).values()]
         if not steps:
             continue
         row: dict[str, Any] = {"folder": folder, "seeds": [r["seed"] for r in runs]}
         row["updates"] = len(steps)
-        config = logs[0].parent / "config.yaml"
+        config = out / f"{folder}{suffix}" / runs[0]["dir"] / "config.yaml"
         train = yaml.safe_load(config.read_text())["train"] if config.is_file() else {}
         row["clip"] = train.get("max_grad_norm")
-        for key in ("loss", "grad_norm"):
-            values = [float(s[key]) for s in steps]
+        for key, values in zip(("loss", "grad_norm"), zip(*steps, strict=True), strict=True):
             row[key] = [statistics.median(values), min(values), max(values)]
         rows.append(row)
     return rows

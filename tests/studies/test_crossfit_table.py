@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dpr_cache.retrieval.metrics import hit_metrics
+from studies.squad_batch_size.runs import collect
 from studies.squad_crossfit import table
 from studies.squad_crossfit.collect import gather, teacher_margins, two_level, updates
 from studies.squad_hard_negatives.collect import KS, METRICS, N_BOOT, RANKS_NAME, paired
@@ -91,6 +92,7 @@ def test_identical_arms_differ_by_zero() -> None:
 # -- a study's folders, faked: each run's per-question ranks as a saved study keeps them ----------
 
 N = 8  # dev questions
+KEYS = {"peak_memory_bytes": 1, "negatives_per_question": 7}  # a train log line's other figures
 SPLIT = {"a": list(range(0, N, 2)), "b": list(range(1, N, 2))}
 
 
@@ -120,11 +122,10 @@ def _run(arm: Path, seed: int, ranks: list[int | None], hard: int = 3, fused: bo
             "eval_seconds": 5.0,
         },
     )
-    keys = {"peak_memory_bytes": 1, "negatives_per_question": 7}
     seconds = (3.0, 900.0, 3.0)  # the second step spans a pause: 3 updates at 3 s
     log = "".join(
         json.dumps(
-            {"step": i + 1, "seconds": t, "loss": seed + i, "grad_norm": 10 * seed + i, **keys}
+            {"step": i + 1, "seconds": t, "loss": seed + i, "grad_norm": 10 * seed + i, **KEYS}
         )
         + "\n"
         for i, t in enumerate(seconds)
@@ -306,12 +307,12 @@ def test_a_resumed_runs_repeated_steps_count_once(tmp_path: Path) -> None:
     cut = json.loads(lines[1])
     # the run was cut after step 2 and resumed: step 2 logged again, with the resumed figures
     log.write_text("\n".join([*lines[:2], json.dumps({**cut, "loss": 9.0}), lines[2]]) + "\n")
-    (row,) = updates(tmp_path, "", {"kl0": [{"dir": "gradcache-b32-s1", "seed": 1}]})
+    (row,) = updates(tmp_path, "", {"kl0": collect(arm)})
     assert row["updates"] == 3 and row["loss"] == [3.0, 1.0, 9.0]
     assert row["grad_norm"] == [11.0, 10.0, 12.0] and row["clip"] == 2.0
     # a log without the figures (an older run's): no row
-    log.write_text(json.dumps({"step": 1, "seconds": 3.0}) + "\n")
-    assert updates(tmp_path, "", {"kl0": [{"dir": "gradcache-b32-s1", "seed": 1}]}) == []
+    log.write_text(json.dumps({"step": 1, "seconds": 3.0, **KEYS}) + "\n")
+    assert updates(tmp_path, "", {"kl0": collect(arm)}) == []
 
 
 def test_the_teachers_margins_by_hand(tmp_path: Path) -> None:
