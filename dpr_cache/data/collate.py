@@ -83,7 +83,9 @@ stream of the seed, the epoch and the question's dataset index (not the step: th
 any batch size or number of ranks). A run resumes only under its own draw."""
 
 
-def _rng(seed: int, epoch: int, key: int) -> np.random.Generator:
+def negatives_rng(seed: int, epoch: int, key: int) -> np.random.Generator:
+    """The generator question ``key``'s hard negatives are drawn from in ``epoch`` of a run at
+    ``seed`` (:data:`NEGATIVE_DRAW`), for :func:`choose_step_negatives`."""
     return np.random.default_rng(stream_entropy(seed, epoch, key))
 
 
@@ -162,7 +164,9 @@ def build_batch(
     scores: list[float] = []
     for example, key in zip(examples, keys, strict=True):
         group = [example["positive_ctxs"][0]]
-        group += choose_step_negatives(example, hard_negatives, _rng(seed, epoch, key), pool)
+        group += choose_step_negatives(
+            example, hard_negatives, negatives_rng(seed, epoch, key), pool
+        )
         for ctx in group:
             titles.append(ctx["title"])
             texts.append(ctx["text"])

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dpr_cache.data.batches import TrainBatches
+from dpr_cache.data.collate import choose_step_negatives, negatives_rng
 from dpr_cache.data.training import iter_raw
 from studies.squad_batch_size.runs import collect, machine_hours
 from studies.squad_hard_negatives.collect import METRICS, N_BOOT, paired, per_question
@@ -161,28 +163,70 @@ def _teacher(out: Path) -> dict[str, Any]:
     }
 
 
-def teacher_margins(train: Path) -> dict[str, Any] | None:
-    """The teacher's margins in the training file the students read (None when it is absent):
-    for each question, its positive's ``teacher_score`` minus each candidate's, the pairs
-    ``margin_mse`` draws its targets from. Their count, mean, sd, mean square and percentiles,
-    and the share of candidates the teacher scores at or above the positive."""
+def scored_groups(train: Path) -> list[dict[str, Any]] | None:
+    """Each question of the students' training file in its order, as the training reads it: its
+    positive's and its candidates' passage ids and teacher scores (None when the file is
+    absent)."""
     if not train.is_file():
         return None
+    keep = lambda ctx: {"passage_id": ctx["passage_id"], "teacher_score": ctx["teacher_score"]}  # noqa: E731
+    return [
+        {key: [keep(c) for c in record[key]] for key in ("positive_ctxs", "hard_negative_ctxs")}
+        for _, record in iter_raw(train)
+    ]
+
+
+def teacher_margins(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """The teacher's margins over ``groups`` (:func:`scored_groups`): for each question, its
+    positive's ``teacher_score`` minus each candidate's, the pairs ``margin_mse`` draws its
+    targets from. Their count, mean, sd, mean square and percentiles, and the share of
+    candidates the teacher scores at or above the positive."""
     margins: list[float] = []
-    questions = 0
-    for _, record in iter_raw(train):
-        positive = record["positive_ctxs"][0]["teacher_score"]
-        margins += [positive - c["teacher_score"] for c in record["hard_negative_ctxs"]]
-        questions += 1
+    for group in groups:
+        positive = group["positive_ctxs"][0]["teacher_score"]
+        margins += [positive - c["teacher_score"] for c in group["hard_negative_ctxs"]]
     m = np.asarray(margins)
     return {
-        "questions": questions,
+        "questions": len(groups),
         "pairs": len(m),
         "mean": float(m.mean()),
         "sd": float(m.std(ddof=1)),
         "mean_square": float((m**2).mean()),
         "percentiles": {str(q): float(np.percentile(m, q)) for q in QUANTILES},
         "not_below": float(100 * (m <= 0).mean()),
+    }
+
+
+def teacher_targets(
+    groups: list[dict[str, Any]], temperature: float, runs: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """What ``distill_kl`` asks of the student in the groups ``runs`` trained on: for every
+    question of every update of each run (``runs``: their ``train`` configs), the positive's
+    share of softmax(teacher / ``temperature``) over its group, the positive and the
+    candidates that run drew for it that epoch (the training's own draw). Their mean, median,
+    and the shares of groups above 99% and below a half (None without a run)."""
+    shares = []
+    for train in runs:
+        batches = TrainBatches(len(groups), train["batch_size"], train["seed"])
+        for step in range(train["epochs"] * batches.steps_per_epoch):
+            epoch = batches.epoch_of(step)
+            for i in batches.batch_indices(step):
+                rng = negatives_rng(train["seed"], epoch, i)
+                drawn = choose_step_negatives(groups[i], train["hard_negatives"], rng, groups)
+                rows = [groups[i]["positive_ctxs"][0], *drawn]
+                scores = np.array([c["teacher_score"] for c in rows]) / temperature
+                shares.append(1 / np.exp(scores - scores[0]).sum())
+    if not shares:
+        return None
+    p = np.asarray(shares)
+    return {
+        "temperature": temperature,
+        "seeds": [train["seed"] for train in runs],
+        "groups": len(p),
+        "mean": float(100 * p.mean()),
+        "median": float(100 * np.median(p)),
+        "over_99": float(100 * (p > 0.99).mean()),
+        "under_half": float(100 * (p < 0.5).mean()),
     }
 
 
@@ -206,6 +250,19 @@ def updates(out: Path, suffix: str, runs_of: dict[str, list[dict]]) -> list[dict
     return rows
 
 
+def _kl0_targets(
+    out: Path, suffix: str, groups: list | None, teacher: dict[str, Any], runs: list[dict]
+) -> dict[str, Any] | None:
+    """:func:`teacher_targets` over kl0's runs (``distill_kl`` alone), at the teacher's
+    temperature; None before the file, the temperature or a kl0 run."""
+    temperature = (teacher.get("teacher") or {}).get("teacher_temperature")
+    if not groups or temperature is None:
+        return None
+    configs = [out / f"kl0{suffix}" / r["dir"] / "config.yaml" for r in runs]
+    trains = [yaml.safe_load(c.read_text())["train"] for c in configs if c.is_file()]
+    return teacher_targets(groups, temperature, trains)
+
+
 def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     """Everything the page shows, computed from the run folders under ``out``."""
     rows, runs_of, per_q = arm_rows(out, suffix, {**ROUND1, **ARMS})
@@ -222,6 +279,7 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
             fold["seconds"] / 3600
         )
     costs["fused evaluations"] = hybrid_hours(out, suffix)
+    groups = scored_groups(out / "train.scored.jsonl")
     questions = bm25 or next(iter(per_q.values()), None)
     return {
         "references": (
@@ -232,7 +290,8 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
         "hybrids": hybrids,
         "hybrid_diffs": _hybrid_diffs(linear, bm25),
         "setup": teacher,
-        "margins": teacher_margins(out / "train.scored.jsonl"),
+        "margins": teacher_margins(groups) if groups else None,
+        "targets": _kl0_targets(out, suffix, groups, teacher, runs_of.get("kl0", [])),
         "updates": updates(out, suffix, students),
         "costs": costs,
         "hours": sum(costs.values()),

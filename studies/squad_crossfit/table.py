@@ -188,6 +188,22 @@ def margin_lines(data: dict[str, Any]) -> list[str]:
             "gap is at most 2).",
             "",
         ]
+    targets = data.get("targets")
+    if targets:
+        seeds = ("seed " if len(targets["seeds"]) == 1 else "seeds ") + ",".join(
+            str(s) for s in targets["seeds"]
+        )
+        lines += [
+            "`distill_kl`'s target is softmax(teacher / "
+            f"{targets['temperature']:g}) over a question's group: its positive and the "
+            "candidates drawn for it that epoch. In the groups kl0 trained on ("
+            f"{seeds}: {targets['groups']:,} groups, every question of every update), it puts "
+            f"a mean {targets['mean']:.1f}% of its probability on the positive (median "
+            f"{targets['median']:.2f}%): more than 99% in {targets['over_99']:.1f}% of the "
+            f"groups, less than half in {targets['under_half']:.1f}%. The contrastive loss's "
+            "target is the positive alone, among every passage of the update.",
+            "",
+        ]
     rows = data.get("updates") or []
     if rows:
         clips = sorted({f"{r['clip']:g}" for r in rows if r["clip"] is not None})

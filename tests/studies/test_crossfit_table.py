@@ -10,12 +10,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from dpr_cache.data.batches import TrainBatches
+from dpr_cache.data.collate import build_batch
 from dpr_cache.retrieval.metrics import hit_metrics
 from studies.squad_batch_size.runs import collect
 from studies.squad_crossfit import table
-from studies.squad_crossfit.collect import gather, teacher_margins, two_level, updates
+from studies.squad_crossfit.collect import (
+    gather,
+    scored_groups,
+    teacher_margins,
+    teacher_targets,
+    two_level,
+    updates,
+)
 from studies.squad_hard_negatives.collect import KS, METRICS, N_BOOT, RANKS_NAME, paired
+from tests.support.fixtures import TOY
 
 
 def _figures(rng: np.random.Generator, n: int, shift: float = 0.0) -> dict[str, np.ndarray]:
@@ -131,7 +142,8 @@ def _run(arm: Path, seed: int, ranks: list[int | None], hard: int = 3, fused: bo
         for i, t in enumerate(seconds)
     )
     (run / "train_log.jsonl").write_text(log)
-    (run / "config.yaml").write_text("train:\n  max_grad_norm: 2.0\n")
+    train = {"seed": seed, "batch_size": 2, "epochs": 2, "hard_negatives": 1}
+    (run / "config.yaml").write_text(json.dumps({"train": {**train, "max_grad_norm": 2.0}}))
     _ranks(run / "eval", ranks)
     if fused:
         better = [0 if r is not None else 5 for r in ranks]
@@ -258,6 +270,9 @@ def test_the_page_of_a_study_cut_part_way(tmp_path: Path, monkeypatch) -> None:
         "mean 1.7 (sd 3.2), 10th, 50th and 90th percentiles -1.0, 3.0 and 3.8, mean square 9.7; "
         "33.3% of the candidates",
         "a cosine gap of 0.08",
+        # kl0 at seed 1: 2 epochs of one update of the file's 2 questions, one candidate each
+        "softmax(teacher / 0.4) over a question's group",
+        "In the groups kl0 trained on (seed 1: 4 groups, every question of every update)",
         "(`train.max_grad_norm`: 2)",
         # control's logs: seed 1 losses 1, 2, 3 and norms 10, 11, 12; seed 2's 2, 3, 4 and 20-22
         "| control | 1,2 | 6 | 2.50 [1.00, 4.00] | 16.00 [10.00, 22.00] |",
@@ -318,15 +333,80 @@ def test_a_resumed_runs_repeated_steps_count_once(tmp_path: Path) -> None:
 def test_the_teachers_margins_by_hand(tmp_path: Path) -> None:
     train = tmp_path / "train.scored.jsonl"
     _scored(train, [(10.0, [7.0, 12.0, 10.0]), (5.0, [1.0]), (2.0, [])])
-    got = teacher_margins(train)
-    assert got is not None and got["questions"] == 3 and got["pairs"] == 4  # margins 3, -2, 0, 4
+    groups = scored_groups(train)
+    assert groups is not None
+    got = teacher_margins(groups)
+    assert got["questions"] == 3 and got["pairs"] == 4  # margins 3, -2, 0, 4
     assert got["mean"] == pytest.approx(5 / 4) and got["mean_square"] == pytest.approx(29 / 4)
     assert got["sd"] == pytest.approx(
         ((3 - 1.25) ** 2 + 3.25**2 + 1.25**2 + 2.75**2) ** 0.5 / 3**0.5
     )
     assert got["percentiles"]["50"] == pytest.approx(1.5)  # halfway between 0 and 3
     assert got["not_below"] == pytest.approx(50.0)  # -2 and 0: a tie counts
-    assert teacher_margins(tmp_path / "absent.jsonl") is None
+    assert scored_groups(tmp_path / "absent.jsonl") is None
+
+
+def test_the_teachers_targets_are_those_of_the_training_batches(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    rng = np.random.default_rng(3)
+
+    def ctx(pid: str, mean: float = 0.0) -> dict:
+        score = rng.normal(mean, 3)
+        return {"passage_id": pid, "title": "t", "text": "x", "teacher_score": score}
+
+    records = [
+        {
+            "question": f"q{i}",
+            "answers": ["a"],
+            "positive_ctxs": [ctx(f"p{i}", mean=4.0)],
+            "hard_negative_ctxs": [ctx(f"h{i}.{j}") for j in range(2 + i % 3)],
+        }
+        for i in range(6)
+    ]
+    train = tmp_path / "train.scored.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in records))
+    runs = [{"seed": s, "batch_size": 4, "epochs": 2, "hard_negatives": 2} for s in (1, 2)]
+    got = teacher_targets(scored_groups(train) or [], 0.5, runs)
+    # the reference: the teacher's scores of the rows of the very batches training builds
+    tokenizer = AutoTokenizer.from_pretrained(TOY / "tiny-bert")
+    shares = []
+    for run in runs:
+        batches = TrainBatches(len(records), 4, run["seed"])
+        for step in range(2 * batches.steps_per_epoch):
+            indices = batches.batch_indices(step)
+            batch = build_batch(
+                [records[i] for i in indices],
+                tokenizer=tokenizer,
+                hard_negatives=2,
+                max_query_length=8,
+                max_passage_length=8,
+                seed=run["seed"],
+                epoch=batches.epoch_of(step),
+                pool_for_padding=records,
+                indices=indices,
+                teacher_scores=True,
+            )
+            assert batch.teacher_scores is not None
+            t = batch.teacher_scores.view(len(indices), 3)
+            shares += torch.softmax(t / 0.5, dim=1)[:, 0].tolist()
+    p = np.asarray(shares)
+    assert 0 < (p > 0.99).mean() and 0 < (p < 0.5).mean()  # both ends of the page's figures met
+    assert got is not None and got["groups"] == len(p) == 16 and got["seeds"] == [1, 2]
+    assert got["mean"] == pytest.approx(100 * p.mean())
+    assert got["median"] == pytest.approx(100 * np.median(p))
+    assert got["over_99"] == pytest.approx(100 * (p > 0.99).mean())
+    assert got["under_half"] == pytest.approx(100 * (p < 0.5).mean())
+    # negative control: each question's first two candidates in the file, not the draw
+    first = []
+    for run in runs:
+        for step in range(2):
+            for i in TrainBatches(len(records), 4, run["seed"]).batch_indices(step):
+                rows = [*records[i]["positive_ctxs"], *records[i]["hard_negative_ctxs"][:2]]
+                t = torch.tensor([c["teacher_score"] for c in rows])
+                first.append(float(torch.softmax(t / 0.5, dim=0)[0]))
+    assert abs(100 * np.mean(first) - got["mean"]) > 1.0
+    assert teacher_targets(scored_groups(train) or [], 0.5, []) is None
 
 
 def test_a_goal_is_judged_over_three_seeds_met_or_not(tmp_path: Path, monkeypatch) -> None:
