@@ -188,6 +188,18 @@ def margin_lines(data: dict[str, Any]) -> list[str]:
             "gap is at most 2).",
             "",
         ]
+    parts = data.get("margin_parts")
+    if margins and teacher and parts:
+        lines += [
+            "A teacher's margin is BM25's margin plus the fold's weight times round 1's cosine "
+            f"gap. Over both folds' {parts['pairs']:,} scored pairs (every question), BM25's "
+            f"part averages {parts['bm25']:.1f} and round 1's {parts['round1']:.1f}: round 1's "
+            f"own cosine gap averages {parts['round1_cosine']:.2f}, where `margin_mse` asks the "
+            f"student for {margins['mean'] * teacher['train_temperature']:.2f}. The variance of "
+            f"BM25's part is {parts['bm25_variance']:.0f}% of the margins', round 1's "
+            f"{parts['round1_variance']:.0f}% (the rest is their covariance).",
+            "",
+        ]
     targets = data.get("targets")
     if targets:
         seeds = ("seed " if len(targets["seeds"]) == 1 else "seeds ") + ",".join(

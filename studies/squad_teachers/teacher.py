@@ -103,6 +103,17 @@ def _groups(path: Path) -> Iterator[tuple[str, np.ndarray]]:
         )
 
 
+def paired_groups(hybrid: Path, bm25: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each question's teacher scores in the same candidates file scored by the hybrid teacher
+    and by BM25 (the positive's, then its candidates'), question by question; files that differ
+    in a question or its candidates stop with an error."""
+    pairs = itertools.zip_longest(_groups(hybrid), _groups(bm25), fillvalue=(None, None))
+    for (qid, h), (qid_b, b) in pairs:
+        if qid is None or qid_b is None or qid != qid_b or h.shape != b.shape:
+            raise SystemExit(f"error: {hybrid} and {bm25} differ at question {qid or qid_b!r}")
+        yield h, b
+
+
 def spread(groups: list[np.ndarray]) -> float:
     """The pooled within-group standard deviation: sqrt(mean over groups of the variance of
     each group's scores about its own mean)."""
@@ -120,10 +131,7 @@ def teacher_temperature(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, 
     pooled (a cross-fitted teacher: one part a fold, each with its own round 1 and weight)."""
     teacher, lexical, student = [], [], []
     for hybrid, bm25, weight in parts:
-        pairs = itertools.zip_longest(_groups(hybrid), _groups(bm25), fillvalue=(None, None))
-        for (qid, h), (qid_b, b) in pairs:
-            if qid is None or qid_b is None or qid != qid_b or h.shape != b.shape:
-                raise SystemExit(f"error: {hybrid} and {bm25} differ at question {qid or qid_b!r}")
+        for h, b in paired_groups(hybrid, bm25):
             teacher.append(h)
             lexical.append(b)
             student.append((h - b) / weight / TRAIN_TEMPERATURE)
