@@ -170,11 +170,17 @@ def scored_groups(train: Path) -> list[dict[str, Any]] | None:
     absent)."""
     if not train.is_file():
         return None
-    keep = lambda ctx: {"passage_id": ctx["passage_id"], "teacher_score": ctx["teacher_score"]}  # noqa: E731
     return [
-        {key: [keep(c) for c in record[key]] for key in ("positive_ctxs", "hard_negative_ctxs")}
+        {
+            key: [_id_and_score(c) for c in record[key]]
+            for key in ("positive_ctxs", "hard_negative_ctxs")
+        }
         for _, record in iter_raw(train)
     ]
+
+
+def _id_and_score(ctx: dict[str, Any]) -> dict[str, Any]:
+    return {"passage_id": ctx["passage_id"], "teacher_score": ctx["teacher_score"]}
 
 
 def teacher_margins(groups: list[dict[str, Any]]) -> dict[str, Any]:
