@@ -20,7 +20,6 @@ from dpr_cache.data.training import iter_raw
 from studies.squad_batch_size.runs import collect, machine_hours
 from studies.squad_hard_negatives.collect import METRICS, N_BOOT, paired, per_question
 from studies.squad_teachers.collect import arm_rows, fused_runs, hybrid_hours, read_json
-from studies.squad_teachers.teacher import paired_groups
 
 FOLDS = (1, 2)
 ROUND1 = {  # folder -> its name on the page: round 1 of fold k scores fold k's questions
@@ -159,6 +158,7 @@ def _teacher(out: Path) -> dict[str, Any]:
     return {
         "folds": by_fold,
         "teacher": read_json(out / "teacher" / "teacher.json"),
+        "margin_parts": read_json(out / "teacher" / "margins.json"),
         "scored_keep": read_json(out / "train.scored.keep.json"),
         "cleaned_keep": read_json(out / "train.cleaned.keep.json"),
     }
@@ -201,34 +201,6 @@ def teacher_margins(groups: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_square": float((m**2).mean()),
         "percentiles": {str(q): float(np.percentile(m, q)) for q in QUANTILES},
         "not_below": float(100 * (m <= 0).mean()),
-    }
-
-
-def margin_parts(out: Path, weights: list[float]) -> dict[str, Any] | None:
-    """The teacher's margins split into BM25's part and round 1's (the fold's weight x round 1's
-    cosine gap), over each fold's scored candidates (every question, before the students' file
-    keeps those with H): each part's mean, round 1's mean cosine gap, and each part's variance
-    as a share of the margins'. None before both folds' files are scored by both teachers."""
-    lexical, dense, cosine = [], [], []
-    for k, weight in zip(FOLDS, weights, strict=True):
-        hybrid, bm25 = (
-            out / f"teacher-{k}" / f"{kind}.jsonl" for kind in ("scored", "bm25-scored")
-        )
-        if not (hybrid.is_file() and bm25.is_file()):
-            return None
-        for h, b in paired_groups(hybrid, bm25):
-            round1 = h - b
-            lexical.append(b[0] - b[1:])
-            dense.append(round1[0] - round1[1:])
-            cosine.append(dense[-1] / weight)
-    bm25_part, round1_part = np.concatenate(lexical), np.concatenate(dense)
-    return {
-        "pairs": len(bm25_part),
-        "bm25": float(bm25_part.mean()),
-        "round1": float(round1_part.mean()),
-        "round1_cosine": float(np.concatenate(cosine).mean()),
-        "bm25_variance": float(100 * bm25_part.var() / (bm25_part + round1_part).var()),
-        "round1_variance": float(100 * round1_part.var() / (bm25_part + round1_part).var()),
     }
 
 
@@ -285,12 +257,6 @@ def updates(out: Path, suffix: str, runs_of: dict[str, list[dict]]) -> list[dict
     return rows
 
 
-def _weights(teacher: dict[str, Any]) -> list[float] | None:
-    """Each fold's fusion weight, when every fold has one."""
-    weights = [fold["weight"] for fold in teacher["folds"]]
-    return weights if weights and None not in weights else None
-
-
 def _kl0_targets(
     out: Path, suffix: str, groups: list | None, teacher: dict[str, Any], runs: list[dict]
 ) -> dict[str, Any] | None:
@@ -332,7 +298,6 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
         "hybrid_diffs": _hybrid_diffs(linear, bm25),
         "setup": teacher,
         "margins": teacher_margins(groups) if groups else None,
-        "margin_parts": margin_parts(out, weights) if (weights := _weights(teacher)) else None,
         "targets": _kl0_targets(out, suffix, groups, teacher, runs_of.get("kl0", [])),
         "updates": updates(out, suffix, students),
         "costs": costs,

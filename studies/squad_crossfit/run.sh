@@ -122,6 +122,10 @@ done_or "$OUT/teacher/teacher.json" ||
   "$PY" -m studies.squad_teachers.teacher temperature \
     --hybrid "$OUT"/teacher-{1,2}/scored.jsonl --bm25 "$OUT"/teacher-{1,2}/bm25-scored.jsonl \
     --weight "${WEIGHTS[@]}" --out "$OUT/teacher/teacher.json"
+done_or "$OUT/teacher/margins.json" ||  # BM25's part of the teacher's margins and round 1's
+  "$PY" -m studies.squad_teachers.teacher margins \
+    --hybrid "$OUT"/teacher-{1,2}/scored.jsonl --bm25 "$OUT"/teacher-{1,2}/bm25-scored.jsonl \
+    --weight "${WEIGHTS[@]}" --out "$OUT/teacher/margins.json"
 T=$(json_key "$OUT/teacher/teacher.json" teacher_temperature)
 save_state
 

@@ -22,6 +22,7 @@ LAYOUT = Layout(
         "train.scored.keep.json",
         "train.cleaned.keep.json",
         "teacher/teacher.json",
+        "teacher/margins.json",
     ),
     packed=("train.scored.jsonl", "train.cleaned.jsonl"),
     arms=ARMS,

@@ -188,7 +188,7 @@ def margin_lines(data: dict[str, Any]) -> list[str]:
             "gap is at most 2).",
             "",
         ]
-    parts = data.get("margin_parts")
+    parts = data["setup"].get("margin_parts")
     if margins and teacher and parts:
         lines += [
             "A teacher's margin is BM25's margin plus the fold's weight times round 1's cosine "

@@ -4,6 +4,8 @@
     python -m studies.squad_teachers.teacher qa --train FILE --out TSV
     python -m studies.squad_teachers.teacher temperature --hybrid FILE... --bm25 FILE... \
         --weight W... --out JSON
+    python -m studies.squad_teachers.teacher margins --hybrid FILE... --bm25 FILE... \
+        --weight W... --out JSON
     python -m studies.squad_teachers.teacher best --runs DIR --seed 1 --out JSON
 
 ``keep``: the records of a training file whose question has at least ``--hard`` candidates in
@@ -17,6 +19,7 @@ arms' updates hold the same questions.
 teacher's scores divided by it spread within a question's group (its positive and its mined
 candidates) as much as round 1's own scores at the training temperature do; round 1's dense score
 is read off as ``(hybrid - bm25) / weight`` from the same file scored by both teachers.
+``margins``: from the same files, the teacher's margins split into BM25's part and round 1's.
 ``best``: the better of the two treatment arms at the first seed (MRR@10 on dev), fixed once
 written, so the study's later seeds run the arm it picked.
 """
@@ -151,6 +154,31 @@ def teacher_temperature(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, 
     }
 
 
+def margin_parts(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, Any]:
+    """The teacher's margins (the positive's score minus a candidate's) split into BM25's part
+    and round 1's (the weight x round 1's cosine gap), over every (positive, candidate) pair of
+    ``parts`` (as :func:`teacher_temperature` takes them): each part's mean, round 1's mean
+    cosine gap, and each part's variance as a share (%) of the margins'."""
+    lexical, dense, cosine = [], [], []
+    for hybrid, bm25, weight in parts:
+        for h, b in paired_groups(hybrid, bm25):
+            round1 = h - b
+            lexical.append(b[0] - b[1:])
+            dense.append(round1[0] - round1[1:])
+            cosine.append(dense[-1] / weight)
+    bm25_part, round1_part = np.concatenate(lexical), np.concatenate(dense)
+    margins = bm25_part + round1_part
+    return {
+        "pairs": len(margins),
+        "mean": float(margins.mean()),
+        "bm25": float(bm25_part.mean()),
+        "round1": float(round1_part.mean()),
+        "round1_cosine": float(np.concatenate(cosine).mean()),
+        "bm25_variance": float(100 * bm25_part.var() / margins.var()),
+        "round1_variance": float(100 * round1_part.var() / margins.var()),
+    }
+
+
 def best_arm(runs: Path, suffix: str, seed: int) -> dict[str, Any]:
     """The treatment arm with the higher MRR@10 at ``seed`` (distill on a tie)."""
     figures = {}
@@ -174,11 +202,12 @@ def main() -> None:
     qa = sub.add_parser("qa")
     qa.add_argument("--train", type=Path, required=True)
     qa.add_argument("--out", type=Path, required=True)
-    temp = sub.add_parser("temperature")
-    temp.add_argument("--hybrid", type=Path, nargs="+", required=True)
-    temp.add_argument("--bm25", type=Path, nargs="+", required=True)
-    temp.add_argument("--weight", type=float, nargs="+", required=True)
-    temp.add_argument("--out", type=Path, required=True)
+    for step in ("temperature", "margins"):
+        scored = sub.add_parser(step)
+        scored.add_argument("--hybrid", type=Path, nargs="+", required=True)
+        scored.add_argument("--bm25", type=Path, nargs="+", required=True)
+        scored.add_argument("--weight", type=float, nargs="+", required=True)
+        scored.add_argument("--out", type=Path, required=True)
     best = sub.add_parser("best")
     best.add_argument("--runs", type=Path, required=True)
     best.add_argument("--suffix", default="")
@@ -197,9 +226,10 @@ def main() -> None:
         )
     elif args.step == "qa":
         print(f"{write_qa(args.train, args.out)} questions written to {args.out}")
-    elif args.step == "temperature":
+    elif args.step in ("temperature", "margins"):
         parts = list(zip(args.hybrid, args.bm25, args.weight, strict=True))
-        write_json_atomic(args.out, teacher_temperature(parts))
+        compute = teacher_temperature if args.step == "temperature" else margin_parts
+        write_json_atomic(args.out, compute(parts))
         print(f"written to {args.out}")
     else:
         chosen = best_arm(args.runs, args.suffix, args.seed)

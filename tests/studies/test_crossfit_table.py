@@ -19,7 +19,6 @@ from studies.squad_batch_size.runs import collect
 from studies.squad_crossfit import table
 from studies.squad_crossfit.collect import (
     gather,
-    margin_parts,
     scored_groups,
     teacher_margins,
     teacher_targets,
@@ -204,8 +203,6 @@ def _set_up(out: Path, folds: tuple[int, ...] = (1, 2), teacher: bool = True) ->
         _json(t / "bm25-scored.summary.json", {**scored, "seconds": 10.0})
         cleaned = {**scored, "hard_negatives": 2000, "cleaned": 200, "seconds": 100.0}
         _json(t / "cleaned.summary.json", cleaned)
-        _scored(t / "scored.jsonl", [(10.0, [7.0, 12.0])])
-        _scored(t / "bm25-scored.jsonl", [(4.0, [3.0, 8.0])])
     if teacher:
         _json(
             out / "teacher" / "teacher.json",
@@ -218,6 +215,11 @@ def _set_up(out: Path, folds: tuple[int, ...] = (1, 2), teacher: bool = True) ->
                 "spread": {"teacher": 2.0, "round1": 5.0},
                 "positive_first": {"teacher": 90.0, "round1": 60.0, "bm25": 70.0},
             },
+        )
+        parts = {"pairs": 4, "mean": 0.5, "bm25": -1.5, "round1": 2.0, "round1_cosine": 3.0}
+        _json(
+            out / "teacher" / "margins.json",
+            {**parts, "bm25_variance": 60.0, "round1_variance": 9.6},
         )
         _json(
             out / "train.scored.keep.json", {"hard": 3, "kept": 100, "dropped": 0, "kept_short": 0}
@@ -273,9 +275,9 @@ def test_the_page_of_a_study_cut_part_way(tmp_path: Path, monkeypatch) -> None:
         "mean 1.7 (sd 3.2), 10th, 50th and 90th percentiles -1.0, 3.0 and 3.8, mean square 9.7; "
         "33.3% of the candidates",
         "a cosine gap of 0.08",
-        # each fold: BM25's margins 1 and -4, round 1's part 2 and 2 (weights 0.5 and 1)
         "Over both folds' 4 scored pairs (every question), BM25's part averages -1.5 and "
-        "round 1's 2.0: round 1's own cosine gap averages 3.00",
+        "round 1's 2.0: round 1's own cosine gap averages 3.00, where `margin_mse` asks the "
+        "student for 0.08. The variance of BM25's part is 60% of the margins', round 1's 10%",
         # kl0 at seed 1: 2 epochs of one update of the file's 2 questions, one candidate each
         "softmax(teacher / 0.4) over a question's group",
         "In the groups kl0 trained on (seed 1: 4 groups, every question of every update)",
@@ -350,30 +352,6 @@ def test_the_teachers_margins_by_hand(tmp_path: Path) -> None:
     assert got["percentiles"]["50"] == pytest.approx(1.5)  # halfway between 0 and 3
     assert got["not_below"] == pytest.approx(50.0)  # -2 and 0: a tie counts
     assert scored_groups(tmp_path / "absent.jsonl") is None
-
-
-def test_the_teachers_margins_split_into_bm25s_and_round_1s(tmp_path: Path) -> None:
-    # fold 1 (weight 2): BM25's margins 1 and -4; round 1's part 6 - 4 = 2 twice (cosine gap 1)
-    _scored(tmp_path / "teacher-1" / "scored.jsonl", [(10.0, [7.0, 12.0])])
-    _scored(tmp_path / "teacher-1" / "bm25-scored.jsonl", [(4.0, [3.0, 8.0])])
-    # fold 2 (weight 4): BM25's margin 0; round 1's part 4 (cosine gap 1)
-    _scored(tmp_path / "teacher-2" / "scored.jsonl", [(5.0, [1.0])])
-    _scored(tmp_path / "teacher-2" / "bm25-scored.jsonl", [(1.0, [1.0])])
-    got = margin_parts(tmp_path, [2.0, 4.0])
-    bm25, round1 = np.array([1.0, -4.0, 0.0]), np.array([2.0, 2.0, 4.0])
-    assert got is not None and got["pairs"] == 3
-    assert got["bm25"] == pytest.approx(-1.0) and got["round1"] == pytest.approx(8 / 3)
-    assert got["round1_cosine"] == pytest.approx(1.0)
-    assert got["bm25_variance"] == pytest.approx(100 * bm25.var() / (bm25 + round1).var())
-    assert got["round1_variance"] == pytest.approx(100 * round1.var() / (bm25 + round1).var())
-    # the parts add up to the teacher's margins: 3, -2 and 4
-    assert got["bm25"] + got["round1"] == pytest.approx(5 / 3)
-    # a fold not scored by BM25 yet: nothing; files that differ in a question's candidates: stop
-    (tmp_path / "teacher-2" / "bm25-scored.jsonl").unlink()
-    assert margin_parts(tmp_path, [2.0, 4.0]) is None
-    _scored(tmp_path / "teacher-2" / "bm25-scored.jsonl", [(1.0, [1.0, 2.0])])
-    with pytest.raises(SystemExit, match="differ at question"):
-        margin_parts(tmp_path, [2.0, 4.0])
 
 
 def test_the_teachers_targets_are_those_of_the_training_batches(tmp_path: Path) -> None:

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from dpr_cache.runtime.processes import child_env
-from studies.squad_teachers.teacher import best_arm, keep, spread, teacher_temperature, write_qa
+from studies.squad_teachers.teacher import (
+    best_arm,
+    keep,
+    margin_parts,
+    spread,
+    teacher_temperature,
+    write_qa,
+)
 from tests.support.cli import fork_python
 from tests.support.fixtures import REPO
 
@@ -160,6 +167,26 @@ def test_temperature_gives_the_teacher_round_ones_spread(tmp_path: Path) -> None
     assert pooled_result["teacher_temperature"] == pytest.approx(want_2, abs=1e-4)
     assert pooled_result["weight"] == [weight, 2 * weight]
     assert abs(want_2 - want) > 0.01  # the second fold moves it: the pooling is seen
+
+
+def test_the_teachers_margins_split_into_bm25s_and_round_ones(tmp_path: Path) -> None:
+    # fold 1 (weight 2): BM25's margins 1 and -4; round 1's part 6 - 4 = 2 twice (cosine gap 1)
+    h1 = _write(tmp_path / "h1.jsonl", [_record("a", [10.0, 7.0, 12.0])])
+    b1 = _write(tmp_path / "b1.jsonl", [_record("a", [4.0, 3.0, 8.0])])
+    # fold 2 (weight 4): BM25's margin 0; round 1's part 4 (cosine gap 1)
+    h2 = _write(tmp_path / "h2.jsonl", [_record("b", [5.0, 1.0])])
+    b2 = _write(tmp_path / "b2.jsonl", [_record("b", [1.0, 1.0])])
+    got = margin_parts([(h1, b1, 2.0), (h2, b2, 4.0)])
+    bm25, round1 = np.array([1.0, -4.0, 0.0]), np.array([2.0, 2.0, 4.0])
+    assert got["pairs"] == 3 and got["mean"] == pytest.approx(5 / 3)  # margins 3, -2 and 4
+    assert got["bm25"] == pytest.approx(-1.0) and got["round1"] == pytest.approx(8 / 3)
+    assert got["round1_cosine"] == pytest.approx(1.0)
+    assert got["bm25_variance"] == pytest.approx(100 * bm25.var() / (bm25 + round1).var())
+    assert got["round1_variance"] == pytest.approx(100 * round1.var() / (bm25 + round1).var())
+    # negative control: a fold's files that differ in a question's candidates are refused
+    b3 = _write(tmp_path / "b3.jsonl", [_record("b", [1.0, 1.0, 2.0])])
+    with pytest.raises(SystemExit, match="differ at question"):
+        margin_parts([(h1, b1, 2.0), (h2, b3, 4.0)])
 
 
 def test_keep_drops_the_same_questions_from_every_file(tmp_path: Path) -> None:
