@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import yaml
 
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import choose_step_negatives, negatives_rng
-from dpr_cache.data.training import iter_raw
+from dpr_cache.data.training import iter_training_examples
 from studies.squad_batch_size.runs import collect, machine_hours
 from studies.squad_hard_negatives.collect import METRICS, N_BOOT, paired, per_question
 from studies.squad_teachers.collect import arm_rows, fused_runs, hybrid_hours, read_json
@@ -165,22 +166,22 @@ def _teacher(out: Path) -> dict[str, Any]:
 
 
 def scored_groups(train: Path) -> list[dict[str, Any]] | None:
-    """Each question of the students' training file in its order, as the training reads it: its
-    positive's and its candidates' passage ids and teacher scores (None when the file is
-    absent)."""
+    """Each question of the students' training file in its order, read by the training's own
+    parser (which drops a question without a positive, as DPR does): its positive's and its
+    candidates' passage ids and teacher scores (None when the file is absent)."""
     if not train.is_file():
         return None
     return [
-        {
-            key: [_id_and_score(c) for c in record[key]]
-            for key in ("positive_ctxs", "hard_negative_ctxs")
-        }
-        for _, record in iter_raw(train)
+        {key: [_id_and_score(c) for c in example[key]] for key in _GROUP_KEYS}
+        for example in iter_training_examples(train)
     ]
 
 
+_GROUP_KEYS = ("positive_ctxs", "hard_negative_ctxs")
+
+
 def _id_and_score(ctx: dict[str, Any]) -> dict[str, Any]:
-    return {"passage_id": ctx["passage_id"], "teacher_score": ctx["teacher_score"]}
+    return {"passage_id": ctx["passage_id"], "teacher_score": ctx.get("teacher_score")}
 
 
 def teacher_margins(groups: list[dict[str, Any]]) -> dict[str, Any]:
@@ -204,25 +205,34 @@ def teacher_margins(groups: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def positive_shares(
+    groups: list[dict[str, Any]], temperature: float, train: dict[str, Any]
+) -> Iterator[float]:
+    """For every question of every update of a run (``train``: its ``train`` config), the
+    positive's share of softmax(teacher / ``temperature``) over its group: the positive and the
+    H candidates the run drew for it that epoch (the training's own batches and draw)."""
+    hard = train["hard_negatives"]
+    batches = TrainBatches(len(groups), train["batch_size"], train["seed"])
+    steps = train.get("max_steps") or train["epochs"] * batches.steps_per_epoch
+    for step in range(steps):
+        epoch = batches.epoch_of(step)
+        for i in batches.batch_indices(step):
+            if len(groups[i]["hard_negative_ctxs"]) < hard:
+                raise ValueError(f"question {i}: fewer than {hard} scored candidates")
+            rng = negatives_rng(train["seed"], epoch, i)
+            drawn = choose_step_negatives(groups[i], hard, rng, groups)
+            rows = [groups[i]["positive_ctxs"][0], *drawn]
+            scores = np.array([c["teacher_score"] for c in rows]) / temperature
+            yield float(1 / np.exp(scores - scores[0]).sum())
+
+
 def teacher_targets(
     groups: list[dict[str, Any]], temperature: float, runs: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
-    """What ``distill_kl`` asks of the student in the groups ``runs`` trained on: for every
-    question of every update of each run (``runs``: their ``train`` configs), the positive's
-    share of softmax(teacher / ``temperature``) over its group, the positive and the
-    candidates that run drew for it that epoch (the training's own draw). Their mean, median,
-    and the shares of groups above 99% and below a half (None without a run)."""
-    shares = []
-    for train in runs:
-        batches = TrainBatches(len(groups), train["batch_size"], train["seed"])
-        for step in range(train["epochs"] * batches.steps_per_epoch):
-            epoch = batches.epoch_of(step)
-            for i in batches.batch_indices(step):
-                rng = negatives_rng(train["seed"], epoch, i)
-                drawn = choose_step_negatives(groups[i], train["hard_negatives"], rng, groups)
-                rows = [groups[i]["positive_ctxs"][0], *drawn]
-                scores = np.array([c["teacher_score"] for c in rows]) / temperature
-                shares.append(1 / np.exp(scores - scores[0]).sum())
+    """What ``distill_kl`` asks of the student in the groups ``runs`` trained on
+    (:func:`positive_shares` of each run): the positive's share's mean and median, and the
+    shares (%) of groups above 99% and below a half; None without a run."""
+    shares = [p for train in runs for p in positive_shares(groups, temperature, train)]
     if not shares:
         return None
     p = np.asarray(shares)

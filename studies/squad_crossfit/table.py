@@ -192,7 +192,8 @@ def margin_lines(data: dict[str, Any]) -> list[str]:
     if margins and teacher and parts:
         lines += [
             "A teacher's margin is BM25's margin plus the fold's weight times round 1's cosine "
-            f"gap. Over both folds' {parts['pairs']:,} scored pairs (every question), BM25's "
+            f"gap. Over the folds' {parts['questions']:,} scored questions' {parts['pairs']:,} "
+            "pairs (before the students' file left out those with too few candidates), BM25's "
             f"part averages {parts['bm25']:.1f} and round 1's {parts['round1']:.1f}: round 1's "
             f"own cosine gap averages {parts['round1_cosine']:.2f}, where `margin_mse` asks the "
             f"student for {margins['mean'] * teacher['train_temperature']:.2f}. The variance of "

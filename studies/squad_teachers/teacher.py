@@ -157,8 +157,8 @@ def teacher_temperature(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, 
 def margin_parts(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, Any]:
     """The teacher's margins (the positive's score minus a candidate's) split into BM25's part
     and round 1's (the weight x round 1's cosine gap), over every (positive, candidate) pair of
-    ``parts`` (as :func:`teacher_temperature` takes them): each part's mean, round 1's mean
-    cosine gap, and each part's variance as a share (%) of the margins'."""
+    ``parts`` (as :func:`teacher_temperature` takes them): the questions and pairs, each part's
+    mean, round 1's mean cosine gap, and each part's variance as a share (%) of the margins'."""
     lexical, dense, cosine = [], [], []
     for hybrid, bm25, weight in parts:
         for h, b in paired_groups(hybrid, bm25):
@@ -169,8 +169,8 @@ def margin_parts(parts: Sequence[tuple[Path, Path, float]]) -> dict[str, Any]:
     bm25_part, round1_part = np.concatenate(lexical), np.concatenate(dense)
     margins = bm25_part + round1_part
     return {
+        "questions": len(lexical),
         "pairs": len(margins),
-        "mean": float(margins.mean()),
         "bm25": float(bm25_part.mean()),
         "round1": float(round1_part.mean()),
         "round1_cosine": float(np.concatenate(cosine).mean()),

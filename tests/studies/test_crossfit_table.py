@@ -13,12 +13,14 @@ import pytest
 import torch
 
 from dpr_cache.data.batches import TrainBatches
-from dpr_cache.data.collate import build_batch
+from dpr_cache.data.training import load_training_sets
 from dpr_cache.retrieval.metrics import hit_metrics
+from dpr_cache.train.recipe import BatchRecipe
 from studies.squad_batch_size.runs import collect
 from studies.squad_crossfit import table
 from studies.squad_crossfit.collect import (
     gather,
+    positive_shares,
     scored_groups,
     teacher_margins,
     teacher_targets,
@@ -216,7 +218,7 @@ def _set_up(out: Path, folds: tuple[int, ...] = (1, 2), teacher: bool = True) ->
                 "positive_first": {"teacher": 90.0, "round1": 60.0, "bm25": 70.0},
             },
         )
-        parts = {"pairs": 4, "mean": 0.5, "bm25": -1.5, "round1": 2.0, "round1_cosine": 3.0}
+        parts = {"questions": 2, "pairs": 4, "bm25": -1.5, "round1": 2.0, "round1_cosine": 3.0}
         _json(
             out / "teacher" / "margins.json",
             {**parts, "bm25_variance": 60.0, "round1_variance": 9.6},
@@ -275,12 +277,17 @@ def test_the_page_of_a_study_cut_part_way(tmp_path: Path, monkeypatch) -> None:
         "mean 1.7 (sd 3.2), 10th, 50th and 90th percentiles -1.0, 3.0 and 3.8, mean square 9.7; "
         "33.3% of the candidates",
         "a cosine gap of 0.08",
-        "Over both folds' 4 scored pairs (every question), BM25's part averages -1.5 and "
+        "Over the folds' 2 scored questions' 4 pairs (before the students' file left out those "
+        "with too few candidates), BM25's part averages -1.5 and "
         "round 1's 2.0: round 1's own cosine gap averages 3.00, where `margin_mse` asks the "
         "student for 0.08. The variance of BM25's part is 60% of the margins', round 1's 10%",
         # kl0 at seed 1: 2 epochs of one update of the file's 2 questions, one candidate each
         "softmax(teacher / 0.4) over a question's group",
         "In the groups kl0 trained on (seed 1: 4 groups, every question of every update)",
+        # question 2: 1 / (1 + e^-10) both epochs; question 1 drew 7 both epochs (seed 1's
+        # draw): 1 / (1 + e^-7.5); 12 would give 1 / (1 + e^5), a mean below 75%
+        "it puts a mean 100.0% of its probability on the positive (median 99.97%): more than "
+        "99% in 100.0% of the groups, less than half in 0.0%",
         "(`train.max_grad_norm`: 2)",
         # control's logs: seed 1 losses 1, 2, 3 and norms 10, 11, 12; seed 2's 2, 3, 4 and 20-22
         "| control | 1,2 | 6 | 2.50 [1.00, 4.00] | 16.00 [10.00, 22.00] |",
@@ -354,6 +361,22 @@ def test_the_teachers_margins_by_hand(tmp_path: Path) -> None:
     assert scored_groups(tmp_path / "absent.jsonl") is None
 
 
+def _shares(train: Path, runs: list[dict], tokenizer, cache: Path) -> list[float]:
+    """The positive's share of softmax(teacher / 0.5) in each group of the very batches the
+    trainer builds: the training file loaded as training loads it, each step's batch by
+    BatchRecipe, the teacher's scores its rows carry."""
+    dataset = load_training_sets([train], cache, scored_negatives=2)
+    shares = []
+    for run in runs:
+        recipe = BatchRecipe(2, 8, 8, run["seed"], teacher_scores=True)
+        batches = TrainBatches(len(dataset), run["batch_size"], run["seed"])
+        for step in range(run.get("max_steps") or run["epochs"] * batches.steps_per_epoch):
+            scores = recipe.batch(dataset, batches, tokenizer, step).teacher_scores
+            assert scores is not None
+            shares += torch.softmax(scores.view(-1, 3) / 0.5, dim=1)[:, 0].tolist()
+    return shares
+
+
 def test_the_teachers_targets_are_those_of_the_training_batches(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -374,47 +397,37 @@ def test_the_teachers_targets_are_those_of_the_training_batches(tmp_path: Path) 
     ]
     train = tmp_path / "train.scored.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in records))
-    runs = [{"seed": s, "batch_size": 4, "epochs": 2, "hard_negatives": 2} for s in (1, 2)]
-    got = teacher_targets(scored_groups(train) or [], 0.5, runs)
-    # the reference: the teacher's scores of the rows of the very batches training builds
     tokenizer = AutoTokenizer.from_pretrained(TOY / "tiny-bert")
-    shares = []
-    for run in runs:
-        batches = TrainBatches(len(records), 4, run["seed"])
-        for step in range(2 * batches.steps_per_epoch):
-            indices = batches.batch_indices(step)
-            batch = build_batch(
-                [records[i] for i in indices],
-                tokenizer=tokenizer,
-                hard_negatives=2,
-                max_query_length=8,
-                max_passage_length=8,
-                seed=run["seed"],
-                epoch=batches.epoch_of(step),
-                pool_for_padding=records,
-                indices=indices,
-                teacher_scores=True,
-            )
-            assert batch.teacher_scores is not None
-            t = batch.teacher_scores.view(len(indices), 3)
-            shares += torch.softmax(t / 0.5, dim=1)[:, 0].tolist()
-    p = np.asarray(shares)
+    groups = scored_groups(train)
+    assert groups is not None
+    runs = [{"seed": s, "batch_size": 4, "epochs": 2, "hard_negatives": 2} for s in (1, 2)]
+    want = _shares(train, runs, tokenizer, tmp_path / "cache")
+    got = [p for run in runs for p in positive_shares(groups, 0.5, run)]
+    assert got == pytest.approx(want, rel=1e-6) and len(got) == 16  # 2 runs x 2 updates x 4
+    p = np.asarray(want)
     assert 0 < (p > 0.99).mean() and 0 < (p < 0.5).mean()  # both ends of the page's figures met
-    assert got is not None and got["groups"] == len(p) == 16 and got["seeds"] == [1, 2]
-    assert got["mean"] == pytest.approx(100 * p.mean())
-    assert got["median"] == pytest.approx(100 * np.median(p))
-    assert got["over_99"] == pytest.approx(100 * (p > 0.99).mean())
-    assert got["under_half"] == pytest.approx(100 * (p < 0.5).mean())
-    # negative control: each question's first two candidates in the file, not the draw
-    first = []
-    for run in runs:
-        for step in range(2):
-            for i in TrainBatches(len(records), 4, run["seed"]).batch_indices(step):
-                rows = [*records[i]["positive_ctxs"], *records[i]["hard_negative_ctxs"][:2]]
-                t = torch.tensor([c["teacher_score"] for c in rows])
-                first.append(float(torch.softmax(t / 0.5, dim=0)[0]))
-    assert abs(100 * np.mean(first) - got["mean"]) > 1.0
-    assert teacher_targets(scored_groups(train) or [], 0.5, []) is None
+    summary = teacher_targets(groups, 0.5, runs)
+    assert summary is not None and summary["groups"] == 16 and summary["seeds"] == [1, 2]
+    assert summary["mean"] == pytest.approx(100 * p.mean())
+    assert summary["median"] == pytest.approx(100 * np.median(p))
+    assert summary["over_99"] == pytest.approx(100 * (p > 0.99).mean())
+    assert summary["under_half"] == pytest.approx(100 * (p < 0.5).mean())
+    # a run cut short by train.max_steps: its updates only
+    short = {**runs[0], "max_steps": 1}
+    assert list(positive_shares(groups, 0.5, short)) == pytest.approx(
+        _shares(train, [short], tokenizer, tmp_path / "cache")
+    )
+    # negative controls: the file's first two candidates in place of the draw, and the first
+    # epoch's draw in both epochs, each give other shares
+    first = [{**g, "hard_negative_ctxs": g["hard_negative_ctxs"][:2]} for g in groups]
+    assert [p for run in runs for p in positive_shares(first, 0.5, run)] != pytest.approx(want)
+    one_epoch = {**runs[0], "epochs": 1}
+    again = [*positive_shares(groups, 0.5, one_epoch), *positive_shares(groups, 0.5, one_epoch)]
+    assert again != pytest.approx(want[:8])
+    assert teacher_targets(groups, 0.5, []) is None
+    # a question with fewer candidates than H: refused, as training refuses it
+    with pytest.raises(ValueError, match="fewer than 3 scored candidates"):
+        list(positive_shares(groups, 0.5, {**runs[0], "hard_negatives": 3}))
 
 
 def test_a_goal_is_judged_over_three_seeds_met_or_not(tmp_path: Path, monkeypatch) -> None:

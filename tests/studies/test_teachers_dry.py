@@ -173,14 +173,16 @@ def test_the_teachers_margins_split_into_bm25s_and_round_ones(tmp_path: Path) ->
     # fold 1 (weight 2): BM25's margins 1 and -4; round 1's part 6 - 4 = 2 twice (cosine gap 1)
     h1 = _write(tmp_path / "h1.jsonl", [_record("a", [10.0, 7.0, 12.0])])
     b1 = _write(tmp_path / "b1.jsonl", [_record("a", [4.0, 3.0, 8.0])])
-    # fold 2 (weight 4): BM25's margin 0; round 1's part 4 (cosine gap 1)
-    h2 = _write(tmp_path / "h2.jsonl", [_record("b", [5.0, 1.0])])
+    # fold 2 (weight 4): BM25's margin 0; round 1's part 8 - 0 = 8 (cosine gap 2)
+    h2 = _write(tmp_path / "h2.jsonl", [_record("b", [9.0, 1.0])])
     b2 = _write(tmp_path / "b2.jsonl", [_record("b", [1.0, 1.0])])
     got = margin_parts([(h1, b1, 2.0), (h2, b2, 4.0)])
-    bm25, round1 = np.array([1.0, -4.0, 0.0]), np.array([2.0, 2.0, 4.0])
-    assert got["pairs"] == 3 and got["mean"] == pytest.approx(5 / 3)  # margins 3, -2 and 4
-    assert got["bm25"] == pytest.approx(-1.0) and got["round1"] == pytest.approx(8 / 3)
-    assert got["round1_cosine"] == pytest.approx(1.0)
+    bm25, round1 = np.array([1.0, -4.0, 0.0]), np.array([2.0, 2.0, 8.0])
+    assert got["questions"] == 2 and got["pairs"] == 3
+    assert got["bm25"] == pytest.approx(-1.0) and got["round1"] == pytest.approx(4.0)
+    assert got["round1_cosine"] == pytest.approx(
+        4 / 3
+    )  # gaps 1, 1 and 2; the weights swapped: 5 / 3
     assert got["bm25_variance"] == pytest.approx(100 * bm25.var() / (bm25 + round1).var())
     assert got["round1_variance"] == pytest.approx(100 * round1.var() / (bm25 + round1).var())
     # negative control: a fold's files that differ in a question's candidates are refused
