@@ -300,7 +300,8 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
         f"[README.md](README.md), [run.sh](run.sh)). {INTERVALS} Machine time of the runs, "
         f"the teachers' steps and the fused evaluations on this page: {data['hours']:.1f} h "
         "(left out: BM25's mining of the training file, joining the folds' files, the "
-        "temperature and each arm's numbers check, seconds to minutes each). A run's training "
+        "temperature, the margins' split and each arm's numbers check, seconds to minutes "
+        "each). A run's training "
         'time ("train (h a run)" and in the costs) is estimated as its updates at its median '
         "step time, leaving out pauses, slow steps and the time outside steps; the other parts "
         "are their own timings.",
