@@ -85,13 +85,16 @@ def build_page(
     parser.add_argument("--png", type=Path, default=here / "plot.png")
     parser.add_argument("--readme", type=Path, default=None)
     parser.add_argument("--kept", action="store_true", help="From results.json beside --md.")
+    parser.add_argument(
+        "--reading", type=Path, default=here / "reading.md", help="Closes the page if it exists."
+    )
     args = parser.parse_args()
     kept = args.md.with_suffix(".json")
     data = json.loads(kept.read_text()) if args.kept else gather(args.runs, args.suffix)
     if args.readme:
         write_readme_block(args.readme, markers, [], check_only=True)
-    reading = here / "reading.md"
-    md = markdown(data, args.png.name, reading.read_text() if reading.is_file() else None)
+    reading = args.reading.read_text() if args.reading.is_file() else None
+    md = markdown(data, args.png.name, reading)
     write_text_atomic(args.md, md)
     write_json_atomic(kept, data)
     plot(data, args.png)

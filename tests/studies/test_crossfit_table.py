@@ -232,12 +232,14 @@ def _set_up(out: Path, folds: tuple[int, ...] = (1, 2), teacher: bool = True) ->
         )
 
 
-def _page(out: Path, monkeypatch) -> tuple[str, str]:
-    """The table's command line, as run.sh calls it (with a README holding the markers)."""
+def _page(out: Path, monkeypatch, reading: Path | None = None) -> tuple[str, str]:
+    """The table's command line, as run.sh calls it (with a README holding the markers), closed
+    by ``reading`` if given, never by the study's own reading.md."""
     readme = out / "README.md"
     readme.write_text(f"# x\n\n{table.README_BEGIN}\nSTALE\n{table.README_END}\nafter\n")
     argv = ["table", "--runs", str(out), "--suffix=-dry", "--readme", str(readme)]
     argv += ["--md", str(out / "results.md"), "--png", str(out / "plot.png")]
+    argv += ["--reading", str(reading or out / "no-reading.md")]
     monkeypatch.setattr(sys, "argv", argv)
     table.main()
     return (out / "results.md").read_text(), readme.read_text()
@@ -252,7 +254,10 @@ def test_the_page_of_a_study_cut_part_way(tmp_path: Path, monkeypatch) -> None:
     _run(out / "kl05-dry", 1, [0, 0, 2, 1, 0, 4, 0, 0])
     _run(out / "kl05-dry", 2, [0, 0, 2, 1, 0, 0, 0, 0])
     _run(out / "kl0-dry", 1, control, fused=False)  # trained, not fused with BM25 yet
-    page, readme = _page(out, monkeypatch)
+    reading = out / "reading.md"
+    reading.write_text("## Reading\n\nWritten by hand.\n")
+    page, readme = _page(out, monkeypatch, reading)
+    assert page.endswith("\n\n## Reading\n\nWritten by hand.\n")  # the reading closes the page
     for row in (
         "| BM25 (bm25s) | – | – | – |",
         "| round 1, fold 1: BM25 negatives, H = 1, trained without fold 1 | 1 | 1 | 3 |",
@@ -294,9 +299,8 @@ def test_the_page_of_a_study_cut_part_way(tmp_path: Path, monkeypatch) -> None:
         "| kl0 | 1 | 3 | 2.00 [1.00, 3.00] | 11.00 [10.00, 12.00] |",
     ):
         assert row in page, row
-    tables = page.split("\n## Reading\n")[0]  # the page's own part, before the written reading
-    assert "kl0 s1 |" not in tables  # no fusions yet: no hybrid row
-    assert "| mse05" not in tables and "| cleaned:" not in tables  # arms not started
+    assert "kl0 s1 |" not in page  # no fusions yet: no hybrid row
+    assert "| mse05" not in page and "| cleaned:" not in page  # arms not started
     data = json.loads((out / "results.json").read_text())
     pooled = next(d for d in data["diffs"] if d["pair"].startswith("kl05 - control, seeds"))
     assert pooled["interval"] == "questions and seeds" and pooled["seeds"] == [1, 2]
