@@ -1,7 +1,8 @@
 """Fixtures for every test: no hub at all (the tests and their child processes run offline,
 whatever the environment says; a test that needs the network path sets it for its own child),
-OpenMP threads that sleep rather than spin while they wait, and float64 as the default dtype
-on demand.
+OpenMP threads that sleep rather than spin while they wait, each test's changes to the
+environment undone, the environment as collected taken for the fork server's, and float64 as
+the default dtype on demand.
 
 Shared helpers live in :mod:`tests.support` (tiny BERT, random inputs, the CLI runner);
 fixtures of one folder live in that folder's conftest.py.
@@ -28,6 +29,26 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+def pytest_collection_finish(session):
+    """The environment as collected, the test modules' imports done: the fork server's."""
+    from tests.support.cli import settle_environment
+
+    settle_environment()
+
+
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Each test leaves this process's environment as it found it. A variable set in passing
+    (torch's compiler sets ``TORCHINDUCTOR_CACHE_DIR`` on first use) would otherwise reach every
+    later test's commands, and one read as modules are imported sends them all to fresh
+    interpreters instead of the fork server (:func:`tests.support.forkserver.may_serve`)."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -19,20 +19,43 @@ __all__ = [
     "fork_server_ready",
     "fork_python",
     "fork_bin",
+    "settle_environment",
+    "commands_forked",
 ]
 
 
 _server: ForkServer | None = None
-_BASE_ENV = child_env()
-"""The environment of this test process before any test changed it: the fork server's."""
+_base_env: dict[str, str] | None = None
+
+
+def settle_environment() -> None:
+    """Take this process's environment, as it is now, for the fork server's. The suite calls it
+    once the tests are collected (tests/conftest.py): collecting imports the test modules, and
+    some of their imports set variables read as modules are imported (scikit-learn's ``KMP_*``,
+    torch's compiler's ``TORCHINDUCTOR_CACHE_DIR``). Taken before them, it would agree with no
+    test's environment, and every command would start a fresh interpreter."""
+    global _base_env
+    _base_env = child_env()
+
+
+def _server_env() -> dict[str, str]:
+    """The fork server's environment: the one :func:`settle_environment` took (now, if not yet)."""
+    if _base_env is None:
+        settle_environment()
+    return _base_env
 
 
 def _fork_server() -> ForkServer:
     """This test process's fork server (started on first use, again if it ended)."""
     global _server
     if _server is None or not _server.alive():
-        _server = ForkServer(_BASE_ENV, REPO)
+        _server = ForkServer(_server_env(), REPO)
     return _server
+
+
+def commands_forked() -> int:
+    """How many commands this test process's fork server has forked (0 before it started)."""
+    return _server.forked if _server is not None and _server.alive() else 0
 
 
 def fork_server_ready() -> None:
@@ -61,7 +84,7 @@ def run_cli(
     ``world`` > 1 (one thread a rank); with ``check``, AssertionError on a non-zero exit."""
     env = child_env()
     proc = None
-    if world == 1 and may_serve(_BASE_ENV, env):
+    if world == 1 and may_serve(_server_env(), env):
         proc = _fork_server().run(["-m", "dpr_cache", *args], cwd, env, timeout)
     if proc is None:
         proc = _spawn(args, cwd, env, world, timeout)

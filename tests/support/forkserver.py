@@ -102,6 +102,7 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str], cwd: Path) -> None:
         self.env = env
+        self.forked = 0  # the commands :meth:`run` had forked
         self._dir = tempfile.mkdtemp(prefix="dpr-cache-fork-")
         self.socket = str(Path(self._dir) / "socket")
         self.proc = subprocess.Popen(
@@ -148,6 +149,7 @@ class ForkServer:
                     if first.get("fresh"):
                         return None
                     pid = first["pid"]
+                    self.forked += 1
                     rc = _answer(answers)["rc"]
                 except TimeoutError:
                     if pid is not None:

@@ -7,6 +7,7 @@ commands side by side, and a child that outlives its client killed."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -19,8 +20,14 @@ import pytest
 
 from dpr_cache.runtime.processes import child_env
 from dpr_cache.runtime.quiet import QUIET_ENV
+from tests.support import cli
 from tests.support.fixtures import REPO
 from tests.support.forkserver import ForkServer, may_serve
+
+# A test module's import that sets variables read as modules are imported (scikit-learn sets
+# KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK), made here after tests.support.cli is imported, as
+# collecting the whole suite makes them.
+importlib.import_module("sklearn")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +66,27 @@ def test_a_forked_command_answers_as_a_fresh_interpreter(server, tmp_path, args)
         fresh.stderr,
     )
     assert forked.stdout or forked.stderr  # it said something: the comparison compared
+
+
+def test_the_suites_commands_are_forked_whatever_the_test_modules_imports_set():
+    assert "KMP_INIT_AT_FORK" in os.environ  # the import above set it: the case is real
+    before = cli.commands_forked()
+    done = cli.run_cli("eval", "--help")
+    assert done.returncode == 0 and "eval" in done.stdout
+    assert cli.commands_forked() == before + 1
+
+
+def test_a_test_sets_a_variable_read_at_import_in_passing():
+    os.environ["OMP_DISPLAY_ENV"] = "TRUE"  # as torch's compiler sets its cache folder's
+    assert may_serve(child_env(), child_env()) and not may_serve(cli._server_env(), child_env())
+
+
+def test_the_next_test_runs_in_the_environment_as_collected():
+    """The test before set OMP_DISPLAY_ENV and left it: tests/conftest.py undid it."""
+    assert "OMP_DISPLAY_ENV" not in os.environ
+    before = cli.commands_forked()
+    cli.run_cli("eval", "--help")
+    assert cli.commands_forked() == before + 1
 
 
 def test_the_working_folder_is_the_commands(server, tmp_path):
