@@ -54,7 +54,8 @@ def _fork_server() -> ForkServer:
 
 
 def commands_forked() -> int:
-    """How many commands this test process's fork server has forked (0 before it started)."""
+    """How many :func:`run_cli` commands this test process's fork server has forked (0 before
+    it started; the stand-ins of :func:`fork_python` and :func:`fork_bin` are not counted)."""
     return _server.forked if _server is not None and _server.alive() else 0
 
 

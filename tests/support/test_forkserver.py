@@ -1,10 +1,11 @@
 """The tests' fork server: a forked command answers as a fresh interpreter does (exit code,
 stdout, stderr, working folder), a command out of time is killed and the server serves on, and a
 command in another environment is not forked; the suite's own commands are forked whatever the
-test modules' imports set, and what a test sets in passing is undone after it. Its stand-ins for ``python`` and ``dpr-cache``:
-the same answers through a script's own streams (KeyboardInterrupt's end by SIGINT, a last
-flush, the caller's umask and ignored signals, a file left open), signals relayed both ways,
-commands side by side, and a child that outlives its client killed."""
+test modules' imports set, and what a test sets in passing is undone after it. Its stand-ins for
+``python`` and ``dpr-cache``: the same answers through a script's own streams
+(KeyboardInterrupt's end by SIGINT, a last flush, the caller's umask and ignored signals, a file
+left open), signals relayed both ways, commands side by side, and a child that outlives its
+client killed."""
 
 from __future__ import annotations
 
