@@ -117,28 +117,26 @@ def _batch(vocab: int, n_q: int, q_len: int, p_len: int, device: torch.device):
 def exactness(plan: FsdpPlan, device: torch.device) -> dict:
     """The float64 gap of the sharded GradCache gradient to the unsharded full batch, with the
     sync once a step and once a chunk."""
+    from dpr_cache.config import Config
     from dpr_cache.runtime.distributed import DistEnv
+    from dpr_cache.train.step import Chunking
     from dpr_cache.train.verify import BOUNDS, compare_steps, sharded_step
 
     config = _bert(plan.exact_hidden, plan.exact_layers, 2, 2 * plan.exact_hidden, 97)
     batch = _batch(97, plan.exact_batch, 12, 16, device)
-    spec = {
-        "chunk": plan.exact_chunk,
-        "p_chunk": None,
-        "temperature": 0.5,
-        "tile": None,
-        "distillation": None,
-        "length_bucket": None,
-    }
+    train = {"temperature": 0.5, "hard_negatives": 1, "chunk_size": plan.exact_chunk}
+    run = Config.model_validate({"train": train})
+    chunking = Chunking(plan.exact_chunk)
     model = _model(config, device, torch.float64)
-    _, full = compare_steps(model, batch, modes=("full",), **spec)["full"]
+    _, full = compare_steps(run, model, batch, chunking=chunking, modes=("full",))["full"]
     scale = max(g.abs().max().item() for g in full.values())
     rows = []
     for sync in ("step", "chunk"):
         start = time.monotonic()
         twin = _model(config, device, torch.float64)
         env = DistEnv(device=device)
-        _, cached = sharded_step(twin, batch, env, sync, **spec)
+        synced = run.model_copy(update={"train": run.train.model_copy(update={"shard_sync": sync})})
+        _, cached = sharded_step(synced, twin, batch, env, chunking=chunking)
         gap = max((cached[n] - full[n]).abs().max().item() for n in full) / scale
         rows.append(
             {

@@ -34,6 +34,7 @@ __all__ = [
 
 
 Precision = Literal["fp32", "bf16", "fp16"]
+Direction = Literal["query_to_passage", "passage_to_query", "query_to_query", "passage_to_passage"]
 # where a command encodes (index, eval): auto is resolved for its device by
 # runtime.device.resolve_precision (bf16 on CUDA from compute capability 8.0, else fp16; fp32
 # on the CPU)
@@ -111,6 +112,25 @@ class TrainConfig(_Section):
     distill_weight: float | None = Field(None, ge=0.0, lt=1.0)  # contrastive share; null = 0
     teacher_temperature: float | None = Field(None, gt=0.0)  # distill_kl; null = 1
     loss_tile_size: int | None = Field(None, ge=1)
+    # the contrastive loss's anchors and candidates (docs/losses.md): query_to_passage is always
+    # in; passage_to_query with it is the symmetric loss. joint: one softmax over every
+    # direction's candidates; per_direction: one a direction, averaged
+    directions: list[Direction] = Field(default_factory=lambda: ["query_to_passage"])
+    partition: Literal["joint", "per_direction"] = "joint"
+    # hardness weighting: strength * stop_grad(score) added to the negatives it names
+    # (in_batch: other questions' passages; hard: the question's own; all: both)
+    hardness: Literal["in_batch", "hard", "all"] | None = None
+    hardness_strength: float = Field(0.0, ge=0.0)
+    # a frozen model folder (GIST) whose scores take false negatives out of each row
+    guide: str | None = None
+    guide_margin: float = Field(0.0, ge=0.0)
+    guide_margin_strategy: Literal["absolute", "relative"] = "absolute"
+    # Matryoshka: the loss summed over these leading dims of the vectors (descending)
+    matryoshka_dims: list[int] | None = None
+    matryoshka_weights: list[float] | None = None  # null: 1 each
+    # token-budget chunks: each chunk takes rows (longest first) up to this many real tokens,
+    # chunk_size (p_chunk_size) capping its rows; auto: picked with chunk_size auto
+    chunk_tokens: int | Literal["auto"] | None = None
     precision: Precision = "fp32"
     seed: int = 42
     checkpoint_every: int = Field(500, ge=1)  # steps
@@ -152,6 +172,29 @@ class TrainConfig(_Section):
     def _chunk_positive(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 1:
             raise ValueError("must be >= 1 or 'auto'")
+        return value
+
+    @field_validator("directions")
+    @classmethod
+    def _directions_known(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"a direction is listed twice: {value}")
+        return value if "query_to_passage" in value else ["query_to_passage", *value]
+
+    @field_validator("matryoshka_dims")
+    @classmethod
+    def _dims_descend(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (
+            not value or min(value) < 1 or value != sorted(set(value), reverse=True)
+        ):
+            raise ValueError("must be integers >= 1 in descending order, e.g. [384, 128, 64]")
+        return value
+
+    @field_validator("chunk_tokens")
+    @classmethod
+    def _tokens_positive(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be >= 1, 'auto' or null")
         return value
 
     @field_validator("memory_budget")
@@ -196,12 +239,47 @@ class TrainConfig(_Section):
                 "train.precision: fp16 under train.shard fsdp needs a sharded loss scaler: "
                 "use bf16 (or fp32), or train.shard none"
             )
+        self._options_consistent()
         if self.loss == "margin_mse" and self.teacher_temperature is not None:
             raise ValueError(
                 "train.teacher_temperature is set but train.loss margin_mse reads the teacher's "
                 "raw margins: leave it null, or use distill_kl"
             )
         return self
+
+    def _options_consistent(self) -> None:
+        """The contrastive options' rules that join keys."""
+        same_side = [d for d in self.directions if d in ("query_to_query", "passage_to_passage")]
+        if self.partition == "per_direction" and same_side:
+            raise ValueError(
+                f"train.partition: per_direction takes no same-side direction ({same_side[0]} "
+                "in train.directions): its softmax would not hold the positive pair; use joint"
+            )
+        if self.hardness is not None and self.hardness_strength == 0:
+            raise ValueError(
+                f"train.hardness_strength: 0 weights nothing under train.hardness {self.hardness}"
+                ": set it (Lan et al. use 9 for in_batch, EmbeddingGemma 5 for hard)"
+            )
+        if self.hardness is None and self.hardness_strength > 0:
+            raise ValueError(
+                "train.hardness_strength is set but train.hardness is null: name the negatives "
+                "it weights (in_batch, hard or all)"
+            )
+        if self.matryoshka_weights is not None and (
+            self.matryoshka_dims is None
+            or len(self.matryoshka_weights) != len(self.matryoshka_dims)
+        ):
+            raise ValueError(
+                "train.matryoshka_weights: one weight a dim of train.matryoshka_dims "
+                f"({self.matryoshka_dims})"
+            )
+        if self.chunk_tokens is not None and self.mode != "gradcache":
+            raise ValueError(
+                f"train.chunk_tokens packs GradCache's chunks; train.mode {self.mode} has none: "
+                "leave it null"
+            )
+        if self.chunk_tokens == "auto" and self.memory_budget is None:
+            raise ValueError("train.chunk_tokens: 'auto' needs train.memory_budget (e.g. '4GB')")
 
 
 class IndexConfig(_Section):
@@ -211,6 +289,9 @@ class IndexConfig(_Section):
     batch_size: int = Field(128, ge=1)  # passages per encoding batch
     shard_size: int = Field(50_000, ge=1)  # passages per on-disk shard (resumable unit)
     store_dtype: Literal["float16", "float32"] = "float16"  # stored vectors; scores in float32
+    # vectors truncated to their first dim dims (re-normalized when the model normalizes), for
+    # a model trained with train.matryoshka_dims; the index records it; null: the full width
+    dim: int | None = Field(None, ge=1)
     # a search's or an index build's bound on the whole process's peak memory (GB); unset:
     # runtime.memory.HEADROOM_GB over what it holds when its first search or build begins
     memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -288,6 +369,11 @@ class Config(_Section):
         t = self.train
         if t.chunk_size == "auto" and t.memory_budget is None:
             raise ValueError("train.chunk_size: 'auto' needs train.memory_budget (e.g. '4GB')")
+        if isinstance(t.chunk_tokens, int) and t.chunk_tokens < self.model.max_query_length:
+            raise ValueError(
+                f"train.chunk_tokens: {t.chunk_tokens} is below model.max_query_length "
+                f"({self.model.max_query_length}): a chunk must hold a whole question"
+            )
         return self
 
     @property
@@ -401,6 +487,8 @@ def _did_you_mean(loc: tuple) -> str:
 # what a key takes where a validator, not the key's type, holds its rule
 _TAKES = {
     "train.chunk_size": "an integer >= 1 or 'auto'",
+    "train.chunk_tokens": "an integer >= 1, 'auto' or null",
+    "train.matryoshka_dims": "a list of integers >= 1 in descending order, or null",
     "train.memory_budget": "a size such as '4GB' or '512MiB', or null",
     "eval.top_k": "a non-empty list of integers >= 1",
     "eval.fusion_weight": "a number >= 0 or 'auto'",

@@ -48,6 +48,7 @@ CONFIG_EDGE = {
     "train/resume.py",
     "train/trainer.py",
     "train/bench.py",
+    "train/step.py",  # build_step: the step a Config describes
     "train/verify.py",
     "train/watch_setup.py",
     "retrieval/drivers/index.py",

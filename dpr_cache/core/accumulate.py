@@ -17,10 +17,12 @@ from dpr_cache.core.engine import Encoder
 from dpr_cache.core.inputs import Inputs, batch_rows, cut_chunks, group_size_of
 from dpr_cache.core.loss import loss_dtype
 
-__all__ = ["FullBatch", "Accumulate", "PASSAGE_ROW_KWARGS"]
+__all__ = ["FullBatch", "Accumulate", "PASSAGE_ROW_KWARGS", "QUESTION_ROW_KWARGS"]
 
-PASSAGE_ROW_KWARGS = ("p_ids", "teacher_scores")
+PASSAGE_ROW_KWARGS = ("p_ids", "teacher_scores", "guide_p")
 """Loss arguments with one value a passage row: each micro-batch gets its rows' values."""
+QUESTION_ROW_KWARGS = ("guide_q",)
+"""Loss arguments with one value a question row, cut alike."""
 
 
 class FullBatch:
@@ -96,9 +98,13 @@ class Accumulate:
         cut = {"length_order": False, "trim": self.trim_padding}
         q_chunks = cut_chunks(q_inputs, self.micro_batch, **cut).parts
         p_chunks = cut_chunks(p_inputs, self.micro_batch * group, **cut).parts
+        rows_of = {
+            **{key: self.micro_batch * group for key in PASSAGE_ROW_KWARGS},
+            **{key: self.micro_batch for key in QUESTION_ROW_KWARGS},
+        }
         row_chunks = {
-            key: loss_kwargs.pop(key).split(self.micro_batch * group)
-            for key in PASSAGE_ROW_KWARGS
+            key: loss_kwargs.pop(key).split(rows)
+            for key, rows in rows_of.items()
             if loss_kwargs.get(key) is not None
         }
         losses = []

@@ -9,7 +9,7 @@ contrastive loss's scores)::
                = mean_i sum_g pt_ig * (log pt_ig - log_softmax(s_i)_g)
     margin_mse = mean_i mean_h ((s_i0 - s_ih) - (t_i0 - t_ih))^2        (h = 1 .. H)
 
-Mixed with the in-batch contrastive loss (:func:`contrastive_loss`) by ``weight``, the
+Mixed with the in-batch contrastive loss (:class:`~dpr_cache.core.loss.InfoNCE`) by ``weight``, the
 contrastive loss's share::
 
     loss = weight * contrastive + (1 - weight) * distill
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.core.loss import GuideReps, InfoNCE
 
 __all__ = ["Distillation", "group_scores", "distill_kl", "margin_mse", "mixed_loss"]
 
@@ -116,31 +116,40 @@ def mixed_loss(
     all_p_reps: Tensor | None = None,
     all_p_ids: Tensor | None = None,
     positive_offset: int = 0,
+    infonce: InfoNCE | None = None,
+    all_q_reps: Tensor | None = None,
+    guide: GuideReps | None = None,
 ) -> Tensor:
     """The loss of questions ``q_reps`` whose groups are the rows of ``p_reps``: the contrastive
     loss alone (``distillation`` None) or mixed with a distillation loss.
 
     ``teacher_scores`` [rows of p_reps] are the teacher's scores of ``p_reps``'s rows. The
-    contrastive part scores every row of ``all_p_reps`` (default ``p_reps``; under several
-    ranks, the rows of every rank, question 0's positive at ``positive_offset`` there, with ids
-    ``all_p_ids``).
+    contrastive part (``infonce``: its options, default DPR's loss at ``temperature`` and
+    ``tile_size``) scores every row of ``all_p_reps`` (default ``p_reps``; under several ranks,
+    the rows of every rank, question 0's positive at ``positive_offset`` there, with ids
+    ``all_p_ids``) and, for the directions that read them, every question ``all_q_reps``
+    (default ``q_reps``); ``guide`` holds a guide's vectors of the same rows.
     """
+    if infonce is None:
+        infonce = InfoNCE(temperature=temperature, tile_size=tile_size)
     contrastive = None
     if distillation is None or distillation.weight > 0:
-        contrastive = contrastive_loss(
+        gathered = all_p_reps is not None
+        contrastive = infonce(
             q_reps,
-            p_reps if all_p_reps is None else all_p_reps,
-            temperature=temperature,
-            tile_size=tile_size,
-            p_ids=p_ids if all_p_reps is None else all_p_ids,
+            all_p_reps if gathered else p_reps,
+            p_ids=all_p_ids if gathered else p_ids,
             group_size=group_size,
-            positive_offset=0 if all_p_reps is None else positive_offset,
+            positive_offset=positive_offset if gathered else 0,
+            q_all=all_q_reps,
+            q_offset=positive_offset // group_size if gathered else 0,
+            guide=guide,
         )
     if distillation is None:
         return contrastive
     if teacher_scores is None:
         raise ValueError(f"loss {distillation.loss} needs teacher_scores")
-    student = group_scores(q_reps, p_reps, group_size=group_size, temperature=temperature)
+    student = group_scores(q_reps, p_reps, group_size=group_size, temperature=infonce.temperature)
     distill = _GROUP_LOSSES[distillation.loss](student, teacher_scores, distillation)
     if contrastive is None:
         return distill

@@ -72,6 +72,9 @@ class GradCache:
         loss_fn: ``loss_fn(q_reps, p_reps, **loss_kwargs) -> scalar`` on the whole batch.
         chunk_size: question rows per chunk.
         p_chunk_size: passage rows per chunk (default ``chunk_size``).
+        chunk_tokens: each chunk takes rows (longest first) while it holds at most this many
+            attended tokens; ``chunk_size`` and ``p_chunk_size`` then cap its rows, and a row
+            longer than the budget is a chunk alone. None: chunks of rows.
         scaler: a ``torch.amp.GradScaler``: the surrogate is scaled, never the cache.
         no_sync: a callable returning a context (e.g. ``ddp_model.no_sync``): every chunk's
             forward and backward but the last runs inside it, so DDP syncs gradients once. A
@@ -104,6 +107,7 @@ class GradCache:
         chunk_size: int,
         *,
         p_chunk_size: int | None = None,
+        chunk_tokens: int | None = None,
         scaler: torch.amp.GradScaler | None = None,
         no_sync: SyncContext | tuple[SyncContext, SyncContext] | None = None,
         keep_last_graph: bool = True,
@@ -113,12 +117,14 @@ class GradCache:
         length_bucket: int | None = None,
         release_memory: Callable[[], object] | None = None,
     ) -> None:
-        for name, size in (("chunk_size", chunk_size), ("p_chunk_size", p_chunk_size)):
+        sizes = (("chunk_size", chunk_size), ("p_chunk_size", p_chunk_size))
+        for name, size in (*sizes, ("chunk_tokens", chunk_tokens)):
             if size is not None and (not isinstance(size, int) or size < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
         self.encode_q, self.encode_p, self.loss_fn = encode_q, encode_p, loss_fn
         self.q_chunk_size = chunk_size
         self.p_chunk_size = p_chunk_size or chunk_size
+        self.chunk_tokens = chunk_tokens
         self.scaler = scaler
         self.no_sync = no_sync
         self.keep_last_graph = keep_last_graph and no_sync is None
@@ -145,6 +151,7 @@ class GradCache:
             length_order=self.length_order,
             trim=self.trim_padding,
             length_bucket=self.length_bucket,
+            max_tokens=self.chunk_tokens,
         )
         return _Tower(encode, chunks.parts, chunks.rows)
 

@@ -23,6 +23,7 @@ __all__ = [
     "group_size_of",
     "row_spans",
     "split_inputs",
+    "token_chunk_sizes",
 ]
 
 Inputs = Mapping[str, Tensor]
@@ -52,9 +53,10 @@ def group_size_of(n_questions: int, n_passages: int) -> int:
     return n_passages // n_questions
 
 
-def split_inputs(inputs: Inputs, chunk_size: int) -> list[dict[str, Tensor]]:
-    """Cut every tensor of ``inputs`` along dim 0 into chunks of ``chunk_size`` rows."""
-    if chunk_size < 1:
+def split_inputs(inputs: Inputs, chunk_size: int | list[int]) -> list[dict[str, Tensor]]:
+    """Cut every tensor of ``inputs`` along dim 0 into chunks of ``chunk_size`` rows (or of
+    the sizes listed)."""
+    if isinstance(chunk_size, int) and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     pieces = {key: t.split(chunk_size) for key, t in inputs.items()}
     n = len(next(iter(pieces.values())))
@@ -100,8 +102,12 @@ def cut_chunks(
     length_order: bool = True,
     trim: bool = True,
     length_bucket: int | None = None,
+    max_tokens: int | None = None,
 ) -> Chunks:
     """Cut ``inputs`` into chunks of ``chunk_size`` rows.
+
+    ``max_tokens``: each chunk takes rows (in the order below) while it holds at most that
+    many attended tokens and ``chunk_size`` rows; a row longer than that is a chunk alone.
 
     ``length_order``: rows ordered longest first by attended tokens (ties in batch order), so
     rows of similar length share a chunk. ``trim``: each chunk cut to the columns up to its
@@ -117,20 +123,40 @@ def cut_chunks(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if length_bucket is not None and length_bucket < 1:
         raise ValueError(f"length_bucket must be >= 1, got {length_bucket}")
-    spans = row_spans(inputs) if length_order or trim else None
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    spans = row_spans(inputs) if length_order or trim or max_tokens else None
+    if max_tokens is not None and spans is None:
+        raise ValueError("max_tokens counts attended tokens: the inputs need an attention_mask")
     n = batch_rows(inputs)
     order = _longest_first(spans.lengths) if length_order and spans is not None else None
+    sizes: int | list[int] = chunk_size
+    if max_tokens is not None:
+        in_order = spans.lengths if order is None else spans.lengths[order]
+        sizes = token_chunk_sizes(in_order.tolist(), max_tokens, chunk_size)
     if order is None:
-        host_rows = list(torch.arange(n).split(chunk_size))
-        parts, rows = split_inputs(inputs, chunk_size), None
+        host_rows = list(torch.arange(n).split(sizes))
+        parts, rows = split_inputs(inputs, sizes), None
     else:
-        host_rows = list(order.split(chunk_size))
-        rows = list(_to_device(order, _device_of(inputs)).split(chunk_size))
+        host_rows = list(order.split(sizes))
+        rows = list(_to_device(order, _device_of(inputs)).split(sizes))
         parts = [{key: t.index_select(0, r) for key, t in inputs.items()} for r in rows]
     if trim and spans is not None:
         widths = [_width(spans, r, length_bucket) for r in host_rows]
         parts = [_narrow(part, spans.width, w) for part, w in zip(parts, widths, strict=True)]
     return Chunks(parts, rows)
+
+
+def token_chunk_sizes(lengths: list[int], max_tokens: int, max_rows: int) -> list[int]:
+    """Rows of each chunk when chunks take ``lengths``' rows in order while they hold at most
+    ``max_tokens`` tokens and ``max_rows`` rows (a longer row alone)."""
+    sizes, rows, tokens = [], 0, 0
+    for length in lengths:
+        if rows and (rows == max_rows or tokens + length > max_tokens):
+            sizes.append(rows)
+            rows, tokens = 0, 0
+        rows, tokens = rows + 1, tokens + length
+    return sizes + [rows] if rows else sizes
 
 
 def _longest_first(lengths: Tensor) -> Tensor | None:

@@ -43,6 +43,8 @@ class Batch:
     n_questions: int
     group_size: int
     teacher_scores: Tensor | None = None  # [passage rows] float64, when the loss needs them
+    # the same rows tokenized for a guide model (train.guide): (questions, passages)
+    guide_inputs: tuple[dict[str, Tensor], dict[str, Tensor]] | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         """A copy with every tensor moved to ``device`` (to CUDA through pinned memory, queued
@@ -52,6 +54,9 @@ class Batch:
         if self.teacher_scores is not None:
             rows["teacher_scores"] = self.teacher_scores
         moved = to_device(rows, device)
+        guide = None
+        if self.guide_inputs is not None:
+            guide = tuple(to_device(inputs, device) for inputs in self.guide_inputs)
         return Batch(
             to_device(self.q_inputs, device),
             to_device(self.p_inputs, device),
@@ -59,6 +64,7 @@ class Batch:
             self.n_questions,
             self.group_size,
             moved.get("teacher_scores"),
+            guide,
         )
 
     def loss_inputs(self) -> dict[str, Tensor]:
@@ -139,6 +145,7 @@ def build_batch(
     query_prefix: str = "",
     passage_prefix: str = "",
     teacher_scores: bool = False,
+    guide: Any = None,
 ) -> Batch:
     """Tokenize questions and their passage groups (positive + ``hard_negatives`` negatives).
 
@@ -150,7 +157,8 @@ def build_batch(
     pool, the fill draws from the positives of this batch. The prefixes are the model's prompts
     (see :mod:`dpr_cache.data.tokenize`). With ``teacher_scores``, each passage row's
     ``teacher_score`` goes with the batch (a row without one raises ValueError: the training
-    files are checked for them when they are loaded).
+    files are checked for them when they are loaded). ``guide`` (a
+    :class:`~dpr_cache.model.guide.GuideText`): the rows tokenized for the guide model too.
     """
     if indices is not None and len(indices) != len(examples):
         raise ValueError("indices must match examples in length")
@@ -174,6 +182,16 @@ def build_batch(
         if teacher_scores:
             scores += _teacher_scores(example, group, key)
     questions = [example["question"] for example in examples]
+    guide_inputs = None
+    if guide is not None:
+        guide_inputs = (
+            encode_questions(
+                guide.tokenizer, questions, max_query_length, None, guide.query_prefix
+            ),
+            encode_passages(
+                guide.tokenizer, titles, texts, max_passage_length, None, guide.passage_prefix
+            ),
+        )
     return Batch(
         q_inputs=encode_questions(
             tokenizer, questions, max_query_length, pad_to_multiple_of, query_prefix
@@ -185,6 +203,7 @@ def build_batch(
         n_questions=len(examples),
         group_size=1 + max(hard_negatives, 0),
         teacher_scores=torch.tensor(scores, dtype=torch.float64) if teacher_scores else None,
+        guide_inputs=guide_inputs,
     )
 
 

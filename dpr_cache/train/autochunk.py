@@ -193,12 +193,13 @@ def pick_chunk_size(
     model: BiEncoder,
     env: DistEnv,
     budget_bytes: int,
-    out_dir: Path,
+    out_dir: Path | None,
     *,
     measure: Callable[[int], int] | None = None,
 ) -> int:
     """The largest candidate chunk whose probed peak plus batch extras fits
-    ``(1 - SAFETY_MARGIN) * budget_bytes``; logged and written to ``out_dir/chunk_choice.json``.
+    ``(1 - SAFETY_MARGIN) * budget_bytes``; logged and written to ``out_dir/chunk_choice.json``
+    (``out_dir`` None: logged only).
 
     ``measure(chunk) -> peak bytes`` replaces the probe (tests). Under ``torchrun`` rank 0
     probes and every rank takes its choice.
@@ -237,7 +238,7 @@ def pick_chunk_size(
         "device": str(env.device),
         "memory": "cuda max_memory_allocated" if env.device.type == "cuda" else "peak RSS",
     }
-    if env.is_main:
+    if env.is_main and out_dir is not None:
         write_json_atomic(Path(out_dir) / CHOICE_FILE, record)
         tried = ", ".join(
             f"{p['chunk']}: {p['total_bytes'] / 1e9:.2f} GB" for p in record["probes"]

@@ -122,7 +122,7 @@ def _time_steps(config: Config, steps: int, warmup: int) -> dict:
     env = distributed.setup(cfg.device)
     dataset, batches = training_data(config, env)
     trainer = build_trainer(config, env, warmup + steps)
-    recipe = batch_recipe(config, trainer.model, trainer.length_bucket)
+    recipe = batch_recipe(config, trainer.model, trainer.length_bucket, trainer.guide)
     tokenizer = trainer.model.tokenizer
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)

@@ -32,12 +32,12 @@ from dpr_cache.train.checkpoint import latest_checkpoint
 from dpr_cache.train.log import TrainLog, negatives_per_question
 from dpr_cache.train.recipe import step_batches
 from dpr_cache.train.resume import check_resumed_settings, check_start
+from dpr_cache.train.step import distillation_of
 from dpr_cache.train.trainer import (
     NonFinite,
     Trainer,
     batch_recipe,
     build_trainer,
-    distillation_of,
     out_of_memory,
     training_data,
     training_files,
@@ -108,7 +108,7 @@ def _set_up(config: Config, env: DistEnv, resume: bool, progress: bool) -> _Run:
     trainer = build_trainer(config, env, total)
     if env.is_main:  # once the model is there: a run that cannot start says that alone
         _warn_if_a_gpu_config_found_no_gpu(config, env)
-    recipe = batch_recipe(config, trainer.model, trainer.length_bucket)
+    recipe = batch_recipe(config, trainer.model, trainer.length_bucket, trainer.guide)
     if resume and latest_checkpoint(out / CHECKPOINTS) is not None:  # before loading it
         check_resumed_settings(config, out / "config.yaml", warn=env.is_main)
     start = trainer.resume(out / CHECKPOINTS) if resume else 0

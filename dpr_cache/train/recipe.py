@@ -33,6 +33,7 @@ class BatchRecipe:
     passage_prefix: str = ""
     teacher_scores: bool = False  # carry each passage row's teacher score (distillation)
     pad_to_multiple_of: int | None = None  # each side padded to a multiple of this
+    guide: Any = None  # a GuideText: the rows tokenized for the guide model too (train.guide)
 
     def batch(
         self,
@@ -59,6 +60,7 @@ class BatchRecipe:
             passage_prefix=self.passage_prefix,
             teacher_scores=self.teacher_scores,
             pad_to_multiple_of=self.pad_to_multiple_of,
+            guide=self.guide,
         )
 
 

@@ -22,8 +22,7 @@ from datasets import Dataset
 from torch.nn.utils import clip_grad_norm_
 
 from dpr_cache.config import Config, LoraConfig, ModelConfig, TrainConfig, parse_bytes
-from dpr_cache.core.distill import Distillation
-from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+from dpr_cache.core.steppers import Towers
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch
 from dpr_cache.data.training import load_training_sets
@@ -35,18 +34,14 @@ from dpr_cache.model.ddp import wrap_towers
 from dpr_cache.model.decoders import check_dtype_on, check_positions
 from dpr_cache.model.fast_dropout import use_fast_dropout
 from dpr_cache.model.fsdp import full_state, full_value, is_sharded, shard_towers
+from dpr_cache.model.guide import GuideModel
 from dpr_cache.model.loading import load_biencoder
-from dpr_cache.runtime import distributed, memory
+from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_dir_atomic
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.runtime.seeds import stream_seed
-from dpr_cache.train.autochunk import (
-    BatchShape,
-    ProbeSpec,
-    largest_fitting_chunk,
-    pick_chunk_size,
-)
+from dpr_cache.train.autochunk import BatchShape, ProbeSpec, largest_fitting_chunk
 from dpr_cache.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -59,6 +54,7 @@ from dpr_cache.train.recipe import (
     linear_warmup_decay,
     param_groups,
 )
+from dpr_cache.train.step import Chunking, build_step, chunking_of, distillation_of, guide_of
 
 __all__ = [
     "Trainer",
@@ -73,7 +69,6 @@ __all__ = [
     "distribute_towers",
     "compile_as_set",
     "length_bucket_of",
-    "distillation_of",
     "out_of_memory",
 ]
 
@@ -113,6 +108,7 @@ class Trainer:
     max_grad_norm: float | None = None
     length_bucket: int | None = None  # GradCache's; batches are padded to a multiple of it
     unsharded: Callable[[], BiEncoder] | None = None  # sharded: a whole model to save into
+    guide: GuideModel | None = None  # train.guide: the frozen model whose vectors guide the loss
 
     def step(self, batch: Batch) -> StepResult:
         """One update on this rank's slice of a global batch. A loss or gradient that is not
@@ -124,7 +120,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             with autocast(self.env.device, self.precision):
-                loss = self.stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
+                loss = self.stepper.step(batch.q_inputs, batch.p_inputs, **self.loss_inputs(batch))
         except FloatingPointError:
             if self.scaler is None:
                 raise NonFinite("loss") from None
@@ -150,6 +146,14 @@ class Trainer:
         seconds = time.perf_counter() - started
         scale = self.scaler.get_scale() if self.scaler is not None else None
         return StepResult(loss_value, lr, float(grad_norm), seconds, skipped, scale)
+
+    def loss_inputs(self, batch: Batch) -> dict:
+        """What the step's loss takes besides the reps: the batch's ids and teacher scores,
+        and the guide's vectors of its rows (computed here, without a graph)."""
+        inputs = batch.loss_inputs()
+        if self.guide is not None:
+            inputs.update(self.guide.reps(*batch.guide_inputs))
+        return inputs
 
     def _skipped(self, started: float) -> StepResult:
         """fp16, a loss that is not finite: no update, the scale lowered by its backoff."""
@@ -210,8 +214,9 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         logger.warning("%s", warning)
     prepare_towers(model, cfg, env.device)
     model.train()
-    chunk_size = chunk_size_of(config, model, env)  # probed on eager towers
+    chunking = chunking_of(config, model, env, out_dir=config.output_path)  # eager towers
     compiled = compile_as_set(model, cfg, env.device)
+    chunking = Chunking(chunking.chunk_size, chunking.chunk_tokens, length_bucket_of(cfg, compiled))
     towers = distribute_towers(model, cfg, env)
     optimizer = torch.optim.AdamW(  # over the parameters as sharded, where they are
         param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps
@@ -221,25 +226,14 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     )
     scaler = torch.amp.GradScaler(env.device.type) if cfg.precision == "fp16" else None
     torch.manual_seed(stream_seed("dropout", cfg.seed, env.rank))
-    loss_fn = make_loss_fn(
-        temperature=cfg.temperature,
-        tile_size=cfg.loss_tile_size,
-        group_size=1 + cfg.hard_negatives,
+    stepper = build_step(
+        config,
+        model,
         rank=env.rank,
         world_size=env.world_size,
-        distillation=distillation_of(config),
-    )
-    stepper = make_stepper(
-        cfg.mode,
-        towers,
-        loss_fn,
-        chunk_size=chunk_size,
-        p_chunk_size=cfg.p_chunk_size,
+        towers=towers,
+        chunking=chunking,
         scaler=scaler,
-        keep_last_graph=cfg.keep_last_graph,
-        length_order=cfg.length_order,
-        length_bucket=length_bucket_of(cfg, compiled),
-        release_memory=memory.trim,
     )
     return Trainer(
         model,
@@ -248,11 +242,12 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         scaler,
         stepper,
         env,
-        chunk_size,
+        chunking.chunk_size,
         cfg.precision,
         cfg.max_grad_norm,
-        length_bucket_of(cfg, compiled),
+        chunking.length_bucket,
         unsharded_model(m, env) if cfg.shard == "fsdp" else None,
+        guide_of(config, env.device, chunking.chunk_size),
     )
 
 
@@ -365,10 +360,14 @@ def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:
 
 
 def batch_recipe(
-    config: Config, model: BiEncoder, pad_to_multiple_of: int | None = None
+    config: Config,
+    model: BiEncoder,
+    pad_to_multiple_of: int | None = None,
+    guide: GuideModel | None = None,
 ) -> BatchRecipe:
     """How a step's examples become the batch ``model`` trains on (its prompts included),
-    padded to a multiple of ``pad_to_multiple_of`` (the engine's length bucket) when given."""
+    padded to a multiple of ``pad_to_multiple_of`` (the engine's length bucket) when given;
+    with ``guide``, the rows tokenized for it too."""
     cfg, m = config.train, config.model
     return BatchRecipe(
         cfg.hard_negatives,
@@ -379,28 +378,8 @@ def batch_recipe(
         model.passage_prefix,
         distillation_of(config) is not None,
         pad_to_multiple_of,
+        guide.text if guide is not None else None,
     )
-
-
-def distillation_of(config: Config) -> Distillation | None:
-    """``train.loss`` and its keys as the core's spec; None for the contrastive loss alone.
-    Unset keys take the spec's defaults: ``distill_weight`` 0 (distillation alone),
-    ``teacher_temperature`` 1."""
-    cfg = config.train
-    if cfg.loss == "contrastive":
-        return None
-    given = {"weight": cfg.distill_weight, "teacher_temperature": cfg.teacher_temperature}
-    return Distillation(cfg.loss, **{k: v for k, v in given.items() if v is not None})
-
-
-def chunk_size_of(config: Config, model: BiEncoder, env: DistEnv) -> int:
-    """``train.chunk_size``, or the probe's choice for ``auto``."""
-    cfg = config.train
-    if cfg.chunk_size != "auto":
-        return int(cfg.chunk_size)
-    shape = BatchShape(cfg.batch_size, cfg.hard_negatives, cfg.loss_tile_size)
-    budget = parse_bytes(cfg.memory_budget)
-    return pick_chunk_size(probe_spec(config), shape, model, env, budget, config.output_path)
 
 
 def probe_spec(config: Config) -> ProbeSpec:

@@ -12,17 +12,15 @@ from __future__ import annotations
 import torch
 
 from dpr_cache.config import Config
-from dpr_cache.core.distill import Distillation
-from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+from dpr_cache.core.steppers import Towers
 from dpr_cache.model.fsdp import full_value, shard_towers
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import advises_on_out_of_memory, resolve_device
 from dpr_cache.runtime.distributed import DistEnv
-from dpr_cache.runtime.memory import trim
+from dpr_cache.train.step import Chunking, build_step, chunking_of, distillation_of, guide_of
 from dpr_cache.train.trainer import (
     batch_recipe,
     compile_as_set,
-    distillation_of,
     length_bucket_of,
     load_model,
     prepare_towers,
@@ -44,57 +42,53 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def _in_mode(config: Config, mode: str) -> Config:
+    """``config`` with ``train.mode`` set to ``mode`` (a full batch has no token budget)."""
+    update = {"mode": mode} if mode != "full" else {"mode": mode, "chunk_tokens": None}
+    return config.model_copy(update={"train": config.train.model_copy(update=update)})
+
+
 def compare_steps(
+    config: Config,
     model,
     batch,
     *,
-    chunk: int,
-    p_chunk: int | None,
-    temperature: float,
-    tile: int | None,
-    distillation: Distillation | None = None,
-    length_bucket: int | None = None,
+    chunking: Chunking,
+    loss_inputs: dict | None = None,
     modes: tuple[str, ...] = ("full", "gradcache"),
     towers: Towers | None = None,
     env: DistEnv = DistEnv(),
 ) -> dict[str, tuple[float, dict]]:
-    """The loss and the gradients of a full-batch step and of a GradCache step on ``batch``,
-    for the contrastive loss or its mix with ``distillation``; GradCache's chunks rounded to
-    ``length_bucket`` as the trainer rounds them. ``towers`` (default: the model's own) may be
-    sharded over ``env``'s ranks, ``batch`` then being this rank's slice: the loss is the mean
-    over ranks, the gradients are gathered whole."""
-    towers = towers or Towers(model.encode_query, model.encode_passage)
-    loss_fn = make_loss_fn(
-        temperature=temperature,
-        tile_size=tile,
-        group_size=batch.group_size,
-        rank=env.rank,
-        world_size=env.world_size,
-        distillation=distillation,
-    )
+    """The loss and the gradients of each step object in ``modes`` that :func:`build_step`
+    assembles from ``config`` (``train.mode`` set to each) on ``batch``, GradCache cut as
+    ``chunking`` says. ``loss_inputs``: the loss's inputs besides the reps (default: the
+    batch's). ``towers`` (default: the model's own) may be sharded over ``env``'s ranks,
+    ``batch`` then being this rank's slice: the loss is the mean over ranks, the gradients are
+    gathered whole."""
+    inputs = batch.loss_inputs() if loss_inputs is None else loss_inputs
     results = {}
     for mode in modes:
         model.zero_grad(set_to_none=True)
-        stepper = make_stepper(
-            mode,
-            towers,
-            loss_fn,
-            chunk_size=chunk,
-            p_chunk_size=p_chunk,
-            length_bucket=length_bucket,
-            release_memory=trim,
+        stepper = build_step(
+            _in_mode(config, mode),
+            model,
+            rank=env.rank,
+            world_size=env.world_size,
+            towers=towers,
+            chunking=chunking,
         )
-        loss = stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
+        loss = stepper.step(batch.q_inputs, batch.p_inputs, **inputs)
         results[mode] = (distributed.all_mean(loss, env), _grads(model))
     return results
 
 
 @advises_on_out_of_memory("lower train.batch_size")
 def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, object] | None:
-    """Full batch vs GradCache on the batch of ``step``; returns the figures it prints. With
-    ``train.shard: fsdp`` (under torchrun) GradCache runs on the towers sharded over the ranks,
-    each on its slice of the batch, against one rank's unsharded full batch; None on the ranks
-    but 0."""
+    """Full batch vs GradCache on the batch of ``step``, the step assembled as training
+    assembles it (every engine setting and loss option of the config); returns the figures it
+    prints. With ``train.shard: fsdp`` (under torchrun) GradCache runs on the towers sharded
+    over the ranks, each on its slice of the batch, against one rank's unsharded full batch;
+    None on the ranks but 0."""
     cfg = config.train
     sharded = cfg.shard == "fsdp"
     env = distributed.setup(cfg.device) if sharded else DistEnv()
@@ -107,28 +101,33 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
 
 def _verify(config: Config, env: DistEnv, sharded: bool, double: bool, step: int):
     cfg, m = config.train, config.model
-    chunk = 8 if cfg.chunk_size == "auto" else int(cfg.chunk_size)
     dataset, batches = training_data(config, env)
     device = env.device if sharded else resolve_device(cfg.device, key="train.device")
     model = _model(config, device, double)
+    chunking = chunking_of(config, model, env)  # auto: probed as training probes it
     compiled = compile_as_set(model, cfg, device) if not sharded else False
-    recipe = batch_recipe(config, model, length_bucket_of(cfg, compiled))
+    chunking = Chunking(chunking.chunk_size, chunking.chunk_tokens, length_bucket_of(cfg, compiled))
+    guide = guide_of(config, device, chunking.chunk_size)
+    recipe = batch_recipe(config, model, chunking.length_bucket, guide)
     batch = recipe.batch(dataset, batches, model.tokenizer, step).to(device)
-    spec = {
-        "chunk": chunk,
-        "p_chunk": cfg.p_chunk_size,
-        "temperature": cfg.temperature,
-        "tile": cfg.loss_tile_size,
-        "distillation": distillation_of(config),
-        "length_bucket": length_bucket_of(cfg, compiled),
-    }
     if sharded:
-        results = compare_steps(model, batch, modes=("full",), **spec)
+        results = compare_steps(
+            config,
+            model,
+            batch,
+            chunking=chunking,
+            loss_inputs=_inputs(batch, guide),
+            modes=("full",),
+        )
         part = recipe.batch(dataset, batches, model.tokenizer, step, env.rank, env.world_size)
+        part = part.to(device)
         twin = _model(config, device, double)  # the same weights, to be sharded
-        results["gradcache"] = sharded_step(twin, part.to(device), env, cfg.shard_sync, **spec)
+        results["gradcache"] = sharded_step(
+            config, twin, part, env, chunking=chunking, loss_inputs=_inputs(part, guide)
+        )
     else:
-        results = compare_steps(model, batch, **spec)
+        inputs = _inputs(batch, guide)
+        results = compare_steps(config, model, batch, chunking=chunking, loss_inputs=inputs)
     if not env.is_main:
         return None
     full_loss, full = results["full"]
@@ -148,7 +147,7 @@ def _verify(config: Config, env: DistEnv, sharded: bool, double: bool, step: int
         "dtype": dtype,
         "device": str(device),
         "batch (questions x passages)": f"{batch.n_questions} x {batch.p_ids.numel()}",
-        "chunk size": chunk,
+        "engine": _engine_name(config, chunking),
         "towers": towers,
         "loss full / gradcache": f"{full_loss:.10f} / {cache_loss:.10f}",
         "max relative grad difference": f"{gap:.1e} (bound {bound:.0e} in {dtype})",
@@ -157,6 +156,32 @@ def _verify(config: Config, env: DistEnv, sharded: bool, double: bool, step: int
         if gap <= bound
         else "DIFFERENT: the gap is over the bound",
     }
+
+
+def _inputs(batch, guide) -> dict:
+    """The loss's inputs besides the reps: the batch's, and the guide's vectors of its rows."""
+    inputs = batch.loss_inputs()
+    if guide is not None:
+        inputs.update(guide.reps(*batch.guide_inputs))
+    return inputs
+
+
+def _engine_name(config: Config, chunking: Chunking) -> str:
+    """GradCache's settings in words: its chunks, the kept graph, the order and the bucket."""
+    t = config.train
+    chunks = f"chunk {chunking.chunk_size}"
+    if t.p_chunk_size:
+        chunks += f" (passages {t.p_chunk_size})"
+    if chunking.chunk_tokens:
+        chunks += f", at most {chunking.chunk_tokens} tokens a chunk"
+    parts = [
+        chunks,
+        "last graph kept" if t.keep_last_graph else "every chunk re-encoded",
+        "rows longest first" if t.length_order else "rows in batch order",
+    ]
+    if chunking.length_bucket:
+        parts.append(f"widths a multiple of {chunking.length_bucket}")
+    return ", ".join(parts)
 
 
 def _model(config: Config, device: torch.device, double: bool):
@@ -172,22 +197,44 @@ def _model(config: Config, device: torch.device, double: bool):
     return model.train()
 
 
-def sharded_step(model, part, env: DistEnv, sync: str, **spec) -> tuple[float, dict]:
+def sharded_step(
+    config: Config, model, part, env: DistEnv, *, chunking: Chunking, loss_inputs=None
+) -> tuple[float, dict]:
     """GradCache's loss (the mean over ranks) and gradient (gathered whole) on ``model``
-    sharded over ``env``'s ranks in place, each rank stepping on its slice ``part`` of the
-    batch with every rank's passages as negatives."""
-    towers = shard_towers(model, env, precision="fp32", sync=sync)
-    results = compare_steps(model, part, modes=("gradcache",), towers=towers, env=env, **spec)
+    sharded over ``env``'s ranks in place (``train.shard_sync``), each rank stepping on its
+    slice ``part`` of the batch with every rank's passages as negatives."""
+    towers = shard_towers(model, env, precision="fp32", sync=config.train.shard_sync)
+    results = compare_steps(
+        config,
+        model,
+        part,
+        chunking=chunking,
+        loss_inputs=loss_inputs,
+        modes=("gradcache",),
+        towers=towers,
+        env=env,
+    )
     return results["gradcache"]
 
 
 def _loss_name(config: Config) -> str:
-    """The configured loss in words: its name, its mix and its temperatures."""
+    """The configured loss in words: its name, its mix, its temperatures and its options."""
     spec, cfg = distillation_of(config), config.train
+    options = [f"temperature {cfg.temperature:g}"]
+    if cfg.directions != ["query_to_passage"]:
+        options.append(f"directions {' + '.join(cfg.directions)} ({cfg.partition})")
+    if cfg.hardness:
+        options.append(f"hardness {cfg.hardness} x {cfg.hardness_strength:g}")
+    if cfg.guide:
+        margin = f"margin {cfg.guide_margin:g} {cfg.guide_margin_strategy}"
+        options.append(f"guided by {cfg.guide} ({margin})")
+    if cfg.matryoshka_dims:
+        options.append(f"Matryoshka {'/'.join(str(d) for d in cfg.matryoshka_dims)}")
+    if cfg.loss_tile_size:
+        options.append(f"tiled {cfg.loss_tile_size}")
     if spec is None:
-        return f"contrastive (temperature {cfg.temperature:g})"
+        return f"contrastive ({'; '.join(options)})"
+    if spec.loss == "distill_kl":
+        options.append(f"teacher temperature {spec.teacher_temperature:g}")
     mix = f"{spec.weight:g} x contrastive + {1 - spec.weight:g} x " if spec.weight else ""
-    teacher = (
-        f", teacher temperature {spec.teacher_temperature:g}" if spec.loss == "distill_kl" else ""
-    )
-    return f"{mix}{spec.loss} (temperature {cfg.temperature:g}{teacher})"
+    return f"{mix}{spec.loss} ({'; '.join(options)})"

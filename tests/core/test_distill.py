@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from dpr_cache.core.accumulate import Accumulate, FullBatch
 from dpr_cache.core.distill import Distillation, distill_kl, group_scores, margin_mse, mixed_loss
-from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+from dpr_cache.core.loss import InfoNCE
+from dpr_cache.core.objective import Objective, make_loss_fn
+from dpr_cache.core.steppers import Towers, make_stepper
 from tests.core.test_engine import N_Q, grads, make_batch, make_model, max_relative_error
 from tests.core.test_loss import make
 from tests.core.test_loss import reference_loss as reference_contrastive
@@ -232,9 +234,7 @@ def stepper_grads(
     mode, model, q_inputs, p_inputs, t, p_ids, *, chunk, group, spec, tile, temperature
 ):
     model.zero_grad(set_to_none=True)
-    loss_fn = make_loss_fn(
-        temperature=temperature, tile_size=tile, group_size=group, distillation=spec
-    )
+    loss_fn = make_loss_fn(Objective(group, InfoNCE(temperature, tile), spec))
     towers = Towers(model.encode_query, model.encode_passage)
     stepper = make_stepper(mode, towers, loss_fn, chunk_size=chunk)
     loss = stepper.step(q_inputs, p_inputs, p_ids=p_ids, teacher_scores=t)
@@ -289,7 +289,7 @@ def test_accumulate_equals_full_batch_for_distillation_alone(kind):
     q_inputs, p_inputs, p_ids = make_batch(2)
     t = teacher_for(N_Q * 3)
     spec = Distillation(kind)
-    loss_fn = make_loss_fn(temperature=0.5, tile_size=None, group_size=3, distillation=spec)
+    loss_fn = make_loss_fn(Objective(3, InfoNCE(0.5), spec))
     model.zero_grad(set_to_none=True)
     FullBatch(model.encode_query, model.encode_passage, loss_fn).step(
         q_inputs, p_inputs, teacher_scores=t

@@ -10,7 +10,7 @@ import torch
 
 from dpr_cache.core.accumulate import Accumulate
 from dpr_cache.core.engine import GradCache
-from dpr_cache.core.inputs import cut_chunks, row_spans
+from dpr_cache.core.inputs import cut_chunks, row_spans, token_chunk_sizes
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime import memory
@@ -254,3 +254,31 @@ def test_bucketed_widths_leave_the_gradient_exact(float64, bucket):
     scale = max(a.abs().max() for a in want)
     for a, b in zip(want, got, strict=True):
         assert (a - b).abs().max() <= 1e-10 * scale
+
+
+@pytest.mark.parametrize(("length_order", "cap"), [(True, 100), (False, 100), (True, 3)])
+def test_token_budget_chunks_hold_the_budget_and_every_row_once(length_order, cap):
+    """Each chunk holds at most the budget's attended tokens (a longer row alone) and at most
+    ``cap`` rows, takes rows longest first when asked, and every row lands in one chunk."""
+    inputs = random_inputs(23, 12, seed=4)
+    lengths = inputs["attention_mask"].sum(1)
+    chunks = cut_chunks(inputs, cap, length_order=length_order, max_tokens=30)
+    sizes = [len(part["input_ids"]) for part in chunks.parts]
+    rows = chunks.rows or list(torch.arange(23).split(sizes))
+    seen = torch.cat(rows)
+    assert sorted(seen.tolist()) == list(range(23))
+    for part, r in zip(chunks.parts, rows, strict=True):
+        assert len(r) <= cap
+        assert int(lengths[r].sum()) <= 30 or len(r) == 1
+        assert torch.equal(
+            part["input_ids"], inputs["input_ids"][r][:, : part["input_ids"].shape[1]]
+        )
+    if length_order:
+        assert torch.equal(lengths[seen], lengths.sort(descending=True, stable=True).values)
+    assert len(chunks.parts) > 23 * int(lengths.float().mean()) // 30  # the budget binds
+
+
+def test_token_chunk_sizes_take_rows_while_they_fit():
+    assert token_chunk_sizes([9, 9, 5, 5, 5, 2], 14, 10) == [1, 2, 3]
+    assert token_chunk_sizes([40, 3, 3], 10, 10) == [1, 2]  # a longer row alone
+    assert token_chunk_sizes([1] * 7, 100, 3) == [3, 3, 1]  # the rows' cap

@@ -19,8 +19,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from dpr_cache.core.distill import Distillation
 from dpr_cache.core.gather import gather_no_grad
-from dpr_cache.core.loss import contrastive_loss
-from dpr_cache.core.steppers import make_loss_fn, make_stepper
+from dpr_cache.core.loss import Guide, InfoNCE, contrastive_loss
+from dpr_cache.core.objective import Matryoshka, Objective, make_loss_fn
+from dpr_cache.core.steppers import make_stepper
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.ddp import wrap_towers
 from dpr_cache.runtime import distributed
@@ -78,6 +79,38 @@ def distillation(case: dict[str, Any]) -> Distillation | None:
     if "distill" not in case:
         return None
     return Distillation(case["distill"], weight=case.get("weight", 0.0), teacher_temperature=2.0)
+
+
+def objective(case: dict[str, Any]) -> Objective:
+    """A case's loss: ``tile``, the distillation keys, and ``loss`` (``directions``,
+    ``partition``, ``hardness`` with ``strength``, ``guide_margin`` with ``strategy``,
+    ``matryoshka`` dims with ``normalize``)."""
+    o = case.get("loss", {})
+    guide = None
+    if "guide_margin" in o:
+        guide = Guide(o["guide_margin"], o.get("strategy", "absolute"))
+    infonce = InfoNCE(
+        temperature=TEMPERATURE,
+        tile_size=case.get("tile"),
+        directions=tuple(o.get("directions", ("query_to_passage",))),
+        partition=o.get("partition", "joint"),
+        hardness=o.get("hardness"),
+        hardness_strength=o.get("strength", 0.0),
+        guide=guide,
+    )
+    matryoshka = None
+    if "matryoshka" in o:
+        matryoshka = Matryoshka(tuple(o["matryoshka"]), o.get("weights"), o.get("normalize", False))
+    return Objective(GROUP, infonce, distillation(case), matryoshka)
+
+
+def guide_reps(step: int, n_q: int = N_Q) -> dict[str, Tensor]:
+    """A guide's vectors of a global batch's rows (float64): each question near its positive,
+    so that the guide's rule takes some candidates out of a row and keeps others."""
+    gen = torch.Generator().manual_seed(40 + step)
+    guide_p = torch.randn(n_q * GROUP, 6, generator=gen, dtype=torch.float64)
+    noise = torch.randn(n_q, 6, generator=gen, dtype=torch.float64)
+    return {"guide_q": guide_p[::GROUP] + 0.6 * noise, "guide_p": guide_p}
 
 
 def rank_rows(inputs: dict, rank: int, world: int) -> dict:
@@ -138,14 +171,7 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
     if case.get("naive"):
         loss_fn = naive_loss_fn(env, case.get("tile"))
     else:
-        loss_fn = make_loss_fn(
-            temperature=TEMPERATURE,
-            tile_size=case.get("tile"),
-            group_size=GROUP,
-            rank=env.rank,
-            world_size=env.world_size,
-            distillation=distillation(case),
-        )
+        loss_fn = make_loss_fn(objective(case), rank=env.rank, world_size=env.world_size)
     if case.get("sync_every_chunk"):  # the counter's own control: no no_sync at all
         towers.no_sync = None
     stepper = make_stepper(
@@ -161,6 +187,10 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
             extra["teacher_scores"] = rank_rows(
                 {"t": teacher_scores(step)}, teacher_rank, env.world_size
             )["t"]
+        if "guide_margin" in case.get("loss", {}):
+            guide = guide_reps(step)
+            extra["guide_q"] = rank_rows({"g": guide["guide_q"]}, env.rank, env.world_size)["g"]
+            extra["guide_p"] = rank_rows({"g": guide["guide_p"]}, env.rank, env.world_size)["g"]
         loss = stepper.step(
             rank_rows(q_inputs, env.rank, env.world_size),
             rank_rows(p_inputs, env.rank, env.world_size),

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+from dpr_cache.core.objective import make_loss_fn
+from dpr_cache.core.steppers import Towers, make_stepper
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.fsdp import full_value, shard_towers
 from dpr_cache.runtime import distributed
@@ -25,7 +26,7 @@ from dpr_cache.runtime.atomic import write_atomic
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
 from tests.support.distributed_cases import make_model as bert_model
-from tests.support.distributed_cases import naive_loss_fn
+from tests.support.distributed_cases import naive_loss_fn, objective
 from tests.support.fixtures import random_inputs
 from tests.support.ranks import join
 
@@ -101,13 +102,7 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
     if case.get("naive"):
         loss_fn = naive_loss_fn(env, None)
     else:
-        loss_fn = make_loss_fn(
-            temperature=TEMPERATURE,
-            tile_size=None,
-            group_size=GROUP,
-            rank=env.rank,
-            world_size=env.world_size,
-        )
+        loss_fn = make_loss_fn(objective(case), rank=env.rank, world_size=env.world_size)
     stepper = make_stepper(case["mode"], towers, loss_fn, chunk_size=CHUNK, release_memory=trim)
     if case.get("never_sync"):
         stepper._sync_context = lambda is_query, last_of_tower, last_overall: towers.no_sync[
@@ -138,7 +133,7 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
 def reference(case: dict[str, Any]) -> dict[str, Any]:
     """One process, unsharded, the whole batch, the full-batch step: the same record."""
     model = make_model(case)
-    loss_fn = make_loss_fn(temperature=TEMPERATURE, tile_size=None, group_size=GROUP)
+    loss_fn = make_loss_fn(objective(case))
     stepper = make_stepper(
         "full", Towers(model.encode_query, model.encode_passage), loss_fn, chunk_size=N_Q
     )

@@ -1,0 +1,75 @@
+"""A frozen guide model (GIST, ``train.guide``): its own tokenizer and encoding, vectors of the
+batch's rows without a graph, never trained or saved with the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from dpr_cache.core.inputs import Inputs, split_inputs
+from dpr_cache.errors import InputError
+from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.model.hub import ModelNotFound, resolve_model_path
+from dpr_cache.model.loading import load_encoder
+
+__all__ = ["GuideModel", "GuideText", "load_guide"]
+
+
+@dataclass(frozen=True)
+class GuideText:
+    """How the guide reads the batch's texts: its tokenizer and prompts (a batch recipe's
+    part: the rows are tokenized twice, for the student and for the guide)."""
+
+    tokenizer: object
+    query_prefix: str = ""
+    passage_prefix: str = ""
+
+
+@dataclass
+class GuideModel:
+    """The guide's towers (eval mode, frozen) and how many rows it encodes at a time."""
+
+    model: BiEncoder
+    chunk_rows: int
+
+    @property
+    def text(self) -> GuideText:
+        return GuideText(self.model.tokenizer, self.model.query_prefix, self.model.passage_prefix)
+
+    @torch.no_grad()
+    def reps(self, q_inputs: Inputs, p_inputs: Inputs) -> dict[str, Tensor]:
+        """The guide's vectors of the questions and passages (``guide_q``, ``guide_p``), each
+        tower encoded ``chunk_rows`` rows at a time without a graph."""
+        return {
+            "guide_q": self._encode(self.model.encode_query, q_inputs),
+            "guide_p": self._encode(self.model.encode_passage, p_inputs),
+        }
+
+    def _encode(self, encode, inputs: Inputs) -> Tensor:
+        device = self.model.device
+        parts = [
+            encode({k: v.to(device) for k, v in chunk.items()}).float()
+            for chunk in split_inputs(inputs, self.chunk_rows)
+        ]
+        return torch.cat(parts)
+
+
+def load_guide(path: str, device: torch.device, chunk_rows: int) -> GuideModel:
+    """The guide model folder ``path`` (``train.guide``: a dpr-cache model, a transformers or
+    a sentence-transformers folder, encoding as it ships) on ``device``, frozen; InputError
+    naming the key when the folder is missing or has no tokenizer."""
+    try:
+        folder = resolve_model_path(path)
+    except ModelNotFound as e:
+        raise InputError(f"train.guide: {e}") from None
+    if not Path(folder).is_dir():
+        raise InputError(f"train.guide: {path}: no such model folder")
+    try:
+        model = load_encoder(Path(folder))
+    except InputError as e:
+        raise InputError(f"train.guide: {e}") from None
+    model.requires_grad_(False)
+    return GuideModel(model.to(device), chunk_rows)
