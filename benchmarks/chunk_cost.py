@@ -134,10 +134,12 @@ def dpr_cache_stepper(model, chunk: int, group_size: int, **options):
     """dpr-cache's GradCache step as the trainer builds it (``release_memory`` included), chunk
     ``chunk`` rows in both towers; ``options`` go to :func:`make_stepper` (a variant's
     settings, e.g. ``length_order=False``)."""
-    from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+    from dpr_cache.core.loss import InfoNCE
+    from dpr_cache.core.objective import Objective, make_loss_fn
+    from dpr_cache.core.steppers import Towers, make_stepper
     from dpr_cache.runtime.memory import trim
 
-    loss_fn = make_loss_fn(temperature=1.0, tile_size=None, group_size=group_size)
+    loss_fn = make_loss_fn(Objective(group_size, InfoNCE(1.0)))
     towers = Towers(model.encode_query, model.encode_passage)
     options = {"release_memory": trim, **options}
     return make_stepper("gradcache", towers, loss_fn, chunk_size=chunk, **options)

@@ -168,7 +168,9 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
     state."""
     from benchmarks.gpu_perf import free_device
     from benchmarks.sharding import held_bytes
-    from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+    from dpr_cache.core.loss import InfoNCE
+    from dpr_cache.core.objective import Objective, make_loss_fn
+    from dpr_cache.core.steppers import Towers, make_stepper
     from dpr_cache.model.fsdp import shard_towers
     from dpr_cache.runtime.device import autocast
     from dpr_cache.runtime.distributed import DistEnv
@@ -182,7 +184,7 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
         towers = shard_towers(model, env, precision=plan.precision, sync="step")
     else:
         towers = Towers(model.encode_query, model.encode_passage)
-    loss_fn = make_loss_fn(temperature=0.05, tile_size=None, group_size=2)
+    loss_fn = make_loss_fn(Objective(2, InfoNCE(0.05)))
     stepper = make_stepper("gradcache", towers, loss_fn, chunk_size=plan.chunk, release_memory=trim)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     batch = _batch(plan.vocab, plan.batch, plan.q_len, plan.p_len, device)

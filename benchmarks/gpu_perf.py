@@ -222,9 +222,11 @@ def _own_stepper(
     ``chunk``; trimmed widths rounded up to a multiple of ``length_bucket`` where given) or the
     plain full batch (``chunk`` None), on ``towers`` (an object with ``encode_query`` and
     ``encode_passage``; default ``model``)."""
-    from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+    from dpr_cache.core.loss import InfoNCE
+    from dpr_cache.core.objective import Objective, make_loss_fn
+    from dpr_cache.core.steppers import Towers, make_stepper
 
-    loss_fn = make_loss_fn(temperature=1.0, tile_size=None, group_size=2)
+    loss_fn = make_loss_fn(Objective(2, InfoNCE(1.0)))
     on = model if towers is None else towers
     encoders = Towers(on.encode_query, on.encode_passage)
     if chunk is None:
@@ -234,6 +236,7 @@ def _own_stepper(
         "keep_last_graph": savings.get("keep_last_graph", True),
         "length_order": savings.get("length_order", True),
         "length_bucket": length_bucket,
+        "chunk_tokens": savings.get("chunk_tokens"),
     }
     stepper = make_stepper("gradcache", encoders, loss_fn, chunk_size=chunk, **options)
     if "trim_padding" in savings:
@@ -465,7 +468,8 @@ def speed_comparison(
     library at each chunk, in one process on one shared-tower model, interleaved. A chunk
     ``(q, p)`` encodes ``q`` questions and ``p`` passages at a time (``train.chunk_size``,
     ``train.p_chunk_size``; the library's ``chunk_sizes=[q, p]``); CachedMNRL has one
-    mini-batch for every column (its token budget packs more of the short questions in one). A
+    mini-batch for every column (its token budget packs more of the short questions in one);
+    dpr-cache at each of CachedMNRL's token budgets too (``train.chunk_tokens``, rows uncapped). A
     chunk equal at this batch to one before it (past a tower's rows it is all of them) is left
     out. A variant runs on ``compiled`` (a model whose towers
     :func:`dpr_cache.model.compiled.compile_towers` compiled in place) where it is compiled,
@@ -497,6 +501,8 @@ def speed_comparison(
             specs.append(
                 (f"CachedMNRL tokens {t}", lambda s=step: s, "CachedMNRL tokens", None, None)
             )
+        make = functools.partial(_own_stepper, model, n_q, n_p, chunk_tokens=t)
+        specs.append((f"dpr-cache tokens {t}", make, "dpr-cache tokens", None, None))
     for name, (q, p) in chunk_settings(lib_chunks, n_q, n_p).items():
         make = functools.partial(_gradcache_lib, model, [q, p])
         counts = chunk_counts(n_q, n_p, q, p)

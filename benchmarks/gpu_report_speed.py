@@ -28,7 +28,8 @@ PEERS = (("CachedMNRL", "CachedMNRL rows {}"), ("GradCache library", "GradCache 
 
 _NAMED = re.compile(
     r"^(?P<engine>dpr-cache|GradCache library) chunk (?P<q>\d+)(?:/(?P<p>\d+))?$"
-    r"|^CachedMNRL rows (?P<rows>\d+)$|^CachedMNRL tokens \d+$|^full batch( B=\d+)?$"
+    r"|^CachedMNRL rows (?P<rows>\d+)$|^(?P<tokens>CachedMNRL|dpr-cache) tokens \d+$"
+    r"|^full batch( B=\d+)?$"
 )
 
 
@@ -51,7 +52,7 @@ def setting_of(name: str, row: dict, batch: int) -> dict:
         return {"engine": "CachedMNRL", "chunk": m["rows"], "chunks": [per, 2 * per]}
     if name.startswith("full batch"):
         return {"engine": "full batch", "chunk": None, "chunks": [1, 1]}
-    return {"engine": "CachedMNRL tokens", "chunk": None, "chunks": None}
+    return {"engine": f"{m['tokens']} tokens", "chunk": None, "chunks": None}
 
 
 def _counts(n_q: int, n_p: int, q: int, p: int) -> list[int]:
@@ -330,7 +331,7 @@ def _comparison(comp: dict) -> list[str]:
         if alloc:
             cells.append(_allocator(row.get("allocator")))
         lines.append("| " + " | ".join(cells) + " |")
-    return lines + _by_chunk(comp) + _fits(comp) + _best_line(comp)
+    return lines + _by_chunk(comp) + _by_tokens(comp) + _fits(comp) + _best_line(comp)
 
 
 def _how_timed(comp: dict) -> str:
@@ -354,6 +355,31 @@ def _how_timed(comp: dict) -> str:
 
 def _chunk_key(label: str) -> list[int]:
     return [int(x) for x in label.split("/")]
+
+
+def _by_tokens(comp: dict) -> list[str]:
+    """Pairs/s at each token budget: dpr-cache's token-budget chunks and CachedMNRL's."""
+    table: dict[str, dict[str, str]] = {}
+    for name, row, s in _timed_rows(comp):
+        if s["engine"] in ("dpr-cache tokens", "CachedMNRL tokens"):
+            budget = name.rsplit(" ", 1)[1]
+            table.setdefault(budget, {})[s["engine"]] = f"{row['pairs_per_s']:,.0f}"
+    if not table:
+        return []
+    lines = [
+        "",
+        f"Pairs/s at each token budget at B={comp['batch']}, {comp['precision']} (– not timed):",
+        "",
+        "| tokens a chunk | dpr-cache (train.chunk_tokens) | CachedMNRL (mini_batch_num_tokens) |",
+        "|--:|--:|--:|",
+    ]
+    for budget in sorted(table, key=int):
+        cells = table[budget]
+        lines.append(
+            f"| {int(budget):,} | {cells.get('dpr-cache tokens', '–')} | "
+            f"{cells.get('CachedMNRL tokens', '–')} |"
+        )
+    return lines
 
 
 def _by_chunk(comp: dict) -> list[str]:

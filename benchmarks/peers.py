@@ -140,6 +140,18 @@ class CachedMNRLStep:
         return loss.detach()
 
 
+def st_model_over(model: BiEncoder, folder: str):
+    """A SentenceTransformer loaded from ``folder`` (its own modules: pooling, normalization,
+    sequence length) whose Transformer module runs ``model``'s query tower, in train mode."""
+    from sentence_transformers import SentenceTransformer
+
+    from dpr_cache.model.hub import resolve_model_path
+
+    st = SentenceTransformer(str(resolve_model_path(folder)), device=str(model.device))
+    st[0].model = model.query_encoder
+    return st.train()
+
+
 def make_peer(name: str, model: BiEncoder, chunk_size: int, tile_size: int | None = None):
     """A step object for peer ``name`` (one of :data:`PEERS`) on ``model``."""
     if name == "st-cmnrl":

@@ -86,7 +86,9 @@ class PointSpec(StepSettings):
 
 
 def point_stepper(spec: PointSpec, model):
-    from dpr_cache.core.steppers import Towers, make_loss_fn, make_stepper
+    from dpr_cache.core.loss import InfoNCE
+    from dpr_cache.core.objective import Objective, make_loss_fn
+    from dpr_cache.core.steppers import Towers, make_stepper
     from dpr_cache.runtime.memory import trim
 
     if spec.mode in ("st-cmnrl", "gradcache-lib"):
@@ -96,7 +98,7 @@ def point_stepper(spec: PointSpec, model):
     if spec.mode not in OWN_MODES:
         raise ValueError(f"unknown mode {spec.mode!r}; expected one of {MODES}")
     tile = spec.tile if spec.mode == "gradcache-tiled" else None
-    loss_fn = make_loss_fn(temperature=1.0, tile_size=tile, group_size=1 + spec.hard_negatives)
+    loss_fn = make_loss_fn(Objective(1 + spec.hard_negatives, InfoNCE(1.0, tile)))
     mode = "gradcache" if spec.mode.startswith("gradcache") else spec.mode
     return make_stepper(
         mode,

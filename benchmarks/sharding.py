@@ -220,7 +220,9 @@ def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
     """One GradCache step and one AdamW step of model ``name`` under ``shard`` on this rank's
     slice of the batch: the bytes held, the loss, and the first step's gradient gathered whole
     (a collective for shards)."""
-    from dpr_cache.core.steppers import make_loss_fn, make_stepper
+    from dpr_cache.core.loss import InfoNCE
+    from dpr_cache.core.objective import Objective, make_loss_fn
+    from dpr_cache.core.steppers import make_stepper
     from dpr_cache.model.ddp import wrap_towers
     from dpr_cache.model.fsdp import full_value, shard_towers
     from dpr_cache.runtime import distributed
@@ -231,13 +233,8 @@ def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
         towers = shard_towers(model, env, precision="fp32", sync="step")
     else:
         towers = wrap_towers(model, env)  # DDP on several ranks, the model itself on one
-    loss_fn = make_loss_fn(
-        temperature=TEMPERATURE,
-        tile_size=None,
-        group_size=plan.group,
-        rank=env.rank,
-        world_size=env.world_size,
-    )
+    objective = Objective(plan.group, InfoNCE(TEMPERATURE))
+    loss_fn = make_loss_fn(objective, rank=env.rank, world_size=env.world_size)
     stepper = make_stepper("gradcache", towers, loss_fn, chunk_size=plan.chunk, release_memory=trim)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     q, p, p_ids = global_batch(name, plan)

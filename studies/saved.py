@@ -53,17 +53,24 @@ from studies.squad_hard_negatives.collect import RANKS_NAME, first_ranks
 class Layout:
     """A study's saved state: its set-up steps' done markers (saved and restored all together
     or not at all), the training files its students read (packed) and its students' arm
-    folders (a student's run is finished once fused with BM25)."""
+    folders (a student's run is finished once its ``run_steps`` are done: each a folder of the
+    run with its metrics.json; by default its three fusions with BM25). ``arm_steps`` names an
+    arm's own steps where they differ."""
 
     setup: tuple[str, ...]
     packed: tuple[str, ...]
     arms: tuple[str, ...]
+    run_steps: tuple[str, ...] = ("eval-rrf", "eval-linear-a", "eval-linear-b")
+    arm_steps: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def steps_of(self, arm: str) -> tuple[str, ...]:
+        """The folders a finished run of ``arm`` holds (with their metrics.json)."""
+        return dict(self.arm_steps).get(arm, self.run_steps)
 
 
 PACKED_SUFFIX = ".ids.jsonl.gz"
 LEFT_OUT_DIRS = ("model", "checkpoints", "index", "cross-encoder", "tensorboard", ".cache")
 LEFT_OUT_NAMES = ("run.trec", "retrieval.pyserini.json")  # eval's exports of retrieval.json
-HYBRIDS = ("eval-rrf", "eval-linear-a", "eval-linear-b")  # a student's fusions with BM25
 RUN_MARKS = ("run.json", "model", "checkpoints", "train_log.jsonl")  # what makes a run folder
 MAX_BYTES = 1 << 20  # a plain file larger than this is left out (and named); a marker never
 FROM_PASSAGES = 0  # a packed ctx's title or text: the passages file's, put back by restore
@@ -151,11 +158,12 @@ def _is_run(folder: Path) -> bool:
 
 def finished(layout: Layout, run: Path, suffix: str) -> bool:
     """A run folder is saved once it has its run.json and, for a student (an arm of the page),
-    its three fusions with BM25."""
+    its steps (:meth:`Layout.steps_of`)."""
     if not (run / "run.json").is_file():
         return False
     arm = run.parent.name.removesuffix(suffix) if suffix else run.parent.name
-    return arm not in layout.arms or all((run / h / "metrics.json").is_file() for h in HYBRIDS)
+    steps = layout.steps_of(arm)
+    return arm not in layout.arms or all((run / h / "metrics.json").is_file() for h in steps)
 
 
 def setup_done(layout: Layout, folder: Path, packed: bool = False) -> bool:

@@ -12,6 +12,7 @@ import typer
 from dpr_cache.cli.app import Command, app, check_inputs, check_search_flags, guarded
 from dpr_cache.cli.options import (
     AUTOCAST,
+    DimOpt,
     EfSearchOpt,
     MemoryOpt,
     NprobeOpt,
@@ -92,6 +93,7 @@ def mine(
     ef_search: EfSearchOpt = default_of("index.hnsw_ef_search"),
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = default_of("eval.device"),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
+    dim: DimOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Hard negatives for a training file: the best-ranked passages that are not positives,
@@ -131,8 +133,10 @@ def mine(
             device=device,
         )
     spec = MineSpec(negatives, depth, skip, keep_bm25, rules, batch)
+    if dim is not None and ranker != "model" and teacher != "hybrid":
+        raise InputError("--dim: the width of a model's vectors (--ranker model, --teacher hybrid)")
     ranks = RankerSpec(
-        ranker, model, index, passages, nprobe, ef_search, memory_gb, device, precision
+        ranker, model, index, passages, nprobe, ef_search, memory_gb, device, precision, dim
     )
     summary = mine_file(
         ranks,

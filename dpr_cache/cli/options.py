@@ -13,6 +13,7 @@ __all__ = [
     "AUTOCAST",
     "ConfigMemoryOpt",
     "ConfigOpt",
+    "DimOpt",
     "EfSearchOpt",
     "MemoryOpt",
     "ModelOpt",
@@ -48,6 +49,14 @@ ConfigMemoryOpt = Annotated[  # index's, over its config's key
 ]
 
 
+DimOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--dim",
+        help="Vectors cut to their first D dims, re-normalized when the model normalizes "
+        "(a Matryoshka model; default index.dim, else the index's own or the full width).",
+    ),
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 NprobeOpt = Annotated[int, typer.Option(help="IVF lists searched (an IVF index).")]
 EfSearchOpt = Annotated[int, typer.Option(help="HNSW search breadth (an HNSW index).")]

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import Command, app, guarded, load, overridden, rank_and_world
-from dpr_cache.cli.options import ConfigMemoryOpt, ConfigOpt, ModelOpt, QuietOpt, SetOpt
+from dpr_cache.cli.options import ConfigMemoryOpt, ConfigOpt, DimOpt, ModelOpt, QuietOpt, SetOpt
 from dpr_cache.errors import InputError
 
 
@@ -56,6 +56,7 @@ def index(
     type_: TypeOpt = None,
     nlist: Annotated[int | None, typer.Option(help="IVF lists (default index.ivf_nlist).")] = None,
     pq_m: Annotated[int | None, typer.Option(help="PQ sub-vectors (default index.pq_m).")] = None,
+    dim: DimOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Index data.passages (--config) or precomputed shards (--embeddings GLOB --out DIR).
@@ -71,6 +72,7 @@ def index(
         "index.memory_gb": memory_gb,
         "index.ivf_nlist": nlist,
         "index.pq_m": pq_m,
+        "index.dim": dim,
     }
     extra = [f"{key}={value}" for key, value in options.items() if value is not None]
     cfg = load(config, [*(set_ or []), *extra])  # validated like --set: one-line errors
@@ -99,6 +101,7 @@ def eval_(
     out: Annotated[
         Path | None, typer.Option(help="Where the results go (default output_dir/eval).")
     ] = None,
+    dim: DimOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Search data.dev_qa questions, judge them (DPR's answer match, or data.qrels), print the
@@ -107,7 +110,7 @@ def eval_(
 
     Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
     """
-    cfg = load(config, set_)
+    cfg = load(config, [*(set_ or []), *([f"index.dim={dim}"] if dim is not None else [])])
     from dpr_cache.retrieval.drivers.eval import eval_command, format_metrics_table
 
     metrics = eval_command(

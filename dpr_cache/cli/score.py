@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import Command, app, check_inputs, guarded
-from dpr_cache.cli.options import QuietOpt, TeacherMarginOpt, TeacherRelativeOpt
+from dpr_cache.cli.options import DimOpt, QuietOpt, TeacherMarginOpt, TeacherRelativeOpt
 from dpr_cache.config import default_of
 
 
@@ -51,6 +51,7 @@ def score(
     batch: Annotated[int, typer.Option(help="Records per part (resumable unit).")] = 1024,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = default_of("eval.device"),
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
+    dim: DimOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """A teacher's score on each positive and hard negative of a training file, as
@@ -73,7 +74,16 @@ def score(
     from dpr_cache.retrieval.teacher import TeacherSpec
 
     spec = TeacherSpec(
-        teacher, passages, model, index, fusion_weight, precision, batch_size, max_length, device
+        teacher,
+        passages,
+        model,
+        index,
+        fusion_weight,
+        precision,
+        batch_size,
+        max_length,
+        device,
+        dim,
     )
     summary = score_file(
         spec,

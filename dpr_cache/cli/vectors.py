@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from dpr_cache.cli.app import Command, app, check_inputs, check_search_flags, guarded
-from dpr_cache.cli.options import AUTOCAST, EfSearchOpt, MemoryOpt, NprobeOpt, QuietOpt
+from dpr_cache.cli.options import AUTOCAST, DimOpt, EfSearchOpt, MemoryOpt, NprobeOpt, QuietOpt
 from dpr_cache.config import check_flags, default_of
 
 
@@ -44,6 +44,7 @@ def encode(
         str,
         typer.Option(help=f"The encoder's autocast: {AUTOCAST}."),
     ] = default_of("index.precision"),
+    dim: DimOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Embedding shards (X.npy + X.ids.txt) of a passages TSV or a questions file.
@@ -65,6 +66,7 @@ def encode(
             "--shard-size": ("shard_size", shard_size),
             "--store-dtype": ("store_dtype", store_dtype),
             "--precision": ("precision", precision),
+            "--dim": ("dim", dim),
         },
     )
     if pooling is not None:
@@ -126,6 +128,7 @@ def search(
         Path | None, typer.Option(help="BM25's passages TSV (default: the index's own).")
     ] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Arrow and BM25 caches.")] = None,
+    dim: DimOpt = None,
 ) -> None:
     """Top-k passages of each query as a TREC run (qid Q0 pid rank score tag).
 
@@ -156,7 +159,7 @@ def search(
     knobs = check_search_flags(memory_gb, nprobe, ef_search)
     path = run(
         index,
-        Queries(query_embeddings, questions, model),
+        Queries(query_embeddings, questions, model, dim),
         out,
         settings,
         knobs,

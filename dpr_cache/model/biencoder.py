@@ -84,6 +84,10 @@ class BiEncoder(nn.Module):
             (:mod:`dpr_cache.data.tokenize`), and saved as its sentence-transformers prompts.
         dtype: the name (``fp32 | bf16 | fp16``) of the dtype the weights were loaded in,
             recorded when saved (None: not given; transformers' default dtype).
+
+    ``output_dim`` (an attribute, None: the full width) cuts every vector to its first dims,
+    re-normalized when the model normalizes: retrieval at a Matryoshka dim (``index.dim``);
+    never saved with the model, whose folder keeps the full width.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class BiEncoder(nn.Module):
         self.normalize = normalize
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
         self.weights_dtype = dtype
+        self.output_dim: int | None = None
 
     # -- construction -----------------------------------------------------------------------
 
@@ -320,16 +325,27 @@ class BiEncoder(nn.Module):
         """Run ``tower`` (one of ours, possibly DDP-wrapped) and pool its last hidden state."""
         hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
         reps = pool(hidden, inputs["attention_mask"], self.pooling)  # [n, hidden]
+        if self.output_dim is not None:
+            reps = reps[:, : self.output_dim]
         return torch.nn.functional.normalize(reps, dim=-1) if self.normalize else reps
 
     @property
     def query_encoding(self) -> QueryEncoding:
-        """How this model encodes a question (its prefix, pooling, normalization, length)."""
-        return QueryEncoding(self.query_prefix, self.pooling, self.normalize, self.max_query_length)
+        """How this model encodes a question (its prefix, pooling, normalization, length and
+        the vectors' width)."""
+        return QueryEncoding(
+            self.query_prefix, self.pooling, self.normalize, self.max_query_length, self.dim
+        )
+
+    @property
+    def width(self) -> int:
+        """The towers' hidden size: the full vectors' width."""
+        return int(self.query_encoder.config.hidden_size)
 
     @property
     def dim(self) -> int:
-        return int(self.query_encoder.config.hidden_size)
+        """The width of the vectors it encodes: ``output_dim``, else the full width."""
+        return self.output_dim or self.width
 
     @property
     def device(self) -> torch.device:

@@ -35,13 +35,16 @@ ENCODING_FILE = "biencoder.json"
 @dataclass(frozen=True)
 class QueryEncoding:
     """How a question is encoded: the prefix put before it, the pooling of the tower's last
-    hidden state, whether the vector is scaled to unit length, and the tokens kept. The field
-    names are the config's keys (``model.*``) and the recorded files' keys."""
+    hidden state, whether the vector is scaled to unit length, the tokens kept and the
+    vector's width (its first ``dim`` dims, re-normalized when normalized: ``index.dim``). The
+    field names are the config's keys (``model.*``, ``index.dim``) and the recorded files'
+    keys."""
 
     query_prefix: str
     pooling: str
     normalize: bool
     max_query_length: int | None  # None: not known (a model not saved by dpr-cache)
+    dim: int | None = None  # None: not known (a record written before widths were recorded)
 
     def record(self) -> dict[str, Any]:
         """The record as a model folder and an index write it."""
@@ -51,6 +54,10 @@ class QueryEncoding:
 RECORDED_KEYS = (*(f.name for f in dataclasses.fields(QueryEncoding)), "passage_prefix")
 """What a model folder and an index record of how texts are encoded: the query encoding, and
 the passages' prefix (pooling and normalization serve both towers)."""
+
+
+_KEY_NAMES = {"dim": "index.dim (--dim)"}
+"""The config key (and flag) of a recorded setting outside ``model.*``."""
 
 
 def encoding_record(saved: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -86,7 +93,8 @@ def resolve_encoding(
         recorded = next(((what, rec[key], fix) for what, rec, fix in records if key in rec), None)
         if given is not None and recorded is not None and given != recorded[1]:
             what, value, fix = recorded
-            raise InputError(f"model.{key}: {given!r}, but {what} {value!r}: set it back or {fix}")
+            name = _KEY_NAMES.get(key, f"model.{key}")
+            raise InputError(f"{name}: {given!r}, but {what} {value!r}: set it back or {fix}")
         if given is not None:
             settled[key] = given
         else:

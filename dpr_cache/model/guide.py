@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from dpr_cache.core.inputs import Inputs, split_inputs
+from dpr_cache.core.inputs import Inputs, batch_rows, cut_chunks
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
@@ -42,19 +42,25 @@ class GuideModel:
     @torch.no_grad()
     def reps(self, q_inputs: Inputs, p_inputs: Inputs) -> dict[str, Tensor]:
         """The guide's vectors of the questions and passages (``guide_q``, ``guide_p``), each
-        tower encoded ``chunk_rows`` rows at a time without a graph."""
+        tower encoded ``chunk_rows`` rows at a time without a graph (its eval mode: no
+        dropout)."""
         return {
             "guide_q": self._encode(self.model.encode_query, q_inputs),
             "guide_p": self._encode(self.model.encode_passage, p_inputs),
         }
 
     def _encode(self, encode, inputs: Inputs) -> Tensor:
+        """Rows in chunks as GradCache cuts them (longest first, each cut to its longest row),
+        the vectors put back in batch order."""
         device = self.model.device
-        parts = [
-            encode({k: v.to(device) for k, v in chunk.items()}).float()
-            for chunk in split_inputs(inputs, self.chunk_rows)
-        ]
-        return torch.cat(parts)
+        chunks = cut_chunks({k: v.to(device) for k, v in inputs.items()}, self.chunk_rows)
+        parts = [encode(chunk).float() for chunk in chunks.parts]
+        if chunks.rows is None:
+            return torch.cat(parts)
+        out = parts[0].new_empty((batch_rows(inputs), parts[0].shape[1]))
+        for rows, part in zip(chunks.rows, parts, strict=True):
+            out[rows] = part
+        return out
 
 
 def load_guide(path: str, device: torch.device, chunk_rows: int) -> GuideModel:

@@ -22,6 +22,7 @@ __all__ = [
     "load_encoder",
     "load_settled",
     "model_fingerprint",
+    "output_dim",
 ]
 
 
@@ -162,4 +163,17 @@ def load_settled(
         attn_implementation=(loading or {}).get("attn_implementation"),
     )
     model.max_query_length = settled["max_query_length"] or model.max_query_length
+    model.output_dim = output_dim(model, settled["dim"])
     return model
+
+
+def output_dim(model: BiEncoder, dim: int | None) -> int | None:
+    """``dim`` (``index.dim``, ``--dim``) as the model's ``output_dim``: None for the full
+    width; InputError when it is above it."""
+    if dim is None or dim == model.width:
+        return None
+    if not 1 <= dim <= model.width:
+        raise InputError(
+            f"index.dim (--dim): {dim} is not a width of the model's vectors (1 to {model.width})"
+        )
+    return int(dim)

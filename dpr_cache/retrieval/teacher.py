@@ -95,6 +95,7 @@ class TeacherSpec:
     batch_size: int | None = None
     max_length: int | None = None
     device: str = default_of("eval.device")
+    dim: int | None = None  # hybrid: the dense vectors' width asked (--dim); None: the index's
 
     @property
     def kind(self) -> str:
@@ -117,10 +118,11 @@ class TeacherSpec:
             "--fusion-weight": self.fusion_weight,
             "--batch-size": self.batch_size,
             "--max-length": self.max_length,
+            "--dim": self.dim,
         }
         allowed = {
             "bm25": {"--passages"},
-            "hybrid": {"--passages", "--model", "--index", "--fusion-weight"},
+            "hybrid": {"--passages", "--model", "--index", "--fusion-weight", "--dim"},
             "cross-encoder": {"--batch-size", "--max-length"},
         }[kind]
         extra = [key for key, value in given.items() if value is not None and key not in allowed]
@@ -290,7 +292,8 @@ class HybridTeacher(Bm25Teacher):
                 "the passages"
             )
         self.model_dir = resolve_model_dir(spec.model, Path("."))
-        self.model = query_tower(self.model_dir, self.opened, device)
+        asked = {"dim": spec.dim} if spec.dim is not None else None
+        self.model = query_tower(self.model_dir, self.opened, device, asked)
         self.run, self.weight = QuestionRun(device, "fp32"), spec.weight
 
     def score(self, groups: Sequence[Group], prepared: Any = None) -> list[np.ndarray]:

@@ -150,7 +150,7 @@ def build_step(
         loss_fn,
         chunk_size=chunking.chunk_size,
         p_chunk_size=t.p_chunk_size,
-        chunk_tokens=chunking.chunk_tokens,
+        chunk_tokens=chunking.chunk_tokens if t.mode == "gradcache" else None,
         scaler=scaler,
         keep_last_graph=t.keep_last_graph,
         length_order=t.length_order,

@@ -43,9 +43,8 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _in_mode(config: Config, mode: str) -> Config:
-    """``config`` with ``train.mode`` set to ``mode`` (a full batch has no token budget)."""
-    update = {"mode": mode} if mode != "full" else {"mode": mode, "chunk_tokens": None}
-    return config.model_copy(update={"train": config.train.model_copy(update=update)})
+    """``config`` with ``train.mode`` set to ``mode``."""
+    return config.model_copy(update={"train": config.train.model_copy(update={"mode": mode})})
 
 
 def compare_steps(

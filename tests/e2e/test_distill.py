@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dpr_cache.config import load_config
+from dpr_cache.train import step as step_module
 from dpr_cache.train import verify as verify_module
 from tests.support.cli import run_cli, toy_overrides
 from tests.support.teacher import write_scored_toy
@@ -48,7 +49,7 @@ def test_verify_proves_the_configured_loss(tmp_path, scored, name):
 
 def test_verify_calls_a_wrong_distillation_gradient_different(tmp_path, scored, monkeypatch):
     """Negative control: GradCache fed a shuffled teacher is over the bound and said so."""
-    real = verify_module.make_stepper
+    real = step_module.make_stepper
 
     class Shuffled:
         def __init__(self, stepper):
@@ -61,7 +62,7 @@ def test_verify_calls_a_wrong_distillation_gradient_different(tmp_path, scored, 
         stepper = real(mode, towers, loss_fn, **kwargs)
         return Shuffled(stepper) if mode == "gradcache" else stepper
 
-    monkeypatch.setattr(verify_module, "make_stepper", skewed)
+    monkeypatch.setattr(step_module, "make_stepper", skewed)
     overrides = [a for a in toy_overrides(tmp_path, **{"data.train": scored}) if a != "--set"]
     config = load_config("configs/toy.yaml", overrides + ["train.loss=distill_kl"])
     report = verify_module.verify(config, double=True)

@@ -21,6 +21,7 @@ import yaml
 from dpr_cache.core.accumulate import FullBatch
 from dpr_cache.core.distill import mixed_loss
 from dpr_cache.core.loss import contrastive_loss
+from dpr_cache.core.objective import make_loss_fn
 from tests.support import distributed_cases as w
 from tests.support.cli import run_cli as run_dpr_cache
 from tests.support.fixtures import REPO, saved_weights
@@ -245,6 +246,102 @@ def test_negative_control_distillation_with_another_rank_s_teacher_is_wrong(spaw
         _, want = distill_reference(case["name"], step)
         for result in results(spawned_distill, case):
             assert max_relative_error(result["steps"][step]["grads"], want) > 1e-3
+
+
+# -- the loss's options: directions, hardness, a guide, Matryoshka, mixed with distillation ----
+
+ALL_DIRECTIONS = ["query_to_passage", "passage_to_query", "query_to_query", "passage_to_passage"]
+OPTIONS = [
+    {
+        "name": "options-all-directions-hard-all-tiled",
+        "mode": "gradcache",
+        "shared": False,
+        "tile": 3,
+        "loss": {"directions": ALL_DIRECTIONS, "hardness": "all", "strength": 5.0},
+    },
+    {
+        "name": "options-symmetric-per-direction-hard",
+        "mode": "gradcache",
+        "shared": True,
+        "loss": {
+            "directions": ["query_to_passage", "passage_to_query"],
+            "partition": "per_direction",
+            "hardness": "hard",
+            "strength": 3.0,
+        },
+    },
+    {
+        "name": "options-guided-same-side",
+        "mode": "gradcache",
+        "shared": False,
+        "loss": {"directions": ALL_DIRECTIONS, "guide_margin": 0.1},
+    },
+    {
+        "name": "options-matryoshka-distill-tiled",
+        "mode": "gradcache",
+        "shared": True,
+        "tile": 5,
+        "distill": "distill_kl",
+        "weight": 0.5,
+        "loss": {
+            "directions": ["query_to_passage", "passage_to_query"],
+            "matryoshka": [32, 16, 8],
+            "normalize": True,
+            "guide_margin": 0.2,
+            "strategy": "relative",
+        },
+    },
+    {
+        "name": "options-everything-full",
+        "mode": "full",
+        "shared": False,
+        "distill": "margin_mse",
+        "weight": 0.3,
+        "loss": {
+            "directions": ALL_DIRECTIONS,
+            "hardness": "in_batch",
+            "strength": 9.0,
+            "guide_margin": 0.0,
+            "matryoshka": [32, 8],
+        },
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def spawned_options(tmp_path_factory) -> Path:
+    """The loss-option cases on 2 spawned ranks (apart, so ``-k options`` runs only them)."""
+    out = tmp_path_factory.mktemp("dist-options")
+    spawn_ranks(w.main, WORLD, str(out), OPTIONS, timeout=SPAWN_TIMEOUT)
+    return out
+
+
+@functools.cache
+def options_reference(case_name: str, step: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """One process, the whole global batch, the case's loss untiled."""
+    case = next(c for c in OPTIONS if c["name"] == case_name)
+    model = w.make_model(case["shared"])
+    q_inputs, p_inputs, p_ids = w.global_batch(step)
+    loss_fn = make_loss_fn(w.objective({**case, "tile": None}))
+    model.zero_grad(set_to_none=True)
+    extra = w.loss_inputs(case, step)
+    loss = FullBatch(model.encode_query, model.encode_passage, loss_fn).step(
+        q_inputs, p_inputs, p_ids=p_ids, **extra
+    )
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return float(loss), grads
+
+
+@pytest.mark.parametrize("case", OPTIONS, ids=[c["name"] for c in OPTIONS])
+def test_two_ranks_give_the_single_process_gradient_for_every_loss_option(spawned_options, case):
+    per_rank = results(spawned_options, case)
+    for step in range(w.STEPS):
+        want_loss, want = options_reference(case["name"], step)
+        losses = [r["steps"][step]["loss"] for r in per_rank]
+        assert sum(losses) / WORLD == pytest.approx(want_loss, rel=1e-12)
+        for result in per_rank:
+            assert max_relative_error(result["steps"][step]["grads"], want) <= 1e-10
+            assert all(set(s["params"].values()) == {1} for s in result["steps"][step]["syncs"])
 
 
 def test_every_global_batch_is_full_so_no_rank_waits_alone():

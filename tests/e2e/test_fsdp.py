@@ -42,6 +42,37 @@ EXACT = [
         "decoder": True,
         "checkpointing": True,
     },
+    {
+        "name": "options-all-directions-guided-matryoshka-distill",
+        "mode": "gradcache",
+        "distill": "distill_kl",
+        "weight": 0.5,
+        "loss": {
+            "directions": [
+                "query_to_passage",
+                "passage_to_query",
+                "query_to_query",
+                "passage_to_passage",
+            ],
+            "hardness": "all",
+            "strength": 5.0,
+            "guide_margin": 0.1,
+            "matryoshka": [32, 16],
+            "normalize": True,
+        },
+    },
+    {
+        "name": "options-symmetric-per-direction-shared-tiled",
+        "mode": "gradcache",
+        "shared": True,
+        "tile": 4,
+        "loss": {
+            "directions": ["query_to_passage", "passage_to_query"],
+            "partition": "per_direction",
+            "hardness": "hard",
+            "strength": 3.0,
+        },
+    },
 ]
 CONTROLS = [
     {"name": "naive-gather", "mode": "gradcache", "naive": True},

@@ -126,16 +126,17 @@ def test_verify_reports_a_tiny_gap_its_bound_and_the_verdict(tmp_path):
 def test_verify_calls_a_wrong_gradient_different(tmp_path, monkeypatch):
     """Negative control: a GradCache whose loss is 1% off is over the bound and said so."""
     from dpr_cache.config import load_config
+    from dpr_cache.train import step as step_module
     from dpr_cache.train import verify as verify_module
 
-    real = verify_module.make_stepper
+    real = step_module.make_stepper
 
     def skewed(mode, towers, loss_fn, **kwargs):
         if mode == "gradcache":
             return real(mode, towers, lambda q, p, **kw: 1.01 * loss_fn(q, p, **kw), **kwargs)
         return real(mode, towers, loss_fn, **kwargs)
 
-    monkeypatch.setattr(verify_module, "make_stepper", skewed)
+    monkeypatch.setattr(step_module, "make_stepper", skewed)
     overrides = [a for a in toy_overrides(tmp_path) if a != "--set"]
     report = verify_module.verify(load_config("configs/toy.yaml", overrides), double=True)
     assert report["verdict"].startswith("DIFFERENT")

@@ -200,3 +200,23 @@ def test_dpr_cp_checkpoint_loads_each_tower_as_the_right_one(tmp_path: Path) -> 
     torch.save({"model_dict": {"encoder.x": torch.zeros(1)}}, tmp_path / "other.cp")
     with pytest.raises(InputError, match="not a DPR biencoder checkpoint"):
         load_biencoder(tmp_path / "other.cp")
+
+
+def test_sentence_transformers_truncate_dim_gives_our_vectors_at_a_dim(tmp_path: Path) -> None:
+    """A normalizing model saved whole, read at a Matryoshka dim: sentence-transformers'
+    ``truncate_dim=D`` (its vectors cut after its Normalize; re-normalized when asked) and ours
+    (``output_dim``: cut, then normalized) are the same vectors."""
+    model = _trained_like("mean", True)
+    model.save_pretrained(tmp_path / "m")
+    model.output_dim = 16
+    ours = encode_question_texts(model, QUESTIONS, max_length=16, device=CPU)
+    assert ours.shape == (2, 16)
+    ref = st.SentenceTransformer(str(tmp_path / "m" / "query_encoder"), truncate_dim=16)
+    ref.max_seq_length = 16
+    theirs = ref.encode(QUESTIONS, normalize_embeddings=True)
+    np.testing.assert_allclose(theirs, ours, atol=1e-6)
+    _close(
+        ref.encode(QUESTIONS) / np.linalg.norm(ref.encode(QUESTIONS), axis=1, keepdims=True), ours
+    )
+    full = encode_question_texts(_trained_like("mean", True), QUESTIONS, max_length=16, device=CPU)
+    assert np.abs(full[:, :16] - ours).max() > 1e-3  # the negative control: not merely cut

@@ -43,6 +43,7 @@ def test_an_unset_setting_takes_the_first_record_then_the_fallback() -> None:
         "pooling": "mean",  # the index's, before the model's
         "normalize": True,  # given, recorded nowhere
         "max_query_length": 64,  # the model's: the index records none
+        "dim": None,  # nowhere: the model's full width
         "passage_prefix": None,  # nowhere: as the folder ships it
     }
     # a given value equal to the record is no contradiction; None is not given
@@ -68,7 +69,7 @@ def test_earlier_records_read_as_written(tmp_path) -> None:
     old = {"shared": False, "pooling": "mean", "normalize": False, "max_query_length": 16}
     old.update(max_passage_length=64, query_prefix="query: ", passage_prefix="")
     (tmp_path / "biencoder.json").write_text(json.dumps(old))
-    assert saved_encoding(tmp_path) == {k: old[k] for k in RECORDED_KEYS}
+    assert saved_encoding(tmp_path) == {k: old[k] for k in RECORDED_KEYS if k in old}
     assert saved_encoding(TOY / "tiny-bert") == {}  # a plain Hugging Face folder
 
 
@@ -77,5 +78,18 @@ def test_a_saved_model_records_its_query_encoding(tmp_path) -> None:
     model.query_prefix, model.max_query_length = "query: ", 24
     model.save_pretrained(tmp_path)
     back = BiEncoder.from_pretrained(tmp_path)
-    assert back.query_encoding == QueryEncoding("query: ", "mean", False, 24)
-    assert saved_encoding(tmp_path) == {**back.query_encoding.record(), "passage_prefix": ""}
+    assert back.query_encoding == QueryEncoding("query: ", "mean", False, 24, 64)
+    # the folder records how it encodes, never a width: it keeps its full one
+    saved = {**back.query_encoding.record(), "passage_prefix": ""}
+    assert saved_encoding(tmp_path) == {k: v for k, v in saved.items() if k != "dim"}
+
+
+def test_an_index_at_a_dim_records_it_and_a_width_asked_against_it_names_both() -> None:
+    index = ("the index was built with", {"dim": 32, "pooling": "mean"}, "rerun index")
+    assert resolve_encoding({}, [index], {})["dim"] == 32
+    assert resolve_encoding({"dim": 32}, [index], {})["dim"] == 32
+    with pytest.raises(InputError) as refused:
+        resolve_encoding({"dim": 64}, [index], {})
+    assert str(refused.value) == (
+        "index.dim (--dim): 64, but the index was built with 32: set it back or rerun index"
+    )

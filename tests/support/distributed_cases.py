@@ -68,10 +68,10 @@ def global_batch(step: int) -> tuple[dict, dict, Tensor]:
     return q_inputs, p_inputs, p_ids
 
 
-def teacher_scores(step: int) -> Tensor:
+def teacher_scores(step: int, n_q: int = N_Q) -> Tensor:
     """The teacher's scores of a global batch's passage rows (float64)."""
     gen = torch.Generator().manual_seed(30 + step)
-    return 3.0 * torch.randn(N_Q * GROUP, generator=gen, dtype=torch.float64)
+    return 3.0 * torch.randn(n_q * GROUP, generator=gen, dtype=torch.float64)
 
 
 def distillation(case: dict[str, Any]) -> Distillation | None:
@@ -111,6 +111,22 @@ def guide_reps(step: int, n_q: int = N_Q) -> dict[str, Tensor]:
     guide_p = torch.randn(n_q * GROUP, 6, generator=gen, dtype=torch.float64)
     noise = torch.randn(n_q, 6, generator=gen, dtype=torch.float64)
     return {"guide_q": guide_p[::GROUP] + 0.6 * noise, "guide_p": guide_p}
+
+
+def loss_inputs(case: dict[str, Any], step: int, n_q: int = N_Q) -> dict[str, Tensor]:
+    """What a case's loss takes besides the reps for a global batch: the teacher's scores
+    (distillation) and the guide's vectors (a guided loss)."""
+    extra = {}
+    if "distill" in case:
+        extra["teacher_scores"] = teacher_scores(step, n_q)
+    if "guide_margin" in case.get("loss", {}):
+        extra.update(guide_reps(step, n_q))
+    return extra
+
+
+def rank_loss_inputs(extra: dict[str, Tensor], rank: int, world: int) -> dict[str, Tensor]:
+    """This rank's rows of :func:`loss_inputs` (each tensor a row per question or passage)."""
+    return {key: rank_rows({key: value}, rank, world)[key] for key, value in extra.items()}
 
 
 def rank_rows(inputs: dict, rank: int, world: int) -> dict:
@@ -181,16 +197,9 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
     for step in range(STEPS):
         q_inputs, p_inputs, p_ids = global_batch(step)
         model.zero_grad(set_to_none=True)
-        extra = {}
-        if "distill" in case:  # the control reads rank 0's scores on every rank
-            teacher_rank = 0 if case.get("wrong_teacher") else env.rank
-            extra["teacher_scores"] = rank_rows(
-                {"t": teacher_scores(step)}, teacher_rank, env.world_size
-            )["t"]
-        if "guide_margin" in case.get("loss", {}):
-            guide = guide_reps(step)
-            extra["guide_q"] = rank_rows({"g": guide["guide_q"]}, env.rank, env.world_size)["g"]
-            extra["guide_p"] = rank_rows({"g": guide["guide_p"]}, env.rank, env.world_size)["g"]
+        extra = rank_loss_inputs(loss_inputs(case, step), env.rank, env.world_size)
+        if case.get("wrong_teacher"):  # the control reads rank 0's scores on every rank
+            extra["teacher_scores"] = rank_rows({"t": teacher_scores(step)}, 0, env.world_size)["t"]
         loss = stepper.step(
             rank_rows(q_inputs, env.rank, env.world_size),
             rank_rows(p_inputs, env.rank, env.world_size),

@@ -25,8 +25,13 @@ from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.runtime.memory import trim
+from tests.support.distributed_cases import (
+    loss_inputs,
+    naive_loss_fn,
+    objective,
+    rank_loss_inputs,
+)
 from tests.support.distributed_cases import make_model as bert_model
-from tests.support.distributed_cases import naive_loss_fn, objective
 from tests.support.fixtures import random_inputs
 from tests.support.ranks import join
 
@@ -113,10 +118,12 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
     for step in range(STEPS):
         q_inputs, p_inputs, p_ids = global_batch(case, model, step)
         optimizer.zero_grad(set_to_none=True)
+        extra = rank_loss_inputs(loss_inputs(case, step, N_Q), env.rank, env.world_size)
         loss = stepper.step(
             rank_rows(q_inputs, env.rank, env.world_size),
             rank_rows(p_inputs, env.rank, env.world_size),
             p_ids=rank_rows({"ids": p_ids}, env.rank, env.world_size)["ids"],
+            **extra,
         )
         out["losses"].append(distributed.all_mean(loss, env))
         if step == 0:
@@ -142,7 +149,8 @@ def reference(case: dict[str, Any]) -> dict[str, Any]:
     for step in range(STEPS):
         q_inputs, p_inputs, p_ids = global_batch(case, model, step)
         optimizer.zero_grad(set_to_none=True)
-        out["losses"].append(float(stepper.step(q_inputs, p_inputs, p_ids=p_ids)))
+        extra = loss_inputs(case, step, N_Q)
+        out["losses"].append(float(stepper.step(q_inputs, p_inputs, p_ids=p_ids, **extra)))
         if step == 0:
             out["grads"] = {
                 n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpr_cache.config import ModelConfig, default_of
+from dpr_cache.config import IndexConfig, ModelConfig, default_of
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.encoding import RECORDED_KEYS
 from dpr_cache.model.loading import load_settled
@@ -51,12 +51,20 @@ class QuestionRun:
         object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
 
 
-def config_encoding(model: ModelConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The encoding settings of a config's ``model.*`` for :func:`question_tower`: those its
-    file or a ``--set`` gave (checked against what is recorded), and every one with its value
-    or default (the fallback where nothing is recorded)."""
-    given = {key: getattr(model, key) for key in RECORDED_KEYS if key in model.model_fields_set}
-    return given, {key: getattr(model, key) for key in RECORDED_KEYS}
+def config_encoding(
+    model: ModelConfig, index: IndexConfig | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The encoding settings of a config's ``model.*`` (and ``index.dim``) for
+    :func:`question_tower`: those its file or a ``--set`` gave (checked against what is
+    recorded), and every one with its value or default (the fallback where nothing is
+    recorded)."""
+    keys = [key for key in RECORDED_KEYS if key != "dim"]
+    given = {key: getattr(model, key) for key in keys if key in model.model_fields_set}
+    fallback = {key: getattr(model, key) for key in keys}
+    dim = index.dim if index is not None else None
+    if dim is not None:
+        given["dim"] = dim
+    return given, {**fallback, "dim": dim}
 
 
 def config_loading(model: ModelConfig) -> dict[str, Any]:

@@ -104,13 +104,17 @@ def shard_key(
     normalize: bool,
     passage_prefix: str = "",
     weights_dtype: str = "fp32",
+    dim: int | None = None,
 ) -> str:
     """A hash of all an embedding depends on: weights (and the dtype they were loaded in),
-    passages file, sizes, pooling, normalization and prompt, dtypes."""
+    passages file, sizes, pooling, normalization and prompt, dtypes, and a width the vectors
+    are cut to (``dim``; None: the full width)."""
     ident = [fingerprint, passages, shard_size, max_length, pooling, normalize, precision]
     ident += [store_dtype, passage_prefix]
     if weights_dtype != "fp32":  # fp32 weights keep the keys their shards were written under
         ident.append(weights_dtype)
+    if dim is not None:  # full-width vectors keep their keys too
+        ident.append({"dim": dim})
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -244,6 +248,7 @@ def encode_passage_shards(
         normalize=model.normalize,
         passage_prefix=model.passage_prefix,
         weights_dtype=weights_dtype,
+        dim=model.output_dim,
     )
     shard_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # other ranks only write this key's files; their tmp files must survive

@@ -86,14 +86,20 @@ def encode_file(
     out = Path(out)
     with output_lock(out):
         if questions is not None:
-            asked = {"pooling": pooling, "max_query_length": max_length}
+            asked = {"pooling": pooling, "max_query_length": max_length, "dim": index.dim}
             vectors, ids, used = question_file_vectors(model_dir, questions, index, asked, device)
             write_shard(out / QUESTIONS, vectors, ids, "float32")
             record = {"model": str(model_dir), "questions": str(questions)}
             write_json_atomic(out / "encode.json", {**record, **used})
             return [out / QUESTIONS]
         source = PassageSource(
-            Path(passages), model_dir, {"pooling": pooling}, {}, max_length, num_workers, cache_dir
+            Path(passages),
+            model_dir,
+            {"pooling": pooling, "dim": index.dim},
+            {},
+            max_length,
+            num_workers,
+            cache_dir,
         )
         encoded = encode_passage_shards(source, out, index, device=device, progress=progress)
         record = {"model": str(model_dir), "passages": str(passages), "shard_key": encoded.key}
@@ -102,6 +108,7 @@ def encode_file(
             pooling=encoded.encoding.pooling,
             normalize=encoded.encoding.normalize,
             passage_prefix=encoded.passage_prefix,
+            dim=encoded.encoding.dim,
             timings=encoded.timings(),
         )
         write_json_atomic(out / "encode.json", record)

@@ -131,7 +131,7 @@ def evaluate(
             inputs.model_dir,
             inputs.opened,
             dev,
-            *config_encoding(config.model),
+            *config_encoding(config.model, config.index),
             loading=config_loading(config.model),
         )
         laps.lap("load the model")

@@ -34,6 +34,7 @@ from dpr_cache.retrieval.dense.index import finish_index, index_dir_of
 from dpr_cache.retrieval.dense.questions import config_encoding, config_loading
 from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shards
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.dense.widths import cut_shards
 from dpr_cache.retrieval.drivers.overrides import refuse_train_keys
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import advises_on_out_of_memory, resolve_device
@@ -56,7 +57,7 @@ def build_index(
     model_dir = resolve_model_dir(model_dir, config.output_path / "model")
     if not config.data.passages:
         raise InputError("data.passages: not set (a DPR passages TSV)")
-    asked, fallback = config_encoding(config.model)
+    asked, fallback = config_encoding(config.model, config.index)
     source = PassageSource(
         Path(config.data.passages),
         model_dir,
@@ -128,7 +129,8 @@ def index_embeddings(pattern: str, out: Path, index: IndexConfig) -> Path:
     """``dpr-cache index --embeddings``: an ``index.type`` index over precomputed shards. Our
     ``.npy`` shards are validated and recorded in place; DPR's pickles (``.pkl``/``.pickle``:
     trusted input only, pickle runs code) are converted once into shards of
-    ``index.store_dtype`` under ``out/shards``."""
+    ``index.store_dtype`` under ``out/shards``. With ``index.dim`` below their width, the
+    shards are cut to it (re-normalized when unit length) into ``out/shards``."""
     paths = sorted(glob.glob(os.path.expanduser(pattern)))
     if not paths:
         raise InputError(f"{pattern}: matches no file")
@@ -147,7 +149,12 @@ def index_embeddings(pattern: str, out: Path, index: IndexConfig) -> Path:
                 )
                 for i, p in enumerate(pickles)
             ]
-        finish_index(out, EmbeddingStore.open(npys), index, {"source": pattern})
+        store = EmbeddingStore.open(npys)
+        extra: dict = {"source": pattern}
+        if index.dim is not None and index.dim != store.dim:
+            extra["cut_from"] = store.dim
+            store = EmbeddingStore.open(cut_shards(store, out / "shards", index.dim, pattern))
+        finish_index(out, store, index, extra)
     return out
 
 

@@ -44,6 +44,7 @@ class RankerSpec:
     memory_gb: float | None = None  # the whole process's peak; None: memory_limit's default
     device: str = default_of("eval.device")
     precision: str = "auto"
+    dim: int | None = None  # the model's vectors' width asked (--dim); None: the index's
 
     def check(self, teacher: str | None = None) -> None:
         """InputError when the ranker is unknown or its inputs are missing or foreign (a hybrid
@@ -114,6 +115,7 @@ def mine_file(
                     precision=ranker.precision,
                     rank=env.rank,
                     world_size=env.world_size,
+                    dim=ranker.dim,
                 )
             laps.lap("load the ranker and passages")
             scorer = None
@@ -146,7 +148,7 @@ def _teacher_of(teacher: TeacherSpec, ranker: RankerSpec, passages: Path) -> Tea
         return dataclasses.replace(teacher, passages=passages)
     if teacher.kind == "hybrid":
         return dataclasses.replace(
-            teacher, passages=passages, model=ranker.model, index=ranker.index
+            teacher, passages=passages, model=ranker.model, index=ranker.index, dim=ranker.dim
         )
     return teacher
 

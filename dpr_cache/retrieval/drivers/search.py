@@ -29,6 +29,7 @@ from dpr_cache.retrieval.dense.index import (
 )
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.store import Shard, ids_path
+from dpr_cache.retrieval.dense.widths import check_dim, cut, unit_length
 from dpr_cache.retrieval.hybrid import fused_search
 from dpr_cache.retrieval.results import write_trec_run
 from dpr_cache.runtime import distributed
@@ -48,6 +49,7 @@ class Queries:
     embeddings: Path | None = None
     questions: Path | None = None
     model: str | None = None
+    dim: int | None = None  # the vectors' width asked (--dim); None: the index's
 
     def check(self) -> None:
         """InputError unless exactly one kind of query is given, with what it needs."""
@@ -143,13 +145,28 @@ def _queries(
     """The query vectors, their ids and (for a questions file) their texts."""
     if queries.embeddings is not None:
         vectors, qids = read_queries(queries.embeddings)
-        return vectors, qids, None
+        return _cut_to(vectors, queries, opened), qids, None
     qas = read_qas(Path(queries.questions))
     if not qas:
         raise InputError(f"{queries.questions}: no questions")
     texts = [question for question, _ in qas]
-    model = query_tower(resolve_model_dir(queries.model, Path(".")), opened, run.device)
+    asked = {"dim": queries.dim} if queries.dim is not None else None
+    model = query_tower(resolve_model_dir(queries.model, Path(".")), opened, run.device, asked)
     return question_vectors(model, texts, run), question_ids(queries.questions, len(qas)), texts
+
+
+def _cut_to(vectors: np.ndarray, queries: Queries, opened: OpenIndex) -> np.ndarray:
+    """Precomputed query vectors cut to ``--dim`` (re-normalized when unit length), which must
+    be the index's width."""
+    if queries.dim is None:
+        return vectors
+    if queries.dim != opened.store.dim:
+        raise InputError(
+            f"--dim {queries.dim}: the index at {opened.path} holds {opened.store.dim}-d "
+            "vectors; give that width, or build the index at it (index --dim)"
+        )
+    check_dim(queries.dim, vectors.shape[1], f"the query vectors {queries.embeddings}")
+    return cut(vectors, queries.dim, unit_length(vectors))
 
 
 def _fused(opened, vectors, qids, texts, settings: EvalConfig, lexical: Lexical, memory, env):

