@@ -25,9 +25,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 DRY_RUN=${DRY_RUN:-0}
-EPOCHS=${EPOCHS:-2}
+EPOCHS=${EPOCHS:-1}
 CHUNK=${CHUNK:-32}
-PRECISION=${PRECISION:-bf16}
+PRECISION=${PRECISION:-fp32}
 ARMS=${ARMS:-"control symmetric hardness guided matryoshka"}
 BATCH_STUDY=studies/squad_batch_size/run.sh
 STUDY=squad_losses
