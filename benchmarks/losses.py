@@ -15,7 +15,7 @@ A step is ``zero_grad`` and the step object's ``.step`` (forward, loss, backward
 left out. Results go to ``losses_points.jsonl`` as they finish (a cut run resumes), then
 ``losses.json`` and ``losses.md``::
 
-    python -m benchmarks.losses --out docs/bench            # about 50 minutes on 2 cores
+    python -m benchmarks.losses --out docs/bench            # about an hour on 2 cores
     python -m benchmarks.losses --out /tmp/l --dry-run      # the toy set and model, seconds
 """
 
@@ -66,7 +66,7 @@ class Plan:
     token_budgets: tuple[int, ...] = (1024, 2048, 4096, 8192)
     steps: int = 2
     warmup: int = 1
-    rounds: int = 3
+    rounds: int = 2
     threads: int | None = None
     cache_dir: str | None = None
 
@@ -166,7 +166,7 @@ def measure(plan: Plan, point: LossPoint) -> dict:
 
     from dpr_cache.runtime.distributed import DistEnv
     from dpr_cache.runtime.memory import peak_memory_bytes
-    from dpr_cache.train.step import build_step, guide_of
+    from dpr_cache.train.step import Chunking, build_step, guide_of
     from dpr_cache.train.trainer import batch_recipe, load_model, training_data
 
     if plan.threads:
@@ -176,7 +176,7 @@ def measure(plan: Plan, point: LossPoint) -> dict:
     model = load_model(config.model, torch.device("cpu"), dropout=0.0, lora=None).train()
     config = _config(plan, point, model.dim)
     dataset, batches = training_data(config, DistEnv())
-    guide = guide_of(config, torch.device("cpu"), plan.chunk)
+    guide = guide_of(config, torch.device("cpu"), Chunking(plan.chunk))
     batch = batch_recipe(config, model, None, guide).batch(dataset, batches, model.tokenizer, 0)
     extra = batch.loss_inputs()
     if point.peer_tokens or point.peer_rows:
@@ -217,6 +217,46 @@ def measure(plan: Plan, point: LossPoint) -> dict:
         "peak_bytes": peak_memory_bytes(torch.device("cpu")),
         "real_tokens": tokens,
     }
+
+
+def loss_only(plan: Plan, repeats: int = 20) -> dict[str, float]:
+    """In this process: each option's loss and its gradient on the cached representations of
+    the plan's step-0 batch (what an option changes in a step; the encoders' work is the same),
+    the median milliseconds over ``repeats``."""
+    import torch
+
+    from dpr_cache.core.objective import make_loss_fn
+    from dpr_cache.runtime.distributed import DistEnv
+    from dpr_cache.train.step import Chunking, guide_of, objective_of
+    from dpr_cache.train.trainer import batch_recipe, load_model, training_data
+
+    if plan.threads:
+        torch.set_num_threads(plan.threads)
+    base = _config(plan, LossPoint("option: plain"), None)
+    model = load_model(base.model, torch.device("cpu"), dropout=0.0, lora=None).eval()
+    dataset, batches = training_data(base, DistEnv())
+    out = {}
+    reps = None
+    for name, settings in OPTIONS.items():
+        point = LossPoint(f"option: {name}", settings)
+        config = _config(plan, point, model.dim)
+        guide = guide_of(config, torch.device("cpu"), Chunking(plan.chunk))
+        batch = batch_recipe(config, model, None, guide).batch(dataset, batches, model.tokenizer, 0)
+        if reps is None:
+            with torch.no_grad():
+                reps = (model.encode_query(batch.q_inputs), model.encode_passage(batch.p_inputs))
+        inputs = batch.loss_inputs()
+        if guide is not None:
+            inputs.update(guide.reps(*batch.guide_inputs))
+        loss_fn = make_loss_fn(objective_of(config, model))
+        seconds = []
+        for _ in range(repeats):
+            q, p = (r.detach().clone().requires_grad_() for r in reps)
+            start = time.perf_counter()
+            torch.autograd.grad(loss_fn(q, p, **inputs), [q, p])
+            seconds.append(time.perf_counter() - start)
+        out[name] = 1000 * statistics.median(seconds)
+    return out
 
 
 def _peer(plan: Plan, point: LossPoint, model, batch):
@@ -324,18 +364,27 @@ def page(summary: dict, machine: dict, date: str) -> str:
         "",
         f"## Each option against the plain loss (chunk {plan['chunk']})",
         "",
-        "| step | seconds | peak GB | x plain |",
-        "|---|--:|--:|--:|",
+        "| step | seconds | peak GB | x plain | the loss and its gradient alone (ms) |",
+        "|---|--:|--:|--:|--:|",
     ]
+    loss_ms = summary.get("loss_ms") or {}
     for name, p in points.items():
         if name.startswith("option: "):
-            lines.append(_row(name.removeprefix("option: "), p, f" {p['vs_plain']:.3f} |"))
+            option = name.removeprefix("option: ")
+            ms = f" {loss_ms[option]:.1f} |" if option in loss_ms else " – |"
+            lines.append(_row(option, p, f" {p['vs_plain']:.3f} |{ms}"))
     if GRAPH_LESS in points and "added_vs_graph_less_forward" in points.get("option: guided", {}):
         added = points["option: guided"]["added_vs_graph_less_forward"]
         lines += [
             "",
             f"A {GRAPH_LESS} by the model (chunk {plan['chunk']}): "
             f"{points[GRAPH_LESS]['step_s']:.2f} s; the guide adds {added:.2f} of it to a step.",
+        ]
+    if loss_ms:
+        lines += [
+            "",
+            "The last column times what an option changes: the loss and its gradient on the "
+            "batch's cached representations (the median of 20), the encoders' work left out.",
         ]
     lines += [
         "",
@@ -369,6 +418,9 @@ def cli(
 ) -> None:
     plan = dataclasses.replace(DRY if dry_run else Plan(), threads=threads)
     summary = run(plan, out, reuse=not fresh)
+    summary["loss_ms"] = run_child_or_error(
+        "benchmarks.losses", {"loss_only": True, "plan": dataclasses.asdict(plan)}
+    )
     machine = machine_info("cpu", threads)
     date = datetime.date.today().isoformat()
     write_json_atomic(out / "losses.json", {**summary, "machine": machine, "date": date})
@@ -379,6 +431,9 @@ def cli(
 def child(payload: dict) -> None:
     plan_args = payload["plan"]
     plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in plan_args.items()})
+    if payload.get("loss_only"):
+        print(json.dumps(loss_only(plan)), flush=True)
+        return
     print(json.dumps(measure(plan, LossPoint(**payload["point"]))), flush=True)
 
 

@@ -30,10 +30,12 @@ class GuideText:
 
 @dataclass
 class GuideModel:
-    """The guide's towers (eval mode, frozen) and how many rows it encodes at a time."""
+    """The guide's towers (eval mode, frozen) and the chunks it encodes in: ``chunk_rows``
+    rows, at most ``chunk_tokens`` attended tokens where given (as GradCache cuts them)."""
 
     model: BiEncoder
     chunk_rows: int
+    chunk_tokens: int | None = None
 
     @property
     def text(self) -> GuideText:
@@ -53,7 +55,8 @@ class GuideModel:
         """Rows in chunks as GradCache cuts them (longest first, each cut to its longest row),
         the vectors put back in batch order."""
         device = self.model.device
-        chunks = cut_chunks({k: v.to(device) for k, v in inputs.items()}, self.chunk_rows)
+        moved = {k: v.to(device) for k, v in inputs.items()}
+        chunks = cut_chunks(moved, self.chunk_rows, max_tokens=self.chunk_tokens)
         parts = [encode(chunk).float() for chunk in chunks.parts]
         if chunks.rows is None:
             return torch.cat(parts)
@@ -63,7 +66,9 @@ class GuideModel:
         return out
 
 
-def load_guide(path: str, device: torch.device, chunk_rows: int) -> GuideModel:
+def load_guide(
+    path: str, device: torch.device, chunk_rows: int, chunk_tokens: int | None = None
+) -> GuideModel:
     """The guide model folder ``path`` (``train.guide``: a dpr-cache model, a transformers or
     a sentence-transformers folder, encoding as it ships) on ``device``, frozen; InputError
     naming the key when the folder is missing or has no tokenizer."""
@@ -78,4 +83,4 @@ def load_guide(path: str, device: torch.device, chunk_rows: int) -> GuideModel:
     except InputError as e:
         raise InputError(f"train.guide: {e}") from None
     model.requires_grad_(False)
-    return GuideModel(model.to(device), chunk_rows)
+    return GuideModel(model.to(device), chunk_rows, chunk_tokens)

@@ -112,11 +112,12 @@ def chunking_of(
     return Chunking(chunk, tokens, length_bucket)
 
 
-def guide_of(config: Config, device: torch.device, chunk_rows: int) -> GuideModel | None:
-    """The frozen guide of ``train.guide`` on ``device`` (None without one)."""
+def guide_of(config: Config, device: torch.device, chunking: Chunking) -> GuideModel | None:
+    """The frozen guide of ``train.guide`` on ``device``, encoding in GradCache's chunks (None
+    without one)."""
     if config.train.guide is None:
         return None
-    return load_guide(config.train.guide, device, chunk_rows)
+    return load_guide(config.train.guide, device, chunking.chunk_size, chunking.chunk_tokens)
 
 
 def build_step(

@@ -9,6 +9,7 @@ batch or accumulation) over the loss. :meth:`Trainer.step` is one update: the st
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -54,7 +55,7 @@ from dpr_cache.train.recipe import (
     linear_warmup_decay,
     param_groups,
 )
-from dpr_cache.train.step import Chunking, build_step, chunking_of, distillation_of, guide_of
+from dpr_cache.train.step import build_step, chunking_of, distillation_of, guide_of
 
 __all__ = [
     "Trainer",
@@ -216,7 +217,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     model.train()
     chunking = chunking_of(config, model, env, out_dir=config.output_path)  # eager towers
     compiled = compile_as_set(model, cfg, env.device)
-    chunking = Chunking(chunking.chunk_size, chunking.chunk_tokens, length_bucket_of(cfg, compiled))
+    chunking = dataclasses.replace(chunking, length_bucket=length_bucket_of(cfg, compiled))
     towers = distribute_towers(model, cfg, env)
     optimizer = torch.optim.AdamW(  # over the parameters as sharded, where they are
         param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps
@@ -247,7 +248,7 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
         cfg.max_grad_norm,
         chunking.length_bucket,
         unsharded_model(m, env) if cfg.shard == "fsdp" else None,
-        guide_of(config, env.device, chunking.chunk_size),
+        guide_of(config, env.device, chunking),
     )
 
 

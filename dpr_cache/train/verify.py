@@ -9,6 +9,8 @@ stays far below it, a wrong gradient (a chunk's RNG not replayed, a dropped chun
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from dpr_cache.config import Config
@@ -105,8 +107,8 @@ def _verify(config: Config, env: DistEnv, sharded: bool, double: bool, step: int
     model = _model(config, device, double)
     chunking = chunking_of(config, model, env)  # auto: probed as training probes it
     compiled = compile_as_set(model, cfg, device) if not sharded else False
-    chunking = Chunking(chunking.chunk_size, chunking.chunk_tokens, length_bucket_of(cfg, compiled))
-    guide = guide_of(config, device, chunking.chunk_size)
+    chunking = dataclasses.replace(chunking, length_bucket=length_bucket_of(cfg, compiled))
+    guide = guide_of(config, device, chunking)
     recipe = batch_recipe(config, model, chunking.length_bucket, guide)
     batch = recipe.batch(dataset, batches, model.tokenizer, step).to(device)
     if sharded:

@@ -67,10 +67,19 @@ def test_summary_takes_medians_and_ratios_and_the_page_shows_them() -> None:
     assert points["option: guided"]["vs_plain"] == pytest.approx(1.5)
     assert points["tokens 128"]["speedup_vs_cmnrl"] == pytest.approx(1.5)
     assert summary["errors"] == ["rows 4: exit 1: boom"]
+    summary["loss_ms"] = {"guided": 1.25}
     machine = {"cpu": "X", "cores": 2, "ram_gb": 24, "flags": ["avx2"], "torch": "t", "threads": 2}
     text = page(summary, machine, "2026-12-06")
-    assert "| guided | 4.50 | 2.00 | 1.500 |" in text
+    assert (
+        "| guided | 4.50 | 2.00 | 1.500 | 1.2 |" in text
+        and "| plain | 3.00 | 1.00 | 1.000 | – |" in text
+    )
     assert "| tokens 128 | 1.00 | 1.00 | 1.50 |" in text and "rows 4: exit 1: boom" in text
+
+
+def test_the_loss_alone_is_timed_for_every_option(plan) -> None:
+    times = losses.loss_only(plan, repeats=2)
+    assert list(times) == list(losses.OPTIONS) and all(ms > 0 for ms in times.values())
 
 
 def test_saved_points_of_the_same_plan_are_kept(tmp_path, monkeypatch, plan) -> None:
