@@ -265,6 +265,13 @@ class TrainConfig(_Section):
                 "train.hardness_strength is set but train.hardness is null: name the negatives "
                 "it weights (in_batch, hard or all)"
             )
+        if self.guide is None and (
+            self.guide_margin != 0.0 or self.guide_margin_strategy != "absolute"
+        ):
+            raise ValueError(
+                "train.guide_margin (or train.guide_margin_strategy) is set but train.guide is "
+                "null: name the guide model folder"
+            )
         if self.matryoshka_weights is not None and (
             self.matryoshka_dims is None
             or len(self.matryoshka_weights) != len(self.matryoshka_dims)

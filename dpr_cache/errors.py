@@ -14,11 +14,13 @@ class InputError(ValueError):
 
 
 class Interrupted(Exception):
-    """Raised after Ctrl-C / SIGTERM once a checkpoint of the last finished step is saved."""
+    """Raised after Ctrl-C / SIGTERM once a checkpoint of the last finished step is saved; the
+    message names it and the command that continues the run (``command``, when given)."""
 
-    def __init__(self, checkpoint: Path):
-        super().__init__(f"interrupted: checkpoint saved at {checkpoint}")
-        self.checkpoint = checkpoint
+    def __init__(self, checkpoint: Path, command: str | None = None):
+        then = f"; continue with: {command}" if command else ""
+        super().__init__(f"interrupted: checkpoint saved at {checkpoint}{then}")
+        self.checkpoint, self.command = checkpoint, command
 
 
 class Diverged(ArithmeticError):

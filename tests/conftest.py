@@ -1,5 +1,7 @@
 """Fixtures for every test: no hub at all (the tests and their child processes run offline,
 whatever the environment says; a test that needs the network path sets it for its own child),
+every cache the suite's commands would write under the home folder (dpr-cache's Arrow and BM25
+caches, matplotlib's, the datasets library's) in a temporary folder removed at the end,
 OpenMP threads that sleep rather than spin while they wait, each test's changes to the
 environment undone, the environment as collected taken for the fork server's, and float64 as
 the default dtype on demand.
@@ -10,10 +12,23 @@ fixtures of one folder live in that folder's conftest.py.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)  # before anything imports huggingface_hub, which reads it once
+# Nothing the suite writes lands under the home folder: the caches a command defaults to there
+# go to a temporary folder of this process (and its children), removed when it ends.
+CACHES = tempfile.mkdtemp(prefix="dpr-cache-tests-")
+atexit.register(shutil.rmtree, CACHES, ignore_errors=True)
+HOME_CACHES = {
+    "XDG_CACHE_HOME": CACHES,  # dpr-cache's default data.cache_dir: $XDG_CACHE_HOME/dpr-cache
+    "MPLCONFIGDIR": os.path.join(CACHES, "matplotlib"),
+    "HF_DATASETS_CACHE": os.path.join(CACHES, "datasets"),
+}
+os.environ.update(HOME_CACHES)
 # The tests run two at a time on two cores (pytest -n 2) and start children of their own: an
 # OpenMP thread that spins while it waits takes a core from the other process's threads. Idle
 # threads sleep instead (read once, when torch loads its OpenMP; children inherit it).

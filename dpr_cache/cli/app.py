@@ -28,7 +28,10 @@ __all__ = [
     "app",
     "data_app",
     "guarded",
+    "check_config_files",
     "check_inputs",
+    "check_matches",
+    "check_model_and_index",
     "check_search_flags",
     "load",
     "rank_and_world",
@@ -194,6 +197,40 @@ def check_inputs(**options: Path | None) -> None:
                 check_file(path)
             except InputError as e:
                 raise InputError(f"--{name.replace('_', '-')} {e}") from None
+
+
+def check_config_files(files: dict[str, str | Path | None]) -> None:
+    """Each input file a config key names (``{key: path}``; None: not given) exists, checked
+    before a command's heavy imports and named by its key."""
+    from dpr_cache.data.files import check_file
+
+    for key, path in files.items():
+        if path is not None:
+            try:
+                check_file(Path(path))
+            except InputError as e:
+                raise InputError(f"{key}: {e}") from None
+
+
+def check_model_and_index(model: str | None, index: Path | None) -> None:
+    """A model folder and an index given to search with (``mine``, ``score --teacher hybrid``)
+    are there, checked before the heavy imports."""
+    from dpr_cache.model.hub import resolve_model_dir
+    from dpr_cache.retrieval.dense.layout import read_meta
+
+    if model is not None:
+        resolve_model_dir(model, Path("."))
+    if index is not None:
+        read_meta(index)
+
+
+def check_matches(pattern: str) -> None:
+    """A glob of input files matches one at least (``index --embeddings``), before the heavy
+    imports."""
+    import glob
+
+    if not glob.glob(os.path.expanduser(pattern)):
+        raise InputError(f"{pattern}: matches no file")
 
 
 def check_search_flags(memory_gb: float | None, nprobe: int, ef_search: int):

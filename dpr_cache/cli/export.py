@@ -31,8 +31,10 @@ def export(
 
     Example: dpr-cache export --format merged --model runs/toy-llm/model --out runs/toy-llm/merged
     """
-    from dpr_cache.model.export import export as export_model
-    from dpr_cache.model.loading import resolve_model_dir
+    from dpr_cache.model.hub import resolve_model_dir
 
-    export_model(resolve_model_dir(model, Path(".")), out, format_)
+    folder = resolve_model_dir(model, Path("."))  # there, before the heavy imports
+    from dpr_cache.model.export import export as export_model
+
+    export_model(folder, out, format_)
     print(f"exported to {out}")

@@ -9,7 +9,14 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, check_inputs, check_search_flags, guarded
+from dpr_cache.cli.app import (
+    Command,
+    app,
+    check_inputs,
+    check_model_and_index,
+    check_search_flags,
+    guarded,
+)
 from dpr_cache.cli.options import (
     AUTOCAST,
     DimOpt,
@@ -109,46 +116,54 @@ def mine(
     --train data/toy/train.jsonl --out runs/toy/train.mined.jsonl
     """
     check_inputs(train=train, passages=passages, qrels=qrels)
-    from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.drivers.mine import RankerSpec, format_summary, mine_file
-    from dpr_cache.retrieval.teacher import TeacherSpec
+    from dpr_cache.runtime.atomic import check_output_file
+    from dpr_cache.runtime.lock import output_lock
 
-    if teacher is None and fusion_weight is not None:
-        raise InputError("--fusion-weight is the hybrid teacher's: give --teacher hybrid")
-    check_search_flags(memory_gb, nprobe, ef_search)
-    rules = NegativeRules.from_flag(
-        match,
-        margin=margin,
-        relative_margin=relative_margin,
-        teacher_margin=teacher_margin,
-        teacher_relative=teacher_relative,
-    )
-    taught = None
-    if teacher is not None:  # --precision is a cross-encoder's; bm25 and hybrid score in fp32
-        crossed = TeacherSpec(teacher).kind == "cross-encoder"
-        taught = TeacherSpec(
-            teacher,
-            fusion_weight=fusion_weight,
-            precision=precision if crossed else "auto",
-            device=device,
+    check_model_and_index(model, index)  # what it reads is there, before the heavy imports
+    check_output_file(out, {"the training file": train, "the passages file": passages})
+    with output_lock(out, is_file=True):
+        from dpr_cache.data.arrow_cache import default_cache_dir
+        from dpr_cache.retrieval.drivers.mine import RankerSpec, format_summary, mine_file
+        from dpr_cache.retrieval.teacher import TeacherSpec
+
+        if teacher is None and fusion_weight is not None:
+            raise InputError("--fusion-weight is the hybrid teacher's: give --teacher hybrid")
+        check_search_flags(memory_gb, nprobe, ef_search)
+        rules = NegativeRules.from_flag(
+            match,
+            margin=margin,
+            relative_margin=relative_margin,
+            teacher_margin=teacher_margin,
+            teacher_relative=teacher_relative,
         )
-    spec = MineSpec(negatives, depth, skip, keep_bm25, rules, batch)
-    if dim is not None and ranker != "model" and teacher != "hybrid":
-        raise InputError("--dim: the width of a model's vectors (--ranker model, --teacher hybrid)")
-    ranks = RankerSpec(
-        ranker, model, index, passages, nprobe, ef_search, memory_gb, device, precision, dim
-    )
-    summary = mine_file(
-        ranks,
-        train,
-        out,
-        spec,
-        qrels=qrels,
-        cache_dir=cache_dir or default_cache_dir(),
-        progress=not quiet,
-        command=shlex.join(["dpr-cache", *sys.argv[1:]]),
-        teacher=taught,
-    )
-    if summary is not None:
-        print(format_summary(summary))
-        print(f"written to {out}")
+        taught = None
+        if teacher is not None:  # --precision is a cross-encoder's; bm25 and hybrid score in fp32
+            crossed = TeacherSpec(teacher).kind == "cross-encoder"
+            taught = TeacherSpec(
+                teacher,
+                fusion_weight=fusion_weight,
+                precision=precision if crossed else "auto",
+                device=device,
+            )
+        spec = MineSpec(negatives, depth, skip, keep_bm25, rules, batch)
+        if dim is not None and ranker != "model" and teacher != "hybrid":
+            raise InputError(
+                "--dim: the width of a model's vectors (--ranker model, --teacher hybrid)"
+            )
+        ranks = RankerSpec(
+            ranker, model, index, passages, nprobe, ef_search, memory_gb, device, precision, dim
+        )
+        summary = mine_file(
+            ranks,
+            train,
+            out,
+            spec,
+            qrels=qrels,
+            cache_dir=cache_dir or default_cache_dir(),
+            progress=not quiet,
+            command=shlex.join(["dpr-cache", *sys.argv[1:]]),
+            teacher=taught,
+        )
+        if summary is not None:
+            print(format_summary(summary))
+            print(f"written to {out}")

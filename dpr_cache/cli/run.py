@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, guarded, load, overridden, rank_and_world
+from dpr_cache.cli.app import (
+    Command,
+    app,
+    check_config_files,
+    check_matches,
+    guarded,
+    load,
+    overridden,
+    rank_and_world,
+)
 from dpr_cache.cli.options import ConfigMemoryOpt, ConfigOpt, DimOpt, ModelOpt, QuietOpt, SetOpt
 from dpr_cache.errors import InputError
 
@@ -26,14 +35,38 @@ def train(
 ) -> None:
     """Train a DPR bi-encoder (gradcache | full | accumulate); writes output_dir/model.
 
-    Example: dpr-cache train -c configs/toy.yaml --set train.batch_size=512 --resume
+    --resume continues from the last checkpoint (with none, it says so and starts; on a finished
+    run, it says so and ends). Example: dpr-cache train -c configs/toy.yaml --resume
     """
-    cfg = load(config, set_)  # a bad config fails before the trainer's imports
-    from dpr_cache.train.loop import train as run
+    from dpr_cache.runtime.lock import output_lock
+    from dpr_cache.train.resume import check_start
 
-    model_dir = run(cfg, resume=resume, progress=not quiet)
-    if rank_and_world()[0] == 0:
+    cfg = load(config, set_)  # every refusal before the trainer's imports (torch and all)
+    main = rank_and_world()[0] == 0
+    with output_lock(cfg.output_path):
+        start = check_start(cfg, resume, warn=main)
+        if start.note and main:
+            print(start.note, file=sys.stderr)
+        if start.finished is not None:
+            if main:
+                print(start.finished_line(cfg.output_path))
+            return
+        from dpr_cache.train.loop import train as run
+
+        model_dir = run(cfg, resume=resume, progress=not quiet, start=start)
+    if main:
         print(f"model saved to {model_dir}")
+
+
+_QAS = "a DPR qas TSV of questions and answers"
+_INDEXED = "the passages TSV the index was built from"
+
+
+def _required(value: str | None, key: str, what: str) -> Path:
+    """The file a config key names; InputError when the key is not set."""
+    if not value:
+        raise InputError(f"{key}: not set ({what})")
+    return Path(value)
 
 
 TypeOpt = Annotated[
@@ -83,11 +116,29 @@ def index(
             "index --out: with --config the index goes to output_dir/index (--set "
             "output_dir=DIR); --out is for --embeddings"
         )
-    from dpr_cache.retrieval.drivers.index import index_command
+    if embeddings is not None and out is None:
+        raise InputError("index --embeddings: --out DIR is needed")
+    from dpr_cache.model.hub import resolve_model_dir
+    from dpr_cache.retrieval.dense.layout import index_dir_of
+    from dpr_cache.runtime.lock import output_lock
 
-    path = index_command(
-        cfg, model, embeddings=embeddings, out=out, progress=not quiet, overridden=overridden(set_)
-    )
+    if embeddings is None:  # what it reads is there, before the heavy imports
+        resolve_model_dir(model, cfg.output_path / "model")
+        passages = _required(cfg.data.passages, "data.passages", "a DPR passages TSV")
+        check_config_files({"data.passages": passages})
+    else:
+        check_matches(embeddings)
+    with output_lock(out if embeddings is not None else index_dir_of(cfg.output_path)):
+        from dpr_cache.retrieval.drivers.index import index_command
+
+        path = index_command(
+            cfg,
+            model,
+            embeddings=embeddings,
+            out=out,
+            progress=not quiet,
+            overridden=overridden(set_),
+        )
     if path is not None:
         print(f"index written to {path}")
 
@@ -111,16 +162,33 @@ def eval_(
     Example: dpr-cache eval -c configs/toy.yaml --set eval.top_k=[1,5,20]
     """
     cfg = load(config, [*(set_ or []), *([f"index.dim={dim}"] if dim is not None else [])])
-    from dpr_cache.retrieval.drivers.eval import eval_command, format_metrics_table
+    from dpr_cache.model.hub import resolve_model_dir
+    from dpr_cache.retrieval.dense.layout import index_dir_of, read_meta
+    from dpr_cache.runtime.lock import output_lock
 
-    metrics = eval_command(
-        cfg,
-        model,
-        out_dir=out,
-        progress=not quiet,
-        overridden=overridden(set_),
-        command=shlex.join(["dpr-cache", *sys.argv[1:]]),
+    read_meta(index_dir_of(cfg.output_path))  # eval before index: said before the heavy imports
+    resolve_model_dir(model, cfg.output_path / "model")
+    data, spec = cfg.data, cfg.eval
+    check_config_files(
+        {
+            "data.dev_qa": _required(data.dev_qa, "data.dev_qa", _QAS),
+            "data.passages": _required(data.passages, "data.passages", _INDEXED),
+            "data.qrels": data.qrels,
+            "eval.bm25_run": spec.bm25_run,
+            "eval.fusion_tune_qa": spec.fusion_tune_qa,
+        }
     )
+    with output_lock(out or cfg.output_path / "eval"):
+        from dpr_cache.retrieval.drivers.eval import eval_command, format_metrics_table
+
+        metrics = eval_command(
+            cfg,
+            model,
+            out_dir=out,
+            progress=not quiet,
+            overridden=overridden(set_),
+            command=shlex.join(["dpr-cache", *sys.argv[1:]]),
+        )
     if metrics is not None:
         print(format_metrics_table(metrics))
         print(f"results in {out or cfg.output_path / 'eval'}")

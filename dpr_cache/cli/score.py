@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpr_cache.cli.app import Command, app, check_inputs, guarded
+from dpr_cache.cli.app import Command, app, check_inputs, check_model_and_index, guarded
 from dpr_cache.cli.options import DimOpt, QuietOpt, TeacherMarginOpt, TeacherRelativeOpt
 from dpr_cache.config import default_of
 
@@ -68,32 +68,39 @@ def score(
     --out runs/toy/train.ce-scored.jsonl
     """
     check_inputs(train=train, passages=passages)
-    from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.drivers.score import format_summary, score_file
-    from dpr_cache.retrieval.scoring import ScoreSpec
-    from dpr_cache.retrieval.teacher import TeacherSpec
+    from dpr_cache.runtime.atomic import check_output_file
+    from dpr_cache.runtime.lock import output_lock
 
-    spec = TeacherSpec(
-        teacher,
-        passages,
-        model,
-        index,
-        fusion_weight,
-        precision,
-        batch_size,
-        max_length,
-        device,
-        dim,
-    )
-    summary = score_file(
-        spec,
-        train,
-        out,
-        ScoreSpec(batch, teacher_margin, teacher_relative),
-        cache_dir=cache_dir or default_cache_dir(),
-        progress=not quiet,
-        command=shlex.join(["dpr-cache", *sys.argv[1:]]),
-    )
-    if summary is not None:
-        print(format_summary(summary))
-        print(f"written to {out}")
+    if teacher == "hybrid":  # what it reads is there, before the heavy imports
+        check_model_and_index(model, index)
+    check_output_file(out, {"the training file": train, "the passages file": passages})
+    with output_lock(out, is_file=True):
+        from dpr_cache.data.arrow_cache import default_cache_dir
+        from dpr_cache.retrieval.drivers.score import format_summary, score_file
+        from dpr_cache.retrieval.scoring import ScoreSpec
+        from dpr_cache.retrieval.teacher import TeacherSpec
+
+        spec = TeacherSpec(
+            teacher,
+            passages,
+            model,
+            index,
+            fusion_weight,
+            precision,
+            batch_size,
+            max_length,
+            device,
+            dim,
+        )
+        summary = score_file(
+            spec,
+            train,
+            out,
+            ScoreSpec(batch, teacher_margin, teacher_relative),
+            cache_dir=cache_dir or default_cache_dir(),
+            progress=not quiet,
+            command=shlex.join(["dpr-cache", *sys.argv[1:]]),
+        )
+        if summary is not None:
+            print(format_summary(summary))
+            print(f"written to {out}")

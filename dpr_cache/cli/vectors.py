@@ -55,10 +55,6 @@ def encode(
     Example: dpr-cache encode --model runs/toy/model --passages data/toy/passages.tsv --out vecs
     """
     check_inputs(passages=passages, questions=questions)
-    from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.drivers.encode import encode_file
-    from dpr_cache.runtime.device import resolve_device
-
     settings = check_flags(
         "index",
         {
@@ -71,19 +67,28 @@ def encode(
     )
     if pooling is not None:
         check_flags("model", {"--pooling": ("pooling", pooling)})
-    paths = encode_file(
-        model,
-        out,
-        settings,
-        pooling=pooling,
-        max_length=max_length,
-        num_workers=num_workers,
-        passages=passages,
-        questions=questions,
-        device=resolve_device(device, key="--device"),
-        cache_dir=cache_dir or default_cache_dir(),
-        progress=not quiet,
-    )
+    from dpr_cache.model.hub import resolve_model_dir
+    from dpr_cache.runtime.lock import output_lock
+
+    resolve_model_dir(model, Path("."))  # before the heavy imports, as the lock
+    with output_lock(out):
+        from dpr_cache.data.arrow_cache import default_cache_dir
+        from dpr_cache.retrieval.drivers.encode import encode_file
+        from dpr_cache.runtime.device import resolve_device
+
+        paths = encode_file(
+            model,
+            out,
+            settings,
+            pooling=pooling,
+            max_length=max_length,
+            num_workers=num_workers,
+            passages=passages,
+            questions=questions,
+            device=resolve_device(device, key="--device"),
+            cache_dir=cache_dir or default_cache_dir(),
+            progress=not quiet,
+        )
     print(f"{len(paths)} shard(s) written to {out}")
 
 
@@ -140,10 +145,6 @@ def search(
     check_inputs(
         query_embeddings=query_embeddings, questions=questions, bm25_run=bm25_run, passages=passages
     )
-    from dpr_cache.data.arrow_cache import default_cache_dir
-    from dpr_cache.retrieval.drivers.search import Lexical, Queries
-    from dpr_cache.retrieval.drivers.search import search as run
-
     settings = check_flags(
         "eval",
         {
@@ -157,14 +158,28 @@ def search(
         },
     )
     knobs = check_search_flags(memory_gb, nprobe, ef_search)
-    path = run(
-        index,
-        Queries(query_embeddings, questions, model, dim),
-        out,
-        settings,
-        knobs,
-        Lexical(cache_dir or default_cache_dir(), passages),
-        tag,
-    )
+    from dpr_cache.model.hub import resolve_model_dir
+    from dpr_cache.retrieval.dense.layout import read_meta
+    from dpr_cache.runtime.atomic import check_output_file
+    from dpr_cache.runtime.lock import output_lock
+
+    read_meta(index)  # the index and the model are there, before the heavy imports
+    if questions is not None and model is not None:
+        resolve_model_dir(model, Path("."))
+    check_output_file(out, {"the questions file": questions}, folders={"the index": index})
+    with output_lock(out, is_file=True):
+        from dpr_cache.data.arrow_cache import default_cache_dir
+        from dpr_cache.retrieval.drivers.search import Lexical, Queries
+        from dpr_cache.retrieval.drivers.search import search as run
+
+        path = run(
+            index,
+            Queries(query_embeddings, questions, model, dim),
+            out,
+            settings,
+            knobs,
+            Lexical(cache_dir or default_cache_dir(), passages),
+            tag,
+        )
     if path is not None:
         print(f"run written to {path}")

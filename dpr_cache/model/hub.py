@@ -10,7 +10,9 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["ModelNotFound", "resolve_model_path", "hub_name_of", "HUB_FILES"]
+from dpr_cache.errors import InputError
+
+__all__ = ["ModelNotFound", "resolve_model_path", "resolve_model_dir", "hub_name_of", "HUB_FILES"]
 
 HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*", "2_Normalize/*"]
 """What a download fetches: configs, tokenizer files, safetensors weights and the
@@ -38,6 +40,17 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if path.exists() or not _is_hub_name(text):
         return path
     return _hub_snapshot(text)
+
+
+def resolve_model_dir(model_dir: str | Path | None, default: Path) -> Path:
+    """``model_dir`` (or ``default``, e.g. ``output_dir/model``), absolute; InputError if absent."""
+    try:
+        path = resolve_model_path(model_dir) if model_dir is not None else Path(default)
+    except ModelNotFound as e:
+        raise InputError(f"--model: {e}") from None
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".cp")):
+        raise InputError(f"{path}: no model folder: run `dpr-cache train` first or pass --model")
+    return path.resolve()
 
 
 def hub_name_of(folder: Path) -> str | None:

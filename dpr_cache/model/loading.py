@@ -13,7 +13,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.dpr_formats import dpr_kind
 from dpr_cache.model.encoding import resolve_encoding, saved_encoding
-from dpr_cache.model.hub import ModelNotFound, resolve_model_path
+from dpr_cache.model.hub import ModelNotFound, resolve_model_dir, resolve_model_path
 from dpr_cache.model.lora import ADAPTER_CONFIG
 
 __all__ = [
@@ -24,17 +24,6 @@ __all__ = [
     "model_fingerprint",
     "output_dim",
 ]
-
-
-def resolve_model_dir(model_dir: str | Path | None, default: Path) -> Path:
-    """``model_dir`` (or ``default``, e.g. ``output_dir/model``), absolute; InputError if absent."""
-    try:
-        path = resolve_model_path(model_dir) if model_dir is not None else Path(default)
-    except ModelNotFound as e:
-        raise InputError(f"--model: {e}") from None
-    if not (path.is_dir() or (path.is_file() and path.suffix == ".cp")):
-        raise InputError(f"{path}: no model folder: run `dpr-cache train` first or pass --model")
-    return path.resolve()
 
 
 def load_biencoder(

@@ -62,7 +62,13 @@ _GONE_WORDS = (
     "nccl",
     "gloo",
 )
-_NEXT = "once every rank can run, --resume continues from the last checkpoint"
+_NEXT = ["once every rank can run, --resume continues from the last checkpoint"]
+
+
+def continued_by(command: str) -> None:
+    """Name ``command`` (e.g. ``train``'s own, with ``--resume``) as what continues this
+    process's work when a rank is lost (:func:`lost_rank`'s line ends with it)."""
+    _NEXT[0] = f"once every rank can run, continue with: {command}"
 
 
 @dataclass(frozen=True)
@@ -223,7 +229,10 @@ def lost_rank(error: BaseException, wait: float = 5.0) -> str | None:
         host = socket.gethostname()
         others = sorted({h for r, (h, _) in PEERS.items() if h != host})
         gone = [f"a rank on {', '.join(others)}" if others else "another rank"]
-    return f"{_me()}: {' and '.join(gone)} stopped, so this rank stops too ({text[:120]}): {_NEXT}"
+    return (
+        f"{_me()}: {' and '.join(gone)} stopped, so this rank stops too ({text[:120]}): "
+        f"{_NEXT[0]}"
+    )
 
 
 def name_lost_rank_on_sigterm() -> None:
@@ -246,7 +255,7 @@ def stop_if_a_peer_ended() -> None:
     gone = _ended_peers() if _RANK_PROCESS == [os.getpid()] else []
     if not gone:
         return
-    line = f"error: {_me()}: {' and '.join(gone)} stopped, and torchrun stopped this rank: {_NEXT}"
+    line = f"error: {_me()}: {' and '.join(gone)} stopped, and torchrun stopped this rank: {_NEXT[0]}"
     with contextlib.suppress(Exception):  # a flush cut into by the signal: the line still goes
         sys.stdout.flush()
         sys.stderr.flush()

@@ -5,6 +5,11 @@ children it forks (data-loader workers, which may outlive a killed parent by sec
 by the kernel when the process ends however it ends, so a crash or a ``kill -9`` never leaves it
 stuck; it works on NFS too. The file names the holder (pid, host, command, start), so a
 second command is refused at once with a message that says who holds it.
+
+Within a process the lock is re-entrant: a command's entry point takes it before its heavy
+imports (a second command is refused at once), and the work it calls, which takes the same lock,
+finds it held by this process and goes on (a POSIX lock taken twice and closed once would be
+released under the outer holder).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from dpr_cache.errors import InputError
 __all__ = ["output_lock", "lock_path", "LOCK_NAME"]
 
 LOCK_NAME = ".dpr-cache.lock"
+_HELD: set[Path] = set()  # the lock files this process holds (pid-checked: a fork holds none)
+_OWNER = [os.getpid()]
 
 
 def lock_path(target: Path, is_file: bool = False) -> Path:
@@ -42,7 +49,13 @@ def output_lock(target: str | Path, *, is_file: bool = False) -> Iterator[None]:
     if int(os.environ.get("RANK", "0")) != 0:
         yield
         return
-    path = lock_path(Path(target), is_file)
+    path = lock_path(Path(target), is_file).absolute()
+    if _OWNER[0] != os.getpid():  # a forked child: its parent's locks are not its own
+        _HELD.clear()
+        _OWNER[0] = os.getpid()
+    if path in _HELD:  # this process holds it already (its entry point took it)
+        yield
+        return
     made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]  # deepest first
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -63,8 +76,10 @@ def output_lock(target: str | Path, *, is_file: bool = False) -> Iterator[None]:
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        _HELD.add(path)
         yield
     finally:
+        _HELD.discard(path)
         if held and made and _only(path):  # a command that wrote nothing in the folder it made
             path.unlink()  # while held: no other process holds this file
         os.close(fd)  # releases the lock

@@ -36,6 +36,7 @@ from dpr_cache.model.fsdp import is_sharded
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
 from dpr_cache.runtime.distributed import DistEnv, all_objects
+from dpr_cache.train.run_folder import STATE_FILE, latest_checkpoint
 
 __all__ = [
     "save_checkpoint",
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 _STEP_DRAW = "stream_entropy(seed, step, question index)"
 """The hard-negative draw of checkpoints that do not record theirs (one draw a step)."""
-STATE_FILE, CHECKSUM_FILE = "state.pt", "state.sha256"
+CHECKSUM_FILE = "state.sha256"
 SHARDS, SHARDS_CHECKSUM = "shards", "shards.sha256"
 FORMAT = 3
 """The layout of ``state.pt``; a checkpoint of another layout is refused, not converted."""
@@ -168,12 +169,6 @@ def _sharded_options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(ignore_frozen_params=True, strict=False)
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest checkpoint folder under ``root`` (checked or not), or None."""
-    done = sorted(p for p in Path(root).glob("step-*") if (p / STATE_FILE).is_file())
-    return done[-1] if done else None
 
 
 def sound_checkpoint(root: Path) -> Path | None:

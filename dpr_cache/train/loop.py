@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +30,16 @@ from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import advises_on_out_of_memory, deterministic_kernels
 from dpr_cache.runtime.distributed import DistEnv, any_rank
 from dpr_cache.runtime.lock import output_lock
-from dpr_cache.train.checkpoint import latest_checkpoint
 from dpr_cache.train.log import TrainLog, negatives_per_question
 from dpr_cache.train.recipe import step_batches
-from dpr_cache.train.resume import check_resumed_settings, check_start
+from dpr_cache.train.resume import Start, check_start
+from dpr_cache.train.run_folder import (
+    CHECKPOINTS,
+    MODEL,
+    continue_command,
+    latest_checkpoint,
+    record_finished,
+)
 from dpr_cache.train.step import distillation_of
 from dpr_cache.train.trainer import (
     NonFinite,
@@ -40,23 +48,31 @@ from dpr_cache.train.trainer import (
     build_trainer,
     out_of_memory,
     training_data,
-    training_files,
 )
 from dpr_cache.train.watch_setup import make_watcher
 
 __all__ = ["train"]
 
-CHECKPOINTS, MODEL = "checkpoints", "model"
-
-
 logger = logging.getLogger(__name__)
 
 
 @advises_on_out_of_memory("lower train.chunk_size")
-def train(config: Config, *, resume: bool = False, progress: bool = True) -> Path:
+def train(
+    config: Config, *, resume: bool = False, progress: bool = True, start: Start | None = None
+) -> Path:
     """Train per ``config``; return ``output_dir/model``. Raises InputError on bad input, and
-    when another command holds ``output_dir``."""
+    when another command holds ``output_dir``. ``start``: what :func:`check_start` found, where
+    the caller checked before its heavy imports (the CLI, under this lock); else it is checked
+    here and its note said. A ``--resume`` of a run finished under these settings ends at once,
+    nothing rewritten."""
     with output_lock(config.output_path):
+        if start is None:
+            main = int(os.environ.get("RANK", "0")) == 0  # before the process group
+            start = check_start(config, resume, warn=main)
+            if start.note and main:
+                print(start.note, file=sys.stderr)
+        if start.finished is not None:
+            return config.output_path / MODEL
         return _train(config, resume, progress)
 
 
@@ -76,15 +92,16 @@ class _Run:
 
 def _train(config: Config, resume: bool, progress: bool) -> Path:
     out = config.output_path
-    training_files(config)
-    check_start(config, out / CHECKPOINTS, resume)
     deterministic_kernels(config.train.deterministic)
     env = distributed.setup(config.train.device)
+    distributed.continued_by(continue_command(out))
     try:
         run = _set_up(config, env, resume, progress)
         _loop(config, env, run)
         m = config.model
         run.trainer.save_model(out / MODEL, m.max_query_length, m.max_passage_length)
+        if env.is_main:
+            record_finished(out, run.total, config)
         distributed.barrier()
         return out / MODEL
     finally:
@@ -109,8 +126,6 @@ def _set_up(config: Config, env: DistEnv, resume: bool, progress: bool) -> _Run:
     if env.is_main:  # once the model is there: a run that cannot start says that alone
         _warn_if_a_gpu_config_found_no_gpu(config, env)
     recipe = batch_recipe(config, trainer.model, trainer.length_bucket, trainer.guide)
-    if resume and latest_checkpoint(out / CHECKPOINTS) is not None:  # before loading it
-        check_resumed_settings(config, out / "config.yaml", warn=env.is_main)
     start = trainer.resume(out / CHECKPOINTS) if resume else 0
     if env.is_main:
         save_config(config, out / "config.yaml")
@@ -180,7 +195,7 @@ def _loop(config: Config, env: DistEnv, run: _Run) -> None:
             if done % cfg.checkpoint_every == 0 or done == run.total or interrupted:
                 path = trainer.checkpoint(checkpoints, done, cfg.keep_checkpoints)
                 if interrupted:
-                    raise Interrupted(path)
+                    raise Interrupted(path, continue_command(config.output_path))
         run.log.finish()
 
 

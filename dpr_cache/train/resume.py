@@ -1,27 +1,66 @@
-"""What ``train --resume`` may continue: a fresh run never overwrites another's checkpoints, and a
-resumed run's settings are held against the ones it was started with (``config.yaml``)."""
+"""What ``train`` may start or continue, read before its heavy imports (torch is not imported
+here): its training files exist, a fresh run never overwrites another's checkpoints, a
+``--resume`` says what it found, and a resumed run's settings are held against the ones it was
+started with (``config.yaml``)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from dpr_cache.config import Config, changed_settings
+from dpr_cache.data.files import check_file
 from dpr_cache.errors import InputError
-from dpr_cache.train.checkpoint import latest_checkpoint
+from dpr_cache.train.run_folder import (
+    CHECKPOINTS,
+    CONFIG,
+    MODEL,
+    continue_command,
+    finished_step,
+    latest_checkpoint,
+)
 
-__all__ = ["check_start", "check_resumed_settings", "RESUME_FREE", "RESUME_KEPT"]
+__all__ = ["Start", "check_start", "check_resumed_settings", "RESUME_FREE", "RESUME_KEPT"]
 
 logger = logging.getLogger(__name__)
 
 
-def check_start(config: Config, checkpoints: Path, resume: bool) -> None:
-    """A fresh run does not overwrite another run's checkpoints (in ``checkpoints``)."""
-    if not resume and latest_checkpoint(checkpoints) is not None:
-        raise InputError(
-            f"{config.output_path}: holds checkpoints of an earlier run; pass --resume to "
-            "continue it or choose another output_dir"
-        )
+@dataclass(frozen=True)
+class Start:
+    """What a ``train`` call found: the step its run already finished at (a ``--resume`` then
+    ends at once, nothing rewritten) and the line to say first (None: nothing)."""
+
+    finished: int | None = None
+    note: str | None = None
+
+    def finished_line(self, out: Path) -> str:
+        return f"{out} finished at step {self.finished}; model at {Path(out) / MODEL}"
+
+
+def check_start(config: Config, resume: bool, *, warn: bool = True) -> Start:
+    """The refusals and notes of a ``train`` call, before anything heavy: InputError for a
+    training file given none or missing, and for a fresh run in a folder that holds another
+    run's checkpoints (naming the command that continues that run); with ``resume``, a
+    finished run (its step), no checkpoint (a new run starts, said), or a checkpoint whose run's
+    settings are held against these (:func:`check_resumed_settings`, warning with ``warn``)."""
+    if not config.train_files:
+        raise InputError("data.train: no training file given")
+    for path in config.train_files:
+        check_file(path)
+    out = config.output_path
+    latest = latest_checkpoint(out / CHECKPOINTS)
+    if not resume:
+        if latest is not None:
+            raise InputError(
+                f"{out}: holds checkpoints of an earlier run: continue it with "
+                f"`{continue_command(out)}`, or choose another output_dir"
+            )
+        return Start()
+    if latest is None:
+        return Start(note=f"no checkpoint in {out}: starting a new run")
+    check_resumed_settings(config, out / CONFIG, warn=warn)
+    return Start(finished=finished_step(config))
 
 
 # keys a resumed run may set anew: its steps compute the same without them

@@ -36,6 +36,10 @@ def test_ctrl_c_is_one_line_saying_what_is_kept(monkeypatch, tmp_path, work, wor
     monkeypatch.setattr(f"dpr_cache.retrieval.drivers.{work}", interrupted)
     if words[0] != "eval":
         words = [*words, "--out", str(tmp_path / "out")]
+    else:  # an index and a model to evaluate: eval refuses a run without them first
+        (tmp_path / "index").mkdir()
+        (tmp_path / "index" / "meta.json").write_text('{"format": 2}')
+        words = [*words, "--set", f"output_dir={tmp_path}", "--model", "data/toy/tiny-bert"]
     result = CliRunner().invoke(app, words)
     assert result.exit_code == 130, result.output
     assert result.output.strip().splitlines() == [line]

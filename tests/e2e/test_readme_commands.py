@@ -156,6 +156,16 @@ def checkout(tmp_path_factory) -> Path:
     return root
 
 
+def test_the_demo_writes_what_the_readme_says_train_writes(checkout: Path) -> None:
+    """The README's comment on ``train`` names every entry the demo's train wrote (index and
+    eval come after it, each naming its own)."""
+    line = next(c for c in _blocks("bash")[1].splitlines() if c.startswith("dpr-cache train"))
+    said = re.search(r"runs/toy/\{(.*?)\}", line)[1].split(",")
+    wrote = [p.name + ("/" if p.is_dir() else "") for p in (checkout / "runs" / "toy").iterdir()]
+    wrote = sorted(n for n in wrote if not n.startswith(".") and n not in ("index/", "eval/"))
+    assert sorted(said) == wrote
+
+
 def test_every_command_runs_as_printed(checkout: Path) -> None:
     skip = set(demo_commands()) | SETUP | NETWORK | set(LONG)
     ran = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import time
 
@@ -59,10 +60,13 @@ def test_ctrl_c_saves_a_checkpoint_then_resume_is_identical(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
-    assert "checkpoint saved" in err
+    (line,) = [x for x in err.splitlines() if "checkpoint saved" in x]
     saved = sorted((run_dir / "checkpoints").glob("step-*"))
     assert saved and not (run_dir / "model").exists()
-    run_cli("train", "--config", "configs/toy.yaml", *overrides(tmp_path / "b"), "--resume", "-q")
+    # the line names the command that continues the run, needing no flag repeated: run it so
+    command = line.split("; continue with: ", 1)[1]
+    assert command == f"dpr-cache train --config {run_dir / 'config.yaml'} --resume"
+    run_cli(*shlex.split(command)[1:], "-q")
     assert_identical(weights(run_dir / "model"), want)
 
 
@@ -70,7 +74,30 @@ def test_fresh_run_refuses_to_overwrite_checkpoints(tmp_path):
     args = toy_overrides(tmp_path, **{"train.max_steps": 3})
     run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
     proc = run_cli("train", "--config", "configs/toy.yaml", *args, "-q", check=False)
-    assert proc.returncode == 2 and proc.stderr.startswith("error:") and "--resume" in proc.stderr
+    continues = f"`dpr-cache train --config {tmp_path / 'run' / 'config.yaml'} --resume`"
+    assert proc.returncode == 2 and proc.stderr.startswith("error:") and continues in proc.stderr
+
+
+def test_resume_with_no_checkpoint_says_so_and_starts(tmp_path):
+    args = toy_overrides(tmp_path, **{"train.max_steps": 2})
+    proc = run_cli("train", "--config", "configs/toy.yaml", *args, "--resume", "-q")
+    assert f"no checkpoint in {tmp_path / 'run'}: starting a new run" in proc.stderr
+    assert (tmp_path / "run" / "model").is_dir()
+
+
+def test_resume_of_a_finished_run_says_so_and_rewrites_nothing(tmp_path):
+    args = toy_overrides(tmp_path, **{"train.max_steps": 2})
+    run_cli("train", "--config", "configs/toy.yaml", *args, "-q")
+    run = tmp_path / "run"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    proc = run_cli("train", "--config", "configs/toy.yaml", *args, "--resume", "-q")
+    assert proc.stdout.strip() == f"{run} finished at step 2; model at {run / 'model'}"
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    assert after == before  # the model's bytes, the log, the checkpoints: all as they were
+    # the control: a run given more steps is not finished, and goes on
+    more = toy_overrides(tmp_path, **{"train.max_steps": 3})
+    proc = run_cli("train", "--config", "configs/toy.yaml", *more, "--resume", "-q")
+    assert "finished at step" not in proc.stdout and "model saved to" in proc.stdout
 
 
 def test_deterministic_kernels_train_the_same_weights_on_the_cpu(tmp_path):

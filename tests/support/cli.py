@@ -14,6 +14,7 @@ from tests.support.forkserver import ForkServer, may_serve
 
 __all__ = [
     "run_cli",
+    "run_cli_env",
     "popen_cli",
     "toy_overrides",
     "fork_server_ready",
@@ -83,7 +84,23 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """``python -m dpr_cache ARGS`` to the end, under ``torchrun --nproc_per_node WORLD`` when
     ``world`` > 1 (one thread a rank); with ``check``, AssertionError on a non-zero exit."""
+    return _run_in(child_env(), args, cwd, check, world, timeout)
+
+
+def run_cli_env(
+    changes: dict[str, str | None], *args: str, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """:func:`run_cli` in this environment changed by ``changes`` (a value None: unset)."""
     env = child_env()
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return _run_in(env, args, REPO, check, 1, timeout)
+
+
+def _run_in(env, args, cwd: Path, check: bool, world: int, timeout: float):
     proc = None
     if world == 1 and may_serve(_server_env(), env):
         proc = _fork_server().run(["-m", "dpr_cache", *args], cwd, env, timeout)

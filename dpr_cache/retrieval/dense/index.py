@@ -29,6 +29,7 @@ from dpr_cache.retrieval.dense.faiss_index import (
     hnsw_bytes,
     open_faiss_index,
 )
+from dpr_cache.retrieval.dense.layout import FORMAT, META_FILE, index_dir_of, read_meta
 from dpr_cache.retrieval.dense.search import (
     Hits,
     exact_search,
@@ -62,8 +63,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-META_FILE = "meta.json"
-FORMAT = 2
 
 
 @dataclass
@@ -133,11 +132,6 @@ def finish_index(
     return meta
 
 
-def index_dir_of(output_dir: Path) -> Path:
-    """Where a run's index lives: ``output_dir/index``."""
-    return Path(output_dir) / "index"
-
-
 def recorded_type(index_dir: str | Path) -> str | None:
     """The type the index at ``index_dir`` records (None when its meta cannot be read:
     :func:`open_index` then says what is wrong)."""
@@ -192,19 +186,7 @@ def open_index(index_dir: str | Path, spec: IndexConfig | None = None) -> OpenIn
     """The index at ``index_dir``; InputError when it is missing, of another format, or its
     shards changed since it was built. ``spec`` sets the search knobs (nprobe, efSearch)."""
     index_dir = Path(index_dir)
-    meta_path = index_dir / META_FILE
-    if not meta_path.is_file():
-        raise InputError(f"no index at {index_dir}: run `dpr-cache index` first")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except ValueError:
-        raise InputError(f"{meta_path}: not valid JSON: rerun `dpr-cache index`") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise InputError(
-            f"{index_dir}: an index of another dpr-cache version (format "
-            f"{meta.get('format') if isinstance(meta, dict) else None}, this one reads {FORMAT}): "
-            "rerun `dpr-cache index`"
-        )
+    meta = read_meta(index_dir)
     shards = []
     for entry in meta["shards"]:
         shard = Shard.open(index_dir / entry["path"])  # absolute paths stay absolute

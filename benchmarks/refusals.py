@@ -1,0 +1,220 @@
+"""How fast each command refuses: every refusal that comes before the heavy imports (a lock held,
+a folder with another run's checkpoints, a finished run resumed, an index or input missing),
+timed as a whole process against ``dpr-cache --help`` on the same machine, interleaved over
+rounds; each figure the median. The goal: each refusal within 1.5x ``--help``'s time.
+
+    python -m benchmarks.refusals --out docs/bench        # a minute or two
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from benchmarks.machine import load_average, machine_info
+from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
+from dpr_cache.runtime.processes import child_env
+
+GOAL = 1.5  # a refusal's time over --help's
+TOY, TINY = "data/toy", "data/toy/tiny-bert"
+
+
+def scenarios(root: Path) -> dict[str, list[str]]:
+    """Each refusal as a command line, its inputs made under ``root`` (the lock holders are
+    started by :func:`_holders`)."""
+    run = root / "run"
+    step = run / "checkpoints" / "step-00000001"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"")
+    done = root / "done"
+    (done / "checkpoints" / "step-00000002").mkdir(parents=True)
+    (done / "checkpoints" / "step-00000002" / "state.pt").write_bytes(b"")
+    (done / "model").mkdir()
+    settings = {"data.train": f"{TOY}/train.jsonl", "train.batch_size": 64, "train.epochs": 6}
+    settings["train.max_steps"] = None
+    (done / "finished.json").write_text(json.dumps({"step": 2, "settings": settings}))
+    config = ["--config", "configs/toy.yaml"]
+    return {
+        "--help": ["--help"],
+        "train: a config key unknown": ["train", *config, "--set", "train.lrr=1"],
+        "train: another run's checkpoints": ["train", *config, "--set", f"output_dir={run}"],
+        "train: a run in use": ["train", *config, "--set", f"output_dir={root / 'held'}"],
+        "train --resume: a finished run": [
+            "train",
+            *config,
+            "--set",
+            f"output_dir={done}",
+            "--resume",
+        ],
+        "train: a training file missing": ["train", *config, "--set", "data.train=/nowhere.jsonl"],
+        "index: the passages file missing": [
+            "index",
+            *config,
+            "--model",
+            TINY,
+            "--set",
+            "data.passages=/nowhere.tsv",
+        ],
+        "eval: before index": [
+            "eval",
+            *config,
+            "--model",
+            TINY,
+            "--set",
+            f"output_dir={root / 'none'}",
+        ],
+        "encode: the model missing": [
+            "encode",
+            "--model",
+            "/nowhere",
+            "--questions",
+            f"{TOY}/dev.qa.tsv",
+            "--out",
+            str(root / "e"),
+        ],
+        "search: the index missing": [
+            "search",
+            "--index",
+            "/nowhere",
+            "--questions",
+            f"{TOY}/dev.qa.tsv",
+            "--model",
+            TINY,
+            "--out",
+            str(root / "r.trec"),
+        ],
+        "mine: the index missing": [
+            "mine",
+            "--model",
+            TINY,
+            "--index",
+            "/nowhere",
+            "--train",
+            f"{TOY}/train.jsonl",
+            "--out",
+            str(root / "m.jsonl"),
+        ],
+        "score: the training file missing": [
+            "score",
+            "--teacher",
+            "bm25",
+            "--passages",
+            f"{TOY}/passages.tsv",
+            "--train",
+            "/nowhere.jsonl",
+            "--out",
+            str(root / "s.jsonl"),
+        ],
+        "export: the model missing": ["export", "--model", "/nowhere", "--out", str(root / "x")],
+    }
+
+
+def _holders(root: Path) -> subprocess.Popen:
+    """A process holding the lock of ``root/held`` until killed."""
+    code = (
+        "import time\nfrom dpr_cache.runtime.lock import output_lock\n"
+        f"with output_lock({str(root / 'held')!r}):\n    print('held', flush=True)\n"
+        "    time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=child_env(), stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _time(args: list[str]) -> tuple[float, int, str]:
+    """Wall seconds of ``python -m dpr_cache ARGS``, its exit code and its last stderr line."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "dpr_cache", *args],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    seconds = time.perf_counter() - start
+    return seconds, done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
+
+
+def run(rounds: int) -> dict:
+    """Every scenario ``rounds`` times, interleaved; each one's median seconds, its exit code and
+    line, and its ratio to ``--help``'s median."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        commands = scenarios(root)
+        holder = _holders(root)
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        said: dict[str, tuple[int, str]] = {}
+        try:
+            for _ in range(rounds):
+                for name, args in commands.items():
+                    seconds, code, line = _time(args)
+                    times[name].append(seconds)
+                    said[name] = (code, line)
+        finally:
+            holder.kill()
+            holder.wait()
+    help_s = statistics.median(times["--help"])
+    rows = {
+        name: {
+            "seconds": statistics.median(ts),
+            "rounds": ts,
+            "vs_help": statistics.median(ts) / help_s,
+            "exit": said[name][0],
+            "line": said[name][1],
+        }
+        for name, ts in times.items()
+    }
+    worst = max(r["vs_help"] for n, r in rows.items() if n != "--help")
+    return {"rows": rows, "help_s": help_s, "worst_vs_help": worst, "goal": GOAL}
+
+
+def page(result: dict, machine: dict, date: str) -> str:
+    lines = [
+        "# How fast each command refuses",
+        "",
+        f"Measured {date} with `python -m benchmarks.refusals --out docs/bench` (data: "
+        f"`refusals.json`). Machine: {machine['cpu']}, {machine['cores']} cores, "
+        f"{machine['ram_gb']} GB RAM; load average {machine['load_average']}.",
+        "",
+        "Each refusal run as a whole process (`python -m dpr_cache ...`), interleaved with the "
+        f"others over {len(next(iter(result['rows'].values()))['rounds'])} rounds; each figure "
+        "the median. Every refusal comes before torch, transformers and FAISS are imported "
+        f"(`tests/cli/test_refusals_before_imports.py`). The goal: at most {GOAL}x `--help`.",
+        "",
+        "| command | seconds | x --help | exit | what it said |",
+        "|---|--:|--:|--:|---|",
+    ]
+    for name, r in result["rows"].items():
+        said = r["line"].replace("|", "\\|")[:110]
+        lines.append(f"| {name} | {r['seconds']:.2f} | {r['vs_help']:.2f} | {r['exit']} | {said} |")
+    met = "met" if result["worst_vs_help"] <= GOAL else "not met"
+    lines += ["", f"The slowest refusal: {result['worst_vs_help']:.2f}x `--help`: **{met}**."]
+    return "\n".join(lines) + "\n"
+
+
+def main(
+    out: Annotated[Path, typer.Option(help="Where refusals.json and refusals.md go.")],
+    rounds: Annotated[int, typer.Option(help="Times each command runs.")] = 5,
+) -> None:
+    result = run(rounds)
+    machine = {**machine_info("cpu", None), "load_average": load_average()}
+    date = datetime.date.today().isoformat()
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "refusals.json", {**result, "machine": machine, "date": date})
+    write_text_atomic(out / "refusals.md", page(result, machine, date))
+    print(f"written to {out / 'refusals.md'}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,41 @@
+"""An index folder read without its libraries (no FAISS, numpy or torch): where a run's index
+lives, and its ``meta.json`` checked, so that a command refuses a missing or foreign index in a
+second, before its heavy imports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dpr_cache.errors import InputError
+
+__all__ = ["META_FILE", "FORMAT", "index_dir_of", "read_meta"]
+
+META_FILE = "meta.json"
+FORMAT = 2
+
+
+def index_dir_of(output_dir: Path) -> Path:
+    """Where a run's index lives: ``output_dir/index``."""
+    return Path(output_dir) / "index"
+
+
+def read_meta(index_dir: str | Path) -> dict[str, Any]:
+    """The index's ``meta.json``; InputError when there is no index at ``index_dir``, or it is
+    not valid JSON, or of another dpr-cache version."""
+    index_dir = Path(index_dir)
+    meta_path = index_dir / META_FILE
+    if not meta_path.is_file():
+        raise InputError(f"no index at {index_dir}: run `dpr-cache index` first")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except ValueError:
+        raise InputError(f"{meta_path}: not valid JSON: rerun `dpr-cache index`") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise InputError(
+            f"{index_dir}: an index of another dpr-cache version (format "
+            f"{meta.get('format') if isinstance(meta, dict) else None}, this one reads {FORMAT}): "
+            "rerun `dpr-cache index`"
+        )
+    return meta
