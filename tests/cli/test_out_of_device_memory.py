@@ -74,8 +74,10 @@ def test_eval_names_its_own_batch_setting(full_gpu, monkeypatch, tmp_path):
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     _fails_with(monkeypatch, "dpr_cache.retrieval.drivers.eval.evaluate", error)
+    (tmp_path / "index").mkdir()  # an index and a model: eval refuses a run without them first
+    (tmp_path / "index" / "meta.json").write_text('{"format": 2}')
     args = ["--config", "configs/toy.yaml", "--set", f"output_dir={tmp_path}"]
-    args += ["--set", "eval.device=cpu"]
+    args += ["--set", "eval.device=cpu", "--model", "data/toy/tiny-bert"]
     result = CliRunner().invoke(app, ["eval", *args])
     assert result.exit_code == 1, result.output
     line = result.output.strip()
