@@ -230,8 +230,7 @@ def lost_rank(error: BaseException, wait: float = 5.0) -> str | None:
         others = sorted({h for r, (h, _) in PEERS.items() if h != host})
         gone = [f"a rank on {', '.join(others)}" if others else "another rank"]
     return (
-        f"{_me()}: {' and '.join(gone)} stopped, so this rank stops too ({text[:120]}): "
-        f"{_NEXT[0]}"
+        f"{_me()}: {' and '.join(gone)} stopped, so this rank stops too ({text[:120]}): {_NEXT[0]}"
     )
 
 
@@ -255,7 +254,8 @@ def stop_if_a_peer_ended() -> None:
     gone = _ended_peers() if _RANK_PROCESS == [os.getpid()] else []
     if not gone:
         return
-    line = f"error: {_me()}: {' and '.join(gone)} stopped, and torchrun stopped this rank: {_NEXT[0]}"
+    stopped = f"{' and '.join(gone)} stopped, and torchrun stopped this rank"
+    line = f"error: {_me()}: {stopped}: {_NEXT[0]}"
     with contextlib.suppress(Exception):  # a flush cut into by the signal: the line still goes
         sys.stdout.flush()
         sys.stderr.flush()

@@ -64,7 +64,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class OpenIndex:
     """An index folder ready to search."""
