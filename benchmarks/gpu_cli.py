@@ -566,7 +566,7 @@ def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict
         TOY, ["train.precision=fp16", f"train.device={device}", "train.num_threads=null", *sets]
     )
     env = DistEnv(device=device)
-    dataset, batches = training_data(config, env)
+    dataset, batches, _ = training_data(config, env)
     trainer = build_trainer(config, env, steps)
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**40, backoff_factor=2.0**-16)
     trainer.scaler = trainer.stepper.scaler = scaler

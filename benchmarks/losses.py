@@ -175,7 +175,7 @@ def measure(plan: Plan, point: LossPoint) -> dict:
     config = _config(plan, point, None)
     model = load_model(config.model, torch.device("cpu"), dropout=0.0, lora=None).train()
     config = _config(plan, point, model.dim)
-    dataset, batches = training_data(config, DistEnv())
+    dataset, batches, _ = training_data(config, DistEnv())
     guide = guide_of(config, torch.device("cpu"), Chunking(plan.chunk))
     batch = batch_recipe(config, model, None, guide).batch(dataset, batches, model.tokenizer, 0)
     extra = batch.loss_inputs()
@@ -234,7 +234,7 @@ def loss_only(plan: Plan, repeats: int = 20) -> dict[str, float]:
         torch.set_num_threads(plan.threads)
     base = _config(plan, LossPoint("option: plain"), None)
     model = load_model(base.model, torch.device("cpu"), dropout=0.0, lora=None).eval()
-    dataset, batches = training_data(base, DistEnv())
+    dataset, batches, _ = training_data(base, DistEnv())
     out = {}
     reps = None
     for name, settings in OPTIONS.items():

@@ -23,6 +23,7 @@ from dpr_cache.runtime.atomic import write_text_atomic
 __all__ = [
     "Config",
     "LoraConfig",
+    "TrainSource",
     "TrainConfig",
     "load_config",
     "save_config",
@@ -84,10 +85,67 @@ class ModelConfig(_Section):
     lora: LoraConfig | None = None  # null: every weight trains (full fine-tuning)
 
 
+class TrainSource(_Section):
+    """One training source of ``data.train`` (docs/data.md): where it is, how it is read, and
+    what its batches take (null: the run's own setting)."""
+
+    path: str
+    name: str | None = None  # in the log and the model's prompts; null = the file's stem
+    # dpr | sentence_transformers | tevatron | beir; null = recognised from the columns
+    format: Literal["dpr", "sentence_transformers", "tevatron", "beir"] | None = None
+    columns: dict[str, str] | None = None  # {the file's column: the layout's column}
+    split: str = "train"  # a datasets folder's split, a BEIR folder's qrels
+    weight: float | None = Field(None, ge=0.0)  # its share of the batches (proportional)
+    query_prefix: str | None = None  # its questions' prompt (an instruction); null = the model's
+    passage_prefix: str | None = None  # its passages' prompt; null = the model's
+    hard_negatives: int | None = Field(None, ge=0)  # its own negatives a question, at most
+
+
+def _source_at(i: int, item: dict[str, Any]) -> TrainSource:
+    """``data.train``'s item ``i`` as a source; ValueError naming its key and what it takes."""
+    try:
+        return TrainSource.model_validate(item)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(p) for p in first["loc"][:1])
+        where = f"data.train[{i}].{key}"
+        if first["type"] == "extra_forbidden":
+            keys = ", ".join(TrainSource.model_fields)
+            raise ValueError(f"unknown key '{where}' (a source takes {keys})") from None
+        if first["type"] == "missing":
+            raise ValueError(f"{where}: missing (the source's file or folder)") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {message} (got {first.get('input')!r})") from None
+
+
 class DataConfig(_Section):
-    train: str | list[str] | None = None  # a training file, or several read as one
+    # a training file, or a list of sources: files read as one (paths), or mappings (TrainSource)
+    train: str | list[str | TrainSource] | None = None
+    # one source a batch, chosen by weight (proportional) or in turn (round_robin); or rows of
+    # every source in each batch (mixed: files listed as paths read as one)
+    batching: Literal["proportional", "round_robin", "mixed"] = "mixed"
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _sources(cls, value: Any) -> Any:
+        """Each item a path or a source's mapping, its errors named by its place in the list."""
+        if not isinstance(value, list):
+            return value
+        items = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                items.append(item)
+            elif isinstance(item, dict):
+                items.append(_source_at(i, item))
+            else:
+                raise ValueError(
+                    f"item {i + 1} is {item!r}: each source is a path or a mapping of "
+                    f"{', '.join(TrainSource.model_fields)}"
+                )
+        return items
+
     passages: str | None = None
-    dev_qa: str | None = None
+    dev_qa: str | list[str] | None = None  # a qas file, or several (eval: a row each)
     qrels: str | None = None  # TREC qrels judging dev_qa's questions (BEIR); null = answer match
     cache_dir: str | None = None  # Arrow caches of large files; default ~/.cache/dpr-cache
     num_workers: int = Field(1, ge=0)  # tokenizing processes ahead of train and encode; 0: inline
@@ -374,6 +432,7 @@ class Config(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> Config:
         t = self.train
+        _check_sources(self.data, t.hard_negatives)
         if t.chunk_size == "auto" and t.memory_budget is None:
             raise ValueError("train.chunk_size: 'auto' needs train.memory_budget (e.g. '4GB')")
         if isinstance(t.chunk_tokens, int) and t.chunk_tokens < self.model.max_query_length:
@@ -385,9 +444,30 @@ class Config(_Section):
 
     @property
     def train_files(self) -> list[Path]:
-        """``data.train`` as a list of paths (none when unset)."""
+        """``data.train``'s paths (none when unset)."""
+        return [Path(s if isinstance(s, str) else s.path) for s in self.train_sources]
+
+    @property
+    def train_sources(self) -> list[str | TrainSource]:
+        """``data.train`` as a list (none when unset)."""
         files = self.data.train
-        return [Path(f) for f in ([files] if isinstance(files, str) else files or [])]
+        return [files] if isinstance(files, str) else list(files or [])
+
+    @property
+    def dev_sets(self) -> list[tuple[str, Path]]:
+        """``data.dev_qa``'s files, each with a name: the file's name before its first dot, with
+        its folder's name before it where two files share one."""
+        dev = self.data.dev_qa
+        paths = [Path(p) for p in ([dev] if isinstance(dev, str) else dev or [])]
+        names = [p.name.split(".")[0] for p in paths]
+        return [
+            (f"{p.parent.name}-{n}" if names.count(n) > 1 else n, p)
+            for p, n in zip(paths, names, strict=True)
+        ]
+
+    def with_dev_set(self, path: Path) -> Config:
+        """This config evaluating one dev set."""
+        return self.model_copy(update={"data": self.data.model_copy(update={"dev_qa": str(path)})})
 
     @property
     def output_path(self) -> Path:
@@ -399,6 +479,41 @@ class Config(_Section):
         from dpr_cache.data.arrow_cache import default_cache_dir
 
         return Path(self.data.cache_dir) if self.data.cache_dir else default_cache_dir()
+
+
+def _check_sources(data: DataConfig, hard_negatives: int) -> None:
+    """What a list of sources must agree on: distinct names, weights only where batches are
+    drawn by weight and not all zero, a source's own negatives only where a batch is one
+    source's and at most ``train.hard_negatives``."""
+    items = [s for s in ([data.train] if isinstance(data.train, str) else data.train or [])]
+    names = [Path(s).stem if isinstance(s, str) else s.name or Path(s.path).stem for s in items]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ValueError(
+                f"data.train[{i}]: a second source named {name!r}: give each one a name"
+            )
+    mappings = [(i, s) for i, s in enumerate(items) if not isinstance(s, str)]
+    weighted = [(i, s) for i, s in mappings if s.weight is not None]
+    if weighted and data.batching != "proportional":
+        raise ValueError(
+            f"data.train[{weighted[0][0]}].weight: weights choose the source of each batch under "
+            f"data.batching proportional, not {data.batching}"
+        )
+    if weighted and all(s.weight == 0 for _, s in weighted) and len(weighted) == len(items):
+        raise ValueError("data.train: every source's weight is 0: no batch could be drawn")
+    for i, s in mappings:
+        if s.hard_negatives is None:
+            continue
+        if data.batching == "mixed" and len(items) > 1:
+            raise ValueError(
+                f"data.train[{i}].hard_negatives: under data.batching mixed a batch holds every "
+                "source's rows; a source's own negatives need proportional or round_robin"
+            )
+        if s.hard_negatives > hard_negatives:
+            raise ValueError(
+                f"data.train[{i}].hard_negatives: {s.hard_negatives} is more than "
+                f"train.hard_negatives ({hard_negatives}), the negatives a question has in a step"
+            )
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -493,6 +608,7 @@ def _did_you_mean(loc: tuple) -> str:
 
 # what a key takes where a validator, not the key's type, holds its rule
 _TAKES = {
+    "data.train": "a path, or a list of paths and sources ({path, name, format, ...}), or null",
     "train.chunk_size": "an integer >= 1 or 'auto'",
     "train.chunk_tokens": "an integer >= 1, 'auto' or null",
     "train.matryoshka_dims": "a list of integers >= 1 in descending order, or null",
@@ -610,6 +726,8 @@ def _one_line(error: ValidationError, source: str, overridden: set[str]) -> str:
         elif field is None:  # a rule joining keys: its message names them
             named = re.match(r"[a-z_]+\.[a-z_]+\b", message)
             part = message if named else f"{key or '(top level)'}: {message}"
+        elif item["type"] == "value_error" and message.startswith((f"{key}[", "unknown key")):
+            part = message  # an item of a list of sections, named by its place
         elif item["type"] == "value_error":  # the key's validator: its message says what it takes
             part = f"{key}: {message}{shown}"
         else:

@@ -185,7 +185,11 @@ def test_changed_settings_of_a_file_that_is_no_config_is_one_line(tmp_path, text
         ("model.pooling=max", "--set: model.pooling takes 'cls', 'mean' or 'last' (got 'max')"),
         ("model.dropout=2", "--set: model.dropout takes a number >= 0 and < 1 or null (got 2)"),
         ("model.shared=maybe", "--set: model.shared takes true or false (got 'maybe')"),
-        ("data.train=5", "--set: data.train takes a string, a list of strings or null (got 5)"),
+        (
+            "data.train=5",
+            "--set: data.train takes a path, or a list of paths and sources ({path, name, "
+            "format, ...}), or null (got 5)",
+        ),
         ("eval.top_k=abc", "--set: eval.top_k takes a non-empty list of integers >= 1 (got 'abc')"),
         (
             "eval.top_k=[1, x]",

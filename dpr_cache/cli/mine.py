@@ -116,11 +116,14 @@ def mine(
     --train data/toy/train.jsonl --out runs/toy/train.mined.jsonl
     """
     check_inputs(train=train, passages=passages, qrels=qrels)
+    from dpr_cache.retrieval.dense.layout import recorded_passages
     from dpr_cache.runtime.atomic import check_output_file
     from dpr_cache.runtime.lock import output_lock
 
-    check_model_and_index(model, index)  # what it reads is there, before the heavy imports
-    check_output_file(out, {"the training file": train, "the passages file": passages})
+    if ranker == "model" or teacher == "hybrid":  # else refused below: bm25 takes neither
+        check_model_and_index(model, index)  # what it reads is there, before the heavy imports
+    read = {"the training file": train, "the passages file": passages or recorded_passages(index)}
+    check_output_file(out, read)
     with output_lock(out, is_file=True):
         from dpr_cache.data.arrow_cache import default_cache_dir
         from dpr_cache.retrieval.drivers.mine import RankerSpec, format_summary, mine_file

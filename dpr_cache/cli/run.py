@@ -39,12 +39,17 @@ def train(
     run, it says so and ends). Example: dpr-cache train -c configs/toy.yaml --resume
     """
     from dpr_cache.runtime.lock import output_lock
-    from dpr_cache.train.resume import check_start
+    from dpr_cache.train.resume import check_start, finished_resume
 
     cfg = load(config, set_)  # every refusal before the trainer's imports (torch and all)
     main = rank_and_world()[0] == 0
+    finished = finished_resume(cfg) if resume else None
+    if finished is not None:  # nothing to do, nothing touched (not even the lock)
+        if main:
+            print(finished.finished_line(cfg.output_path))
+        return
     with output_lock(cfg.output_path):
-        start = check_start(cfg, resume, warn=main)
+        start = check_start(cfg, resume)
         if start.note and main:
             print(start.note, file=sys.stderr)
         if start.finished is not None:
@@ -62,11 +67,11 @@ _QAS = "a DPR qas TSV of questions and answers"
 _INDEXED = "the passages TSV the index was built from"
 
 
-def _required(value: str | None, key: str, what: str) -> Path:
-    """The file a config key names; InputError when the key is not set."""
+def _required(value: str | list[str] | None, key: str, what: str) -> Path | list[Path]:
+    """The file (or files) a config key names; InputError when the key is not set."""
     if not value:
         raise InputError(f"{key}: not set ({what})")
-    return Path(value)
+    return [Path(v) for v in value] if isinstance(value, list) else Path(value)
 
 
 TypeOpt = Annotated[
@@ -164,14 +169,21 @@ def eval_(
     cfg = load(config, [*(set_ or []), *([f"index.dim={dim}"] if dim is not None else [])])
     from dpr_cache.model.hub import resolve_model_dir
     from dpr_cache.retrieval.dense.layout import index_dir_of, read_meta
+    from dpr_cache.retrieval.drivers.overrides import refuse_train_overrides
     from dpr_cache.runtime.lock import output_lock
 
+    refuse_train_overrides(overridden(set_), "eval")
     read_meta(index_dir_of(cfg.output_path))  # eval before index: said before the heavy imports
     resolve_model_dir(model, cfg.output_path / "model")
     data, spec = cfg.data, cfg.eval
+    _required(data.dev_qa, "data.dev_qa", _QAS)
+    several = len(cfg.dev_sets) > 1
     check_config_files(
         {
-            "data.dev_qa": _required(data.dev_qa, "data.dev_qa", _QAS),
+            **{
+                f"data.dev_qa{f'[{i}]' if several else ''}": p
+                for i, (_, p) in enumerate(cfg.dev_sets)
+            },
             "data.passages": _required(data.passages, "data.passages", _INDEXED),
             "data.qrels": data.qrels,
             "eval.bm25_run": spec.bm25_run,
@@ -179,7 +191,11 @@ def eval_(
         }
     )
     with output_lock(out or cfg.output_path / "eval"):
-        from dpr_cache.retrieval.drivers.eval import eval_command, format_metrics_table
+        from dpr_cache.retrieval.drivers.eval import (
+            eval_command,
+            format_metrics_table,
+            format_sets_table,
+        )
 
         metrics = eval_command(
             cfg,
@@ -190,7 +206,7 @@ def eval_(
             command=shlex.join(["dpr-cache", *sys.argv[1:]]),
         )
     if metrics is not None:
-        print(format_metrics_table(metrics))
+        print(format_sets_table(metrics) if "sets" in metrics else format_metrics_table(metrics))
         print(f"results in {out or cfg.output_path / 'eval'}")
 
 

@@ -68,12 +68,14 @@ def score(
     --out runs/toy/train.ce-scored.jsonl
     """
     check_inputs(train=train, passages=passages)
+    from dpr_cache.retrieval.dense.layout import recorded_passages
     from dpr_cache.runtime.atomic import check_output_file
     from dpr_cache.runtime.lock import output_lock
 
     if teacher == "hybrid":  # what it reads is there, before the heavy imports
         check_model_and_index(model, index)
-    check_output_file(out, {"the training file": train, "the passages file": passages})
+    read = {"the training file": train, "the passages file": passages or recorded_passages(index)}
+    check_output_file(out, read)
     with output_lock(out, is_file=True):
         from dpr_cache.data.arrow_cache import default_cache_dir
         from dpr_cache.retrieval.drivers.score import format_summary, score_file

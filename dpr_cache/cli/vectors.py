@@ -159,14 +159,19 @@ def search(
     )
     knobs = check_search_flags(memory_gb, nprobe, ef_search)
     from dpr_cache.model.hub import resolve_model_dir
-    from dpr_cache.retrieval.dense.layout import read_meta
+    from dpr_cache.retrieval.dense.layout import read_meta, recorded_passages
     from dpr_cache.runtime.atomic import check_output_file
     from dpr_cache.runtime.lock import output_lock
 
+    read = {
+        "the questions file": questions,
+        "the query vectors": query_embeddings,
+        "the passages file": passages or recorded_passages(index),
+    }
+    check_output_file(out, read, folders={"the index": index})
     read_meta(index)  # the index and the model are there, before the heavy imports
     if questions is not None and model is not None:
         resolve_model_dir(model, Path("."))
-    check_output_file(out, {"the questions file": questions}, folders={"the index": index})
     with output_lock(out, is_file=True):
         from dpr_cache.data.arrow_cache import default_cache_dir
         from dpr_cache.retrieval.drivers.search import Lexical, Queries

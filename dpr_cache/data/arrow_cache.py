@@ -19,7 +19,7 @@ from datasets import Dataset, Features
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic
 
 # Bump when the cached layout or the parsing rules change: old cache files are then ignored.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def default_cache_dir() -> Path:
@@ -27,11 +27,14 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpr-cache"
 
 
-def cache_file(source: Path, cache_dir: Path, kind: str) -> Path:
-    """Where the Arrow copy of ``source`` lives; the name changes when the source changes."""
+def cache_file(source: Path, cache_dir: Path, kind: str, how: str = "") -> Path:
+    """Where the Arrow copy of ``source`` (a file, or a folder of files) lives, read as ``how``
+    says (a layout and its column names); the name changes when the source changes."""
     source = Path(source)
-    st = source.stat()
-    ident = f"{CACHE_VERSION}|{kind}|{source.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    stats = [(str(p.relative_to(source)) if source.is_dir() else "", p.stat()) for p in files]
+    shape = "|".join(f"{name}:{st.st_size}:{st.st_mtime_ns}" for name, st in stats)
+    ident = f"{CACHE_VERSION}|{kind}|{how}|{source.resolve()}|{shape}"
     key = hashlib.blake2b(ident.encode(), digest_size=8).hexdigest()
     return Path(cache_dir) / f"{kind}-{source.name}-{key}.arrow"
 

@@ -21,7 +21,7 @@ from dpr_cache.data.training import iter_training_examples
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_many_atomic
 
-__all__ = ["read_beir", "write_beir"]
+__all__ = ["read_beir", "read_qrels", "write_beir"]
 
 _CLEAN = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
 
@@ -36,24 +36,28 @@ def _jsonl(path: Path):
                     raise InputError(f"{path} line {n}: not valid JSON") from None
 
 
-def read_beir(folder: Path, out: Path, split: str = "test") -> dict[str, int]:
-    """Write ``out/{passages.tsv, questions.tsv, questions.ids.txt, qrels.trec}`` from a BEIR
-    folder; the questions are those the split's qrels judge, in the qrels' order."""
-    folder, out = Path(folder), Path(out)
-    qrels_path = folder / "qrels" / f"{split}.tsv"
+def read_qrels(path: Path) -> dict[str, list[tuple[str, int]]]:
+    """A BEIR qrels file (``query-id``, ``corpus-id``, ``score``; a header line or none): each
+    query's judged passages and grades, in the file's order."""
     qrels: dict[str, list[tuple[str, int]]] = {}
-    with open_text(qrels_path) as f:
+    with open_text(path) as f:
         for n, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             if n == 1 and row and row[0] == "query-id":
                 continue
             if len(row) != 3:
-                raise InputError(f"{qrels_path} line {n}: expected query-id, corpus-id, score")
+                raise InputError(f"{path} line {n}: expected query-id, corpus-id, score")
             try:
                 qrels.setdefault(row[0], []).append((row[1], int(float(row[2]))))
             except ValueError:
-                raise InputError(
-                    f"{qrels_path} line {n}: score {row[2]!r} is not a number"
-                ) from None
+                raise InputError(f"{path} line {n}: score {row[2]!r} is not a number") from None
+    return qrels
+
+
+def read_beir(folder: Path, out: Path, split: str = "test") -> dict[str, int]:
+    """Write ``out/{passages.tsv, questions.tsv, questions.ids.txt, qrels.trec}`` from a BEIR
+    folder; the questions are those the split's qrels judge, in the qrels' order."""
+    folder, out = Path(folder), Path(out)
+    qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
     queries: dict[str, str] = {}
     for _, obj in _jsonl(folder / "queries.jsonl"):
         if str(obj.get("_id")) in qrels:

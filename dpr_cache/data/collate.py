@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from dpr_cache.data.ids import passage_hash
-from dpr_cache.data.tokenize import encode_passages, encode_questions
+from dpr_cache.data.tokenize import Prefix, encode_passages, encode_questions
 from dpr_cache.runtime.overlap import to_device
 from dpr_cache.runtime.seeds import stream_entropy
 
@@ -45,6 +45,8 @@ class Batch:
     teacher_scores: Tensor | None = None  # [passage rows] float64, when the loss needs them
     # the same rows tokenized for a guide model (train.guide): (questions, passages)
     guide_inputs: tuple[dict[str, Tensor], dict[str, Tensor]] | None = None
+    text_duplicates: int = 0  # rows whose text another row holds under another id: masked
+    source: int | None = None  # the training source every row comes from (None: several)
 
     def to(self, device: torch.device | str) -> Batch:
         """A copy with every tensor moved to ``device`` (to CUDA through pinned memory, queued
@@ -65,6 +67,8 @@ class Batch:
             self.group_size,
             moved.get("teacher_scores"),
             guide,
+            self.text_duplicates,
+            self.source,
         )
 
     def loss_inputs(self) -> dict[str, Tensor]:
@@ -104,6 +108,7 @@ def choose_step_negatives(
     hard_negatives: int,
     rng: np.random.Generator,
     pool: ExamplePool,
+    own: int | None = None,
 ) -> list[Mapping[str, Any]]:
     """The ``hard_negatives`` negatives of one question, as DPR picks them, plus a fill.
 
@@ -112,12 +117,14 @@ def choose_step_negatives(
     not matter); if the question has none, use its shuffled ``negative_ctxs`` instead. A fixed
     group size is needed for the loss, so if fewer than H remain, the rest is filled with
     positives of other questions drawn at random (from ``rng``) from ``pool``, avoiding passages
-    already in the group where possible.
+    already in the group where possible. ``own`` (a training source's ``hard_negatives``) caps
+    how many of the H come from the question's own negatives.
     """
     if hard_negatives <= 0:
         return []
     hard = example.get("hard_negative_ctxs") or []
-    chosen = _shuffled(hard or (example.get("negative_ctxs") or []), rng)[:hard_negatives]
+    take = hard_negatives if own is None else min(own, hard_negatives)
+    chosen = _shuffled(hard or (example.get("negative_ctxs") or []), rng)[:take]
     seen = {example["positive_ctxs"][0]["passage_id"]} | {c["passage_id"] for c in chosen}
     while len(chosen) < hard_negatives:
         ctx = None
@@ -142,10 +149,11 @@ def build_batch(
     pool_for_padding: ExamplePool | None = None,
     indices: Sequence[int] | None = None,
     pad_to_multiple_of: int | None = None,
-    query_prefix: str = "",
-    passage_prefix: str = "",
+    query_prefix: Prefix = "",
+    passage_prefix: Prefix = "",
     teacher_scores: bool = False,
     guide: Any = None,
+    own_negatives: int | None = None,
 ) -> Batch:
     """Tokenize questions and their passage groups (positive + ``hard_negatives`` negatives).
 
@@ -173,7 +181,7 @@ def build_batch(
     for example, key in zip(examples, keys, strict=True):
         group = [example["positive_ctxs"][0]]
         group += choose_step_negatives(
-            example, hard_negatives, negatives_rng(seed, epoch, key), pool
+            example, hard_negatives, negatives_rng(seed, epoch, key), pool, own_negatives
         )
         for ctx in group:
             titles.append(ctx["title"])
@@ -182,6 +190,9 @@ def build_batch(
         if teacher_scores:
             scores += _teacher_scores(example, group, key)
     questions = [example["question"] for example in examples]
+    pids, duplicates = _one_id_a_text(titles, texts, pids)
+    if not isinstance(passage_prefix, str):
+        passage_prefix = [p for p in passage_prefix for _ in range(1 + max(hard_negatives, 0))]
     guide_inputs = None
     if guide is not None:
         guide_inputs = (
@@ -204,7 +215,20 @@ def build_batch(
         group_size=1 + max(hard_negatives, 0),
         teacher_scores=torch.tensor(scores, dtype=torch.float64) if teacher_scores else None,
         guide_inputs=guide_inputs,
+        text_duplicates=duplicates,
     )
+
+
+def _one_id_a_text(titles: list[str], texts: list[str], pids: list[int]) -> tuple[list[int], int]:
+    """The rows' passage ids with every text under its first row's id, and how many rows that
+    changed (a passage two sources give different ids)."""
+    first: dict[tuple[str, str], int] = {}
+    out, changed = [], 0
+    for pair, pid in zip(zip(titles, texts, strict=True), pids, strict=True):
+        kept = first.setdefault(pair, pid)
+        changed += kept != pid
+        out.append(kept)
+    return out, changed
 
 
 def _teacher_scores(example: Mapping[str, Any], group: list, key: int) -> list[float]:

@@ -23,8 +23,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpr_cache.data.layouts import iter_dpr_records
 from dpr_cache.data.qas import qas_line, record_question_id
-from dpr_cache.data.training import clean_example, iter_raw
+from dpr_cache.data.training import clean_example
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_json_atomic, write_many_atomic
 
@@ -73,7 +74,7 @@ def split_folds(train: Path, out: Path, folds: int = 2, seed: int = 0) -> dict[s
     ``out/folds.json``; return what folds.json holds."""
     train, out = Path(train), Path(out)
     counts: dict[str, int] = {}
-    for where, record in iter_raw(train):
+    for where, record in iter_dpr_records(train):
         title = article(record, where, train)
         counts[title] = counts.get(title, 0) + 1
     fold_of = assign_folds(counts, folds, seed, str(train))
@@ -82,7 +83,7 @@ def split_folds(train: Path, out: Path, folds: int = 2, seed: int = 0) -> dict[s
     def write(tmps: list[Path]) -> None:
         handles = [open(p, "w", encoding="utf-8", newline="\n") for p in tmps]
         try:
-            for n, (where, record) in enumerate(iter_raw(train)):
+            for n, (where, record) in enumerate(iter_dpr_records(train)):
                 home = fold_of[article(record, where, train)]
                 line = json.dumps(record, ensure_ascii=False) + "\n"
                 for k in range(folds):

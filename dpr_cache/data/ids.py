@@ -17,3 +17,9 @@ def passage_hash(passage_id: str) -> int:
     """A non-negative 63-bit integer for a passage id string (blake2b; equal ids, equal ints)."""
     digest = hashlib.blake2b(passage_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & _MASK63
+
+
+def text_hash(title: str, text: str) -> int:
+    """A non-negative 63-bit integer for a passage's title and text (equal texts, equal ints)."""
+    digest = hashlib.blake2b(f"{title}\x1f{text}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & _MASK63

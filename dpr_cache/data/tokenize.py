@@ -34,22 +34,36 @@ Features = dict[str, list[list[int]]]
 """Unpadded token ids and their companions (attention_mask, token_type_ids), a list a text."""
 
 
+Prefix = str | Sequence[str]
+"""A prompt for every text, or one a text (rows of several training sources)."""
+
+
+def _prefixed(prefix: Prefix, texts: Sequence[str]) -> list[str]:
+    if isinstance(prefix, str):
+        return [prefix + t for t in texts]
+    return [p + t for p, t in zip(prefix, texts, strict=True)]
+
+
 def tokenize_questions(
-    tokenizer: Any, questions: Sequence[str], max_length: int, prefix: str = ""
+    tokenizer: Any, questions: Sequence[str], max_length: int, prefix: Prefix = ""
 ) -> Features:
     """Questions alone, each after ``prefix`` (a model's query prompt, e.g. ``"query: "``),
     truncated to ``max_length`` tokens, unpadded."""
-    texts = [prefix + q for q in questions]
+    texts = _prefixed(prefix, questions)
     return dict(tokenizer(texts, max_length=max_length, truncation=True, padding=False))
 
 
 def tokenize_passages(
-    tokenizer: Any, titles: Sequence[str], texts: Sequence[str], max_length: int, prefix: str = ""
+    tokenizer: Any,
+    titles: Sequence[str],
+    texts: Sequence[str],
+    max_length: int,
+    prefix: Prefix = "",
 ) -> Features:
     """``(title, text)`` pairs truncating the text, unpadded (see the module docstring);
     ``prefix`` (a model's passage prompt) goes before the pair's first text, the title, as
     sentence-transformers applies a prompt to a pair."""
-    return tokenize_text_pairs(tokenizer, [prefix + t for t in titles], texts, max_length)
+    return tokenize_text_pairs(tokenizer, _prefixed(prefix, titles), texts, max_length)
 
 
 def tokenize_text_pairs(
@@ -123,7 +137,7 @@ def encode_questions(
     questions: Sequence[str],
     max_length: int,
     pad_to_multiple_of: int | None = None,
-    prefix: str = "",
+    prefix: Prefix = "",
 ) -> dict[str, Tensor]:
     """Questions as tensors, padded to the longest (or to a multiple of ``pad_to_multiple_of``)."""
     features = tokenize_questions(tokenizer, questions, max_length, prefix)
@@ -138,7 +152,7 @@ def encode_passages(
     texts: Sequence[str],
     max_length: int,
     pad_to_multiple_of: int | None = None,
-    prefix: str = "",
+    prefix: Prefix = "",
 ) -> dict[str, Tensor]:
     """``(title, text)`` pairs as tensors, padded to the longest (or a multiple)."""
     features = tokenize_passages(tokenizer, titles, texts, max_length, prefix)

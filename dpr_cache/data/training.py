@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import ijson
 import pyarrow as pa
-from datasets import Dataset, Features, concatenate_datasets
+from datasets import Dataset, Features
 
 from dpr_cache.data.arrow_cache import cache_file, open_arrow, read_meta, write_arrow
 from dpr_cache.data.files import open_binary
@@ -200,11 +200,35 @@ def clean_example(obj: Any, where: str) -> dict[str, Any]:
     return example
 
 
-def iter_training_examples(path: Path, stats: ParseStats | None = None) -> Iterator[dict[str, Any]]:
-    """Stream cleaned examples from a training file, skipping (and counting) those without a
+@dataclass(frozen=True)
+class Reading:
+    """How a training source is read: its layout (None: recognised from its columns), its
+    columns renamed (``{file's column: layout's column}``), and a ``datasets`` folder's or BEIR
+    folder's split."""
+
+    layout: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()
+    split: str = "train"
+
+    def key(self) -> str:
+        """What the Arrow cache's name depends on besides the source's bytes."""
+        return f"{self.layout}|{sorted(self.columns)}|{self.split}"
+
+    def records(self, path: Path) -> Iterator[tuple[str, Any]]:
+        """``path``'s records in DPR's form (:func:`~dpr_cache.data.layouts.iter_dpr_records`)."""
+        from dpr_cache.data.layouts import iter_dpr_records
+
+        columns = dict(self.columns)
+        return iter_dpr_records(path, layout=self.layout, columns=columns, split=self.split)
+
+
+def iter_training_examples(
+    path: Path, stats: ParseStats | None = None, reading: Reading = Reading()
+) -> Iterator[dict[str, Any]]:
+    """Stream cleaned examples from a training source, skipping (and counting) those without a
     positive passage, as DPR does."""
     stats = stats if stats is not None else ParseStats()
-    for where, obj in iter_raw(path):
+    for where, obj in reading.records(path):
         example = clean_example(obj, f"{path} {where}")
         stats.read += 1
         if not example["positive_ctxs"]:
@@ -216,24 +240,30 @@ def iter_training_examples(path: Path, stats: ParseStats | None = None) -> Itera
 
 
 def load_training_set(
-    path: Path, cache_dir: Path, *, stats: dict[str, Any] | None = None
+    path: Path,
+    cache_dir: Path,
+    *,
+    stats: dict[str, Any] | None = None,
+    reading: Reading = Reading(),
 ) -> Dataset:
-    """Load a DPR training file as a memory-mapped ``datasets.Dataset``.
+    """Load a training source (a DPR file, or any layout :class:`Reading` names) as a
+    memory-mapped ``datasets.Dataset``.
 
-    The file is parsed once into ``cache_dir`` (keyed by path, size and mtime); later calls reuse
-    that copy. Columns: question, answers, positive_ctxs, hard_negative_ctxs, negative_ctxs (each
-    ctx: title, text, passage_id as a string, teacher_score as a float or None). If ``stats`` is
-    given it is filled with :class:`ParseStats`' fields, ``cache_file`` and ``from_cache``.
+    The source is parsed once into ``cache_dir`` (keyed by its path, sizes, mtimes and how it is
+    read); later calls reuse that copy. Columns: question, answers, positive_ctxs,
+    hard_negative_ctxs, negative_ctxs (each ctx: title, text, passage_id as a string,
+    teacher_score as a float or None). If ``stats`` is given it is filled with
+    :class:`ParseStats`' fields, ``cache_file`` and ``from_cache``.
     """
     path = Path(path)
-    open_binary(path).close()  # InputError if missing
-    arrow = cache_file(path, cache_dir, "train")
+    if not path.is_dir():
+        open_binary(path).close()  # InputError if missing
+    arrow = cache_file(path, cache_dir, "train", reading.key())
     from_cache = arrow.exists()
     if not from_cache:
         parse = ParseStats()
-        write_arrow(
-            iter_training_examples(path, parse), TRAIN_FEATURES, arrow, meta=lambda: asdict(parse)
-        )
+        rows = iter_training_examples(path, parse, reading)
+        write_arrow(rows, TRAIN_FEATURES, arrow, meta=lambda: asdict(parse))
     meta = read_meta(arrow)
     if meta.get("kept", 0) == 0:
         raise InputError(f"{path}: no question with a positive passage")
@@ -247,23 +277,6 @@ def load_training_set(
     if stats is not None:
         stats.update(meta, cache_file=str(arrow), from_cache=from_cache)
     return open_arrow(arrow)
-
-
-def load_training_sets(
-    paths: list[Path], cache_dir: Path, *, scored_negatives: int | None = None
-) -> Dataset:
-    """Several training files as one dataset, in the order given (DPR trains on nq-train and
-    nq-adv-hn-train together): each is streamed into its own Arrow cache, and the caches are
-    joined without a copy. With ``scored_negatives`` H, every record must bring a
-    ``teacher_score`` on its positive and at least H hard negatives, all scored (see
-    :func:`check_teacher_scores`)."""
-    parts = []
-    for path in paths:
-        stats: dict[str, Any] = {}
-        parts.append(load_training_set(path, cache_dir, stats=stats))
-        if scored_negatives is not None:
-            check_teacher_scores(stats, scored_negatives)
-    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
 def check_teacher_scores(stats: dict[str, Any], hard_negatives: int) -> None:

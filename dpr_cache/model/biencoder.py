@@ -115,6 +115,8 @@ class BiEncoder(nn.Module):
         self.max_passage_length = max_passage_length
         self.normalize = normalize
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
+        # each named training source's own (query, passage) prompts, saved with the model
+        self.source_prompts: dict[str, tuple[str, str]] = {}
         self.weights_dtype = dtype
         self.output_dim: int | None = None
 
@@ -187,6 +189,9 @@ class BiEncoder(nn.Module):
             passage_prefix=meta.get("passage_prefix", ""),
             dtype=dtype,
         )
+        model.source_prompts = {
+            k: (v["query"], v["passage"]) for k, v in meta.get("source_prompts", {}).items()
+        }
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
         return model
@@ -277,6 +282,7 @@ class BiEncoder(nn.Module):
                 ("document", self.passage_prefix),
             ),
         ):
+            side = 0 if name == "query_encoder" else 1
             write_tower(
                 tower,
                 out_dir / name,
@@ -285,6 +291,7 @@ class BiEncoder(nn.Module):
                 normalize=self.normalize,
                 max_length=length,
                 prompt=prompt,
+                more_prompts={k: v[side] for k, v in self.source_prompts.items()},
             )
         meta = {
             "shared": self.shared,
@@ -296,6 +303,10 @@ class BiEncoder(nn.Module):
             "passage_prefix": self.passage_prefix,
             "dtype": self.weights_dtype,
         }
+        if self.source_prompts:
+            meta["source_prompts"] = {
+                k: {"query": q, "passage": p} for k, (q, p) in self.source_prompts.items()
+            }
         (out_dir / _META).write_text(json.dumps(meta, indent=2) + "\n")
         if self.tokenizer is not None:
             clean_tokenizer(self.tokenizer).save_pretrained(out_dir)

@@ -43,10 +43,12 @@ def write_tower(
     normalize: bool,
     max_length: int | None,
     prompt: tuple[str, str] = ("query", ""),
+    more_prompts: dict[str, str] | None = None,
 ) -> Path:
     """Write ``tower`` with its tokenizer and the sentence-transformers modules into ``out``;
     ``prompt`` (name, text), when the text is not empty, is its default sentence-transformers
-    prompt, so ``SentenceTransformer(out).encode`` prepends it as dpr-cache does."""
+    prompt, so ``SentenceTransformer(out).encode`` prepends it as dpr-cache does;
+    ``more_prompts`` (each training source's, by name) are there for ``prompt_name=``."""
     out = Path(out)
     tower.save_pretrained(out)  # with adapters: peft's adapter_config.json and weights alone
     length = max_length or getattr(tokenizer, "model_max_length", 512)
@@ -69,6 +71,8 @@ def write_tower(
     name, text = prompt
     if text:
         settings.update(prompts={name: text}, default_prompt_name=name)
+    if more_prompts:
+        settings["prompts"] = {**settings.get("prompts", {}), **more_prompts}
     _write_json(out / "config_sentence_transformers.json", settings)
     _write_json(
         out / "1_Pooling" / "config.json",

@@ -71,6 +71,42 @@ def format_metrics_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def pooled_metrics(sets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Several dev sets' metrics as one: each figure the mean over every judged question (each
+    set's figure weighted by its judged questions; from figures rounded to 2 decimals, so
+    within 0.01 of the mean over the pooled questions), ``n_questions`` their sum, and each
+    set's own under ``sets``."""
+    weights = {name: m["measured"]["judged_questions"] for name, m in sets.items()}
+    total = sum(weights.values())
+    names = [k for k in next(iter(sets.values())) if k not in ("n_questions", "measured")]
+    pooled: dict[str, Any] = {
+        k: round(sum(weights[s] * m[k] for s, m in sets.items()) / total, 2) if total else 0.0
+        for k in names
+    }
+    pooled["n_questions"] = sum(m["n_questions"] for m in sets.values())
+    pooled["sets"] = {
+        name: {k: v for k, v in m.items() if k != "measured"} for name, m in sets.items()
+    }
+    pooled["measured"] = {
+        "pooled": "each figure: the sets' figures weighted by their judged questions",
+        "dev_qa": {name: m["measured"]["data"]["dev_qa"] for name, m in sets.items()},
+    }
+    return pooled
+
+
+def format_sets_table(pooled: dict[str, Any]) -> str:
+    """A row a dev set and one for all of them: its questions, hit rates and MRR@10."""
+    ks = sorted(int(key[3:]) for key in pooled if key.startswith("top"))
+    rows = [*pooled["sets"].items(), ("all", pooled)]
+    width = max(len("dev set"), *(len(name) for name, _ in rows))
+    head = f"{'dev set':<{width}} | questions | " + " | ".join(f"top{k:<3}" for k in ks)
+    lines = [head + " | mrr@10", "-" * (len(head) + 9)]
+    for name, m in rows:
+        hits = " | ".join(f"{m[f'top{k}']:>6.2f}" for k in ks)
+        lines.append(f"{name:<{width}} | {m['n_questions']:>9} | {hits} | {m['mrr@10']:>6.2f}")
+    return "\n".join(lines)
+
+
 def _entries(questions, scores, rows, dataset, match: str) -> Iterator[dict[str, Any]]:
     """DPR results entries for a batch of questions, their scores and passage rows."""
     valid = np.unique(rows[rows >= 0])

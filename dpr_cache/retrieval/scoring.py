@@ -31,7 +31,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from dpr_cache.data.training import clean_example, iter_raw
+from dpr_cache.data.layouts import iter_dpr_records
+from dpr_cache.data.training import clean_example
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.mining.rules import NegativeRules, near_teacher_positive
 from dpr_cache.retrieval.teacher import Group, Teacher, passage_of, score_groups
@@ -170,7 +171,7 @@ def _parts_ahead(
 
 def _records(train: Path, size: int) -> Iterator[list[tuple[str, Any]]]:
     """The file's records, whole, in parts of ``size`` (only one part in memory)."""
-    return in_parts(iter_raw(train), size, f"{train}: no questions")
+    return in_parts(iter_dpr_records(train), size, f"{train}: no questions")
 
 
 def _score_part(

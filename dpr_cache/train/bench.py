@@ -120,7 +120,7 @@ def _time_steps(config: Config, steps: int, warmup: int) -> dict:
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     env = distributed.setup(cfg.device)
-    dataset, batches = training_data(config, env)
+    dataset, batches, _ = training_data(config, env)
     trainer = build_trainer(config, env, warmup + steps)
     recipe = batch_recipe(config, trainer.model, trainer.length_bucket, trainer.guide)
     tokenizer = trainer.model.tokenizer

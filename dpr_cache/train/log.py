@@ -75,9 +75,18 @@ class TrainLog(contextlib.AbstractContextManager):
             dynamic_ncols=True,
         )
 
-    def record(self, step: int, epoch: int, digest: str | None, result: StepResult, model) -> None:
+    def record(
+        self,
+        step: int,
+        epoch: int,
+        digest: str | None,
+        result: StepResult,
+        model,
+        source: tuple[str, int] | None = None,
+    ) -> None:
         """Log step ``step`` (0-based): its line (every ``log_every`` steps and whenever it
-        validated), the watcher's figures, the bar."""
+        validated), the watcher's figures, the bar. ``source``: the training source the batch
+        came from, and how many batches it has given so far."""
         done = step + 1
         self.skipped += result.skipped
         if self.env.is_main:
@@ -93,6 +102,8 @@ class TrainLog(contextlib.AbstractContextManager):
                 "pairs_per_second": round(self.fixed["batch_size"] / result.seconds, 2),
                 "peak_memory_bytes": memory.peak_memory_bytes(self.env.device),
             }
+            if source is not None:
+                record.update(source=source[0], source_batches=source[1])
             if result.loss_scale is not None:
                 record["loss_scale"] = result.loss_scale
             if self.skipped:  # fp16 steps skipped for a loss or gradient not finite, so far

@@ -24,7 +24,7 @@ import torch
 
 from dpr_cache.config import Config, save_config
 from dpr_cache.core.distill import Distillation
-from dpr_cache.data.batches import TrainBatches
+from dpr_cache.data.batches import SourceBatches, TrainBatches
 from dpr_cache.errors import Diverged, InputError, Interrupted
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import advises_on_out_of_memory, deterministic_kernels
@@ -68,12 +68,12 @@ def train(
     with output_lock(config.output_path):
         if start is None:
             main = int(os.environ.get("RANK", "0")) == 0  # before the process group
-            start = check_start(config, resume, warn=main)
+            start = check_start(config, resume)
             if start.note and main:
                 print(start.note, file=sys.stderr)
         if start.finished is not None:
             return config.output_path / MODEL
-        return _train(config, resume, progress)
+        return _train(config, resume, progress, start.warning)
 
 
 @dataclass
@@ -88,15 +88,17 @@ class _Run:
     distill: Distillation | None
     start: int
     total: int
+    sources: list[str]  # the training sources' names
+    masked: bool = False  # a batch's rows of one text under two ids said once
 
 
-def _train(config: Config, resume: bool, progress: bool) -> Path:
+def _train(config: Config, resume: bool, progress: bool, warning: str | None = None) -> Path:
     out = config.output_path
     deterministic_kernels(config.train.deterministic)
     env = distributed.setup(config.train.device)
     distributed.continued_by(continue_command(out))
     try:
-        run = _set_up(config, env, resume, progress)
+        run = _set_up(config, env, resume, progress, warning)
         _loop(config, env, run)
         m = config.model
         run.trainer.save_model(out / MODEL, m.max_query_length, m.max_passage_length)
@@ -108,7 +110,9 @@ def _train(config: Config, resume: bool, progress: bool) -> Path:
         distributed.teardown()
 
 
-def _set_up(config: Config, env: DistEnv, resume: bool, progress: bool) -> _Run:
+def _set_up(
+    config: Config, env: DistEnv, resume: bool, progress: bool, warning: str | None = None
+) -> _Run:
     """The data, the trainer (resumed from its last checkpoint when asked), the saved config,
     the log and the loader of the steps to run."""
     cfg, out = config.train, config.output_path
@@ -120,13 +124,20 @@ def _set_up(config: Config, env: DistEnv, resume: bool, progress: bool) -> _Run:
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     _seed_everything(cfg.seed)
-    dataset, batches = training_data(config, env)
+    dataset, batches, sources = training_data(config, env)
     total = cfg.max_steps or batches.steps_per_epoch * cfg.epochs
     trainer = build_trainer(config, env, total)
     if env.is_main:  # once the model is there: a run that cannot start says that alone
         _warn_if_a_gpu_config_found_no_gpu(config, env)
     recipe = batch_recipe(config, trainer.model, trainer.length_bucket, trainer.guide)
+    trainer.source_prompts = {
+        s.name: (r.query_prefix, r.passage_prefix)
+        for s, r in zip(sources, recipe.sources, strict=True)
+        if s.query_prefix is not None or s.passage_prefix is not None
+    }
     start = trainer.resume(out / CHECKPOINTS) if resume else 0
+    if warning and env.is_main:  # the resumed run's changed settings, once it has started
+        logger.warning(warning)
     if env.is_main:
         save_config(config, out / "config.yaml")
     distill = distillation_of(config)
@@ -142,7 +153,8 @@ def _set_up(config: Config, env: DistEnv, resume: bool, progress: bool) -> _Run:
         world_size=env.world_size,
         num_workers=config.data.num_workers,
     )
-    return _Run(trainer, batches, loader, log, distill, start, total)
+    names = [s.name for s in sources]
+    return _Run(trainer, batches, loader, log, distill, start, total, names)
 
 
 def _log(config: Config, env: DistEnv, trainer, distill, start: int, total: int, progress: bool):
@@ -190,7 +202,19 @@ def _loop(config: Config, env: DistEnv, run: _Run) -> None:
                 result = None  # explained below, once the failed step's memory is freed
             if result is None:
                 raise out_of_memory(config, trainer, step)
-            run.log.record(step, run.batches.epoch_of(step), digest, result, trainer.model)
+            source = None
+            if isinstance(run.batches, SourceBatches):
+                name = run.sources[run.batches.source_of(step)]
+                source = (name, run.batches.batches_seen(step))
+            run.log.record(step, run.batches.epoch_of(step), digest, result, trainer.model, source)
+            if batch.text_duplicates and not run.masked:
+                run.masked = True
+                logger.warning(
+                    "step %d: %d passage rows hold the text of another row under another id; "
+                    "each is masked as that passage (never its negative)",
+                    step + 1,
+                    batch.text_duplicates,
+                )
             done, interrupted = step + 1, stop.agreed(env)
             if done % cfg.checkpoint_every == 0 or done == run.total or interrupted:
                 path = trainer.checkpoint(checkpoints, done, cfg.keep_checkpoints)

@@ -14,11 +14,35 @@ from dpr_cache.runtime.processes import worker_init
 
 __all__ = [
     "BatchRecipe",
+    "SourceRecipe",
     "step_batches",
     "param_groups",
     "linear_warmup_decay",
     "flat_softmax_warning",
 ]
+
+
+@dataclass(frozen=True)
+class SourceRecipe:
+    """What one training source's questions are given: their prompts, and how many hard
+    negatives come from their own (None: all the step's)."""
+
+    query_prefix: str
+    passage_prefix: str
+    hard_negatives: int | None = None
+
+
+class _Rows:
+    """Rows ``rows`` of a dataset, indexed from 0 (a source's questions, for the fill)."""
+
+    def __init__(self, dataset, rows: range):
+        self.dataset, self.rows = dataset, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        return self.dataset[self.rows[i]]
 
 
 @dataclass(frozen=True)
@@ -34,6 +58,7 @@ class BatchRecipe:
     teacher_scores: bool = False  # carry each passage row's teacher score (distillation)
     pad_to_multiple_of: int | None = None  # each side padded to a multiple of this
     guide: Any = None  # a GuideText: the rows tokenized for the guide model too (train.guide)
+    sources: tuple[SourceRecipe, ...] = ()  # a data.train source's own prompts (none: the above)
 
     def batch(
         self,
@@ -44,24 +69,44 @@ class BatchRecipe:
         rank: int = 0,
         world_size: int = 1,
     ) -> Batch:
-        """This rank's slice of the global batch of ``step``, tokenized, passages grouped."""
+        """This rank's slice of the global batch of ``step``, tokenized, passages grouped: each
+        question with its source's prompts; a batch of one source fills short negative groups
+        from that source alone."""
         indices = TrainBatches.rank_slice(batches.batch_indices(step), rank, world_size)
-        return build_batch(
+        source = batches.source_of(step)
+        query_prefix, passage_prefix, pool, own = (
+            self.query_prefix,
+            self.passage_prefix,
+            dataset,
+            None,
+        )
+        if self.sources:
+            rows = [self.sources[s] for s in batches.sources_of(indices)]
+            query_prefix = [r.query_prefix for r in rows]
+            passage_prefix = [r.passage_prefix for r in rows]
+        if source is not None and self.sources:
+            own = self.sources[source].hard_negatives
+        if source is not None and len(batches.offsets) > 1:
+            pool = _Rows(dataset.select_columns(["positive_ctxs"]), batches.rows_of(source))
+        batch = build_batch(
             [dataset[i] for i in indices],
             tokenizer=tokenizer,
             hard_negatives=self.hard_negatives,
             max_query_length=self.max_query_length,
             max_passage_length=self.max_passage_length,
             seed=self.seed,
-            epoch=batches.epoch_of(step),
-            pool_for_padding=dataset,
+            epoch=batches.draw_epoch(step),
+            pool_for_padding=pool,
             indices=indices,
-            query_prefix=self.query_prefix,
-            passage_prefix=self.passage_prefix,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
             teacher_scores=self.teacher_scores,
             pad_to_multiple_of=self.pad_to_multiple_of,
             guide=self.guide,
+            own_negatives=own,
         )
+        batch.source = source
+        return batch
 
 
 class _StepBatches(torch.utils.data.Dataset):

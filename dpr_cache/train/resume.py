@@ -21,7 +21,14 @@ from dpr_cache.train.run_folder import (
     latest_checkpoint,
 )
 
-__all__ = ["Start", "check_start", "check_resumed_settings", "RESUME_FREE", "RESUME_KEPT"]
+__all__ = [
+    "Start",
+    "check_start",
+    "finished_resume",
+    "check_resumed_settings",
+    "RESUME_FREE",
+    "RESUME_KEPT",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,21 +40,36 @@ class Start:
 
     finished: int | None = None
     note: str | None = None
+    warning: str | None = None  # said once the run has loaded its data and resumed
 
     def finished_line(self, out: Path) -> str:
         return f"{out} finished at step {self.finished}; model at {Path(out) / MODEL}"
 
 
-def check_start(config: Config, resume: bool, *, warn: bool = True) -> Start:
+def finished_resume(config: Config) -> Start | None:
+    """A ``--resume`` of a run already finished under these settings, found without taking its
+    lock (so that nothing of the folder is rewritten): its :class:`Start`, else None. A
+    setting the checkpoint keeps (the optimizer's) changed is an InputError, as for any
+    resume."""
+    step = finished_step(config)
+    if step is None:
+        return None
+    check_resumed_settings(config, config.output_path / CONFIG)
+    return Start(finished=step)
+
+
+def check_start(config: Config, resume: bool) -> Start:
     """The refusals and notes of a ``train`` call, before anything heavy: InputError for a
     training file given none or missing, and for a fresh run in a folder that holds another
     run's checkpoints (naming the command that continues that run); with ``resume``, a
     finished run (its step), no checkpoint (a new run starts, said), or a checkpoint whose run's
-    settings are held against these (:func:`check_resumed_settings`, warning with ``warn``)."""
+    settings are held against these (:func:`check_resumed_settings`: its warning kept for
+    when the run has started)."""
     if not config.train_files:
         raise InputError("data.train: no training file given")
     for path in config.train_files:
-        check_file(path)
+        if not path.is_dir():  # a folder: datasets' save_to_disk or BEIR's, read when loaded
+            check_file(path)
     out = config.output_path
     latest = latest_checkpoint(out / CHECKPOINTS)
     if not resume:
@@ -59,8 +81,8 @@ def check_start(config: Config, resume: bool, *, warn: bool = True) -> Start:
         return Start()
     if latest is None:
         return Start(note=f"no checkpoint in {out}: starting a new run")
-    check_resumed_settings(config, out / CONFIG, warn=warn)
-    return Start(finished=finished_step(config))
+    warning = check_resumed_settings(config, out / CONFIG)
+    return Start(finished=finished_step(config), warning=warning)
 
 
 # keys a resumed run may set anew: its steps compute the same without them
@@ -98,18 +120,16 @@ RESUME_CHUNKS = ("train.chunk_size", "train.p_chunk_size")
 RESUME_KEPT = ("train.lr", "train.weight_decay", "train.adam_eps")
 
 
-def check_resumed_settings(config: Config, saved: Path, *, warn: bool) -> None:
+def check_resumed_settings(config: Config, saved: Path) -> str | None:
     """A resumed run's settings against its config.yaml (``saved``): InputError for one the
-    checkpoint keeps its own value of; with ``warn``, one warning naming the others that the
+    checkpoint keeps its own value of; the warning (None: none) naming the others that the
     steps to come depend on beyond their rounding."""
     if not saved.is_file():
-        return
+        return None
     try:
         changed = changed_settings(saved, config)
     except InputError as exc:
-        if warn:
-            logger.warning("--resume: the run's settings cannot be compared: %s", exc)
-        return
+        return f"--resume: the run's settings cannot be compared: {exc}"
     said = {key: f"{key} {before!r} -> {now!r}" for key, before, now in changed}
     kept = [said[key] for key in RESUME_KEPT if key in said]
     if kept:
@@ -128,9 +148,9 @@ def check_resumed_settings(config: Config, saved: Path, *, warn: bool) -> None:
     if config.train.mode != "accumulate":
         free += RESUME_CHUNKS
     rest = [text for key, text in said.items() if not key.startswith(free)]
-    if rest and warn:
-        logger.warning(
-            "--resume with settings other than the run's (%s): the steps to come follow the new "
-            "ones, so the model is not the one an unbroken run would train",
-            "; ".join(rest),
-        )
+    if not rest:
+        return None
+    return (
+        f"--resume with settings other than the run's ({'; '.join(rest)}): the steps to come "
+        "follow the new ones, so the model is not the one an unbroken run would train"
+    )

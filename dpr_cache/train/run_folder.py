@@ -48,7 +48,7 @@ def _settings(config) -> dict[str, Any]:
     """The values of :data:`FINISH_KEYS` in ``config``."""
     train, data = config.train, config.data
     return {
-        "data.train": data.train,
+        "data.train": data.model_dump(mode="json")["train"],
         "train.batch_size": train.batch_size,
         "train.epochs": train.epochs,
         "train.max_steps": train.max_steps,

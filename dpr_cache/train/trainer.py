@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,7 +26,8 @@ from dpr_cache.config import Config, LoraConfig, ModelConfig, TrainConfig, parse
 from dpr_cache.core.steppers import Towers
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch
-from dpr_cache.data.training import load_training_sets
+from dpr_cache.data.sources import Source, load_sources
+from dpr_cache.data.training import Reading
 from dpr_cache.errors import InputError
 from dpr_cache.model.attention import use_sdpa_without_wait
 from dpr_cache.model.biencoder import BiEncoder
@@ -51,6 +52,7 @@ from dpr_cache.train.checkpoint import (
 )
 from dpr_cache.train.recipe import (
     BatchRecipe,
+    SourceRecipe,
     flat_softmax_warning,
     linear_warmup_decay,
     param_groups,
@@ -65,6 +67,7 @@ __all__ = [
     "load_model",
     "batch_recipe",
     "training_data",
+    "sources_of",
     "training_files",
     "prepare_towers",
     "distribute_towers",
@@ -110,6 +113,8 @@ class Trainer:
     length_bucket: int | None = None  # GradCache's; batches are padded to a multiple of it
     unsharded: Callable[[], BiEncoder] | None = None  # sharded: a whole model to save into
     guide: GuideModel | None = None  # train.guide: the frozen model whose vectors guide the loss
+    # each named training source's own (query, passage) prompts, recorded in the saved model
+    source_prompts: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def step(self, batch: Batch) -> StepResult:
         """One update on this rank's slice of a global batch. A loss or gradient that is not
@@ -200,6 +205,7 @@ class Trainer:
         if self.env.is_main:
             model.max_query_length = max_query_length
             model.max_passage_length = max_passage_length
+            model.source_prompts = dict(self.source_prompts)
             saved = [p for p in model.parameters() if p.requires_grad or not model.has_adapters]
             size = 2 * sum(p.numel() * p.element_size() for p in saved)
             write_dir_atomic(out, model.save_pretrained, size_hint=size)
@@ -343,21 +349,46 @@ def training_files(config: Config) -> list[Path]:
     return config.train_files
 
 
-def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches]:
-    """The ``data.train`` files as one dataset (rank 0 fills the Arrow caches, the other ranks
-    then open them) and the steps' batches over it. A distillation loss needs every record's
-    positive and ``train.hard_negatives`` hard negatives scored by the teacher (checked here,
-    before any step)."""
-    files = training_files(config)
+def sources_of(config: Config) -> list[Source]:
+    """``data.train``'s sources: a path read as DPR's (or as its columns say), a mapping as it
+    says."""
+    training_files(config)
+    out = []
+    for item in config.train_sources:
+        if isinstance(item, str):
+            out.append(Source(Path(item), Path(item).stem))
+            continue
+        reading = Reading(item.format, tuple(sorted((item.columns or {}).items())), item.split)
+        name = item.name or Path(item.path).stem
+        out.append(
+            Source(
+                Path(item.path),
+                name,
+                reading,
+                item.weight,
+                item.query_prefix,
+                item.passage_prefix,
+                item.hard_negatives,
+            )
+        )
+    return out
+
+
+def training_data(config: Config, env: DistEnv) -> tuple[Dataset, TrainBatches, list[Source]]:
+    """The ``data.train`` sources as one dataset (rank 0 fills the Arrow caches, the other
+    ranks then open them), the steps' batches over it, and the sources. A distillation loss
+    needs every record's positive and ``train.hard_negatives`` hard negatives scored by the
+    teacher (checked here, before any step)."""
+    sources = sources_of(config)
     cfg = config.train
     scored = cfg.hard_negatives if distillation_of(config) is not None else None
-    load = functools.partial(load_training_sets, files, config.cache_path, scored_negatives=scored)
-    dataset = load() if env.is_main else None
+    load = functools.partial(load_sources, sources, config.cache_path, scored_negatives=scored)
+    loaded = load() if env.is_main else None
     distributed.barrier()
-    if dataset is None:
-        dataset = load()
-    source = ", ".join(str(f) for f in files)
-    return dataset, TrainBatches(len(dataset), cfg.batch_size, cfg.seed, source=source)
+    if loaded is None:
+        loaded = load()
+    batches = loaded.batches(cfg.batch_size, cfg.seed, config.data.batching)
+    return loaded.dataset, batches, sources
 
 
 def batch_recipe(
@@ -366,10 +397,18 @@ def batch_recipe(
     pad_to_multiple_of: int | None = None,
     guide: GuideModel | None = None,
 ) -> BatchRecipe:
-    """How a step's examples become the batch ``model`` trains on (its prompts included),
-    padded to a multiple of ``pad_to_multiple_of`` (the engine's length bucket) when given;
-    with ``guide``, the rows tokenized for it too."""
+    """How a step's examples become the batch ``model`` trains on (its prompts included, or
+    each source's own), padded to a multiple of ``pad_to_multiple_of`` (the engine's length
+    bucket) when given; with ``guide``, the rows tokenized for it too."""
     cfg, m = config.train, config.model
+    own = [
+        SourceRecipe(
+            model.query_prefix if s.query_prefix is None else s.query_prefix,
+            model.passage_prefix if s.passage_prefix is None else s.passage_prefix,
+            s.hard_negatives,
+        )
+        for s in sources_of(config)
+    ]
     return BatchRecipe(
         cfg.hard_negatives,
         m.max_query_length,
@@ -380,6 +419,7 @@ def batch_recipe(
         distillation_of(config) is not None,
         pad_to_multiple_of,
         guide.text if guide is not None else None,
+        tuple(own),
     )
 
 

@@ -102,7 +102,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
 
 def _verify(config: Config, env: DistEnv, sharded: bool, double: bool, step: int):
     cfg, m = config.train, config.model
-    dataset, batches = training_data(config, env)
+    dataset, batches, _ = training_data(config, env)
     device = env.device if sharded else resolve_device(cfg.device, key="train.device")
     model = _model(config, device, double)
     chunking = chunking_of(config, model, env)  # auto: probed as training probes it

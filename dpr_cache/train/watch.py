@@ -124,8 +124,14 @@ class Watcher:
                 write_json_atomic(self.out / BEST_FILE, self.best)
         if self.writer is not None:
             for name, value in record.items():
-                if name not in ("step", "epoch") and isinstance(value, (int, float)):
+                if name not in ("step", "epoch", "source_batches") and isinstance(
+                    value, (int, float)
+                ):
                     self.writer.add_scalar(name, value, done)
+            if "source" in record:  # each source's loss and batches, a curve a source
+                where = f"source/{record['source']}"
+                self.writer.add_scalar(f"{where}/loss", record["loss"], done)
+                self.writer.add_scalar(f"{where}/batches", record["source_batches"], done)
             self.writer.flush()
         return record
 

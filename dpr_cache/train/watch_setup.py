@@ -30,9 +30,10 @@ def make_watcher(config: Config, device: torch.device, start_step: int = 0) -> W
     if cfg.eval_every:
         if not (config.data.dev_qa and config.data.passages):
             raise InputError("train.eval_every: needs data.dev_qa and data.passages to validate on")
-        questions = read_qas(Path(config.data.dev_qa))[: cfg.eval_questions]
+        dev = config.dev_sets[0][1]  # the first of several
+        questions = read_qas(dev)[: cfg.eval_questions]
         if not questions:
-            raise InputError(f"{config.data.dev_qa}: no questions to validate on")
+            raise InputError(f"{dev}: no questions to validate on")
         dataset = load_passages(Path(config.data.passages), config.cache_path)
         n = min(cfg.eval_passages, len(dataset))
         rows = np.sort(np.random.default_rng(0).choice(len(dataset), size=n, replace=False))

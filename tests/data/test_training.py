@@ -199,8 +199,11 @@ def test_ctx_without_text_and_bad_files(tmp_path: Path) -> None:
 
 def test_several_training_files_read_as_one(tmp_path: Path) -> None:
     """data.train as a list: the files' questions in the order given, each file's own cache."""
-    from dpr_cache.data.training import load_training_sets
+    from dpr_cache.data.sources import Source, load_sources
     from tests.support.fixtures import TOY
+
+    def load_training_sets(paths, cache):
+        return load_sources([Source(p, p.stem) for p in paths], cache).dataset
 
     lines = (TOY / "train.jsonl").read_text().splitlines()
     (tmp_path / "a.jsonl").write_text("\n".join(lines[:10]) + "\n")

@@ -596,3 +596,26 @@ def test_torchrun_mine_equals_single_process(cli_runs, tmp_path):
     assert one and (tmp_path / "two.jsonl").read_bytes() == one
     summaries = [json.loads((tmp_path / f"{n}.summary.json").read_text()) for n in ("one", "two")]
     assert summaries[0]["dropped"] == summaries[1]["dropped"]
+
+
+def test_torchrun_on_several_sources_equals_single_process(tmp_path):
+    """One source a batch under torchrun: each rank's share of the global batch comes from the
+    step's source, with its prompt, as the single process's does."""
+    import pandas as pd
+
+    from tests.support.layouts import st_rows, tevatron_rows, write_jsonl
+
+    pd.DataFrame(st_rows()).to_parquet(tmp_path / "st.parquet")
+    write_jsonl(tmp_path / "tev.jsonl", tevatron_rows())
+    sources = (
+        f"data.train=[{{path: {tmp_path / 'st.parquet'}, query_prefix: 'triplet: '}}, "
+        f"{{path: {tmp_path / 'tev.jsonl'}, weight: 2}}]"
+    )
+    runs = {}
+    for name, world in (("single", 1), ("two", WORLD)):
+        extra = ("--set", sources, "--set", "data.batching=proportional")
+        run_cli(train_args(tmp_path / name, tmp_path / "cache", *extra), world=world)
+        runs[name] = saved_weights(tmp_path / name / "model")
+        lines = (tmp_path / name / "train_log.jsonl").read_text().splitlines()
+        assert {json.loads(x)["source"] for x in lines} <= {"st", "tev"}
+    assert_same_weights(runs["two"], runs["single"], "2 ranks vs 1 process, two sources")

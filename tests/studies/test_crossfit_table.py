@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dpr_cache.data.batches import TrainBatches
-from dpr_cache.data.training import load_training_sets
+from dpr_cache.data.sources import Source, load_sources
 from dpr_cache.retrieval.metrics import hit_metrics
 from dpr_cache.train.recipe import BatchRecipe
 from studies.squad_batch_size.runs import collect
@@ -370,7 +370,7 @@ def _shares(train: Path, runs: list[dict], tokenizer, cache: Path) -> list[float
     """The positive's share of softmax(teacher / 0.5) in each group of the very batches the
     trainer builds: the training file loaded as training loads it, each step's batch by
     BatchRecipe, the teacher's scores its rows carry."""
-    dataset = load_training_sets([train], cache, scored_negatives=2)
+    dataset = load_sources([Source(train, train.stem)], cache, scored_negatives=2).dataset
     shares = []
     for run in runs:
         recipe = BatchRecipe(2, 8, 8, run["seed"], teacher_scores=True)

@@ -82,7 +82,14 @@ FRESH = "DPR_CACHE_TESTS_FORK"
 from the command's)."""
 
 
+# set by dpr-cache's CLI itself as it starts (runtime.quiet), whatever the server imported: a
+# child applies them as a fresh interpreter does
+_SET_BY_THE_CLI = frozenset({"TOKENIZERS_PARALLELISM", "TRANSFORMERS_VERBOSITY"})
+
+
 def _read_at_import(name: str) -> bool:
+    if name in _SET_BY_THE_CLI:
+        return False
     return name in _READ_AT_IMPORT or name.startswith(_READ_AT_IMPORT_PREFIXES)
 
 

@@ -38,7 +38,7 @@ def _adapters(trainer) -> dict[str, torch.Tensor]:
 def test_a_lora_checkpoint_holds_the_adapters_and_resumes_exactly(tmp_path):
     config = _config(tmp_path)
     env = DistEnv()
-    dataset, batches = training_data(config, env)
+    dataset, batches, _ = training_data(config, env)
     root = tmp_path / "run" / "checkpoints"
 
     def batch(trainer, step: int):

@@ -29,7 +29,14 @@ from dpr_cache.retrieval.dense.faiss_index import (
     hnsw_bytes,
     open_faiss_index,
 )
-from dpr_cache.retrieval.dense.layout import FORMAT, META_FILE, index_dir_of, read_meta
+from dpr_cache.retrieval.dense.layout import (
+    FORMAT,
+    META_FILE,
+    index_dir_of,
+    meta_passages,
+    read_meta,
+    recorded_passages,
+)
 from dpr_cache.retrieval.dense.search import (
     Hits,
     exact_search,
@@ -153,32 +160,15 @@ def opened_as(spec: IndexConfig, index_dir: str | Path) -> IndexConfig:
     return spec if kind is None else spec.model_copy(update={"type": kind})
 
 
-def recorded_passages(index_dir: str | Path | None) -> Path | None:
-    """The passages file the index at ``index_dir`` was encoded from, as its meta records it,
-    read before the index is opened (None when there is none, or its meta cannot be read:
-    :func:`open_index` then says what is wrong)."""
-    if index_dir is None:
-        return None
-    try:
-        return _meta_passages(json.loads((Path(index_dir) / META_FILE).read_text()))
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def passages_file(opened: OpenIndex, given: Path | None) -> Path:
     """``given``, else the passages file the opened index records; InputError when it records
     none."""
     if given is not None:
         return Path(given)
-    passages = _meta_passages(opened.meta)
+    passages = meta_passages(opened.meta)
     if passages is None:
         raise InputError(f"{opened.path}: records no passages file: give --passages TSV")
     return passages
-
-
-def _meta_passages(meta: dict[str, Any]) -> Path | None:
-    recorded = meta.get("passages")
-    return Path(recorded["path"]) if isinstance(recorded, dict) and "path" in recorded else None
 
 
 def open_index(index_dir: str | Path, spec: IndexConfig | None = None) -> OpenIndex:

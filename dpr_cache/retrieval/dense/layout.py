@@ -10,7 +10,14 @@ from typing import Any
 
 from dpr_cache.errors import InputError
 
-__all__ = ["META_FILE", "FORMAT", "index_dir_of", "read_meta"]
+__all__ = [
+    "META_FILE",
+    "FORMAT",
+    "index_dir_of",
+    "meta_passages",
+    "read_meta",
+    "recorded_passages",
+]
 
 META_FILE = "meta.json"
 FORMAT = 2
@@ -39,3 +46,21 @@ def read_meta(index_dir: str | Path) -> dict[str, Any]:
             "rerun `dpr-cache index`"
         )
     return meta
+
+
+def meta_passages(meta: dict[str, Any]) -> Path | None:
+    """The passages file an index's meta records (None: none)."""
+    recorded = meta.get("passages")
+    return Path(recorded["path"]) if isinstance(recorded, dict) and "path" in recorded else None
+
+
+def recorded_passages(index_dir: str | Path | None) -> Path | None:
+    """The passages file the index at ``index_dir`` was encoded from, as its meta records it,
+    read before the index is opened (None when there is none, or its meta cannot be read:
+    opening the index then says what is wrong)."""
+    if index_dir is None:
+        return None
+    try:
+        return meta_passages(json.loads((Path(index_dir) / META_FILE).read_text()))
+    except (OSError, ValueError, AttributeError):
+        return None

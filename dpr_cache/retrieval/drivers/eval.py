@@ -57,6 +57,8 @@ from dpr_cache.retrieval.results import (
     RUN_FILE,
     TIMINGS_FILE,
     format_metrics_table,
+    format_sets_table,
+    pooled_metrics,
     rounded,
     write_pyserini_retrieval,
     write_retrieval,
@@ -69,7 +71,13 @@ from dpr_cache.runtime.laps import Laps
 from dpr_cache.runtime.lock import output_lock
 from dpr_cache.runtime.memory import memory_limit
 
-__all__ = ["eval_command", "evaluate", "format_metrics_table", "check_overrides"]
+__all__ = [
+    "eval_command",
+    "evaluate",
+    "format_metrics_table",
+    "format_sets_table",
+    "check_overrides",
+]
 
 log = logging.getLogger(__name__)
 
@@ -278,20 +286,31 @@ def eval_command(
     command: str = "",
 ) -> dict[str, Any] | None:
     """``dpr-cache eval``: :func:`evaluate` on this process's rank (under ``torchrun`` each
-    rank scans its share of the shards); the metrics on rank 0, None on the others."""
+    rank scans its share of the shards); the metrics on rank 0, None on the others. Several
+    dev sets (``data.dev_qa`` a list): each evaluated into ``OUT/<its name>/``, and
+    ``OUT/metrics.json`` pools them, with a row a set under ``sets``."""
     refuse_train_keys(overridden, "eval", config)
     env = distributed.setup(config.eval.device, "eval.device")
+    out = Path(out_dir) if out_dir is not None else config.output_path / "eval"
+    several = len(config.dev_sets) > 1
     try:
-        return evaluate(
-            config,
-            model_dir,
-            out_dir=out_dir,
-            progress=progress,
-            rank=env.rank,
-            world_size=env.world_size,
-            overridden=overridden,
-            command=command,
-        )
+        found = {}
+        for name, path in config.dev_sets:
+            found[name] = evaluate(
+                config.with_dev_set(path),
+                model_dir,
+                out_dir=out / name if several else out,
+                progress=progress,
+                rank=env.rank,
+                world_size=env.world_size,
+                overridden=overridden,
+                command=command,
+            )
+        if not several or env.rank != 0:
+            return next(iter(found.values()))
+        pooled = pooled_metrics(found)
+        write_json_atomic(out / METRICS_FILE, pooled)
+        return pooled
     finally:
         distributed.teardown()
 

@@ -30,8 +30,8 @@ from typing import IO, Any
 import numpy as np
 
 from dpr_cache.data.answers import has_answer
+from dpr_cache.data.layouts import iter_dpr_records
 from dpr_cache.data.passages import passage_columns, passage_rows
-from dpr_cache.data.training import iter_raw
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.metrics import hit_metrics, read_qrels
 from dpr_cache.retrieval.mining.parts import records, write_records
@@ -83,7 +83,7 @@ def mine(
     parts = _parts_spec(out, inputs, train, spec, qrels, rank)
     open_parts(parts)
     laps.lap("load the ranker and passages")
-    raw = iter_raw(train)  # the whole records again, streamed beside the parts (rank 0)
+    raw = iter_dpr_records(train)  # the whole records again, streamed beside the parts (rank 0)
     job = PartJob(
         work=lambda batch: mine_part(ranker, batch, train, spec, judged, laps, teacher),
         write=lambda f, batch, mined: _written(f, raw, mined, spec, train),

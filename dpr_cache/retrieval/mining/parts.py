@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from dpr_cache.data.layouts import iter_dpr_records
 from dpr_cache.data.qas import record_question_id
-from dpr_cache.data.training import clean_example, iter_raw
+from dpr_cache.data.training import clean_example
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.resumable import in_parts
 
@@ -26,7 +27,7 @@ def records(train: Path, size: int) -> Iterator[list[tuple[str, str, dict[str, A
 
 def _light(train: Path) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Each record of ``train`` as :func:`records` gives it."""
-    for n, (where, obj) in enumerate(iter_raw(train)):
+    for n, (where, obj) in enumerate(iter_dpr_records(train)):
         example = clean_example(obj, f"{train} {where}")
         light = {key: example[key] for key in ("question", "answers", "positive_ctxs")}
         yield where, record_question_id(obj, n), light

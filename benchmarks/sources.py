@@ -1,0 +1,169 @@
+"""Reading a large training source in another layout: a synthetic sentence-transformers Parquet
+file (``anchor``, ``positive``, ``negative``; random words at MS MARCO's lengths: questions of
+about 35 characters, passages of about 330) streamed into the Arrow cache, in a process of its
+own: its wall time, its peak resident memory, and how many passes it made over the file (the
+Parquet reader's batch iterations, counted). Then the same source opened again from the cache.
+The goal: peak RSS under 1 GB, one pass, at 10 million rows.
+
+    python -m benchmarks.sources --out docs/bench                    # 10M rows: ~15 minutes
+    python -m benchmarks.sources --out /tmp/s --rows 20000           # a quick look
+
+The synthetic file is kept under ``--work`` and reused by a rerun with the same row count.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from benchmarks.children import run_measured
+from benchmarks.machine import cpu_info, cpu_text, load_average
+from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
+from dpr_cache.runtime.processes import child_env
+
+GOAL_GB = 1.0
+LENGTHS = {"anchor": 35, "positive": 330, "negative": 330}  # characters, about
+_BATCH = 100_000
+
+_CHILD = """
+import json, sys, time
+import pyarrow.parquet as pq
+passes = 0
+_iter = pq.ParquetFile.iter_batches
+def counted(self, *a, **k):
+    global passes
+    passes += 1
+    return _iter(self, *a, **k)
+pq.ParquetFile.iter_batches = counted
+from pathlib import Path
+from dpr_cache.data.training import load_training_set
+start = time.perf_counter()
+stats = {}
+data = load_training_set(Path(sys.argv[1]), Path(sys.argv[2]), stats=stats)
+seconds = time.perf_counter() - start
+print(json.dumps({"rows": len(data), "seconds": seconds, "passes": passes,
+                  "from_cache": stats["from_cache"], "first": data[0]["question"]}))
+"""
+
+
+def synthetic_parquet(path: Path, rows: int, seed: int = 0) -> Path:
+    """``rows`` rows of random words in sentence-transformers' triplet columns, written a row
+    group at a time (kept: a rerun with the same row count reuses the file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    marker = path.with_suffix(".rows")
+    if path.exists() and marker.exists() and marker.read_text() == str(rows):
+        return path
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, size=rng.integers(2, 10))) for _ in range(20_000)]
+    text = " ".join(rng.choice(words, size=2_000_000).tolist())
+    schema = pa.schema([(name, pa.string()) for name in LENGTHS])
+
+    def write(tmp: Path) -> None:
+        with pq.ParquetWriter(str(tmp), schema) as writer:
+            for start in range(0, rows, _BATCH):
+                n = min(_BATCH, rows - start)
+                columns = {}
+                for name, length in LENGTHS.items():
+                    at = rng.integers(0, len(text) - 2 * length, size=n)
+                    sizes = rng.integers(length // 2, 3 * length // 2, size=n)
+                    spans = zip(at.tolist(), sizes.tolist(), strict=True)
+                    columns[name] = [
+                        f"{start + i} {text[a : a + s]}" for i, (a, s) in enumerate(spans)
+                    ]
+                writer.write_table(pa.table(columns, schema=schema))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, write)
+    marker.write_text(str(rows))
+    return path
+
+
+def measure(source: Path, cache: Path) -> dict:
+    """One load in a fresh process: its result line, wall time and peak RSS."""
+    done = run_measured([sys.executable, "-c", _CHILD, str(source), str(cache)], env=child_env())
+    if done.returncode != 0:
+        raise SystemExit(f"the load failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**result, "wall_s": done.seconds, "peak_rss_gb": done.peak_rss / 1e9}
+
+
+def run(rows: int, work: Path) -> dict:
+    source = synthetic_parquet(work / f"st-{rows}.parquet", rows)
+    cache = work / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    first = measure(source, cache)
+    again = measure(source, cache)
+    arrow = sum(p.stat().st_size for p in cache.glob("*.arrow"))
+    return {
+        "rows": rows,
+        "parquet_gb": source.stat().st_size / 1e9,
+        "arrow_gb": arrow / 1e9,
+        "first": first,
+        "from_cache": again,
+        "goal_gb": GOAL_GB,
+        "met": first["peak_rss_gb"] < GOAL_GB and first["passes"] == 1 and first["rows"] == rows,
+    }
+
+
+def page(result: dict, machine: dict, date: str) -> str:
+    first, again = result["first"], result["from_cache"]
+    verdict = "met" if result["met"] else "not met"
+    return "\n".join(
+        [
+            "# Reading a large source in another layout",
+            "",
+            f"Measured {date} with `python -m benchmarks.sources --out docs/bench --rows "
+            f"{result['rows']}` (data: `sources.json`). Machine: {cpu_text(machine)}; load "
+            f"average {machine['load_average']}.",
+            "",
+            f"A synthetic sentence-transformers Parquet file of {result['rows']:,} rows "
+            f"(`anchor`, `positive`, `negative`: random words at about "
+            f"{LENGTHS['anchor']}, {LENGTHS['positive']} and {LENGTHS['negative']} characters; "
+            f"{result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow cache "
+            f"({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: the "
+            "kernel's `ru_maxrss`). Passes: the Parquet reader's batch iterations, counted in "
+            "that process.",
+            "",
+            "| load | rows | seconds | rows a second | peak RSS (GB) | passes over the file |",
+            "|---|--:|--:|--:|--:|--:|",
+            f"| first (parse into the cache) | {first['rows']:,} | {first['wall_s']:.1f} | "
+            f"{first['rows'] / first['wall_s']:,.0f} | {first['peak_rss_gb']:.3f} | "
+            f"{first['passes']} |",
+            f"| again (from the cache) | {again['rows']:,} | {again['wall_s']:.1f} | - | "
+            f"{again['peak_rss_gb']:.3f} | {again['passes']} |",
+            "",
+            f"The goal (peak RSS under {GOAL_GB:g} GB, one pass): **{verdict}**.",
+            "",
+        ]
+    )
+
+
+def main(
+    out: Annotated[Path, typer.Option(help="Where sources.json and sources.md go.")],
+    rows: Annotated[int, typer.Option(help="Rows of the synthetic source.")] = 10_000_000,
+    work: Annotated[Path, typer.Option(help="The synthetic file and cache.")] = Path(
+        "runs/bench-sources"
+    ),
+) -> None:
+    result = run(rows, work)
+    load = load_average()
+    machine = {**cpu_info(), "load_average": [round(x, 2) for x in load] if load else None}
+    date = datetime.date.today().isoformat()
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "sources.json", {**result, "machine": machine, "date": date})
+    write_text_atomic(out / "sources.md", page(result, machine, date))
+    print(f"written to {out / 'sources.md'}")
+
+
+if __name__ == "__main__":
+    typer.run(main)
