@@ -89,6 +89,7 @@ class Plan:
     score_precisions: list[str]
     score_batch: int
     score_rounds: int  # timed rounds of each precision, the order alternating
+    score_shape: tuple[int, int]  # the cross-encoder's layers and width
     llm: gpu_llm.LlmPlan  # the decoder LLM section's sizes
     fsdp: gpu_fsdp.FsdpPlan  # the sharded (FSDP2, a group of one) section's sizes
 
@@ -136,6 +137,7 @@ GPU_PLAN = Plan(
     score_precisions=["bf16", "fp16", "fp32"],
     score_batch=256,
     score_rounds=2,
+    score_shape=(6, 384),  # all-MiniLM-L6-v2's
     llm=gpu_llm.GPU_LLM,
     fsdp=gpu_fsdp.GPU_FSDP,
 )
@@ -171,6 +173,7 @@ DRY_PLAN = Plan(
     score_precisions=["fp32", "bf16"],
     score_batch=16,
     score_rounds=2,
+    score_shape=(2, 64),  # a CPU without bf16 takes minutes over MiniLM's shape in bf16
     llm=gpu_llm.DRY_LLM,
     fsdp=gpu_fsdp.DRY_FSDP,
 )
@@ -387,6 +390,7 @@ def _sections(
             plan.score_batch,
             plan.score_rounds,
             into=partial.setdefault("teacher_scoring", {}),
+            shape=plan.score_shape,
         )
 
     where = "cuda" if cuda else "cpu"

@@ -737,10 +737,11 @@ def teacher_score_rate(
     batch_size: int,
     rounds: int,
     into: dict | None = None,
+    shape: tuple[int, int] = (6, 384),
 ) -> dict:
     """``score``'s cross-encoder loop (length-sorted batches of tokenized pairs) on ``n_pairs``
-    pairs of SQuAD dev questions and 100-word passages, with a cross-encoder of
-    all-MiniLM-L6-v2's shape (6 layers, 384 wide; random weights: the cost is the shape's), at
+    pairs of SQuAD dev questions and 100-word passages, with a cross-encoder of ``shape``
+    (layers, width; all-MiniLM-L6-v2's by default; random weights: the cost is the shape's), at
     each precision, over ``rounds`` rounds whose order alternates (the second reversed), each
     precision run on every batch's shape before any timed run; projected to NQ's training set
     (58,880 questions x 31 passages). Beside it, the model alone (the best of as many rounds,
@@ -764,15 +765,16 @@ def teacher_score_rate(
     )
     from dpr_cache.runtime.device import autocast
 
-    folder = work / "cross-encoder"
+    layers, width = shape
+    folder = work / f"cross-encoder-{layers}x{width}"
     if not folder.exists():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         config = BertConfig(
             vocab_size=tokenizer.vocab_size,
-            hidden_size=384,
-            num_hidden_layers=6,
-            num_attention_heads=12,
-            intermediate_size=1536,
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=width // 32,
+            intermediate_size=4 * width,
             num_labels=1,
         )
         torch.manual_seed(0)
@@ -800,7 +802,7 @@ def teacher_score_rate(
         mean_tokens=sum(lengths) / n_pairs,
         batch_size=batch_size,
         max_length=256,
-        model={"layers": 6, "hidden": 384},
+        model={"layers": layers, "hidden": width},
         nq_pairs=NQ_SCORE_PAIRS,
         rows=[],
     )

@@ -659,7 +659,9 @@ def _teacher_scoring(r: dict) -> list[str]:
     lines = [
         "",
         f"`score`'s cross-encoder loop, a cross-encoder of {shape['layers']} layers x "
-        f"{shape['hidden']} (all-MiniLM-L6-v2's shape), pairs cut at {r['max_length']} tokens"
+        f"{shape['hidden']}"
+        + (" (all-MiniLM-L6-v2's shape)" if (shape["layers"], shape["hidden"]) == (6, 384) else "")
+        + f", pairs cut at {r['max_length']} tokens"
         + (f" (mean {r['mean_tokens']:.0f})" if "mean_tokens" in r else "")
         + f", length-sorted batches of {r['batch_size']}; NQ's training set is "
         f"{r['nq_pairs']:,} pairs (58,880 questions x 31 passages), in the order run"

@@ -1,10 +1,12 @@
 """DPR data formats in and out, the one tokenizer, and training batches.
 
-- training.py: DPR training JSON / JSON Lines -> cached Arrow ``datasets.Dataset``
+- training.py: a training source (DPR's, or any layout) -> cached Arrow ``datasets.Dataset``
+- records.py, layouts.py: rows of JSON Lines, Parquet, CSV, save_to_disk; their layouts as DPR's
+- sources.py: several training sources joined, one id with two texts refused
 - passages.py: DPR wiki passages TSV;  qas.py: DPR qas TSV/CSV for evaluation
 - arrow_cache.py, files.py, ids.py: Arrow caches, (gzipped) input files, passage ids
 - tokenize.py: the tokenization of questions, (title, text) passages and text pairs, used everywhere
-- batches.py: per-epoch seeded batch indices and rank slices
+- batches.py: per-epoch seeded batch indices and rank slices; one source a batch
 - collate.py: a step's tokenized questions, passage groups and passage ids
 - answers.py: DPR's answer matching
 - squad.py: DPR-format files from SQuAD v1.1 dev;  download.py: DPR's NQ files

@@ -44,6 +44,11 @@ def meta_file(arrow_path: Path) -> Path:
     return arrow_path.with_suffix(".json")
 
 
+BATCH_BYTES = 4 << 20
+"""About the size of a record batch in a cache file: a memory-mapped stream is opened by
+reading every batch's header, so fewer, larger batches leave fewer of its pages resident."""
+
+
 def write_arrow(
     rows: Iterable[dict[str, Any]],
     features: Features,
@@ -52,7 +57,9 @@ def write_arrow(
     batch_rows: int = 256,
     meta: Callable[[], dict[str, Any]] | None = None,
 ) -> int:
-    """Stream ``rows`` into an Arrow IPC stream at ``dest`` in record batches; return the count.
+    """Stream ``rows`` into an Arrow IPC stream at ``dest``; return the count. Rows are
+    converted ``batch_rows`` at a time and written in record batches of about
+    :data:`BATCH_BYTES` (or ``batch_rows`` rows, if larger).
 
     ``meta`` is called after the last row; its dict is saved next to the file (see meta_file).
     """
@@ -63,15 +70,25 @@ def write_arrow(
         nonlocal count
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             buf: list[dict[str, Any]] = []
+            pending: list[pa.RecordBatch] = []
+
+            def flush() -> None:
+                if pending:
+                    writer.write_table(pa.Table.from_batches(pending, schema).combine_chunks())
+                    pending.clear()
+
             for row in rows:
                 buf.append(row)
                 if len(buf) >= batch_rows:
-                    writer.write_batch(pa.RecordBatch.from_pylist(buf, schema=schema))
+                    pending.append(pa.RecordBatch.from_pylist(buf, schema=schema))
                     count += len(buf)
                     buf = []
+                    if sum(b.nbytes for b in pending) >= BATCH_BYTES:
+                        flush()
             if buf or count == 0:
-                writer.write_batch(pa.RecordBatch.from_pylist(buf, schema=schema))
+                pending.append(pa.RecordBatch.from_pylist(buf, schema=schema))
                 count += len(buf)
+            flush()
         # the side file first: a cache file that exists always has its counts
         write_json_atomic(meta_file(dest), {"rows": count, **(meta() if meta else {})})
 

@@ -17,6 +17,7 @@ from dpr_cache.errors import InputError
 __all__ = ["container_of", "iter_rows", "is_datasets_folder"]
 
 _BATCH_ROWS = 1024
+_READ_BUFFER = 1 << 20  # bytes a Parquet column is read in
 _DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 
@@ -66,12 +67,12 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        reader = pq.ParquetFile(check_file(path))
+    try:  # read through a small buffer: iter_batches alone holds whole row groups, or the file
+        reader = pq.ParquetFile(check_file(path), buffer_size=_READ_BUFFER, pre_buffer=False)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{path}: not a Parquet file ({_short(e)})") from None
     done = 0
-    for batch in reader.iter_batches(batch_size=_BATCH_ROWS):
+    for batch in reader.iter_batches(batch_size=_BATCH_ROWS, use_threads=False):
         for row in batch.to_pylist():
             yield f"row {done}", row
             done += 1
