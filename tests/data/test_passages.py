@@ -131,12 +131,14 @@ def test_rows_of_ids_and_columns_of_rows(tmp_path: Path) -> None:
 
 
 def test_columns_and_rows_across_record_batches(tmp_path: Path) -> None:
-    """25,001 passages make three record batches (10,000 rows each) in the cache: rows from
-    every batch, unsorted and repeated, come back in the order asked, equal to the dataset's."""
+    """25,001 passages of about 500 characters make three record batches (10,000 rows, over
+    the 4 MB a batch is written at) in the cache: rows from every batch, unsorted and repeated,
+    come back in the order asked, equal to the dataset's."""
     from dpr_cache.data.passages import passage_columns, passage_rows
 
     n = 25_001
-    tsv = write_tsv(tmp_path / "p.tsv", [(f"d{i}", f"text {i}", f"t{i}") for i in range(n)])
+    rows = [(f"d{i}", f"text {i} " + "x" * 500, f"t{i}") for i in range(n)]
+    tsv = write_tsv(tmp_path / "p.tsv", rows)
     dataset = load_passages(tsv, tmp_path / "cache")
     import pyarrow as pa
 
