@@ -481,12 +481,19 @@ class Config(_Section):
         return Path(self.data.cache_dir) if self.data.cache_dir else default_cache_dir()
 
 
+def source_name(item: str | TrainSource) -> str:
+    """A ``data.train`` source's name: its ``name``, else its file's stem."""
+    if isinstance(item, str):
+        return Path(item).stem
+    return item.name or Path(item.path).stem
+
+
 def _check_sources(data: DataConfig, hard_negatives: int) -> None:
     """What a list of sources must agree on: distinct names, weights only where batches are
     drawn by weight and not all zero, a source's own negatives only where a batch is one
     source's and at most ``train.hard_negatives``."""
-    items = [s for s in ([data.train] if isinstance(data.train, str) else data.train or [])]
-    names = [Path(s).stem if isinstance(s, str) else s.name or Path(s.path).stem for s in items]
+    items = [data.train] if isinstance(data.train, str) else list(data.train or [])
+    names = [source_name(s) for s in items]
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ValueError(

@@ -22,7 +22,7 @@ import torch
 from datasets import Dataset
 from torch.nn.utils import clip_grad_norm_
 
-from dpr_cache.config import Config, LoraConfig, ModelConfig, TrainConfig, parse_bytes
+from dpr_cache.config import Config, LoraConfig, ModelConfig, TrainConfig, parse_bytes, source_name
 from dpr_cache.core.steppers import Towers
 from dpr_cache.data.batches import TrainBatches
 from dpr_cache.data.collate import Batch
@@ -356,10 +356,10 @@ def sources_of(config: Config) -> list[Source]:
     out = []
     for item in config.train_sources:
         if isinstance(item, str):
-            out.append(Source(Path(item), Path(item).stem))
+            out.append(Source(Path(item), source_name(item)))
             continue
         reading = Reading(item.format, tuple(sorted((item.columns or {}).items())), item.split)
-        name = item.name or Path(item.path).stem
+        name = source_name(item)
         out.append(
             Source(
                 Path(item.path),
