@@ -8,11 +8,16 @@ is ``state.pt`` as in any run. ``checkpoints/step-N/state.pt`` is written by
 rank 0 under a temporary name, flushed to disk and swapped into place, with its SHA-256 beside it
 (``state.sha256``); the oldest are removed beyond
 ``keep``. Resuming takes the newest checkpoint whose bytes match their checksum: one cut short or
-with a flipped bit is reported and passed over for the one before it. It refuses a checkpoint of
-another layout (:data:`FORMAT`), another world size (the ranks' RNG streams and data slices would
-not line up) and another way of drawing the epochs' batch orders
-(:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would differ) or the
-questions' hard negatives (:data:`dpr_cache.data.collate.NEGATIVE_DRAW`).
+with a flipped bit is reported and passed over for the one before it.
+
+A checkpoint resumes on any number of ranks, sharded or not: sharded weights and optimizer state
+are resharded by ``torch.distributed.checkpoint`` as they load (into shards of another count, or
+whole), and a whole checkpoint's are cut into this run's shards. The global batch and its order
+do not depend on the world size; each rank's RNG does, so on another world size every rank
+seeds its streams afresh from (``train.seed``, step, rank) (:func:`seed_resumed_rank`), said
+once. It refuses a checkpoint of another layout (:data:`FORMAT`) and another way of drawing the
+epochs' batch orders (:data:`dpr_cache.data.batches.EPOCH_ORDER`: the rest of the epoch would
+differ) or the questions' hard negatives (:data:`dpr_cache.data.collate.NEGATIVE_DRAW`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dpr_cache.model.fsdp import is_sharded
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
 from dpr_cache.runtime.distributed import DistEnv, all_objects
+from dpr_cache.runtime.seeds import stream_seed
 from dpr_cache.train.run_folder import STATE_FILE, latest_checkpoint
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "load_checkpoint",
     "rng_states",
     "model_state",
+    "seed_resumed_rank",
 ]
 
 log = logging.getLogger(__name__)
@@ -219,8 +226,10 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
-def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> int:
-    """Restore every state from ``path``; return the number of steps it had finished."""
+def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv, *, seed: int) -> int:
+    """Restore every state from ``path``; return the number of steps it had finished. Saved on
+    another number of ranks, or sharded where this run is not (or the reverse), the weights
+    and the optimizer state are resharded and each rank's RNG seeded afresh from ``seed``."""
     # read into host memory: the CUDA RNG states must stay CPU byte tensors, and the model's and
     # the optimizer's ``load_state_dict`` copy their tensors onto the parameters' device
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
@@ -229,11 +238,6 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
             f"{path}: a checkpoint of another dpr-cache version (format "
             f"{state.get('format') if isinstance(state, dict) else None}, this one reads "
             f"{FORMAT}): finish the run with the version that started it, or train afresh"
-        )
-    if state["world_size"] != env.world_size:
-        raise InputError(
-            f"{path}: saved with {state['world_size']} ranks, resumed with {env.world_size}; "
-            "resume with the same world size"
         )
     order = state["epoch_order"]
     if order != EPOCH_ORDER:
@@ -247,26 +251,58 @@ def load_checkpoint(path, model, optimizer, scheduler, scaler, env: DistEnv) -> 
             f"{path}: its run draws hard negatives as {draw}, this dpr-cache as "
             f"{NEGATIVE_DRAW}; finish it with the dpr-cache that started it, or train afresh"
         )
-    sharded = bool(state.get("sharded"))
-    if sharded != is_sharded(model):
-        saved, now = ("fsdp", "none") if sharded else ("none", "fsdp")
-        raise InputError(
-            f"{path}: saved with train.shard {saved}, resumed with {now}: resume with "
-            f"train.shard {saved}"
-        )
-    if sharded:
+    if state.get("sharded"):
         _load_sharded(path, model, optimizer)
+    elif is_sharded(model):
+        _load_whole_into_shards(path, state, model, optimizer)
     else:
         _load_whole(path, state, model, optimizer)
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state["scaler"] is not None:
         scaler.load_state_dict(state["scaler"])
-    _set_rng_states(state["rng"][env.rank])
-    return int(state["step"])
+    step = int(state["step"])
+    if state["world_size"] == env.world_size:
+        _set_rng_states(state["rng"][env.rank])
+    else:
+        seed_resumed_rank(seed, step, env.rank)
+    if env.is_main and (moved := _layout_change(path, state, model, env)):
+        log.warning("%s", moved)
+    return step
+
+
+def seed_resumed_rank(seed: int, step: int, rank: int) -> None:
+    """This rank's Python, NumPy and torch streams (dropout) seeded from (``seed``, ``step``,
+    ``rank``): a resume on another world size, whose ranks' saved streams do not line up."""
+    random.seed(stream_seed("resumed python", seed, step, rank))
+    np.random.seed(stream_seed("resumed numpy", seed, step, rank) % 2**32)
+    torch.manual_seed(stream_seed("dropout", seed, step, rank))
+
+
+def _layout_change(path: Path, state: dict[str, Any], model, env: DistEnv) -> str | None:
+    """The line that says a checkpoint was resumed on another world size or sharding (None:
+    the same), and what that changes."""
+
+    def layout(world: int, sharded: bool) -> str:
+        return f"{world} rank{'s' if world > 1 else ''}, {'sharded' if sharded else 'unsharded'}"
+
+    saved = layout(state["world_size"], bool(state.get("sharded")))
+    now = layout(env.world_size, is_sharded(model))
+    if saved == now:
+        return None
+    rng = (
+        "each rank's dropout drawn afresh from (train.seed, step, rank)"
+        if state["world_size"] != env.world_size
+        else "each rank's RNG as saved"
+    )
+    return (
+        f"{path.name}: saved on {saved}, resumed on {now}: weights and optimizer state "
+        f"resharded; the global batch, its order and the hard negatives as before; {rng}"
+    )
 
 
 def _load_sharded(path: Path, model, optimizer) -> None:
-    """This rank's shards of the weights and optimizer state, read in place."""
+    """The sharded checkpoint's weights and optimizer state into this run's model, sharded
+    or whole: ``torch.distributed.checkpoint`` reads of every saved shard what this rank holds."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = sharded_state(model, optimizer)
@@ -277,6 +313,38 @@ def _load_sharded(path: Path, model, optimizer) -> None:
         model_state_dict=state["model"],
         optim_state_dict=state["optimizer"],
         options=_sharded_options(),
+    )
+
+
+def _load_whole_into_shards(path: Path, state: dict[str, Any], model, optimizer) -> None:
+    """An unsharded checkpoint's weights and optimizer state, whole on every rank, cut into this
+    rank's shards. Its optimizer state is keyed by position; this run's optimizer lists the same
+    parameters in the same order (DPR's groups over the same model), so each position is
+    named by its parameter's name here."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = state["optimizer"]
+    if len(saved["state"]) > len(order):
+        raise InputError(
+            f"{path}: does not fit this model ({len(saved['state'])} optimizer states for "
+            f"{len(order)} trained parameters): resume with the run's own config"
+        )
+    named = {
+        "state": {order[i]: value for i, value in saved["state"].items()},
+        "param_groups": [
+            {**group, "params": [order[i] for i in group["params"]]}
+            for group in saved["param_groups"]
+        ],
+    }
+    options = StateDictOptions(full_state_dict=True, ignore_frozen_params=True, strict=False)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=named,
+        options=options,
     )
 
 

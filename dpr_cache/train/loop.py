@@ -135,7 +135,7 @@ def _set_up(
         for s, r in zip(sources, recipe.sources, strict=True)
         if s.query_prefix is not None or s.passage_prefix is not None
     }
-    start = trainer.resume(out / CHECKPOINTS) if resume else 0
+    start = trainer.resume(out / CHECKPOINTS, cfg.seed) if resume else 0
     if warning and env.is_main:  # the resumed run's changed settings, once it has started
         logger.warning(warning)
     if env.is_main:

@@ -108,6 +108,8 @@ RESUME_FREE = (
 RESUME_ROUNDING = (
     "train.num_threads",
     "train.memory_budget",
+    "train.shard",
+    "train.shard_sync",
     "train.loss_tile_size",
     "train.keep_last_graph",
     "train.length_order",

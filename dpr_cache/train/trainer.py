@@ -171,9 +171,10 @@ class Trainer:
         seconds = time.perf_counter() - started
         return StepResult(nan, lr, nan, seconds, skipped=True, loss_scale=self.scaler.get_scale())
 
-    def resume(self, root: Path) -> int:
+    def resume(self, root: Path, seed: int) -> int:
         """Restore the newest sound checkpoint under ``root`` (a damaged one is passed over,
-        with a warning); the steps it had done (0: none)."""
+        with a warning); the steps it had done (0: none). ``seed``: the run's, from which each
+        rank's streams are drawn afresh where the world size changed."""
         latest = sound_checkpoint(root)
         if latest is None:
             if latest_checkpoint(root) is not None:
@@ -183,7 +184,7 @@ class Trainer:
                 )
             return 0
         return load_checkpoint(
-            latest, self.model, self.optimizer, self.scheduler, self.scaler, self.env
+            latest, self.model, self.optimizer, self.scheduler, self.scaler, self.env, seed=seed
         )
 
     def checkpoint(self, root: Path, done: int, keep: int) -> Path:

@@ -8,6 +8,7 @@ Each world size's cases run in one spawned process group (``fsdp_cases.main``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 from pathlib import Path
@@ -17,6 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dpr_cache.runtime import distributed
+from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.train.checkpoint import sharded_state
 from tests.support import fsdp_cases as w
 from tests.support.cli import run_cli
 from tests.support.fixtures import saved_weights
@@ -97,21 +101,29 @@ def _result(folder: Path, case: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+@contextlib.contextmanager
+def _float64_norms(case: dict[str, Any]):
+    """The decoders' RMSNorm in float64 for float64 inputs while a decoder case runs here."""
+    if not case.get("decoder"):
+        yield
+        return
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tests.support.llm import _rms_norm
+
+    forward = LlamaRMSNorm.forward
+    LlamaRMSNorm.forward = _rms_norm(forward)
+    try:
+        yield
+    finally:
+        LlamaRMSNorm.forward = forward
+
+
 @functools.cache
 def _reference(name: str) -> dict[str, Any]:
     case = next(c for c in EXACT + CONTROLS if c["name"] == name)
-    if case.get("decoder"):
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-        from tests.support.llm import _rms_norm
-
-        forward = LlamaRMSNorm.forward
-        LlamaRMSNorm.forward = _rms_norm(forward)
-        try:
-            return w.reference(case)
-        finally:
-            LlamaRMSNorm.forward = forward
-    return w.reference(case)
+    with _float64_norms(case):
+        return w.reference(case)
 
 
 def _relative_gap(got: dict[str, torch.Tensor | None], want: dict[str, torch.Tensor]) -> float:
@@ -146,6 +158,86 @@ def test_negative_controls_are_caught(spawned, case):
     got = _result(folder, case)
     reference = _reference("gradcache-separate")  # the same model and batch, done right
     assert _relative_gap(got["grads"], reference["grads"]) > 1e-3
+
+
+RESUMED = {  # a run cut at step w.CUT: (world, sharded) before the cut, and after it
+    "2-to-3": ("gradcache-separate", (2, True), (3, True)),
+    "3-to-2": ("gradcache-separate", (3, True), (2, True)),
+    "2-to-1-unsharded": ("gradcache-separate", (2, True), (1, False)),
+    "1-unsharded-to-3": ("gradcache-separate", (1, False), (3, True)),
+    "lora-llama-2-to-3": ("lora-llama-shared", (2, True), (3, True)),
+    "lora-llama-2-to-1-unsharded": ("lora-llama-shared", (2, True), (1, False)),
+}
+
+
+def _phase(name: str, phase: str) -> dict[str, Any]:
+    base, first, rest = RESUMED[name]
+    case = next(c for c in EXACT if c["name"] == base)
+    return {
+        **case,
+        "name": name,
+        "phase": phase,
+        "first_sharded": first[1],
+        "rest_sharded": rest[1],
+    }
+
+
+def _in_process(out: Path, name: str, phase: str) -> None:
+    """A half of a resumed case on this one process, unsharded (its result saved as a
+    spawned rank 0 saves it)."""
+    case = _phase(name, phase)
+    with _float64_norms(case):
+        result = w.resume_phase(case, DistEnv(), phase, out / name)
+    if result is not None:
+        torch.save(result, out / f"{name}-{phase}.pt")
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory) -> Path:
+    """Every case of :data:`RESUMED`: its first half on its world, then its rest on the other,
+    through the trainer's own checkpoint; the folder of the rest halves' weights."""
+    out = tmp_path_factory.mktemp("fsdp-resumed")
+
+    def halves(phase: str, world: int) -> list[dict[str, Any]]:
+        at = 1 if phase == "first" else 2
+        return [_phase(n, phase) for n, r in RESUMED.items() if r[at] == (world, world > 1)]
+
+    for case in halves("first", 1):
+        _in_process(out, case["name"], "first")
+    spawn_ranks(w.main, 2, str(out), halves("first", 2), timeout=SPAWN_TIMEOUT)
+    work = halves("rest", 3) + halves("first", 3)
+    spawn_ranks(w.main, 3, str(out), work, timeout=SPAWN_TIMEOUT)
+    spawn_ranks(w.main, 2, str(out), halves("rest", 2), timeout=SPAWN_TIMEOUT)
+    for case in halves("rest", 1):
+        _in_process(out, case["name"], "rest")
+    return out
+
+
+@pytest.mark.parametrize("name", list(RESUMED))
+def test_a_checkpoint_resumes_on_another_world_size_as_an_unbroken_run(resumed, name):
+    """The weights and the optimizer state resharded (or cut into shards, or gathered whole)
+    as they load: the weights after the last step equal an unbroken single-process run's."""
+    got = _result(resumed, {"name": f"{name}-rest"})
+    want = _reference(RESUMED[name][0])
+    gap = _relative_gap(got["weights"], want["weights"])
+    print(f"{name}: weights {gap:.1e}")
+    assert gap <= 1e-10
+
+
+def test_resuming_without_the_checkpoints_moments_is_caught(resumed):
+    """The negative control: the same checkpoint's weights with fresh AdamW moments (what a
+    loader that dropped the optimizer's state would leave) end elsewhere."""
+    name = "2-to-1-unsharded"
+    case = _phase(name, "rest")
+    model = w.make_model(case)
+    optimizer = w.optimizer_of(model)
+    state = {"model": sharded_state(model, optimizer)["model"]}
+    distributed.sharded_load(state, resumed / name / f"step-{w.CUT:08d}" / "shards")
+    model.load_state_dict(state["model"], strict=False)
+    stepper = w.stepper_of(case, model, DistEnv(), sharded=False)
+    w.run_steps(case, model, stepper, optimizer, DistEnv(), range(w.CUT, w.STEPS), {})
+    got = w.whole((n, p) for n, p in model.named_parameters() if p.requires_grad)
+    assert _relative_gap(got, _reference(RESUMED[name][0])["weights"]) > 1e-4
 
 
 def _train(out: Path, world: int, *extra: str, flags: tuple[str, ...] = (), check: bool = True):

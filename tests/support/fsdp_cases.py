@@ -98,9 +98,14 @@ def whole(named) -> dict[str, Tensor]:
     return {name: full_value(t).detach().clone() for name, t in named}
 
 
-def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
-    model = make_model(case)
-    towers = shard_towers(model, env, precision="fp32", sync=case.get("sync", "step"))
+def stepper_of(case: dict[str, Any], model: BiEncoder, env: DistEnv, sharded: bool = True):
+    """The case's GradCache (or full-batch) step on this rank's towers: sharded, or whole on
+    one process."""
+    if not sharded:
+        assert env.world_size == 1, "unsharded towers run on one process here"
+        towers = Towers(model.encode_query, model.encode_passage)
+    else:
+        towers = shard_towers(model, env, precision="fp32", sync=case.get("sync", "step"))
     if case.get("never_sync"):  # the control: every backward holds the sync back
         held = towers.no_sync if isinstance(towers.no_sync, tuple) else (towers.no_sync,) * 2
         towers = Towers(towers.encode_q, towers.encode_p, no_sync=held, wrappers=towers.wrappers)
@@ -113,9 +118,14 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
         stepper._sync_context = lambda is_query, last_of_tower, last_overall: towers.no_sync[
             0 if is_query else 1
         ]()
-    optimizer = optimizer_of(model)
-    out: dict[str, Any] = {"losses": []}
-    for step in range(STEPS):
+    return stepper
+
+
+def run_steps(case, model, stepper, optimizer, env: DistEnv, steps: range, out: dict) -> None:
+    """The global batches of ``steps``, this rank's slice of each: the losses (mean over the
+    ranks) into ``out``, and the first step's gradient gathered whole."""
+    out.setdefault("losses", [])
+    for step in steps:
         q_inputs, p_inputs, p_ids = global_batch(case, model, step)
         optimizer.zero_grad(set_to_none=True)
         extra = rank_loss_inputs(loss_inputs(case, step, N_Q), env.rank, env.world_size)
@@ -133,8 +143,42 @@ def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
                 if p.requires_grad
             }
         optimizer.step()
+
+
+def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
+    model = make_model(case)
+    stepper = stepper_of(case, model, env)
+    optimizer = optimizer_of(model)
+    out: dict[str, Any] = {}
+    run_steps(case, model, stepper, optimizer, env, range(STEPS), out)
     out["weights"] = whole((n, p) for n, p in model.named_parameters() if p.requires_grad)
     return out
+
+
+CUT = 1  # the steps a resumed case runs before its checkpoint
+
+
+def resume_phase(case: dict[str, Any], env: DistEnv, phase: str, folder: Path) -> dict | None:
+    """One half of a run cut at step :data:`CUT` (``case["sharded"]``: whether this half's
+    towers are sharded): ``first`` runs the steps before it and saves the trainer's checkpoint
+    into ``folder``; ``rest`` loads that checkpoint with the trainer's loader and runs the steps
+    after it, returning the weights gathered whole."""
+    from dpr_cache.train.checkpoint import load_checkpoint, save_checkpoint
+
+    model = make_model(case)
+    stepper = stepper_of(case, model, env, sharded=case[f"{phase}_sharded"])
+    optimizer = optimizer_of(model)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if phase == "first":
+        run_steps(case, model, stepper, optimizer, env, range(CUT), {})
+        save_checkpoint(folder, CUT, model, optimizer, scheduler, None, env, keep=1)
+        return None
+    done = load_checkpoint(
+        folder / f"step-{CUT:08d}", model, optimizer, scheduler, None, env, seed=0
+    )
+    assert done == CUT
+    run_steps(case, model, stepper, optimizer, env, range(CUT, STEPS), {})
+    return {"weights": whole((n, p) for n, p in model.named_parameters() if p.requires_grad)}
 
 
 def reference(case: dict[str, Any]) -> dict[str, Any]:
@@ -162,17 +206,22 @@ def reference(case: dict[str, Any]) -> dict[str, Any]:
 
 def main(rank: int, world: int, port: int, out_dir: str, cases: list[dict[str, Any]]) -> None:
     """Entry point for ``torch.multiprocessing.spawn``: run every case, rank 0 saves one file
-    each."""
+    each. A case with a ``phase`` is one half of a resumed run (:func:`resume_phase`), its
+    checkpoint in ``out_dir/<name>``."""
     env = join(rank, world, port)
     float64_decoders()
     try:
         for case in cases:
             try:
-                result = run_case(case, env)
+                if "phase" in case:
+                    folder = Path(out_dir) / case["name"]
+                    result = resume_phase(case, env, case["phase"], folder)
+                else:
+                    result = run_case(case, env)
             except Exception as exc:  # reported by the test
                 result = {"error": f"{type(exc).__name__}: {exc}"}
-            if env.is_main:
-                path = Path(out_dir) / f"{case['name']}.pt"
-                write_atomic(path, functools.partial(torch.save, result))
+            if env.is_main and result is not None:
+                name = f"{case['name']}-{case['phase']}" if "phase" in case else case["name"]
+                write_atomic(Path(out_dir) / f"{name}.pt", functools.partial(torch.save, result))
     finally:
         distributed.teardown()

@@ -18,6 +18,7 @@ from dpr_cache.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    seed_resumed_rank,
 )
 from dpr_cache.train.recipe import flat_softmax_warning, linear_warmup_decay, param_groups
 from tests.support.fixtures import bert_config
@@ -55,7 +56,7 @@ def test_save_then_load_resumes_the_same_stream(tmp_path) -> None:
     want = {k: v.clone() for k, v in model.state_dict().items()}
 
     fresh, fresh_opt, fresh_sched = _trainer(seed=7)  # other weights, other RNG
-    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv()) == 1
+    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv(), seed=0) == 1
     assert _draws() == draws
     _one_step(fresh, fresh_opt, fresh_sched)
     got = fresh.state_dict()
@@ -80,7 +81,7 @@ def test_cuda_rng_states_are_restored_as_cpu_byte_tensors_whatever_the_device(
 
     fresh, fresh_opt, fresh_sched = _trainer(seed=7)
     env = DistEnv(device=torch.device("meta"))
-    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, env) == 1
+    assert load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, env, seed=0) == 1
     assert [(t.device.type, t.dtype) for t in restored] == [("cpu", torch.uint8)]
     assert torch.equal(restored[0], saved_state)
     weights = model.state_dict()
@@ -89,15 +90,29 @@ def test_cuda_rng_states_are_restored_as_cpu_byte_tensors_whatever_the_device(
     assert moments and all(m.device.type == "cpu" for m in moments)
 
 
-def test_old_checkpoints_are_pruned_and_another_world_size_refused(tmp_path) -> None:
+def test_old_checkpoints_are_pruned_and_another_world_size_seeds_afresh(tmp_path) -> None:
+    """On another world size the weights load and each rank's streams are seeded from
+    (seed, step, rank): its saved streams do not line up with the new ranks'."""
     model, optimizer, scheduler = _trainer()
+    _one_step(model, optimizer, scheduler)
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, step, model, optimizer, scheduler, None, DistEnv(), keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000003"]
-    with pytest.raises(InputError, match="saved with 1 ranks, resumed with 2"):
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    seed_resumed_rank(5, 3, 1)
+    fresh_draws = _draws()
+    fresh, fresh_opt, fresh_sched = _trainer(seed=7)
+    env = DistEnv(rank=1, world_size=2)
+    assert (
         load_checkpoint(
-            latest_checkpoint(tmp_path), model, optimizer, scheduler, None, DistEnv(world_size=2)
+            tmp_path / "step-00000003", fresh, fresh_opt, fresh_sched, None, env, seed=5
         )
+        == 3
+    )
+    assert _draws() == fresh_draws
+    assert all(torch.equal(t, want[k]) for k, t in fresh.state_dict().items())
+    seed_resumed_rank(5, 3, 0)  # the control: another rank draws otherwise
+    assert _draws() != fresh_draws
 
 
 def test_a_checkpoint_of_another_layout_or_epoch_order_is_refused(tmp_path) -> None:
@@ -105,7 +120,7 @@ def test_a_checkpoint_of_another_layout_or_epoch_order_is_refused(tmp_path) -> N
     other weights or other batches: a one-line error each; the current one loads."""
     model, optimizer, scheduler = _trainer()
     path = save_checkpoint(tmp_path, 1, model, optimizer, scheduler, None, DistEnv(), keep=2)
-    assert load_checkpoint(path, model, optimizer, scheduler, None, DistEnv()) == 1
+    assert load_checkpoint(path, model, optimizer, scheduler, None, DistEnv(), seed=0) == 1
     state = torch.load(path / STATE_FILE, weights_only=False)
     for key, value, message in (
         ("format", None, rf"format None, this one reads {FORMAT}\)"),
@@ -115,11 +130,11 @@ def test_a_checkpoint_of_another_layout_or_epoch_order_is_refused(tmp_path) -> N
     ):
         torch.save({**state, key: value}, path / STATE_FILE)
         with pytest.raises(InputError, match=message):
-            load_checkpoint(path, model, optimizer, scheduler, None, DistEnv())
+            load_checkpoint(path, model, optimizer, scheduler, None, DistEnv(), seed=0)
     older = {k: v for k, v in state.items() if k != "negative_draw"}  # drew a step's own
     torch.save(older, path / STATE_FILE)
     with pytest.raises(InputError, match=r"hard negatives as stream_entropy\(seed, step, q"):
-        load_checkpoint(path, model, optimizer, scheduler, None, DistEnv())
+        load_checkpoint(path, model, optimizer, scheduler, None, DistEnv(), seed=0)
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path) -> None:
@@ -133,11 +148,11 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path) -> None:
         kept = {k: v for k, v in state["model"].items() if drop not in k}
         torch.save({**state, "model": kept}, path / STATE_FILE)
         with pytest.raises(InputError, match="weights missing"):
-            load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv())
+            load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv(), seed=0)
     extra = {**state["model"], "query_encoder.extra.weight": torch.zeros(1)}
     torch.save({**state, "model": extra}, path / STATE_FILE)
     with pytest.raises(InputError, match="1 unexpected"):
-        load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv())
+        load_checkpoint(path, fresh, fresh_opt, fresh_sched, None, DistEnv(), seed=0)
 
 
 def test_no_decay_on_biases_and_layer_norms() -> None:

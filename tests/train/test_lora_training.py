@@ -60,7 +60,7 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_exactly(tmp_path):
 
     torch.manual_seed(1)  # another init: the checkpoint must bring the adapters back
     resumed = build_trainer(config, env, total_steps=2)
-    assert resumed.resume(root) == 1
+    assert resumed.resume(root, 0) == 1
     resumed.step(batch(resumed, 1))
     got = _adapters(resumed)
     assert got.keys() == want.keys()
