@@ -165,6 +165,10 @@ class TrainConfig(_Section):
     adam_eps: float = Field(1e-8, gt=0.0)
     warmup_steps: int = Field(0, ge=0)
     max_grad_norm: float | None = Field(2.0, gt=0.0)  # DPR clips at 2.0; null = no clipping
+    # fp16: the most steps skipped in a row (a loss or gradient not finite); one more stops the
+    # run, its last checkpoint kept. The loss scale halves at each skip: 10 take it from 2**16
+    # to 64, past any overflow a scale cures; null = never stop (docs/reliability.md)
+    max_skipped_steps: int | None = Field(10, ge=1)
     temperature: float = Field(1.0, gt=0.0)
     loss: Literal["contrastive", "distill_kl", "margin_mse"] = "contrastive"
     distill_weight: float | None = Field(None, ge=0.0, lt=1.0)  # contrastive share; null = 0

@@ -90,6 +90,7 @@ class _Run:
     total: int
     sources: list[str]  # the training sources' names
     masked: bool = False  # a batch's rows of one text under two ids said once
+    skipped_in_a_row: int = 0  # fp16: the steps skipped since the last update
 
 
 def _train(config: Config, resume: bool, progress: bool, warning: str | None = None) -> Path:
@@ -207,6 +208,9 @@ def _loop(config: Config, env: DistEnv, run: _Run) -> None:
                 name = run.sources[run.batches.source_of(step)]
                 source = (name, run.batches.batches_seen(step))
             run.log.record(step, run.batches.epoch_of(step), digest, result, trainer.model, source)
+            run.skipped_in_a_row = run.skipped_in_a_row + 1 if result.skipped else 0
+            if cfg.max_skipped_steps is not None and run.skipped_in_a_row > cfg.max_skipped_steps:
+                raise _skipped_too_often(run.skipped_in_a_row, step, result, checkpoints, run)
             if batch.text_duplicates and not run.masked:
                 run.masked = True
                 logger.warning(
@@ -240,6 +244,24 @@ def _diverged(
         f"train: the {e} is not finite at step {step + 1} (batch {digest}, questions {first}, "
         f"... of the training set); stopped with nothing updated, the last checkpoint "
         f"{kept.name if kept else '(none)'} as it was: {advice}"
+    )
+
+
+def _skipped_too_often(count: int, step: int, result, root: Path, run: _Run) -> Diverged:
+    """fp16: ``count`` steps in a row skipped, the last at ``step``: past train.max_skipped_steps,
+    the run stops with the checkpoints as they are (a skipped step changes no weight)."""
+    kept = latest_checkpoint(root)
+    advice = (
+        "check the scale of data.train's teacher_score values, or lower train.lr"
+        if run.distill
+        else "lower train.lr, or train in bf16 or fp32 (where such a step stops the run at "
+        "once, its batch named)"
+    )
+    return Diverged(
+        f"train: {count} steps in a row skipped (steps {step + 2 - count} to {step + 1}), "
+        f"the loss or its gradient not finite at every loss scale down to "
+        f"{result.loss_scale:g}; stopped past train.max_skipped_steps, the last checkpoint "
+        f"{kept.name if kept else '(none)'} kept: {advice}, or raise train.max_skipped_steps"
     )
 
 

@@ -64,10 +64,11 @@ def _texts(obj) -> list[str]:
     return [t for v in items for t in _texts(v)]
 
 
-def _args(tmp_path: Path, poisoned: dict, precision: str) -> list[str]:
+def _args(tmp_path: Path, poisoned: dict, precision: str, **more) -> list[str]:
     sets = {
         "model.name_or_path": poisoned["model"],
         "data.train": poisoned["train"],
+        **more,
         "train.max_steps": 6,
         "train.checkpoint_every": 2,
         "train.precision": precision,
@@ -116,3 +117,38 @@ def test_fp16_skips_the_step_and_counts_it(tmp_path, poisoned) -> None:
         assert after["loss_scale"] == before["loss_scale"] * (0.5 if after["skipped"] else 1)
     assert (tmp_path / "run" / "model" / "query_encoder" / "model.safetensors").is_file()
     record("loss not finite", "train (fp16)", f"step {STEP}", True)
+
+
+@pytest.fixture(scope="module")
+def poisoned_everywhere(tmp_path_factory) -> Path:
+    """A copy of the tiny BERT whose [CLS] embedding is 1e30: every batch's loss overflows."""
+    model = tmp_path_factory.mktemp("every-step") / "tiny-bert"
+    shutil.copytree(TOY / "tiny-bert", model)
+    weights = load_file(model / "model.safetensors")
+    key = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    weights[key][load_tokenizer(model).cls_token_id] = 1e30
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    return model
+
+
+@pytest.mark.parametrize("limit", [3, None], ids=["three", "never"])
+def test_fp16_stops_past_max_skipped_steps(tmp_path, poisoned_everywhere, limit) -> None:
+    """Every step skipped: past train.max_skipped_steps the run stops with one line naming the
+    steps, the loss scale and what to change, its last checkpoint kept; the control, with no
+    limit, ends silently with the model it started from."""
+    model = {"model": poisoned_everywhere, "train": TOY / "train.jsonl"}
+    limit_set = {"train.max_skipped_steps": "null" if limit is None else limit}
+    done = run_cli(*_args(tmp_path, model, "fp16", **limit_set), check=False)
+    run = tmp_path / "run"
+    if limit is None:
+        assert done.returncode == 0 and all(r["skipped"] for r in _log(run))
+        return
+    assert done.returncode == 3, done.stderr[-2000:]
+    [line] = done.stderr.strip().splitlines()[-1:]
+    assert line.startswith("error: train: 4 steps in a row skipped (steps 1 to 4), the loss ")
+    assert "down to 4096; stopped past train.max_skipped_steps" in line, line
+    assert "the last checkpoint step-00000002 kept" in line, line
+    assert line.endswith("or raise train.max_skipped_steps"), line
+    assert [r["step"] for r in _log(run)] == [1, 2, 3, 4] and not (run / "model").exists()
+    assert sound_checkpoint(run / "checkpoints").name == "step-00000002"
+    record("every step skipped", "train (fp16), max_skipped_steps 3", "step 4", True)
