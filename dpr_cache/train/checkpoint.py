@@ -183,19 +183,26 @@ def sound_checkpoint(root: Path) -> Path | None:
     that does not (cut short, a flipped bit, no checksum) is reported and passed over."""
     done = sorted(p for p in Path(root).glob("step-*") if (p / STATE_FILE).is_file())
     for path in reversed(done):
-        stored = path / CHECKSUM_FILE
-        if stored.is_file() and stored.read_text().strip() == _sha256(path / STATE_FILE):
-            shards = path / SHARDS_CHECKSUM
-            if not (path / SHARDS).exists():
-                return path
-            if shards.is_file() and shards.read_text().strip() == _folder_sha256(path / SHARDS):
-                return path
-        why = (
-            "its bytes do not match its checksum"
-            if stored.is_file()
-            else "it has no checksum: cut short, or written by an earlier version"
-        )
+        why = _damage(path)
+        if why is None:
+            return path
         log.warning("%s: damaged (%s): passed over for the checkpoint before it", path, why)
+    return None
+
+
+def _damage(path: Path) -> str | None:
+    """What is wrong with the checkpoint at ``path`` (None: its state and any shards match
+    their checksums)."""
+    stored = path / CHECKSUM_FILE
+    if not stored.is_file():
+        return "it has no checksum: cut short, or written by an earlier version"
+    if stored.read_text().strip() != _sha256(path / STATE_FILE):
+        return "its bytes do not match its checksum"
+    if not (path / SHARDS).exists():
+        return None
+    shards = path / SHARDS_CHECKSUM
+    if not shards.is_file() or shards.read_text().strip() != _folder_sha256(path / SHARDS):
+        return "its shards do not match their checksum"
     return None
 
 

@@ -51,13 +51,18 @@ def random_inputs(rows: int, length: int, vocab: int = 97, seed: int = 0) -> dic
 
 
 def saved_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a saved BiEncoder folder, keyed ``tower/name``."""
+    """Every tensor of a saved BiEncoder folder, keyed ``tower/name``: each tower's weights, or
+    its adapters where it saved those alone (LoRA)."""
     from safetensors.torch import load_file
+
+    def weights(tower: Path) -> Path:
+        whole = tower / "model.safetensors"
+        return whole if whole.is_file() else tower / "adapter_model.safetensors"
 
     return {
         f"{tower}/{name}": tensor
         for tower in ("query_encoder", "passage_encoder")
-        for name, tensor in load_file(Path(model_dir) / tower / "model.safetensors").items()
+        for name, tensor in load_file(weights(Path(model_dir) / tower)).items()
     }
 
 
