@@ -30,6 +30,7 @@ from dpr_cache.runtime.processes import alive
 
 __all__ = [
     "DiskFull",
+    "out_of_space",
     "check_output_file",
     "check_output_folder",
     "write_atomic",
@@ -131,6 +132,12 @@ def _full(error: Exception, path: Path) -> bool:
     if limit is not None and _size(path.with_name(f"{path.name}.tmp{os.getpid()}")) >= limit:
         return True
     return shutil.disk_usage(_existing(path.parent)).free < _NEARLY_FULL
+
+
+def out_of_space(error: BaseException, path: Path) -> bool:
+    """Whether ``error``, met while writing under ``path``, is the disk (or a quota, or a size
+    limit) running out."""
+    return isinstance(error, DiskFull) or (isinstance(error, Exception) and _full(error, path))
 
 
 def _size(path: Path) -> int:

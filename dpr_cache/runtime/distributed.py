@@ -172,10 +172,19 @@ def device_mesh(env: DistEnv):
 def sharded_save(state: dict[str, Any], folder: Path) -> None:
     """``state`` (sharded tensors and the objects beside them) saved by every rank into
     ``folder`` with ``torch.distributed.checkpoint``: each rank writes its shards, rank 0 the
-    metadata."""
+    metadata. A rank's failed write is raised on every rank as the first failed rank's own
+    error (a full disk, say), not as the library's wrapper of every rank's traceback."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.save(state, checkpoint_id=str(folder))
+    try:
+        dcp.save(state, checkpoint_id=str(folder))
+    except CheckpointException as e:  # every rank's: the failed ranks' errors gathered
+        failed = [f[0] if isinstance(f, tuple) else f for _, f in sorted(e.failures.items())]
+        first = next((f for f in failed if isinstance(f, Exception)), None)
+        if first is None:
+            raise
+        raise first from None
 
 
 def sharded_load(state: dict[str, Any], folder: Path) -> None:

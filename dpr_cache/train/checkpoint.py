@@ -39,7 +39,13 @@ from dpr_cache.data.collate import NEGATIVE_DRAW
 from dpr_cache.errors import InputError
 from dpr_cache.model.fsdp import is_sharded
 from dpr_cache.runtime import distributed
-from dpr_cache.runtime.atomic import write_atomic, write_dir_atomic, write_text_atomic
+from dpr_cache.runtime.atomic import (
+    DiskFull,
+    out_of_space,
+    write_atomic,
+    write_dir_atomic,
+    write_text_atomic,
+)
 from dpr_cache.runtime.distributed import DistEnv, all_objects
 from dpr_cache.runtime.seeds import stream_seed
 from dpr_cache.train.run_folder import STATE_FILE, latest_checkpoint
@@ -151,7 +157,18 @@ def _save_sharded(final: Path, state: dict[str, Any], model, optimizer, env: Dis
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     distributed.barrier()
-    distributed.sharded_save(sharded_state(model, optimizer), partial / SHARDS)
+    shards = sharded_state(model, optimizer)
+    try:
+        distributed.sharded_save(shards, partial / SHARDS)
+    except (OSError, RuntimeError) as e:
+        full = out_of_space(e, partial / SHARDS)
+        distributed.barrier()  # every rank has looked at the disk before the folder goes
+        if env.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+        if full:
+            size = _tensor_bytes(shards) + _tensor_bytes(state)  # a DTensor counts whole
+            raise DiskFull(final, size, code=getattr(e, "errno", None)) from None
+        raise
     distributed.barrier()
     if env.is_main:
         write_text_atomic(partial / SHARDS_CHECKSUM, _folder_sha256(partial / SHARDS) + "\n")

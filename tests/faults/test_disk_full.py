@@ -173,3 +173,35 @@ def test_encode_stops_at_a_file_size_limit_and_resumes_without_it(tmp_path) -> N
     again = run_cli(*args, "--out", str(tmp_path / "v"))
     assert again.returncode == 0 and digest(tmp_path / "v") == want
     record("file size limit", "encode", f"{limit:,} bytes, half a shard", True)
+
+
+def test_sharded_train_stops_on_a_full_disk_at_a_checkpoint_and_resumes(tmp_path, small_disk):
+    """Two gloo ranks under ``train.shard: fsdp``, room for one sharded checkpoint and not two:
+    one line naming the checkpoint, the one before it whole; with room, ``--resume`` ends as
+    the unbroken run."""
+    disk, resize = small_disk
+    sets = {
+        "train.max_steps": 6,
+        "train.checkpoint_every": 2,
+        "train.log_to": "none",
+        "train.shard": "fsdp",
+    }
+    args = ["train", "--config", "configs/toy.yaml", "-q"]
+    run_cli(*args, *toy_overrides(tmp_path / "whole", **sets), world=2)
+    want = saved_weights(tmp_path / "whole" / "run" / "model")
+    checkpoints = tmp_path / "whole" / "run" / "checkpoints"
+    size = sum(p.stat().st_size for p in checkpoints.rglob("*") if p.is_file()) // 2
+    resize(int(size * 1.5) // 1024)  # room for one checkpoint, not two
+    mine = [*args, *toy_overrides(tmp_path, **sets), "--set", f"output_dir={disk / 'run'}"]
+    done = run_cli(*mine, check=False, world=2)
+    said = {line for line in done.stderr.splitlines() if line.startswith("error: ")}
+    assert done.returncode != 0 and len(said) == 1, done.stderr[-3000:]  # each rank's the same
+    [line] = said
+    assert line.startswith(f"error: no space left to write {disk / 'run'}"), line
+    assert "checkpoints/step-00000004" in line and "it needs about" in line, line
+    assert (disk / "run" / "checkpoints" / "step-00000002" / "shards.sha256").is_file()
+    resize(4 * size // 1024 + 4096)
+    run_cli(*mine, "--resume", world=2)
+    got = saved_weights(disk / "run" / "model")
+    assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
+    record("disk full", "train, sharded (2 gloo ranks)", "writing the second checkpoint", True)
