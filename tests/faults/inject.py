@@ -132,6 +132,8 @@ def assert_whole(path: Path) -> None:
 
 
 def record(fault: str, command: str, where: str, survived: bool, lost_bytes: int = 0) -> None:
+    """An injection, with the test file that made it (the table's reproduce command)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
     RECORDS.append(
         {
             "fault": fault,
@@ -139,6 +141,7 @@ def record(fault: str, command: str, where: str, survived: bool, lost_bytes: int
             "where": where,
             "survived": survived,
             "lost_bytes": lost_bytes,
+            "test": test,
         }
     )
 

@@ -21,7 +21,9 @@ TESTS = {
     "damaged checkpoint": "tests/faults/test_damaged_checkpoint.py",
     "two commands, one folder": "tests/faults/test_locks.py",
     "loss not finite": "tests/faults/test_nonfinite.py",
+    "every step skipped": "tests/faults/test_nonfinite.py",
 }
+"""Each fault's rows in this order, and the test file of a record that names none."""
 
 
 def table(records: list[dict]) -> list[str]:
@@ -35,9 +37,10 @@ def table(records: list[dict]) -> list[str]:
     faults = list(TESTS)  # the table in this order, whichever test process ran first
     for (fault, command), rows in sorted(groups.items(), key=lambda g: faults.index(g[0][0])):
         where = "; ".join(dict.fromkeys(r["where"] for r in rows))
+        tests = " ".join(dict.fromkeys(r.get("test") or TESTS[fault] for r in rows))
         lines.append(
             f"| {fault} | {command} | {len(rows)} | {sum(r['survived'] for r in rows)} | "
-            f"{sum(r['lost_bytes'] for r in rows)} | {where} | `pytest {TESTS[fault]}` |"
+            f"{sum(r['lost_bytes'] for r in rows)} | {where} | `pytest {tests}` |"
         )
     return lines
 
