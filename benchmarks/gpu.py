@@ -429,6 +429,10 @@ def _sections(
         gpu_perf.free_device(device)  # what a section stopped before it may have left
         return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
 
+    def rank_faults():  # two GPUs: alone, it starts two ranks on them
+        gpu_perf.free_device(device)  # what a section stopped before it may have left
+        return gpu_cli.rank_faults(work / "faults", base_model())
+
     # on a device the commands start with the suite, beside the sections before theirs (which
     # neither time anything nor hold much of the GPU's memory), and are awaited in their place;
     # memory's rows (16 GB and more at chunk 128) wait for them
@@ -449,6 +453,8 @@ def _sections(
         # FSDP2 on one GPU (issue 58): the float64 case and a BERT-base step's memory, sharded
         # and not; estimated from arithmetic, no device has run it yet
         Section("fsdp", None, 45, fsdp),
+        # issue 74: a rank frozen under NCCL, one rank of two out of memory; two GPUs, estimated
+        Section("rank_faults", "needs two GPUs", 150, rank_faults),
     ]
 
 

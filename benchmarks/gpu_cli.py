@@ -676,6 +676,134 @@ def _nccl_child() -> None:
     print(json.dumps(row), flush=True)
 
 
+RANK_TIMEOUT = 30  # DPR_CACHE_DIST_TIMEOUT of the frozen rank's run, seconds
+
+
+def rank_faults(work: Path, model_dir: Path) -> dict:
+    """The fault rows a GPU changes, on two GPUs (NCCL refuses two ranks on one device): a rank
+    frozen in a sharded run under NCCL, and one rank of two out of GPU memory.
+    ``tests/faults/test_sharded.py`` makes the same checks on gloo ranks on the CPU."""
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return {
+            "not_run": f"needs two GPUs (NCCL refuses two ranks on one); this device has {gpus}"
+        }
+    return {
+        "frozen_rank": frozen_rank(work / "frozen"),
+        "rank_out_of_memory": rank_out_of_memory(work, model_dir),
+    }
+
+
+def _ranks_train(out: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    """The toy config sharded on 2 NCCL ranks under torchrun, in the background."""
+    settings = {"train.shard": "fsdp", "train.max_steps": 12, "train.checkpoint_every": 2}
+    settings |= {"train.deterministic": "true", "train.precision": "bf16"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m"]
+    cmd += ["dpr_cache", "train", "--config", TOY, "-q", *_sets(out, "train", "cuda", **settings)]
+    full = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return _start(
+        [*cmd, *extra], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _ended(proc: subprocess.Popen, timeout: float) -> str:
+    """``proc``'s stderr once it has ended (killed, with its group, past ``timeout`` s)."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        _, err = proc.communicate()
+    _forget(proc)
+    return err
+
+
+def _rank_pid(agent: int, rank: int) -> int | None:
+    """The pid of rank ``rank``: the torchrun agent's child with that RANK."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().split(") ", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == agent and f"RANK={rank}".encode() in environ:
+            return int(pid)
+    return None
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error: ")][:4]
+
+
+def frozen_rank(out: Path) -> dict:
+    """Rank 1 frozen (SIGSTOP) after step 3: how long rank 0 waits (goal: the timeout plus 10 s),
+    its line, and whether ``--resume`` ends with the unbroken run's weights."""
+    _ended(_ranks_train(out / "unbroken"), 600)
+    agent = _ranks_train(out / "cut", env={"DPR_CACHE_DIST_TIMEOUT": str(RANK_TIMEOUT)})
+    log = out / "cut" / "train_log.jsonl"
+    deadline = time.monotonic() + 300
+    while not (log.is_file() and log.read_text().count("\n") >= 3):
+        if agent.poll() is not None or time.monotonic() > deadline:
+            return {"ok": False, "lines": _error_lines(_ended(agent, 5)), "error": "no step 3"}
+        time.sleep(0.05)
+    frozen, survivor = _rank_pid(agent.pid, 1), _rank_pid(agent.pid, 0)
+    os.kill(frozen, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    while os.path.exists(f"/proc/{survivor}") and time.monotonic() - frozen_at < RANK_TIMEOUT + 120:
+        time.sleep(0.1)
+    gave_up_s = round(time.monotonic() - frozen_at, 1)
+    os.kill(frozen, signal.SIGKILL)
+    lines = _error_lines(_ended(agent, 120))
+    resumed = _ranks_train(out / "cut", "--resume")
+    resumed_lines = _error_lines(_ended(resumed, 600))
+    same = _difference(out / "unbroken" / "model", out / "cut" / "model")
+    named = bool(lines) and f"rank 1 (pid {frozen}, not answering)" in lines[0]
+    return {
+        "timeout_s": RANK_TIMEOUT,
+        "gave_up_s": gave_up_s,
+        "lines": lines,
+        "resumed_lines": resumed_lines,
+        "resumed": same,
+        "ok": named and gave_up_s <= RANK_TIMEOUT + 10 and same["bitwise_equal"],
+    }
+
+
+def rank_out_of_memory(work: Path, model_dir: Path) -> dict:
+    """Rank 1's GPU held by another process but for 1 GiB while a sharded BERT-base run at
+    chunk 128 starts there: rank 1's line names the setting to lower, rank 0's the rank."""
+    hog = _start(
+        [sys.executable, "-c", _HOG],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if hog.stdout.readline().strip() != "held":
+            return {"ok": False, "error": "the process holding GPU 1 did not start"}
+        settings = {"model.name_or_path": model_dir, "train.batch_size": 256}
+        settings |= {"train.chunk_size": 128, "model.max_passage_length": 256}
+        extra = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+        env = {"DPR_CACHE_DIST_TIMEOUT": str(RANK_TIMEOUT)}
+        lines = _error_lines(_ended(_ranks_train(work / "oom", *extra, env=env), 300))
+    finally:
+        _kill(hog)
+        hog.wait()
+        _forget(hog)
+    said_memory = any("memory" in line and "train.chunk_size" in line for line in lines)
+    said_rank = any(line.startswith("error: rank 0:") and "rank 1" in line for line in lines)
+    return {"lines": lines, "ok": said_memory and said_rank}
+
+
+_HOG = """
+import time, torch
+free, _ = torch.cuda.mem_get_info(0)
+held = torch.empty(free - 2**30, dtype=torch.uint8, device="cuda:0")
+print("held", flush=True)
+time.sleep(3600)
+"""
+
+
 def clean(work: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
 

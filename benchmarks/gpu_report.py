@@ -639,6 +639,26 @@ def _chunk_too_large(r: dict) -> list[str]:
     return lines
 
 
+def _rank_faults(r: dict) -> list[str]:
+    if "not_run" in r:
+        return ["", f"Not run: {r['not_run']}."]
+    frozen, oom = r["frozen_rank"], r["rank_out_of_memory"]
+    lines = [
+        "",
+        f"Rank 1 of a sharded run frozen (SIGSTOP) under NCCL, timeout {frozen.get('timeout_s')} "
+        f"s: rank 0 gave up in {frozen.get('gave_up_s')} s; `--resume` "
+        f"{'ended' if frozen.get('resumed', {}).get('bitwise_equal') else 'did not end'} with the "
+        f"unbroken run's weights; ok: {frozen['ok']}.",
+        "",
+        *[f"    {line}" for line in frozen.get("lines", [])],
+        "",
+        f"Rank 1's GPU held by another process but for 1 GiB: ok: {oom['ok']}.",
+        "",
+        *[f"    {line}" for line in oom.get("lines", [])],
+    ]
+    return lines
+
+
 def _short(command: str) -> str:
     """A command without its --set pairs, which only point it at the suite's folders."""
     words, out, skip = command.split(), [], False
@@ -758,4 +778,5 @@ _SECTION = {
     "largest_full_batch": _largest_full_batch,
     "llm": render_llm,
     "fsdp": render_fsdp,
+    "rank_faults": _rank_faults,
 }
