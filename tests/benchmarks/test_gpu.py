@@ -1266,3 +1266,24 @@ def test_the_whole_suites_minutes_say_what_compilation_took():
     }
     (suite,) = [g for g in goals(report) if g["goal"] == "the whole suite in one run"]
     assert suite["measured"] == "8.0 min (of which compilation 150 s)" and suite["met"] is False
+
+
+def test_rank_faults_need_two_gpus_and_the_page_says_what_they_found(tmp_path):
+    """Without two GPUs the section says why it did not run; with its rows, the page shows
+    each rank's line and whether each fault was met as the goal asks."""
+    from benchmarks import gpu_cli, gpu_report
+
+    gpus = torch.cuda.device_count()
+    if gpus >= 2:
+        pytest.skip("two GPUs here: the section runs")
+    row = gpu_cli.rank_faults(tmp_path, tmp_path)
+    assert row == {
+        "not_run": f"needs two GPUs (NCCL refuses two ranks on one); this device has {gpus}"
+    }
+    assert gpu_report._rank_faults(row) == ["", f"Not run: {row['not_run']}."]
+    line = "error: rank 0: rank 1 (pid 7, not answering) stopped"
+    frozen = {"timeout_s": 30, "gave_up_s": 31.5, "lines": [line], "ok": True}
+    frozen["resumed"] = {"bitwise_equal": False}
+    page = gpu_report._rank_faults({"frozen_rank": frozen, "rank_out_of_memory": {"ok": False}})
+    assert "rank 0 gave up in 31.5 s; `--resume` did not end with" in " ".join(page)
+    assert f"    {line}" in page and "1 GiB: ok: False." in " ".join(page)
