@@ -319,8 +319,8 @@ def _layout_change(path: Path, state: dict[str, Any], model, env: DistEnv) -> st
         else "each rank's RNG as saved"
     )
     return (
-        f"{path.name}: saved on {saved}, resumed on {now}: weights and optimizer state "
-        f"resharded; the global batch, its order and the hard negatives as before; {rng}"
+        f"{path.name}: saved on {saved}, resumed on {now}: weights and optimizer state loaded "
+        f"into this layout; the global batch, its order and the hard negatives as before; {rng}"
     )
 
 
