@@ -4,7 +4,7 @@ while a sharded checkpoint is written, a rank frozen (SIGSTOP), a rank's shard f
 with a flipped bit, the disk full while the shards are written, and a second run on the same
 folder. Each: the survivor stops with one line naming the rank (within the timeout, for a frozen
 one), a damaged checkpoint is found by its checksum and the one before it used, and
-``--resume`` ends with the weights of a run never interrupted."""
+``--resume`` ends with the outputs of a run never interrupted, compared by hash."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from tests.faults.inject import record, start
+from tests.faults.inject import digest, record, start
 from tests.faults.test_dead_rank import _rank_process
 from tests.support.cli import fork_server_ready, run_cli, toy_overrides
-from tests.support.fixtures import saved_weights
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,9 +50,17 @@ def unbroken(tmp_path_factory) -> dict[str, Path]:
     return {config: root / config / "run" for config in CONFIGS}
 
 
-def _same_weights(run: Path, want: Path) -> bool:
-    got, whole = saved_weights(run / "model"), saved_weights(want / "model")
-    return got.keys() == whole.keys() and all((got[k] == whole[k]).all() for k in whole)
+def _same_outputs(run: Path, want: Path) -> bool:
+    """Every output of ``run`` (the model, the log, the plots, the finished record: checkpoints,
+    times and measurements aside) byte for byte the unbroken run's, its saved config but for
+    the folder it names."""
+    got, whole = digest(run), digest(want)
+    config = (run / "config.yaml").read_text().replace(str(run.parent), str(want.parent))
+    return (
+        got.keys() == whole.keys()
+        and all(got[k] == whole[k] for k in whole if k != "config.yaml")
+        and config == (want / "config.yaml").read_text()
+    )
 
 
 def _wait(agent: subprocess.Popen, ready, timeout: float = 300) -> None:
@@ -74,9 +81,9 @@ def _inside_a_checkpoint(run: Path):
 
 
 def _resumed(tmp_path: Path, config: str, want: Path) -> None:
-    """``--resume`` on 2 ranks ends with the unbroken run's weights, no partial folder left."""
+    """``--resume`` on 2 ranks ends with the unbroken run's outputs, no partial folder left."""
     run_cli(*_args(tmp_path, config), "--resume", world=2)
-    assert _same_weights(tmp_path / "run", want)
+    assert _same_outputs(tmp_path / "run", want)
     assert not list((tmp_path / "run" / "checkpoints").glob(".*"))
 
 
@@ -154,7 +161,7 @@ def test_a_damaged_shard_is_passed_over(tmp_path, unbroken, damage) -> None:
     done = run_cli(*_args(tmp_path), "--resume", world=2)
     said = f"step-{STEPS:08d}: damaged (its shards do not match their checksum)"
     assert said in done.stderr, done.stderr[-3000:]
-    assert _same_weights(tmp_path / "run", unbroken["toy"])
+    assert _same_outputs(tmp_path / "run", unbroken["toy"])
     record(
         "damaged checkpoint", "train --resume, sharded (2 gloo ranks)", f"a shard {damage}", True
     )
@@ -171,5 +178,5 @@ def test_a_second_run_on_a_sharded_runs_folder_is_refused(tmp_path, unbroken) ->
     said = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and "in use by pid" in said[0], second.stderr[-3000:]
     assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
-    assert _same_weights(tmp_path / "run", unbroken["toy"])
+    assert _same_outputs(tmp_path / "run", unbroken["toy"])
     record("two commands, one folder", "train, sharded (2 gloo ranks)", "a second run", True)
