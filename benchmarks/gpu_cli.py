@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from benchmarks.machine import proc_field, transparent_hugepages
+from dpr_cache.runtime.processes import rank_process
 
 __all__ = [
     "in_parallel",
@@ -717,21 +718,6 @@ def _ended(proc: subprocess.Popen, timeout: float) -> str:
     return err
 
 
-def _rank_pid(agent: int, rank: int) -> int | None:
-    """The pid of rank ``rank``: the torchrun agent's child with that RANK."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().split(") ", 1)[1].split()[1])
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == agent and f"RANK={rank}".encode() in environ:
-            return int(pid)
-    return None
-
-
 def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error: ")][:4]
 
@@ -747,7 +733,7 @@ def frozen_rank(out: Path) -> dict:
         if agent.poll() is not None or time.monotonic() > deadline:
             return {"ok": False, "lines": _error_lines(_ended(agent, 5)), "error": "no step 3"}
         time.sleep(0.05)
-    frozen, survivor = _rank_pid(agent.pid, 1), _rank_pid(agent.pid, 0)
+    frozen, survivor = rank_process(agent.pid, 1), rank_process(agent.pid, 0)
     os.kill(frozen, signal.SIGSTOP)
     frozen_at = time.monotonic()
     while os.path.exists(f"/proc/{survivor}") and time.monotonic() - frozen_at < RANK_TIMEOUT + 120:

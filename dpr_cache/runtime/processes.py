@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 __all__ = [
+    "rank_process",
     "ChildFailed",
     "child_env",
     "run_json_child",
@@ -110,3 +111,19 @@ def loader_worker(parent: int, _worker_id: int) -> None:
         return
     if os.getppid() != parent:  # the parent ended before the line above
         os._exit(1)
+
+
+def rank_process(agent: int, rank: int) -> int | None:
+    """The pid of rank ``rank`` of a torchrun agent (pid ``agent``): its child whose environment
+    holds that RANK; None when there is none (yet, or any more)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().split(") ", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):  # ended while being read
+            continue
+        if parent == agent and f"RANK={rank}".encode() in environ:
+            return int(pid)
+    return None

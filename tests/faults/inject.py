@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpr_cache.runtime.processes import alive, child_env
+from dpr_cache.runtime.processes import alive, child_env, rank_process
 from tests.support.fixtures import REPO
 
 RECORDS: list[dict] = []
@@ -189,3 +189,29 @@ def digest(path: Path, skip: tuple[str, ...] = ("tensorboard", "checkpoints")) -
             data = "\n".join(lines).encode()
         out[str(rel)] = hashlib.sha256(data).hexdigest()
     return out
+
+
+def freeze_rank_1(agent: subprocess.Popen, limit: float = 120) -> tuple[int, float, str]:
+    """SIGSTOP rank 1 of a 2-rank torchrun ``agent`` (as a lost node: it closes no connection)
+    and wait, up to ``limit`` s, for rank 0 to end; then SIGKILL rank 1 (what the agent would
+    wait 30 s more for). Rank 1's pid, the seconds rank 0 lasted, the agent's stderr."""
+    frozen, survivor = rank_process(agent.pid, 1), rank_process(agent.pid, 0)
+    assert frozen and survivor
+    os.kill(frozen, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    while os.path.exists(f"/proc/{survivor}") and time.monotonic() - frozen_at < limit:
+        time.sleep(0.1)
+    gave_up_in = time.monotonic() - frozen_at
+    os.kill(frozen, signal.SIGKILL)
+    _, err = agent.communicate(timeout=120)
+    return frozen, gave_up_in, err
+
+
+def damage(path: Path, how: str) -> None:
+    """``path`` cut to half its bytes (``truncated``) or one bit flipped in its middle."""
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))

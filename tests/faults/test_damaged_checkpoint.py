@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.faults.inject import kill_when, record, start
+from tests.faults.inject import damage, kill_when, record, start
 from tests.support.cli import run_cli, toy_overrides
 from tests.support.fixtures import saved_weights
 
@@ -34,22 +34,17 @@ def cut_run(tmp_path_factory):
     return want, root / "cut"
 
 
-@pytest.mark.parametrize("damage", ["truncated", "bit flipped"])
-def test_a_damaged_checkpoint_is_passed_over(cut_run, tmp_path, damage) -> None:
+@pytest.mark.parametrize("how", ["truncated", "bit flipped"])
+def test_a_damaged_checkpoint_is_passed_over(cut_run, tmp_path, how) -> None:
     want, cut = cut_run
     shutil.copytree(cut, tmp_path, dirs_exist_ok=True)
     state = tmp_path / "run" / "checkpoints" / "step-00000006" / "state.pt"
-    data = bytearray(state.read_bytes())
-    if damage == "truncated":
-        data = data[: len(data) // 2]
-    else:
-        data[len(data) // 2] ^= 0x10
-    state.write_bytes(bytes(data))
+    damage(state, how)
     done = run_cli(*_args(tmp_path), "--resume")
     assert "step-00000006: damaged (its bytes do not match its checksum)" in done.stderr
     got = saved_weights(tmp_path / "run" / "model")
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
-    record("damaged checkpoint", "train --resume", damage, True)
+    record("damaged checkpoint", "train --resume", how, True)
 
 
 def test_every_checkpoint_damaged_is_one_line(cut_run, tmp_path) -> None:

@@ -21,8 +21,8 @@ import typer
 
 from dpr_cache.cli.app import guarded
 from dpr_cache.errors import InputError
-from dpr_cache.runtime.processes import child_env
-from tests.faults.inject import record, start
+from dpr_cache.runtime.processes import child_env, rank_process
+from tests.faults.inject import freeze_rank_1, record, start
 from tests.support.cli import run_cli, toy_overrides
 from tests.support.fixtures import REPO, saved_weights
 
@@ -32,21 +32,6 @@ STEPS = 10
 def _args(tmp_path):
     sets = toy_overrides(tmp_path, **{"train.max_steps": STEPS, "train.checkpoint_every": 2})
     return ["train", "--config", "configs/toy.yaml", "-q", *sets]
-
-
-def _rank_process(agent: int, rank: int) -> int | None:
-    """The pid of rank ``rank``'s process: a child of the torchrun agent with that RANK."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().split(") ", 1)[1].split()[1])
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == agent and f"RANK={rank}".encode() in env:
-            return int(pid)
-    return None
 
 
 def test_a_dead_rank_is_named_and_the_run_resumes(tmp_path) -> None:
@@ -59,7 +44,7 @@ def test_a_dead_rank_is_named_and_the_run_resumes(tmp_path) -> None:
 
     def after_step_3() -> bool:
         if log.is_file() and log.read_text().count("\n") >= 3:
-            victim.append(_rank_process(agent.pid, 1))
+            victim.append(rank_process(agent.pid, 1))
             return victim[-1] is not None
         return False
 
@@ -98,15 +83,7 @@ def test_a_rank_that_stops_answering_is_given_up_on_at_the_timeout(tmp_path) -> 
     while not (log.is_file() and log.read_text().count("\n") >= 3):
         assert agent.poll() is None and time.monotonic() < deadline, agent.stderr.read()
         time.sleep(0.02)
-    frozen, survivor = _rank_process(agent.pid, 1), _rank_process(agent.pid, 0)
-    assert frozen and survivor
-    os.kill(frozen, signal.SIGSTOP)
-    frozen_at = time.monotonic()
-    while os.path.exists(f"/proc/{survivor}") and time.monotonic() - frozen_at < 120:
-        time.sleep(0.1)
-    gave_up_in = time.monotonic() - frozen_at
-    os.kill(frozen, signal.SIGKILL)  # what torchrun's agent would have to wait 30 s more for
-    _, err = agent.communicate(timeout=120)
+    frozen, gave_up_in, err = freeze_rank_1(agent)
     assert 15 <= gave_up_in < 15 + 30, gave_up_in
     ours = [line for line in err.splitlines() if "error: rank 0:" in line]
     assert ours and f"rank 1 (pid {frozen}, not answering) stopped" in ours[0], err[-3000:]

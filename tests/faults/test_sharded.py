@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from tests.faults.inject import digest, record, start
-from tests.faults.test_dead_rank import _rank_process
+from dpr_cache.runtime.processes import rank_process
+from tests.faults.inject import damage, digest, freeze_rank_1, record, start
 from tests.support.cli import fork_server_ready, run_cli, toy_overrides
 
 pytestmark = [
@@ -96,7 +96,7 @@ def test_a_rank_killed_is_named_and_the_run_resumes(tmp_path, unbroken, config, 
     agent = start(*_args(tmp_path, config), world=2, env={"DPR_CACHE_DIST_TIMEOUT": "600"})
     ready = _after_step(run, 3) if moment == "after step 3" else _inside_a_checkpoint(run)
     _wait(agent, ready)
-    victim = _rank_process(agent.pid, 1)
+    victim = rank_process(agent.pid, 1)
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     _, err = agent.communicate(timeout=300)
@@ -120,15 +120,7 @@ def test_a_frozen_rank_is_given_up_on_within_the_timeout(tmp_path, unbroken) -> 
     run = tmp_path / "run"
     agent = start(*_args(tmp_path), world=2, env={"DPR_CACHE_DIST_TIMEOUT": "15"})
     _wait(agent, _after_step(run, 3))
-    frozen, survivor = _rank_process(agent.pid, 1), _rank_process(agent.pid, 0)
-    assert frozen and survivor
-    os.kill(frozen, signal.SIGSTOP)
-    frozen_at = time.monotonic()
-    while os.path.exists(f"/proc/{survivor}") and time.monotonic() - frozen_at < 120:
-        time.sleep(0.1)
-    gave_up_in = time.monotonic() - frozen_at
-    os.kill(frozen, signal.SIGKILL)
-    _, err = agent.communicate(timeout=120)
+    frozen, gave_up_in, err = freeze_rank_1(agent)
     assert 15 <= gave_up_in <= 15 + 10, gave_up_in
     ours = [line for line in err.splitlines() if line.startswith("error: rank 0:")]
     assert ours and f"rank 1 (pid {frozen}, not answering) stopped" in ours[0], err[-3000:]
@@ -142,8 +134,8 @@ def test_a_frozen_rank_is_given_up_on_within_the_timeout(tmp_path, unbroken) -> 
     )
 
 
-@pytest.mark.parametrize("damage", ["truncated", "bit flipped"])
-def test_a_damaged_shard_is_passed_over(tmp_path, unbroken, damage) -> None:
+@pytest.mark.parametrize("how", ["truncated", "bit flipped"])
+def test_a_damaged_shard_is_passed_over(tmp_path, unbroken, how) -> None:
     """Rank 1's shard file of the last checkpoint damaged in a copy of the unbroken run (its
     model and its end gone): ``--resume`` names that checkpoint, takes the one before it and
     ends with the unbroken run's weights."""
@@ -152,19 +144,12 @@ def test_a_damaged_shard_is_passed_over(tmp_path, unbroken, damage) -> None:
     (tmp_path / "run" / "finished.json").unlink()
     last = tmp_path / "run" / "checkpoints" / f"step-{STEPS:08d}"
     [shard] = (last / "shards").glob("__1_*.distcp")
-    data = bytearray(shard.read_bytes())
-    if damage == "truncated":
-        data = data[: len(data) // 2]
-    else:
-        data[len(data) // 2] ^= 0x10
-    shard.write_bytes(bytes(data))
+    damage(shard, how)
     done = run_cli(*_args(tmp_path), "--resume", world=2)
     said = f"step-{STEPS:08d}: damaged (its shards do not match their checksum)"
     assert said in done.stderr, done.stderr[-3000:]
     assert _same_outputs(tmp_path / "run", unbroken["toy"])
-    record(
-        "damaged checkpoint", "train --resume, sharded (2 gloo ranks)", f"a shard {damage}", True
-    )
+    record("damaged checkpoint", "train --resume, sharded (2 gloo ranks)", f"a shard {how}", True)
 
 
 def test_a_second_run_on_a_sharded_runs_folder_is_refused(tmp_path, unbroken) -> None:
