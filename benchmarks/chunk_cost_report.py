@@ -1,5 +1,6 @@
-"""``chunk_cost.json`` as a page, ``chunk_cost.md``: the machine and the command, each engine's
-cost of a chunk (the fitted slope), its step seconds by chunk count, and a chunk's parts."""
+"""``chunk_cost.json`` as a page, ``chunk_cost.md``: the machine and the command, the engines'
+steps at equal chunk counts, each engine's cost of a chunk (the fitted slope, the tokens beside
+it), its step seconds by chunk count, and a chunk's parts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from benchmarks.machine import cpu_text
 from benchmarks.scale_report import markdown_table
 from benchmarks.synthetic_report import run_text
+from dpr_cache.core.engine import RELEASE_EVERY
 from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = ["PAGE", "markdown", "write_page"]
@@ -52,16 +54,21 @@ def _count(value: float) -> str:
 def token_lines(result: dict) -> list[str]:
     """How much the tokens an engine encodes change from the fewest chunks to the most: that
     arithmetic is in its slope too."""
-    shares = []
-    for name, e in result["engines"].items():
-        first, last = e["points"][0], e["points"][-1]
-        shares.append(f"`{name}` {last['tokens'] / first['tokens']:.2f}")
+    engines = result["engines"]
+    points = len(next(iter(engines.values()))["points"]) if engines else 0
+    shares = {n: e["points"][-1]["tokens"] / e["points"][0]["tokens"] for n, e in engines.items()}
+    falling = [f"`{n}`'s tokens fall {100 * (1 - r):.0f}%" for n, r in shares.items() if r < 1]
+    fall = (
+        f" {' and '.join(falling)} as the chunks grow, which lowers that slope." if falling else ""
+    )
     return [
-        "Tokens encoded a step (every pass, padding included), at the most chunks over the "
-        f"fewest: {', '.join(shares)}. dpr-cache re-encodes all but the last chunk of each tower"
-        " (one chunk a tower: nothing is encoded twice), and cuts each chunk to its longest row "
-        "(smaller chunks of rows ordered by length carry less padding); a slope includes the "
-        "arithmetic of the tokens that change with the chunks.",
+        f"The ± is the slope's standard error from the {points} medians ({points - 2} degrees of "
+        "freedom): a rough guide at so few points. Tokens: every pass's, padding included. "
+        "dpr-cache re-encodes all but the last chunk of each tower (one chunk a tower: nothing is "
+        "encoded twice), and cuts each chunk to its longest row (smaller chunks of rows ordered by "
+        f"length carry less padding).{fall} A slope includes the arithmetic of the tokens that "
+        "change with the chunks, so compare engines at equal chunk counts (above) before their "
+        "slopes.",
     ]
 
 
@@ -88,7 +95,59 @@ def setup_text(result: dict) -> list[str]:
         f"{1 + group} x the question chunks. Step = zero_grad + the engine's step (no optimizer);"
         f" {plan['rounds']} rounds, every engine and chunk count once a round in a shuffled "
         "order, after one warm-up step each; each point is its median over the rounds.",
+        "",
+        "dpr-cache's step is built as the trainer builds it: after every "
+        f"{RELEASE_EVERY} graph-less chunks it hands freed heap pages back to the system "
+        "(glibc's `malloc_trim`, which bounds a CPU run's resident memory); the peers do not, "
+        "and that cost is in dpr-cache's figures.",
     ]
+
+
+def equal_chunks_lines(result: dict) -> list[str]:
+    """Each engine's step at every chunk count all engines ran, and each ratio's pair over the
+    same count: what was measured, before any fit."""
+    engines = result["engines"]
+    steps = {n: {pt["chunks"]: pt["step_s"] for pt in e["points"]} for n, e in engines.items()}
+    counts = sorted(set.intersection(*(set(v) for v in steps.values()))) if steps else []
+    pairs = [(r["engine"], r["peer"]) for r in result["ratios"]]
+    rows = [
+        [
+            n,
+            *(f"{steps[e][n]:.3f}" for e in engines),
+            *(f"{steps[a][n] / steps[b][n]:.2f}" for a, b in pairs),
+        ]
+        for n in counts
+    ]
+    header = [
+        "chunks a step",
+        *(f"`{e}` s" for e in engines),
+        *(f"`{a}` / `{b}`" for a, b in pairs),
+    ]
+    return [
+        "Each engine's step (median seconds) at the same number of chunks a step, and each own "
+        "engine's step over each peer's at that count:",
+        "",
+        *markdown_table(header, rows),
+        *crossing_lines(result, counts),
+    ]
+
+
+def crossing_lines(result: dict, counts: list[int]) -> list[str]:
+    """Where each pair's fitted lines cross, and whether that lies inside the measured counts."""
+    lines = []
+    for r in result["ratios"]:
+        a, b = result["engines"][r["engine"]]["fit"], result["engines"][r["peer"]]["fit"]
+        if a["b_s"] == b["b_s"]:
+            continue
+        cross = (b["a_s"] - a["a_s"]) / (a["b_s"] - b["b_s"])
+        if cross <= 0:
+            continue
+        inside = counts and counts[0] <= cross <= counts[-1]
+        where = "inside the counts measured" if inside else "outside the counts measured"
+        lines.append(f"- `{r['engine']}` and `{r['peer']}`: near {cross:.0f} chunks, {where}")
+    if not lines:
+        return []
+    return ["", "Where the fitted lines below cross (an extrapolation where outside):", "", *lines]
 
 
 def fit_table(result: dict) -> list[str]:
@@ -98,6 +157,8 @@ def fit_table(result: dict) -> list[str]:
         f = e["fit"]
         se = f" ± {_ms(f['b_stderr_s'])}" if f["b_stderr_s"] is not None else ""
         worst = f"{100 * f['max_relative_residual']:.1f}%"
+        first, last = e["points"][0]["tokens"], e["points"][-1]["tokens"]
+        tokens = f"{first:,} → {last:,} ({last / first:.2f})"
         rows.append(
             [
                 f"`{name}`",
@@ -105,14 +166,16 @@ def fit_table(result: dict) -> list[str]:
                 f"{f['a_s']:.3f}",
                 _ms(f["residual_rms_s"]),
                 worst,
+                tokens,
             ]
         )
     header = [
         "engine",
-        "cost of a chunk b (ms)",
+        "cost of a chunk b (ms) ± its standard error",
         "fixed a (s)",
         "residual RMS (ms)",
         "largest residual",
+        "tokens a step, fewest → most chunks",
     ]
     return markdown_table(header, rows)
 
@@ -230,7 +293,11 @@ def markdown(result: dict) -> str:
         "",
         *setup_text(result),
         "",
-        "## The cost of a chunk",
+        "## The step at equal chunk counts",
+        "",
+        *equal_chunks_lines(result),
+        "",
+        "## The cost of a chunk, fitted",
         "",
         "A least-squares line, step seconds = a + b x chunks a step, over each engine's medians:",
         "",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ from benchmarks.chunk_cost import (
 )
 from benchmarks.chunk_cost_report import markdown
 from benchmarks.peers import peer_available
+from tests.support.fixtures import REPO
 
 AVAILABLE = [
     n
@@ -39,9 +41,8 @@ def test_dry_run_writes_a_fit_and_parts_for_every_engine(tmp_path, run_benchmark
     assert list(result["engines"]) == AVAILABLE
     assert result["plan"]["dry_run"] and result["plan"]["layers"] == DRY_RUN["layers"]
     for name, engine in result["engines"].items():
-        fit = engine["fit"]
-        assert fit["b_s"] == fit["b_s"] and fit["residual_rms_s"] >= 0, name  # a number
-        points = engine["points"]
+        fit, points = engine["fit"], engine["points"]
+        _assert_least_squares(fit, points, name)
         assert [p["question_chunks"] for p in points] == DRY_RUN["chunks"]
         assert all(len(p["times_s"]) == DRY_RUN["rounds"] and p["step_s"] > 0 for p in points)
         assert points[-1]["forwards"] > points[0]["forwards"] > 0  # more chunks, more forwards
@@ -122,3 +123,30 @@ def test_chunk_counts_must_divide_the_questions(tmp_path) -> None:
     plan = CostPlan(questions=6, chunks=[1, 4])
     with pytest.raises(SystemExit, match="each dividing 6"):
         run_chunk_cost(plan, ["dpr-cache"], tmp_path)
+
+
+def _assert_least_squares(fit: dict, points: list[dict], name: str) -> None:
+    """The page's line is numpy's least-squares fit of the medians, its standard error the
+    textbook one (residual variance over n - 2, over the spread of the counts), and each
+    fitted step lies on it."""
+    x = np.array([p["chunks"] for p in points], dtype=float)
+    y = np.array([p["step_s"] for p in points])
+    b, a = np.polyfit(x, y, 1)
+    assert fit["b_s"] == pytest.approx(b, rel=1e-9, abs=1e-12), name
+    assert fit["a_s"] == pytest.approx(a, rel=1e-9, abs=1e-12), name
+    residuals = y - (a + b * x)
+    if len(x) == 2:  # a line through two points has no spread to estimate
+        assert fit["b_stderr_s"] is None, name
+    else:
+        stderr = np.sqrt(residuals @ residuals / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
+        assert fit["b_stderr_s"] == pytest.approx(stderr, rel=1e-9, abs=1e-15), name
+    assert fit["residual_rms_s"] == pytest.approx(np.sqrt(np.mean(residuals**2)), rel=1e-9)
+    assert [p["fitted_s"] for p in points] == pytest.approx(list(a + b * x), rel=1e-9)
+
+
+def test_the_published_fits_are_the_least_squares_lines_of_their_medians() -> None:
+    """docs/bench/chunk_cost.json: every engine's slope, intercept and standard error as numpy
+    fits them from the medians the page lists."""
+    published = json.loads((REPO / "docs" / "bench" / "chunk_cost.json").read_text())
+    for name, engine in published["engines"].items():
+        _assert_least_squares(engine["fit"], engine["points"], name)
