@@ -51,6 +51,7 @@ def write_tower(
     ``more_prompts`` (each training source's, by name) are there for ``prompt_name=``."""
     out = Path(out)
     tower.save_pretrained(out)  # with adapters: peft's adapter_config.json and weights alone
+    _sort_target_modules(out / "adapter_config.json")
     length = max_length or getattr(tokenizer, "model_max_length", 512)
     if tokenizer is not None:
         clean_tokenizer(tokenizer).save_pretrained(out)
@@ -86,3 +87,14 @@ def write_tower(
         },
     )
     return out
+
+
+def _sort_target_modules(path: Path) -> None:
+    """peft writes ``target_modules`` from a set, in an order that changes from process to
+    process; sorted, the same adapters give the same file."""
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        _write_json(path, config)

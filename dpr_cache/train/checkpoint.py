@@ -161,13 +161,15 @@ def _save_sharded(final: Path, state: dict[str, Any], model, optimizer, env: Dis
     try:
         distributed.sharded_save(shards, partial / SHARDS)
     except (OSError, RuntimeError) as e:
-        full = out_of_space(e, partial / SHARDS)
+        full = None
+        if out_of_space(e, partial / SHARDS):  # said as every rank finds the disk, the same
+            size = _tensor_bytes(shards) + _tensor_bytes(state)  # a DTensor counts whole
+            full = DiskFull(final, size, code=getattr(e, "errno", None))
         distributed.barrier()  # every rank has looked at the disk before the folder goes
         if env.is_main:
             shutil.rmtree(partial, ignore_errors=True)
-        if full:
-            size = _tensor_bytes(shards) + _tensor_bytes(state)  # a DTensor counts whole
-            raise DiskFull(final, size, code=getattr(e, "errno", None)) from None
+        if full is not None:
+            raise full from None
         raise
     distributed.barrier()
     if env.is_main:

@@ -296,6 +296,9 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
             fold["seconds"] / 3600
         )
     costs["fused evaluations"] = hybrid_hours(out, suffix)
+    # the same parts with each run's training at the wall time its calls recorded
+    recorded = {folder: machine_hours(runs) for folder, runs in runs_of.items()}
+    wall_hours = sum(recorded.values()) + sum(h for k, h in costs.items() if k not in recorded)
     groups = scored_groups(out / "train.scored.jsonl")
     questions = bm25 or next(iter(per_q.values()), None)
     return {
@@ -312,5 +315,6 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
         "updates": updates(out, suffix, students),
         "costs": costs,
         "hours": sum(costs.values()),
+        "wall_hours": wall_hours,
         "questions": len(questions["top1"]) if questions else 0,
     }

@@ -44,7 +44,9 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
         "compilation",
         "llm",  # its figures: tests/benchmarks/test_gpu_llm.py
         "fsdp",  # its figures: tests/benchmarks/test_gpu_fsdp.py
+        "rank_faults",
     ]
+    assert sections.pop("rank_faults") == {"skipped": "needs two GPUs"}
     assert sections.pop("chunk_too_large") == {"skipped": "needs a GPU to run out of"}
     assert sections.pop("largest_full_batch") == {"skipped": "needs a GPU to fill"}
     assert sections.pop("compilation") == {"skipped": "needs a GPU (a CPU compile takes minutes)"}

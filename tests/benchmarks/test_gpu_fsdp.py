@@ -23,7 +23,7 @@ def dry_fsdp(tmp_path_factory):
 def test_the_dry_run_shards_a_tiny_bert_in_a_group_of_one(dry_fsdp):
     report, _ = dry_fsdp
     sections = report["sections"]
-    assert list(sections)[-1] == "fsdp" and report["planned"] == ["fsdp"]
+    assert list(sections)[-2:] == ["fsdp", "rank_faults"] and report["planned"] == ["fsdp"]
     fsdp = sections["fsdp"]
     assert "result" in fsdp, (fsdp.get("error"), fsdp.get("traceback"))
     r = fsdp["result"]

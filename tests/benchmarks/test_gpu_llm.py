@@ -24,7 +24,7 @@ def dry_llm(tmp_path_factory):
 def test_the_dry_run_measures_every_part_on_both_tiny_decoders(dry_llm):
     report, _ = dry_llm
     sections = report["sections"]
-    assert list(sections)[-2:] == ["llm", "fsdp"] and report["planned"] == ["llm"]
+    assert list(sections)[-3:] == ["llm", "fsdp", "rank_faults"] and report["planned"] == ["llm"]
     assert sections["exactness"] == {"skipped": "not asked for (--only), none in gpu.json"}
     llm = sections["llm"]
     assert "result" in llm, (llm.get("error"), llm.get("traceback"))

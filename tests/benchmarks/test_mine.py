@@ -4,25 +4,16 @@ projection on its page, and a peak that does not grow with the questions."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from benchmarks.mine_report import NQ_QUESTIONS, projection
-from dpr_cache.runtime.processes import child_env
+from tests.support.cli import run_benchmark
+
+TINY = {"DPR_CACHE_SCALE_TINY": "1"}  # the benchmark at toy size
 
 
 def test_tiny_rehearsal_measures_mine_and_projects_it(tmp_path) -> None:
-    env = {**child_env(), "DPR_CACHE_SCALE_TINY": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.mine",
-        "--work",
-        str(tmp_path / "w"),
-        "--out",
-        str(tmp_path / "out"),
-    ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    args = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
+    done = run_benchmark("mine", *args, env=TINY)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "mine.json").read_text())
     runs = results["small"]["runs"]
@@ -42,5 +33,5 @@ def test_tiny_rehearsal_measures_mine_and_projects_it(tmp_path) -> None:
     page = (tmp_path / "out" / "mine.md").read_text()
     assert "## Projected: 58,880 questions over 21,015,324 passages" in page
     assert "{" not in page and "passages (`dpr-cache index`" in page  # every field filled in
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    again = run_benchmark("mine", *args, env=TINY, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -191,7 +193,7 @@ def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path, run_benchmark):
     assert len(lines) == 3 * 2  # ours, ours in batch order, full B=4; two rounds each
     page = (out / "realtext.md").read_text()
     assert "| ours (gradcache) B=8 chunk 4 | 2 |" in page and "## Where the time goes" in page
-    assert json.loads((out / "realtext.json").read_text())["machine"]["flags"] is not None
+    _assert_this_machine(json.loads((out / "realtext.json").read_text())["machine"], page)
     assert "kept from earlier runs" not in page
     profile = (out / realtext.PROFILE_FILE).read_text()
     again = run_benchmark("realtext", *args, "--reuse")  # all done: nothing is run again
@@ -248,3 +250,16 @@ def test_reuse_reads_only_this_plan_rows_and_retries_failed_rounds(tmp_path, mon
     mine = next(c for c in result["configs"] if c["label"] == "ours (gradcache) B=8 chunk 4")
     assert mine["rounds"] == 2 and mine["errors"] == []  # the retried round replaced the failure
     assert "this run measured 5 of the 6 rows" in (out / "realtext.md").read_text()
+
+
+def _assert_this_machine(machine: dict, page: str) -> None:
+    """The recorded machine is this one, read here from /proc: its CPU model, every vector flag
+    it has of the kinds recorded (and none it lacks), its cores; the page names the model and
+    the flags."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    flags = next(line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags"))
+    vector = [f for f in flags if f.startswith(("avx", "fma", "amx", "sse4", "f16c"))]
+    assert machine["cpu"] == model and machine["flags"] == vector and vector
+    assert machine["cores"] == os.cpu_count()
+    assert model in page and " ".join(vector) in page

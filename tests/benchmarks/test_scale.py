@@ -4,24 +4,15 @@ it records and the page it writes, so a multi-hour run never fails on its last s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from dpr_cache.runtime.processes import child_env
+from tests.support.cli import run_benchmark
+
+TINY = {"DPR_CACHE_SCALE_TINY": "1"}  # the benchmark at toy size
 
 
 def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path) -> None:
-    env = {**child_env(), "DPR_CACHE_SCALE_TINY": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.scale",
-        "--work",
-        str(tmp_path / "w"),
-        "--out",
-        str(tmp_path / "out"),
-    ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    args = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
+    done = run_benchmark("scale", *args, env=TINY)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "scale.json").read_text())
     for step in ("vectors", "exact", "ivfpq", "hnsw", "tsv", "eval", "cleanup", "json", "tokenize"):
@@ -39,7 +30,7 @@ def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path) -> None:
     # a step measured in another session, on another machine: the page says which ran where
     results["machines"]["exact"] = {**results["machine"], "cpu": "Other CPU"}
     (tmp_path / "out" / "scale.json").write_text(json.dumps(results))
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    again = run_benchmark("scale", *args, env=TINY, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 9
     page = (tmp_path / "out" / "scale.md").read_text()
     assert "ran on different machines" in page and "| exact | Other CPU" in page

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dpr_cache.runtime.processes import child_env
+from tests.support.cli import bm25_args
 from tests.support.fixtures import REPO, TOY
 
 HEAVY = ("torch", "transformers", "faiss")
@@ -168,17 +169,7 @@ def _commands(tmp_path: Path) -> dict[str, list[str]]:
             "--out",
             str(tmp_path / "out.jsonl"),
         ],
-        "score": [
-            "score",
-            "--teacher",
-            "bm25",
-            "--passages",
-            str(TOY / "passages.tsv"),
-            "--train",
-            str(TOY / "train.jsonl"),
-            "--out",
-            str(tmp_path / "out.jsonl"),
-        ],
+        "score": bm25_args("score", tmp_path / "out.jsonl"),
     }
 
 

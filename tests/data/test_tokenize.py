@@ -31,9 +31,9 @@ def _rows(inputs: dict[str, torch.Tensor]) -> list[list[int]]:
     return [ids[mask.bool()].tolist() for ids, mask in pairs]
 
 
-def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
-    """A passage in a training batch and the same passage encoded for the index: same ids."""
-    batch = build_batch(
+def _step_batch(tok, examples):
+    """The training batch of ``examples``: one hard negative, passages cut at 48 tokens."""
+    return build_batch(
         examples,
         tokenizer=tok,
         hard_negatives=1,
@@ -42,6 +42,11 @@ def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
         seed=0,
         epoch=0,
     )
+
+
+def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
+    """A passage in a training batch and the same passage encoded for the index: same ids."""
+    batch = _step_batch(tok, examples)
     ctxs = [e["positive_ctxs"][0] for e in examples]  # each group's first row
     indexed = tokenize_passages(tok, [c["title"] for c in ctxs], [c["text"] for c in ctxs], 48)
     trained = _rows(batch.p_inputs)[:: batch.group_size]
@@ -59,15 +64,7 @@ def test_training_and_indexing_give_identical_ids(tok, examples) -> None:
 
 def test_a_training_batch_equals_the_tokenizers_padded_batch(tok, examples) -> None:
     """Every tensor of a step's passages, padding included, as the tokenizer pads them."""
-    batch = build_batch(
-        examples,
-        tokenizer=tok,
-        hard_negatives=1,
-        max_query_length=32,
-        max_passage_length=48,
-        seed=0,
-        epoch=0,
-    )
+    batch = _step_batch(tok, examples)
     ids = batch.p_inputs["input_ids"].tolist()
     ctxs = []
     for e in examples:  # recover the chosen contexts by their encodings

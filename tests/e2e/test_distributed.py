@@ -104,17 +104,30 @@ def max_relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tenso
     return max((got[k] - want[k]).abs().max().item() for k in want) / scale
 
 
-@pytest.mark.parametrize("case", PARITY, ids=[c["name"] for c in PARITY])
-def test_two_ranks_give_the_single_process_gradient(spawned, case):
-    per_rank = results(spawned, case)
+def assert_synced_once(per_rank: list[dict]) -> None:
+    """Every rank's DDP hook saw each parameter once a step (one all-reduce)."""
+    for result in per_rank:
+        for step in result["steps"]:
+            assert all(set(s["params"].values()) == {1} for s in step["syncs"])
+
+
+def assert_every_step(per_rank: list[dict], name: str, reference, bound: float) -> None:
+    """At every step the ranks' mean loss is ``reference(step)``'s and each rank's gradient is
+    within ``bound`` (relative) of its gradient."""
     for step in range(w.STEPS):
-        want_loss, want = reference(case["shared"], step)
+        want_loss, want = reference(step)
         losses = [r["steps"][step]["loss"] for r in per_rank]
         assert sum(losses) / WORLD == pytest.approx(want_loss, rel=1e-12)
         for rank, result in enumerate(per_rank):
             err = max_relative_error(result["steps"][step]["grads"], want)
-            print(f"{case['name']} step {step} rank {rank}: max relative error {err:.2e}")
-            assert err < 1e-6
+            print(f"{name} step {step} rank {rank}: max relative error {err:.2e}")
+            assert err <= bound
+
+
+@pytest.mark.parametrize("case", PARITY, ids=[c["name"] for c in PARITY])
+def test_two_ranks_give_the_single_process_gradient(spawned, case):
+    reference_at = functools.partial(reference, case["shared"])
+    assert_every_step(results(spawned, case), case["name"], reference_at, 1e-6)
 
 
 @pytest.mark.parametrize("case", PARITY + ACCUMULATE, ids=[c["name"] for c in PARITY + ACCUMULATE])
@@ -227,15 +240,9 @@ def distill_reference(case_name: str, step: int) -> tuple[float, dict[str, torch
 @pytest.mark.parametrize("case", DISTILL, ids=[c["name"] for c in DISTILL])
 def test_two_ranks_give_the_single_process_gradient_with_distillation(spawned_distill, case):
     per_rank = results(spawned_distill, case)
-    for step in range(w.STEPS):
-        want_loss, want = distill_reference(case["name"], step)
-        losses = [r["steps"][step]["loss"] for r in per_rank]
-        assert sum(losses) / WORLD == pytest.approx(want_loss, rel=1e-12)
-        for rank, result in enumerate(per_rank):
-            err = max_relative_error(result["steps"][step]["grads"], want)
-            print(f"{case['name']} step {step} rank {rank}: max relative error {err:.2e}")
-            assert err < 1e-6
-            assert all(set(s["params"].values()) == {1} for s in result["steps"][step]["syncs"])
+    reference_at = functools.partial(distill_reference, case["name"])
+    assert_every_step(per_rank, case["name"], reference_at, 1e-6)
+    assert_synced_once(per_rank)
 
 
 def test_negative_control_distillation_with_another_rank_s_teacher_is_wrong(spawned_distill):
@@ -335,13 +342,9 @@ def options_reference(case_name: str, step: int) -> tuple[float, dict[str, torch
 @pytest.mark.parametrize("case", OPTIONS, ids=[c["name"] for c in OPTIONS])
 def test_two_ranks_give_the_single_process_gradient_for_every_loss_option(spawned_options, case):
     per_rank = results(spawned_options, case)
-    for step in range(w.STEPS):
-        want_loss, want = options_reference(case["name"], step)
-        losses = [r["steps"][step]["loss"] for r in per_rank]
-        assert sum(losses) / WORLD == pytest.approx(want_loss, rel=1e-12)
-        for result in per_rank:
-            assert max_relative_error(result["steps"][step]["grads"], want) <= 1e-10
-            assert all(set(s["params"].values()) == {1} for s in result["steps"][step]["syncs"])
+    reference_at = functools.partial(options_reference, case["name"])
+    assert_every_step(per_rank, case["name"], reference_at, 1e-10)
+    assert_synced_once(per_rank)
 
 
 def test_every_global_batch_is_full_so_no_rank_waits_alone():

@@ -7,6 +7,7 @@ contradicts how the index encoded is refused as a ``--set`` is."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,14 +28,8 @@ def test_index_and_eval_encode_in_their_own_precision(tmp_path) -> None:
         asked = {"index.precision": precision, "eval.precision": precision}
         if precision == "auto":
             asked = {}  # the default
-        args = [
-            "--config",
-            "configs/toy.yaml",
-            "--model",
-            TINY,
-            "-q",
-            *toy_overrides(tmp_path / precision, **asked),
-        ]
+        args = ["--config", "configs/toy.yaml", "--model", TINY, "-q"]
+        args += toy_overrides(tmp_path / precision, **asked)
         run_cli("index", *args)
         run_cli("eval", *args)
         out = tmp_path / precision / "run"
@@ -65,29 +60,9 @@ def test_train_keys_are_train_own(tmp_path) -> None:
                 f"error: {key.split('=')[0]}: {command} encodes on {command}.{name}; set that "
                 "instead"
             )
-    noted = run_cli(
-        "index",
-        "--config",
-        "configs/nq_bs512.yaml",
-        "--model",
-        TINY,
-        "-q",
-        *toy_overrides(
-            tmp_path / "nq", **{"data.passages": TOY / "passages.tsv", "index.precision": "auto"}
-        ),
-    )
+    noted = _index_nq_config(tmp_path, "auto")
     assert "note: index encodes with index.precision: auto (train.precision: fp16" in noted.stderr
-    unnoted = run_cli(
-        "index",
-        "--config",
-        "configs/nq_bs512.yaml",
-        "--model",
-        TINY,
-        "-q",
-        *toy_overrides(
-            tmp_path / "nq", **{"data.passages": TOY / "passages.tsv", "index.precision": "fp32"}
-        ),
-    )
+    unnoted = _index_nq_config(tmp_path, "fp32")
     assert "note:" not in unnoted.stderr  # index.precision set apart from its default
 
 
@@ -168,3 +143,11 @@ def test_a_yaml_key_that_contradicts_the_index_is_the_set_error(tmp_path) -> Non
         "or rerun `dpr-cache index`"
     ]
     run_cli("eval", "--config", str(agreeing), *args)
+
+
+def _index_nq_config(tmp_path: Path, precision: str):
+    """``index`` under configs/nq_bs512.yaml (train.precision fp16) of the toy passages by the
+    tiny BERT, at ``index.precision``: the finished process."""
+    sets = {"data.passages": TOY / "passages.tsv", "index.precision": precision}
+    args = ["--config", "configs/nq_bs512.yaml", "--model", TINY, "-q"]
+    return run_cli("index", *args, *toy_overrides(tmp_path / "nq", **sets))

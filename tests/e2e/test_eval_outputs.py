@@ -97,6 +97,7 @@ def test_pyserini_form_holds_the_run_and_dpr_judgments(evaluated: Path) -> None:
     for k in (1, 5, 20, 100):
         hits = [any(c["has_answer"] for c in e["contexts"][:k]) for e in theirs.values()]
         assert 100 * np.mean(hits) == pytest.approx(metrics[f"top{k}"], abs=0.006)
+    _assert_ir_measures_success(theirs, evaluated / "run.trec", metrics)
     try:  # pyserini itself, when installed
         from pyserini.eval.evaluate_dpr_retrieval import evaluate_retrieval
     except ImportError:
@@ -110,6 +111,26 @@ def test_pyserini_form_holds_the_run_and_dpr_judgments(evaluated: Path) -> None:
     for line in printed.getvalue().splitlines():
         k, value = line.split("\taccuracy: ")
         assert 100 * float(value) == pytest.approx(metrics[k.lower()], abs=0.006)
+
+
+def _assert_ir_measures_success(theirs: dict, run_file: Path, metrics: dict) -> None:
+    """ir-measures' Success@k over the TREC run, with the answer-bearing passages as relevant
+    (every question judged, an unanswered one by a passage no run holds): the top-k accuracy
+    that metrics.json reports, as pyserini's evaluate_dpr_retrieval computes it."""
+    import ir_measures
+    from ir_measures import Success
+
+    qrels = [ir_measures.Qrel(qid, "no passage", 0) for qid in theirs]
+    qrels += [
+        ir_measures.Qrel(qid, c["docid"], 1)
+        for qid, entry in theirs.items()
+        for c in entry["contexts"]
+        if c["has_answer"]
+    ]
+    run = list(ir_measures.read_trec_run(str(run_file)))
+    found = ir_measures.calc_aggregate([Success @ k for k in (1, 5, 20, 100)], qrels, run)
+    for k in (1, 5, 20, 100):
+        assert 100 * found[Success @ k] == pytest.approx(metrics[f"top{k}"], abs=0.006), k
 
 
 def test_overrides_that_contradict_the_index(tmp_path: Path) -> None:
@@ -187,16 +208,8 @@ def test_squad_directly_and_through_beir_give_the_same_numbers(tmp_path: Path) -
         ),
     ):
         sets = toy_overrides(tmp_path / name, **{f"data.{k}": v for k, v in data.items()})
-        args = [
-            "--config",
-            "configs/toy.yaml",
-            "--model",
-            TINY,
-            "-q",
-            *sets,
-            "--set",
-            "model.max_passage_length=64",
-        ]
+        args = ["--config", "configs/toy.yaml", "--model", TINY, "-q", *sets]
+        args += ["--set", "model.max_passage_length=64"]
         run_cli("index", *args)
         run_cli("eval", *args)
         results.append(_metrics(tmp_path / name / "run" / "eval" / "metrics.json"))

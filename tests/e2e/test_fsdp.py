@@ -2,8 +2,7 @@
 the first step's gradient and the weights after three AdamW steps, in float64; negative controls
 that break the cross-rank gradient or the sync; a run cut by a checkpoint and resumed on another
 number of ranks or sharding (2 -> 3, 3 -> 2, 2 -> 1 unsharded, 1 unsharded -> 3) against the
-unbroken run, in float64; ``train --set train.shard=fsdp`` under torchrun (checkpoints, resume on
-the same and on another world size, the saved model) against the same run under DDP.
+unbroken run, in float64. The command line's sharded runs: ``tests/e2e/test_fsdp_cli.py``.
 
 Each world size's cases run in one spawned process group (``fsdp_cases.main``).
 """
@@ -12,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +22,6 @@ from dpr_cache.runtime import distributed
 from dpr_cache.runtime.distributed import DistEnv
 from dpr_cache.train.checkpoint import sharded_state
 from tests.support import fsdp_cases as w
-from tests.support.cli import run_cli
-from tests.support.fixtures import saved_weights
 from tests.support.ranks import spawn_ranks
 
 pytestmark = [
@@ -241,113 +236,3 @@ def test_resuming_without_the_checkpoints_moments_is_caught(resumed):
     w.run_steps(case, model, stepper, optimizer, DistEnv(), range(w.CUT, w.STEPS), {})
     got = w.whole((n, p) for n, p in model.named_parameters() if p.requires_grad)
     assert _relative_gap(got, _reference(RESUMED[name][0])["weights"]) > 1e-4
-
-
-def _train(out: Path, world: int, *extra: str, flags: tuple[str, ...] = (), check: bool = True):
-    """``train`` of the toy config under torchrun, dropout on (replayed by GradCache and carried
-    over a resume). Adam's eps is raised as in ``test_distributed``: the passage tower's last
-    LayerNorm bias has a gradient of pure rounding noise, which Adam at eps 1e-8 turns into a
-    step of about lr whatever its size."""
-    args = ["train", "-c", "configs/toy.yaml", *flags, "--set", f"output_dir={out}"]
-    for item in (
-        "train.device=cpu",
-        "train.batch_size=16",
-        "train.chunk_size=4",
-        "train.max_steps=4",
-        "train.checkpoint_every=2",
-        "train.adam_eps=1e-4",
-        "model.dropout=0.1",
-        f"data.cache_dir={out.parent / 'cache'}",
-        *extra,
-    ):
-        args += ["--set", item]
-    return run_cli(*args, "-q", world=world, check=check)
-
-
-@pytest.fixture(scope="module")
-def cli_runs(tmp_path_factory) -> Path:
-    """``train`` under torchrun at 2 ranks, under DDP and sharded (FSDP)."""
-    root = tmp_path_factory.mktemp("fsdp-cli")
-    _train(root / "ddp", 2)
-    _train(root / "fsdp", 2, "train.shard=fsdp")
-    return root
-
-
-def test_torchrun_fsdp_trains_the_ddp_model(cli_runs):
-    ddp = saved_weights(cli_runs / "ddp" / "model")
-    fsdp = saved_weights(cli_runs / "fsdp" / "model")
-    assert fsdp.keys() == ddp.keys()  # the same folder, gathered whole
-    for name, tensor in ddp.items():  # fp32: the reductions' order differs from DDP's
-        torch.testing.assert_close(fsdp[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
-    shards = sorted((cli_runs / "fsdp" / "checkpoints").glob("step-*/shards/*.distcp"))
-    assert len(shards) == 2 * 2  # two checkpoints kept, a file from each rank
-
-
-def test_torchrun_fsdp_resumes_bit_exactly(cli_runs):
-    """Drop the last checkpoint and the model; resume from step 2 on 2 ranks."""
-    out = cli_runs / "resumed"
-    shutil.copytree(cli_runs / "fsdp", out)
-    shutil.rmtree(out / "checkpoints" / "step-00000004")
-    shutil.rmtree(out / "model")
-    _train(out, 2, "train.shard=fsdp", flags=("--resume",))
-    resumed, whole = saved_weights(out / "model"), saved_weights(cli_runs / "fsdp" / "model")
-    for name, tensor in whole.items():
-        assert torch.equal(resumed[name], tensor), name
-
-
-UNDROPPED = ("train.batch_size=12", "model.dropout=0.0")  # 6 a rank at 2 ranks, 4 at 3
-
-
-def _cut_at_two(run: Path, out: Path) -> Path:
-    """A copy of a finished 4-step run as it was after step 2: its last checkpoint and its
-    model gone."""
-    shutil.copytree(run, out)
-    shutil.rmtree(out / "checkpoints" / "step-00000004")
-    shutil.rmtree(out / "model")
-    return out
-
-
-@pytest.fixture(scope="module")
-def world_runs(tmp_path_factory) -> Path:
-    """Unbroken 2-rank runs, sharded and under DDP, dropout off (the dropout of ranks that
-    changed number cannot be replayed)."""
-    root = tmp_path_factory.mktemp("fsdp-world")
-    _train(root / "fsdp", 2, "train.shard=fsdp", *UNDROPPED)
-    _train(root / "ddp", 2, *UNDROPPED)
-    return root
-
-
-@pytest.mark.parametrize(
-    "saved, world, shard",
-    [("fsdp", 3, "fsdp"), ("fsdp", 1, "none"), ("ddp", 3, "fsdp")],
-    ids=["fsdp-2-to-fsdp-3", "fsdp-2-to-one-process", "ddp-2-to-fsdp-3"],
-)
-def test_torchrun_resumes_on_another_world_size(world_runs, tmp_path, saved, world, shard):
-    """Cut after step 2, resumed on another number of ranks (or sharding): the model the
-    unbroken run trained, to fp32's rounding over another order of reductions."""
-    out = _cut_at_two(world_runs / saved, tmp_path / "run")
-    result = _train(out, world, f"train.shard={shard}", *UNDROPPED, flags=("--resume",))
-    said = f"step-00000002: saved on 2 ranks, {'sharded' if saved == 'fsdp' else 'unsharded'}"
-    assert said in result.stderr, result.stderr[-2000:]
-    got, want = saved_weights(out / "model"), saved_weights(world_runs / saved / "model")
-    assert got.keys() == want.keys()
-    for name, tensor in want.items():
-        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
-    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == [1, 2, 3, 4]
-
-
-@pytest.mark.parametrize("config", ["configs/toy.yaml", "configs/toy_llm.yaml"])
-def test_verify_under_torchrun_with_sharded_towers(config):
-    """``verify`` with train.shard fsdp: GradCache over towers sharded on 2 ranks, each on its
-    slice of the batch, against one rank's unsharded full batch, in float64."""
-    sets = ["train.shard=fsdp", "train.device=cpu", "train.batch_size=8", "train.chunk_size=3"]
-    args = ["verify", "-c", config, "--double"]
-    for item in sets:
-        args += ["--set", item]
-    result = run_cli(*args, world=2)
-    lines = [line.strip() for line in result.stdout.splitlines()]
-    assert "towers: sharded over 2 rank(s) (FSDP2, sync per step)" in lines, result.stdout
-    assert sum(line.startswith("verdict:") for line in lines) == 1  # rank 0 alone reports
-    gap = next(line for line in lines if line.startswith("max relative grad difference"))
-    assert float(gap.split(":")[1].split()[0]) <= 1e-10, gap

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import HOME_CACHES
-from tests.support.cli import run_cli_env, toy_overrides
-from tests.support.fixtures import TOY
+from tests.support.cli import bm25_args, run_cli_env, toy_overrides
 
 
 def _commands(tmp_path: Path) -> list[list[str]]:
@@ -20,18 +19,7 @@ def _commands(tmp_path: Path) -> list[list[str]]:
     return [
         ["train", "--config", "configs/toy.yaml", *sets, "-q"],
         ["index", "--config", "configs/toy.yaml", "--set", f"output_dir={tmp_path / 'run'}", "-q"],
-        [
-            "mine",
-            "--ranker",
-            "bm25",
-            "--passages",
-            str(TOY / "passages.tsv"),
-            "--train",
-            str(TOY / "train.jsonl"),
-            "--out",
-            str(tmp_path / "bm25.jsonl"),
-            "-q",
-        ],
+        bm25_args("mine", tmp_path / "bm25.jsonl", "-q"),
     ]
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
 from dpr_cache.retrieval.metrics import read_qrels
-from tests.support.cli import run_cli, toy_overrides
+from tests.support.cli import encode_args, run_cli, toy_overrides
 from tests.support.fixtures import REPO, TOY
 
 TINY = str(TOY / "tiny-bert")
@@ -32,23 +32,15 @@ def _run(path: Path) -> dict[str, list[tuple[str, float]]]:
     return out
 
 
+def _encode_passages(out: Path, cache: Path, *flags: str) -> None:
+    """``encode`` of the toy passages by the tiny BERT into ``out``."""
+    run_cli(*encode_args(TINY, out, "--cache-dir", str(cache), *flags, "-q"))
+
+
 @pytest.fixture(scope="module")
 def encoded(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("vectors")
-    run_cli(
-        "encode",
-        "--model",
-        TINY,
-        "--passages",
-        str(TOY / "passages.tsv"),
-        "--out",
-        str(root / "p"),
-        "--cache-dir",
-        str(root / "cache"),
-        "--shard-size",
-        "100",
-        "-q",
-    )
+    _encode_passages(root / "p", root / "cache", "--shard-size", "100")
     run_cli(
         "encode", "--model", TINY, "--questions", str(TOY / "dev.qa.tsv"), "--out", str(root / "q")
     )
@@ -134,22 +126,7 @@ def test_an_index_of_precomputed_vectors_evaluates_like_an_encoded_one(encoded, 
     encoded_pids = _run_pids(tmp_path / "run" / "eval" / "run.trec")
     shutil.rmtree(tmp_path / "run" / "index")
     # the same vectors, written by `encode` (as toy.yaml encodes) with no record of the TSV
-    run_cli(
-        "encode",
-        "--model",
-        TINY,
-        "--passages",
-        str(TOY / "passages.tsv"),
-        "--out",
-        str(tmp_path / "p"),
-        "--cache-dir",
-        str(encoded / "cache"),
-        "--pooling",
-        "mean",
-        "--max-length",
-        "128",
-        "-q",
-    )
+    _encode_passages(tmp_path / "p", encoded / "cache", "--pooling", "mean", "--max-length", "128")
     run_cli(
         "index", "--embeddings", f"{tmp_path / 'p'}/*.npy", "--out", str(tmp_path / "run" / "index")
     )
@@ -222,18 +199,7 @@ def test_bad_input_is_one_line(encoded: Path, tmp_path: Path) -> None:
         "64-d",
     )
     _expect_error(
-        run_cli(
-            "search",
-            "--index",
-            str(tmp_path / "i"),
-            "--query-embeddings",
-            str(encoded / "q" / "questions.npy"),
-            "--memory-gb",
-            "0.05",
-            "--out",
-            str(tmp_path / "r.trec"),
-            check=False,
-        ),
+        _search_refused(tmp_path, encoded, "--memory-gb", "0.05"),
         "a memory budget of 0.05 GB is too small",
         "give --memory-gb",
     )
@@ -257,16 +223,7 @@ def test_bad_input_is_one_line(encoded: Path, tmp_path: Path) -> None:
     shard = next(mixed.glob("*-00001.npy"))
     shard.unlink()  # a shard the index recorded is gone
     _expect_error(
-        run_cli(
-            "search",
-            "--index",
-            str(tmp_path / "i"),
-            "--query-embeddings",
-            str(encoded / "q" / "questions.npy"),
-            "--out",
-            str(tmp_path / "r.trec"),
-            check=False,
-        ),
+        _search_refused(tmp_path, encoded),
         shard.name,
         "no such shard",
     )
@@ -356,6 +313,16 @@ def test_a_beir_run_is_named_as_its_qrels(tmp_path: Path) -> None:
         str(tmp_path / "q"),
     )
     assert (tmp_path / "q" / "questions.ids.txt").read_text().splitlines() == ids
+
+
+def _search_refused(tmp_path: Path, encoded: Path, *flags: str):
+    """``search`` of the encoded questions in ``tmp_path/i`` into ``tmp_path/r.trec``, expected
+    to fail: the finished process."""
+    queries = str(encoded / "q" / "questions.npy")
+    index, out = str(tmp_path / "i"), str(tmp_path / "r.trec")
+    return run_cli(
+        "search", "--index", index, "--query-embeddings", queries, *flags, "--out", out, check=False
+    )
 
 
 def test_what_would_destroy_an_input_or_give_an_empty_run_is_refused(encoded, tmp_path) -> None:

@@ -45,22 +45,18 @@ def _one_line(done, name: str) -> str:
     return line
 
 
+def _encode_args(tmp_path: Path, shard_size: int) -> list[str]:
+    """``encode`` of the toy passages by the tiny BERT in float32 shards of ``shard_size``
+    (``--out`` to add)."""
+    model, passages = str(TOY / "tiny-bert"), str(TOY / "passages.tsv")
+    flags = ["--shard-size", str(shard_size), "--store-dtype", "float32"]
+    cache = ["--cache-dir", str(tmp_path / "cache"), "-q"]
+    return ["encode", "--model", model, "--passages", passages, *flags, *cache]
+
+
 def test_encode_stops_on_a_full_disk_and_resumes_with_room(tmp_path, small_disk) -> None:
     disk, resize = small_disk
-    args = [
-        "encode",
-        "--model",
-        str(TOY / "tiny-bert"),
-        "--passages",
-        str(TOY / "passages.tsv"),
-        "--shard-size",
-        "40",
-        "--store-dtype",
-        "float32",
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "-q",
-    ]
+    args = _encode_args(tmp_path, 40)
     run_cli(*args, "--out", str(tmp_path / "whole"))
     want = digest(tmp_path / "whole")
     done = run_cli(*args, "--out", str(disk / "vecs"), check=False)
@@ -132,20 +128,7 @@ def test_the_message_names_a_size_a_person_reads(tmp_path) -> None:
 def test_encode_stops_at_a_file_size_limit_and_resumes_without_it(tmp_path) -> None:
     """RLIMIT_FSIZE below one shard's size: encode stops at its first shard with one line naming
     the file and the limit (EFBIG, not a full disk); without the limit the rerun ends whole."""
-    args = [
-        "encode",
-        "--model",
-        str(TOY / "tiny-bert"),
-        "--passages",
-        str(TOY / "passages.tsv"),
-        "--shard-size",
-        "100",
-        "--store-dtype",
-        "float32",
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "-q",
-    ]
+    args = _encode_args(tmp_path, 100)
     run_cli(*args, "--out", str(tmp_path / "whole"))  # also fills the Arrow cache
     want = digest(tmp_path / "whole")
     shard = max(p.stat().st_size for p in (tmp_path / "whole").glob("*.npy"))

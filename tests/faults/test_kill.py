@@ -21,7 +21,7 @@ from tests.faults.inject import (
     record,
     start,
 )
-from tests.support.cli import run_cli, toy_overrides
+from tests.support.cli import encode_args, run_cli, toy_overrides
 from tests.support.fixtures import TOY
 
 SEED = 2026
@@ -107,20 +107,8 @@ def test_train_killed_at_seeded_steps_and_inside_a_checkpoint(tmp_path) -> None:
 
 def test_encode_killed_while_writing_shards(tmp_path, model) -> None:
     out = tmp_path / "vecs"
-    args = [
-        "encode",
-        "--model",
-        str(model),
-        "--passages",
-        str(TOY / "passages.tsv"),
-        "--out",
-        str(out),
-        "--shard-size",
-        "40",
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "-q",
-    ]
+    cache = ["--cache-dir", str(tmp_path / "cache"), "-q"]
+    args = encode_args(model, out, "--shard-size", "40", *cache)
     _inject("encode", args, out, _fractions(2))
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.inject import kill_when, record, start
-from tests.support.cli import fork_server_ready, run_cli, toy_overrides
+from tests.support.cli import bm25_args, encode_args, fork_server_ready, run_cli, toy_overrides
 from tests.support.fixtures import TOY
 
 
@@ -81,16 +81,7 @@ def test_a_command_into_an_output_another_process_writes_is_refused(
     to_file = command in ("mine", "score")
     out = tmp_path / ("mined.jsonl" if to_file else "out")
     args = {
-        "encode": [
-            "encode",
-            "--model",
-            str(model),
-            "--passages",
-            str(TOY / "passages.tsv"),
-            "--out",
-            str(out),
-            *cache,
-        ],
+        "encode": encode_args(model, out, *cache),
         "index": [
             "index",
             "--embeddings",
@@ -114,18 +105,7 @@ def test_a_command_into_an_output_another_process_writes_is_refused(
             "10",
             *cache,
         ],
-        "score": [
-            "score",
-            "--teacher",
-            "bm25",
-            "--passages",
-            str(TOY / "passages.tsv"),
-            "--train",
-            str(TOY / "train.jsonl"),
-            "--out",
-            str(out),
-            *cache,
-        ],
+        "score": bm25_args("score", out, *cache),
     }[command]
     holder = _hold(out, is_file=to_file)
     second = run_cli(*args, "-q", check=False)

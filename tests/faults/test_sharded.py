@@ -50,17 +50,15 @@ def unbroken(tmp_path_factory) -> dict[str, Path]:
     return {config: root / config / "run" for config in CONFIGS}
 
 
-def _same_outputs(run: Path, want: Path) -> bool:
+def assert_same_outputs(run: Path, want: Path) -> None:
     """Every output of ``run`` (the model, the log, the plots, the finished record: checkpoints,
     times and measurements aside) byte for byte the unbroken run's, its saved config but for
     the folder it names."""
     got, whole = digest(run), digest(want)
+    differ = sorted(k for k in got.keys() | whole.keys() if got.get(k) != whole.get(k))
+    assert set(differ) <= {"config.yaml"}, differ
     config = (run / "config.yaml").read_text().replace(str(run.parent), str(want.parent))
-    return (
-        got.keys() == whole.keys()
-        and all(got[k] == whole[k] for k in whole if k != "config.yaml")
-        and config == (want / "config.yaml").read_text()
-    )
+    assert config == (want / "config.yaml").read_text()
 
 
 def _wait(agent: subprocess.Popen, ready, timeout: float = 300) -> None:
@@ -83,7 +81,7 @@ def _inside_a_checkpoint(run: Path):
 def _resumed(tmp_path: Path, config: str, want: Path) -> None:
     """``--resume`` on 2 ranks ends with the unbroken run's outputs, no partial folder left."""
     run_cli(*_args(tmp_path, config), "--resume", world=2)
-    assert _same_outputs(tmp_path / "run", want)
+    assert_same_outputs(tmp_path / "run", want)
     assert not list((tmp_path / "run" / "checkpoints").glob(".*"))
 
 
@@ -148,7 +146,7 @@ def test_a_damaged_shard_is_passed_over(tmp_path, unbroken, how) -> None:
     done = run_cli(*_args(tmp_path), "--resume", world=2)
     said = f"step-{STEPS:08d}: damaged (its shards do not match their checksum)"
     assert said in done.stderr, done.stderr[-3000:]
-    assert _same_outputs(tmp_path / "run", unbroken["toy"])
+    assert_same_outputs(tmp_path / "run", unbroken["toy"])
     record("damaged checkpoint", "train --resume, sharded (2 gloo ranks)", f"a shard {how}", True)
 
 
@@ -163,5 +161,5 @@ def test_a_second_run_on_a_sharded_runs_folder_is_refused(tmp_path, unbroken) ->
     said = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and "in use by pid" in said[0], second.stderr[-3000:]
     assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
-    assert _same_outputs(tmp_path / "run", unbroken["toy"])
+    assert_same_outputs(tmp_path / "run", unbroken["toy"])
     record("two commands, one folder", "train, sharded (2 gloo ranks)", "a second run", True)

@@ -48,19 +48,18 @@ def _close(a: np.ndarray, b: np.ndarray) -> None:
     np.testing.assert_allclose(np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1), atol=1e-4)
 
 
+def _passage_vectors(model) -> np.ndarray:
+    """``model``'s vectors of :data:`PASSAGES`, at 24 tokens."""
+    titles, texts = [t for t, _ in PASSAGES], [x for _, x in PASSAGES]
+    return encode_passage_texts(model, titles, texts, max_length=24, batch_size=8, device=CPU)
+
+
 @pytest.mark.parametrize(("pooling", "normalize"), [("cls", False), ("mean", True)])
 def test_sentence_transformers_gives_our_vectors(tmp_path: Path, pooling, normalize) -> None:
     model = _trained_like(pooling, normalize)
     model.save_pretrained(tmp_path / "m")
     ours_q = encode_question_texts(model, QUESTIONS, max_length=16, device=CPU)
-    ours_p = encode_passage_texts(
-        model,
-        [t for t, _ in PASSAGES],
-        [x for _, x in PASSAGES],
-        max_length=24,
-        batch_size=8,
-        device=CPU,
-    )
+    ours_p = _passage_vectors(model)
     q_st = st.SentenceTransformer(str(tmp_path / "m" / "query_encoder"), device="cpu")
     p_st = st.SentenceTransformer(str(tmp_path / "m" / "passage_encoder"), device="cpu")
     _close(q_st.encode(QUESTIONS), ours_q)
@@ -142,14 +141,7 @@ def test_hf_dpr_export_gives_our_vectors_and_imports_back(tmp_path: Path) -> Non
         )
         c_out = c(**p_in).pooler_output.numpy()
     ours_q = encode_question_texts(model, QUESTIONS, max_length=64, device=CPU)
-    ours_p = encode_passage_texts(
-        model,
-        [t for t, _ in PASSAGES],
-        [x for _, x in PASSAGES],
-        max_length=24,
-        batch_size=8,
-        device=CPU,
-    )
+    ours_p = _passage_vectors(model)
     np.testing.assert_allclose(q_out, ours_q, atol=1e-5)
     np.testing.assert_allclose(c_out, ours_p, atol=1e-5)
     back = load_biencoder(tmp_path / "dpr").eval()  # each tower loaded as the right one
@@ -157,14 +149,7 @@ def test_hf_dpr_export_gives_our_vectors_and_imports_back(tmp_path: Path) -> Non
     np.testing.assert_allclose(
         encode_question_texts(back, QUESTIONS, max_length=64, device=CPU), ours_q, atol=1e-5
     )
-    back_p = encode_passage_texts(
-        back,
-        [t for t, _ in PASSAGES],
-        [x for _, x in PASSAGES],
-        max_length=24,
-        batch_size=8,
-        device=CPU,
-    )
+    back_p = _passage_vectors(back)
     np.testing.assert_allclose(back_p, ours_p, atol=1e-5)
     with pytest.raises(InputError, match="a lone DPRContextEncoder"):
         load_biencoder(tmp_path / "dpr" / "ctx_encoder")

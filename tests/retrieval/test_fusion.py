@@ -182,16 +182,14 @@ def test_a_bm25_run_fuses_like_bm25_built_here(toy_run) -> None:
         "eval.fusion_depth=30",
     )
     assert _run(from_run) == _run(built)
-    bad = run_cli(
-        "eval",
-        *args,
-        "--set",
-        "eval.fusion=linear",
-        "--set",
-        f"eval.bm25_run={search}",
-        check=False,
-    )
+    bad = _eval_refused(args, "eval.fusion=linear", f"eval.bm25_run={search}")
     assert bad.returncode == 2 and "use rrf with a run" in bad.stderr
+
+
+def _eval_refused(args: list[str], *settings: str):
+    """``eval`` with each ``key=value`` of ``settings`` set, expected to fail: the process."""
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    return run_cli("eval", *args, *sets, check=False)
 
 
 def _tuned(root: Path, args: list[str], out: Path, tune: Path, *extra: str) -> dict:
@@ -249,32 +247,21 @@ def test_an_auto_weight_is_the_best_of_its_grid_on_held_out_questions(toy_run) -
         assert record["grid"][weight] == pytest.approx(
             _mrr_at(root, args, held_out, weight), abs=0.01
         )
-    same = run_cli(
-        "eval",
-        *args,
-        "--set",
+    same = _eval_refused(
+        args,
         "eval.fusion=linear",
-        "--set",
         "eval.fusion_weight=auto",
-        "--set",
         f"eval.fusion_tune_qa={TOY / 'dev.qa.tsv'}",
-        check=False,
     )
     assert same.returncode == 2 and "not held out" in same.stderr
     no_answers = root / "bare.qa.tsv"
     no_answers.write_text("".join(f"{r['question']}\t[]\n" for r in lines))
-    bare = run_cli(
-        "eval",
-        *args,
-        "--set",
+    bare = _eval_refused(
+        args,
         "eval.fusion=linear",
-        "--set",
         "eval.fusion_weight=auto",
-        "--set",
         f"eval.fusion_tune_qa={no_answers}",
-        "--set",
         "eval.fusion_depth=50",
-        check=False,
     )
     assert bare.returncode == 2 and f"{no_answers} line 1:" in bare.stderr.strip().splitlines()[-1]
 

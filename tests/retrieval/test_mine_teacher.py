@@ -28,7 +28,9 @@ def train(tmp_path_factory) -> Path:
     return path
 
 
-def _mine(train: Path, out: Path, *extra: str, check: bool = True):
+def _mine(train: Path, out: Path, *extra: str, check: bool = True, world: int = 1):
+    """``mine --ranker bm25`` of ``train`` over the toy passages into ``out`` (on ``world``
+    ranks), ``extra`` flags after the usual ones."""
     return run_cli(
         "mine",
         "--ranker",
@@ -46,6 +48,7 @@ def _mine(train: Path, out: Path, *extra: str, check: bool = True):
         "-q",
         *extra,
         check=check,
+        world=world,
     )
 
 
@@ -154,24 +157,7 @@ def test_two_ranks_clean_as_one_process(train, tmp_path) -> None:
         "cpu",
     ]
     _mine(train, tmp_path / "one.jsonl", *extra)
-    run_cli(
-        "mine",
-        "--ranker",
-        "bm25",
-        "--passages",
-        str(PASSAGES),
-        "--train",
-        str(train),
-        "--out",
-        str(tmp_path / "two.jsonl"),
-        "--cache-dir",
-        str(train.parent / "cache"),
-        "--depth",
-        str(DEPTH),
-        "-q",
-        *extra,
-        world=2,
-    )
+    _mine(train, tmp_path / "two.jsonl", *extra, world=2)
     one = (tmp_path / "one.jsonl").read_bytes()
     assert one and (tmp_path / "two.jsonl").read_bytes() == one
     summaries = [json.loads((tmp_path / f"{n}.summary.json").read_text()) for n in ("one", "two")]

@@ -19,8 +19,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from dpr_cache.model.loading import load_encoder
 from dpr_cache.retrieval.dense.encode import encode_question_texts
-from tests.support.cli import run_cli
-from tests.support.fixtures import TOY, index_vectors
+from tests.support.cli import index_toy, run_cli
+from tests.support.fixtures import TOY, index_vectors, plant_another_runs_part
 
 TINY = TOY / "tiny-bert"
 CROSS = TOY / "tiny-cross-encoder"
@@ -33,18 +33,7 @@ SCORED = ("positive_ctxs", "hard_negative_ctxs")
 def root(tmp_path_factory) -> Path:
     """A cache folder and the toy passages indexed by the tiny BERT (both towers)."""
     root = tmp_path_factory.mktemp("score")
-    run_cli(
-        "index",
-        "--config",
-        "configs/toy.yaml",
-        "--model",
-        str(TINY),
-        "-q",
-        "--set",
-        f"output_dir={root}",
-        "--set",
-        f"data.cache_dir={root / 'cache'}",
-    )
+    index_toy(root, TINY)
     return root
 
 
@@ -313,10 +302,7 @@ def test_a_cut_run_resumes_its_parts(root, train, tmp_path, monkeypatch) -> None
     assert calls == ["line 31"] and out.read_bytes() == whole  # only the third part was scored
     summary = json.loads((tmp_path / "r.summary.json").read_text())
     assert summary["questions"] == 40  # the kept parts' counts are summed in
-    parts.mkdir()  # parts of other inputs are not taken
-    (parts / "inputs.sha256").write_text("another run")
-    (parts / "part-000000.jsonl").write_text("{}\n")
-    (parts / "part-000000.json").write_text("{}")
+    plant_another_runs_part(parts)  # parts of other inputs are not taken
     out.unlink()
     calls.clear()
     run()

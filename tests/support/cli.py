@@ -158,13 +158,51 @@ def toy_overrides(tmp_path: Path, **extra) -> list[str]:
     return args
 
 
-def run_benchmark(name: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def encode_args(model: Path, out: Path, *extra: str) -> list[str]:
+    """``encode`` of the toy passages by ``model`` into ``out``, ``extra`` flags last."""
+    passages = str(REPO / "data" / "toy" / "passages.tsv")
+    return ["encode", "--model", str(model), "--passages", passages, "--out", str(out), *extra]
+
+
+def bm25_args(command: str, out: Path, *extra: str) -> list[str]:
+    """``score --teacher bm25`` or ``mine --ranker bm25`` of the toy training file over the toy
+    passages, into ``out``."""
+    flag = {"score": "--teacher", "mine": "--ranker"}[command]
+    toy = REPO / "data" / "toy"
+    passages, train = str(toy / "passages.tsv"), str(toy / "train.jsonl")
+    return [
+        command,
+        flag,
+        "bm25",
+        "--passages",
+        passages,
+        "--train",
+        train,
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def index_toy(root: Path, model: Path) -> Path:
+    """``index`` of the toy config's passages by ``model`` into ``root`` (its data cache
+    there too); the index folder."""
+    sets = {"output_dir": root, "data.cache_dir": root / "cache"}
+    args = [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+    run_cli("index", "--config", "configs/toy.yaml", "--model", str(model), "-q", *args)
+    return root / "index"
+
+
+def run_benchmark(
+    name: str, *args: str, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python -m benchmarks.NAME ARGS`` from the repository root, as its page says to run
-    it: the finished process (stdout, stderr, returncode)."""
+    it, with ``env`` added to the environment: the finished process (stdout, stderr,
+    returncode)."""
     return subprocess.run(
         [sys.executable, "-m", f"benchmarks.{name}", *args],
         cwd=REPO,
-        env=child_env(),
+        env={**child_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -75,3 +75,12 @@ def index_vectors(index_dir: Path):
     store = open_index(index_dir).store
     vectors = np.concatenate([block.copy() for _, block in store.blocks(4096)])
     return vectors, store.ids_of(np.arange(store.rows)).tolist()
+
+
+def plant_another_runs_part(parts: Path) -> None:
+    """A parts folder (``score``'s, ``mine``'s) holding a finished part of another run: its
+    inputs' digest is not this run's, so a resume must not take it."""
+    parts.mkdir()
+    (parts / "inputs.sha256").write_text("another run")
+    (parts / "part-000000.jsonl").write_text("{}\n")
+    (parts / "part-000000.json").write_text("{}")

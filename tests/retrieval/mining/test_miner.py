@@ -16,9 +16,9 @@ import torch
 
 from dpr_cache.model.loading import load_encoder
 from dpr_cache.retrieval.dense.encode import encode_question_texts
-from tests.support.cli import run_cli
+from tests.support.cli import index_toy, run_cli
 from tests.support.dpr_answers import dpr_has_answer
-from tests.support.fixtures import TOY, index_vectors
+from tests.support.fixtures import TOY, index_vectors, plant_another_runs_part
 
 TINY = TOY / "tiny-bert"
 TRAIN = TOY / "train.jsonl"
@@ -29,22 +29,13 @@ RECORDS = [json.loads(line) for line in TRAIN.read_text().splitlines()]
 def index(tmp_path_factory) -> Path:
     """The toy passages indexed by the tiny BERT (an HF folder: both towers)."""
     root = tmp_path_factory.mktemp("mine")
-    run_cli(
-        "index",
-        "--config",
-        "configs/toy.yaml",
-        "--model",
-        str(TINY),
-        "-q",
-        "--set",
-        f"output_dir={root}",
-        "--set",
-        f"data.cache_dir={root / 'cache'}",
-    )
+    index_toy(root, TINY)
     return root / "index"
 
 
-def _mine(index: Path, out: Path, *extra: str, check: bool = True):
+def _mine(index: Path, out: Path, *extra: str, check: bool = True, train: Path = TRAIN):
+    """``mine`` of ``train`` by the tiny BERT over ``index`` into ``out``, ``extra`` flags
+    last."""
     return run_cli(
         "mine",
         "--model",
@@ -52,7 +43,7 @@ def _mine(index: Path, out: Path, *extra: str, check: bool = True):
         "--index",
         str(index),
         "--train",
-        str(TRAIN),
+        str(train),
         "--out",
         str(out),
         "--cache-dir",
@@ -289,10 +280,7 @@ def test_a_cut_run_resumes_its_parts(index, tmp_path, monkeypatch) -> None:
     )
     run()
     assert calls == ["line 201"] and out.read_bytes() == whole  # only the third part was mined
-    parts.mkdir()  # parts of other inputs are not taken
-    (parts / "inputs.sha256").write_text("another run")
-    (parts / "part-000000.jsonl").write_text("{}\n")
-    (parts / "part-000000.json").write_text("{}")
+    plant_another_runs_part(parts)  # parts of other inputs are not taken
     out.unlink()
     calls.clear()
     run()
@@ -335,22 +323,7 @@ def test_bad_input_is_one_line(index, tmp_path) -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (extra, lines)
     assert not (tmp_path / "o.jsonl").exists()
-    ok = run_cli(
-        "mine",
-        "--model",
-        str(TINY),
-        "--index",
-        str(index),
-        "--train",
-        str(no_answers),
-        "--out",
-        str(tmp_path / "o.jsonl"),
-        "--match",
-        "none",
-        "-q",
-        "--cache-dir",
-        str(index.parent / "cache"),
-    )
+    ok = _mine(index, tmp_path / "o.jsonl", "--match", "none", train=no_answers)
     assert ok.returncode == 0
     from dpr_cache.model.biencoder import BiEncoder
 
