@@ -84,7 +84,7 @@ def test_a_rank_that_stops_answering_is_given_up_on_at_the_timeout(tmp_path) -> 
         assert agent.poll() is None and time.monotonic() < deadline, agent.stderr.read()
         time.sleep(0.02)
     frozen, gave_up_in, err = freeze_rank_1(agent)
-    assert 15 <= gave_up_in < 15 + 30, gave_up_in
+    assert 15 <= gave_up_in <= 15 + 10, gave_up_in  # the timeout, plus 10 s at most
     ours = [line for line in err.splitlines() if "error: rank 0:" in line]
     assert ours and f"rank 1 (pid {frozen}, not answering) stopped" in ours[0], err[-3000:]
     assert (tmp_path / "run" / "checkpoints" / "step-00000002").is_dir()
