@@ -169,11 +169,21 @@ def device_mesh(env: DistEnv):
     return init_device_mesh(env.device.type, (dist.get_world_size(),))
 
 
+class ShardsNotWritten(Exception):
+    """A rank's write of its shards failed, raised on every rank alike; ``error`` is the first
+    failed rank's own."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 def sharded_save(state: dict[str, Any], folder: Path) -> None:
     """``state`` (sharded tensors and the objects beside them) saved by every rank into
     ``folder`` with ``torch.distributed.checkpoint``: each rank writes its shards, rank 0 the
-    metadata. A rank's failed write is raised on every rank as the first failed rank's own
-    error (a full disk, say), not as the library's wrapper of every rank's traceback."""
+    metadata. A rank's failed write is raised on every rank as :class:`ShardsNotWritten`,
+    holding the first failed rank's own error (a full disk, say), not as the library's wrapper
+    of every rank's traceback; any other error (a rank lost in a collective) as it came."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -184,7 +194,7 @@ def sharded_save(state: dict[str, Any], folder: Path) -> None:
         first = next((f for f in failed if isinstance(f, Exception)), None)
         if first is None:
             raise
-        raise first from None
+        raise ShardsNotWritten(first) from None
 
 
 def sharded_load(state: dict[str, Any], folder: Path) -> None:

@@ -160,17 +160,15 @@ def _save_sharded(final: Path, state: dict[str, Any], model, optimizer, env: Dis
     shards = sharded_state(model, optimizer)
     try:
         distributed.sharded_save(shards, partial / SHARDS)
-    except (OSError, RuntimeError) as e:
-        full = None
-        if out_of_space(e, partial / SHARDS):  # said as every rank finds the disk, the same
+    except distributed.ShardsNotWritten as e:  # every rank has it: a lost rank's error has not
+        error, full = e.error, None
+        if out_of_space(error, partial / SHARDS):  # said as every rank finds the disk, the same
             size = _tensor_bytes(shards) + _tensor_bytes(state)  # a DTensor counts whole
-            full = DiskFull(final, size, code=getattr(e, "errno", None))
+            full = DiskFull(final, size, code=getattr(error, "errno", None))
         distributed.barrier()  # every rank has looked at the disk before the folder goes
         if env.is_main:
             shutil.rmtree(partial, ignore_errors=True)
-        if full is not None:
-            raise full from None
-        raise
+        raise (full or error) from None
     distributed.barrier()
     if env.is_main:
         write_text_atomic(partial / SHARDS_CHECKSUM, _folder_sha256(partial / SHARDS) + "\n")
@@ -344,18 +342,25 @@ def _load_sharded(path: Path, model, optimizer) -> None:
 
 def _load_whole_into_shards(path: Path, state: dict[str, Any], model, optimizer) -> None:
     """An unsharded checkpoint's weights and optimizer state, whole on every rank, cut into this
-    rank's shards. Its optimizer state is keyed by position; this run's optimizer lists the same
-    parameters in the same order (DPR's groups over the same model), so each position is
-    named by its parameter's name here."""
+    rank's shards. A weight shared by both towers is given under its first name alone (the
+    loader cuts each module's tensors once). The optimizer state is keyed by position; this
+    run's optimizer lists the same parameters in the same order (DPR's groups over the same
+    model), so each position is named by its parameter's name here."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+    _check_fits(path, state, model)
+    first = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    every |= {n for n, _ in model.named_buffers(remove_duplicate=False)}
+    weights = {k: v for k, v in state["model"].items() if k in first or k not in every}
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     saved = state["optimizer"]
-    if len(saved["state"]) > len(order):
+    listed = sum(len(group["params"]) for group in saved["param_groups"])
+    if listed != len(order):
         raise InputError(
-            f"{path}: does not fit this model ({len(saved['state'])} optimizer states for "
-            f"{len(order)} trained parameters): resume with the run's own config"
+            f"{path}: does not fit this model (its optimizer trains {listed} parameters, this "
+            f"run's {len(order)}): resume with the run's own config"
         )
     named = {
         "state": {order[i]: value for i, value in saved["state"].items()},
@@ -366,12 +371,31 @@ def _load_whole_into_shards(path: Path, state: dict[str, Any], model, optimizer)
     }
     options = StateDictOptions(full_state_dict=True, ignore_frozen_params=True, strict=False)
     set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=named,
-        options=options,
+        model, optimizer, model_state_dict=weights, optim_state_dict=named, options=options
     )
+
+
+def _check_fits(path: Path, state: dict[str, Any], model) -> None:
+    """InputError unless the checkpoint's weights are this model's: the same names (the
+    trainable ones alone where it kept those) and the same shapes."""
+    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    saved = state["model"]
+    missing = [k for k in wanted if k not in saved]
+    if state.get("weights") == "trainable":  # the frozen base comes from model.name_or_path
+        missing = [k for k in missing if k in _trainable_names(model)]
+    unexpected = [k for k in saved if k not in wanted]
+    if missing or unexpected:
+        raise InputError(
+            f"{path}: does not fit this model ({len(missing)} weights missing, e.g. "
+            f"{(missing or [None])[0]!r}; {len(unexpected)} unexpected, e.g. "
+            f"{(unexpected or [None])[0]!r}): resume with the run's own config"
+        )
+    for key, tensor in saved.items():
+        if tuple(tensor.shape) != wanted[key]:
+            raise InputError(
+                f"{path}: does not fit this model ({key} is {tuple(tensor.shape)} there, "
+                f"{wanted[key]} here): resume with the run's own config"
+            )
 
 
 def _load_whole(path: Path, state: dict[str, Any], model, optimizer) -> None:

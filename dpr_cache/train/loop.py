@@ -210,7 +210,8 @@ def _loop(config: Config, env: DistEnv, run: _Run) -> None:
             run.log.record(step, run.batches.epoch_of(step), digest, result, trainer.model, source)
             run.skipped_in_a_row = run.skipped_in_a_row + 1 if result.skipped else 0
             if cfg.max_skipped_steps is not None and run.skipped_in_a_row > cfg.max_skipped_steps:
-                raise _skipped_too_often(run.skipped_in_a_row, step, result, checkpoints, run)
+                tried = result.loss_scale / trainer.scaler.get_backoff_factor()  # the last tried
+                raise _skipped_too_often(run.skipped_in_a_row, step, tried, checkpoints, run)
             if batch.text_duplicates and not run.masked:
                 run.masked = True
                 logger.warning(
@@ -247,9 +248,10 @@ def _diverged(
     )
 
 
-def _skipped_too_often(count: int, step: int, result, root: Path, run: _Run) -> Diverged:
-    """fp16: ``count`` steps in a row skipped, the last at ``step``: past train.max_skipped_steps,
-    the run stops with the checkpoints as they are (a skipped step changes no weight)."""
+def _skipped_too_often(count: int, step: int, scale: float, root: Path, run: _Run) -> Diverged:
+    """fp16: ``count`` steps in a row skipped, the last at ``step`` with the loss scale ``scale``:
+    past train.max_skipped_steps, the run stops with the checkpoints as they are (a skipped step
+    changes no weight). A run resumed amid such steps counts them from its resume."""
     kept = latest_checkpoint(root)
     advice = (
         "check the scale of data.train's teacher_score values, or lower train.lr"
@@ -259,8 +261,8 @@ def _skipped_too_often(count: int, step: int, result, root: Path, run: _Run) -> 
     )
     return Diverged(
         f"train: {count} steps in a row skipped (steps {step + 2 - count} to {step + 1}), "
-        f"the loss or its gradient not finite at every loss scale down to "
-        f"{result.loss_scale:g}; stopped past train.max_skipped_steps, the last checkpoint "
+        f"the loss or its gradient not finite at every loss scale tried, down to "
+        f"{scale:g}; stopped past train.max_skipped_steps, the last checkpoint "
         f"{kept.name if kept else '(none)'} kept: {advice}, or raise train.max_skipped_steps"
     )
 

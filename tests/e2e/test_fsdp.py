@@ -165,6 +165,9 @@ RESUMED = {  # a run cut at step w.CUT: (world, sharded) before the cut, and aft
     "1-unsharded-to-3": ("gradcache-separate", (1, False), (3, True)),
     "lora-llama-2-to-3": ("lora-llama-shared", (2, True), (3, True)),
     "lora-llama-2-to-1-unsharded": ("lora-llama-shared", (2, True), (1, False)),
+    # a weight both towers share, saved under both names, cut into shards once
+    "shared-1-unsharded-to-3": ("gradcache-shared-chunk-sync", (1, False), (3, True)),
+    "lora-llama-1-unsharded-to-3": ("lora-llama-shared", (1, False), (3, True)),
 }
 
 

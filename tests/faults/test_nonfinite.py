@@ -134,8 +134,8 @@ def poisoned_everywhere(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("limit", [3, None], ids=["three", "never"])
 def test_fp16_stops_past_max_skipped_steps(tmp_path, poisoned_everywhere, limit) -> None:
     """Every step skipped: past train.max_skipped_steps the run stops with one line naming the
-    steps, the loss scale and what to change, its last checkpoint kept; the control, with no
-    limit, ends silently with the model it started from."""
+    steps, the last loss scale tried and what to change, its last checkpoint kept; the control,
+    with no limit, runs to its last step (exit 0) with every step skipped."""
     model = {"model": poisoned_everywhere, "train": TOY / "train.jsonl"}
     limit_set = {"train.max_skipped_steps": "null" if limit is None else limit}
     done = run_cli(*_args(tmp_path, model, "fp16", **limit_set), check=False)
@@ -146,7 +146,7 @@ def test_fp16_stops_past_max_skipped_steps(tmp_path, poisoned_everywhere, limit)
     assert done.returncode == 3, done.stderr[-2000:]
     [line] = done.stderr.strip().splitlines()[-1:]
     assert line.startswith("error: train: 4 steps in a row skipped (steps 1 to 4), the loss ")
-    assert "down to 4096; stopped past train.max_skipped_steps" in line, line
+    assert "tried, down to 8192; stopped past train.max_skipped_steps" in line, line  # 2**16 / 8
     assert "the last checkpoint step-00000002 kept" in line, line
     assert line.endswith("or raise train.max_skipped_steps"), line
     assert [r["step"] for r in _log(run)] == [1, 2, 3, 4] and not (run / "model").exists()
