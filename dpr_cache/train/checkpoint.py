@@ -375,6 +375,16 @@ def _load_whole_into_shards(path: Path, state: dict[str, Any], model, optimizer)
     )
 
 
+def _refuse_misfit(path: Path, missing: list[str], unexpected: list[str]) -> None:
+    """InputError naming the first weight missing and the first unexpected, where any is."""
+    if missing or unexpected:
+        raise InputError(
+            f"{path}: does not fit this model ({len(missing)} weights missing, e.g. "
+            f"{(missing or [None])[0]!r}; {len(unexpected)} unexpected, e.g. "
+            f"{(unexpected or [None])[0]!r}): resume with the run's own config"
+        )
+
+
 def _check_fits(path: Path, state: dict[str, Any], model) -> None:
     """InputError unless the checkpoint's weights are this model's: the same names (the
     trainable ones alone where it kept those) and the same shapes."""
@@ -383,13 +393,7 @@ def _check_fits(path: Path, state: dict[str, Any], model) -> None:
     missing = [k for k in wanted if k not in saved]
     if state.get("weights") == "trainable":  # the frozen base comes from model.name_or_path
         missing = [k for k in missing if k in _trainable_names(model)]
-    unexpected = [k for k in saved if k not in wanted]
-    if missing or unexpected:
-        raise InputError(
-            f"{path}: does not fit this model ({len(missing)} weights missing, e.g. "
-            f"{(missing or [None])[0]!r}; {len(unexpected)} unexpected, e.g. "
-            f"{(unexpected or [None])[0]!r}): resume with the run's own config"
-        )
+    _refuse_misfit(path, missing, [k for k in saved if k not in wanted])
     for key, tensor in saved.items():
         if tuple(tensor.shape) != wanted[key]:
             raise InputError(
@@ -412,10 +416,5 @@ def _load_whole(path: Path, state: dict[str, Any], model, optimizer) -> None:
         ) from None
     if state.get("weights") == "trainable":  # the frozen base comes from model.name_or_path
         missing = [name for name in missing if name in _trainable_names(model)]
-    if missing or unexpected:
-        raise InputError(
-            f"{path}: does not fit this model ({len(missing)} weights missing, e.g. "
-            f"{(missing or [None])[0]!r}; {len(unexpected)} unexpected, e.g. "
-            f"{(unexpected or [None])[0]!r}): resume with the run's own config"
-        )
+    _refuse_misfit(path, missing, unexpected)
     optimizer.load_state_dict(state["optimizer"])
