@@ -32,10 +32,19 @@ from typing import Annotated, NamedTuple
 import torch
 import typer
 
-from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_fsdp, gpu_llm, gpu_perf, gpu_watch
+from benchmarks import (
+    gpu_cli,
+    gpu_compiled,
+    gpu_exact,
+    gpu_fsdp,
+    gpu_llm,
+    gpu_perf,
+    gpu_watch,
+    harness,
+)
 from benchmarks.gpu_perf import Chunk, Variant
 from benchmarks.gpu_report import write_page
-from benchmarks.machine import machine_info
+from benchmarks.harness import machine_info
 
 __all__ = ["Plan", "GPU_PLAN", "DRY_PLAN", "Section", "run_suite", "environment"]
 
@@ -213,248 +222,318 @@ def _driver() -> str | None:
         return None
 
 
+@dataclass
+class Suite:
+    """What every section's function is given: the plan, the device and the run's state."""
+
+    plan: Plan
+    device: torch.device
+    work: Path
+    tokenizer: str
+    partial: dict  # the longer sections' figures so far, by section name
+    beside: gpu_cli.Beside | None = None  # the command-line section's commands
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def where(self) -> str:
+        return "cuda" if self.cuda else "cpu"
+
+    @property
+    def squad_dir(self) -> Path:
+        return self.work / "squad"
+
+    def base_model(self) -> Path:
+        """BERT-base's shape on a device (written once), the tiny BERT on the CPU."""
+        if not self.cuda:
+            return TINY
+        model_dir = self.work / "bert-base"
+        if not model_dir.exists():
+            harness.write_random_bert(model_dir, 768, 12, self.tokenizer)
+        return model_dir
+
+    def squad(self) -> Path:
+        """SQuAD's DPR files, built once."""
+        from dpr_cache.data.squad import build_squad
+
+        if not (self.squad_dir / "passages.tsv").exists():
+            build_squad(SQUAD, self.squad_dir)
+        return self.squad_dir
+
+    def freed(self) -> Suite:
+        """This suite, once what a section stopped before may have left on the device is freed."""
+        gpu_perf.free_device(self.device)
+        return self
+
+
+def _exactness(s: Suite) -> dict:
+    compiled = _compiled_exactness_started(s)  # beside the eager checks, in a child
+    try:
+        out = _eager_exactness(s)
+        out["compiled"] = (
+            compiled.result() if compiled else {"not_run": "a dry run compiles nothing"}
+        )
+    finally:
+        if compiled is not None:  # a check that failed leaves no child running
+            compiled.stop()
+    return out
+
+
+def _eager_exactness(s: Suite) -> dict:
+    sizes = s.plan.exact_sizes
+    rows = [_clocked(gpu_exact.fp64_exactness, c, s.device) for c in gpu_exact.exact_cases(sizes)]
+    replay = [
+        _clocked(gpu_exact.replay_bitwise, sizes[-1], s.device, p)
+        for p in ["fp32", *s.plan.precisions]
+    ]
+    fd = _clocked(gpu_exact.dropout_finite_difference, "tiny", s.device)
+    return {"fp64": rows, "replay": replay, "finite_difference": fd}
+
+
+def _compiled_exactness_started(s: Suite) -> gpu_cli.Started | None:
+    if s.plan.compile_mode is None:
+        return None
+    mode, on = s.plan.compile_mode, str(s.device)
+    return gpu_cli.Started(
+        lambda on_start: gpu_compiled.exactness_in_child(on, mode, on_start=on_start)
+    )
+
+
+def _mixed(s: Suite) -> dict:
+    rows = [
+        _clocked(gpu_exact.mixed_precision, s.plan.mixed_size, s.device, p)
+        for p in s.plan.precisions
+    ]
+    overflow = _clocked(gpu_cli.fp16_overflow, s.device, batch=64 if s.cuda else 8)
+    return {"rows": rows, "fp16_overflow": overflow}
+
+
+def _memory(s: Suite) -> dict:
+    ran_beside = s.beside.started and not s.beside.done  # the toy commands, still running
+    rows = gpu_perf.memory_by_batch(
+        s.base_model(), s.work / "mem", s.device, s.plan.memory_batches, chunk=s.plan.memory_chunk
+    )
+    return {"rows": rows, "beside_commands": ran_beside}
+
+
+def _full_batch(s: Suite) -> dict:  # alone, once the commands beside have ended: it fills the GPU
+    return gpu_perf.largest_full_batch(s.freed().base_model(), s.work / "mem", s.device)
+
+
+def _speed(s: Suite) -> dict:
+    from dpr_cache.model.biencoder import BiEncoder
+
+    model = BiEncoder.from_pretrained(s.base_model(), shared=True, pooling="cls")
+    model = model.to(s.device).train()
+    out = s.partial["speed"] = {"comparisons": [], "tokens": []}
+    squad_batch = functools.partial(gpu_perf.squad_batch, model, SQUAD, s.squad_dir)
+    precision = s.plan.speed_precision if s.cuda else "fp32"
+    first = None
+    for group in s.plan.speed_groups:  # the goals' batch first: a section cut short keeps it
+        batch = squad_batch(group.batch)
+        first = first or batch
+        out["tokens"].append(_tokens(batch))
+        waits = first is batch and {f"dpr-cache chunk {c}" for c in s.plan.host_wait_chunks}
+        row = _speed_group(s, model, batch, group, precision, waits or False)
+        if group.full_batch:
+            row = gpu_perf.add_fitting_full_batch(
+                model, row, squad_batch, group.rounds, host_waits=False
+            )
+        row["peer_min_chunk"] = group.peer_min_chunk
+        out["comparisons"].append(row)
+        print(f"  speed B={group.batch} {precision}: {row['best']}", flush=True)
+    out["savings"] = gpu_perf.savings(
+        model, first, precision, s.plan.savings_chunk, s.plan.savings_rounds
+    )
+    return out
+
+
+def _speed_group(s: Suite, model, batch, group: SpeedGroup, precision: str, waits) -> dict:
+    """One batch's interleaved comparison: our chunks and variants, the peers', the full batch."""
+    least = group.peer_min_chunk
+    return gpu_perf.speed_comparison(
+        model,
+        batch,
+        precision,
+        chunks=s.plan.speed_chunks,
+        cmnrl_rows=[m for m in s.plan.cmnrl_rows if m >= least],
+        cmnrl_tokens=s.plan.cmnrl_tokens,
+        lib_chunks=[c for c in s.plan.lib_chunks if _least(c) >= least],
+        variants=s.plan.speed_variants if group.variants else [],
+        full_batch=group.full_batch,
+        rounds=group.rounds,
+        warmups=group.warmups,
+        host_waits=waits,
+        fresh_cache=group.warmups > 0,
+    )
+
+
+def _compilation(s: Suite) -> dict:
+    return gpu_compiled.speed_in_child(
+        s.base_model(),
+        SQUAD,
+        s.squad_dir,
+        str(s.device),
+        s.plan.compiled_variants,
+        s.plan.speed_groups[0].batch,
+        s.plan.compile_rounds,
+        timeout=max(30.0, _time_left(600) - 20),  # its figures printed before the stop
+    )
+
+
+def _encoding(s: Suite) -> dict:
+    from dpr_cache.model.biencoder import BiEncoder
+
+    plan, precision = s.plan, "fp16" if s.cuda else "fp32"
+    rate = gpu_perf.encode_rate(
+        s.base_model(),
+        s.squad(),
+        s.work,
+        s.where,
+        plan.encode_rows,
+        precision=precision,
+        batch_size=plan.encode_batch,
+        workers=plan.encode_workers,
+    )
+    model = BiEncoder.from_pretrained(s.base_model(), pooling="cls").to(s.device)
+    passages = s.work / f"passages_{plan.encode_rows}.tsv"
+    alone = gpu_perf.model_encode_rate(
+        model, passages, s.device, precision, plan.encode_batch, plan.model_rows
+    )
+    flops = gpu_perf.passage_flops(model, alone["mean_tokens"])
+    dtype = torch.float16 if s.cuda else torch.float32
+    peak = gpu_perf.matmul_tflops(s.device, dtype, n=8192 if s.cuda else 512)
+    limit_s = NQ_PASSAGES * flops / (peak * 1e12)
+    projected = NQ_PASSAGES / rate["passages_per_s"] if "error" not in rate else None
+    return {
+        "command": rate,
+        "encoder_alone": alone,
+        "flops_per_passage": flops,
+        "matmul_tflops": peak,
+        "nq_passages": NQ_PASSAGES,
+        "passage_words": gpu_perf.PASSAGE_WORDS,  # NQ's, as the sample's
+        "nq_projected_s": projected,
+        "nq_limit_s": limit_s,
+        "share_of_limit": limit_s / projected if projected else None,
+    }
+
+
+def _teacher_scoring(s: Suite) -> dict:
+    plan = s.plan
+    return gpu_perf.teacher_score_rate(
+        s.tokenizer,
+        s.squad(),
+        s.work,
+        s.device,
+        plan.score_pairs,
+        plan.score_precisions,
+        plan.score_batch,
+        plan.score_rounds,
+        into=s.partial.setdefault("teacher_scoring", {}),
+        shape=plan.score_shape,
+    )
+
+
+def _command_tasks(s: Suite) -> dict[str, Callable[[], dict]]:
+    """The command-line section's commands, run beside the first sections on a device."""
+    cli = s.work / "cli"
+    precision = "fp16" if s.cuda else "fp32"
+    tasks = {
+        "pipeline": lambda: gpu_cli.toy_pipeline(cli, s.where, precision, s.plan.cli_steps),
+        "resume": lambda: gpu_cli.resume_equality(
+            cli, s.where, steps=8, settings=s.plan.determinism
+        ),
+    }
+    if s.cuda:
+        tasks["nccl"] = gpu_cli.nccl_collectives
+    return tasks
+
+
+def _command_line(s: Suite) -> dict:
+    s.beside.wait()
+    commands = s.partial["command_line"]
+    print(f"  command line: pipeline ok={commands['pipeline']['ok']}", flush=True)
+    return {
+        **{name: commands[name] for name in s.beside.tasks},
+        "commands_s": s.beside.seconds,
+        "ran_beside": s.beside.ran_beside,
+    }
+
+
+def _llm(s: Suite) -> dict:  # alone, last: it fills the GPU; a 7B step at B=1,024 takes a minute
+    into = s.freed().partial.setdefault("llm", {})
+    return gpu_llm.llm_figures(s.plan.llm, s.device, s.work / "llm", _seconds_left, into)
+
+
+def _fsdp(s: Suite) -> dict:  # last: it joins a process group of one, left again at its end
+    return gpu_fsdp.fsdp_figures(s.plan.fsdp, s.freed().device, s.partial.setdefault("fsdp", {}))
+
+
+def _too_large(s: Suite) -> dict:  # alone, once the commands beside have ended: it fills the GPU
+    return gpu_cli.chunk_too_large(s.work / "cli", s.freed().base_model(), s.where)
+
+
+def _rank_faults(s: Suite) -> dict:  # two GPUs: alone, it starts two ranks on them
+    return gpu_cli.rank_faults(s.work / "faults", s.freed().base_model())
+
+
+class SectionSpec(NamedTuple):
+    """A section of the suite: its name, its H200 estimate (s), its function, why it needs CUDA
+    (None: it runs on the CPU too), and whether it runs well beside the commands."""
+
+    name: str
+    estimate: float
+    run: Callable[[Suite], dict]
+    needs: str | None = None
+    hosts_commands: bool = False
+
+
+# On a device the commands start with the suite, beside the sections before theirs (which
+# neither time anything nor hold much of the GPU's memory), and are awaited in their place;
+# memory's rows (16 GB and more at chunk 128) wait for them. Estimates: docs/bench/gpu_history.md
+COMPILE_NEEDS = "needs a GPU (a CPU compile takes minutes)"
+SECTIONS = [
+    SectionSpec("exactness",          60,  _exactness, hosts_commands=True),
+    SectionSpec("mixed_precision",    45,  _mixed, hosts_commands=True),
+    SectionSpec("command_line",       125, _command_line),
+    SectionSpec("memory",             25,  _memory),
+    SectionSpec("chunk_too_large",    35,  _too_large, "needs a GPU to run out of"),
+    SectionSpec("largest_full_batch", 21,  _full_batch, "needs a GPU to fill"),
+    SectionSpec("speed",              145, _speed),
+    SectionSpec("encoding",           50,  _encoding),
+    SectionSpec("teacher_scoring",    35,  _teacher_scoring),
+    # last: a compile's one-time cost is not known before its first run on a device
+    SectionSpec("compilation",        120, _compilation, COMPILE_NEEDS),
+    # decoder LLMs: run alone (--only llm), it takes most of a 600 s call
+    SectionSpec("llm",                380, _llm),
+    # FSDP2 on one GPU: estimated from arithmetic, no device has run it yet
+    SectionSpec("fsdp",               45,  _fsdp),
+    # a rank frozen under NCCL, one rank of two out of memory: estimated
+    SectionSpec("rank_faults",        150, _rank_faults, "needs two GPUs"),
+]  # fmt: skip
+
+
 def _sections(
     plan: Plan, device: torch.device, work: Path, tokenizer: str, partial: dict | None = None
 ) -> list[Section]:
-    """The :class:`Section` list. The longer sections put what they have measured so far in
-    ``partial[name]`` as they go."""
-    partial = {} if partial is None else partial
-    cuda = device.type == "cuda"
-    model_dir = work / "bert-base" if cuda else TINY
-    squad_dir = work / "squad"
-
-    def base_model() -> Path:
-        if cuda and not model_dir.exists():
-            gpu_perf.write_base_model(model_dir, tokenizer)
-        return model_dir
-
-    def exactness():
-        compiled = _compiled_exactness_started()  # beside the eager checks, in a child
-        try:
-            out = eager_exactness()
-            out["compiled"] = (
-                compiled.result() if compiled else {"not_run": "a dry run compiles nothing"}
-            )
-        finally:
-            if compiled is not None:  # a check that failed leaves no child running
-                compiled.stop()
-        return out
-
-    def eager_exactness():
-        rows = [
-            _clocked(gpu_exact.fp64_exactness, c, device)
-            for c in gpu_exact.exact_cases(plan.exact_sizes)
-        ]
-        replay = [
-            _clocked(gpu_exact.replay_bitwise, plan.exact_sizes[-1], device, p)
-            for p in ["fp32", *plan.precisions]
-        ]
-        fd = _clocked(gpu_exact.dropout_finite_difference, "tiny", device)
-        return {"fp64": rows, "replay": replay, "finite_difference": fd}
-
-    def _compiled_exactness_started() -> gpu_cli.Started | None:
-        if plan.compile_mode is None:
-            return None
-        mode, on = plan.compile_mode, str(device)
-        return gpu_cli.Started(
-            lambda on_start: gpu_compiled.exactness_in_child(on, mode, on_start=on_start)
-        )
-
-    def mixed():
-        rows = [
-            _clocked(gpu_exact.mixed_precision, plan.mixed_size, device, p) for p in plan.precisions
-        ]
-        overflow = _clocked(gpu_cli.fp16_overflow, device, batch=64 if cuda else 8)
-        return {"rows": rows, "fp16_overflow": overflow}
-
-    def memory():
-        ran_beside = beside.started and not beside.done  # the toy commands, still running
-        rows = gpu_perf.memory_by_batch(
-            base_model(), work / "mem", device, plan.memory_batches, chunk=plan.memory_chunk
-        )
-        return {"rows": rows, "beside_commands": ran_beside}
-
-    def full_batch():  # alone, once the commands beside have ended: it fills the GPU
-        gpu_perf.free_device(device)  # what a section stopped before it may have left
-        return gpu_perf.largest_full_batch(base_model(), work / "mem", device)
-
-    def speed():
-        from dpr_cache.model.biencoder import BiEncoder
-
-        model = BiEncoder.from_pretrained(base_model(), shared=True, pooling="cls")
-        model = model.to(device).train()
-        out = partial["speed"] = {"comparisons": [], "tokens": []}
-        squad_batch = functools.partial(gpu_perf.squad_batch, model, SQUAD, squad_dir)
-        precision = plan.speed_precision if cuda else "fp32"
-        first = None
-        for group in plan.speed_groups:  # the goals' batch first: a section cut short keeps it
-            batch = squad_batch(group.batch)
-            first = first or batch
-            out["tokens"].append(_tokens(batch))
-            waits = first is batch and {f"dpr-cache chunk {c}" for c in plan.host_wait_chunks}
-            row = gpu_perf.speed_comparison(
-                model,
-                batch,
-                precision,
-                chunks=plan.speed_chunks,
-                cmnrl_rows=[m for m in plan.cmnrl_rows if m >= group.peer_min_chunk],
-                cmnrl_tokens=plan.cmnrl_tokens,
-                lib_chunks=[c for c in plan.lib_chunks if _least(c) >= group.peer_min_chunk],
-                variants=plan.speed_variants if group.variants else [],
-                full_batch=group.full_batch,
-                rounds=group.rounds,
-                warmups=group.warmups,
-                host_waits=waits or False,
-                fresh_cache=group.warmups > 0,
-            )
-            if group.full_batch:
-                row = gpu_perf.add_fitting_full_batch(
-                    model, row, squad_batch, group.rounds, host_waits=False
-                )
-            row["peer_min_chunk"] = group.peer_min_chunk
-            out["comparisons"].append(row)
-            print(f"  speed B={group.batch} {precision}: {row['best']}", flush=True)
-        out["savings"] = gpu_perf.savings(
-            model, first, precision, plan.savings_chunk, plan.savings_rounds
-        )
-        return out
-
-    def compilation():
-        variants = plan.compiled_variants
-        return gpu_compiled.speed_in_child(
-            base_model(),
-            SQUAD,
-            squad_dir,
-            str(device),
-            variants,
-            plan.speed_groups[0].batch,
-            plan.compile_rounds,
-            timeout=max(30.0, _time_left(600) - 20),  # its figures printed before the stop
-        )
-
-    def encoding():
-        from dpr_cache.data.squad import build_squad
-        from dpr_cache.model.biencoder import BiEncoder
-
-        if not (squad_dir / "passages.tsv").exists():
-            build_squad(SQUAD, squad_dir)
-        precision = "fp16" if cuda else "fp32"
-        rate = gpu_perf.encode_rate(
-            base_model(),
-            squad_dir,
-            work,
-            "cuda" if cuda else "cpu",
-            plan.encode_rows,
-            precision=precision,
-            batch_size=plan.encode_batch,
-            workers=plan.encode_workers,
-        )
-        model = BiEncoder.from_pretrained(base_model(), pooling="cls").to(device)
-        alone = gpu_perf.model_encode_rate(
-            model,
-            work / f"passages_{plan.encode_rows}.tsv",
-            device,
-            precision,
-            plan.encode_batch,
-            plan.model_rows,
-        )
-        flops = gpu_perf.passage_flops(model, alone["mean_tokens"])
-        dtype = torch.float16 if cuda else torch.float32
-        peak = gpu_perf.matmul_tflops(device, dtype, n=8192 if cuda else 512)
-        limit_s = NQ_PASSAGES * flops / (peak * 1e12)
-        projected = NQ_PASSAGES / rate["passages_per_s"] if "error" not in rate else None
-        return {
-            "command": rate,
-            "encoder_alone": alone,
-            "flops_per_passage": flops,
-            "matmul_tflops": peak,
-            "nq_passages": NQ_PASSAGES,
-            "passage_words": gpu_perf.PASSAGE_WORDS,  # NQ's, as the sample's
-            "nq_projected_s": projected,
-            "nq_limit_s": limit_s,
-            "share_of_limit": limit_s / projected if projected else None,
-        }
-
-    def teacher_scoring():
-        from dpr_cache.data.squad import build_squad
-
-        if not (squad_dir / "passages.tsv").exists():
-            build_squad(SQUAD, squad_dir)
-        return gpu_perf.teacher_score_rate(
-            tokenizer,
-            squad_dir,
-            work,
-            device,
-            plan.score_pairs,
-            plan.score_precisions,
-            plan.score_batch,
-            plan.score_rounds,
-            into=partial.setdefault("teacher_scoring", {}),
-            shape=plan.score_shape,
-        )
-
-    where = "cuda" if cuda else "cpu"
-    commands = partial.setdefault("command_line", {})
-    cli_tasks = {
-        "pipeline": lambda: gpu_cli.toy_pipeline(
-            work / "cli", where, "fp16" if cuda else "fp32", plan.cli_steps
-        ),
-        "resume": lambda: gpu_cli.resume_equality(
-            work / "cli", where, steps=8, settings=plan.determinism
-        ),
-    }
-    if cuda:
-        cli_tasks["nccl"] = gpu_cli.nccl_collectives
-    beside = gpu_cli.Beside(cli_tasks, commands)
-
-    def command_line():
-        beside.wait()
-        print(f"  command line: pipeline ok={commands['pipeline']['ok']}", flush=True)
-        return {
-            **{name: commands[name] for name in cli_tasks},
-            "commands_s": beside.seconds,
-            "ran_beside": beside.ran_beside,
-        }
-
-    def llm():  # alone, last: it fills the GPU, and a 7B step at B=1,024 takes a minute
-        gpu_perf.free_device(device)  # what a section stopped before it may have left
-        into = partial.setdefault("llm", {})
-        return gpu_llm.llm_figures(plan.llm, device, work / "llm", _seconds_left, into)
-
-    def fsdp():  # last: it joins a process group of one, left again at its end
-        gpu_perf.free_device(device)  # what a section stopped before it may have left
-        return gpu_fsdp.fsdp_figures(plan.fsdp, device, partial.setdefault("fsdp", {}))
-
-    def too_large():  # alone, once the commands beside have ended: it fills the GPU
-        gpu_perf.free_device(device)  # what a section stopped before it may have left
-        return gpu_cli.chunk_too_large(work / "cli", base_model(), where)
-
-    def rank_faults():  # two GPUs: alone, it starts two ranks on them
-        gpu_perf.free_device(device)  # what a section stopped before it may have left
-        return gpu_cli.rank_faults(work / "faults", base_model())
-
-    # on a device the commands start with the suite, beside the sections before theirs (which
-    # neither time anything nor hold much of the GPU's memory), and are awaited in their place;
-    # memory's rows (16 GB and more at chunk 128) wait for them
+    """The :class:`Section` list: :data:`SECTIONS` bound to this run. The longer sections put
+    what they have measured so far in ``partial[name]`` as they go."""
+    suite = Suite(plan, device, work, tokenizer, {} if partial is None else partial)
+    suite.beside = gpu_cli.Beside(
+        _command_tasks(suite), suite.partial.setdefault("command_line", {})
+    )
     return [
-        Section("exactness", None, 60, exactness, hosts_commands=True),
-        Section("mixed_precision", None, 45, mixed, hosts_commands=True),
-        Section("command_line", None, 125, command_line, beside),
-        Section("memory", None, 25, memory),
-        Section("chunk_too_large", "needs a GPU to run out of", 35, too_large),
-        Section("largest_full_batch", "needs a GPU to fill", 21, full_batch),
-        Section("speed", None, 145, speed),
-        Section("encoding", None, 50, encoding),
-        Section("teacher_scoring", None, 35, teacher_scoring),
-        # last: a compile's one-time cost is not known before its first run on a device
-        Section("compilation", "needs a GPU (a CPU compile takes minutes)", 120, compilation),
-        # decoder LLMs (issue 57): run alone (--only llm), it takes most of a 600 s call
-        Section("llm", None, 380, llm),
-        # FSDP2 on one GPU (issue 58): the float64 case and a BERT-base step's memory, sharded
-        # and not; estimated from arithmetic, no device has run it yet
-        Section("fsdp", None, 45, fsdp),
-        # issue 74: a rank frozen under NCCL, one rank of two out of memory; two GPUs, estimated
-        Section("rank_faults", "needs two GPUs", 150, rank_faults),
+        Section(
+            spec.name,
+            spec.needs,
+            spec.estimate,
+            functools.partial(spec.run, suite),
+            suite.beside if spec.run is _command_line else None,
+            spec.hosts_commands,
+        )
+        for spec in SECTIONS
     ]
 
 
@@ -540,51 +619,68 @@ def run_suite(
     out.mkdir(parents=True, exist_ok=True)
     partial: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
-        sections = _sections(plan, device, Path(tmp), tokenizer, partial)
-        names = [s.name for s in sections]
-        unknown = sorted(set(only or []) - set(names))
-        if unknown:
-            raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
-        kept = _earlier_sections(out / "gpu.json", report, set(names) - set(only)) if only else {}
-        for name in names:
-            if name in kept:
-                report["sections"][name] = kept[name]
-            elif only and name not in only:
-                report["sections"][name] = {"skipped": "not asked for (--only), none in gpu.json"}
-        write_page(report, out)
-        if only:
-            sections = sorted(
-                (s for s in sections if s.name in only), key=lambda s: only.index(s.name)
-            )
+        every = _sections(plan, device, Path(tmp), tokenizer, partial)
+        sections = _planned(every, report, out)
         report["planned"] = [s.name for s in sections]
-        watch = gpu_watch.DeviceWatch.begin_on(device, started)
-        if cuda:
-            _start_commands_beside(sections)
-        try:
-            for section in sections:
-                if watch is not None:
-                    watch.section = section.name
-                report["sections"][section.name] = _run_section(
-                    section, cuda, budget_s - (time.monotonic() - started), report, partial
-                )
-                report["sections"] = {
-                    n: report["sections"][n] for n in names if n in report["sections"]
-                }
-                report["seconds"] = round(time.monotonic() - started, 1)
-                if watch is not None:  # so far: a suite cut off from outside keeps them
-                    report["device_memory"] = watch.summary()
-                write_page(report, out)
-        finally:
-            for section in sections:
-                if section.beside is not None:
-                    section.beside.stop()
-            if watch is not None:  # its failure is a finding, not the suite's end
-                try:
-                    report["device_memory"] = watch.end()
-                except Exception as exc:
-                    report["device_memory"] = {"error": f"{type(exc).__name__}: {exc}"}
-                write_page(report, out)
+        names = [s.name for s in every]
+        _run_planned(sections, names, report, out, budget_s - (time.monotonic() - started), partial)
     return report
+
+
+def _run_planned(
+    sections: list[Section], names: list[str], report: dict, out: Path, budget_s: float, partial
+) -> None:
+    """Run ``sections`` in order within ``budget_s``, the page written after each (the
+    sections in ``names``' order), the device's memory watched where it is CUDA."""
+    started, cuda = time.monotonic(), not report["dry_run"]
+    watch = gpu_watch.DeviceWatch.begin_on(
+        torch.device(report["environment"]["device"]), gpu_cli.clock_zero
+    )
+    if cuda:
+        _start_commands_beside(sections)
+    try:
+        for section in sections:
+            if watch is not None:
+                watch.section = section.name
+            report["sections"][section.name] = _run_section(
+                section, cuda, budget_s - (time.monotonic() - started), report, partial
+            )
+            report["sections"] = {
+                n: report["sections"][n] for n in names if n in report["sections"]
+            }
+            report["seconds"] = round(time.monotonic() - gpu_cli.clock_zero, 1)
+            if watch is not None:  # so far: a suite cut off from outside keeps them
+                report["device_memory"] = watch.summary()
+            write_page(report, out)
+    finally:
+        for section in sections:
+            if section.beside is not None:
+                section.beside.stop()
+        if watch is not None:  # its failure is a finding, not the suite's end
+            try:
+                report["device_memory"] = watch.end()
+            except Exception as exc:
+                report["device_memory"] = {"error": f"{type(exc).__name__}: {exc}"}
+            write_page(report, out)
+
+
+def _planned(sections: list[Section], report: dict, out: Path) -> list[Section]:
+    """The sections this run runs, in order: all, or those of ``report["only"]`` (the others'
+    results kept from ``out/gpu.json``, with their date). The page is written once, before."""
+    names, only = [s.name for s in sections], report["only"]
+    unknown = sorted(set(only or []) - set(names))
+    if unknown:
+        raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
+    kept = _earlier_sections(out / "gpu.json", report, set(names) - set(only)) if only else {}
+    for name in names:
+        if name in kept:
+            report["sections"][name] = kept[name]
+        elif only and name not in only:
+            report["sections"][name] = {"skipped": "not asked for (--only), none in gpu.json"}
+    write_page(report, out)
+    if not only:
+        return sections
+    return sorted((s for s in sections if s.name in only), key=lambda s: only.index(s.name))
 
 
 def _start_commands_beside(sections: list[Section]) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.machine import proc_field, transparent_hugepages
+from benchmarks.harness import proc_field, transparent_hugepages
 from dpr_cache.runtime.processes import rank_process
 
 __all__ = [

@@ -7,7 +7,7 @@ trainer's own ``shard_towers``; ``device_mesh`` makes the group of one without `
 - Memory: one GradCache training step (bf16 autocast, FSDP's bf16 policy where sharded, AdamW's
   update included) of a random BERT-base-shaped model with separate towers, ``train.shard``
   none against fsdp: the peak (``torch.cuda.max_memory_allocated``) and the bytes the rank holds
-  after it in parameters, gradients and AdamW's state (:func:`benchmarks.sharding.held_bytes`).
+  after it in parameters, gradients and AdamW's state (:func:`benchmarks.harness.held_bytes`).
 
 With one GPU there is nothing to divide: the ratio fsdp / none measures FSDP's own overhead
 (its gathered copies of a block, its bf16 copies, its communication buffers), not a division
@@ -167,7 +167,7 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
     peak, the memory held before and after, and the bytes of parameters, gradients and AdamW's
     state."""
     from benchmarks.gpu_perf import free_device
-    from benchmarks.sharding import held_bytes
+    from benchmarks.harness import held_bytes
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
     from dpr_cache.core.steppers import Towers, make_stepper

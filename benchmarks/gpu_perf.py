@@ -15,7 +15,6 @@ import functools
 import gc
 import inspect
 import json
-import shutil
 import statistics
 import sys
 import time
@@ -27,10 +26,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_cli import child
+from benchmarks.harness import option_args
 from dpr_cache.data.collate import Batch
 
 __all__ = [
-    "write_base_model",
     "memory_by_batch",
     "largest_full_batch",
     "squad_batch",
@@ -39,29 +38,6 @@ __all__ = [
     "encode_rate",
     "matmul_tflops",
 ]
-
-
-def write_base_model(out: Path, tokenizer_dir: str, layers: int = 12, hidden: int = 768) -> Path:
-    """A random-weight BERT of BERT-base's shape (layers, hidden) with a WordPiece tokenizer of
-    30,522 words: what the GPU figures train and encode (the weights mean nothing; the cost is
-    BERT-base's)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        intermediate_size=4 * hidden,
-    )
-    torch.manual_seed(0)
-    partial = out.with_name(out.name + ".partial")  # a section stopped mid-write leaves no model
-    shutil.rmtree(partial, ignore_errors=True)
-    BertModel(config).save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(out)
-    return out
 
 
 def _config(model_dir: Path, out: Path, **train):
@@ -302,25 +278,15 @@ def _interleave(
     fresh_cache: bool = True,
     others: Collection = (),
 ) -> dict[str, dict]:
-    """Each stepper's step timed once a round, rounds interleaved, after its warm-ups
-    (``warmups``: one count for all, or by name; a stepper with fewer starts later, so that
-    the timed rounds line up); a stepper whose step fails (out of memory, say) is dropped with
-    the reason. Median seconds and pairs per second, each warm-up's seconds, and on CUDA (for
-    the names in ``host_waits``, or all with True) the host's waits in one more step. Each
-    warm-up's seconds are printed as it ends: a section cut short says which stepper it was
-    in. ``fresh_cache``: the group starts from an emptied CUDA cache (else it keeps the last
-    group's, for a group that is not warmed up). ``others``: more models some steppers train,
-    whose gradients are reset before each step as ``model``'s are."""
-    from dpr_cache.runtime.device import autocast
-
+    """Each stepper's step timed once a round, rounds interleaved, after its ``warmups`` (one
+    count, or by name: one with fewer starts later, so the timed rounds line up); one that fails
+    (out of memory, say) is dropped with the reason. Median seconds, pairs per second, each
+    warm-up's seconds (printed as it ends), and on CUDA the host's waits in one more step (for
+    ``host_waits``' names, or all with True). ``fresh_cache``: start from an emptied CUDA cache.
+    ``others``: more models some steppers train, their gradients reset as ``model``'s are."""
     device = model.device
     cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-
-    def zero_grad() -> None:
-        for m in (model, *others):
-            m.zero_grad(set_to_none=True)
-
+    zero_grad = functools.partial(_zero_grad, (model, *others))
     zero_grad()
     if fresh_cache:  # each group starts from an empty cache, not another group's leftovers
         free_device(device)
@@ -328,10 +294,8 @@ def _interleave(
     warm = {n: warmups.get(n, 1) if isinstance(warmups, dict) else warmups for n in steppers}
     first = max(warm.values(), default=0)
     waits = set(steppers) if host_waits is True else set(host_waits or ())
-    times: dict[str, list[float]] = {name: [] for name in steppers}
-    warmup_s: dict[str, list[float]] = {name: [] for name in steppers}
-    failed: dict[str, str] = {}
-    syncs: dict[str, dict] = {}
+    times, warmup_s = ({name: [] for name in steppers} for _ in range(2))
+    failed, syncs = {}, {}  # by name: why a stepper failed; its waits for the device
     allocator: dict[str, collections.Counter] = {name: collections.Counter() for name in steppers}
     for r in range(first + rounds):
         for name, stepper in steppers.items():
@@ -339,49 +303,82 @@ def _interleave(
                 continue
             timed = r >= first
             zero_grad()
-            sync()
-            before = _allocator_counts(device)
-            start = time.perf_counter()
-            try:
-                with autocast(device, precision):
-                    stepper.step(b.q_inputs, b.p_inputs, p_ids=b.p_ids)
-                sync()
-                seconds = time.perf_counter() - start
-                if timed:
-                    allocator[name].update(_allocator_counts(device) - before)
-                if r == first - 1 and cuda and name in waits:  # after the warm-ups, one step
-                    step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
-                    syncs[name] = count_syncs(step, device, precision)
-            except STEP_ERRORS as exc:
-                oom = isinstance(exc, torch.OutOfMemoryError)
-                failed[name] = "out of memory" if oom else f"{type(exc).__name__}: {exc}"[:300]
+            step = _attempt(stepper, b, precision, r == first - 1 and cuda and name in waits)
+            if "failed" in step:
+                failed[name] = step["failed"]
                 print(f"    {name}: {failed[name]}", flush=True)
                 zero_grad()
                 free_device(device)
                 continue
+            if "syncs" in step:
+                syncs[name] = step["syncs"]
             if timed:
-                times[name].append(seconds)
-            else:
-                warmup_s[name].append(seconds)
-                print(f"    {name}: warm-up {seconds:.1f} s", flush=True)
+                allocator[name].update(step["allocator"])
+            (times if timed else warmup_s)[name].append(step["seconds"])
+            if not timed:
+                print(f"    {name}: warm-up {step['seconds']:.1f} s", flush=True)
     known = torch.cuda.memory_stats(device) if cuda else {}
-    out = {}
-    for name, ts in times.items():
-        if name in failed or not ts:
-            out[name] = {"failed": failed.get(name, "not timed")}
-            if warmup_s[name]:
-                out[name]["warmup_s"] = warmup_s[name]
-            continue
-        median = statistics.median(ts)
-        out[name] = {"step_s": median, "pairs_per_s": batch.n_questions / median, "times_s": ts}
-        out[name]["warmup_s"] = warmup_s[name]
-        if name in syncs:
-            out[name]["syncs"] = syncs[name]
-        if cuda:
-            out[name]["allocator"] = {
-                k: allocator[name][k] / len(ts) if k in known else None for k in _ALLOCATOR_COUNTS
-            }
-    return out
+    per_step = {
+        n: {k: c[k] / max(1, len(times[n])) if k in known else None for k in _ALLOCATOR_COUNTS}
+        for n, c in allocator.items()
+    }
+    return {
+        n: _timed_row(ts, warmup_s[n], failed.get(n), syncs.get(n), batch, cuda and per_step[n])
+        for n, ts in times.items()
+    }
+
+
+def _zero_grad(models) -> None:
+    for m in models:
+        m.zero_grad(set_to_none=True)
+
+
+def _attempt(stepper, b: Batch, precision: str, count_waits: bool) -> dict:
+    """One step: its seconds and the allocator's counts over it, with ``count_waits`` the
+    host's waits in one more step; or why it failed (out of memory, say)."""
+    device = b.q_inputs["input_ids"].device
+    before = _allocator_counts(device)
+    try:
+        out = {"seconds": _one_step(stepper, b, precision)}
+        out["allocator"] = _allocator_counts(device) - before
+        if count_waits:  # after the warm-ups, one step
+            step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
+            out["syncs"] = count_syncs(step, device, precision)
+        return out
+    except STEP_ERRORS as exc:
+        oom = isinstance(exc, torch.OutOfMemoryError)
+        return {"failed": "out of memory" if oom else f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _one_step(stepper, b: Batch, precision: str) -> float:
+    """Seconds of one step of ``stepper`` on the device's batch ``b``, the device synchronized
+    before and after."""
+    from dpr_cache.runtime.device import autocast
+
+    device = b.q_inputs["input_ids"].device
+    _sync(device)
+    start = time.perf_counter()
+    with autocast(device, precision):
+        stepper.step(b.q_inputs, b.p_inputs, p_ids=b.p_ids)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _timed_row(ts, warmup_s, failed, syncs, batch, allocator) -> dict:
+    """One stepper's figures: its median step, rate, times and warm-ups, or why it has none."""
+    if failed or not ts:
+        row = {"failed": failed or "not timed"}
+        if warmup_s:
+            row["warmup_s"] = warmup_s
+        return row
+    median = statistics.median(ts)
+    row = {"step_s": median, "pairs_per_s": batch.n_questions / median, "times_s": ts}
+    row["warmup_s"] = warmup_s
+    if syncs is not None:
+        row["syncs"] = syncs
+    if allocator:
+        row["allocator"] = allocator
+    return row
 
 
 _ALLOCATOR_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
@@ -477,6 +474,41 @@ def speed_comparison(
     a step (of questions and of passages; None where a token budget decides). ``host_waits``: the
     settings (all, with True) whose waits for the device are counted (one more step each);
     ``fresh_cache`` and ``others`` as :func:`_interleave` takes them."""
+    specs = _comparison_specs(
+        model, batch, chunks, variants, compiled, full_batch, cmnrl_rows, cmnrl_tokens, lib_chunks
+    )
+    rows = {name: {"engine": e, "chunk": c, "chunks": n} for name, _, e, c, n in specs}
+    steppers = {name: make() for name, make, *_ in specs}
+    compiled_names = {v.name for v in variants if v.compile_mode}
+    warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled_names else warmups for n in steppers}
+    timed = _interleave(
+        steppers,
+        batch,
+        model,
+        precision,
+        rounds,
+        host_waits,
+        warmups=warm,
+        fresh_cache=fresh_cache,
+        others=others,
+    )
+    for name, row in timed.items():
+        rows[name].update(row)
+    return {
+        "batch": batch.n_questions,
+        "precision": precision,
+        "rounds": rounds,
+        "warmups": warmups,
+        "rows": rows,
+        "best": {family: _best(rows, family) for family in _FAMILIES},
+    }
+
+
+def _comparison_specs(
+    model, batch, chunks, variants, compiled, full_batch, cmnrl_rows, cmnrl_tokens, lib_chunks
+) -> list[tuple]:
+    """(name, make, engine, chunk, chunks a step) of every setting :func:`speed_comparison`
+    times."""
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
     specs = []  # (name, make, engine, chunk, chunks a step)
     for name, (q, p) in chunk_settings(chunks, n_q, n_p).items():
@@ -507,33 +539,7 @@ def speed_comparison(
         make = functools.partial(_gradcache_lib, model, [q, p])
         counts = chunk_counts(n_q, n_p, q, p)
         specs.append((f"GradCache library {name}", make, "GradCache library", name[6:], counts))
-    steppers, rows = {}, {}
-    for name, make, engine, chunk, counts in specs:
-        rows[name] = {"engine": engine, "chunk": chunk, "chunks": counts}
-        steppers[name] = make()
-    compiled_names = {v.name for v in variants if v.compile_mode}
-    warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled_names else warmups for n in steppers}
-    timed = _interleave(
-        steppers,
-        batch,
-        model,
-        precision,
-        rounds,
-        host_waits,
-        warmups=warm,
-        fresh_cache=fresh_cache,
-        others=others,
-    )
-    for name, row in timed.items():
-        rows[name].update(row)
-    return {
-        "batch": batch.n_questions,
-        "precision": precision,
-        "rounds": rounds,
-        "warmups": warmups,
-        "rows": rows,
-        "best": {family: _best(rows, family) for family in _FAMILIES},
-    }
+    return specs
 
 
 def _variant_stepper(model, variant: Variant, compiled=None):
@@ -676,31 +682,10 @@ def encode_rate(
     start-up is lost in its hours, would run."""
     tsv = _passages_tsv(squad_dir, work / f"passages_{rows}.tsv", rows)
     out = work / f"vectors_{rows}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dpr_cache",
-        "encode",
-        "--model",
-        str(model_dir),
-        "--passages",
-        str(tsv),
-        "--out",
-        str(out),
-        "--device",
-        device,
-        "--precision",
-        precision,
-        "--batch-size",
-        str(batch_size),
-        "--num-workers",
-        str(workers),
-        "--max-length",
-        "256",
-        "--cache-dir",
-        str(work / "cache"),
-        "-q",
-    ]
+    options = {"--model": model_dir, "--passages": tsv, "--out": out, "--device": device}
+    options |= {"--precision": precision, "--batch-size": batch_size, "--num-workers": workers}
+    options |= {"--max-length": 256, "--cache-dir": work / "cache"}
+    cmd = [sys.executable, "-m", "dpr_cache", "encode", *option_args(options), "-q"]
     run = child(cmd, timeout)
     if run["rc"] != 0:
         lines = run["stderr"].strip().splitlines()
@@ -753,17 +738,42 @@ def teacher_score_rate(
     torch's profiler at each precision. The pairs' tokenization (on the CPU, part of every
     loop's seconds) is also timed alone. The figures go into ``into`` (returned) as they are
     measured, so that a section stopped part way keeps them."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from dpr_cache.model.cross_encoder import load_cross_encoder, tokenize_pairs
 
-    from dpr_cache.data.qas import read_qas
-    from dpr_cache.data.tokenize import pad
-    from dpr_cache.model.cross_encoder import (
-        Pair,
-        load_cross_encoder,
-        score_pairs,
-        tokenize_pairs,
+    folder = _random_cross_encoder(tokenizer_dir, work, shape)
+    encoder = load_cross_encoder(folder, max_length=256, device=device)
+    pairs = _score_sample(squad_dir, work, n_pairs)
+    start = time.perf_counter()
+    features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
+    tokenize_s = time.perf_counter() - start
+    lengths = [len(ids) for ids in features["input_ids"]]
+    out = {} if into is None else into
+    out.update(
+        tokenize_s=tokenize_s,
+        mean_tokens=sum(lengths) / n_pairs,
+        batch_size=batch_size,
+        max_length=256,
+        model={"layers": shape[0], "hidden": shape[1]},
+        nq_pairs=NQ_SCORE_PAIRS,
+        rows=[],
     )
-    from dpr_cache.runtime.device import autocast
+    alone = _ModelAlone(encoder, device, features, lengths, batch_size)
+    first = out["first_pass"] = alone.first_passes(precisions)
+    out["rows"] = _score_rounds(encoder, pairs, device, precisions, rounds, batch_size, out["rows"])
+    out["model_alone"] = alone.best(precisions, rounds)
+    for precision in first["seconds"]:  # the first pass's batches again, all shapes run
+        first["again_seconds"][precision] = alone.timed(precision, alone.batches[1:])
+    longest = alone.batches[:1]
+    _profiled(lambda: alone.run(precisions[0], longest), device)  # the profiler's own start
+    profiles = out["profiles"] = {}
+    for precision in precisions:
+        profiles[precision] = _profiled(lambda p=precision: alone.run(p, longest), device)
+    return out
+
+
+def _random_cross_encoder(tokenizer_dir: str, work: Path, shape: tuple[int, int]) -> Path:
+    """A BERT cross-encoder of ``shape`` (layers, width) with random weights, written once."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     layers, width = shape
     folder = work / f"cross-encoder-{layers}x{width}"
@@ -780,100 +790,114 @@ def teacher_score_rate(
         torch.manual_seed(0)
         BertForSequenceClassification(config).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-    encoder = load_cross_encoder(folder, max_length=256, device=device)
-    questions = [q for q, _ in read_qas(squad_dir / "dev.qa.tsv")]
-    tsv = _passages_tsv(squad_dir, work / "score_passages.tsv", 5_000)
+    return folder
+
+
+def _score_sample(squad_dir: Path, work: Path, n_pairs: int) -> list:
+    """``n_pairs`` pairs of SQuAD dev questions and 100-word passages."""
     import csv
 
+    from dpr_cache.data.qas import read_qas
+    from dpr_cache.model.cross_encoder import Pair
+
+    questions = [q for q, _ in read_qas(squad_dir / "dev.qa.tsv")]
+    tsv = _passages_tsv(squad_dir, work / "score_passages.tsv", 5_000)
     with open(tsv, newline="") as f:
         passages = [(r["title"], r["text"]) for r in csv.DictReader(f, delimiter="\t")]
-    pairs = [
+    return [
         Pair(questions[i % len(questions)], *passages[(i * 7) % len(passages)])
         for i in range(n_pairs)
     ]
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    start = time.perf_counter()
-    features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
-    tokenize_s = time.perf_counter() - start
-    lengths = [len(ids) for ids in features["input_ids"]]
-    out = {} if into is None else into
-    out.update(
-        tokenize_s=tokenize_s,
-        mean_tokens=sum(lengths) / n_pairs,
-        batch_size=batch_size,
-        max_length=256,
-        model={"layers": layers, "hidden": width},
-        nq_pairs=NQ_SCORE_PAIRS,
-        rows=[],
-    )
-    order = sorted(range(n_pairs), key=lambda i: -lengths[i])
-    batches = [
-        {
-            k: v.to(device)
-            for k, v in pad(encoder.tokenizer, features, order[s : s + batch_size]).items()
-        }
-        for s in range(0, n_pairs, batch_size)
-    ]
 
-    def model_alone(precision: str, some: list[dict] = batches) -> None:
-        with torch.inference_mode(), autocast(device, precision):
-            for batch in some:
-                encoder.model(**batch).logits.float()
-        sync()
 
-    rest = batches[1:]  # after the longest, whose length is run first
-    lengths = {b["input_ids"].shape[1] for b in rest} - {batches[0]["input_ids"].shape[1]}
-    first = out["first_pass"] = {
-        "order": precisions[::-1],
-        "batches": len(rest),
-        "pairs": sum(len(b["input_ids"]) for b in rest),
-        "new_lengths": len(lengths),
-        "seconds": {},
-        "again_seconds": {},
-    }
-    for precision in precisions:
-        model_alone(precision, batches[:1])  # one-time start: the most memory, the handles
-    for precision in first["order"]:  # every other shape, once, before the rounds
-        start = time.perf_counter()
-        model_alone(precision, rest)
-        if rest:
-            first["seconds"][precision] = time.perf_counter() - start
+def _score_rounds(encoder, pairs, device, precisions, rounds, batch_size, rows) -> list[dict]:
+    """``score``'s whole loop at each precision, the rounds' order alternating."""
+    from dpr_cache.model.cross_encoder import score_pairs
+
     for r, precision in _alternating(precisions, rounds):
         start = time.perf_counter()
         score_pairs(encoder, pairs, batch_size=batch_size, precision=precision)
-        sync()
+        _sync(device)
         seconds = time.perf_counter() - start
-        rate = n_pairs / seconds
-        out["rows"].append(
+        rate = len(pairs) / seconds
+        rows.append(
             {
                 "round": r + 1,
                 "precision": precision,
-                "pairs": n_pairs,
+                "pairs": len(pairs),
                 "seconds": seconds,
                 "pairs_a_second": rate,
                 "nq_hours": NQ_SCORE_PAIRS / rate / 3600,
             }
         )
-    best: dict[str, float] = {}
-    for _, precision in _alternating(precisions, rounds):
+    return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class _ModelAlone:
+    """The cross-encoder alone on length-sorted batches already padded on the device."""
+
+    def __init__(self, encoder, device, features, lengths, batch_size):
+        from dpr_cache.data.tokenize import pad
+
+        self.encoder, self.device, self.n = encoder, device, len(lengths)
+        order = sorted(range(self.n), key=lambda i: -lengths[i])
+        self.batches = [
+            {
+                k: v.to(device)
+                for k, v in pad(encoder.tokenizer, features, order[s : s + batch_size]).items()
+            }
+            for s in range(0, self.n, batch_size)
+        ]
+
+    def run(self, precision: str, some: list[dict] | None = None) -> None:
+        from dpr_cache.runtime.device import autocast
+
+        with torch.inference_mode(), autocast(self.device, precision):
+            for batch in self.batches if some is None else some:
+                self.encoder.model(**batch).logits.float()
+        _sync(self.device)
+
+    def timed(self, precision: str, some: list[dict] | None = None) -> float:
         start = time.perf_counter()
-        model_alone(precision)
-        seconds = time.perf_counter() - start
-        best[precision] = min(seconds, best.get(precision, seconds))
-    out["model_alone"] = [
-        {"precision": p, "seconds": best[p], "pairs_a_second": n_pairs / best[p]}
-        for p in precisions
-    ]
-    for precision in first["seconds"]:  # the first pass's batches again, all shapes run
-        start = time.perf_counter()
-        model_alone(precision, rest)
-        first["again_seconds"][precision] = time.perf_counter() - start
-    longest = batches[:1]
-    _profiled(lambda: model_alone(precisions[0], longest), device)  # the profiler's own start
-    profiles = out["profiles"] = {}
-    for precision in precisions:
-        profiles[precision] = _profiled(lambda p=precision: model_alone(p, longest), device)
-    return out
+        self.run(precision, some)
+        return time.perf_counter() - start
+
+    def first_passes(self, precisions: list[str]) -> dict:
+        """Each precision's first pass over every batch but the longest (whose shape, and
+        one-time start, each precision pays first), in the rounds' order reversed."""
+        rest = self.batches[1:]
+        lengths = {b["input_ids"].shape[1] for b in rest} - {self.batches[0]["input_ids"].shape[1]}
+        first = {
+            "order": precisions[::-1],
+            "batches": len(rest),
+            "pairs": sum(len(b["input_ids"]) for b in rest),
+            "new_lengths": len(lengths),
+            "seconds": {},
+            "again_seconds": {},
+        }
+        for precision in precisions:
+            self.run(precision, self.batches[:1])  # one-time start: the most memory, the handles
+        for precision in first["order"]:  # every other shape, once, before the rounds
+            seconds = self.timed(precision, rest)
+            if rest:
+                first["seconds"][precision] = seconds
+        return first
+
+    def best(self, precisions: list[str], rounds: int) -> list[dict]:
+        """The best of ``rounds`` alternating rounds at each precision."""
+        best: dict[str, float] = {}
+        for _, precision in _alternating(precisions, rounds):
+            seconds = self.timed(precision)
+            best[precision] = min(seconds, best.get(precision, seconds))
+        return [
+            {"precision": p, "seconds": best[p], "pairs_a_second": self.n / best[p]}
+            for p in precisions
+        ]
 
 
 def _alternating(items: list[str], rounds: int) -> Iterator[tuple[int, str]]:

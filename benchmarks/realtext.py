@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import shlex
 import statistics
@@ -27,13 +28,17 @@ from typing import Annotated
 
 import typer
 
-from benchmarks.children import cached_child_result
-from benchmarks.machine import load_average, machine_info
-from benchmarks.point import PointSpec
-from benchmarks.synthetic import int_list, run_point
-from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
+from benchmarks import harness
+from benchmarks.point import PointSpec, run_in_child
+from dpr_cache.runtime.atomic import (
+    append_line,
+    read_lines,
+    write_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 
-__all__ = ["RealTextPlan", "plan_configs", "summarize", "run_realtext"]
+__all__ = ["RealTextPlan", "plan_configs", "summarize", "run_realtext", "markdown", "plot"]
 
 POINTS_FILE = "realtext_points.jsonl"
 PROFILE_FILE = "realtext_profile.json"
@@ -239,7 +244,7 @@ def _profile(spec: PointSpec, path: Path, reuse: bool, echo: Callable[[str], Non
     """The phase profile of ``spec`` in a fresh process (with ``reuse``, kept if already in
     ``path``)."""
     args = dataclasses.asdict(spec)
-    result = cached_child_result("benchmarks.profile", args, path, reuse, echo)
+    result = harness.cached_child_result("benchmarks.profile", args, path, reuse, echo)
     if result is not None:
         echo(
             f"profile: step {result['dropout_on']['step']:.2f} s with dropout, "
@@ -254,10 +259,9 @@ def run_realtext(
     *,
     command: str = "",
     reuse: bool = False,
-    echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    echo: Callable[[str], None] = harness.echo,
 ) -> dict:
     """Run every configuration ``plan.rounds`` times, interleaved; write the report."""
-    from benchmarks import realtext_report
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -265,7 +269,7 @@ def run_realtext(
     if not reuse:
         write_text_atomic(points_file, "")
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
-    load_at_start = load_average()
+    load_at_start = harness.load_average()
     timed, memory = plan_configs(plan)
     schedule = [(r, s) for r in range(1, plan.rounds + 1) for s in timed] + [(1, s) for s in memory]
     wanted = {(spec.key(), round_) for round_, spec in schedule}
@@ -274,7 +278,7 @@ def run_realtext(
     for round_, spec in schedule:
         if (spec.key(), round_) in kept:
             continue
-        row = {**run_point(spec), "key": spec.key(), "round": round_}
+        row = {**run_in_child(spec), "key": spec.key(), "round": round_}
         latest[(spec.key(), round_)] = row
         with points_file.open("a", encoding="utf-8") as f:
             append_line(f, json.dumps(row))
@@ -292,15 +296,14 @@ def run_realtext(
         "command": command,
         "rows_measured": len(schedule) - len(kept),  # the rest were kept from earlier runs
         "rows_kept": len(kept),
-        "machine": machine_info("cpu", plan.threads),
+        "machine": harness.machine_info("cpu", plan.threads),
         "plan": dataclasses.asdict(plan),
         "configs": summaries,
         "targets": targets(summaries, plan),
         "profile": profile,
     }
     write_json_atomic(out / "realtext.json", result)
-    write_text_atomic(out / "realtext.md", realtext_report.markdown(result))
-    realtext_report.plot(result, out / "realtext.png")
+    render(result, out)
     return result
 
 
@@ -341,37 +344,197 @@ def main(
 ) -> None:
     """Our GradCache against full batches and the peers on real, ragged text: writes
     realtext.json, realtext.md and realtext.png under --out."""
+    options = {**locals(), "text": str(text), "memory_batch": memory_batch or None}
+    options["cache_dir"] = str(cache_dir) if cache_dir else None
     if not text.is_file():
         raise SystemExit(
             f"error: {text}: no training file (run `dpr-cache data squad` and `mine --ranker bm25`)"
         )
+    lists = {"batches", "full_batches"}
+    same = {f.name: options[f.name] for f in dataclasses.fields(RealTextPlan) if f.name in options}
     plan = RealTextPlan(
-        text=str(text),
-        model=model,
-        q_len=q_len,
-        p_len=p_len,
-        hard_negatives=hard_negatives,
-        chunk=chunk,
-        batches=int_list(batches, "--batches"),
-        full_batches=int_list(full_batches, "--full-batches"),
-        memory_batch=memory_batch or None,
-        budget_gb=budget_gb,
-        rounds=rounds,
-        warmup=warmup,
-        repeats=repeats,
-        bf16=bf16,
-        peers=peers,
-        batch_order=batch_order,
-        profile=profile,
-        threads=threads,
-        cache_dir=str(cache_dir) if cache_dir else None,
+        **{k: v for k, v in same.items() if k not in lists},
+        batches=harness.int_list(batches, "--batches"),
+        full_batches=harness.int_list(full_batches, "--full-batches"),
     )
     command = shlex.join(["python", "-m", "benchmarks.realtext", *sys.argv[1:]])
     result = run_realtext(plan, out, command=command, reuse=reuse)
-    for t in result["targets"]:
-        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
-        print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
-    print(f"written to {out}")
+    harness.print_targets(result["targets"], out)
+
+
+# The page.
+
+
+def _configs_table(configs: list[dict]) -> list[str]:
+    lines = [
+        "| configuration | rounds | step s (median) | each round | pairs / s | real tokens / s "
+        "| tokens encoded a step (padding, passes) | real tokens a step | peak GB |",
+        "|---|--:|--:|---|--:|--:|--:|--:|--:|",
+    ]
+    for c in configs:
+        if not c["rounds"]:
+            lines.append(f"| {c['label']} | 0 | failed: {'; '.join(c['errors'])[:160]} |")
+            continue
+        each = " / ".join(f"{s:.1f}" for s in c["step_s_each"])
+        over = "" if c["within_budget"] else " (over budget)"
+        lines.append(
+            f"| {c['label']} | {c['rounds']} | {c['step_s']:.2f} | {each} | {c['pairs_per_s']:.2f}"
+            f" | {c['real_tokens_per_s']:,.0f} | {c['encoded_tokens']:,}"
+            f" ({c['encoded_tokens'] / c['real_tokens']:.2f} x real) | {c['real_tokens']:,}"
+            f" | {c['peak_gb']:.2f}{over} |"
+        )
+    return lines
+
+
+PHASE_NAMES = {
+    "collate_s": "collate (tokenize the batch; off the step, in a loader worker when training)",
+    "split": "order by length and chunk",
+    "forward_no_grad": "graph-less forward, all chunks but the kept last",
+    "forward_last": "forward of the kept last chunks, with graph",
+    "build_cache": "loss and d(loss)/d(reps)",
+    "forward_backward": "re-forward with graph + backward",
+    "optimizer": "optimizer (AdamW step)",
+}
+
+
+def _profile_table(profile: dict) -> list[str]:
+    on, off = profile["dropout_on"], profile["dropout_off"]
+    total = on["step"] + on["optimizer"]
+    lines = [
+        "| phase | seconds, dropout on | share of step + optimizer | seconds, dropout off "
+        "| dropout's cost |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for key, name in PHASE_NAMES.items():
+        if key == "collate_s":
+            value = profile.get("collate_s")
+            if value is not None:
+                lines.append(f"| {name} | {value:.3f} | – | {value:.3f} | – |")
+            continue
+        lines.append(
+            f"| {name} | {on[key]:.3f} | {on[key] / total:.0%} | {off[key]:.3f}"
+            f" | {on[key] - off[key]:+.3f} |"
+        )
+    lines.append(
+        f"| **step + optimizer** | {total:.3f} | 100% | {off['step'] + off['optimizer']:.3f}"
+        f" | {total - off['step'] - off['optimizer']:+.3f} |"
+    )
+    return lines
+
+
+def _when(result: dict) -> str:
+    """When this run measured, and the load then; or that it only rewrote the page."""
+    if result.get("rows_kept") and not result.get("rows_measured"):
+        return f"Page written {result['started']} from kept rows (this run measured none)."
+    return harness.run_text(result)
+
+
+def _provenance(result: dict) -> str:
+    """How many rows this run measured, when some were kept from earlier runs."""
+    measured, kept = result.get("rows_measured", 0), result.get("rows_kept", 0)
+    if not kept:
+        return ""
+    return (
+        f" (this run measured {measured} of the {measured + kept} rows; the other {kept} were"
+        " kept from earlier runs with the same settings)"
+    )
+
+
+def markdown(result: dict) -> str:
+    """realtext.md: machine (CPU model and flags), command, recipe, targets, every config."""
+    m, plan = result["machine"], result["plan"]
+    lines = [
+        "# Benchmark: the training step on real text",
+        "",
+        f"Machine: {harness.cpu_text(m)}; torch {m['torch']} ({m['threads']} threads),"
+        f" transformers {m['transformers']}. {_when(result)}",
+        "",
+        f"Command: `{result['command']}`{_provenance(result)}",
+        "",
+        f"Text: the trainer's first batch of `{plan['text']}` (its questions and passages as"
+        f" they are, cut at {plan['q_len']} and {plan['p_len']} tokens, padded to the batch's"
+        f" longest row), {plan['hard_negatives']} hard negative a question; model"
+        f" `{plan['model']}` in train mode (its dropout). A step is zero_grad, forward, loss and"
+        " backward (no optimizer). Each configuration runs in a fresh process:"
+        f" {plan['warmup']} warm-up step (batches up to {plan['warmup_max_batch']}; larger ones,"
+        " whose one-time costs are a small share of a step, none) then"
+        f" {plan['repeats']} timed; the configurations are"
+        f" interleaved over {plan['rounds']} rounds and the table gives the median. *Tokens"
+        " encoded* counts every token position the encoders were given in the step, padding and"
+        " second passes included; *real tokens* are the batch's unpadded tokens, and real"
+        " tokens / s divides them by the step time. The budget for the full batch is"
+        f" {plan['budget_gb']:g} GB of peak resident memory.",
+        "",
+        "## Targets",
+        "",
+        harness.targets_table(result["targets"]),
+        "",
+        "## Configurations",
+        "",
+        *_configs_table(result["configs"]),
+        "",
+        "![pairs per second and tokens encoded per configuration](realtext.png)",
+        "",
+    ]
+    if result.get("profile"):
+        prof = result["profile"]
+        lines += [
+            "## Where the time goes",
+            "",
+            f"Ours at B={prof['batch']}, chunk {prof['chunk']}, fp32: each phase of the engine"
+            " timed by wrapping its method, median of"
+            f" {prof['repeats']} step(s) after {prof['warmup']} warm-up, in one fresh process;"
+            " then the same with the model in eval mode (no dropout). Dropout's cost is the"
+            " difference.",
+            "",
+            *_profile_table(prof),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``realtext.md`` and ``realtext.png`` in ``folder``."""
+    write_text_atomic(folder / "realtext.md", markdown(result))
+    plot(result, folder / "realtext.png")
+    return folder / "realtext.md"
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Pairs per second (every round a dot, the median a bar) and tokens encoded per pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = [c for c in result["configs"] if c["rounds"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.45 * len(configs) + 2.2))
+    ys = list(range(len(configs)))[::-1]
+    for y, c in zip(ys, configs, strict=True):
+        color = "C0" if c["mode"] == "gradcache" else "C1" if c["mode"] == "full" else "C2"
+        left.barh(y, c["pairs_per_s"], color=color, alpha=0.6)
+        left.scatter(
+            [c["batch"] / s for s in c["step_s_each"]],
+            [y] * len(c["step_s_each"]),
+            color="black",
+            s=10,
+            zorder=3,
+        )
+        right.barh(y, c["encoded_tokens"] / c["batch"], color=color, alpha=0.6)
+        right.scatter(
+            [c["real_tokens"] / c["batch"]], [y], marker="|", s=200, color="black", zorder=3
+        )
+    left.set_yticks(ys, [c["label"] for c in configs], fontsize=8)
+    left.set_xlabel("question-passage pairs per second (dots: each round)")
+    right.set_yticks(ys, ["" for _ in configs])
+    right.set_xlabel("tokens encoded a pair, padding and passes included (|: real tokens)")
+    for ax in (left, right):
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"{result['machine']['cpu']}: training step on real text")
+    fig.tight_layout()
+    write_atomic(path, functools.partial(fig.savefig, dpi=110, format="png"))
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

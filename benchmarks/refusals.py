@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from benchmarks.machine import load_average, machine_info
+from benchmarks.harness import load_average, load_text, machine_info
 from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
@@ -28,11 +29,34 @@ GOAL = 1.5  # a refusal's time over --help's
 TOY, TINY = "data/toy", "data/toy/tiny-bert"
 
 
+SCENARIOS = {
+    "--help": "--help",
+    "train: a config key unknown": "train {config} --set train.lrr=1",
+    "train: another run's checkpoints": "train {config} --set output_dir={root}/run",
+    "train: a run in use": "train {config} --set output_dir={root}/held",
+    "train --resume: a finished run": "train {config} --set output_dir={root}/done --resume",
+    "train: a training file missing": "train {config} --set data.train=/nowhere.jsonl",
+    "index: the passages file missing":
+        "index {config} --model {tiny} --set data.passages=/nowhere.tsv",
+    "eval: before index": "eval {config} --model {tiny} --set output_dir={root}/none",
+    "encode: the model missing":
+        "encode --model /nowhere --questions {toy}/dev.qa.tsv --out {root}/e",
+    "search: the index missing":
+        "search --index /nowhere --questions {toy}/dev.qa.tsv --model {tiny} --out {root}/r.trec",
+    "mine: the index missing":
+        "mine --model {tiny} --index /nowhere --train {toy}/train.jsonl --out {root}/m.jsonl",
+    "score: the training file missing": "score --teacher bm25 --passages {toy}/passages.tsv"
+        " --train /nowhere.jsonl --out {root}/s.jsonl",
+    "export: the model missing": "export --model /nowhere --out {root}/x",
+}  # fmt: skip
+"""Each refusal's command line: ``{root}`` is the folder of its inputs, ``{toy}`` the toy data,
+``{tiny}`` the tiny BERT, ``{config}`` the toy config."""
+
+
 def scenarios(root: Path) -> dict[str, list[str]]:
     """Each refusal as a command line, its inputs made under ``root`` (the lock holders are
     started by :func:`_holders`)."""
-    run = root / "run"
-    step = run / "checkpoints" / "step-00000001"
+    step = root / "run" / "checkpoints" / "step-00000001"
     step.mkdir(parents=True)
     (step / "state.pt").write_bytes(b"")
     done = root / "done"
@@ -42,80 +66,10 @@ def scenarios(root: Path) -> dict[str, list[str]]:
     settings = {"data.train": f"{TOY}/train.jsonl", "train.batch_size": 64, "train.epochs": 6}
     settings["train.max_steps"] = None
     (done / "finished.json").write_text(json.dumps({"step": 2, "settings": settings}))
-    config = ["--config", "configs/toy.yaml"]
-    return {
-        "--help": ["--help"],
-        "train: a config key unknown": ["train", *config, "--set", "train.lrr=1"],
-        "train: another run's checkpoints": ["train", *config, "--set", f"output_dir={run}"],
-        "train: a run in use": ["train", *config, "--set", f"output_dir={root / 'held'}"],
-        "train --resume: a finished run": [
-            "train",
-            *config,
-            "--set",
-            f"output_dir={done}",
-            "--resume",
-        ],
-        "train: a training file missing": ["train", *config, "--set", "data.train=/nowhere.jsonl"],
-        "index: the passages file missing": [
-            "index",
-            *config,
-            "--model",
-            TINY,
-            "--set",
-            "data.passages=/nowhere.tsv",
-        ],
-        "eval: before index": [
-            "eval",
-            *config,
-            "--model",
-            TINY,
-            "--set",
-            f"output_dir={root / 'none'}",
-        ],
-        "encode: the model missing": [
-            "encode",
-            "--model",
-            "/nowhere",
-            "--questions",
-            f"{TOY}/dev.qa.tsv",
-            "--out",
-            str(root / "e"),
-        ],
-        "search: the index missing": [
-            "search",
-            "--index",
-            "/nowhere",
-            "--questions",
-            f"{TOY}/dev.qa.tsv",
-            "--model",
-            TINY,
-            "--out",
-            str(root / "r.trec"),
-        ],
-        "mine: the index missing": [
-            "mine",
-            "--model",
-            TINY,
-            "--index",
-            "/nowhere",
-            "--train",
-            f"{TOY}/train.jsonl",
-            "--out",
-            str(root / "m.jsonl"),
-        ],
-        "score: the training file missing": [
-            "score",
-            "--teacher",
-            "bm25",
-            "--passages",
-            f"{TOY}/passages.tsv",
-            "--train",
-            "/nowhere.jsonl",
-            "--out",
-            str(root / "s.jsonl"),
-        ],
-        "export: the model missing": ["export", "--model", "/nowhere", "--out", str(root / "x")],
-    }
+    names = {"root": root, "toy": TOY, "tiny": TINY}
+    names = {k: shlex.quote(str(v)) for k, v in names.items()}
+    names["config"] = "--config configs/toy.yaml"
+    return {name: shlex.split(line.format(**names)) for name, line in SCENARIOS.items()}
 
 
 def _holders(root: Path) -> subprocess.Popen:
@@ -185,7 +139,7 @@ def page(result: dict, machine: dict, date: str) -> str:
         "",
         f"Measured {date} with `python -m benchmarks.refusals --out docs/bench` (data: "
         f"`refusals.json`). Machine: {machine['cpu']}, {machine['cores']} cores, "
-        f"{machine['ram_gb']} GB RAM; load average {machine['load_average']}.",
+        f"{machine['ram_gb']} GB RAM; load average {load_text(machine['load_average'])}.",
         "",
         "Each refusal run as a whole process (`python -m dpr_cache ...`), interleaved with the "
         f"others over {len(next(iter(result['rows'].values()))['rounds'])} rounds; each figure "
@@ -203,6 +157,12 @@ def page(result: dict, machine: dict, date: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``refusals.md`` in ``folder`` from the saved ``refusals.json``."""
+    write_text_atomic(folder / "refusals.md", page(result, result["machine"], result["date"]))
+    return folder / "refusals.md"
+
+
 def main(
     out: Annotated[Path, typer.Option(help="Where refusals.json and refusals.md go.")],
     rounds: Annotated[int, typer.Option(help="Times each command runs.")] = 5,
@@ -211,9 +171,9 @@ def main(
     machine = {**machine_info("cpu", None), "load_average": load_average()}
     date = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "refusals.json", {**result, "machine": machine, "date": date})
-    write_text_atomic(out / "refusals.md", page(result, machine, date))
-    print(f"written to {out / 'refusals.md'}")
+    saved = {**result, "machine": machine, "date": date}
+    write_json_atomic(out / "refusals.json", saved)
+    print(f"written to {render(saved, out)}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.children import run_measured
+from benchmarks.harness import option_args, run_measured
 from dpr_cache.runtime.atomic import write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
@@ -31,6 +31,12 @@ GB = 1e9
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "dpr_cache", *args]
+
+
+def search_cli(index: Path, queries: Path, k: int, out: Path, memory_gb, *more: str) -> list[str]:
+    """``dpr-cache search`` of precomputed query vectors."""
+    options = {"--index": index, "--query-embeddings": queries, "--k": k, "--out": out}
+    return cli("search", *option_args({**options, "--memory-gb": memory_gb}), *more)
 
 
 def python(code: str) -> list[str]:

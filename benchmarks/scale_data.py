@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from benchmarks import nq_like
-from benchmarks.children import run_measured
+from benchmarks.harness import run_measured, write_random_bert
 from benchmarks.scale_common import (
     DIM,
     GB,
@@ -69,7 +69,7 @@ def step_eval(work: Path) -> dict:
     encoding of a random 768-d BERT (the model encodes the questions), DPR's answer matching."""
     model = work / "model768"
     if not model.is_dir():
-        nq_like.write_random_bert(model, hidden=DIM)
+        write_random_bert(model, hidden=DIM)
     nq_like.write_qas(work / "nq-test.qa.tsv", N_QUERIES, N_FULL)
     run = work / "eval-run"
     index = measured(

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import nq_like
-from benchmarks.machine import matmul_gflops
+from benchmarks.harness import matmul_gflops
 from benchmarks.scale_common import (
     DIM,
     GB,
@@ -25,6 +25,7 @@ from benchmarks.scale_common import (
     K,
     cli,
     measured,
+    search_cli,
 )
 
 # -- vectors and exact search ---------------------------------------------------------------------
@@ -55,20 +56,9 @@ def step_exact(work: Path) -> dict:
             work / "logs" / f"index-flat-{name}.txt",
         )
         rows = json.loads((index / "meta.json").read_text())["rows"]
+        found = work / f"exact-{name}.trec"
         figures = measured(
-            cli(
-                "search",
-                "--index",
-                str(index),
-                "--query-embeddings",
-                str(work / "queries.npy"),
-                "--k",
-                str(K),
-                "--memory-gb",
-                str(MEMORY_GB),
-                "--out",
-                str(work / f"exact-{name}.trec"),
-            ),
+            search_cli(index, work / "queries.npy", K, found, MEMORY_GB),
             work / "logs" / f"search-flat-{name}.txt",
         )
         figures["rows"] = rows
@@ -115,21 +105,7 @@ def _approximate(work: Path, kind: str, name: str, memory_gb: float, *extra: str
     size = sum(p.stat().st_size for p in index.glob("faiss.*"))
     run = work / f"{kind}-{name}.trec"
     search = measured(
-        cli(
-            "search",
-            "--index",
-            str(index),
-            "--query-embeddings",
-            str(work / "queries.npy"),
-            "--k",
-            str(K),
-            "--out",
-            str(run),
-            "--memory-gb",
-            str(memory_gb),
-            "--nprobe",
-            "64",
-        ),
+        search_cli(index, work / "queries.npy", K, run, memory_gb, "--nprobe", "64"),
         work / "logs" / f"search-{kind}-{name}.txt",
     )
     meta = json.loads((index / "meta.json").read_text())

@@ -33,12 +33,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from benchmarks.machine import machine_info
-from benchmarks.sharding_report import write_page
+from benchmarks.harness import cpu_text, held_bytes, local_shard, machine_info, markdown_table
+from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
 
-__all__ = ["Plan", "FULL", "DRY", "held_bytes", "relative_gap", "run", "main"]
+__all__ = [
+    "Plan",
+    "FULL",
+    "DRY",
+    "relative_gap",
+    "run",
+    "main",
+    "PAGE",
+    "FIGURES",
+    "markdown",
+    "write_page",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_LLAMA = REPO / "data" / "toy" / "tiny-llama"
@@ -160,37 +170,6 @@ def _slice(inputs: dict, rank: int, world: int) -> dict:
     return {k: v[rank * n : (rank + 1) * n] for k, v in inputs.items()}
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard; any other tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _nbytes(tensor: torch.Tensor | None) -> int:
-    if tensor is None:
-        return 0
-    local = _local(tensor)
-    return local.numel() * local.element_size()
-
-
-def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
-    """The bytes this rank holds in ``model``'s parameters (trainable and all), their gradients
-    and ``optimizer``'s state (every tensor of it: AdamW's exp_avg, exp_avg_sq and step), each
-    sharded tensor counted by its local shard."""
-    params = list(model.parameters())
-    state = 0
-    if optimizer is not None:
-        for per_param in optimizer.state.values():
-            state += sum(_nbytes(v) for v in per_param.values() if isinstance(v, torch.Tensor))
-    return {
-        "parameters": sum(_nbytes(p) for p in params),
-        "trainable_parameters": sum(_nbytes(p) for p in params if p.requires_grad),
-        "gradients": sum(_nbytes(p.grad) for p in params),
-        "optimizer_state": state,
-    }
-
-
 def relative_gap(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
     """The largest difference over every tensor, relative to the largest magnitude of ``want``;
     infinite where the names differ."""
@@ -254,7 +233,7 @@ def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
     row = held_bytes(model, optimizer)
     row["held"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
     row["loss"] = distributed.all_mean(loss, env)
-    row["sharded_parameters"] = sum(_local(t) is not t for t in model.parameters())
+    row["sharded_parameters"] = sum(local_shard(t) is not t for t in model.parameters())
     return row, grads
 
 
@@ -401,6 +380,169 @@ def main(argv: list[str] | None = None) -> None:
     }
     for path in write_page(report, args.out):
         print(path)
+
+
+# The page.
+
+
+PAGE = "sharding.md"
+FIGURES = "sharding.json"
+NAMES = {
+    "bert": "BERT",
+    "llama": "tiny Llama, fully trained",
+    "llama-lora": "tiny Llama with LoRA",
+}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.3f}"
+
+
+def _ratio(row: dict, kind: str) -> str:
+    value = row.get("ratio", {}).get(kind)
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _model_lines(name: str, m: dict, plan: dict) -> list[str]:
+    trained = "all of them" if m["trainable"] == m["parameters"] else f"{m['trainable']:,}"
+    lines = [
+        "",
+        f"### {NAMES.get(name, name)}",
+        "",
+        f"{m['parameters']:,} parameters, {trained} trained; {m['towers']} towers, "
+        f"{m['pooling']} pooling. MB (10^6 bytes) held by the fullest rank after the steps, "
+        "float64; the ratio is to `none` at the same W (`none` holds the whole model on every "
+        "rank); 1/W is what FSDP promises.",
+        "",
+    ]
+    header = [
+        "W",
+        "train.shard",
+        "parameters MB",
+        "gradients MB",
+        "AdamW state MB",
+        "sum MB",
+        "ratio: parameters / gradients / state / sum",
+        "1/W",
+        "gradient gap",
+        "peak RSS MB",
+    ]
+    rows = []
+    for r in m["runs"]:
+        top = r["max"]
+        engine = (
+            r["shard"] if r["shard"] == "fsdp" else ("none" if r["world"] == 1 else "none (DDP)")
+        )
+        ratios = " / ".join(
+            _ratio(r, k) for k in ("parameters", "gradients", "optimizer_state", "held")
+        )
+        rows.append(
+            [
+                r["world"],
+                engine,
+                _mb(top["parameters"]),
+                _mb(top["gradients"]),
+                _mb(top["optimizer_state"]),
+                f"**{_mb(top['held'])}**",
+                ratios,
+                f"{1 / r['world']:.3f}",
+                f"{r['grad_gap']:.1e}",
+                f"{top['peak_rss'] / 1e6:.0f}",
+            ]
+        )
+    lines += markdown_table(header, rows)
+    if "lora" in name:
+        fsdp = [r for r in m["runs"] if r["shard"] == "fsdp"]
+        lines += [
+            "",
+            "Of the parameters, the trained ones (the adapters): "
+            + ", ".join(
+                f"{_mb(r['max']['trainable_parameters'])} MB at W={r['world']}" for r in fsdp
+            )
+            + " under fsdp; the frozen base is sharded with them (one FSDP unit a block).",
+        ]
+    return lines
+
+
+def markdown(result: dict) -> str:
+    """The page: machine, command, what is counted, a table for each model."""
+    plan, machine = result["plan"], result["machine"]
+    lines = ["# What a rank holds: `train.shard` none (DDP) against fsdp (FSDP2), on the CPU", ""]
+    if result.get("dry_run"):
+        lines += ["**Dry run**: toy sizes, to rehearse the benchmark; not the page's figures.", ""]
+    per_rank = ", ".join(f"{plan['n_q'] // w} at W={w}" for w in plan["worlds"])
+    lines += [
+        f"`{result['command']}` ({result['date']}, {result['seconds']:.0f} s).",
+        f"Machine: {cpu_text(machine)}; torch {machine['torch']}, transformers "
+        f"{machine['transformers']}, one thread a rank.",
+        "",
+        f"For each model and each world size W (gloo ranks spawned on 127.0.0.1), each rank runs "
+        f"one GradCache step on its slice of one global batch of {plan['n_q']} questions "
+        f"({per_rank}; {plan['group'] - 1} hard negative a question, chunk {plan['chunk']}, "
+        f"every rank's passages as negatives) and one AdamW step, in float64, with "
+        "`train.shard: none` (the model itself at W = 1, DistributedDataParallel above) or "
+        "`fsdp` (the trainer's own `shard_towers`: FSDP2 `fully_shard` on each block and each "
+        "tower, gradients reduce-scattered once a step, `train.shard_sync: step`; at W = 1 a "
+        "process group of one). Then each rank counts the bytes it holds: parameters (a "
+        "DTensor's local shard, `to_local()`; frozen ones too), gradients (the same), AdamW's "
+        "state (`exp_avg`, `exp_avg_sq`, `step`). The tables give the fullest rank's. Counting "
+        "bytes is deterministic: these are not timings, and a shared machine does not move them.",
+        "",
+        "What is not counted: DDP's gradient buckets (a second copy of the gradients that its "
+        "reducer keeps, so `none` holds more than its row on W > 1), FSDP's parameters gathered "
+        "whole for a block's forward or backward (one block at a time, freed after it), and the "
+        "activations and GradCache's cached representations (the same for both, per rank). "
+        "After the step FSDP holds its parameters sharded: what the table counts is what a rank "
+        "keeps between steps.",
+        "",
+        "Gradient gap: the first step's gradient of the run (gathered whole) against the W = 1 "
+        "unsharded run's, the largest difference relative to the largest gradient, float64: a "
+        "sanity column (sharding and the split of the batch change only the order of the sums).",
+        "",
+        "Peak RSS: each rank's own high-water mark (`ru_maxrss`); on the CPU it is dominated by "
+        "the libraries (torch, transformers and peft imported: some hundreds of MB), against a "
+        "model of a few MB, so it does not show the division; the counted bytes do."
+        + (
+            " Here every case of a world size ran in one process group, so a rank's peak RSS "
+            "is that of all its cases."
+            if result["plan"].get("one_group_a_world")
+            else " Each (model, W, sharding) ran in a process group of its own."
+        ),
+    ]
+    lines += _findings(result)
+    for name, m in result["models"].items():
+        lines += _model_lines(name, m, plan)
+    return "\n".join(lines) + "\n"
+
+
+def _findings(result: dict) -> list[str]:
+    """One line a model: the sum's ratio at each W > 1 against 1/W, and the worst gap."""
+    out = ["", "## Findings", ""]
+    for name, m in result["models"].items():
+        fsdp = [r for r in m["runs"] if r["shard"] == "fsdp" and r["world"] > 1]
+        ratios = ", ".join(
+            f"{r['ratio']['held']:.3f} at W={r['world']} (1/W = {1 / r['world']:.3f})" for r in fsdp
+        )
+        gap = max(r["grad_gap"] for r in m["runs"])
+        out.append(
+            f"- {NAMES.get(name, name)}: FSDP's parameters + gradients + AdamW state per rank "
+            f"over DDP's: {ratios or 'no W > 1 run'}; the gradients' largest gap {gap:.1e}."
+        )
+    return out
+
+
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``sharding.md`` in ``folder``."""
+    write_text_atomic(folder / PAGE, markdown(result))
+    return folder / PAGE
+
+
+def write_page(result: dict, out: Path) -> list[Path]:
+    """``sharding.json`` and ``sharding.md`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / FIGURES, result)
+    write_text_atomic(out / PAGE, markdown(result))
+    return [out / FIGURES, out / PAGE]
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from benchmarks.children import run_measured
-from benchmarks.machine import cpu_info, cpu_text, load_average
+from benchmarks.harness import cpu_info, cpu_text, load_average, run_measured
 from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
@@ -148,6 +147,12 @@ def page(result: dict, machine: dict, date: str) -> str:
     )
 
 
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``sources.md`` in ``folder`` from the saved ``sources.json``."""
+    write_text_atomic(folder / "sources.md", page(result, result["machine"], result["date"]))
+    return folder / "sources.md"
+
+
 def main(
     out: Annotated[Path, typer.Option(help="Where sources.json and sources.md go.")],
     rows: Annotated[int, typer.Option(help="Rows of the synthetic source.")] = 10_000_000,
@@ -160,9 +165,9 @@ def main(
     machine = {**cpu_info(), "load_average": [round(x, 2) for x in load] if load else None}
     date = datetime.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "sources.json", {**result, "machine": machine, "date": date})
-    write_text_atomic(out / "sources.md", page(result, machine, date))
-    print(f"written to {out / 'sources.md'}")
+    saved = {**result, "machine": machine, "date": date}
+    write_json_atomic(out / "sources.json", saved)
+    print(f"written to {render(saved, out)}")
 
 
 if __name__ == "__main__":

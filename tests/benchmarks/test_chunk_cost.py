@@ -19,11 +19,11 @@ from benchmarks.chunk_cost import (
     Engine,
     dpr_cache_stepper,
     fit_line,
+    markdown,
     parse_args,
     per_chunk,
     run_chunk_cost,
 )
-from benchmarks.chunk_cost_report import markdown
 from benchmarks.peers import peer_available
 from tests.support.fixtures import REPO
 

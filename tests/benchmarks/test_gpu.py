@@ -15,7 +15,7 @@ import torch
 import typer
 
 from benchmarks.gpu_perf import operator_times
-from benchmarks.gpu_report import goals, render
+from benchmarks.gpu_report import goals, markdown
 from tests.support.cli import run_benchmark
 
 
@@ -239,7 +239,7 @@ def test_a_skipped_or_failed_section_is_named_on_the_page():
             "speed": {"error": "RuntimeError: boom", "seconds": 3.0},
         },
     }
-    page = render({**report, "goals": goals(report)})
+    page = markdown({**report, "goals": goals(report)})
     assert "Device: **H100**, driver 580, 80 GiB" in page
     assert "## Memory\n\nSkipped: out of time (10 s left)." in page
     assert "## Speed\n\nFailed after 3.0 s: `RuntimeError: boom`" in page
@@ -273,7 +273,7 @@ def test_speed_cut_short_shows_and_judges_what_it_measured():
         "memory": {"error": "x", "seconds": 1.0, "partial": {"rows": []}},
         "speed": report["sections"]["speed"],
     }
-    page = render({**report, "goals": goals(report)})
+    page = markdown({**report, "goals": goals(report)})
     assert "What it measured before it stopped:" in page
     assert "| dpr-cache chunk 32 | 150 | 3.410 | 16 + 32 |" in page
     assert "GradCache's savings: not reached." in page
@@ -294,7 +294,7 @@ def test_host_waits_show_where_they_were_measured():
     }
     section = {"result": speed, "seconds": 200.0}
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
-    page = render({**report, "goals": goals(report)}).split("## Speed")[1]
+    page = markdown({**report, "goals": goals(report)}).split("## Speed")[1]
     assert "| dpr-cache chunk 128 | 678 | 0.756 | 1 + 2 | 14 (`engine.py:210` 12, " in page
     assert "| full batch | out of memory |  | the whole batch |  |" in page
     assert "| x | out of memory |  | – |\n" in page  # no column where nothing was measured
@@ -310,7 +310,7 @@ def test_allocator_counts_show_where_they_were_measured():
     speed = {"comparisons": [comparison], "tokens": {"batch": 512, "questions": 7, "passages": 9}}
     section = {"result": speed, "seconds": 1.0}
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
-    page = render({**report, "goals": goals(report)}).split("## Speed")[1]
+    page = markdown({**report, "goals": goals(report)}).split("## Speed")[1]
     assert "| dpr-cache chunk 256 | 780 | 0.656 | 2 + 4 | 3 malloc, 2.5 free, 0 flushes |" in page
     assert "| full batch | out of memory |  | the whole batch |  |" in page
 
@@ -400,7 +400,7 @@ def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
     }
     section = {"result": result, "seconds": 40.0}
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"teacher_scoring": section}}
-    page = render({**report, "goals": goals(report)}).split("## Teacher scoring")[1]
+    page = markdown({**report, "goals": goals(report)}).split("## Teacher scoring")[1]
     assert "(mean 170)" in page and "| round | precision |" in page
     assert "| 1 | bf16 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
     assert "| 2 | fp32 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
@@ -461,14 +461,14 @@ def test_a_chunk_too_large_is_judged_by_its_one_line_and_a_hang_shows_its_stack(
     report = {"dry_run": False, "environment": _DEVICE, "only": None, "sections": sections}
     (goal,) = [g for g in goals(report) if g["goal"].startswith("a chunk too large")]
     assert goal["met"] is True and goal["measured"] == "exit 2"
-    page = render({**report, "goals": goals(report)}).split("## Chunk too large")[1]
+    page = markdown({**report, "goals": goals(report)}).split("## Chunk too large")[1]
     assert f"exit 2 after 31.0 s: `{line}`" in page and "Where it was" not in page
     stack = ["Thread 0x1 (most recent call first):", '  File "x.py", line 3 in probe']
     hung = {**row, "rc": None, "ok": False, "last_line": "out of time after 100 s", "stack": stack}
     report["sections"]["chunk_too_large"]["result"] = hung
     (goal,) = [g for g in goals(report) if g["goal"].startswith("a chunk too large")]
     assert goal["met"] is False
-    page = render({**report, "goals": goals(report)})
+    page = markdown({**report, "goals": goals(report)})
     assert '  File "x.py", line 3 in probe' in page.split("Where it was when stopped:")[1]
 
 
@@ -488,12 +488,12 @@ def test_command_line_cut_short_shows_the_commands_it_ran():
             "command_line": {"error": "SectionTimeout: x", "seconds": 9.0, "partial": partial}
         },
     }
-    page = render({**report, "goals": goals(report)})
+    page = markdown({**report, "goals": goals(report)})
     assert "| `dpr-cache index --config configs/toy.yaml` | 0 | 15.2 | index written |" in page
     assert "Bit-exact reruns" not in page  # the resume check had not run
     timed = {**partial["pipeline"], "commands": [{**row, "started_s": 64.6}]}
     report["sections"]["command_line"]["partial"] = {"pipeline": timed}
-    page = render({**report, "goals": goals(report)})
+    page = markdown({**report, "goals": goals(report)})
     assert "| `dpr-cache index --config configs/toy.yaml` | 65 | 0 | 15.2 | index written |" in page
 
 

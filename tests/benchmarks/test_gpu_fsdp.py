@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks.gpu_report import goals, render
+from benchmarks.gpu_report import goals, markdown
 from tests.support.cli import run_benchmark
 
 
@@ -70,5 +70,5 @@ def test_the_exactness_goal_is_judged_on_either_side(gap, met):
     }
     (goal,) = [g for g in goals(report) if g["goal"].startswith("FSDP2")]
     assert goal["met"] is met and goal["measured"] == f"{gap:.1e}"
-    page = render({**report, "goals": goals(report)})
+    page = markdown({**report, "goals": goals(report)})
     assert ("| **no** |" in page) is not met

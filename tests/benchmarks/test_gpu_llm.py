@@ -9,7 +9,7 @@ import json
 import pytest
 
 from benchmarks.gpu_llm import linear_prediction, search_largest
-from benchmarks.gpu_report import goals, render
+from benchmarks.gpu_report import goals, markdown
 from tests.support.cli import run_benchmark
 
 
@@ -228,7 +228,7 @@ def test_a_section_cut_short_shows_and_judges_what_it_measured():
             "llm": {"error": "SectionTimeout: stopped", "seconds": 500.0, "partial": result}
         },
     }
-    page = render({**report, "goals": goals(report)})
+    page = markdown({**report, "goals": goals(report)})
     assert "What it measured before it stopped:" in page
     assert "| 1,024 | 32 | out of time: about 90 s needed | |" in page
     assert "not measured (out of time: about 90 s needed)" in page

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.mine_report import NQ_QUESTIONS, projection
+from benchmarks.mine import NQ_QUESTIONS, projection
 from tests.support.cli import run_benchmark
 
 TINY = {"DPR_CACHE_SCALE_TINY": "1"}  # the benchmark at toy size

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from benchmarks.peers import make_peer, peer_available
-from benchmarks.synthetic import BenchPlan, plan_points
-from benchmarks.synthetic_report import targets
+from benchmarks.synthetic import BenchPlan, plan_points, targets
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.data.synthetic import synthetic_batch
@@ -184,7 +183,7 @@ def test_every_saved_row_names_every_setting_it_was_measured_with():
 
 
 def test_machine_line_names_the_cpu_its_flags_and_ram():
-    from benchmarks.machine import cpu_text
+    from benchmarks.harness import cpu_text
 
     info = {"cpu": "AMD EPYC", "cores": 2, "ram_gb": 25.3, "flags": ["avx2", "avx512f"]}
     assert cpu_text(info) == "AMD EPYC, 2 cores, 25.3 GB RAM; vector flags: avx2 avx512f"
@@ -194,7 +193,7 @@ def test_machine_line_names_the_cpu_its_flags_and_ram():
 
 
 def test_cached_child_result_keeps_same_args_and_remeasures_otherwise(tmp_path, monkeypatch):
-    from benchmarks import children as sweep
+    from benchmarks import harness as sweep
 
     calls = []
     monkeypatch.setattr(sweep, "run_child_or_error", lambda m, a: calls.append(a) or {"v": 1})

@@ -11,6 +11,7 @@ import torch
 
 from benchmarks import gpu_cli, gpu_perf
 from benchmarks.gpu import default_tokenizer
+from benchmarks.harness import write_random_bert
 
 
 def test_fp16_overflow_steps_are_skipped_and_counted(cuda):
@@ -34,7 +35,7 @@ def test_resume_after_a_kill_is_bit_exact_with_deterministic_kernels(tmp_path):
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory) -> Path:
-    return gpu_perf.write_base_model(tmp_path_factory.mktemp("base") / "m", default_tokenizer())
+    return write_random_bert(tmp_path_factory.mktemp("base") / "m", 768, 12, default_tokenizer())
 
 
 def test_a_chunk_too_large_for_the_gpu_is_one_line(tmp_path, base_model):

