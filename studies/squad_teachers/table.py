@@ -106,6 +106,16 @@ def cost_lines(data: dict[str, Any]) -> list[str]:
     return lines + [f"| all | {data['hours']:.2f} |"]
 
 
+CPU_SOURCE = (
+    '<!-- from studies/squad_teachers/results.json: d["setup"]["score_rate"]["nq"]["hours"] -->'
+)
+GPU_SOURCE = (
+    "<!-- from docs/bench/gpu.json: load('studies/squad_teachers/results.json')['setup']"
+    "['score_rate']['nq']['pairs'] / max(r['pairs_a_second'] for r in d['sections']"
+    "['teacher_scoring']['result']['rows'] if r['precision'] == 'bf16') / 3600 -->"
+)
+
+
 def _gpu_rate() -> dict[str, Any] | None:
     """score's cross-encoder rate on the GPU, when the GPU suite has measured it, in bf16 (what
     ``precision_for("auto", ...)`` picks on a GPU that has it), the best of its rounds: its row
@@ -195,13 +205,13 @@ def goals(data: dict[str, Any], root: str = "../../") -> list[str]:
     if rate:
         gpu = _gpu_rate()
         on_gpu = (
-            f"; GPU {rate['nq']['pairs'] / gpu['pairs_a_second'] / 3600:.2f} h"
+            f"; GPU {rate['nq']['pairs'] / gpu['pairs_a_second'] / 3600:.2f} h{GPU_SOURCE}"
             if gpu
             else "; GPU: not yet measured"
         )
         lines.append(
             "| `score` with a cross-encoder at NQ's size, projected | "
-            f"CPU {rate['nq']['hours']:.1f} h{on_gpu} | "
+            f"CPU {rate['nq']['hours']:.1f} h{CPU_SOURCE}{on_gpu} | "
             f"{'yes' if gpu else 'CPU only'} |"
         )
     return lines

@@ -26,6 +26,19 @@ TESTS = {
 """Each fault's rows in this order, and the test file of a record that names none."""
 
 
+SETTINGS = {
+    "kill -9": "the kill points are drawn from seed 2026 (settings of the test), not measured",
+    "file size limit": "the limit is the test's setting (half a shard), not measured",
+    "timeout 15 s": "timeout 15 s is the test's setting",
+}
+"""Why a row's figures name no data file: a fault (or a phrase of its row) -> the reason."""
+
+
+def _why_no_source(fault: str, where: str) -> str:
+    why = SETTINGS.get(fault) or next((w for k, w in SETTINGS.items() if k in where), None)
+    return f"<!-- figures: {why} -->" if why else ""
+
+
 def table(records: list[dict]) -> list[str]:
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
@@ -40,7 +53,8 @@ def table(records: list[dict]) -> list[str]:
         tests = " ".join(dict.fromkeys(r.get("test") or TESTS[fault] for r in rows))
         lines.append(
             f"| {fault} | {command} | {len(rows)} | {sum(r['survived'] for r in rows)} | "
-            f"{sum(r['lost_bytes'] for r in rows)} | {where} | `pytest {tests}` |"
+            f"{sum(r['lost_bytes'] for r in rows)} | {where}{_why_no_source(fault, where)} | "
+            f"`pytest {tests}` |"
         )
     return lines
 

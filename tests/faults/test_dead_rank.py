@@ -69,7 +69,7 @@ def test_a_dead_rank_is_named_and_the_run_resumes(tmp_path) -> None:
     record(
         "a rank killed",
         "train under torchrun (2 gloo ranks)",
-        f"after step 3; the survivor stopped in {stopped_in:.0f} s",
+        "after step 3; the survivor stopped in under 60 s (asserted)",
         True,
     )
 
@@ -91,8 +91,8 @@ def test_a_rank_that_stops_answering_is_given_up_on_at_the_timeout(tmp_path) -> 
     record(
         "a rank killed",
         "train under torchrun (2 gloo ranks)",
-        f"rank 1 frozen (SIGSTOP) after step 3, timeout 15 s: the survivor stopped in "
-        f"{gave_up_in:.0f} s",
+        "rank 1 frozen (SIGSTOP) after step 3, timeout 15 s: the survivor stopped within 10 s "
+        "past it (asserted)",
         True,
     )
 

@@ -107,7 +107,7 @@ def test_a_rank_killed_is_named_and_the_run_resumes(tmp_path, unbroken, config, 
     record(
         "a rank killed",
         f"train, sharded (2 gloo ranks, fsdp, {config})",
-        f"{moment}; the survivor stopped in {stopped_in:.0f} s",
+        f"{moment}; the survivor stopped in under 60 s (asserted)",
         True,
     )
 
@@ -126,8 +126,8 @@ def test_a_frozen_rank_is_given_up_on_within_the_timeout(tmp_path, unbroken) -> 
     record(
         "a rank killed",
         "train, sharded (2 gloo ranks, fsdp, toy)",
-        f"rank 1 frozen (SIGSTOP) after step 3, timeout 15 s: the survivor stopped in "
-        f"{gave_up_in:.0f} s",
+        "rank 1 frozen (SIGSTOP) after step 3, timeout 15 s: the survivor stopped within 10 s "
+        "past it (asserted)",
         True,
     )
 
