@@ -35,6 +35,7 @@ PAGES = {
     "bench.json": synthetic,
     "realtext.json": realtext,
     "same_session/realtext.json": realtext,
+    "recheck/realtext.json": realtext,
     "scale.json": scale,
     "mine.json": mine,
     "gpu.json": gpu_report,
