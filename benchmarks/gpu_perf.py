@@ -758,7 +758,8 @@ def teacher_score_rate(
         rows=[],
     )
     alone = _ModelAlone(encoder, device, features, lengths, batch_size)
-    first = out["first_pass"] = alone.first_passes(precisions)
+    first = out["first_pass"] = alone.first_pass_record(precisions)
+    alone.first_passes(precisions, first)  # filled as it goes: a section stopped keeps it
     out["rows"] = _score_rounds(encoder, pairs, device, precisions, rounds, batch_size, out["rows"])
     out["model_alone"] = alone.best(precisions, rounds)
     for precision in first["seconds"]:  # the first pass's batches again, all shapes run
@@ -867,12 +868,11 @@ class _ModelAlone:
         self.run(precision, some)
         return time.perf_counter() - start
 
-    def first_passes(self, precisions: list[str]) -> dict:
-        """Each precision's first pass over every batch but the longest (whose shape, and
-        one-time start, each precision pays first), in the rounds' order reversed."""
+    def first_pass_record(self, precisions: list[str]) -> dict:
+        """What :meth:`first_passes` fills: every batch but the longest, and its new lengths."""
         rest = self.batches[1:]
         lengths = {b["input_ids"].shape[1] for b in rest} - {self.batches[0]["input_ids"].shape[1]}
-        first = {
+        return {
             "order": precisions[::-1],
             "batches": len(rest),
             "pairs": sum(len(b["input_ids"]) for b in rest),
@@ -880,13 +880,18 @@ class _ModelAlone:
             "seconds": {},
             "again_seconds": {},
         }
+
+    def first_passes(self, precisions: list[str], first: dict) -> None:
+        """Each precision's first pass over every batch but the longest (whose shape, and
+        one-time start, each precision pays first), in the rounds' order reversed, into
+        ``first``."""
+        rest = self.batches[1:]
         for precision in precisions:
             self.run(precision, self.batches[:1])  # one-time start: the most memory, the handles
         for precision in first["order"]:  # every other shape, once, before the rounds
             seconds = self.timed(precision, rest)
             if rest:
                 first["seconds"][precision] = seconds
-        return first
 
     def best(self, precisions: list[str], rounds: int) -> list[dict]:
         """The best of ``rounds`` alternating rounds at each precision."""
