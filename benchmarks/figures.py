@@ -1,4 +1,5 @@
-"""Every measured figure written by hand in ``README.md`` and ``docs/*.md`` names its data.
+"""Every measured figure written by hand in ``README.md``, ``docs/*.md`` and the benchmark pages'
+hand-written companions (:data:`BENCH_NOTES`) names its data.
 
 A figure is followed by a source marker, an HTML comment that a rendered page does not show::
 
@@ -45,6 +46,10 @@ BOUND = re.compile(
 )
 
 
+BENCH_NOTES = [REPO / "docs" / "bench" / "README.md", REPO / "docs" / "bench" / "scale_notes.md"]
+"""The benchmark pages' hand-written companions (the other pages are written from their JSON)."""
+
+
 def row(records: list[dict], **fields) -> dict:
     """The first record whose fields have these values."""
     for record in records:
@@ -87,7 +92,8 @@ def _evaluate(expr: str, data: object, cache: dict) -> float:
     names["load"] = lambda path: _load(path, cache)  # a second file the figure is derived from
     names["mine_hours"] = _mine_hours
     names.update(min=min, max=max, sum=sum, len=len, abs=abs, round=round)
-    return float(eval(expr, {"__builtins__": {}}, names))  # noqa: S307 - the repo's own docs
+    # the names as globals, so that a comprehension in the expression sees them too
+    return float(eval(expr, {"__builtins__": {}, **names}))  # noqa: S307 - the repo's own docs
 
 
 def _mine_hours(mine: dict, scale: dict) -> float:
@@ -146,7 +152,7 @@ def _line_figures(doc: str, n: int, line: str, cache: dict) -> list[Figure]:
 
 def check(docs: list[Path] | None = None) -> list[Figure]:
     """Every marked and every measured-looking figure of the docs, with what is wrong."""
-    docs = docs or [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    docs = docs or [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *BENCH_NOTES]
     cache: dict = {}
     figures: list[Figure] = []
     for path in docs:

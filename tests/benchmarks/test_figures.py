@@ -54,3 +54,10 @@ def test_a_measured_figure_without_a_source_is_caught(tmp_path):
 def test_a_marker_covers_only_its_own_figures(tmp_path):
     found = _check(tmp_path, "took 5 s and 10 s<!-- from SRC: d['b'] -->\n", {"b": 10})
     assert [(f.text, f.problem) for f in found] == [("10", None), ("5", "no source")]
+
+
+def test_a_comprehension_in_a_source_sees_the_data(tmp_path):
+    data = {"rows": [{"p": "bf16", "r": 2.0}, {"p": "fp16", "r": 3.0}]}
+    marker = "<!-- from SRC: max(x['r'] for x in d['rows'] if x['p'] == d['rows'][0]['p']) -->"
+    found = _check(tmp_path, f"best 2.0x{marker}\n", data)
+    assert [(f.text, f.problem) for f in found] == [("2.0", None)]
