@@ -30,6 +30,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import mine
+
 REPO = Path(__file__).resolve().parents[1]
 NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?"
 MARKER = re.compile(r"<!-- from (?P<file>[^:\s]+): (?P<exprs>.*?) -->")
@@ -90,17 +92,10 @@ def _load(path: str, cache: dict) -> object:
 def _evaluate(expr: str, data: object, cache: dict) -> float:
     names = {"d": data, "row": row, "median": statistics.median}
     names["load"] = lambda path: _load(path, cache)  # a second file the figure is derived from
-    names["mine_hours"] = _mine_hours
+    names["mine_hours"] = mine.projected_hours
     names.update(min=min, max=max, sum=sum, len=len, abs=abs, round=round)
     # the names as globals, so that a comprehension in the expression sees them too
     return float(eval(expr, {"__builtins__": {}, **names}))  # noqa: S307 - the repo's own docs
-
-
-def _mine_hours(mine: dict, scale: dict) -> float:
-    """``dpr-cache mine``'s projected hours at NQ's size, as ``docs/bench/mine.md`` totals them."""
-    from benchmarks.mine import projection
-
-    return sum(seconds for _, seconds, _ in projection(mine, scale)) / 3600
 
 
 def _prose(line: str) -> str:

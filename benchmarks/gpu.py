@@ -623,19 +623,24 @@ def run_suite(
         sections = _planned(every, report, out)
         report["planned"] = [s.name for s in sections]
         names = [s.name for s in every]
-        _run_planned(sections, names, report, out, budget_s - (time.monotonic() - started), partial)
+        left = budget_s - (time.monotonic() - started)
+        _run_planned(sections, names, report, out, left, partial, device)
     return report
 
 
 def _run_planned(
-    sections: list[Section], names: list[str], report: dict, out: Path, budget_s: float, partial
+    sections: list[Section],
+    names: list[str],
+    report: dict,
+    out: Path,
+    budget_s: float,
+    partial: dict,
+    device: torch.device,
 ) -> None:
     """Run ``sections`` in order within ``budget_s``, the page written after each (the
     sections in ``names``' order), the device's memory watched where it is CUDA."""
-    started, cuda = time.monotonic(), not report["dry_run"]
-    watch = gpu_watch.DeviceWatch.begin_on(
-        torch.device(report["environment"]["device"]), gpu_cli.clock_zero
-    )
+    started, cuda = time.monotonic(), device.type == "cuda"
+    watch = gpu_watch.DeviceWatch.begin_on(device, gpu_cli.clock_zero)
     if cuda:
         _start_commands_beside(sections)
     try:

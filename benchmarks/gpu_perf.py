@@ -997,13 +997,12 @@ def model_encode_rate(
     encode_tokenized(
         model, feats, max_length=256, batch_size=batch_size, device=device, precision=precision
     )
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
+    _sync(device)
     start = time.perf_counter()
     encode_tokenized(
         model, feats, max_length=256, batch_size=batch_size, device=device, precision=precision
     )
-    sync()
+    _sync(device)
     seconds = time.perf_counter() - start
     model.train()
     return {
@@ -1028,14 +1027,13 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192, reps:
     """A large square matrix product's rate on ``device`` (random data, median of ``reps``)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
     times = []
     for _ in range(reps):
-        sync()
+        _sync(device)
         start = time.perf_counter()
         a @ b
-        sync()
+        _sync(device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / statistics.median(times) / 1e12

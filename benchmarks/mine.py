@@ -242,6 +242,11 @@ def projection(results: dict, scale: dict | None) -> list[tuple[str, float, str]
     return out
 
 
+def projected_hours(results: dict, scale: dict | None) -> float:
+    """The projection's total in hours: the page's bound on mining NQ on this machine."""
+    return sum(seconds for _, seconds, _ in projection(results, scale)) / 3600
+
+
 def _load(step: dict) -> str:
     """The load average a step recorded before it ran (or, failing that, after)."""
     for key, when in (("load_average", "at the start"), ("load_average_after", "at the end")):

@@ -139,11 +139,11 @@ MINE_SOURCE = '<!-- from docs/bench/mine.json: mine_hours(d, load("docs/bench/sc
 def _mine_hours() -> float:
     """``dpr-cache mine``'s projected hours at NQ's size, from the mine and scale benchmarks'
     saved figures (``docs/bench/mine.md``'s total)."""
-    from benchmarks.mine import projection
+    from benchmarks.mine import projected_hours
 
     bench = HERE.parents[1] / "docs" / "bench"
     mine, scale = (json.loads((bench / f).read_text()) for f in ("mine.json", "scale.json"))
-    return sum(seconds for _, seconds, _ in projection(mine, scale)) / 3600
+    return projected_hours(mine, scale)
 
 
 def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
