@@ -1,8 +1,5 @@
-"""Corpus encoding speed: length-sorted dynamic batches against fixed-order padded batches.
-
-Both variants run :func:`dpr_cache.retrieval.dense.encode.encode_passage_texts` (the ``index``
-command's code) on the same passages, model and batch size, in one process after a one-batch
-warm-up::
+"""Corpus encoding speed: ``encode_passage_texts`` (the ``index`` command's code) on the same
+passages sorted by length against file order padded to max_length, after a one-batch warm-up::
 
     python -m benchmarks.index '{"model": "...", "passages": "data/squad/passages.tsv"}'
 """
@@ -14,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 __all__ = ["run_index_bench"]
@@ -30,8 +28,6 @@ def run_index_bench(
     threads: int | None = None,
 ) -> dict:
     """Seconds to encode the passages sorted by length and in file order padded to max_length."""
-    import numpy as np
-
     from dpr_cache.data.passages import read_passages
     from dpr_cache.data.tokenize import tokenize_passages
     from dpr_cache.model.biencoder import BiEncoder
@@ -40,17 +36,12 @@ def run_index_bench(
     if threads:
         torch.set_num_threads(threads)
     rows = list(read_passages(Path(passages)))[:limit]
-    texts = [text for _, text, _ in rows]
-    titles = [title for _, _, title in rows]
+    texts, titles = [r[1] for r in rows], [r[2] for r in rows]
     enc = BiEncoder.from_pretrained(model, shared=True, pooling=pooling).eval()
     kwargs = dict(max_length=max_length, batch_size=batch_size, device=torch.device("cpu"))
     encode_passage_texts(enc, titles[:batch_size], texts[:batch_size], **kwargs)  # warm-up
-    result: dict = {
-        "passages": len(texts),
-        "max_length": max_length,
-        "batch_size": batch_size,
-        "threads": torch.get_num_threads(),
-    }
+    result: dict = {"passages": len(texts), "max_length": max_length, "batch_size": batch_size}
+    result["threads"] = torch.get_num_threads()
     embs = {}
     for name, sort in (("padded_s", False), ("sorted_s", True)):
         start = time.perf_counter()
@@ -58,22 +49,13 @@ def run_index_bench(
         result[name] = time.perf_counter() - start
     result["speedup"] = result["padded_s"] / result["sorted_s"]
     result["max_abs_diff"] = float(np.abs(embs["padded_s"] - embs["sorted_s"]).max())
-    lengths = [
-        len(ids) for ids in tokenize_passages(enc.tokenizer, titles, texts, max_length)["input_ids"]
-    ]
-    result["mean_tokens"] = sum(lengths) / len(lengths)
+    ids = tokenize_passages(enc.tokenizer, titles, texts, max_length)["input_ids"]
+    result["mean_tokens"] = sum(map(len, ids)) / len(ids)
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run with the keyword arguments given as a JSON object; print one JSON line."""
-    argv = sys.argv[1:] if argv is None else argv
+if __name__ == "__main__":
     from dpr_cache.runtime.quiet import quiet_libraries
 
     quiet_libraries()
-    kwargs = json.loads(argv[0])
-    print(json.dumps(run_index_bench(**kwargs)), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    print(json.dumps(run_index_bench(**json.loads(sys.argv[1]))), flush=True)

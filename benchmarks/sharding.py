@@ -1,24 +1,12 @@
 """What a rank holds under ``train.shard: none`` (DDP) and ``fsdp`` (FSDP2), counted on the CPU::
 
-    python -m benchmarks.sharding --out docs/bench
+    python -m benchmarks.sharding --out docs/bench      # sharding.json and sharding.md
 
-writes ``sharding.json`` (every figure) and ``sharding.md`` (the page). For each model (a BERT
-whose weights dominate, the tiny Llama of ``data/toy/tiny-llama`` fully trained and with LoRA
-adapters), each world size W (1, 2, 4 gloo ranks spawned on 127.0.0.1) and each sharding, every
-rank runs one GradCache step (chunk smaller than its slice of the batch) on its slice of one
-global batch and one AdamW step, in float64, then counts the bytes it holds in:
-
-- parameters (a DTensor's local shard, ``p.to_local()``; frozen ones too),
-- gradients (the same),
-- AdamW's state (``exp_avg``, ``exp_avg_sq``, ``step``),
-
-and its peak resident memory (``ru_maxrss``). Counting bytes is deterministic: no timing, so the
-figures hold on a shared machine. Beside them, the gradient of each run (gathered whole) against
-the W = 1 unsharded run's, the largest difference relative to its largest magnitude (float64).
-
-Each (model, W, sharding) runs in a process group of its own (its ranks' peak RSS are theirs);
-the dry run (``--dry-run``) runs every case of a world size in one group, on a tiny BERT and
-the Llama with LoRA at W = 1 and 2.
+For each model, world size W (gloo ranks spawned on 127.0.0.1) and sharding, every rank runs
+one GradCache step and one AdamW step in float64 on its slice of one global batch, then counts
+the bytes it holds in parameters, gradients and AdamW's state (by local shard) and its peak RSS;
+beside them, the gradient's gap to the W = 1 unsharded run's. Each case runs in a process group
+of its own; ``--dry-run`` runs every case of a world size in one group, at toy sizes.
 """
 
 from __future__ import annotations
@@ -28,8 +16,9 @@ import datetime
 import json
 import os
 import resource
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -37,112 +26,64 @@ import torch
 from benchmarks.harness import cpu_text, held_bytes, local_shard, machine_info, markdown_table
 from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
 
-__all__ = [
-    "Plan",
-    "FULL",
-    "DRY",
-    "relative_gap",
-    "run",
-    "main",
-    "PAGE",
-    "FIGURES",
-    "markdown",
-    "write_page",
-]
+__all__ = ["Plan", "FULL", "DRY", "relative_gap", "run", "main", "PAGE", "markdown", "render"]
 
-REPO = Path(__file__).resolve().parents[1]
-TINY_LLAMA = REPO / "data" / "toy" / "tiny-llama"
+TINY_LLAMA = Path(__file__).resolve().parents[1] / "data" / "toy" / "tiny-llama"
 SHARDS = ("none", "fsdp")
-TEMPERATURE = 0.5
+KINDS = ("parameters", "trainable_parameters", "gradients", "optimizer_state", "held", "peak_rss")
 SPAWN_TIMEOUT = 600
+TEMPERATURE = 0.5
+PAGE, FIGURES = "sharding.md", "sharding.json"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The sizes of a run: the page's, or the dry run's."""
+    """The sizes of a run (the page's by default)."""
 
-    models: tuple[str, ...]  # bert, llama, llama-lora
-    worlds: tuple[int, ...]
-    n_q: int  # global questions of the step
-    group: int  # passages a question: a positive and hard negatives
-    chunk: int  # GradCache's chunk (below every rank's slice of the batch)
-    q_len: int
-    p_len: int
-    bert_hidden: int
-    bert_layers: int
-    bert_vocab: int
+    models: tuple[str, ...] = ("bert", "llama", "llama-lora")
+    worlds: tuple[int, ...] = (1, 2, 4)
+    n_q: int = 16  # global questions of the step
+    group: int = 2  # passages a question: a positive and hard negatives
+    chunk: int = 2  # GradCache's chunk, below every rank's slice of the batch
+    q_len: int = 16
+    p_len: int = 24
+    bert_hidden: int = 256
+    bert_layers: int = 4
+    bert_vocab: int = 512
     lora_r: int = 4
     one_group_a_world: bool = False  # every case of a world size in one process group
 
 
-FULL = Plan(
-    models=("bert", "llama", "llama-lora"),
-    worlds=(1, 2, 4),
-    n_q=16,
-    group=2,
-    chunk=2,  # 16, 8 and 4 questions a rank
-    q_len=16,
-    p_len=24,
-    bert_hidden=256,
-    bert_layers=4,
-    bert_vocab=512,
-)
-DRY = Plan(
-    models=("bert", "llama-lora"),
-    worlds=(1, 2),
-    n_q=4,
-    group=2,
-    chunk=1,
-    q_len=8,
-    p_len=10,
-    bert_hidden=32,
-    bert_layers=2,
-    bert_vocab=97,
-    one_group_a_world=True,
-)
-
-
-def _bert(plan: Plan):
-    """A BERT config of ``plan``'s width and depth (4 heads, MLP 4x), built in-process."""
-    from transformers import BertConfig
-
-    return BertConfig(
-        vocab_size=plan.bert_vocab,
-        hidden_size=plan.bert_hidden,
-        num_hidden_layers=plan.bert_layers,
-        num_attention_heads=4,
-        intermediate_size=4 * plan.bert_hidden,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+FULL = Plan()
+DRY = replace(FULL, models=("bert", "llama-lora"), worlds=(1, 2), n_q=4, chunk=1, q_len=8)
+DRY = replace(DRY, p_len=10, bert_hidden=32, bert_layers=2, bert_vocab=97, one_group_a_world=True)
 
 
 def build_model(name: str, plan: Plan):
-    """The case's float64 BiEncoder, the same on every rank: the BERT with separate towers
-    (DPR's; the passage tower moved off the query tower's start), the tiny Llama with one shared
-    tower and last-token pooling, fully trained or with LoRA on every linear layer (its B
-    matrices made non-zero, as training leaves them)."""
+    """The case's float64 BiEncoder, the same on every rank: a BERT with separate towers (the
+    passage tower moved off the query tower's start), or the tiny Llama, one tower with
+    last-token pooling, fully trained or with LoRA (its B matrices non-zero, as after training)."""
+    from transformers import BertConfig
+
+    from dpr_cache.config import LoraConfig
     from dpr_cache.model.biencoder import BiEncoder
 
     torch.manual_seed(0)
     if name == "bert":
-        model = BiEncoder.from_config(_bert(plan), shared=False, pooling="mean")
-        with torch.no_grad():
-            for param in model.passage_encoder.parameters():
-                param.add_(0.02 * torch.randn_like(param))
-        return model.double().train()
-    from dpr_cache.config import LoraConfig
-
-    lora = None
-    if name == "llama-lora":
+        h = plan.bert_hidden
+        shape = dict(hidden_size=h, intermediate_size=4 * h, num_attention_heads=4)
+        shape.update(num_hidden_layers=plan.bert_layers, max_position_embeddings=64)
+        config = BertConfig(vocab_size=plan.bert_vocab, **shape)
+        model = BiEncoder.from_config(config, shared=False, pooling="mean", dropout=0.0)
+    else:
         lora = LoraConfig(r=plan.lora_r, alpha=2.0 * plan.lora_r, dropout=0.0)
-    model = BiEncoder.from_pretrained(
-        TINY_LLAMA, shared=True, pooling="last", dropout=0.0, lora=lora
-    )
+        options = dict(pooling="last", dropout=0.0, lora=lora if "lora" in name else None)
+        model = BiEncoder.from_pretrained(TINY_LLAMA, shared=True, **options)
     with torch.no_grad():
         for param_name, param in model.named_parameters():
-            if "lora_B" in param_name:
+            if param_name.startswith("passage_encoder."):  # separate towers, moved apart
+                param.add_(0.02 * torch.randn_like(param))
+            elif "lora_B" in param_name:
                 param.normal_(0.0, 0.05)
     return model.double().train()
 
@@ -165,9 +106,12 @@ def global_batch(name: str, plan: Plan) -> tuple[dict, dict, torch.Tensor]:
     return rows(plan.n_q, plan.q_len), rows(plan.n_q * plan.group, plan.p_len), p_ids
 
 
-def _slice(inputs: dict, rank: int, world: int) -> dict:
-    n = next(iter(inputs.values())).shape[0] // world
-    return {k: v[rank * n : (rank + 1) * n] for k, v in inputs.items()}
+def _slice(inputs, rank: int, world: int):
+    """This rank's rows of a tensor or of each tensor of a dict."""
+    if isinstance(inputs, dict):
+        return {k: _slice(v, rank, world) for k, v in inputs.items()}
+    n = inputs.shape[0] // world
+    return inputs[rank * n : (rank + 1) * n]
 
 
 def relative_gap(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
@@ -180,8 +124,8 @@ def relative_gap(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 
 def float64_norms() -> None:
-    """Llama's RMSNorm computed in float64 for float64 inputs (transformers' computes it in
-    float32 whatever the input, which would leave float32 rounding in the gradients' gap)."""
+    """Llama's RMSNorm in float64 for float64 inputs (transformers' computes it in float32
+    whatever the input, which would leave float32 rounding in the gradients' gap)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     original = LlamaRMSNorm.forward
@@ -197,8 +141,7 @@ def float64_norms() -> None:
 
 def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
     """One GradCache step and one AdamW step of model ``name`` under ``shard`` on this rank's
-    slice of the batch: the bytes held, the loss, and the first step's gradient gathered whole
-    (a collective for shards)."""
+    slice of the batch: the bytes held, the loss, and the gradient gathered whole."""
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
     from dpr_cache.core.steppers import make_stepper
@@ -216,19 +159,11 @@ def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
     loss_fn = make_loss_fn(objective, rank=env.rank, world_size=env.world_size)
     stepper = make_stepper("gradcache", towers, loss_fn, chunk_size=plan.chunk, release_memory=trim)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    q, p, p_ids = global_batch(name, plan)
+    q, p, p_ids = (_slice(x, env.rank, env.world_size) for x in global_batch(name, plan))
     optimizer.zero_grad(set_to_none=True)
-    world, rank = env.world_size, env.rank
-    loss = stepper.step(
-        _slice(q, rank, world),
-        _slice(p, rank, world),
-        p_ids=_slice({"ids": p_ids}, rank, world)["ids"],
-    )
-    grads = {
-        n: full_value(t.grad).detach().clone()
-        for n, t in model.named_parameters()
-        if t.grad is not None
-    }
+    loss = stepper.step(q, p, p_ids=p_ids)
+    named = model.named_parameters()
+    grads = {n: full_value(t.grad).detach().clone() for n, t in named if t.grad is not None}
     optimizer.step()
     row = held_bytes(model, optimizer)
     row["held"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
@@ -238,15 +173,10 @@ def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
 
 
 def _rank_main(rank: int, world: int, port: int, out: str, plan: Plan, cases: list) -> None:
-    """Entry point of a spawned rank: join the group, run ``cases``, write this rank's figures
+    """A spawned rank: join the group, run ``cases``, write this rank's figures
     (``rank{r}.json``) and rank 0 the gradients (``{case}.pt``)."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-    )
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     from dpr_cache.runtime import distributed
 
@@ -274,13 +204,8 @@ def _spawn(world: int, plan: Plan, cases: list, out: Path) -> list[dict]:
     from dpr_cache.runtime.processes import free_port
 
     out.mkdir(parents=True, exist_ok=True)
-    context = mp.start_processes(
-        _rank_main,
-        args=(world, free_port(), str(out), plan, cases),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
+    args = (world, free_port(), str(out), plan, cases)
+    context = mp.start_processes(_rank_main, args, world, join=False, start_method="spawn")
     deadline = time.monotonic() + SPAWN_TIMEOUT
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
@@ -290,73 +215,42 @@ def _spawn(world: int, plan: Plan, cases: list, out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def _count_parameters(name: str, plan: Plan) -> dict:
-    model = build_model(name, plan)
-    return {
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "towers": "shared" if model.shared else "separate",
-        "pooling": model.pooling,
-    }
-
-
-def run(plan: Plan, work: Path, echo=print) -> dict:
+def run(plan: Plan, work: Path) -> dict:
     """Every (model, W, sharding) of ``plan``: each rank's bytes, the largest over ranks, the
     ratio to ``none`` at the same W, and the gradient's gap to the W = 1 unsharded run."""
-    started = time.monotonic()
-    runs: dict[tuple, dict] = {}
+    started, runs, models = time.monotonic(), {}, {}
     for world in plan.worlds:
         cases = [(m, s) for m in plan.models for s in SHARDS]
-        batches = [cases] if plan.one_group_a_world else [[c] for c in cases]
-        for batch in batches:
+        for batch in [cases] if plan.one_group_a_world else [[c] for c in cases]:
             folder = work / f"w{world}-{len(runs)}"
             begun = time.monotonic()
             ranks = _spawn(world, plan, batch, folder)
             seconds = round(time.monotonic() - begun, 1)
             for name, shard in batch:
-                key = f"{name}-{shard}"
-                per_rank = [r[key] for r in ranks]
-                runs[(name, world, shard)] = {
-                    "world": world,
-                    "shard": shard,
-                    "ranks": per_rank,
-                    "loss": per_rank[0]["loss"],
-                    "grads": folder / f"{key}.pt",
-                    "seconds": seconds,
-                    "rss_alone": not plan.one_group_a_world,
-                }
-                echo(f"{name} W={world} {shard}: {_summary(per_rank)} ({seconds} s)")
-    models = {}
+                per_rank = [r[f"{name}-{shard}"] for r in ranks]
+                row = runs[(name, world, shard)] = dict(world=world, shard=shard, ranks=per_rank)
+                row.update(loss=per_rank[0]["loss"], grads=folder / f"{name}-{shard}.pt")
+                row.update(seconds=seconds, rss_alone=not plan.one_group_a_world)
+                held = max(r["held"] for r in per_rank) / 1e6
+                print(f"{name} W={world} {shard}: {held:.3f} MB held ({seconds} s)", flush=True)
     for name in plan.models:
         reference = torch.load(runs[(name, 1, "none")]["grads"])
-        rows = []
-        for world in plan.worlds:
-            for shard in SHARDS:
-                r = runs[(name, world, shard)]
-                grads = torch.load(r.pop("grads"))
-                r["grad_gap"] = relative_gap(grads, reference)
-                r["max"] = {k: max(rank[k] for rank in r["ranks"]) for k in _KINDS}
-                rows.append(r)
+        rows = [runs[(name, world, shard)] for world in plan.worlds for shard in SHARDS]
         for r in rows:
-            none = next(x for x in rows if x["world"] == r["world"] and x["shard"] == "none")
-            r["ratio"] = {k: r["max"][k] / none["max"][k] for k in _KINDS if none["max"][k]}
-        models[name] = {**_count_parameters(name, plan), "runs": rows}
+            r["grad_gap"] = relative_gap(torch.load(r.pop("grads")), reference)
+            r["max"] = {k: max(rank[k] for rank in r["ranks"]) for k in KINDS}
+        for r in rows:
+            none = runs[(name, r["world"], "none")]["max"]
+            r["ratio"] = {k: r["max"][k] / none[k] for k in KINDS if none[k]}
+        whole = build_model(name, plan)
+        models[name] = {
+            "parameters": sum(p.numel() for p in whole.parameters()),
+            "trainable": sum(p.numel() for p in whole.parameters() if p.requires_grad),
+            "towers": "shared" if whole.shared else "separate",
+            "pooling": whole.pooling,
+            "runs": rows,
+        }
     return {"models": models, "seconds": round(time.monotonic() - started, 1)}
-
-
-_KINDS = (
-    "parameters",
-    "trainable_parameters",
-    "gradients",
-    "optimizer_state",
-    "held",
-    "peak_rss",
-)
-
-
-def _summary(ranks: list[dict]) -> str:
-    worst = max(r["held"] for r in ranks)
-    return f"{worst / 1e6:.3f} MB held by the fullest rank"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -364,8 +258,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     parser.add_argument("--dry-run", action="store_true", help="A tiny BERT and W = 1, 2.")
     args = parser.parse_args(argv)
-    import tempfile
-
     plan = DRY if args.dry_run else FULL
     with tempfile.TemporaryDirectory(prefix="dpr-cache-sharding-") as tmp:
         result = run(plan, Path(tmp))
@@ -378,32 +270,32 @@ def main(argv: list[str] | None = None) -> None:
         "plan": asdict(plan),
         **result,
     }
-    for path in write_page(report, args.out):
-        print(path)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.out / FIGURES, report)
+    print(args.out / FIGURES)
+    print(render(report, args.out))
 
 
-# The page.
+NAMES = {"bert": "BERT", "llama": "tiny Llama, fully trained", "llama-lora": "tiny Llama with LoRA"}
+HEADER = ["W", "train.shard", "parameters MB", "gradients MB", "AdamW state MB", "sum MB"]
+HEADER += ["ratio: parameters / gradients / state / sum", "1/W", "gradient gap", "peak RSS MB"]
+SUMMED = ("parameters", "gradients", "optimizer_state", "held")
 
 
-PAGE = "sharding.md"
-FIGURES = "sharding.json"
-NAMES = {
-    "bert": "BERT",
-    "llama": "tiny Llama, fully trained",
-    "llama-lora": "tiny Llama with LoRA",
-}
+def _row(r: dict) -> list:
+    """A run's row of its model's table."""
+    top, world = r["max"], r["world"]
+    engine = r["shard"] if r["shard"] == "fsdp" else ("none" if world == 1 else "none (DDP)")
+    ratios = [r.get("ratio", {}).get(k) for k in SUMMED]
+    mb = [f"{top[k] / 1e6:.3f}" for k in SUMMED]
+    return [
+        *(world, engine, *mb[:3], f"**{mb[3]}**"),
+        " / ".join("–" if v is None else f"{v:.3f}" for v in ratios),
+        *(f"{1 / world:.3f}", f"{r['grad_gap']:.1e}", f"{top['peak_rss'] / 1e6:.0f}"),
+    ]
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.3f}"
-
-
-def _ratio(row: dict, kind: str) -> str:
-    value = row.get("ratio", {}).get(kind)
-    return "–" if value is None else f"{value:.3f}"
-
-
-def _model_lines(name: str, m: dict, plan: dict) -> list[str]:
+def _model_lines(name: str, m: dict) -> list[str]:
     trained = "all of them" if m["trainable"] == m["parameters"] else f"{m['trainable']:,}"
     lines = [
         "",
@@ -414,54 +306,33 @@ def _model_lines(name: str, m: dict, plan: dict) -> list[str]:
         "float64; the ratio is to `none` at the same W (`none` holds the whole model on every "
         "rank); 1/W is what FSDP promises.",
         "",
+        *markdown_table(HEADER, [_row(r) for r in m["runs"]]),
     ]
-    header = [
-        "W",
-        "train.shard",
-        "parameters MB",
-        "gradients MB",
-        "AdamW state MB",
-        "sum MB",
-        "ratio: parameters / gradients / state / sum",
-        "1/W",
-        "gradient gap",
-        "peak RSS MB",
-    ]
-    rows = []
-    for r in m["runs"]:
-        top = r["max"]
-        engine = (
-            r["shard"] if r["shard"] == "fsdp" else ("none" if r["world"] == 1 else "none (DDP)")
-        )
-        ratios = " / ".join(
-            _ratio(r, k) for k in ("parameters", "gradients", "optimizer_state", "held")
-        )
-        rows.append(
-            [
-                r["world"],
-                engine,
-                _mb(top["parameters"]),
-                _mb(top["gradients"]),
-                _mb(top["optimizer_state"]),
-                f"**{_mb(top['held'])}**",
-                ratios,
-                f"{1 / r['world']:.3f}",
-                f"{r['grad_gap']:.1e}",
-                f"{top['peak_rss'] / 1e6:.0f}",
-            ]
-        )
-    lines += markdown_table(header, rows)
     if "lora" in name:
         fsdp = [r for r in m["runs"] if r["shard"] == "fsdp"]
+        held = [f"{r['max']['trainable_parameters'] / 1e6:.3f} MB at W={r['world']}" for r in fsdp]
         lines += [
             "",
-            "Of the parameters, the trained ones (the adapters): "
-            + ", ".join(
-                f"{_mb(r['max']['trainable_parameters'])} MB at W={r['world']}" for r in fsdp
-            )
-            + " under fsdp; the frozen base is sharded with them (one FSDP unit a block).",
+            f"Of the parameters, the trained ones (the adapters): {', '.join(held)} under fsdp; "
+            "the frozen base is sharded with them (one FSDP unit a block).",
         ]
     return lines
+
+
+def _findings(result: dict) -> list[str]:
+    """One line a model: the sum's ratio at each W > 1 against 1/W, and the worst gap."""
+    out = ["", "## Findings", ""]
+    for name, m in result["models"].items():
+        fsdp = [r for r in m["runs"] if r["shard"] == "fsdp" and r["world"] > 1]
+        ratios = ", ".join(
+            f"{r['ratio']['held']:.3f} at W={r['world']} (1/W = {1 / r['world']:.3f})" for r in fsdp
+        )
+        gap = max(r["grad_gap"] for r in m["runs"])
+        out.append(
+            f"- {NAMES.get(name, name)}: FSDP's parameters + gradients + AdamW state per rank "
+            f"over DDP's: {ratios or 'no W > 1 run'}; the gradients' largest gap {gap:.1e}."
+        )
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -471,6 +342,12 @@ def markdown(result: dict) -> str:
     if result.get("dry_run"):
         lines += ["**Dry run**: toy sizes, to rehearse the benchmark; not the page's figures.", ""]
     per_rank = ", ".join(f"{plan['n_q'] // w} at W={w}" for w in plan["worlds"])
+    groups = (
+        " Here every case of a world size ran in one process group, so a rank's peak RSS "
+        "is that of all its cases."
+        if plan.get("one_group_a_world")
+        else " Each (model, W, sharding) ran in a process group of its own."
+    )
     lines += [
         f"`{result['command']}` ({result['date']}, {result['seconds']:.0f} s).",
         f"Machine: {cpu_text(machine)}; torch {machine['torch']}, transformers "
@@ -501,48 +378,17 @@ def markdown(result: dict) -> str:
         "",
         "Peak RSS: each rank's own high-water mark (`ru_maxrss`); on the CPU it is dominated by "
         "the libraries (torch, transformers and peft imported: some hundreds of MB), against a "
-        "model of a few MB, so it does not show the division; the counted bytes do."
-        + (
-            " Here every case of a world size ran in one process group, so a rank's peak RSS "
-            "is that of all its cases."
-            if result["plan"].get("one_group_a_world")
-            else " Each (model, W, sharding) ran in a process group of its own."
-        ),
+        f"model of a few MB, so it does not show the division; the counted bytes do.{groups}",
+        *_findings(result),
     ]
-    lines += _findings(result)
     for name, m in result["models"].items():
-        lines += _model_lines(name, m, plan)
+        lines += _model_lines(name, m)
     return "\n".join(lines) + "\n"
-
-
-def _findings(result: dict) -> list[str]:
-    """One line a model: the sum's ratio at each W > 1 against 1/W, and the worst gap."""
-    out = ["", "## Findings", ""]
-    for name, m in result["models"].items():
-        fsdp = [r for r in m["runs"] if r["shard"] == "fsdp" and r["world"] > 1]
-        ratios = ", ".join(
-            f"{r['ratio']['held']:.3f} at W={r['world']} (1/W = {1 / r['world']:.3f})" for r in fsdp
-        )
-        gap = max(r["grad_gap"] for r in m["runs"])
-        out.append(
-            f"- {NAMES.get(name, name)}: FSDP's parameters + gradients + AdamW state per rank "
-            f"over DDP's: {ratios or 'no W > 1 run'}; the gradients' largest gap {gap:.1e}."
-        )
-    return out
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``sharding.md`` in ``folder``."""
-    write_text_atomic(folder / PAGE, markdown(result))
-    return folder / PAGE
-
-
-def write_page(result: dict, out: Path) -> list[Path]:
-    """``sharding.json`` and ``sharding.md`` in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / FIGURES, result)
-    write_text_atomic(out / PAGE, markdown(result))
-    return [out / FIGURES, out / PAGE]
+    return write_text_atomic(Path(folder) / PAGE, markdown(result))
 
 
 if __name__ == "__main__":
