@@ -1,13 +1,11 @@
 """Peers run on our model, batch and mini-batch: sentence-transformers' cached MNRL loss and the
-original GradCache library. Each adapter has our steppers' ``.step(q, p, p_ids=...) -> loss``.
-
-Both peers get the very same Hugging Face module as our modes (no second copy of the weights), the
-same pooling, a dot product at temperature 1 and mean reduction, so the loss they compute is ours.
+original GradCache library, each with our steppers' ``.step(q, p, p_ids=...) -> loss``. Both get
+the very same Hugging Face module as our modes, the same pooling, a dot product at temperature 1
+and mean reduction, so the loss they compute is ours.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import sys
@@ -18,17 +16,12 @@ from torch import Tensor, nn
 from dpr_cache.core.loss import contrastive_loss
 from dpr_cache.model.biencoder import BiEncoder
 
-__all__ = ["PEERS", "peer_available", "import_gradcache_lib", "make_peer"]
-
 PEERS = ("st-cmnrl", "gradcache-lib")
 
 
 def import_gradcache_lib() -> ModuleType:
-    """The GradCache library as ``grad_cache``.
-
-    The PyPI package ``gradcache`` installs a folder named ``gradcache`` whose modules import
-    ``grad_cache.*``; loading that folder under the name ``grad_cache`` makes it importable.
-    """
+    """The GradCache library as ``grad_cache``: the PyPI package ``gradcache`` installs a folder
+    ``gradcache`` whose modules import ``grad_cache.*``, so it is loaded under that name."""
     if "grad_cache" in sys.modules:
         return sys.modules["grad_cache"]
     spec = importlib.util.find_spec("grad_cache") or importlib.util.find_spec("gradcache")
@@ -38,8 +31,7 @@ def import_gradcache_lib() -> ModuleType:
         spec = importlib.util.spec_from_file_location(
             "grad_cache", spec.origin, submodule_search_locations=spec.submodule_search_locations
         )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["grad_cache"] = module
+    sys.modules["grad_cache"] = module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
         importlib.import_module("grad_cache.grad_cache")
@@ -52,12 +44,10 @@ def import_gradcache_lib() -> ModuleType:
 def peer_available(name: str) -> bool:
     """Whether a peer's package imports in this environment."""
     try:
-        if name == "st-cmnrl":
-            importlib.import_module("sentence_transformers")
-        elif name == "gradcache-lib":
+        if name == "gradcache-lib":
             import_gradcache_lib()
         else:
-            return False
+            importlib.import_module({"st-cmnrl": "sentence_transformers"}[name])
     except Exception:
         return False
     return True
@@ -78,36 +68,26 @@ class GradCacheLibStep:
     """The GradCache library (``grad_cache.GradCache``) on both towers, chunk ``chunk_size``
     (or ``[questions, passages]`` a chunk)."""
 
-    def __init__(
-        self, model: BiEncoder, chunk_size: int | list[int], tile_size: int | None = None
-    ) -> None:
+    def __init__(self, model: BiEncoder, chunk_size: int | list[int]) -> None:
         lib = importlib.import_module("grad_cache.grad_cache")
         q = _Pooled(model, model.query_encoder)
         p = q if model.shared else _Pooled(model, model.passage_encoder)
-        self.loss_kwargs: dict = {}
-        loss = functools.partial(self._loss, tile_size=tile_size, kwargs=self.loss_kwargs)
-        self.engine = lib.GradCache(models=[q, p], chunk_sizes=chunk_size, loss_fn=loss)
+        self.p_ids: Tensor | None = None
+        self.engine = lib.GradCache(models=[q, p], chunk_sizes=chunk_size, loss_fn=self._loss)
 
-    @staticmethod
-    def _loss(q: Tensor, p: Tensor, *, tile_size: int | None, kwargs: dict) -> Tensor:
-        return contrastive_loss(q, p, tile_size=tile_size, **kwargs)
+    def _loss(self, q: Tensor, p: Tensor) -> Tensor:
+        return contrastive_loss(q, p, p_ids=self.p_ids)
 
     def step(self, q_inputs: dict, p_inputs: dict, p_ids: Tensor | None = None) -> Tensor:
-        self.loss_kwargs.clear()
-        self.loss_kwargs["p_ids"] = p_ids
+        self.p_ids = p_ids
         return self.engine(q_inputs, p_inputs)
 
 
 class CachedMNRLStep:
-    """sentence-transformers' ``CachedMultipleNegativesRankingLoss`` (dot product, scale 1).
-
-    It encodes questions and passages with one SentenceTransformer, so it needs shared towers.
-    Its loss takes the first passage of each group as the positive and every passage row as a
-    candidate, as ours does; it knows no passage ids (no false-negative mask). Its Transformer
-    module is loaded from ``st_folder`` (default: the folder the model came from) and then given
-    our tower in place of the model it loaded, so a tower built in memory from a config names a
-    small folder of its family here. Last-token pooling is sentence-transformers' ``lasttoken``.
-    """
+    """sentence-transformers' ``CachedMultipleNegativesRankingLoss`` (dot product, scale 1) on
+    shared towers: each group's first passage the positive, every passage row a candidate, as
+    ours; no passage ids (no false-negative mask). Its Transformer module is loaded from
+    ``st_folder`` (default: the model's own folder), then given our tower to run."""
 
     def __init__(self, model: BiEncoder, chunk_size: int, st_folder: str | None = None) -> None:
         if not model.shared:
@@ -119,8 +99,7 @@ class CachedMNRLStep:
         from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
         from sentence_transformers.util import dot_score
 
-        path = st_folder or model.query_encoder.config._name_or_path
-        transformer = Transformer(path)
+        transformer = Transformer(st_folder or model.query_encoder.config._name_or_path)
         transformer.model = model.query_encoder  # the very module our modes train
         mode = {"last": "lasttoken"}.get(model.pooling, model.pooling)
         pooling = Pooling(model.dim, pooling_mode=mode)
@@ -131,10 +110,9 @@ class CachedMNRLStep:
         )
 
     def step(self, q_inputs: dict, p_inputs: dict, p_ids: Tensor | None = None) -> Tensor:
-        n_q, n_p = len(q_inputs["input_ids"]), len(p_inputs["input_ids"])
-        group = n_p // n_q
-        features = [dict(q_inputs), {k: v[::group] for k, v in p_inputs.items()}]
-        features += [{k: v[h::group] for k, v in p_inputs.items()} for h in range(1, group)]
+        group = len(p_inputs["input_ids"]) // len(q_inputs["input_ids"])
+        features = [dict(q_inputs)]
+        features += [{k: v[h::group] for k, v in p_inputs.items()} for h in range(group)]
         loss = self.loss(features, None)
         loss.backward()
         return loss.detach()
@@ -152,11 +130,11 @@ def st_model_over(model: BiEncoder, folder: str):
     return st.train()
 
 
-def make_peer(name: str, model: BiEncoder, chunk_size: int, tile_size: int | None = None):
+def make_peer(name: str, model: BiEncoder, chunk_size: int):
     """A step object for peer ``name`` (one of :data:`PEERS`) on ``model``."""
     if name == "st-cmnrl":
         return CachedMNRLStep(model, chunk_size)
     if name == "gradcache-lib":
         import_gradcache_lib()
-        return GradCacheLibStep(model, chunk_size, tile_size)
+        return GradCacheLibStep(model, chunk_size)
     raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")

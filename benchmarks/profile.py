@@ -1,31 +1,22 @@
-"""Where a GradCache training step's time goes, phase by phase, on one benchmark point.
-
-Phases: collate (tokenizing the batch), split (ordering and chunking), the graph-less forward
-of both towers, the forward of the kept last chunks, the loss and its gradient (the cache), the
-re-forward with backward, and the optimizer (AdamW, as the trainer's). Each phase is timed by
-wrapping the engine's method of the same name, over ``repeats`` steps after ``warmup``, first
-with the model's dropout on, then off (eval mode): the difference is what drawing dropout masks
-costs in each phase. Meant to run in a fresh process:
+"""Where a GradCache training step's time goes: each of the engine's phases (:data:`PHASES`)
+timed by wrapping its method, then the optimizer (AdamW, as the trainer's), over ``repeats``
+steps after ``warmup``, with the model's dropout on, then off (eval mode). In a fresh process::
 
     python -m benchmarks.profile '{"mode": "gradcache", "batch": 128, "text": "..."}'
 
-prints one JSON line: the spec and, per dropout setting, the median seconds of each phase.
+prints one JSON line: the spec, its collate time and each phase's median seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
-import sys
 import time
 from collections import defaultdict
 
 import torch
 
-from benchmarks.point import PointSpec, load_point, point_stepper
-
-__all__ = ["PHASES", "profile_point"]
+from benchmarks.point import PointSpec, child_main, load_point, point_stepper
 
 PHASES = ("split", "forward_no_grad", "forward_last", "build_cache", "forward_backward")
 
@@ -54,23 +45,19 @@ def profile_point(spec: PointSpec) -> dict:
     for phase in PHASES:
         setattr(engine, phase, _timed(getattr(engine, phase), phase, record))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-12)  # a step that changes ~nothing
+    step = _timed(lambda: engine.step(q, p, p_ids=ids), "step", record)
     out: dict = {**dataclasses.asdict(spec), "collate_s": collate_s}
     for dropout in (True, False):
         model.train(dropout)
         steps = []
-        for i in range(spec.warmup + spec.repeats):
+        for _ in range(spec.warmup + spec.repeats):
             record.clear()
             model.zero_grad(set_to_none=True)
-            start = time.perf_counter()
-            engine.step(q, p, p_ids=ids)
-            record["step"] = time.perf_counter() - start
-            start = time.perf_counter()
-            optimizer.step()
-            record["optimizer"] = time.perf_counter() - start
-            if i >= spec.warmup:
-                steps.append(dict(record))
+            step()
+            _timed(optimizer.step, "optimizer", record)()
+            steps.append(dict(record))
         out["dropout_on" if dropout else "dropout_off"] = {
-            phase: statistics.median(s.get(phase, 0.0) for s in steps)
+            phase: statistics.median(s.get(phase, 0.0) for s in steps[spec.warmup :])
             for phase in (*PHASES, "optimizer", "step")
         }
     out["threads_used"] = torch.get_num_threads()
@@ -78,14 +65,7 @@ def profile_point(spec: PointSpec) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Profile the point given as a JSON object; print the result as one JSON line."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m benchmarks.profile '<json PointSpec>'")
-    from dpr_cache.runtime.quiet import quiet_libraries
-
-    quiet_libraries()
-    print(json.dumps(profile_point(PointSpec(**json.loads(argv[0])))), flush=True)
+    child_main("benchmarks.profile", profile_point, argv)
 
 
 if __name__ == "__main__":

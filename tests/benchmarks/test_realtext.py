@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import realtext
+from benchmarks import point, realtext
 from benchmarks.point import PointSpec, run_point
 from benchmarks.profile import PHASES, profile_point
 from benchmarks.realtext import markdown
@@ -240,7 +240,7 @@ def test_reuse_reads_only_this_plan_rows_and_retries_failed_rounds(tmp_path, mon
         calls.append(spec)
         return {k: v for k, v in row(spec, 0, 2.0).items() if k not in ("key", "round")}
 
-    monkeypatch.setattr(realtext, "run_in_child", fake_run_point)
+    monkeypatch.setattr(point, "run_in_child", fake_run_point)
     result = realtext.run_realtext(plan, out, reuse=True, echo=lambda line: None)
     ours, order, full = timed
     assert calls == [ours, full, ours, order, full]  # round 1 of ours failed: run again

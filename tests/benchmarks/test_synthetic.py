@@ -151,22 +151,31 @@ def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
     assert ran == [1024, 1024, 262144] and skipped == []
 
 
-def test_reuse_takes_only_a_row_of_the_same_spec(tmp_path):
+def test_reuse_takes_only_a_row_of_the_same_spec(tmp_path, monkeypatch):
+    from benchmarks import point
     from benchmarks.point import PointSpec
-    from benchmarks.synthetic import _load_done
+    from benchmarks.synthetic import spec_key
 
     spec = PointSpec(mode="gradcache", batch=128)
     current = {**dataclasses.asdict(spec), "step_s": 1.0}
-    path = tmp_path / "points.jsonl"
-    path.write_text(json.dumps(current) + "\n")
-    assert _load_done(path)[spec.key()]["step_s"] == 1.0  # a row of the same spec is reused
+    path, ran = tmp_path / "points.jsonl", []
+    figures = {"step_s": 2.0, "pairs_per_s": 64.0, "encoded_tokens": 1, "peak_bytes": 1}
+    monkeypatch.setattr(
+        point, "run_in_child", lambda s: ran.append(s) or {**dataclasses.asdict(s), **figures}
+    )
+
+    def rerun(saved: dict) -> list[dict]:
+        path.write_text(json.dumps(saved) + "\n")
+        ran.clear()
+        return point.run_points(path, [("p", spec, {})], True, spec_key, lambda line: None)[0]
+
+    assert rerun(current)[0]["step_s"] == 1.0 and ran == []  # a row of the same spec is reused
     for field in ("length_order", "fast_dropout", "epoch_order"):
         lacking = {k: v for k, v in current.items() if k != field}  # measured before the field
-        path.write_text(json.dumps(lacking) + "\n")
-        assert PointSpec.from_row(lacking) is None and _load_done(path) == {}, field
-    other = {**current, "length_order": False}
-    path.write_text(json.dumps(other) + "\n")
-    assert spec.key() not in _load_done(path)  # another setting: measured again
+        assert PointSpec.from_row(lacking) is None, field
+        assert rerun(lacking)[0]["step_s"] == 2.0 and ran == [spec], field
+    assert rerun({**current, "length_order": False})[0]["step_s"] == 2.0  # another setting
+    assert len(path.read_text().splitlines()) == 2  # the measured row appended
 
 
 def test_every_saved_row_names_every_setting_it_was_measured_with():
