@@ -1,22 +1,15 @@
 """Every measured figure written by hand in ``README.md``, ``docs/*.md`` and the benchmark pages'
-hand-written companions (:data:`BENCH_NOTES`) names its data.
-
-A figure is followed by a source marker, an HTML comment that a rendered page does not show::
+hand-written companions (:data:`BENCH_NOTES`) names its data, in a marker a page does not show::
 
     1.89x<!-- from docs/bench/recheck/realtext.json: d["ratios"]["st-cmnrl"] -->
+    38.5 / 40.0 / 41.4<!-- from F: a; b; c -->    (one marker for the last figures, in order)
 
-``EXPR`` is a Python expression over ``d``, the file's JSON (a ``.jsonl`` file: the list of its
-records), with :func:`row` to pick a record by its fields, ``load(PATH)`` for a second file a
-figure is derived from, and ``mine_hours(mine, scale)`` for mine's projection at NQ's size.
-One marker may stand for the last several figures before it, its expressions separated by ``;``
-and in their order::
-
-    38.5 / 40.0 / 41.4<!-- from F: a; b; c -->
-
-A figure agrees with its data when the data, rounded as the figure is printed, gives it. A
-measured-looking figure (a number with a unit of time, memory, rate or ratio) with no marker
-is unsourced, unless it is a bound (after ``<=``, ``under``, ``at most`` ...) or its line says
-why it has no data file: ``<!-- figures: REASON -->`` (a hardware spec, a quoted paper).
+``EXPR`` is Python over ``d``, the file's JSON (of a ``.jsonl`` file: its records), with
+:func:`row` to pick a record by its fields, ``load(PATH)`` a second file and ``mine_hours(mine,
+scale)`` mine's projection at NQ's size. A figure agrees when its data, rounded as printed,
+gives it. A measured-looking figure (a number with a unit of time, memory, rate or ratio) with
+no marker is unsourced, unless it is a bound (after ``<=``, ``under``, ``at most`` ...) or its
+line says why it has no data file: ``<!-- figures: REASON -->`` (a hardware spec, a paper).
 
     python -m benchmarks.figures   # lists every figure that disagrees or has no source
 """
@@ -48,8 +41,8 @@ BOUND = re.compile(
 )
 
 
+# The benchmark pages' hand-written companions (the other pages are written from their JSON).
 BENCH_NOTES = [REPO / "docs" / "bench" / "README.md", REPO / "docs" / "bench" / "scale_notes.md"]
-"""The benchmark pages' hand-written companions (the other pages are written from their JSON)."""
 
 
 def row(records: list[dict], **fields) -> dict:
@@ -81,19 +74,18 @@ def _tolerance(text: str) -> float:
 
 def _load(path: str, cache: dict) -> object:
     if path not in cache:
-        file = REPO / path
-        if file.suffix == ".jsonl":
-            cache[path] = [json.loads(x) for x in file.read_text().splitlines() if x.strip()]
-        else:
-            cache[path] = json.loads(file.read_text())
+        text = (REPO / path).read_text()
+        jsonl = path.endswith(".jsonl")
+        cache[path] = (
+            [json.loads(x) for x in text.splitlines() if x.strip()] if jsonl else json.loads(text)
+        )
     return cache[path]
 
 
 def _evaluate(expr: str, data: object, cache: dict) -> float:
-    names = {"d": data, "row": row, "median": statistics.median}
-    names["load"] = lambda path: _load(path, cache)  # a second file the figure is derived from
-    names["mine_hours"] = mine.projected_hours
-    names.update(min=min, max=max, sum=sum, len=len, abs=abs, round=round)
+    names = {"d": data, "row": row, "median": statistics.median, "mine_hours": mine.projected_hours}
+    names |= {"load": lambda path: _load(path, cache), "min": min, "max": max, "sum": sum}
+    names |= {"len": len, "abs": abs, "round": round}
     # the names as globals, so that a comprehension in the expression sees them too
     return float(eval(expr, {"__builtins__": {}, **names}))  # noqa: S307 - the repo's own docs
 

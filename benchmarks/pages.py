@@ -3,50 +3,35 @@
     python -m benchmarks.pages                 # docs/bench: bench.md, realtext.md, scale.md, ...
     python -m benchmarks.pages --out /tmp/p    # the same pages elsewhere (the figures stay put)
 
-Each page is what its benchmark writes at the end of a run (``python -m benchmarks.synthetic``,
-``benchmarks.realtext``, ``benchmarks.scale``, ``benchmarks.mine``, ``benchmarks.gpu``,
-``benchmarks.chunk_cost``, ``benchmarks.sharding``, ``benchmarks.losses``,
-``benchmarks.refusals``, ``benchmarks.sources``), so a change to a report is seen on every
-page without hours of measuring.
+Each page is what its benchmark writes at the end of a run, so a change to a report is seen on
+every page without hours of measuring.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 
-from benchmarks import (
-    chunk_cost,
-    gpu_report,
-    losses,
-    mine,
-    realtext,
-    refusals,
-    scale,
-    sharding,
-    sources,
-    synthetic,
-)
-
 __all__ = ["PAGES", "write_pages"]
 
+# Saved figures (relative to the bench folder) -> the benchmark module whose
+# ``render(result, folder, source)`` writes their page.
 PAGES = {
-    "bench.json": synthetic,
-    "realtext.json": realtext,
-    "same_session/realtext.json": realtext,
-    "recheck/realtext.json": realtext,
-    "scale.json": scale,
-    "mine.json": mine,
-    "gpu.json": gpu_report,
-    "chunk_cost.json": chunk_cost,
-    "sharding.json": sharding,
-    "losses.json": losses,
-    "refusals.json": refusals,
-    "sources.json": sources,
+    "bench.json": "synthetic",
+    "realtext.json": "realtext",
+    "same_session/realtext.json": "realtext",
+    "recheck/realtext.json": "realtext",
+    "scale.json": "scale",
+    "mine.json": "mine",
+    "gpu.json": "gpu_report",
+    "chunk_cost.json": "chunk_cost",
+    "sharding.json": "sharding",
+    "losses.json": "losses",
+    "refusals.json": "refusals",
+    "sources.json": "sources",
 }
-"""Saved figures (relative to the bench folder) -> the module whose ``render(result, folder,
-source)`` writes their page."""
 
 
 def write_pages(source: Path, out: Path) -> list[Path]:
@@ -57,7 +42,8 @@ def write_pages(source: Path, out: Path) -> list[Path]:
         if path.is_file():
             folder = (out / name).parent
             folder.mkdir(parents=True, exist_ok=True)
-            written.append(module.render(json.loads(path.read_text()), folder, path.parent))
+            render = importlib.import_module(f"benchmarks.{module}").render
+            written.append(render(json.loads(path.read_text()), folder, path.parent))
     return written
 
 

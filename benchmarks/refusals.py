@@ -8,7 +8,6 @@ rounds; each figure the median. The goal: each refusal within 1.5x ``--help``'s 
 
 from __future__ import annotations
 
-import datetime
 import json
 import shlex
 import statistics
@@ -21,14 +20,15 @@ from typing import Annotated
 
 import typer
 
-from benchmarks.harness import load_average, load_text, machine_info
-from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
+from benchmarks.harness import load_text, machine_info, save_result
+from dpr_cache.runtime.atomic import write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
 GOAL = 1.5  # a refusal's time over --help's
 TOY, TINY = "data/toy", "data/toy/tiny-bert"
 
-
+# Each refusal's command line: {root} the folder of its inputs, {toy} the toy data, {tiny} the
+# tiny BERT, {config} the toy config.
 SCENARIOS = {
     "--help": "--help",
     "train: a config key unknown": "train {config} --set train.lrr=1",
@@ -49,39 +49,33 @@ SCENARIOS = {
         " --train /nowhere.jsonl --out {root}/s.jsonl",
     "export: the model missing": "export --model /nowhere --out {root}/x",
 }  # fmt: skip
-"""Each refusal's command line: ``{root}`` is the folder of its inputs, ``{toy}`` the toy data,
-``{tiny}`` the tiny BERT, ``{config}`` the toy config."""
 
 
 def scenarios(root: Path) -> dict[str, list[str]]:
-    """Each refusal as a command line, its inputs made under ``root`` (the lock holders are
-    started by :func:`_holders`)."""
-    step = root / "run" / "checkpoints" / "step-00000001"
-    step.mkdir(parents=True)
-    (step / "state.pt").write_bytes(b"")
-    done = root / "done"
-    (done / "checkpoints" / "step-00000002").mkdir(parents=True)
-    (done / "checkpoints" / "step-00000002" / "state.pt").write_bytes(b"")
-    (done / "model").mkdir()
+    """Each refusal as a command line, its inputs made under ``root`` (the lock's holder is
+    started by :func:`_holder`)."""
+    for run, step in (("run", 1), ("done", 2)):
+        state = root / run / "checkpoints" / f"step-{step:08d}" / "state.pt"
+        state.parent.mkdir(parents=True)
+        state.write_bytes(b"")
+    (root / "done" / "model").mkdir()
     settings = {"data.train": f"{TOY}/train.jsonl", "train.batch_size": 64, "train.epochs": 6}
     settings["train.max_steps"] = None
-    (done / "finished.json").write_text(json.dumps({"step": 2, "settings": settings}))
-    names = {"root": root, "toy": TOY, "tiny": TINY}
-    names = {k: shlex.quote(str(v)) for k, v in names.items()}
+    (root / "done" / "finished.json").write_text(json.dumps({"step": 2, "settings": settings}))
+    names = {k: shlex.quote(str(v)) for k, v in {"root": root, "toy": TOY, "tiny": TINY}.items()}
     names["config"] = "--config configs/toy.yaml"
     return {name: shlex.split(line.format(**names)) for name, line in SCENARIOS.items()}
 
 
-def _holders(root: Path) -> subprocess.Popen:
+def _holder(root: Path) -> subprocess.Popen:
     """A process holding the lock of ``root/held`` until killed."""
     code = (
         "import time\nfrom dpr_cache.runtime.lock import output_lock\n"
         f"with output_lock({str(root / 'held')!r}):\n    print('held', flush=True)\n"
         "    time.sleep(3600)\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], env=child_env(), stdout=subprocess.PIPE, text=True
-    )
+    cmd = [sys.executable, "-c", code]
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -89,13 +83,8 @@ def _holders(root: Path) -> subprocess.Popen:
 def _time(args: list[str]) -> tuple[float, int, str]:
     """Wall seconds of ``python -m dpr_cache ARGS``, its exit code and its last stderr line."""
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "dpr_cache", *args],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    cmd = [sys.executable, "-m", "dpr_cache", *args]
+    done = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
     return seconds, done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
 
@@ -104,9 +93,8 @@ def run(rounds: int) -> dict:
     """Every scenario ``rounds`` times, interleaved; each one's median seconds, its exit code and
     line, and its ratio to ``--help``'s median."""
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        commands = scenarios(root)
-        holder = _holders(root)
+        commands = scenarios(Path(tmp))
+        holder = _holder(Path(tmp))
         times: dict[str, list[float]] = {name: [] for name in commands}
         said: dict[str, tuple[int, str]] = {}
         try:
@@ -133,16 +121,18 @@ def run(rounds: int) -> dict:
     return {"rows": rows, "help_s": help_s, "worst_vs_help": worst, "goal": GOAL}
 
 
-def page(result: dict, machine: dict, date: str) -> str:
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``refusals.md`` in ``folder`` from the saved ``refusals.json``."""
+    machine, rounds = result["machine"], len(next(iter(result["rows"].values()))["rounds"])
     lines = [
         "# How fast each command refuses",
         "",
-        f"Measured {date} with `python -m benchmarks.refusals --out docs/bench` (data: "
+        f"Measured {result['date']} with `python -m benchmarks.refusals --out docs/bench` (data: "
         f"`refusals.json`). Machine: {machine['cpu']}, {machine['cores']} cores, "
         f"{machine['ram_gb']} GB RAM; load average {load_text(machine['load_average'])}.",
         "",
         "Each refusal run as a whole process (`python -m dpr_cache ...`), interleaved with the "
-        f"others over {len(next(iter(result['rows'].values()))['rounds'])} rounds; each figure "
+        f"others over {rounds} rounds; each figure "
         "the median. Every refusal comes before torch, transformers and FAISS are imported "
         f"(`tests/cli/test_refusals_before_imports.py`). The goal: at most {GOAL}x `--help`.",
         "",
@@ -154,12 +144,7 @@ def page(result: dict, machine: dict, date: str) -> str:
         lines.append(f"| {name} | {r['seconds']:.2f} | {r['vs_help']:.2f} | {r['exit']} | {said} |")
     met = "met" if result["worst_vs_help"] <= GOAL else "not met"
     lines += ["", f"The slowest refusal: {result['worst_vs_help']:.2f}x `--help`: **{met}**."]
-    return "\n".join(lines) + "\n"
-
-
-def render(result: dict, folder: Path, source: Path | None = None) -> Path:
-    """``refusals.md`` in ``folder`` from the saved ``refusals.json``."""
-    write_text_atomic(folder / "refusals.md", page(result, result["machine"], result["date"]))
+    write_text_atomic(folder / "refusals.md", "\n".join(lines) + "\n")
     return folder / "refusals.md"
 
 
@@ -168,12 +153,7 @@ def main(
     rounds: Annotated[int, typer.Option(help="Times each command runs.")] = 5,
 ) -> None:
     result = run(rounds)
-    machine = {**machine_info("cpu", None), "load_average": load_average()}
-    date = datetime.date.today().isoformat()
-    out.mkdir(parents=True, exist_ok=True)
-    saved = {**result, "machine": machine, "date": date}
-    write_json_atomic(out / "refusals.json", saved)
-    print(f"written to {render(saved, out)}")
+    save_result(out / "refusals.json", result, machine_info("cpu", None), render)
 
 
 if __name__ == "__main__":

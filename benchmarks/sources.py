@@ -13,7 +13,6 @@ The synthetic file is kept under ``--work`` and reused by a rerun with the same 
 
 from __future__ import annotations
 
-import datetime
 import json
 import shutil
 import sys
@@ -23,8 +22,8 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from benchmarks.harness import cpu_info, cpu_text, load_average, run_measured
-from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
+from benchmarks.harness import cpu_info, cpu_text, load_average, run_measured, save_result
+from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
 GOAL_GB = 1.0
@@ -67,18 +66,16 @@ def synthetic_parquet(path: Path, rows: int, seed: int = 0) -> Path:
     text = " ".join(rng.choice(words, size=2_000_000).tolist())
     schema = pa.schema([(name, pa.string()) for name in LENGTHS])
 
+    def column(start: int, n: int, length: int) -> list[str]:
+        at = rng.integers(0, len(text) - 2 * length, size=n).tolist()
+        sizes = rng.integers(length // 2, 3 * length // 2, size=n).tolist()
+        return [f"{start + i} {text[at[i] : at[i] + sizes[i]]}" for i in range(n)]
+
     def write(tmp: Path) -> None:
         with pq.ParquetWriter(str(tmp), schema) as writer:
             for start in range(0, rows, _BATCH):
                 n = min(_BATCH, rows - start)
-                columns = {}
-                for name, length in LENGTHS.items():
-                    at = rng.integers(0, len(text) - 2 * length, size=n)
-                    sizes = rng.integers(length // 2, 3 * length // 2, size=n)
-                    spans = zip(at.tolist(), sizes.tolist(), strict=True)
-                    columns[name] = [
-                        f"{start + i} {text[a : a + s]}" for i, (a, s) in enumerate(spans)
-                    ]
+                columns = {name: column(start, n, length) for name, length in LENGTHS.items()}
                 writer.write_table(pa.table(columns, schema=schema))
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,8 +97,7 @@ def run(rows: int, work: Path) -> dict:
     source = synthetic_parquet(work / f"st-{rows}.parquet", rows)
     cache = work / "cache"
     shutil.rmtree(cache, ignore_errors=True)
-    first = measure(source, cache)
-    again = measure(source, cache)
+    first, again = measure(source, cache), measure(source, cache)
     arrow = sum(p.stat().st_size for p in cache.glob("*.arrow"))
     return {
         "rows": rows,
@@ -114,42 +110,37 @@ def run(rows: int, work: Path) -> dict:
     }
 
 
-def page(result: dict, machine: dict, date: str) -> str:
-    first, again = result["first"], result["from_cache"]
-    verdict = "met" if result["met"] else "not met"
-    return "\n".join(
-        [
-            "# Reading a large source in another layout",
-            "",
-            f"Measured {date} with `python -m benchmarks.sources --out docs/bench --rows "
-            f"{result['rows']}` (data: `sources.json`). Machine: {cpu_text(machine)}; load "
-            f"average {machine['load_average']}.",
-            "",
-            f"A synthetic sentence-transformers Parquet file of {result['rows']:,} rows "
-            f"(`anchor`, `positive`, `negative`: random words at about "
-            f"{LENGTHS['anchor']}, {LENGTHS['positive']} and {LENGTHS['negative']} characters; "
-            f"{result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow cache "
-            f"({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: the "
-            "kernel's `ru_maxrss`). Passes: the Parquet reader's batch iterations, counted in "
-            "that process.",
-            "",
-            "| load | rows | seconds | rows a second | peak RSS (GB) | passes over the file |",
-            "|---|--:|--:|--:|--:|--:|",
-            f"| first (parse into the cache) | {first['rows']:,} | {first['wall_s']:.1f} | "
-            f"{first['rows'] / first['wall_s']:,.0f} | {first['peak_rss_gb']:.3f} | "
-            f"{first['passes']} |",
-            f"| again (from the cache) | {again['rows']:,} | {again['wall_s']:.1f} | - | "
-            f"{again['peak_rss_gb']:.3f} | {again['passes']} |",
-            "",
-            f"The goal (peak RSS under {GOAL_GB:g} GB, one pass): **{verdict}**.",
-            "",
-        ]
-    )
-
-
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``sources.md`` in ``folder`` from the saved ``sources.json``."""
-    write_text_atomic(folder / "sources.md", page(result, result["machine"], result["date"]))
+    first, again, machine = result["first"], result["from_cache"], result["machine"]
+    lines = [
+        "# Reading a large source in another layout",
+        "",
+        f"Measured {result['date']} with `python -m benchmarks.sources --out docs/bench --rows "
+        f"{result['rows']}` (data: `sources.json`). Machine: {cpu_text(machine)}; load "
+        f"average {machine['load_average']}.",
+        "",
+        f"A synthetic sentence-transformers Parquet file of {result['rows']:,} rows "
+        f"(`anchor`, `positive`, `negative`: random words at about "
+        f"{LENGTHS['anchor']}, {LENGTHS['positive']} and {LENGTHS['negative']} characters; "
+        f"{result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow cache "
+        f"({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: the "
+        "kernel's `ru_maxrss`). Passes: the Parquet reader's batch iterations, counted in "
+        "that process.",
+        "",
+        "| load | rows | seconds | rows a second | peak RSS (GB) | passes over the file |",
+        "|---|--:|--:|--:|--:|--:|",
+        f"| first (parse into the cache) | {first['rows']:,} | {first['wall_s']:.1f} | "
+        f"{first['rows'] / first['wall_s']:,.0f} | {first['peak_rss_gb']:.3f} | "
+        f"{first['passes']} |",
+        f"| again (from the cache) | {again['rows']:,} | {again['wall_s']:.1f} | - | "
+        f"{again['peak_rss_gb']:.3f} | {again['passes']} |",
+        "",
+        f"The goal (peak RSS under {GOAL_GB:g} GB, one pass): "
+        f"**{'met' if result['met'] else 'not met'}**.",
+        "",
+    ]
+    write_text_atomic(folder / "sources.md", "\n".join(lines))
     return folder / "sources.md"
 
 
@@ -163,11 +154,7 @@ def main(
     result = run(rows, work)
     load = load_average()
     machine = {**cpu_info(), "load_average": [round(x, 2) for x in load] if load else None}
-    date = datetime.date.today().isoformat()
-    out.mkdir(parents=True, exist_ok=True)
-    saved = {**result, "machine": machine, "date": date}
-    write_json_atomic(out / "sources.json", saved)
-    print(f"written to {render(saved, out)}")
+    save_result(out / "sources.json", result, machine, render)
 
 
 if __name__ == "__main__":

@@ -12,3 +12,15 @@ from tests.support.cli import run_benchmark
 def run_benchmark_fixture():
     """``run_benchmark(name, *args)``: the finished process (stdout, stderr, returncode)."""
     return run_benchmark
+
+
+@pytest.fixture
+def rehearse(tmp_path):
+    """``rehearse(name)``: a resumable benchmark at toy size (``DPR_CACHE_SCALE_TINY``), its
+    work in ``tmp_path/w``, its figures and page in ``tmp_path/out``: the finished process."""
+    args = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
+
+    def rehearse(name: str):
+        return run_benchmark(name, *args, env={"DPR_CACHE_SCALE_TINY": "1"})
+
+    return rehearse

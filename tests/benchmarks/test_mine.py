@@ -6,14 +6,10 @@ from __future__ import annotations
 import json
 
 from benchmarks.mine import NQ_QUESTIONS, projection
-from tests.support.cli import run_benchmark
-
-TINY = {"DPR_CACHE_SCALE_TINY": "1"}  # the benchmark at toy size
 
 
-def test_tiny_rehearsal_measures_mine_and_projects_it(tmp_path) -> None:
-    args = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
-    done = run_benchmark("mine", *args, env=TINY)
+def test_tiny_rehearsal_measures_mine_and_projects_it(tmp_path, rehearse) -> None:
+    done = rehearse("mine")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "mine.json").read_text())
     runs = results["small"]["runs"]
@@ -33,5 +29,5 @@ def test_tiny_rehearsal_measures_mine_and_projects_it(tmp_path) -> None:
     page = (tmp_path / "out" / "mine.md").read_text()
     assert "## Projected: 58,880 questions over 21,015,324 passages" in page
     assert "{" not in page and "passages (`dpr-cache index`" in page  # every field filled in
-    again = run_benchmark("mine", *args, env=TINY, timeout=300)
+    again = rehearse("mine")
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 2

@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import json
 
-from tests.support.cli import run_benchmark
 
-TINY = {"DPR_CACHE_SCALE_TINY": "1"}  # the benchmark at toy size
-
-
-def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path) -> None:
-    args = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
-    done = run_benchmark("scale", *args, env=TINY)
+def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
+    done = rehearse("scale")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "scale.json").read_text())
     for step in ("vectors", "exact", "ivfpq", "hnsw", "tsv", "eval", "cleanup", "json", "tokenize"):
@@ -30,7 +25,7 @@ def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path) -> None:
     # a step measured in another session, on another machine: the page says which ran where
     results["machines"]["exact"] = {**results["machine"], "cpu": "Other CPU"}
     (tmp_path / "out" / "scale.json").write_text(json.dumps(results))
-    again = run_benchmark("scale", *args, env=TINY, timeout=300)
+    again = rehearse("scale")
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 9
     page = (tmp_path / "out" / "scale.md").read_text()
     assert "ran on different machines" in page and "| exact | Other CPU" in page
