@@ -27,26 +27,17 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, NamedTuple
 
 import torch
 import typer
 
-from benchmarks import (
-    gpu_cli,
-    gpu_compiled,
-    gpu_exact,
-    gpu_fsdp,
-    gpu_llm,
-    gpu_perf,
-    gpu_watch,
-    harness,
-)
-from benchmarks.gpu_perf import Chunk, Variant
+from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_fsdp, gpu_llm, gpu_perf, harness
+from benchmarks.gpu_perf import Variant
 from benchmarks.gpu_report import write_page
-from benchmarks.harness import machine_info
 
-__all__ = ["Plan", "GPU_PLAN", "DRY_PLAN", "Section", "run_suite", "environment"]
+__all__ = ["GPU_PLAN", "DRY_PLAN", "Section", "run_suite", "environment"]
 
 NQ_PASSAGES = 21_015_324
 REPO = Path(__file__).resolve().parents[1]
@@ -63,129 +54,55 @@ class SpeedGroup:
     warmups: int  # 0: after a group that ran the same chunk sizes, whose CUDA cache it keeps
     peer_min_chunk: int = 0  # the peers' chunks below it left out: their slowest rows
     full_batch: bool = False  # the full batch too (or the largest half of it that fits)
-    variants: bool = False  # dpr-cache's variants (Plan.speed_variants) too
+    variants: bool = False  # dpr-cache's variants (speed_variants) too
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The sizes of one run of the suite: the GPU's, or the CPU dry run's."""
-
-    exact_sizes: list[str]  # the random BERTs of the float64 proof
-    mixed_size: str  # the BERT of the mixed-precision bounds
-    precisions: list[str]  # the mixed precisions measured
-    memory_batches: list[int]  # GradCache's peak memory at each batch
-    memory_chunk: int
-    speed_precision: str  # the speed section's autocast
-    speed_groups: list[SpeedGroup]  # the real SQuAD batches timed, the goals' first
-    speed_chunks: list[Chunk]  # dpr-cache's chunks in the speed comparison
-    speed_variants: list[Variant]  # dpr-cache's variants beside them (a length bucket)
-    host_wait_chunks: list[int]  # dpr-cache's chunks whose host waits are counted
-    cmnrl_rows: list[int]  # sentence-transformers' CachedMNRL mini-batches
-    cmnrl_tokens: list[int]  # its token-budget mini-batches
-    lib_chunks: list[Chunk]  # luyug/GradCache's chunks
-    savings_chunk: int
-    savings_rounds: int
-    compile_mode: str | None  # torch.compile's mode for the compiled rows (None: none)
-    compiled_variants: list[Variant]  # compiled dpr-cache at the goals' batch
-    compile_rounds: int
-    encode_rows: int  # the corpus of the encode rate
-    encode_batch: int
-    encode_workers: int
-    model_rows: int  # passages encoded by the model alone
-    cli_steps: int  # steps of the toy pipeline on the device
-    determinism: tuple[bool, ...]  # train.deterministic settings of the resume check
-    score_pairs: int  # pairs of score's cross-encoder loop
-    score_precisions: list[str]
-    score_batch: int
-    score_rounds: int  # timed rounds of each precision, the order alternating
-    score_shape: tuple[int, int]  # the cross-encoder's layers and width
-    llm: gpu_llm.LlmPlan  # the decoder LLM section's sizes
-    fsdp: gpu_fsdp.FsdpPlan  # the sharded (FSDP2, a group of one) section's sizes
-
-
-GPU_PLAN = Plan(
-    exact_sizes=["tiny", "base"],
-    mixed_size="base",
-    precisions=["bf16", "fp16"],
-    memory_batches=[128, 512, 2048, 8192],
-    # the issue's chunk 32 spent most of B=8,192's step (44.5 s on the H200) on the ~50 ms a
-    # chunk costs the host; the memory is flat in B at any chunk
-    memory_chunk=128,
-    # bf16 ran within 2% of fp16 in every setting on three H200 leases: fp16 alone
-    speed_precision="fp16",
-    # every chunk from 32 to 512 for each engine, so that step = a + b x chunks is fitted; a
-    # round at B=512 is about 24 s (chunk 32: 48 chunks at ~55 ms), at B=2,048 about 46 s with
-    # the peers' chunks 32 and 64 (about 9 and 5 s a step each) left out
-    speed_groups=[
-        SpeedGroup(512, rounds=2, warmups=1, full_batch=True, variants=True),
-        SpeedGroup(2048, rounds=1, warmups=0, peer_min_chunk=128),
-    ],
-    speed_chunks=[32, 64, 128, 256, 512],
-    # widths rounded up to 64: passages take at most 4 widths (64 to 256), questions 1, so a
-    # compiled step has few shapes to compile; the same bucket eager and compiled
-    speed_variants=[Variant(32, length_bucket=64), Variant(128, length_bucket=64)],
-    host_wait_chunks=[32, 128],
-    cmnrl_rows=[32, 64, 128, 256, 512],
-    cmnrl_tokens=[32768],
-    lib_chunks=[32, 64, 128, 256, 512],
-    savings_chunk=128,  # the memory goal's chunk, where the chunks' costs show
-    savings_rounds=2,
-    compile_mode="reduce-overhead",  # CUDA graphs: a chunk's launches replayed at once
-    compiled_variants=[  # chunk 128 first: fewer chunks, and the memory goal's chunk
-        Variant(128, length_bucket=64, compile_mode="reduce-overhead"),
-        Variant(32, length_bucket=64, compile_mode="reduce-overhead"),
-    ],
-    compile_rounds=2,
-    encode_rows=80_000,
-    encode_batch=512,
-    encode_workers=8,
-    model_rows=20_000,
-    cli_steps=12,
-    determinism=(False, True),
-    score_pairs=6_000,  # 24 batches of 256: two rounds of three precisions, the model alone
-    score_precisions=["bf16", "fp16", "fp32"],
-    score_batch=256,
-    score_rounds=2,
-    score_shape=(6, 384),  # all-MiniLM-L6-v2's
-    llm=gpu_llm.GPU_LLM,
-    fsdp=gpu_fsdp.GPU_FSDP,
-)
-DRY_PLAN = Plan(
-    exact_sizes=["tiny"],
-    mixed_size="tiny",
-    precisions=["bf16"],
-    memory_batches=[4, 8],
-    memory_chunk=2,
-    speed_precision="fp32",
-    speed_groups=[
-        SpeedGroup(8, rounds=1, warmups=1, full_batch=True, variants=True),
-        SpeedGroup(16, rounds=1, warmups=0, peer_min_chunk=4),
-    ],
-    speed_chunks=[2, 4, 8, (8, 4)],
-    speed_variants=[Variant(2, length_bucket=8)],
-    host_wait_chunks=[2],
-    cmnrl_rows=[2, 4, 8],
-    cmnrl_tokens=[512],
-    lib_chunks=[2, 4, (8, 4)],
-    savings_chunk=4,
-    savings_rounds=1,
-    compile_mode=None,  # a CPU compile of even the tiny BERT takes minutes on 2 cores
-    compiled_variants=[],
-    compile_rounds=1,
-    encode_rows=300,
-    encode_batch=64,
-    encode_workers=1,  # the device's path: tokenized in a worker process
-    model_rows=200,
-    cli_steps=3,
-    determinism=(True,),  # the CPU's kernels are deterministic either way
-    score_pairs=64,
-    score_precisions=["fp32", "bf16"],
-    score_batch=16,
-    score_rounds=2,
-    score_shape=(2, 64),  # a CPU without bf16 takes minutes over MiniLM's shape in bf16
-    llm=gpu_llm.DRY_LLM,
-    fsdp=gpu_fsdp.DRY_FSDP,
-)
+_COMPILED = "reduce-overhead"  # CUDA graphs: a chunk's launches replayed at once
+# Each setting on a device and in the CPU dry run. Memory at chunk 128: at the issue's 32 most of
+# B=8,192's step went on the ~50 ms a chunk costs the host. Speed: bf16 ran within 2% of fp16 on
+# three H200 leases; every chunk from 32 to 512 for each engine, so that step = a + b x chunks is
+# fitted (a round at B=512 about 24 s, at B=2,048 about 46 s without the peers' chunks 32 and 64);
+# widths rounded up to 64 (a length bucket), so a compiled step has few shapes to compile.
+_PLANS = {
+    "exact_sizes":       (["tiny", "base"], ["tiny"]),  # the random BERTs of the float64 proof
+    "mixed_size":        ("base", "tiny"),  # the BERT of the mixed-precision bounds
+    "precisions":        (["bf16", "fp16"], ["bf16"]),
+    "memory_batches":    ([128, 512, 2048, 8192], [4, 8]),  # GradCache's peak at each batch
+    "memory_chunk":      (128, 2),
+    "speed_precision":   ("fp16", "fp32"),
+    "speed_groups":      ([SpeedGroup(512, 2, 1, full_batch=True, variants=True),  # goals' first
+                           SpeedGroup(2048, 1, 0, peer_min_chunk=128)],
+                          [SpeedGroup(8, 1, 1, full_batch=True, variants=True),
+                           SpeedGroup(16, 1, 0, peer_min_chunk=4)]),
+    "speed_chunks":      ([32, 64, 128, 256, 512], [2, 4, 8, (8, 4)]),
+    "speed_variants":    ([Variant(32, length_bucket=64), Variant(128, length_bucket=64)],
+                          [Variant(2, length_bucket=8)]),
+    "host_wait_chunks":  ([32, 128], [2]),  # dpr-cache's chunks whose host waits are counted
+    "cmnrl_rows":        ([32, 64, 128, 256, 512], [2, 4, 8]),  # CachedMNRL's mini-batches
+    "cmnrl_tokens":      ([32768], [512]),  # its token-budget mini-batches
+    "lib_chunks":        ([32, 64, 128, 256, 512], [2, 4, (8, 4)]),  # luyug/GradCache's
+    "savings_chunk":     (128, 4),  # the memory goal's chunk, where the chunks' costs show
+    "savings_rounds":    (2, 1),
+    "compile_mode":      (_COMPILED, None),  # a CPU compile of the tiny BERT takes minutes
+    "compiled_variants": ([Variant(128, length_bucket=64, compile_mode=_COMPILED),
+                           Variant(32, length_bucket=64, compile_mode=_COMPILED)], []),
+    "compile_rounds":    (2, 1),
+    "encode_rows":       (80_000, 300),  # the corpus of the encode rate
+    "encode_batch":      (512, 64),
+    "encode_workers":    (8, 1),  # 1: the device's path, tokenized in a worker process
+    "model_rows":        (20_000, 200),  # passages encoded by the model alone
+    "cli_steps":         (12, 3),  # steps of the toy pipeline
+    "determinism":       ((False, True), (True,)),  # train.deterministic of the resume check
+    "score_pairs":       (6_000, 64),  # pairs of score's cross-encoder loop
+    "score_precisions":  (["bf16", "fp16", "fp32"], ["fp32", "bf16"]),
+    "score_batch":       (256, 16),
+    "score_rounds":      (2, 2),  # timed rounds of each precision, the order alternating
+    "score_shape":       ((6, 384), (2, 64)),  # layers, width: all-MiniLM-L6-v2's on a device
+    "llm":               (gpu_llm.GPU_LLM, gpu_llm.DRY_LLM),
+    "fsdp":              (gpu_fsdp.GPU_FSDP, gpu_fsdp.DRY_FSDP),
+}  # fmt: skip
+GPU_PLAN = SimpleNamespace(**{name: gpu for name, (gpu, _) in _PLANS.items()})
+DRY_PLAN = SimpleNamespace(**{name: dry for name, (_, dry) in _PLANS.items()})
 
 
 def environment(device: torch.device) -> dict:
@@ -195,38 +112,27 @@ def environment(device: torch.device) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "host": machine_info(str(device), None),
+        "host": harness.machine_info(str(device), None),
         "device": str(device),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(
-            device_name=props.name,
-            memory_bytes=props.total_memory,
-            multiprocessors=props.multi_processor_count,
-            driver=_driver(),
-        )
+        env.update(device_name=props.name, memory_bytes=props.total_memory)
+        env.update(multiprocessors=props.multi_processor_count, driver=None)
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        try:
+            run = subprocess.run(query, capture_output=True, text=True, timeout=30)
+            env["driver"] = run.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
     return env
-
-
-def _driver() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 @dataclass
 class Suite:
     """What every section's function is given: the plan, the device and the run's state."""
 
-    plan: Plan
+    plan: SimpleNamespace
     device: torch.device
     work: Path
     tokenizer: str
@@ -247,12 +153,10 @@ class Suite:
 
     def base_model(self) -> Path:
         """BERT-base's shape on a device (written once), the tiny BERT on the CPU."""
-        if not self.cuda:
-            return TINY
         model_dir = self.work / "bert-base"
-        if not model_dir.exists():
+        if self.cuda and not model_dir.exists():
             harness.write_random_bert(model_dir, 768, 12, self.tokenizer)
-        return model_dir
+        return model_dir if self.cuda else TINY
 
     def squad(self) -> Path:
         """SQuAD's DPR files, built once."""
@@ -269,9 +173,21 @@ class Suite:
 
 
 def _exactness(s: Suite) -> dict:
-    compiled = _compiled_exactness_started(s)  # beside the eager checks, in a child
+    compiled = None  # the compiled towers' checks, in a child beside the eager checks
+    if s.plan.compile_mode is not None:
+        on, mode = str(s.device), s.plan.compile_mode
+        compiled = gpu_cli.Started(
+            lambda on_start: gpu_compiled.exactness_in_child(on, mode, on_start=on_start)
+        )
     try:
-        out = _eager_exactness(s)
+        sizes = s.plan.exact_sizes
+        cases = gpu_exact.exact_cases(sizes)
+        out = {"fp64": [_clocked(gpu_exact.fp64_exactness, c, s.device) for c in cases]}
+        out["replay"] = [
+            _clocked(gpu_exact.replay_bitwise, sizes[-1], s.device, p)
+            for p in ["fp32", *s.plan.precisions]
+        ]
+        out["finite_difference"] = _clocked(gpu_exact.dropout_finite_difference, "tiny", s.device)
         out["compiled"] = (
             compiled.result() if compiled else {"not_run": "a dry run compiles nothing"}
         )
@@ -279,26 +195,6 @@ def _exactness(s: Suite) -> dict:
         if compiled is not None:  # a check that failed leaves no child running
             compiled.stop()
     return out
-
-
-def _eager_exactness(s: Suite) -> dict:
-    sizes = s.plan.exact_sizes
-    rows = [_clocked(gpu_exact.fp64_exactness, c, s.device) for c in gpu_exact.exact_cases(sizes)]
-    replay = [
-        _clocked(gpu_exact.replay_bitwise, sizes[-1], s.device, p)
-        for p in ["fp32", *s.plan.precisions]
-    ]
-    fd = _clocked(gpu_exact.dropout_finite_difference, "tiny", s.device)
-    return {"fp64": rows, "replay": replay, "finite_difference": fd}
-
-
-def _compiled_exactness_started(s: Suite) -> gpu_cli.Started | None:
-    if s.plan.compile_mode is None:
-        return None
-    mode, on = s.plan.compile_mode, str(s.device)
-    return gpu_cli.Started(
-        lambda on_start: gpu_compiled.exactness_in_child(on, mode, on_start=on_start)
-    )
 
 
 def _mixed(s: Suite) -> dict:
@@ -334,7 +230,8 @@ def _speed(s: Suite) -> dict:
     for group in s.plan.speed_groups:  # the goals' batch first: a section cut short keeps it
         batch = squad_batch(group.batch)
         first = first or batch
-        out["tokens"].append(_tokens(batch))
+        q, p = (int(x["attention_mask"].sum()) for x in (batch.q_inputs, batch.p_inputs))
+        out["tokens"].append({"batch": batch.n_questions, "questions": q, "passages": p})
         waits = first is batch and {f"dpr-cache chunk {c}" for c in s.plan.host_wait_chunks}
         row = _speed_group(s, model, batch, group, precision, waits or False)
         if group.full_batch:
@@ -351,7 +248,8 @@ def _speed(s: Suite) -> dict:
 
 
 def _speed_group(s: Suite, model, batch, group: SpeedGroup, precision: str, waits) -> dict:
-    """One batch's interleaved comparison: our chunks and variants, the peers', the full batch."""
+    """One batch's interleaved comparison: our chunks and variants, the peers', the full batch
+    (the peers' chunks whose smaller side is below the group's least left out)."""
     least = group.peer_min_chunk
     return gpu_perf.speed_comparison(
         model,
@@ -370,16 +268,17 @@ def _speed_group(s: Suite, model, batch, group: SpeedGroup, precision: str, wait
     )
 
 
+def _least(chunk) -> int:
+    """A chunk's smaller side: its rows, or the fewer of (questions, passages)."""
+    return min(chunk) if isinstance(chunk, tuple) else chunk
+
+
 def _compilation(s: Suite) -> dict:
+    plan, timeout = s.plan, max(30.0, _time_left(600) - 20)  # its figures printed before
+    where = (s.base_model(), SQUAD, s.squad_dir, str(s.device))
+    batch = plan.speed_groups[0].batch
     return gpu_compiled.speed_in_child(
-        s.base_model(),
-        SQUAD,
-        s.squad_dir,
-        str(s.device),
-        s.plan.compiled_variants,
-        s.plan.speed_groups[0].batch,
-        s.plan.compile_rounds,
-        timeout=max(30.0, _time_left(600) - 20),  # its figures printed before the stop
+        *where, plan.compiled_variants, batch, plan.compile_rounds, timeout=timeout
     )
 
 
@@ -387,16 +286,9 @@ def _encoding(s: Suite) -> dict:
     from dpr_cache.model.biencoder import BiEncoder
 
     plan, precision = s.plan, "fp16" if s.cuda else "fp32"
-    rate = gpu_perf.encode_rate(
-        s.base_model(),
-        s.squad(),
-        s.work,
-        s.where,
-        plan.encode_rows,
-        precision=precision,
-        batch_size=plan.encode_batch,
-        workers=plan.encode_workers,
-    )
+    sizes = {"batch_size": plan.encode_batch, "workers": plan.encode_workers}
+    where = (s.base_model(), s.squad(), s.work, s.where)
+    rate = gpu_perf.encode_rate(*where, plan.encode_rows, precision=precision, **sizes)
     model = BiEncoder.from_pretrained(s.base_model(), pooling="cls").to(s.device)
     passages = s.work / f"passages_{plan.encode_rows}.tsv"
     alone = gpu_perf.model_encode_rate(
@@ -421,30 +313,18 @@ def _encoding(s: Suite) -> dict:
 
 
 def _teacher_scoring(s: Suite) -> dict:
-    plan = s.plan
-    return gpu_perf.teacher_score_rate(
-        s.tokenizer,
-        s.squad(),
-        s.work,
-        s.device,
-        plan.score_pairs,
-        plan.score_precisions,
-        plan.score_batch,
-        plan.score_rounds,
-        into=s.partial.setdefault("teacher_scoring", {}),
-        shape=plan.score_shape,
-    )
+    p, into = s.plan, s.partial.setdefault("teacher_scoring", {})
+    sizes = (p.score_pairs, p.score_precisions, p.score_batch, p.score_rounds)
+    where = (s.tokenizer, s.squad(), s.work, s.device)
+    return gpu_perf.teacher_score_rate(*where, *sizes, into=into, shape=p.score_shape)
 
 
 def _command_tasks(s: Suite) -> dict[str, Callable[[], dict]]:
     """The command-line section's commands, run beside the first sections on a device."""
-    cli = s.work / "cli"
-    precision = "fp16" if s.cuda else "fp32"
+    cli, precision = s.work / "cli", "fp16" if s.cuda else "fp32"
     tasks = {
         "pipeline": lambda: gpu_cli.toy_pipeline(cli, s.where, precision, s.plan.cli_steps),
-        "resume": lambda: gpu_cli.resume_equality(
-            cli, s.where, steps=8, settings=s.plan.determinism
-        ),
+        "resume": lambda: gpu_cli.resume_equality(cli, s.where, 8, settings=s.plan.determinism),
     }
     if s.cuda:
         tasks["nccl"] = gpu_cli.nccl_collectives
@@ -475,82 +355,6 @@ def _too_large(s: Suite) -> dict:  # alone, once the commands beside have ended:
     return gpu_cli.chunk_too_large(s.work / "cli", s.freed().base_model(), s.where)
 
 
-def _rank_faults(s: Suite) -> dict:  # two GPUs: alone, it starts two ranks on them
-    return gpu_cli.rank_faults(s.work / "faults", s.freed().base_model())
-
-
-class SectionSpec(NamedTuple):
-    """A section of the suite: its name, its H200 estimate (s), its function, why it needs CUDA
-    (None: it runs on the CPU too), and whether it runs well beside the commands."""
-
-    name: str
-    estimate: float
-    run: Callable[[Suite], dict]
-    needs: str | None = None
-    hosts_commands: bool = False
-
-
-# On a device the commands start with the suite, beside the sections before theirs (which
-# neither time anything nor hold much of the GPU's memory), and are awaited in their place;
-# memory's rows (16 GB and more at chunk 128) wait for them. Estimates: docs/bench/gpu_history.md
-COMPILE_NEEDS = "needs a GPU (a CPU compile takes minutes)"
-SECTIONS = [
-    SectionSpec("exactness",          60,  _exactness, hosts_commands=True),
-    SectionSpec("mixed_precision",    45,  _mixed, hosts_commands=True),
-    SectionSpec("command_line",       125, _command_line),
-    SectionSpec("memory",             25,  _memory),
-    SectionSpec("chunk_too_large",    35,  _too_large, "needs a GPU to run out of"),
-    SectionSpec("largest_full_batch", 21,  _full_batch, "needs a GPU to fill"),
-    SectionSpec("speed",              145, _speed),
-    SectionSpec("encoding",           50,  _encoding),
-    SectionSpec("teacher_scoring",    35,  _teacher_scoring),
-    # last: a compile's one-time cost is not known before its first run on a device
-    SectionSpec("compilation",        120, _compilation, COMPILE_NEEDS),
-    # decoder LLMs: run alone (--only llm), it takes most of a 600 s call
-    SectionSpec("llm",                380, _llm),
-    # FSDP2 on one GPU: estimated from arithmetic, no device has run it yet
-    SectionSpec("fsdp",               45,  _fsdp),
-    # a rank frozen under NCCL, one rank of two out of memory: estimated
-    SectionSpec("rank_faults",        150, _rank_faults, "needs two GPUs"),
-]  # fmt: skip
-
-
-def _sections(
-    plan: Plan, device: torch.device, work: Path, tokenizer: str, partial: dict | None = None
-) -> list[Section]:
-    """The :class:`Section` list: :data:`SECTIONS` bound to this run. The longer sections put
-    what they have measured so far in ``partial[name]`` as they go."""
-    suite = Suite(plan, device, work, tokenizer, {} if partial is None else partial)
-    suite.beside = gpu_cli.Beside(
-        _command_tasks(suite), suite.partial.setdefault("command_line", {})
-    )
-    return [
-        Section(
-            spec.name,
-            spec.needs,
-            spec.estimate,
-            functools.partial(spec.run, suite),
-            suite.beside if spec.run is _command_line else None,
-            spec.hosts_commands,
-        )
-        for spec in SECTIONS
-    ]
-
-
-def _tokens(batch) -> dict:
-    """A batch's questions and its real (attended) question and passage tokens."""
-    return {
-        "batch": batch.n_questions,
-        "questions": int(batch.q_inputs["attention_mask"].sum()),
-        "passages": int(batch.p_inputs["attention_mask"].sum()),
-    }
-
-
-def _least(chunk: Chunk) -> int:
-    """A chunk's smaller side: its rows, or the fewer of (questions, passages)."""
-    return min(chunk) if isinstance(chunk, tuple) else chunk
-
-
 class Section(NamedTuple):
     """One part of the suite, in run order."""
 
@@ -560,6 +364,41 @@ class Section(NamedTuple):
     run: Callable[[], dict]
     beside: gpu_cli.Beside | None = None  # commands, on a device started with the suite ...
     hosts_commands: bool = False  # ... when every section before runs well beside them
+
+
+# name, H200 estimate (s), function, why it needs CUDA, whether it runs well beside the commands.
+# On a device the commands start with the suite, beside the sections before theirs (which neither
+# time anything nor hold much of the GPU's memory), and are awaited in their place; memory's rows
+# wait for them. Compilation comes last of the whole run: a compile's cost is not yet known; llm
+# (decoder LLMs) takes most of a 600 s call and runs alone; fsdp is FSDP2 on one GPU.
+COMPILE_NEEDS = "needs a GPU (a CPU compile takes minutes)"
+SECTIONS = [
+    ("exactness",          60,  _exactness,        None, True),
+    ("mixed_precision",    45,  _mixed,            None, True),
+    ("command_line",       125, _command_line,     None, False),
+    ("memory",             25,  _memory,           None, False),
+    ("chunk_too_large",    35,  _too_large,        "needs a GPU to run out of",  False),
+    ("largest_full_batch", 21,  _full_batch,       "needs a GPU to fill",        False),
+    ("speed",              145, _speed,            None, False),
+    ("encoding",           50,  _encoding,         None, False),
+    ("teacher_scoring",    35,  _teacher_scoring,  None, False),
+    ("compilation",        120, _compilation,      COMPILE_NEEDS,                False),
+    ("llm",                380, _llm,              None, False),
+    ("fsdp",               45,  _fsdp,             None, False),
+]  # fmt: skip
+
+
+def _sections(plan, device: torch.device, work: Path, tokenizer: str, partial: dict):
+    """:data:`SECTIONS` bound to this run; the longer sections put what they have measured so
+    far in ``partial[name]`` as they go."""
+    suite = Suite(plan, device, work, tokenizer, partial)
+    into = partial.setdefault("command_line", {})
+    suite.beside = gpu_cli.Beside(_command_tasks(suite), into)
+    bound = []
+    for name, estimate, run, needs, hosts in SECTIONS:
+        beside = suite.beside if run is _command_line else None
+        bound.append(Section(name, needs, estimate, functools.partial(run, suite), beside, hosts))
+    return bound
 
 
 SECTION_CAP = 3  # a section on a device stops at this many times its estimate
@@ -572,13 +411,11 @@ def _time_left(default: float) -> float:
 
 
 def _seconds_left() -> float:
-    """Seconds until the running section stops; unbounded where it has no limit."""
     return _time_left(math.inf)
 
 
 def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
-    """``measure``'s row with the seconds it took, printed as it ends (a run cut short still
-    says how far it got and where its time went)."""
+    """``measure``'s row with the seconds it took, printed as it ends."""
     start = time.monotonic()
     row = measure(*args, **kwargs)
     row["seconds"] = round(time.monotonic() - start, 2)
@@ -587,72 +424,53 @@ def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
 
 
 def run_suite(
-    out: Path,
-    *,
-    budget_s: float,
-    tokenizer: str,
-    dry: bool | None = None,
-    only: list[str] | None = None,
+    out: Path, *, budget_s: float, tokenizer: str, dry: bool | None = None, only=None
 ) -> dict:
     """Every section that fits the budget; ``gpu.json`` and ``gpu.md`` after each.
 
     With ``only``, just those sections run, in its order; the others keep their results from
-    the ``gpu.json`` already in ``out`` (a rerun of what a short lease cut or what failed), each
-    with its date. On a device a section stops at the budget or at :data:`SECTION_CAP` times its
-    estimate, whichever comes first, so that one section out of bounds leaves time to the next.
-    On a device a section with commands to run beside others (:attr:`Section.beside`) starts
-    them with the suite and waits for them in its place.
+    the ``gpu.json`` already in ``out``, each with its date. On a device a section stops at the
+    budget or at :data:`SECTION_CAP` times its estimate, whichever comes first, and commands
+    that run beside other sections (:attr:`Section.beside`) start with the suite where every
+    section before theirs hosts them, and are awaited in their place.
     """
     cuda = torch.cuda.is_available() if dry is None else not dry
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    plan = GPU_PLAN if cuda else DRY_PLAN
     if not cuda:
         torch.set_num_threads(1)  # a rehearsal: one thread, so that it costs a shared CPU little
     started = gpu_cli.clock_zero = time.monotonic()
-    report = {
-        "dry_run": not cuda,
-        "environment": environment(device),
-        "only": only,
-        "planned": None,
-        "sections": {},
-    }
+    env = environment(device)
+    report = {"dry_run": not cuda, "environment": env, "only": only, "planned": None}
+    report["sections"] = {}
     out.mkdir(parents=True, exist_ok=True)
     partial: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
-        every = _sections(plan, device, Path(tmp), tokenizer, partial)
+        every = _sections(GPU_PLAN if cuda else DRY_PLAN, device, Path(tmp), tokenizer, partial)
         sections = _planned(every, report, out)
         report["planned"] = [s.name for s in sections]
-        names = [s.name for s in every]
         left = budget_s - (time.monotonic() - started)
-        _run_planned(sections, names, report, out, left, partial, device)
+        _run_planned(sections, [s.name for s in every], report, out, left, partial, device)
     return report
 
 
-def _run_planned(
-    sections: list[Section],
-    names: list[str],
-    report: dict,
-    out: Path,
-    budget_s: float,
-    partial: dict,
-    device: torch.device,
-) -> None:
-    """Run ``sections`` in order within ``budget_s``, the page written after each (the
-    sections in ``names``' order), the device's memory watched where it is CUDA."""
+def _run_planned(sections, names, report: dict, out: Path, budget_s, partial, device) -> None:
+    """Run ``sections`` in order within ``budget_s``, the page written after each (the sections
+    in ``names``' order), the device's memory watched where it is CUDA. On a device, commands
+    start now where every section before theirs hosts them."""
     started, cuda = time.monotonic(), device.type == "cuda"
-    watch = gpu_watch.DeviceWatch.begin_on(device, gpu_cli.clock_zero)
-    if cuda:
-        _start_commands_beside(sections)
+    watch = gpu_cli.DeviceWatch.begin_on(device, gpu_cli.clock_zero)
+    for i, section in enumerate(sections):
+        if cuda and section.beside is not None and all(s.hosts_commands for s in sections[:i]):
+            section.beside.ran_beside = [s.name for s in sections[:i]]
+            section.beside.start()
     try:
         for section in sections:
             if watch is not None:
                 watch.section = section.name
-            report["sections"][section.name] = _run_section(
-                section, cuda, budget_s - (time.monotonic() - started), report, partial
-            )
-            report["sections"] = {
-                n: report["sections"][n] for n in names if n in report["sections"]
-            }
+            left = budget_s - (time.monotonic() - started)
+            done = report["sections"]
+            done[section.name] = _run_section(section, cuda, left, report, partial)
+            report["sections"] = {n: done[n] for n in names if n in done}
             report["seconds"] = round(time.monotonic() - gpu_cli.clock_zero, 1)
             if watch is not None:  # so far: a suite cut off from outside keeps them
                 report["device_memory"] = watch.summary()
@@ -688,21 +506,10 @@ def _planned(sections: list[Section], report: dict, out: Path) -> list[Section]:
     return sorted((s for s in sections if s.name in only), key=lambda s: only.index(s.name))
 
 
-def _start_commands_beside(sections: list[Section]) -> None:
-    """Each section's commands started now where every section before it in this run hosts
-    them (times nothing, leaves the GPU's memory mostly free); the others' start in their
-    place."""
-    for i, section in enumerate(sections):
-        before = sections[:i]
-        if section.beside is not None and all(s.hosts_commands for s in before):
-            section.beside.ran_beside = [s.name for s in before]
-            section.beside.start()
-
-
 def _run_section(section: Section, cuda: bool, left: float, report: dict, partial: dict) -> dict:
     """One section's figures, error or the reason it was skipped. On a device it stops at the
     budget left or its cap (what it measured so far kept as ``partial``)."""
-    name = section.name
+    global _deadline
     if section.needs and not cuda:
         return {"skipped": section.needs}
     estimate = section.estimate
@@ -714,39 +521,32 @@ def _run_section(section: Section, cuda: bool, left: float, report: dict, partia
         return {"skipped": f"out of time ({left:.0f} s left)"}
     limit = min(left, SECTION_CAP * estimate) if cuda else None
     stop = f", stops at {limit:.0f} s" if limit is not None else ""
-    print(f"{name}: started, {estimate} s expected{stop}", flush=True)
-    global _deadline
+    print(f"{section.name}: started, {estimate} s expected{stop}", flush=True)
     _deadline = None if limit is None else time.monotonic() + limit
     try:
         result = _timed(section.run, report["environment"], limit)
     finally:
         _deadline = None
-    if name in partial and "error" in result:
-        result["partial"] = partial[name]
-    print(f"{name}: {result['seconds']:.0f} s", flush=True)
+    if section.name in partial and "error" in result:
+        result["partial"] = partial[section.name]
+    print(f"{section.name}: {result['seconds']:.0f} s", flush=True)
     return result
 
 
 def _earlier_sections(path: Path, report: dict, names: set[str]) -> dict:
-    """The named sections of an earlier run's ``gpu.json``, each with the date and device it
-    ran on (the page names them where they are not this run's)."""
+    """The named sections of an earlier run's ``gpu.json``, each with its date and device."""
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
     if earlier.get("dry_run") != report["dry_run"]:
         raise typer.BadParameter(f"{path} is a {'dry' if earlier['dry_run'] else 'GPU'} run's")
-    return {
-        name: {**_stamp(earlier["environment"]), **section}
-        for name, section in earlier["sections"].items()
-        if name in names
-    }
+    stamp = _stamp(earlier["environment"])
+    return {n: {**stamp, **section} for n, section in earlier["sections"].items() if n in names}
 
 
 def _stamp(environment: dict) -> dict:
-    return {
-        "date": environment["date"],
-        "device_name": environment.get("device_name") or environment["device"],
-    }
+    device = environment.get("device_name") or environment["device"]
+    return {"date": environment["date"], "device_name": device}
 
 
 class SectionTimeout(Exception):
@@ -774,8 +574,7 @@ def _timed(run: Callable[[], dict], environment: dict, limit_s: float | None = N
             signal.alarm(0)
             signal.signal(signal.SIGALRM, previous)
     result["seconds"] = round(time.monotonic() - start, 1)
-    result.update(_stamp(environment))
-    return result
+    return {**result, **_stamp(environment)}
 
 
 def default_tokenizer() -> str:
@@ -812,8 +611,7 @@ def main(
         only=[name.strip() for name in only.split(",")] if only else None,
     )
     print((out / "gpu.md").read_text().split("\n## ", 2)[1][:4000])
-    failed = [n for n, s in report["sections"].items() if "error" in s]
-    if failed:
+    if any("error" in s for s in report["sections"].values()):
         raise typer.Exit(1)
 
 

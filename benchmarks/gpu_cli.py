@@ -1,17 +1,10 @@
-"""The command line on a device: ``train`` (the toy config, fp16), a kill and ``--resume``,
-``index``, ``eval`` and ``verify``; whether a resumed run and two unbroken runs are equal bit for
-bit, with deterministic kernels off and on; an fp16 overflow skipped and counted; a chunk too
-large for the GPU stopped with one line; NCCL's collectives.
-
-Each command runs as a user runs it (``python -m dpr_cache ...``) in a fresh process, on copies of
-the toy config's outputs under a work folder. Commands that do not need each other's outputs run
-at the same time (:func:`in_parallel`): a process's start-up (imports, the CUDA context) is most
-of a toy command's time.
-"""
+"""The command line on a device (the toy config's ``train`` in fp16, a kill and ``--resume``,
+``index``, ``eval``, ``verify``; bit-exact reruns; an fp16 overflow; a chunk too large; NCCL's
+collectives), each command a fresh process as a user runs it, those independent of each other at
+the same time (:func:`in_parallel`); and the watch of the device's memory while the suite runs."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -27,8 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import proc_field, transparent_hugepages
-from dpr_cache.runtime.processes import rank_process
+from benchmarks.harness import proc_field
 
 __all__ = [
     "in_parallel",
@@ -36,17 +28,22 @@ __all__ = [
     "Started",
     "child",
     "cli",
-    "resident_by_stage",
     "toy_pipeline",
     "resume_equality",
     "fp16_overflow",
     "chunk_too_large",
     "nccl_collectives",
+    "DeviceWatch",
+    "summarize",
+    "parse_compute_apps",
 ]
 
 TOY = "configs/toy.yaml"
 clock_zero = time.monotonic()  # the suite's start (run_suite sets it): children's start times
-RESIDENT_BUDGET_GB = 12  # the eval's memory child's index.memory_gb
+_WORKERS = max(1, len(os.sched_getaffinity(0)) // 2)  # tasks at a time: 1 on 2 cores, 8 on 16
+_running: set[subprocess.Popen] = set()
+_lock = threading.Lock()
+_stopped = threading.Event()
 
 
 def child(
@@ -55,24 +52,16 @@ def child(
     env: dict | None = None,
     on_start: Callable[[subprocess.Popen], object] | None = None,
 ) -> dict:
-    """Run ``cmd`` to its end or for ``timeout`` seconds: its exit code (None when it ran out of
-    time), seconds, stdout and stderr. A child out of time is sent SIGABRT, which Python's
-    fault handler (on in the child) answers by printing every thread's stack to stderr, so
-    that a hang on a device names the line it hung on. A child whose caller is interrupted (the
-    section's time is up) is killed, so that it holds no device after its section. Its start,
-    in seconds from :data:`clock_zero`, lines it up with the suite's other readings.
-    ``on_start`` is given the process once started (:class:`Started` keeps it, to kill)."""
+    """Run ``cmd`` to its end or for ``timeout`` seconds: its exit code (None: out of time, sent
+    SIGABRT, which the child's fault handler answers with every thread's stack), start (s from
+    :data:`clock_zero`), seconds, stdout and stderr; killed where its caller is interrupted."""
     started_s = round(time.monotonic() - clock_zero, 1)
     start = time.perf_counter()
-    proc = _start(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
-    )
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
+    proc = _start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if on_start is not None:
         on_start(proc)
+    rc = None
     try:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
@@ -84,34 +73,25 @@ def child(
             except subprocess.TimeoutExpired:
                 _kill(proc)
                 stdout, stderr = proc.communicate()
-            rc = None
     except BaseException:  # the caller interrupted, even while the stack was being printed
         _kill(proc)
         proc.communicate()
         raise
     finally:
         _forget(proc)
+    seconds = round(time.perf_counter() - start, 2)
     return {
         "rc": rc,
         "started_s": started_s,
-        "seconds": round(time.perf_counter() - start, 2),
+        "seconds": seconds,
         "stdout": stdout,
         "stderr": stderr,
     }
 
 
-_WORKERS = max(1, len(os.sched_getaffinity(0)) // 2)
-"""Tasks at a time, at each level of :func:`in_parallel`: on a 2-core machine one (the commands
-one after another, as a process of a CPU run needs its cores), on a GPU machine's 16 cores 8."""
-_running: set[subprocess.Popen] = set()
-_lock = threading.Lock()
-_stopped = threading.Event()
-
-
 def _start(cmd: list[str], **popen) -> subprocess.Popen:
-    """A child process in a process group of its own, known to :func:`in_parallel` until
-    :func:`_forget`; none from a task's thread once the commands were stopped (the main thread
-    starts what it asks for)."""
+    """A child in a process group of its own, known to :func:`stop_all` until :func:`_forget`;
+    none from a task's thread once the commands were stopped."""
     with _lock:
         if _stopped.is_set() and threading.current_thread() is not threading.main_thread():
             raise RuntimeError("stopped: the section's time is up")
@@ -133,10 +113,18 @@ def _forget(proc: subprocess.Popen) -> None:
         _running.discard(proc)
 
 
+def stop_all() -> None:
+    """Every running child killed, and no other started until the next start from the main
+    thread (:func:`in_parallel`, :class:`Started`)."""
+    with _lock:
+        _stopped.set()
+        for proc in _running:
+            _kill(proc)
+
+
 def in_parallel(tasks: dict[str, Callable[[], Any]], into: dict[str, Any]) -> dict[str, Any]:
-    """Each task in a thread of its own (a task runs its commands in order), its result put in
-    ``into`` under its name as it ends (a section cut short keeps what finished). Interrupted
-    (the section's time is up), it kills every child still running and starts no other."""
+    """Each task in a thread, its result put in ``into`` as it ends; interrupted, every child
+    still running killed and no other started."""
     if threading.current_thread() is threading.main_thread():
         _stopped.clear()
     pool = ThreadPoolExecutor(max_workers=min(len(tasks), _WORKERS))
@@ -159,32 +147,31 @@ def in_parallel(tasks: dict[str, Callable[[], Any]], into: dict[str, Any]) -> di
     return into
 
 
-class Beside:
-    """Tasks started now (:func:`in_parallel`, in a thread of its own) and awaited later: commands
-    that need neither the device's whole memory nor its timing run while the suite measures
-    other things. :meth:`wait` interrupted (the section's time is up) stops every command."""
+class Started:
+    """``task(on_start)`` (``on_start`` passed to :func:`child`) run in a thread, collected with
+    :meth:`result`; a wait interrupted stops it (its own children killed, no other)."""
 
-    def __init__(self, tasks: dict[str, Callable[[], Any]], into: dict[str, Any]):
-        self.tasks, self.into = tasks, into
-        self.error: BaseException | None = None
-        self.seconds: float | None = None
-        self.started = False
-        self.ran_beside: list[str] = []  # the sections that ran while they did
-        # waited on, not the thread: on Python 3.11 and 3.12 a Thread.join that a signal's handler
-        # interrupts can mark a running thread as ended
+    def __init__(self, task: Callable[[Callable[[subprocess.Popen], object]], Any], start=True):
+        self._task, self._procs, self._out = task, [], {}
+        self.started, self.seconds = False, None
+        # waited on, not the thread: on Python 3.11 and 3.12 a Thread.join that a signal's
+        # handler interrupts can mark a running thread as ended
         self._done = threading.Event()
+        if start:
+            self.start()
 
     def start(self) -> None:
-        _stopped.clear()
+        if threading.current_thread() is threading.main_thread():
+            _stopped.clear()
         self.started = True
-        threading.Thread(target=self._run, name="beside", daemon=True).start()
+        threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         start = time.perf_counter()
         try:
-            in_parallel(self.tasks, self.into)
-        except BaseException as exc:  # raised again in the thread that waits
-            self.error = exc
+            self._out["result"] = self._task(self._procs.append)
+        except BaseException as exc:  # raised again in the thread that collects
+            self._out["error"] = exc
         finally:
             self.seconds = round(time.perf_counter() - start, 2)
             self._done.set()
@@ -193,52 +180,11 @@ class Beside:
     def done(self) -> bool:
         return self._done.is_set()
 
-    def wait(self) -> dict[str, Any]:
-        """The tasks' results, started here if they were not yet."""
-        if not self.started:
-            self.start()
-        try:
-            while not self._done.wait(0.2):  # short waits: a signal's handler runs between
-                pass
-        except BaseException:
-            self.stop()
-            raise
-        if self.error is not None:
-            raise self.error
-        return self.into
-
-    def stop(self) -> None:
-        """Every command stopped and reaped, none started after (a section out of time)."""
-        if self.started:
-            stop_all()
-            self._done.wait(60)
-
-
-class Started:
-    """One task that runs a child (``task(on_start)``, passing ``on_start`` to :func:`child`),
-    started now in a thread and collected later with :meth:`result`. A wait interrupted (the
-    section's time is up) kills that child alone: the commands beside run on."""
-
-    def __init__(self, task: Callable[[Callable[[subprocess.Popen], object]], Any]):
-        if threading.current_thread() is threading.main_thread():
-            _stopped.clear()  # a new start, as in_parallel's from the main thread
-        self._procs: list[subprocess.Popen] = []
-        self._out: dict[str, Any] = {}
-        self._done = threading.Event()
-
-        def run() -> None:
-            try:
-                self._out["result"] = task(self._procs.append)
-            except BaseException as exc:  # raised again in the thread that collects
-                self._out["error"] = exc
-            finally:
-                self._done.set()
-
-        threading.Thread(target=run, name="started", daemon=True).start()
-
     def result(self) -> Any:
         """The task's result (its error raised), waited for in short waits, so that a signal's
         handler runs between them."""
+        if not self.started:
+            self.start()
         try:
             while not self._done.wait(0.2):
                 pass
@@ -250,250 +196,95 @@ class Started:
         return self._out["result"]
 
     def stop(self) -> None:
-        """Its child killed (and every process it started), where still running."""
         for proc in self._procs:
             if proc.poll() is None:
                 _kill(proc)
 
 
-def stop_all() -> None:
-    """Every running child killed, and no other started until the next :func:`in_parallel`
-    from the main thread or :meth:`Beside.start`."""
-    with _lock:
-        _stopped.set()
-        for proc in _running:
-            _kill(proc)
+class Beside(Started):
+    """Commands (:func:`in_parallel`) started with the suite on a device, beside sections that
+    neither time anything nor fill the GPU, and awaited in their own section's place."""
+
+    def __init__(self, tasks: dict[str, Callable[[], Any]], into: dict[str, Any]):
+        super().__init__(lambda on_start: in_parallel(tasks, into), start=False)
+        self.tasks, self.into = tasks, into
+        self.ran_beside: list[str] = []  # the sections that ran while they did
+
+    def wait(self) -> dict[str, Any]:
+        return self.result()
+
+    def stop(self) -> None:
+        if self.started:
+            stop_all()
+            self._done.wait(60)
 
 
-def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
-    """Run ``python -m dpr_cache ARGS``: its exit code (None: out of time, with the stack it
-    hung in), seconds, last stderr line."""
-    run = child([sys.executable, "-m", "dpr_cache", *args], timeout, env)
+def cli(*args: str, timeout: float = 300) -> dict:
+    """``python -m dpr_cache ARGS``: exit code (None: out of time, with its stack), start,
+    seconds, last stderr line, stdout's last lines."""
+    run = child([sys.executable, "-m", "dpr_cache", *args], timeout)
     lines = run["stderr"].strip().splitlines()
-    last = lines[-1] if lines else ""
+    row = {"command": "dpr-cache " + " ".join(args), "rc": run["rc"]}
+    row |= {k: run[k] for k in ("started_s", "seconds")}
+    row["last_line"] = lines[-1] if lines else ""
+    row["stdout"] = run["stdout"].strip().splitlines()[-12:]
     if run["rc"] is None:  # its stderr ends with the stack the fault handler printed
-        last = f"out of time after {timeout:.0f} s"
-    row = {
-        "command": "dpr-cache " + " ".join(args),
-        "rc": run["rc"],
-        "started_s": run["started_s"],
-        "seconds": run["seconds"],
-        "last_line": last,
-        "stdout": run["stdout"].strip().splitlines()[-12:],
-    }
-    if run["rc"] is None:
-        row["stack"] = lines[-40:]
+        row.update(last_line=f"out of time after {timeout:.0f} s", stack=lines[-40:])
     return row
 
 
 def _sets(out: Path, section: str, device: str, **extra) -> list[str]:
-    """``--set`` pairs: the run's folders (its own data cache, so that runs at the same time
-    share nothing), and the device of the one config section the command reads (``index`` and
-    ``eval`` refuse a ``train.device`` they would not use)."""
-    values = {
-        "output_dir": out,
-        "data.cache_dir": out / "cache",
-        f"{section}.device": device,
-        **({"train.num_threads": "null"} if section == "train" else {}),
-        **extra,
-    }
-    return [arg for k, v in values.items() for arg in ("--set", f"{k}={v}")]
+    """``--set`` pairs: the run's folders (a data cache of its own) and its section's device."""
+    values = {"output_dir": out, "data.cache_dir": out / "cache", f"{section}.device": device}
+    values |= {"train.num_threads": "null"} if section == "train" else {}
+    return [arg for k, v in {**values, **extra}.items() for arg in ("--set", f"{k}={v}")]
+
+
+def _command(out: Path, command: str, device: str, **extra) -> list[str]:
+    return [command, "--config", TOY, *_sets(out, command, device, **extra)]
 
 
 def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 12) -> dict:
     """train -> index -> eval on the toy config, and beside them ``verify`` (float64, and on a
-    GPU float32), every command on ``device``; beside the eval, the same eval again in a process
-    that reads its resident memory by stage (:func:`resident_by_stage`), and on a device once
-    more with the eval on the CPU, so that what the device adds to the process stands apart."""
+    GPU float32), every command on ``device``."""
     out = work / "pipeline"
-    train = {"train.precision": precision, "train.max_steps": steps}
-
-    def args(command: str) -> list[str]:  # index or eval, on the device, at the precision
-        sets = _sets(out, command, device, **{f"{command}.precision": precision})
-        return [command, "--config", TOY, *sets]
 
     def train_index_eval() -> list[dict]:
-        rows = [cli("train", "--config", TOY, *_sets(out, "train", device, **train), "-q")]
-        rows.append(cli(*args("index")))
-        # a budget the eval on a GPU meets, so that the child's search runs to its end
-        budget = ["--set", f"index.memory_gb={RESIDENT_BUDGET_GB}"]
-        eval_resident = [*args("eval"), *budget, "--out", str(out / "eval-resident")]
-        evals = {
-            "eval": lambda: cli(*args("eval")),
-            "resident": lambda: resident_by_stage(eval_resident),
-        }
-        if device != "cpu":  # the same on the machine's CPU: what the device adds, set apart
-            on_cpu = ["--set", "eval.device=cpu", "--set", "eval.precision=fp32"]
-            cpu_out = ["--out", str(out / "eval-resident-cpu")]
-            evals["on_cpu"] = lambda: resident_by_stage([*args("eval"), *budget, *on_cpu, *cpu_out])
-        done = in_parallel(evals, {})
-        found["eval_resident"] = done.get("resident")
-        found["eval_resident_cpu"] = done.get("on_cpu")
-        return [*rows, done["eval"]]
+        train = {"train.precision": precision, "train.max_steps": steps}
+        rows = [cli(*_command(out, "train", device, **train), "-q")]
+        for name in ("index", "eval"):
+            rows.append(cli(*_command(out, name, device, **{f"{name}.precision": precision})))
+        return rows
 
     def verify(*flags: str) -> Callable[[], list[dict]]:
         folder = work / f"verify{''.join(flags).replace('-', '_')}"
         return lambda: [cli("verify", "--config", TOY, *_sets(folder, "train", device), *flags)]
 
-    found: dict[str, Any] = {}  # the eval run again beside the pipeline's, for its memory
     tasks = {"train": train_index_eval, "verify double": verify("--double")}
     if device == "cuda":  # fp32 on the GPU: matrix products of other shapes, the bound 1e-4
         tasks["verify"] = verify()
     done = in_parallel(tasks, {})
     rows = [row for name in tasks for row in done[name]]
-    metrics = out / "eval" / "metrics.json"
-    log = out / "train_log.jsonl"
+    metrics, log = out / "eval" / "metrics.json", out / "train_log.jsonl"
     return {
         "commands": rows,
         "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
         "logged_steps": len(log.read_text().splitlines()) if log.exists() else 0,
         "ok": all(r["rc"] == 0 for r in rows),
-        "eval_resident": found.get("eval_resident"),
-        "eval_resident_cpu": found.get("eval_resident_cpu"),  # a device's run only
-    }
-
-
-def resident_by_stage(args: list[str], timeout: float = 180) -> dict:
-    """A command run again in a fresh process that reads its resident memory (total, anonymous,
-    in transparent huge pages, file-backed; GB) and its age (seconds since it started) after
-    each import, after each of the command's stages and where its search plans its blocks, so
-    that a process over its memory budget shows where the memory came from, and a slow start
-    where its time went. Each reading is a line of the child's output as it is
-    taken, so a child that crashes or runs out of time keeps those before. The readings, the
-    exit code (None: out of time), the last line of its stderr and the kernel's transparent
-    huge page mode; and where the search plans its blocks, the mappings that hold the most
-    (:func:`largest_mappings`)."""
-    cmd = [sys.executable, "-m", "benchmarks.gpu_cli", "resident-child", *args]
-    run = child(cmd, timeout)
-    readings, mappings = {}, []
-    for line in run["stdout"].splitlines():
-        try:
-            reading = json.loads(line)
-        except ValueError:
-            continue  # the command's own output
-        if isinstance(reading, dict) and "stage" in reading:
-            readings[reading.pop("stage")] = reading
-        elif isinstance(reading, dict) and "mappings" in reading:
-            mappings = reading["mappings"]
-    last = (run["stderr"].strip().splitlines() or [""])[-1]
-    if run["rc"] is None:
-        last = f"out of time after {timeout:.0f} s ({last})"
-    return {
-        "started_s": run["started_s"],
-        "readings": readings,
-        "largest_mappings": mappings,
-        "memory_gb": (
-            [a.split("=", 1)[1] for a in args if a.startswith("index.memory_gb=")] or [None]
-        )[-1],
-        "rc": run["rc"],
-        "last_line": last,
-        "transparent_hugepage": transparent_hugepages(),
-    }
-
-
-def _process_age() -> float | None:
-    """Seconds since this process started (``/proc/self/stat``'s start time against
-    ``/proc/uptime``); None where unreadable."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 2)
-
-
-def _resident() -> dict[str, float]:
-    fields = {
-        ("/proc/self/status", "VmRSS"): "rss_gb",
-        ("/proc/self/status", "RssAnon"): "anon_gb",
-        ("/proc/self/status", "RssFile"): "file_gb",
-        # anonymous memory in transparent huge pages: a 2 MB page is resident whole
-        ("/proc/self/smaps_rollup", "AnonHugePages"): "huge_gb",
-    }
-    reading = {"age_s": _process_age()}
-    for (path, key), name in fields.items():
-        value = proc_field(path, key)  # "123 kB"
-        if value is not None:
-            reading[name] = round(int(value.split()[0]) * 1024 / 1e9, 3)
-    return reading
-
-
-def largest_mappings(n: int = 8) -> list[dict]:
-    """The ``n`` files (or ``[anonymous]``, ``[heap]``...) whose mappings in this process hold the
-    most resident memory (``/proc/self/smaps``): each one's resident and anonymous GB, the
-    anonymous part being its private copies (a library's relocated data, say)."""
-    totals: dict[str, list[int]] = {}
-    name = "[anonymous]"
-    try:
-        lines = Path("/proc/self/smaps").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        head = line.split(maxsplit=5)
-        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
-            name = head[5] if len(head) == 6 else "[anonymous]"
-        elif head and head[0] in ("Rss:", "Anonymous:"):
-            kb = totals.setdefault(name, [0, 0])
-            kb[head[0] == "Anonymous:"] += int(head[1])
-    top = sorted(totals.items(), key=lambda item: -item[1][0])[:n]
-    return [
-        {"mapping": m, "rss_gb": round(rss * 1024 / 1e9, 3), "anon_gb": round(anon * 1024 / 1e9, 3)}
-        for m, (rss, anon) in top
-    ]
-
-
-def _resident_child(args: list[str]) -> None:
-    seen: dict[str, int] = {}
-
-    def read(stage: str) -> None:
-        seen[stage] = seen.get(stage, 0) + 1
-        name = stage if seen[stage] == 1 else f"{stage} ({seen[stage]})"
-        print(json.dumps({"stage": name, **_resident()}), flush=True)
-
-    read("import torch")  # this module's own imports
-    for module in (
-        "transformers",
-        "faiss",
-        "datasets",
-        "dpr_cache.cli.app",
-        "dpr_cache.retrieval.drivers.eval",
-    ):
-        importlib.import_module(module)
-        read(f"import {module}")
-    from dpr_cache.cli.app import app
-    from dpr_cache.retrieval.dense import search
-    from dpr_cache.runtime.laps import Laps
-
-    lap, plan = Laps.lap, search.plan_blocks
-
-    def lap_read(self, name: str) -> None:
-        lap(self, name)
-        read(f"after: {name}")
-
-    def plan_read(*a, **k):
-        read("search plans its blocks")
-        print(json.dumps({"mappings": largest_mappings()}), flush=True)
-        return plan(*a, **k)
-
-    Laps.lap, search.plan_blocks = lap_read, plan_read
-    sys.exit(app(args, standalone_mode=False))  # an error is printed and returned as its code
-
-
-def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {
-        f"{tower}/{name}": t
-        for tower in ("query_encoder", "passage_encoder")
-        for name, t in load_file(model_dir / tower / "model.safetensors").items()
     }
 
 
 def _difference(a: Path, b: Path) -> dict:
     """Whether two model folders hold equal weights bit for bit, and the largest difference."""
-    wa, wb = _weights(a), _weights(b)
-    worst = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
-    return {"bitwise_equal": all(torch.equal(wa[k], wb[k]) for k in wa), "max_abs_diff": worst}
+    from safetensors.torch import load_file
+
+    def weights(model: Path) -> list[torch.Tensor]:
+        towers = ("query_encoder", "passage_encoder")
+        return [t for w in towers for t in load_file(model / w / "model.safetensors").values()]
+
+    pairs = list(zip(weights(a), weights(b), strict=True))
+    worst = max((x.float() - y.float()).abs().max().item() for x, y in pairs)
+    return {"bitwise_equal": all(torch.equal(x, y) for x, y in pairs), "max_abs_diff": worst}
 
 
 def _train_killed_then_resumed(out: Path, sets: list[str], kill_after: int) -> dict:
@@ -519,32 +310,28 @@ def resume_equality(
     """Per setting of ``train.deterministic`` in ``settings``: two unbroken runs and one killed
     after step ``every`` and resumed (dropout on, fp32), compared bit for bit. The three runs
     of every setting run at the same time."""
-    extra = {"train.max_steps": steps, "train.checkpoint_every": every}
     tasks: dict[str, Callable[[], dict]] = {}
-    folders = {}
-    for deterministic in settings:
-        sets = {**extra, "train.deterministic": str(deterministic).lower()}
+    for det in settings:
+        sets = {"train.max_steps": steps, "train.checkpoint_every": every}
+        sets["train.deterministic"] = str(det).lower()
         for name in ("a", "b", "killed"):
-            folder = folders[deterministic, name] = work / f"resume-{deterministic}-{name}"
+            folder = work / f"resume-{det}-{name}"
             args = _sets(folder, "train", device, **sets)
-            if name == "killed":
-                tasks[f"{deterministic} {name}"] = lambda f=folder, a=args: (
-                    _train_killed_then_resumed(f, a, every)
-                )
-            else:
-                tasks[f"{deterministic} {name}"] = lambda a=args: cli(
-                    "train", "--config", TOY, *a, "-q"
-                )
+            tasks[f"{det} {name}"] = (
+                (lambda f=folder, a=args: _train_killed_then_resumed(f, a, every))
+                if name == "killed"
+                else (lambda a=args: cli("train", "--config", TOY, *a, "-q"))
+            )
     done = in_parallel(tasks, {})
     out = {}
-    for deterministic in settings:
-        key = "deterministic" if deterministic else "default kernels"
-        broken = done[f"{deterministic} killed"]
-        codes = [done[f"{deterministic} a"], done[f"{deterministic} b"], broken["resume"]]
+    for det in settings:
+        key = "deterministic" if det else "default kernels"
+        broken = done[f"{det} killed"]
+        codes = [done[f"{det} a"], done[f"{det} b"], broken["resume"]]
         if any(c["rc"] != 0 for c in codes):
             out[key] = {"error": [c["last_line"] for c in codes if c["rc"] != 0]}
             continue
-        model = {name: folders[deterministic, name] / "model" for name in ("a", "b", "killed")}
+        model = {name: work / f"resume-{det}-{name}" / "model" for name in ("a", "b", "killed")}
         out[key] = {
             "two_unbroken_runs": _difference(model["a"], model["b"]),
             "resumed_vs_unbroken": _difference(model["killed"], model["a"]),
@@ -554,18 +341,15 @@ def resume_equality(
 
 
 def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict:
-    """The toy trainer in fp16 with a loss scale of 2^40: the first step overflows in fp16's
-    backward, so GradScaler skips it (weights untouched) and backs the scale off (by 2^-16 a
-    skip here, so that a few steps reach a scale that fits), and the trainer reports each
-    skipped step."""
+    """The toy trainer in fp16 at a loss scale of 2^40: GradScaler skips the steps that overflow
+    (weights untouched), backing off by 2^-16 a skip, and the trainer reports each."""
     from dpr_cache.config import load_config
     from dpr_cache.runtime.distributed import DistEnv
     from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data
 
     sets = [f"train.batch_size={batch}", f"train.chunk_size={min(16, batch)}"]
-    config = load_config(
-        TOY, ["train.precision=fp16", f"train.device={device}", "train.num_threads=null", *sets]
-    )
+    sets += ["train.precision=fp16", f"train.device={device}", "train.num_threads=null"]
+    config = load_config(TOY, sets)
     env = DistEnv(device=device)
     dataset, batches, _ = training_data(config, env)
     trainer = build_trainer(config, env, steps)
@@ -575,8 +359,7 @@ def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict
     skipped, unchanged, scales = 0, True, []
     for step in range(steps):
         before = [p.detach().clone() for p in trainer.model.parameters()]
-        batch = recipe.batch(dataset, batches, trainer.model.tokenizer, step)
-        result = trainer.step(batch)
+        result = trainer.step(recipe.batch(dataset, batches, trainer.model.tokenizer, step))
         scales.append(result.loss_scale)
         if result.skipped:
             skipped += 1
@@ -593,57 +376,30 @@ def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict
 
 
 def chunk_too_large(work: Path, model_dir: Path, device: str, batch: int = 2048) -> dict:
-    """``train`` with a chunk far beyond the GPU (``batch`` questions in one chunk, 256-token
-    passages, one hard negative: on BERT-base's shape some hundred GB of activations): one
-    ``error:`` line naming a chunk that fits, exit 2, no traceback. A command still running
-    after 100 s is stopped with the stack it was in."""
-    out = work / "too-large"
-    sets = _sets(
-        out,
-        "train",
-        device,
-        **{
-            "model.name_or_path": model_dir,
-            "train.batch_size": batch,
-            "train.chunk_size": batch,
-            "train.max_steps": 1,
-            "train.precision": "bf16",
-            "model.max_passage_length": 256,
-            "train.loss_tile_size": min(batch, 4096),
-        },
-    )
+    """``train`` with ``batch`` questions of 256-token passages in one chunk (on BERT-base's shape
+    some hundred GB): one ``error:`` line naming a chunk that fits, exit 2; stopped after 100 s."""
+    settings = {"model.name_or_path": model_dir, "train.batch_size": batch}
+    settings |= {"train.chunk_size": batch, "train.max_steps": 1, "train.precision": "bf16"}
+    settings |= {"model.max_passage_length": 256, "train.loss_tile_size": min(batch, 4096)}
     data = work / "long.jsonl"
-    _long_training_file(data, batch)
-    row = cli("train", "--config", TOY, *sets, "--set", f"data.train={data}", "-q", timeout=100)
-    return {
-        **row,
-        "chunk": batch,
-        "ok": row["rc"] == 2
-        and row["last_line"].startswith("error: train.chunk_size")
-        and "fits" in row["last_line"],
-    }
-
-
-def _long_training_file(path: Path, questions: int) -> None:
-    """Questions whose passages fill 256 tokens, so a chunk's memory is what its size says."""
-    words = " ".join(f"word{i % 97}" for i in range(400))
-    with open(path, "w") as f:
-        for i in range(questions):
+    words = " ".join(f"word{i % 97}" for i in range(400))  # passages that fill 256 tokens
+    with open(data, "w") as f:
+        for i in range(batch):
             ctx = {"title": f"t{i}", "text": words, "passage_id": str(i)}
             neg = {"title": f"n{i}", "text": words, "passage_id": f"n{i}"}
-            record = {
-                "question": f"question {i} " * 8,
-                "answers": ["x"],
-                "positive_ctxs": [ctx],
-                "hard_negative_ctxs": [neg],
-            }
-            f.write(json.dumps(record) + "\n")
+            record = {"question": f"question {i} " * 8, "answers": ["x"]}
+            f.write(json.dumps({**record, "positive_ctxs": [ctx], "hard_negative_ctxs": [neg]}))
+            f.write("\n")
+    args = _command(work / "too-large", "train", device, **settings)
+    row = cli(*args, "--set", f"data.train={data}", "-q", timeout=100)
+    last = row["last_line"]
+    ok = row["rc"] == 2 and last.startswith("error: train.chunk_size") and "fits" in last
+    return {**row, "chunk": batch, "ok": ok}
 
 
 def nccl_collectives(timeout: float = 120) -> dict:
-    """NCCL on one GPU: a process group of one (two ranks would need two GPUs: NCCL refuses
-    two ranks on one device) running the collectives training uses, the gather of the
-    passage reps with its gradient and the loss's mean over ranks, in a fresh process."""
+    """NCCL in a process group of one (two ranks need two GPUs) in a fresh process: the gather of
+    the passage reps with its gradient and the loss's mean over ranks."""
     run = child([sys.executable, "-m", "benchmarks.gpu_cli", "nccl-child"], timeout)
     lines = run["stdout"].strip().splitlines()
     if run["rc"] != 0 or not lines:
@@ -677,125 +433,137 @@ def _nccl_child() -> None:
     print(json.dumps(row), flush=True)
 
 
-RANK_TIMEOUT = 30  # DPR_CACHE_DIST_TIMEOUT of the frozen rank's run, seconds
+GB = 1e9
+FULL_BYTES = 2**30  # under this much free, a moment is counted as the device being full
+SMI_TIMEOUT_S = 5
 
 
-def rank_faults(work: Path, model_dir: Path) -> dict:
-    """The fault rows a GPU changes, on two GPUs (NCCL refuses two ranks on one device): a rank
-    frozen in a sharded run under NCCL, and one rank of two out of GPU memory.
-    ``tests/faults/test_sharded.py`` makes the same checks on gloo ranks on the CPU."""
-    gpus = torch.cuda.device_count()
-    if gpus < 2:
-        return {
-            "not_run": f"needs two GPUs (NCCL refuses two ranks on one); this device has {gpus}"
-        }
+class DeviceWatch:
+    """A thread that reads the device's memory in use (every process) and this process's reserved
+    share under the section running; every 3 s the processes ``nvidia-smi`` names."""
+
+    def __init__(self, device: torch.device, start: float, every_s: float = 0.5):
+        self.device, self.start, self.every_s = device, start, every_s
+        self.section = "start"
+        self.samples: list[tuple[float, str, int, int]] = []
+        self.processes: dict[int, dict] = {}
+        self.total = torch.cuda.mem_get_info(device)[1]
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the samples and processes, read while written
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._smi = shutil.which("nvidia-smi")
+
+    @classmethod
+    def begin_on(cls, device: torch.device, start: float, every_s: float = 0.5):
+        """A watch of ``device`` started now; None where it is no CUDA device here."""
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return None
+        watch = cls(device, start, every_s)
+        watch._thread.start()
+        return watch
+
+    def summary(self) -> dict:
+        with self._lock:
+            return summarize(self.samples, self.total, self.processes)
+
+    def end(self) -> dict:
+        self._stop.set()
+        self._thread.join(SMI_TIMEOUT_S + 5)
+        return self.summary()
+
+    def _run(self) -> None:
+        polls = 0
+        while not self._stop.wait(self.every_s):
+            try:
+                free, _ = torch.cuda.mem_get_info(self.device)
+                mine = torch.cuda.memory_reserved(self.device)
+            except RuntimeError:
+                continue
+            t = round(time.monotonic() - self.start, 1)
+            with self._lock:
+                self.samples.append((t, self.section, self.total - free, mine))
+            polls += 1
+            if self._smi and polls % 6 == 1:
+                self._poll_processes(t)
+
+    def _poll_processes(self, t: float) -> None:
+        query = [self._smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
+        try:
+            run = subprocess.run(query, capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError):
+            return
+        for pid, used in parse_compute_apps(run.stdout):
+            command = _command_line(pid) if pid not in self.processes else None
+            with self._lock:
+                seen = self.processes.setdefault(pid, {"peak_bytes": 0, "first_s": t})
+                seen["last_s"] = t
+                if used > seen["peak_bytes"]:
+                    seen.update(peak_bytes=used, peak_s=t, section=self.section)
+                seen.setdefault("command", command)
+
+
+def parse_compute_apps(text: str) -> list[tuple[int, int]]:
+    """``(pid, bytes)`` from ``nvidia-smi --query-compute-apps=pid,used_memory
+    --format=csv,noheader`` (lines ``1234, 5678 MiB``); lines it cannot read are left out."""
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        value, _, unit = parts[1].partition(" ")
+        scale = {"MiB": 2**20, "GiB": 2**30, "KiB": 2**10}.get(unit)
+        if scale is not None and value.replace(".", "", 1).isdigit():
+            rows.append((int(parts[0]), int(float(value) * scale)))
+    return rows
+
+
+def _command_line(pid: int) -> str | None:
+    """The command line of ``pid`` where it is this process or descends from it (``nvidia-smi``
+    may report another namespace's ids, which name some other process here); else None."""
+    me, seen = os.getpid(), pid
+    for _ in range(64):
+        if seen == me:
+            try:
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                return None
+            return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200] or None
+        parent = proc_field(f"/proc/{seen}/status", "PPid:") if seen > 1 else None
+        if parent is None:
+            return None
+        seen = int(parent)
+    return None
+
+
+def summarize(samples: list[tuple[float, str, int, int]], total: int, processes: dict) -> dict:
+    """Per section the most memory in use (and this process's share then) and the moments under
+    ``FULL_BYTES`` free; a reading a second; each process named, largest first."""
+    sections: dict[str, dict] = {}
+    full: dict[str, int] = {}
+    series, second = [], None  # the first reading of each whole second
+    for t, section, used, mine in samples:
+        row = sections.setdefault(section, {"samples": 0, "peak_used_gb": -1.0})
+        row["samples"] += 1
+        if used / GB > row["peak_used_gb"]:
+            row.update(peak_used_gb=round(used / GB, 2), own_gb=round(mine / GB, 2), at_s=t)
+        if total - used < FULL_BYTES:
+            full[section] = full.get(section, 0) + 1
+        if int(t) != second:
+            second = int(t)
+            series.append([t, round(used / GB, 2), round(mine / GB, 2)])
+    named = sorted(processes.items(), key=lambda item: -item[1]["peak_bytes"])
     return {
-        "frozen_rank": frozen_rank(work / "frozen"),
-        "rank_out_of_memory": rank_out_of_memory(work, model_dir),
+        "total_gb": round(total / GB, 2),
+        "series": series,  # [seconds, GB in use, the suite's own GB]
+        "sections": sections,
+        "full_samples": full,
+        "processes": [
+            {"pid": pid, **{k: v for k, v in p.items() if k != "peak_bytes"}}
+            | {"peak_gb": round(p["peak_bytes"] / GB, 2)}
+            for pid, p in named
+        ],
     }
 
 
-def _ranks_train(out: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    """The toy config sharded on 2 NCCL ranks under torchrun, in the background."""
-    settings = {"train.shard": "fsdp", "train.max_steps": 12, "train.checkpoint_every": 2}
-    settings |= {"train.deterministic": "true", "train.precision": "bf16"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m"]
-    cmd += ["dpr_cache", "train", "--config", TOY, "-q", *_sets(out, "train", "cuda", **settings)]
-    full = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return _start(
-        [*cmd, *extra], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-def _ended(proc: subprocess.Popen, timeout: float) -> str:
-    """``proc``'s stderr once it has ended (killed, with its group, past ``timeout`` s)."""
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        _, err = proc.communicate()
-    _forget(proc)
-    return err
-
-
-def _error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error: ")][:4]
-
-
-def frozen_rank(out: Path) -> dict:
-    """Rank 1 frozen (SIGSTOP) after step 3: how long rank 0 waits (goal: the timeout plus 10 s),
-    its line, and whether ``--resume`` ends with the unbroken run's weights."""
-    _ended(_ranks_train(out / "unbroken"), 600)
-    agent = _ranks_train(out / "cut", env={"DPR_CACHE_DIST_TIMEOUT": str(RANK_TIMEOUT)})
-    log = out / "cut" / "train_log.jsonl"
-    deadline = time.monotonic() + 300
-    while not (log.is_file() and log.read_text().count("\n") >= 3):
-        if agent.poll() is not None or time.monotonic() > deadline:
-            return {"ok": False, "lines": _error_lines(_ended(agent, 5)), "error": "no step 3"}
-        time.sleep(0.05)
-    frozen, survivor = rank_process(agent.pid, 1), rank_process(agent.pid, 0)
-    os.kill(frozen, signal.SIGSTOP)
-    frozen_at = time.monotonic()
-    while os.path.exists(f"/proc/{survivor}") and time.monotonic() - frozen_at < RANK_TIMEOUT + 120:
-        time.sleep(0.1)
-    gave_up_s = round(time.monotonic() - frozen_at, 1)
-    os.kill(frozen, signal.SIGKILL)
-    lines = _error_lines(_ended(agent, 120))
-    resumed = _ranks_train(out / "cut", "--resume")
-    resumed_lines = _error_lines(_ended(resumed, 600))
-    same = _difference(out / "unbroken" / "model", out / "cut" / "model")
-    named = bool(lines) and f"rank 1 (pid {frozen}, not answering)" in lines[0]
-    return {
-        "timeout_s": RANK_TIMEOUT,
-        "gave_up_s": gave_up_s,
-        "lines": lines,
-        "resumed_lines": resumed_lines,
-        "resumed": same,
-        "ok": named and gave_up_s <= RANK_TIMEOUT + 10 and same["bitwise_equal"],
-    }
-
-
-def rank_out_of_memory(work: Path, model_dir: Path) -> dict:
-    """Rank 1's GPU held by another process but for 1 GiB while a sharded BERT-base run at
-    chunk 128 starts there: rank 1's line names the setting to lower, rank 0's the rank."""
-    hog = _start(
-        [sys.executable, "-c", _HOG],
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        if hog.stdout.readline().strip() != "held":
-            return {"ok": False, "error": "the process holding GPU 1 did not start"}
-        settings = {"model.name_or_path": model_dir, "train.batch_size": 256}
-        settings |= {"train.chunk_size": 128, "model.max_passage_length": 256}
-        extra = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
-        env = {"DPR_CACHE_DIST_TIMEOUT": str(RANK_TIMEOUT)}
-        lines = _error_lines(_ended(_ranks_train(work / "oom", *extra, env=env), 300))
-    finally:
-        _kill(hog)
-        hog.wait()
-        _forget(hog)
-    said_memory = any("memory" in line and "train.chunk_size" in line for line in lines)
-    said_rank = any(line.startswith("error: rank 0:") and "rank 1" in line for line in lines)
-    return {"lines": lines, "ok": said_memory and said_rank}
-
-
-_HOG = """
-import time, torch
-free, _ = torch.cuda.mem_get_info(0)
-held = torch.empty(free - 2**30, dtype=torch.uint8, device="cuda:0")
-print("held", flush=True)
-time.sleep(3600)
-"""
-
-
-def clean(work: Path) -> None:
-    shutil.rmtree(work, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["nccl-child"]:
-        _nccl_child()
-    elif sys.argv[1:2] == ["resident-child"]:
-        _resident_child(sys.argv[2:])
+if __name__ == "__main__" and sys.argv[1:] == ["nccl-child"]:
+    _nccl_child()

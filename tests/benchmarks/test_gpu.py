@@ -44,9 +44,7 @@ def test_dry_run_runs_every_cpu_section_without_error(dry_run):
         "compilation",
         "llm",  # its figures: tests/benchmarks/test_gpu_llm.py
         "fsdp",  # its figures: tests/benchmarks/test_gpu_fsdp.py
-        "rank_faults",
     ]
-    assert sections.pop("rank_faults") == {"skipped": "needs two GPUs"}
     assert sections.pop("chunk_too_large") == {"skipped": "needs a GPU to run out of"}
     assert sections.pop("largest_full_batch") == {"skipped": "needs a GPU to fill"}
     assert sections.pop("compilation") == {"skipped": "needs a GPU (a CPU compile takes minutes)"}
@@ -68,22 +66,6 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert cli["pipeline"]["ok"], cli["pipeline"]["commands"]
     starts = [row["started_s"] for row in cli["pipeline"]["commands"][:3]]  # train, index, eval
     assert 0 <= starts[0] < starts[1] < starts[2], starts
-    resident = cli["pipeline"]["eval_resident"]
-    assert cli["pipeline"]["eval_resident_cpu"] is None  # the eval already ran on the CPU
-    # beside the eval where the cores allow, after it on 2 cores: never before
-    assert resident["started_s"] >= starts[2], (resident["started_s"], starts)
-    assert resident["rc"] == 0 and resident["memory_gb"] == "12", resident
-    stages = list(resident["readings"])
-    assert stages[0] == "import torch" and "search plans its blocks" in stages, stages
-    assert stages.index("after: encode questions") < stages.index("search plans its blocks")
-    held = [m["rss_gb"] for m in resident["largest_mappings"]]
-    assert len(held) == 8 and held == sorted(held, reverse=True), resident["largest_mappings"]
-    planned = resident["readings"]["search plans its blocks"]["rss_gb"]
-    # smaps read just after VmRSS (its own reading allocates a little), each rounded to 1 MB
-    assert 0.5 * planned < sum(held) <= planned + 0.05, (held, planned)
-    assert any("libtorch" in m["mapping"] for m in resident["largest_mappings"])
-    ages = [m["age_s"] for m in resident["readings"].values()]
-    assert 0 < ages[0] and ages == sorted(ages), ages  # seconds since the child started
     assert cli["ran_beside"] == []  # on the CPU, in its place
     assert cli["commands_s"] <= s["command_line"]["seconds"] + 1
     row = cli["resume"]["deterministic"]
@@ -139,7 +121,7 @@ def _comparison(rates: dict[str, float], batch: int = 512) -> dict:
     """A speed comparison at ``batch``, fp16, of settings timed at these pairs/s (each row's
     engine and chunks as the section records them)."""
     from benchmarks.gpu_perf import _FAMILIES, _best
-    from benchmarks.gpu_report_speed import setting_of
+    from benchmarks.gpu_report import setting_of
 
     rows = {}
     for name, rate in rates.items():
@@ -296,8 +278,8 @@ def test_host_waits_show_where_they_were_measured():
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
     page = markdown({**report, "goals": goals(report)}).split("## Speed")[1]
     assert "| dpr-cache chunk 128 | 678 | 0.756 | 1 + 2 | 14 (`engine.py:210` 12, " in page
-    assert "| full batch | out of memory |  | the whole batch |  |" in page
-    assert "| x | out of memory |  | – |\n" in page  # no column where nothing was measured
+    assert "| full batch | out of memory | | the whole batch |  |" in page
+    assert "| x | out of memory | | – |\n" in page  # no column where nothing was measured
 
 
 def test_allocator_counts_show_where_they_were_measured():
@@ -312,7 +294,7 @@ def test_allocator_counts_show_where_they_were_measured():
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"speed": section}}
     page = markdown({**report, "goals": goals(report)}).split("## Speed")[1]
     assert "| dpr-cache chunk 256 | 780 | 0.656 | 2 + 4 | 3 malloc, 2.5 free, 0 flushes |" in page
-    assert "| full batch | out of memory |  | the whole batch |  |" in page
+    assert "| full batch | out of memory | | the whole batch |  |" in page
 
 
 def test_the_profile_counts_each_kernel_once():
@@ -870,11 +852,11 @@ def test_memory_rows_run_beside_the_commands_say_so_above_their_table():
     assert "beside the toy commands" in " ".join(lines[:table]) and lines[table - 1] == ""
     alone = gpu_report._memory({"rows": [row], "beside_commands": False})
     assert not any("beside" in line for line in alone)
-    assert len(lines) == len(alone) + 3
+    assert len(lines) == len(alone) + 2
 
 
 def test_nvidia_smi_compute_apps_are_read_in_bytes_and_odd_lines_left_out():
-    from benchmarks.gpu_watch import parse_compute_apps
+    from benchmarks.gpu_cli import parse_compute_apps
 
     text = "1234, 16760 MiB\n77, 2 GiB\nNo running processes found\n88, [N/A]\n9, 12 bytes\n"
     assert parse_compute_apps(text) == [(1234, 16760 * 2**20), (77, 2 * 2**30)]
@@ -883,7 +865,7 @@ def test_nvidia_smi_compute_apps_are_read_in_bytes_and_odd_lines_left_out():
 
 def test_device_memory_summary_names_each_sections_peak_and_its_full_moments():
     from benchmarks import gpu_report
-    from benchmarks.gpu_watch import summarize
+    from benchmarks.gpu_cli import summarize
 
     gb, total = 10**9, 140 * 10**9
     samples = [
@@ -900,7 +882,7 @@ def test_device_memory_summary_names_each_sections_peak_and_its_full_moments():
     assert r["full_samples"] == {"exactness": 1}  # only 1.0 s's 0.5 GB free is under 1 GiB
     assert r["series"] == [[0.5, 20.0, 2.0], [1.0, 139.5, 3.0], [2.0, 17.0, 16.0]]
     assert r["processes"][0]["peak_gb"] == 105.0 and r["processes"][0]["pid"] == 5
-    page = "\n".join(gpu_report._device_memory(r))
+    page = "\n".join(gpu_report._device_memory({"device_memory": r}))
     assert "| exactness | 3 | 139.50 | 3.00 | 1 | 1 |" in page
     assert "| memory | 1 | 17.00 | 16.00 | 2 | 0 |" in page
     assert "| 5 | `x` | 105.00 | – | 0 | 2 |" in page
@@ -918,7 +900,7 @@ def test_device_watch_reads_under_each_section_and_names_only_its_own_processes(
 
     import torch
 
-    from benchmarks import gpu_watch
+    from benchmarks import gpu_cli
 
     gb, foreign = 10**9, 4_194_000
     smi = tmp_path / "nvidia-smi"
@@ -931,7 +913,7 @@ def test_device_watch_reads_under_each_section_and_names_only_its_own_processes(
         torch.cuda, "mem_get_info", lambda device: (90 * gb - next(readings) * 10**6, 100 * gb)
     )
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 3 * gb)
-    watch = gpu_watch.DeviceWatch.begin_on(torch.device("cuda", 0), time.monotonic(), 0.02)
+    watch = gpu_cli.DeviceWatch.begin_on(torch.device("cuda", 0), time.monotonic(), 0.02)
     for section in ("first", "second"):
         watch.section = section
         time.sleep(0.3)
@@ -945,25 +927,7 @@ def test_device_watch_reads_under_each_section_and_names_only_its_own_processes(
     own = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     assert named[os.getpid()]["command"] == own[:200]
     assert named[foreign]["command"] is None  # another namespace's id names nothing here
-    assert gpu_watch.DeviceWatch.begin_on(torch.device("cpu"), 0.0) is None
-
-
-def test_the_eval_on_the_machines_cpu_is_set_beside_its_run_with_the_device():
-    from benchmarks import gpu_report
-
-    plan = "search plans its blocks"
-    reading = {"rss_gb": 0.61, "anon_gb": 0.4, "file_gb": 0.21}
-    pipeline = {
-        "eval_resident": {"readings": {plan: {**reading, "rss_gb": 5.33}}},
-        "eval_resident_cpu": {"readings": {plan: reading}, "rc": 0},
-    }
-    line = gpu_report._eval_on_cpu(pipeline)[-1]
-    assert line.endswith(
-        "0.61 GB resident (anonymous 0.40, file-backed 0.21), against 5.33 GB with the device."
-    )
-    pipeline["eval_resident_cpu"] = {"readings": {}, "rc": 1, "last_line": "boom"}
-    assert "did not reach its search (exit 1: boom)" in gpu_report._eval_on_cpu(pipeline)[-1]
-    assert gpu_report._eval_on_cpu({"eval_resident_cpu": None}) == []  # a dry run has none
+    assert gpu_cli.DeviceWatch.begin_on(torch.device("cpu"), 0.0) is None
 
 
 def test_a_section_stopped_part_way_keeps_what_it_measured():
@@ -992,7 +956,7 @@ def test_a_section_stopped_part_way_keeps_what_it_measured():
 def test_each_row_names_its_chunks_and_one_chunk_a_tower_says_so():
     """Rows of a run that recorded no chunks are read from their names (one hard negative);
     a dpr-cache row whose towers are one chunk each re-encodes nothing: no GradCache work."""
-    from benchmarks.gpu_report_speed import chunks_text, setting_of
+    from benchmarks.gpu_report import chunks_text, setting_of
 
     assert setting_of("dpr-cache chunk 32", {}, 512) == {
         "engine": "dpr-cache",
@@ -1016,7 +980,7 @@ def test_each_row_names_its_chunks_and_one_chunk_a_tower_says_so():
 
 
 def test_the_cost_of_a_chunk_is_fitted_per_engine_and_shown_by_chunk():
-    from benchmarks.gpu_report_speed import chunk_cost_fit, render_speed
+    from benchmarks.gpu_report import chunk_cost_fit, render_speed
 
     fit = chunk_cost_fit([(3, 0.3 + 0.003 * 3), (12, 0.3 + 0.003 * 12), (48, 0.3 + 0.003 * 48)])
     assert fit["b_ms"] == pytest.approx(3.0) and fit["a_s"] == pytest.approx(0.3)
@@ -1056,7 +1020,7 @@ def _compiled_group(chunk: int, compiled_rate: float, eager_rate: float, full: f
 
 
 def test_a_goal_at_a_chunk_takes_its_fastest_setting_compiled_ones_against_their_own_full_batch():
-    from benchmarks.gpu_report_speed import render_compilation, speed_goals
+    from benchmarks.gpu_report import render_compilation, speed_goals
 
     comp = _comparison({**_step_rates(0.45, 40.0, 1.6), "full batch": 1024.0})
     compiled = {
@@ -1066,17 +1030,17 @@ def test_a_goal_at_a_chunk_takes_its_fastest_setting_compiled_ones_against_their
             _compiled_group(32, 1000.0, 400.0, 1010.0),
         ],
     }
-    judged = {g[0]: g for g in speed_goals({"comparisons": [comp]}, compiled)}
-    name, measured, _, met = judged["B=512 fp16, chunk 128: dpr-cache over the full batch"]
+    judged = {g["goal"]: g for g in speed_goals({"comparisons": [comp]}, compiled)}
+    _, measured, _, met = judged["B=512 fp16, chunk 128: dpr-cache over the full batch"].values()
     assert met is True and measured.startswith(
         "1.10x: dpr-cache chunk 128 compiled bucket 64 (4 + 8 chunks a step), 1,100 pairs/s "
         "against full batch's 1,000; eager 0."
     ), measured
-    _, measured, _, met = judged["B=512 fp16, chunk 32: dpr-cache over the full batch"]
+    _, measured, _, met = judged["B=512 fp16, chunk 32: dpr-cache over the full batch"].values()
     assert met is True and measured.startswith("0.99x: dpr-cache chunk 32 compiled"), measured
     _, cost, _, met = judged[
         "B=512 fp16: the cost of a chunk, dpr-cache (step = a + b x chunks a step, fitted)"
-    ]
+    ].values()
     # compiled, the two groups joined: (0.512 - 0.465) s over 36 chunks, 1.3 ms; eager 40 ms
     assert met is True and cost.startswith("1.3 ms: dpr-cache compiled bucket 64"), cost
     assert cost.endswith("; eager 40.0 ms"), cost
@@ -1163,7 +1127,7 @@ def test_a_compiled_childs_figures_and_compilations_are_kept_when_it_stops(monke
     assert found["fp64"] == {"relative_error": 1e-14} and found["compiles_s"] == [12.5, 3.0]
     assert found["error"]["why"] == "out of time after 150 s"
     assert "dpr-cache chunk 128 compiled: warm-up 80.0 s" in found["error"]["progress"]
-    from benchmarks.gpu_report_speed import compiles_text
+    from benchmarks.gpu_report import compiles_text
 
     assert compiles_text(found) == "2 compilations (16 s in all, the longest 12.5 s)"
 
@@ -1268,24 +1232,3 @@ def test_the_whole_suites_minutes_say_what_compilation_took():
     }
     (suite,) = [g for g in goals(report) if g["goal"] == "the whole suite in one run"]
     assert suite["measured"] == "8.0 min (of which compilation 150 s)" and suite["met"] is False
-
-
-def test_rank_faults_need_two_gpus_and_the_page_says_what_they_found(tmp_path):
-    """Without two GPUs the section says why it did not run; with its rows, the page shows
-    each rank's line and whether each fault was met as the goal asks."""
-    from benchmarks import gpu_cli, gpu_report
-
-    gpus = torch.cuda.device_count()
-    if gpus >= 2:
-        pytest.skip("two GPUs here: the section runs")
-    row = gpu_cli.rank_faults(tmp_path, tmp_path)
-    assert row == {
-        "not_run": f"needs two GPUs (NCCL refuses two ranks on one); this device has {gpus}"
-    }
-    assert gpu_report._rank_faults(row) == ["", f"Not run: {row['not_run']}."]
-    line = "error: rank 0: rank 1 (pid 7, not answering) stopped"
-    frozen = {"timeout_s": 30, "gave_up_s": 31.5, "lines": [line], "ok": True}
-    frozen["resumed"] = {"bitwise_equal": False}
-    page = gpu_report._rank_faults({"frozen_rank": frozen, "rank_out_of_memory": {"ok": False}})
-    assert "rank 0 gave up in 31.5 s; `--resume` did not end with" in " ".join(page)
-    assert f"    {line}" in page and "1 GiB: ok: False." in " ".join(page)
