@@ -1,14 +1,12 @@
 """GradCache's exactness on a device: float64 against full-batch autograd, the RNG replay of each
 chunk's dropout, a finite-difference check with dropout on, and mixed precision against the full
-batch under the same autocast.
-
-Each check builds its own random model (a tiny BERT, or BERT-base's shape with random weights) on
-the device it is given and returns plain figures with their bounds; ``benchmarks.gpu`` puts them
-on the GPU page and ``tests/cuda`` asserts them on a GPU (and ``tests/benchmarks`` on the CPU).
+batch under the same autocast. Each check builds its own random BERT (a tiny one, or BERT-base's
+shape) on the device it is given and returns plain figures with their bounds.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 
 import torch
@@ -20,71 +18,50 @@ from dpr_cache.model.attention import use_sdpa_without_wait
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.device import autocast
 
-__all__ = [
-    "SIZES",
-    "FP64_BOUND",
-    "FD_BOUND",
-    "MIXED_BOUNDS",
-    "MIXED_RATIO",
-    "ExactCase",
-    "exact_cases",
-    "fp64_exactness",
-    "replay_bitwise",
-    "dropout_finite_difference",
-    "mixed_precision",
-]
-
 FP64_BOUND = 1e-10
 """GradCache vs the full batch in float64: largest gradient difference over the largest gradient."""
 FD_BOUND = 1e-6
 """Central finite difference vs GradCache's gradient, dropout on, float64 (truncation ~1e-8)."""
 MIXED_BOUNDS = {"bf16": 1e-1, "fp16": 2e-2}
 """Ceilings of GradCache's gradient vs the full batch's under the same autocast (relative norm):
-about 25x and 40x a single rounding of the format (bf16 keeps 8 bits, 3.9e-3; fp16 11, 4.9e-4),
-room for a whole BERT's accumulated rounding; the defended bound is ``MIXED_RATIO``."""
+about 25x and 40x a single rounding of the format, room for a whole BERT's accumulated rounding."""
 MIXED_RATIO = 1.5
 """The defended bound: GradCache's distance to the float64 gradient at most this times the full
-batch's own distance to it under the same autocast. Chunks change the shapes of the matrix
-products, hence their rounding, but must add no error of their own: a wrong gradient (a chunk's
-dropout not replayed, a chunk dropped) lands far above."""
+batch's own under the same autocast. Chunks change the matrix products' shapes, hence their
+rounding, but add no error of their own: a wrong gradient (a chunk's dropout not replayed, a
+chunk dropped) lands far above."""
+SAVINGS = {"length_bucket": 4}
+"""Added to the engine's defaults by the replay, finite-difference and mixed-precision checks:
+chunk widths rounded up to a multiple of 4, so chunks take widths between their longest row and
+the batch's."""
 
-
-@dataclass(frozen=True)
-class Shape:
-    """A BERT's shape; ``base`` is BERT-base (110M parameters), ``tiny`` a 2-layer toy."""
-
-    hidden: int
-    layers: int
-    heads: int
-    vocab: int
-    q_len: int
-    p_len: int
-
-
-SIZES = {
-    "tiny": Shape(hidden=32, layers=2, heads=2, vocab=97, q_len=9, p_len=12),
-    "small": Shape(hidden=128, layers=2, heads=2, vocab=1000, q_len=16, p_len=48),
-    "base": Shape(hidden=768, layers=12, heads=12, vocab=30522, q_len=32, p_len=128),
+Shape = namedtuple("Shape", "hidden layers heads vocab q_len p_len intermediate", defaults=[None])
+SIZES = {  # base: BERT-base (110M parameters); tiny: a 2-layer toy
+    "tiny": Shape(32, 2, 2, 97, 9, 12),
+    "small": Shape(128, 2, 2, 1000, 16, 48),
+    "base": Shape(768, 12, 12, 30522, 32, 128),
 }
 
 
-def bert_config(shape: Shape, dropout: float = 0.0):
+def bert_config(s: Shape, dropout: float, **extra):
+    """The transformers config of a BERT of shape ``s``."""
     from transformers import BertConfig
 
     return BertConfig(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        intermediate_size=4 * shape.hidden,
-        max_position_embeddings=max(64, shape.p_len),
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        intermediate_size=s.intermediate or 4 * s.hidden,
+        max_position_embeddings=max(64, s.p_len),
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
+        **extra,
     )
 
 
 def make_model(
-    size: str,
+    size: str | Shape,
     device: torch.device,
     dtype: torch.dtype,
     *,
@@ -93,14 +70,13 @@ def make_model(
     dropout: float = 0.0,
     seed: int = 0,
 ) -> BiEncoder:
-    """A random BiEncoder of ``SIZES[size]`` in train mode; separate towers start different.
-    Its weights are made on ``device`` (a BERT-base drawn on the host costs seconds). On CUDA
-    its SDPA attention builds padding masks without host waits, as the trainer's does."""
+    """A random BiEncoder of ``SIZES[size]`` (or the Shape ``size``) in train mode, made on
+    ``device``; separate towers start different. On CUDA its attention builds padding masks
+    without host waits."""
+    config = bert_config(SIZES[size] if isinstance(size, str) else size, dropout)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = BiEncoder.from_config(
-            bert_config(SIZES[size], dropout), shared=shared, gradient_checkpointing=checkpointing
-        )
+        model = BiEncoder.from_config(config, shared=shared, gradient_checkpointing=checkpointing)
     if not shared:
         with torch.no_grad():
             for param in model.passage_encoder.parameters():
@@ -136,8 +112,8 @@ def make_batch(size: str, n_q: int, hard_negatives: int, device: torch.device, s
     return q, p, ids
 
 
-def _grads(model: torch.nn.Module) -> dict[str, Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+def _grads(model: torch.nn.Module, scale: float = 1.0) -> dict[str, Tensor]:
+    return {n: p.grad.detach() / scale for n, p in model.named_parameters() if p.grad is not None}
 
 
 def max_relative_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> float:
@@ -162,32 +138,12 @@ def full_batch_grads(model: BiEncoder, q, p, ids, precision: str = "fp32", scale
     in fp32 on fp32 reps, one backward."""
     model.zero_grad(set_to_none=True)
     with autocast(model.device, precision):
-        q_reps, p_reps = model.encode_query(q), model.encode_passage(p)
+        reps = [model.encode_query(q), model.encode_passage(p)]
     loss = contrastive_loss(
-        q_reps.float() if q_reps.dtype != torch.float64 else q_reps,
-        p_reps.float() if p_reps.dtype != torch.float64 else p_reps,
-        p_ids=ids,
+        *(r if r.dtype == torch.float64 else r.float() for r in reps), p_ids=ids
     )
     (loss * scale).backward()
-    return float(loss.detach()), {k: v / scale for k, v in _grads(model).items()}
-
-
-SAVINGS = {"length_bucket": 4}
-"""A saving the replay, finite-difference and mixed-precision checks add to the engine's
-defaults (length order, trimmed chunks, the kept last graph), which the float64 comparisons
-keep as the trainer runs them: chunk widths rounded up to a multiple of 4, narrower than every
-size's rows, so chunks take widths between their longest row and the batch's."""
-
-
-def gradcache_grads(model: BiEncoder, q, p, ids, chunk: int, precision="fp32", **engine_kwargs):
-    model.zero_grad(set_to_none=True)
-    engine = GradCache(
-        model.encode_query, model.encode_passage, contrastive_loss, chunk, **engine_kwargs
-    )
-    with autocast(model.device, precision):
-        loss = engine.step(q, p, p_ids=ids)
-    scale = engine_kwargs["scaler"].get_scale() if engine_kwargs.get("scaler") else 1.0
-    return float(loss.detach()), {k: v / scale for k, v in _grads(model).items()}
+    return float(loss.detach()), _grads(model, scale)
 
 
 @dataclass(frozen=True)
@@ -215,26 +171,28 @@ class ExactCase:
 def exact_cases(sizes: list[str], n_q: int = 8) -> list[ExactCase]:
     """Per size: a chunk that divides the batch, one that does not, hard negatives, shared and
     separate towers, gradient checkpointing."""
-    cases = []
-    for size in sizes:
-        cases += [
+    return [
+        case
+        for size in sizes
+        for case in (
             ExactCase(size, n_q, n_q // 2, 1),
             ExactCase(size, n_q - 1, 3, 2),
             ExactCase(size, n_q, 3, 1, shared=True),
             ExactCase(size, n_q - 1, 2, 1, checkpointing=True),
-        ]
-    return cases
+        )
+    ]
 
 
 def fp64_exactness(case: ExactCase, device: torch.device) -> dict:
     """GradCache against full-batch autograd in float64 on ``device``."""
-    model = make_model(
-        case.size, device, torch.float64, shared=case.shared, checkpointing=case.checkpointing
-    )
+    options = {"shared": case.shared, "checkpointing": case.checkpointing}
+    model = make_model(case.size, device, torch.float64, **options)
     q, p, ids = make_batch(case.size, case.n_q, case.hard_negatives, device)
     want_loss, want = full_batch_grads(model, q, p, ids)
-    got_loss, got = gradcache_grads(model, q, p, ids, case.chunk)
-    error = max_relative_error(got, want)
+    model.zero_grad(set_to_none=True)
+    engine = GradCache(model.encode_query, model.encode_passage, contrastive_loss, case.chunk)
+    got_loss = float(engine.step(q, p, p_ids=ids).detach())
+    error = max_relative_error(_grads(model), want)
     return {
         "case": case.name,
         "loss_difference": abs(got_loss - want_loss),
@@ -242,6 +200,22 @@ def fp64_exactness(case: ExactCase, device: torch.device) -> dict:
         "bound": FP64_BOUND,
         "ok": error <= FP64_BOUND,
     }
+
+
+def recorded_step(model, batch, precision: str = "fp32", **engine) -> list:
+    """One GradCache step (chunk 3, dropout's RNG seeded 7, every chunk re-encoded) on
+    ``model``'s towers, each output recorded: every chunk's (first pass, re-forward) reps."""
+    q, p, ids = batch
+    recorders = [_Recorder(model.encode_query), _Recorder(model.encode_passage)]
+    gc = GradCache(*recorders, contrastive_loss, 3, keep_last_graph=False, **engine)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    with autocast(q["input_ids"].device, precision):
+        gc.step(q, p, p_ids=ids)
+    halves = [
+        (r.outputs[: len(r.outputs) // 2], r.outputs[len(r.outputs) // 2 :]) for r in recorders
+    ]
+    return [pair for first, again in halves for pair in zip(first, again, strict=True)]
 
 
 class _Recorder:
@@ -262,28 +236,14 @@ def replay_bitwise(
     """Dropout on: every chunk's re-forward reps equal its first pass's bit for bit with the RNG
     replayed; without the replay (the negative control) they differ."""
     result = {"size": size, "precision": precision, "dropout": dropout}
-    for replay in (True, False):
+    for replay, key in ((True, "replayed"), (False, "control_without_replay")):
         model = make_model(size, device, torch.float32, dropout=dropout)
-        q, p, ids = make_batch(size, 8, 1, device)
-        enc_q, enc_p = _Recorder(model.encode_query), _Recorder(model.encode_passage)
-        engine = GradCache(
-            enc_q, enc_p, contrastive_loss, 3, keep_last_graph=False, replay_rng=replay, **SAVINGS
-        )
-        torch.manual_seed(7)
-        with autocast(device, precision):
-            engine.step(q, p, p_ids=ids)
-        equal = []
-        for rec in (enc_q, enc_p):
-            n = len(rec.outputs) // 2
-            equal += [
-                torch.equal(a, b) for a, b in zip(rec.outputs[:n], rec.outputs[n:], strict=True)
-            ]
-        key = "replayed" if replay else "control_without_replay"
+        batch = make_batch(size, 8, 1, device)
+        pairs = recorded_step(model, batch, precision, replay_rng=replay, **SAVINGS)
+        equal = [torch.equal(a, b) for a, b in pairs]
         result[key] = {"chunks": len(equal), "bitwise_equal": sum(equal)}
-    result["ok"] = (
-        result["replayed"]["bitwise_equal"] == result["replayed"]["chunks"]
-        and result["control_without_replay"]["bitwise_equal"] == 0
-    )
+    replayed, control = result["replayed"], result["control_without_replay"]
+    result["ok"] = replayed["bitwise_equal"] == replayed["chunks"] and control["bitwise_equal"] == 0
     return result
 
 
@@ -313,14 +273,8 @@ def dropout_finite_difference(size: str, device: torch.device, dropout: float = 
     for replay in (True, False):
         model = make_model(size, device, torch.float64, dropout=dropout)
         q, p, ids = make_batch(size, 6, 1, device)
-        engine = GradCache(
-            model.encode_query,
-            model.encode_passage,
-            contrastive_loss,
-            4,
-            replay_rng=replay,
-            **SAVINGS,
-        )
+        towers = (model.encode_query, model.encode_passage)
+        engine = GradCache(*towers, contrastive_loss, 4, replay_rng=replay, **SAVINGS)
 
         def run(engine=engine, model=model, q=q, p=p, ids=ids) -> Tensor:
             torch.manual_seed(1234)
@@ -337,8 +291,9 @@ def mixed_precision(size: str, device: torch.device, precision: str, n_q: int = 
     under the same autocast, both against float64; the dtypes the loss and the cache see."""
     model = make_model(size, device, torch.float32)
     q, p, ids = make_batch(size, n_q, 1, device)
-    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**12) if precision == "fp16" else None
-    _, full = full_batch_grads(model, q, p, ids, precision, scale=2.0**12 if scaler else 1.0)
+    scale = 2.0**12 if precision == "fp16" else 1.0
+    scaler = torch.amp.GradScaler(device.type, init_scale=scale) if precision == "fp16" else None
+    _, full = full_batch_grads(model, q, p, ids, precision, scale=scale)
     seen = {}
 
     def loss_fn(q_reps: Tensor, p_reps: Tensor, **kwargs) -> Tensor:
@@ -347,25 +302,22 @@ def mixed_precision(size: str, device: torch.device, precision: str, n_q: int = 
         return loss
 
     model.zero_grad(set_to_none=True)
-    engine = GradCache(
-        model.encode_query, model.encode_passage, loss_fn, 4, scaler=scaler, **SAVINGS
-    )
+    towers = (model.encode_query, model.encode_passage)
+    engine = GradCache(*towers, loss_fn, 4, scaler=scaler, **SAVINGS)
     q_tower, p_tower = engine.split(q, p)
     with autocast(device, precision):
-        for tower in (q_tower, p_tower):
-            engine.forward_no_grad(tower)
-        for tower in (q_tower, p_tower):
-            engine.forward_last(tower)
+        for forward in (engine.forward_no_grad, engine.forward_last):
+            forward(q_tower)
+            forward(p_tower)
         engine.build_cache(q_tower, p_tower, p_ids=ids)
         seen["cache"] = str(q_tower.grads[0].dtype)
         engine.forward_backward(q_tower, p_tower)
-    scale = scaler.get_scale() if scaler else 1.0
-    cached = {k: v / scale for k, v in _grads(model).items()}
-    reference = make_model(size, device, torch.float64)
-    _, exact = full_batch_grads(reference, q, p, ids)
-    gc_full = norm_relative_error(cached, full)
-    full_exact = norm_relative_error(full, exact)
-    gc_exact = norm_relative_error(cached, exact)
+    cached = _grads(model, scaler.get_scale() if scaler else 1.0)
+    _, exact = full_batch_grads(make_model(size, device, torch.float64), q, p, ids)
+    errors = [
+        norm_relative_error(*pair) for pair in ((cached, full), (full, exact), (cached, exact))
+    ]
+    gc_full, full_exact, gc_exact = errors
     fp32 = all(seen[k] == "torch.float32" for k in ("reps", "loss", "cache"))
     return {
         "size": size,

@@ -1,18 +1,9 @@
 """The GPU suite's ``fsdp`` section (issue 58): FSDP2 on one GPU, in a process group of one (the
-trainer's own ``shard_towers``; ``device_mesh`` makes the group of one without ``torchrun``).
-
-- Exactness: a small random BERT in float64, the sharded GradCache gradient (``verify``'s
-  ``sharded_step``, gathered whole) against the unsharded full batch (``compare_steps``), with
-  the gradient sync once a step and once a chunk.
-- Memory: one GradCache training step (bf16 autocast, FSDP's bf16 policy where sharded, AdamW's
-  update included) of a random BERT-base-shaped model with separate towers, ``train.shard``
-  none against fsdp: the peak (``torch.cuda.max_memory_allocated``) and the bytes the rank holds
-  after it in parameters, gradients and AdamW's state (:func:`benchmarks.harness.held_bytes`).
-
-With one GPU there is nothing to divide: the ratio fsdp / none measures FSDP's own overhead
-(its gathered copies of a block, its bf16 copies, its communication buffers), not a division
-across ranks; two GPUs were not available. The dry run (no CUDA) runs both parts on the CPU at
-toy size (gloo), the peak then the process's RSS.
+trainer's own ``shard_towers``): the float64 gap of the sharded GradCache gradient (``verify``'s
+``sharded_step``) to the unsharded full batch, the sync once a step and once a chunk; and one
+GradCache step and AdamW update of a BERT-base-shaped model, ``train.shard`` none against fsdp:
+the peak and the bytes held. With one GPU there is nothing to divide: fsdp / none is FSDP's own
+overhead. The dry run runs both on the CPU at toy size (gloo), the peak then the process's RSS.
 """
 
 from __future__ import annotations
@@ -23,7 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["FsdpPlan", "GPU_FSDP", "DRY_FSDP", "fsdp_figures"]
+from benchmarks.gpu_exact import Shape, make_model
+from benchmarks.gpu_perf import free_device
 
 
 @dataclass(frozen=True)
@@ -34,7 +26,7 @@ class FsdpPlan:
     exact_layers: int
     exact_batch: int
     exact_chunk: int
-    hidden: int  # the memory rows' BERT
+    hidden: int  # the memory rows' BERT (on a GPU BERT-base's shape) and batch
     layers: int
     heads: int
     intermediate: int
@@ -46,64 +38,16 @@ class FsdpPlan:
     precision: str = "bf16"
 
 
-GPU_FSDP = FsdpPlan(
-    exact_hidden=64,
-    exact_layers=2,
-    exact_batch=16,
-    exact_chunk=4,
-    hidden=768,  # BERT-base's shape: 12 layers of 768, MLP 3,072, 30,522 words
-    layers=12,
-    heads=12,
-    intermediate=3072,
-    vocab=30522,
-    batch=128,
-    chunk=32,
-    q_len=32,
-    p_len=256,
-)
-DRY_FSDP = FsdpPlan(
-    exact_hidden=32,
-    exact_layers=2,
-    exact_batch=8,
-    exact_chunk=2,
-    hidden=32,
-    layers=2,
-    heads=2,
-    intermediate=64,
-    vocab=97,
-    batch=8,
-    chunk=2,
-    q_len=8,
-    p_len=12,
-)
+# in the fields' order: the exactness case's BERT and batch, then the memory rows'
+GPU_FSDP = FsdpPlan(64, 2, 16, 4, 768, 12, 12, 3072, 30522, 128, 32, 32, 256)
+DRY_FSDP = FsdpPlan(32, 2, 8, 2, 32, 2, 2, 64, 97, 8, 2, 8, 12)
 
 
-def _bert(hidden: int, layers: int, heads: int, intermediate: int, vocab: int):
-    from transformers import BertConfig
-
-    return BertConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate,
-        max_position_embeddings=512,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-
-
-def _model(config, device: torch.device, dtype: torch.dtype):
+def _model(device: torch.device, dtype: torch.dtype, hidden, layers, heads, intermediate, vocab):
     """A BiEncoder with separate towers (the passage tower moved off the query tower's start),
     the same weights at each call."""
-    from dpr_cache.model.biencoder import BiEncoder
-
-    torch.manual_seed(0)
-    model = BiEncoder.from_config(config, shared=False, pooling="cls")
-    with torch.no_grad():
-        for param in model.passage_encoder.parameters():
-            param.add_(0.02 * torch.randn_like(param))
-    return model.to(device, dtype).train()
+    shape = Shape(hidden, layers, heads, vocab, q_len=32, p_len=512, intermediate=intermediate)
+    return make_model(shape, device, dtype)
 
 
 def _batch(vocab: int, n_q: int, q_len: int, p_len: int, device: torch.device):
@@ -115,58 +59,47 @@ def _batch(vocab: int, n_q: int, q_len: int, p_len: int, device: torch.device):
 
 
 def exactness(plan: FsdpPlan, device: torch.device) -> dict:
-    """The float64 gap of the sharded GradCache gradient to the unsharded full batch, with the
-    sync once a step and once a chunk."""
+    """The float64 gap of the sharded GradCache gradient to the unsharded full batch, the sync
+    once a step and once a chunk."""
     from dpr_cache.config import Config
     from dpr_cache.runtime.distributed import DistEnv
     from dpr_cache.train.step import Chunking
     from dpr_cache.train.verify import BOUNDS, compare_steps, sharded_step
 
-    config = _bert(plan.exact_hidden, plan.exact_layers, 2, 2 * plan.exact_hidden, 97)
+    shape = (plan.exact_hidden, plan.exact_layers, 2, 2 * plan.exact_hidden, 97)
     batch = _batch(97, plan.exact_batch, 12, 16, device)
     train = {"temperature": 0.5, "hard_negatives": 1, "chunk_size": plan.exact_chunk}
-    run = Config.model_validate({"train": train})
-    chunking = Chunking(plan.exact_chunk)
-    model = _model(config, device, torch.float64)
+    run, chunking = Config.model_validate({"train": train}), Chunking(plan.exact_chunk)
+    model = _model(device, torch.float64, *shape)
     _, full = compare_steps(run, model, batch, chunking=chunking, modes=("full",))["full"]
-    scale = max(g.abs().max().item() for g in full.values())
-    rows = []
+    scale, bound, rows = max(g.abs().max().item() for g in full.values()), BOUNDS["float64"], []
     for sync in ("step", "chunk"):
         start = time.monotonic()
-        twin = _model(config, device, torch.float64)
-        env = DistEnv(device=device)
+        twin, env = _model(device, torch.float64, *shape), DistEnv(device=device)
         synced = run.model_copy(update={"train": run.train.model_copy(update={"shard_sync": sync})})
         _, cached = sharded_step(synced, twin, batch, env, chunking=chunking)
         gap = max((cached[n] - full[n]).abs().max().item() for n in full) / scale
+        ok = gap <= bound and cached.keys() == full.keys()
+        seconds = round(time.monotonic() - start, 2)
         rows.append(
-            {
-                "sync": sync,
-                "relative_error": gap,
-                "bound": BOUNDS["float64"],
-                "ok": gap <= BOUNDS["float64"] and cached.keys() == full.keys(),
-                "seconds": round(time.monotonic() - start, 2),
-            }
+            {"sync": sync, "relative_error": gap, "bound": bound, "ok": ok, "seconds": seconds}
         )
-    return {
-        "batch": plan.exact_batch,
-        "chunk": plan.exact_chunk,
-        "hidden": plan.exact_hidden,
-        "layers": plan.exact_layers,
-        "rows": rows,
-    }
+    sizes = {"batch": plan.exact_batch, "chunk": plan.exact_chunk, "hidden": plan.exact_hidden}
+    return sizes | {"layers": plan.exact_layers, "rows": rows}
 
 
-def _peak(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _memory(device: torch.device) -> tuple[int, int | None]:
+    """The peak (on the CPU the process's RSS) and the bytes allocated now (CUDA only)."""
+    if device.type != "cuda":
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device)
 
 
 def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
     """One GradCache step and one AdamW update of the memory rows' BERT under ``shard``: the
-    peak, the memory held before and after, and the bytes of parameters, gradients and AdamW's
+    peak, the memory held before and after, the bytes of parameters, gradients and AdamW's
     state."""
-    from benchmarks.gpu_perf import free_device
     from benchmarks.harness import held_bytes
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
@@ -177,36 +110,26 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
     from dpr_cache.runtime.memory import trim
 
     free_device(device)
-    config = _bert(plan.hidden, plan.layers, plan.heads, plan.intermediate, plan.vocab)
-    model = _model(config, device, torch.float32)
+    shape = (plan.hidden, plan.layers, plan.heads, plan.intermediate, plan.vocab)
+    model = _model(device, torch.float32, *shape)
     if shard == "fsdp":
-        env = DistEnv(device=device)
-        towers = shard_towers(model, env, precision=plan.precision, sync="step")
+        towers = shard_towers(model, DistEnv(device=device), precision=plan.precision, sync="step")
     else:
         towers = Towers(model.encode_query, model.encode_passage)
     loss_fn = make_loss_fn(Objective(2, InfoNCE(0.05)))
     stepper = make_stepper("gradcache", towers, loss_fn, chunk_size=plan.chunk, release_memory=trim)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     batch = _batch(plan.vocab, plan.batch, plan.q_len, plan.p_len, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    free_device(device)  # the peak from here
+    _, before = _memory(device)
     start = time.monotonic()
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, plan.precision):
         stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
     optimizer.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    row = {
-        "shard": shard,
-        "seconds": round(time.monotonic() - start, 2),
-        "peak_bytes": _peak(device),
-        "resident_before": before,
-        "resident_after": torch.cuda.memory_allocated(device) if device.type == "cuda" else None,
-        **held_bytes(model, optimizer),
-    }
+    peak, after = _memory(device)
+    row = {"shard": shard, "seconds": round(time.monotonic() - start, 2), "peak_bytes": peak}
+    row |= {"resident_before": before, "resident_after": after, **held_bytes(model, optimizer)}
     row["held"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
     del model, optimizer, stepper, towers, batch
     free_device(device)
@@ -214,8 +137,8 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
 
 
 def fsdp_figures(plan: FsdpPlan, device: torch.device, into: dict) -> dict:
-    """The section's figures, put into ``into`` as they are measured. The process group of one
-    that sharding joins is left again at the end where the section made it."""
+    """The section's figures, put into ``into`` as measured; the process group of one that
+    sharding joins is left again at the end where the section made it."""
     from dpr_cache.runtime import distributed
 
     ours = not distributed.joined()
