@@ -1,12 +1,12 @@
-"""What every benchmark shares: the machine it ran on (CPU, flags, RAM, load, versions, a matmul
-rate), commands run in fresh processes (wall time; their own peak RSS from ``wait4``: a peak is
-a whole process's high-water mark, so each figure that includes one has a process of its own),
-cached child results, resumable steps, page tables, and a rank's bytes held."""
+"""What every benchmark shares: the machine it ran on, commands run in fresh processes (wall
+time; their own peak RSS from ``wait4``), cached child results, resumable steps, page parts
+(machine line, targets, tables) and a rank's bytes held."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import operator
 import os
 import platform
 import subprocess
@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,30 +27,27 @@ if TYPE_CHECKING:
     import torch
 
 _FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
+_THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 def proc_field(path: str, key: str) -> str | None:
     """The value of the first ``key: value`` line of a ``/proc`` file; None where missing."""
-    try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in _read(path).splitlines():
+        if line.startswith(key):
+            return line.split(":", 1)[1].strip()
     return None
 
 
-def transparent_hugepages() -> str | None:
-    """The kernel's transparent huge page mode (``always [madvise] never``): with ``always``,
-    every touched 2 MB of anonymous memory may be resident whole."""
-    try:
-        return Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
-    except OSError:
-        return None
-
-
 def cpu_info() -> dict:
-    """CPU model, its vector flags, cores, RAM and the transparent huge page mode."""
+    """CPU model, its vector flags, cores, RAM and the transparent huge page mode (with
+    ``always``, every touched 2 MB of anonymous memory may be resident whole)."""
     flags = (proc_field("/proc/cpuinfo", "flags") or "").split()
     mem = proc_field("/proc/meminfo", "MemTotal")
     return {
@@ -58,7 +55,7 @@ def cpu_info() -> dict:
         "flags": [f for f in flags if f.startswith(_FLAG_PREFIXES)],
         "cores": os.cpu_count(),
         "ram_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
-        "transparent_hugepage": transparent_hugepages(),
+        "transparent_hugepage": _read(_THP).strip() or None,
     }
 
 
@@ -193,12 +190,50 @@ def targets_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def int_list(text: str, name: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        message = f"error: {name}: expected comma-separated integers, got {text!r}"
-        raise SystemExit(message) from None
+def format_table(spec: tuple[str, str], rows: list[dict], align: str = "") -> list[str]:
+    """A markdown table: ``spec`` its header and row template (``"a | b"``, ``"{a} | {b:.2f}"``),
+    filled with each row's fields; ``align`` a letter a column, l or r (default: l, then r)."""
+    header, template = spec
+    align = align or "l" + "r" * header.count("|")
+    rule = "|" + "".join({"l": "---|", "r": "--:|"}[a] for a in align)
+    return [f"| {header} |", rule, *(f"| {template.format(**row)} |" for row in rows)]
+
+
+def machine_text(m: dict) -> str:
+    """A page's machine line from :func:`machine_info`."""
+    torch = f"torch {m['torch']} ({m['threads']} threads), transformers {m['transformers']}"
+    return f"Machine: {cpu_text(m)}; {torch}."
+
+
+def goal_target(name: str, value: float | None, goal: str, detail: str) -> dict:
+    """A page's target: ``value`` against ``goal`` (such as ">= 1.3", "<= 1.1" or "< 2.5 GB");
+    ``met`` None where not measured (``value`` None, ``detail`` saying so)."""
+    op, bound = goal.split()[:2]
+    compare = {">=": operator.ge, "<=": operator.le, "<": operator.lt}[op]
+    met = None if value is None else compare(value, float(bound))
+    value = None if value is None else round(value, 3)
+    return {"target": name, "value": value, "goal": goal, "met": met, "detail": detail}
+
+
+def page_head(title: str, paragraphs: list[str], targets: list[dict]) -> list[str]:
+    """A page down to its targets: the title, the paragraphs and the targets table."""
+    lines = [f"# {title}", ""] + [line for text in paragraphs for line in (text, "")]
+    return [*lines, "## Targets", "", targets_table(targets), ""]
+
+
+def record_run(out_dir: Path, name: str, plan, command: str, measure, render) -> dict:
+    """``measure(out)``'s figures saved as ``out/name.json`` with the plan, the command, when the
+    run started, how long it took, the load at its start and the machine (its load at the end);
+    then its page, by ``render(result, out)``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
+    result = {"started": started, "load_average_at_start": load_average(), "command": command}
+    result.update(measure(out), plan=asdict(plan), seconds=time.perf_counter() - t0)
+    result["machine"] = machine_info(getattr(plan, "device", "cpu"), plan.threads)
+    write_json_atomic(out / f"{name}.json", result)
+    render(result, out)
+    return result
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,17 +1,8 @@
-"""The loss options' cost and token-budget chunks, on SQuAD text at its natural lengths, the CPU,
-all-MiniLM-L6-v2, B = 128 (one filler hard negative a question), every configuration a fresh
-process (its peak resident memory its own), interleaved over rounds and taken at its median:
-
-- **each option's step** (``build_step``'s, as ``train`` runs it) against the plain loss at the
-  same chunk: both symmetric directions, all four, hardness weighting, a guide (a second
-  all-MiniLM-L6-v2, frozen), Matryoshka over five dims;
-- **token-budget chunks against row chunks**: step time and peak memory at each;
-- **sentence-transformers' CachedMultipleNegativesRankingLoss** with ``mini_batch_num_tokens`` at
-  the same budgets (scale 20 over cosines: our temperature 0.05 over unit vectors), on the very
-  same tower and batch.
-
-A step is ``zero_grad`` and ``.step`` (forward, loss, backward), no optimizer. Results go to
-``losses_points.jsonl`` as they finish (a cut run resumes), then ``losses.json`` and ``losses.md``::
+"""Each loss option's step (``build_step``'s) against the plain loss, token-budget chunks against
+row chunks, and CachedMultipleNegativesRankingLoss's ``mini_batch_num_tokens`` at the same budgets
+(scale 20 over cosines: our temperature 0.05) on the same tower and batch: SQuAD text, the CPU,
+every configuration a fresh process, interleaved over rounds; rows go to ``losses_points.jsonl``
+(a cut run resumes), then ``losses.json`` and ``losses.md``::
 
     python -m benchmarks.losses --out docs/bench            # about an hour on 2 cores
     python -m benchmarks.losses --out /tmp/l --dry-run      # the toy set and model, seconds
@@ -21,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import statistics
 import sys
@@ -29,11 +19,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import harness
 from benchmarks.harness import load_average, machine_info, run_child_or_error
-from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
+from benchmarks.point import command_line, run_points
+from dpr_cache.runtime.atomic import write_text_atomic
 
 POINTS = "losses_points.jsonl"
 GRAPH_LESS = "graph-less forward of every row"
+COMMAND = "python -m benchmarks.losses --out docs/bench"  # of a result that names none
 
 
 @dataclass(frozen=True)
@@ -175,13 +168,9 @@ def measure(plan: Plan, point: LossPoint) -> dict:
         step()
         seconds.append(time.perf_counter() - start)
     tokens = int(batch.q_inputs["attention_mask"].sum() + batch.p_inputs["attention_mask"].sum())
-    return {
-        "name": point.name,
-        "step_s": statistics.median(seconds[plan.warmup :]),
-        "seconds": seconds[plan.warmup :],
-        "peak_bytes": peak_memory_bytes(torch.device("cpu")),
-        "real_tokens": tokens,
-    }
+    timed, peak = seconds[plan.warmup :], peak_memory_bytes(torch.device("cpu"))
+    out = {"name": point.name, "step_s": statistics.median(timed), "seconds": timed}
+    return out | {"peak_bytes": peak, "real_tokens": tokens}
 
 
 def loss_only(plan: Plan, repeats: int = 20) -> dict[str, float]:
@@ -235,25 +224,25 @@ def _peer(plan: Plan, point: LossPoint, model, batch):
 
 
 def run(plan: Plan, out: Path, reuse: bool = True) -> dict:
-    """Every point, interleaved over the plan's rounds, each in a fresh process; the saved
-    points of the same plan are kept."""
+    """Every point, interleaved over the plan's rounds, each in a fresh process; with ``reuse``,
+    the saved points of the same plan are kept."""
     out.mkdir(parents=True, exist_ok=True)
     args = json.loads(json.dumps(dataclasses.asdict(plan)))  # as a saved line reads back
-    saved = [json.loads(line) for line in read_lines(out / POINTS)]
-    done = [r for r in saved if reuse and r.get("plan") == args and "error" not in r]
-    with open(out / POINTS, "a", encoding="utf-8") as f:
-        for round_ in range(plan.rounds):
-            for point in plan_points(plan):
-                if any(r["name"] == point.name and r["round"] == round_ for r in done):
-                    continue
-                payload = {"plan": args, "point": dataclasses.asdict(point)}
-                result = run_child_or_error("benchmarks.losses", payload)
-                row = {**result, "name": point.name, "round": round_, "plan": args}
-                done.append({**row, "load": load_average()})
-                append_line(f, json.dumps(done[-1]))
-                figure = result.get("step_s", result.get("error"))
-                print(f"round {round_ + 1}: {point.name}: {figure}", flush=True)
-    return summarize(plan, done)
+    rounds = [(r, p) for r in range(plan.rounds) for p in plan_points(plan)]
+    jobs = [
+        (f"round {r + 1}: {p.name}", p, {"name": p.name, "round": r, "plan": args})
+        for r, p in rounds
+    ]
+
+    def in_child(p: LossPoint) -> dict:
+        payload = {"plan": args, "point": dataclasses.asdict(p)}
+        return {**run_child_or_error("benchmarks.losses", payload), "load": load_average()}
+
+    def key_of(row: dict) -> tuple:
+        return row["name"], row["round"], json.dumps(row["plan"], sort_keys=True)
+
+    rows, _ = run_points(out / POINTS, jobs, reuse, key_of, print, run=in_child)
+    return summarize(plan, rows)
 
 
 def summarize(plan: Plan, rows: list[dict]) -> dict:
@@ -262,15 +251,11 @@ def summarize(plan: Plan, rows: list[dict]) -> dict:
     for r in rows:
         if "error" not in r:
             by.setdefault(r["name"], []).append(r)
-    points = {
-        name: {
-            "step_s": statistics.median(r["step_s"] for r in rs),
-            "step_s_rounds": [r["step_s"] for r in rs],
-            "peak_gb": statistics.median(r["peak_bytes"] for r in rs) / 1e9,
-            "rounds": len(rs),
-        }
-        for name, rs in by.items()
-    }
+    points = {}
+    for name, rs in by.items():
+        steps, peak = [r["step_s"] for r in rs], statistics.median(r["peak_bytes"] for r in rs)
+        points[name] = {"step_s": statistics.median(steps), "step_s_rounds": steps}
+        points[name] |= {"peak_gb": peak / 1e9, "rounds": len(rs)}
     plain = points.get("option: plain", {}).get("step_s")
     for name, p in points.items():
         if name.startswith("option: ") and plain:
@@ -289,49 +274,47 @@ def summarize(plan: Plan, rows: list[dict]) -> dict:
 HEAD = """\
 # Loss options and token-budget chunks (CPU)
 
-Measured {date} with `python -m benchmarks.losses --out docs/bench` (data: `losses.json`). \
-Machine: {cpu}, {cores} cores, {ram_gb} GB RAM; flags {flags}; torch {torch}, {threads} threads.
+Measured {date} with `{command}` (data: `losses.json`). {machine}
 
-A step of all-MiniLM-L6-v2 (shared tower, fp32, dropout off) on the training set's step-0 batch \
-of `{text}`: B = {batch} questions (cut at {q_len} tokens) and {passages} passages (cut at \
-{p_len}), one filler hard negative a question. Each figure is the median over {rounds} rounds of \
-a fresh process (rounds interleaved), each round the median of {steps} timed steps after {warmup} \
-untimed; peak is the process's peak resident memory (model, batch and all).
+A step of `{model}` (shared tower, fp32, dropout off) on the training set's step-0 batch of \
+`{text}`: B = {batch} questions (cut at {q_len} tokens) and {passages} passages (cut at {p_len}), \
+one filler hard negative a question. Each figure is the median over {rounds} interleaved rounds of \
+a fresh process, each round the median of {steps} timed steps after {warmup} untimed; peak: the \
+process's peak resident memory.
 
 ## Each option against the plain loss (chunk {chunk})
-
-| step | seconds | peak GB | x plain | the loss and its gradient alone (ms) |
-|---|--:|--:|--:|--:|"""
-
+"""
+OPTION_TABLE = (
+    "step | seconds | peak GB | x plain | the loss and its gradient alone (ms)",
+    "{name} | {step_s:.2f} | {peak_gb:.2f} | {vs_plain:.3f} | {ms}",
+)
 LOSS_NOTE = """
 The last column times what an option changes: the loss and its gradient on the batch's cached \
 representations (the median of 20), the encoders' work left out."""
-
 BUDGETS = """
 ## Token-budget chunks, row chunks and CachedMNRL (real (attended) tokens a chunk)
 
 Ours with `train.chunk_tokens` (rows uncapped), ours with row chunks (`train.chunk_size`), and \
 CachedMNRL with `mini_batch_num_tokens` at the same budgets. Equal peak memory: read the peaks \
 across.
-
-| step | seconds | peak GB | CachedMNRL at this budget / ours |
-|---|--:|--:|--:|"""
-
-
-def _row(name: str, p: dict, *extra: str) -> str:
-    return f"| {name} | {p['step_s']:.2f} | {p['peak_gb']:.2f} | " + " | ".join(extra) + " |"
+"""
+BUDGET_TABLE = (
+    "step | seconds | peak GB | CachedMNRL at this budget / ours",
+    "{name} | {step_s:.2f} | {peak_gb:.2f} | {ratio}",
+)
 
 
-def page(summary: dict, machine: dict, date: str) -> str:
+def page(summary: dict, machine: dict, date: str, command: str = COMMAND) -> str:
     """``losses.md`` from the summary."""
     plan, points, loss_ms = summary["plan"], summary["points"], summary.get("loss_ms") or {}
-    fields = {**plan, **machine, "flags": " ".join(machine["flags"]), "date": date}
+    fields = {**plan, "machine": harness.machine_text(machine), "date": date, "command": command}
+    options = [
+        {**p, "name": name[8:], "ms": f"{loss_ms[name[8:]]:.1f}" if name[8:] in loss_ms else "–"}
+        for name, p in points.items()
+        if name.startswith("option: ")
+    ]
     lines = [HEAD.format(**fields, passages=2 * plan["batch"])]
-    for name, p in points.items():
-        if name.startswith("option: "):
-            option = name.removeprefix("option: ")
-            ms = f"{loss_ms[option]:.1f}" if option in loss_ms else "–"
-            lines.append(_row(option, p, f"{p['vs_plain']:.3f}", ms))
+    lines += harness.format_table(OPTION_TABLE, options)
     if "added_vs_graph_less_forward" in points.get("option: guided", {}) and GRAPH_LESS in points:
         added = points["option: guided"]["added_vs_graph_less_forward"]
         lines += [
@@ -340,18 +323,24 @@ def page(summary: dict, machine: dict, date: str) -> str:
             f"{points[GRAPH_LESS]['step_s']:.2f} s; the guide adds {added:.2f} of it to a step.",
         ]
     lines += [LOSS_NOTE] if loss_ms else []
-    lines.append(BUDGETS)
-    for name, p in points.items():
-        if name.startswith(("rows ", "tokens ", "cmnrl ")):
-            ratio = p.get("speedup_vs_cmnrl")
-            lines.append(_row(name, p, f"{ratio:.2f}" if ratio else "–"))
+    budgets = [
+        {
+            **p,
+            "name": name,
+            "ratio": f"{p['speedup_vs_cmnrl']:.2f}" if "speedup_vs_cmnrl" in p else "–",
+        }
+        for name, p in points.items()
+        if name.startswith(("rows ", "tokens ", "cmnrl "))
+    ]
+    lines += [BUDGETS, *harness.format_table(BUDGET_TABLE, budgets)]
     lines += ["", "Failed: " + "; ".join(summary["errors"])] if summary["errors"] else []
     return "\n".join(lines) + "\n"
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``losses.md`` in ``folder`` from the saved ``losses.json``."""
-    write_text_atomic(folder / "losses.md", page(result, result["machine"], result["date"]))
+    text = page(result, result["machine"], result["date"], result.get("command", COMMAND))
+    write_text_atomic(folder / "losses.md", text)
     return folder / "losses.md"
 
 
@@ -366,10 +355,10 @@ def main(argv: list[str] | None = None) -> None:
     summary = run(plan, args.out, reuse=not args.fresh)
     payload = {"loss_only": True, "plan": dataclasses.asdict(plan)}
     summary["loss_ms"] = run_child_or_error("benchmarks.losses", payload)
-    machine, date = machine_info("cpu", args.threads), datetime.date.today().isoformat()
-    saved = {**summary, "machine": machine, "date": date}
-    write_json_atomic(args.out / "losses.json", saved)
-    print(f"written to {render(saved, args.out)}")
+    summary["command"] = command_line("benchmarks.losses")
+    harness.save_result(
+        args.out / "losses.json", summary, machine_info("cpu", args.threads), render
+    )
 
 
 def child(payload: dict) -> None:

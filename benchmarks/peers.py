@@ -1,8 +1,6 @@
-"""Peers run on our model, batch and mini-batch: sentence-transformers' cached MNRL loss and the
-original GradCache library, each with our steppers' ``.step(q, p, p_ids=...) -> loss``. Both get
-the very same Hugging Face module as our modes, the same pooling, a dot product at temperature 1
-and mean reduction, so the loss they compute is ours.
-"""
+"""Peers on our model, batch and mini-batch, with our steppers' ``.step(q, p, p_ids=...)``:
+sentence-transformers' cached MNRL loss and the GradCache library, given the very module our modes
+train, the same pooling, a dot product at temperature 1 and mean reduction: our loss."""
 
 from __future__ import annotations
 
@@ -65,10 +63,10 @@ class _Pooled(nn.Module):
 
 
 class GradCacheLibStep:
-    """The GradCache library (``grad_cache.GradCache``) on both towers, chunk ``chunk_size``
-    (or ``[questions, passages]`` a chunk)."""
+    """``grad_cache.GradCache`` on both towers, chunk ``chunk_size`` or [questions, passages]."""
 
     def __init__(self, model: BiEncoder, chunk_size: int | list[int]) -> None:
+        import_gradcache_lib()
         lib = importlib.import_module("grad_cache.grad_cache")
         q = _Pooled(model, model.query_encoder)
         p = q if model.shared else _Pooled(model, model.passage_encoder)
@@ -135,6 +133,5 @@ def make_peer(name: str, model: BiEncoder, chunk_size: int):
     if name == "st-cmnrl":
         return CachedMNRLStep(model, chunk_size)
     if name == "gradcache-lib":
-        import_gradcache_lib()
         return GradCacheLibStep(model, chunk_size)
     raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")

@@ -1,25 +1,19 @@
-"""One benchmark point in a fresh process: a model, a mode, a batch size; and what the sweeps
-built on it share (their command lines, resumable rows, targets).
-
-Inputs are synthetic (random token ids, rows exactly ``q_len`` / ``p_len`` tokens, no padding)
+"""One benchmark point in a fresh process: a model, a mode, a batch; and the sweeps' command
+lines and resumable rows. Inputs are synthetic (random ids, rows exactly ``q_len`` / ``p_len``)
 or, with ``text`` a DPR training file, the trainer's step-0 batch, padded as the trainer does.
-Our modes run the trainer's steppers, peers :mod:`benchmarks.peers`; a step is ``zero_grad`` and
-``.step`` (forward, loss, backward), no optimizer, the model in train mode::
+A step is ``zero_grad`` and ``.step`` (forward, loss, backward), no optimizer, train mode::
 
     python -m benchmarks.point '{"mode": "gradcache", "batch": 128, "chunk": 32, ...}'
 
-prints one JSON line: the spec, step times, pairs per second, tokens real and encoded (padding
-and passes included), peak memory (``ru_maxrss`` on CPU, ``max_memory_allocated`` on CUDA).
-"""
+prints one JSON line: the spec, step times, pairs per second, tokens real and encoded, peak
+memory (``ru_maxrss`` on CPU, ``max_memory_allocated`` on CUDA)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import json
-import operator
 import statistics
 import sys
 import time
@@ -30,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import load_average, machine_info, run_child_or_error, targets_table
+from benchmarks.harness import run_child_or_error
 from dpr_cache.data.batches import EPOCH_ORDER
-from dpr_cache.runtime.atomic import append_line, read_lines, write_json_atomic, write_text_atomic
+from dpr_cache.runtime.atomic import append_line, read_lines, write_text_atomic
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.memory import peak_memory_bytes, rss_bytes
 
@@ -136,10 +130,11 @@ def command_line(module: str) -> str:
     return shlex.join(["python", "-m", module, *sys.argv[1:]])
 
 
-def run_points(path: Path, jobs: list, reuse: bool, key_of, echo) -> tuple[list[dict], int]:
-    """Each job's row (``jobs``: (name, spec, fields added to its row)), measured in a fresh
-    process and appended to ``path`` as it ends; with ``reuse``, the last row saved there under
-    the same key (``key_of(row)``) is kept unless it failed. Returns (rows, how many kept)."""
+def run_points(path: Path, jobs: list, reuse: bool, key_of, echo, run=None) -> tuple[list, int]:
+    """Each job's row (``jobs``: (name, spec, fields added to its row)), measured by ``run(spec)``
+    (default :func:`run_in_child`) and appended to ``path`` as it ends; with ``reuse``, the last
+    row saved there under the same key (``key_of(row)``) is kept unless it failed. Returns (rows,
+    how many kept)."""
     saved = {}
     if not reuse:
         write_text_atomic(path, "")
@@ -150,53 +145,14 @@ def run_points(path: Path, jobs: list, reuse: bool, key_of, echo) -> tuple[list[
     for name, spec, extra in jobs:
         row = saved.get(key_of({**dataclasses.asdict(spec), **extra}))
         if row is None or "error" in row:
-            row = {**run_in_child(spec), **extra}
+            row = {**(run or run_in_child)(spec), **extra}
             with path.open("a", encoding="utf-8") as f:
                 append_line(f, json.dumps(row))
-            echo(f"{name}: " + (row.get("error") or _figures(row)))
+            echo(f"{name}: " + (row.get("error") or f"{row['step_s']:.2f} s a step"))
         else:
             kept += 1
         rows.append(row)
     return rows, kept
-
-
-def _figures(row: dict) -> str:
-    return (
-        f"{row['step_s']:.2f} s/step, {row['batch'] / row['step_s']:.2f} pairs/s,"
-        f" {row['encoded_tokens']:,} tokens encoded, peak {row['peak_bytes'] / 1e9:.2f} GB"
-    )
-
-
-def record_run(out_dir: Path, name: str, plan, command: str, measure, render) -> dict:
-    """``measure(out)``'s figures saved as ``out/name.json`` with the plan, the command, when the
-    run started, how long it took, the load at its start and the machine (its load at the end);
-    then its page, by ``render(result, out)``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
-    result = {"started": started, "load_average_at_start": load_average(), "command": command}
-    result.update(measure(out), plan=dataclasses.asdict(plan), seconds=time.perf_counter() - t0)
-    result["machine"] = machine_info(getattr(plan, "device", "cpu"), plan.threads)
-    write_json_atomic(out / f"{name}.json", result)
-    render(result, out)
-    return result
-
-
-def page_head(title: str, paragraphs: list[str], targets: list[dict]) -> list[str]:
-    """A sweep's page down to its targets: the title, the paragraphs (machine, command, recipe)
-    and the targets table."""
-    lines = [f"# {title}", ""] + [line for text in paragraphs for line in (text, "")]
-    return [*lines, "## Targets", "", targets_table(targets), ""]
-
-
-def goal_target(name: str, value: float | None, goal: str, detail: str) -> dict:
-    """A page's target: ``value`` against ``goal`` (such as ">= 1.3", "<= 1.1" or "< 2.5 GB");
-    ``met`` None where not measured (``value`` None, ``detail`` saying so)."""
-    op, bound = goal.split()[:2]
-    compare = {">=": operator.ge, "<=": operator.le, "<": operator.lt}[op]
-    met = None if value is None else compare(value, float(bound))
-    value = None if value is None else round(value, 3)
-    return {"target": name, "value": value, "goal": goal, "met": met, "detail": detail}
 
 
 def point_stepper(spec: PointSpec, model):
@@ -283,25 +239,17 @@ def run_point(spec: PointSpec) -> dict:
         sync()
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
-    step_s = statistics.median(times[spec.warmup :])
-    peak = peak_memory_bytes(device)
-    return {
-        **dataclasses.asdict(spec),
-        "times_s": times,
-        "step_s": step_s,
-        "pairs_per_s": spec.batch / step_s,
-        "peak_bytes": peak,
-        "ready_rss_bytes": ready_rss,
+    step_s, peak = statistics.median(times[spec.warmup :]), peak_memory_bytes(device)
+    out = {**dataclasses.asdict(spec), "times_s": times, "step_s": step_s}
+    out |= {"pairs_per_s": spec.batch / step_s, "peak_bytes": peak, "ready_rss_bytes": ready_rss}
+    out |= {
         "ready_peak_bytes": ready_peak,
         "step_peak_over_ready_bytes": peak - (ready_rss or ready_peak),
-        "loss": losses[-1],
-        "collate_s": collate_s,
-        "real_tokens": real_tokens,
-        "encoded_tokens": encoded[0],  # of the last step, padding and every pass included
-        "real_tokens_per_s": real_tokens / step_s,
-        "threads_used": torch.get_num_threads(),
-        "torch": torch.__version__,
     }
+    out |= {"loss": losses[-1], "collate_s": collate_s, "real_tokens": real_tokens}
+    # encoded tokens: of the last step, padding and every pass included
+    out |= {"encoded_tokens": encoded[0], "real_tokens_per_s": real_tokens / step_s}
+    return out | {"threads_used": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, float]:
@@ -330,9 +278,9 @@ def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, f
 
 
 def _count_tokens(model) -> list[int]:
-    """A one-item list counting the token positions (padding included) that every forward of
-    the model's encoders is given, whoever calls them: hooked on each tower's embeddings, since a
-    peer may call a tower's forward directly."""
+    """A one-item list counting the token positions (padding included) every forward of the
+    encoders is given, whoever calls them (a peer may call a tower directly): a hook on each
+    tower's embeddings."""
     count = [0]
 
     def hook(module, args, kwargs) -> None:

@@ -1,10 +1,8 @@
-"""Where a GradCache training step's time goes: each of the engine's phases (:data:`PHASES`)
-timed by wrapping its method, then the optimizer (AdamW, as the trainer's), over ``repeats``
-steps after ``warmup``, with the model's dropout on, then off (eval mode). In a fresh process::
+"""Where a GradCache step's time goes: each engine phase (:data:`PHASES`) timed by wrapping its
+method, then AdamW's step, the median over ``repeats`` steps after ``warmup``, dropout on, then
+off (eval mode); one JSON line (the spec, its collate time, each phase's seconds)::
 
     python -m benchmarks.profile '{"mode": "gradcache", "batch": 128, "text": "..."}'
-
-prints one JSON line: the spec, its collate time and each phase's median seconds.
 """
 
 from __future__ import annotations

