@@ -1,14 +1,12 @@
-"""The cost of a chunk: what each chunk of a GradCache step costs whatever its size, on the CPU
-with a deep, narrow BERT (12 layers of width 64, one thread), where the per-chunk work of Python,
-op dispatch and autograd is a visible share of the step::
+"""The cost of a chunk: what each chunk of a GradCache step costs on the CPU, with a deep, narrow
+BERT (12 layers of width 64, one thread) where per-chunk Python, dispatch and autograd show::
 
     python -m benchmarks.chunk_cost --out docs/bench             # writes chunk_cost.json and .md
     python -m benchmarks.chunk_cost --dry-run --out /tmp/cc      # 2 layers, 2 rounds: seconds
 
-Each engine of :data:`ENGINES` (``--engines``) runs one ragged batch cut into 1, 2, 4, ...
-question chunks, timed in shuffled rounds; a least-squares line ``step = a + b x chunks`` over its
-medians gives ``b``, the cost of a chunk. A variant is one more entry, e.g.
-``Engine(functools.partial(dpr_cache_stepper, length_order=False))``.
+Each engine of :data:`ENGINES` runs one ragged batch cut into 1, 2, 4, ... question chunks in
+shuffled rounds; a least-squares line ``step = a + b x chunks`` over its medians gives ``b``. A
+variant is one more entry: ``Engine(functools.partial(dpr_cache_stepper, length_order=False))``.
 """
 
 from __future__ import annotations
@@ -34,9 +32,6 @@ import torch
 from benchmarks.harness import cpu_text, load_average, machine_info, markdown_table, run_text
 from dpr_cache.core.engine import RELEASE_EVERY
 from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
-
-__all__ = ["ENGINES", "DRY_RUN", "CostPlan", "Engine", "available_engines", "dpr_cache_stepper"]
-__all__ += ["fit_line", "parse_args", "ragged_batch", "run_chunk_cost", "PAGE", "markdown"]
 
 RESULT_FILE, PAGE = "chunk_cost.json", "chunk_cost.md"
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "toy" / "tiny-bert"
@@ -64,15 +59,14 @@ class CostPlan:
 
 
 DRY_RUN = {"layers": 2, "questions": 16, "chunks": [1, 2, 4], "rounds": 2}
-"""What ``--dry-run`` changes: a run of seconds that checks the code, not the machine."""
+INT_OPTIONS = {"rounds": "Timed steps of every case.", "layers": "Encoder layers."}
+INT_OPTIONS["questions"] = "B, questions a step."
 
 
 @dataclass(frozen=True)
 class Engine:
-    """An engine to time: ``make(model, chunk_rows, group_size)`` gives its step object (with
-    ``.step(q, p, p_ids=...)``); whether its model runs dpr-cache's fast CPU dropout (as the
-    trainer does; peers keep PyTorch's); the peer of ``benchmarks.peers`` it needs (skipped
-    when not installed); whether its towers are compiled (``dpr_cache.model.compiled``)."""
+    """``make(model, chunk_rows, group_size)`` gives a step object (``.step(q, p, p_ids=...)``);
+    dpr-cache's fast CPU dropout or PyTorch's; the peer it needs; towers compiled or not."""
 
     make: Callable[..., Any]
     fast_dropout: bool = True
@@ -94,28 +88,21 @@ def dpr_cache_stepper(model, chunk: int, group_size: int, **options):
     return make_stepper("gradcache", towers, loss_fn, chunk_size=chunk, **options)
 
 
-def peer_stepper(name: str, model, chunk: int, group_size: int):
-    """The peer ``name``'s step (:mod:`benchmarks.peers`), ``chunk`` rows a mini-batch."""
-    from benchmarks.peers import make_peer
-
-    return make_peer(name, model, chunk)
-
-
 def _peer(name: str) -> Engine:
-    return Engine(functools.partial(peer_stepper, name), fast_dropout=False, peer=name)
+    def make(model, chunk: int, group_size: int):
+        from benchmarks.peers import make_peer
+
+        return make_peer(name, model, chunk)
+
+    return Engine(make, fast_dropout=False, peer=name)
 
 
-COMPILED_WIDTH = 64
-"""The compiled variant's length bucket: at least the plan's longest row, so every chunk of a
-tower has the batch's width and each chunk count compiles one graph a tower and grad mode."""
+COMPILED_WIDTH = 64  # the compiled variant's length bucket: one graph a chunk count and tower
+_compiled_stepper = functools.partial(dpr_cache_stepper, length_bucket=COMPILED_WIDTH)
 ENGINES: dict[str, Engine] = {
     "dpr-cache": Engine(dpr_cache_stepper),
     "dpr-cache-torch-dropout": Engine(dpr_cache_stepper, fast_dropout=False),
-    "dpr-cache-compiled": Engine(
-        functools.partial(dpr_cache_stepper, length_bucket=COMPILED_WIDTH),
-        fast_dropout=False,
-        compiled=True,
-    ),
+    "dpr-cache-compiled": Engine(_compiled_stepper, fast_dropout=False, compiled=True),
     "st-cmnrl": _peer("st-cmnrl"),
     "gradcache-lib": _peer("gradcache-lib"),
 }
@@ -134,8 +121,7 @@ def available_engines(names: list[str]) -> tuple[list[str], list[dict]]:
 
 
 def build_model_dir(plan: CostPlan, folder: Path) -> Path:
-    """Write a random BERT of the plan's shape and the toy tokenizer to ``folder`` (a folder,
-    since sentence-transformers loads its Transformer module from the model's path)."""
+    """A random BERT of the plan's shape and the toy tokenizer, saved in ``folder``."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
@@ -167,9 +153,8 @@ def load_model(folder: Path, engine: Engine, device: torch.device):
 
 
 def ragged_batch(plan: CostPlan, tokenizer) -> tuple[dict, dict, torch.Tensor]:
-    """Questions and passages of random tokens, each row's length drawn between half and 1.5
-    times the plan's mean, padded to the longest row ([CLS] first, [SEP] last, then [PAD]);
-    passage rows are grouped by question (positive, then its hard negatives); distinct ids."""
+    """Random-token questions and passages (grouped by question: positive, hard negatives), each
+    row 0.5 to 1.5 times the plan's mean long, [CLS] first, [SEP] last, padded to the longest."""
     gen = torch.Generator().manual_seed(plan.seed)
 
     def rows(n: int, mean: int) -> dict:
@@ -200,8 +185,6 @@ class Case:
     tokens: int = 0  # token positions those forwards encode, padding included
 
     def run(self, batch: tuple) -> None:
-        """One step: zero_grad, then the engine's forward, loss and backward (all of it done,
-        on CUDA too)."""
         q, p, ids = batch
         self.model.zero_grad(set_to_none=True)
         self.stepper.step(q, p, p_ids=ids)
@@ -210,9 +193,8 @@ class Case:
 
 
 def warm_up(case: Case, batch: tuple) -> None:
-    """One untimed step that counts the encoder's forwards and the token positions they get (a
-    hook on the embeddings: a peer may call the tower's forward directly); compiled towers take
-    a second step without the hook, whose removal changes what they compiled."""
+    """One untimed step counting the forwards and their tokens (a hook on the embeddings: a
+    peer may call the tower's forward directly); compiled towers take a second, hook-less one."""
     sizes: list[int] = []
 
     def count(module, args, kwargs) -> None:
@@ -231,8 +213,8 @@ def warm_up(case: Case, batch: tuple) -> None:
 
 
 def time_rounds(cases: list[Case], batch: tuple, plan: CostPlan) -> None:
-    """``plan.rounds`` timed steps of every case, the cases shuffled anew each round; garbage is
-    collected before each step, so that no step pays for another's."""
+    """``plan.rounds`` timed steps of every case in a new shuffled order each round, garbage
+    collected before each step so that no step pays for another's."""
     order = random.Random(plan.seed)
     gc.collect()
     gc.freeze()  # what is alive now is left alone: a collection before each step is cheap
@@ -269,15 +251,25 @@ def fit_line(xs: list[float], ys: list[float]) -> dict:
 
 
 def _lengths(mask: torch.Tensor) -> dict:
-    """The rows' count and real lengths (shortest, longest, mean) of a mask."""
     lengths = mask.sum(1)
     extremes = dict(shortest=int(lengths.min()), longest=int(lengths.max()))
     return dict(rows=int(mask.shape[0]), **extremes, mean=float(lengths.float().mean()))
 
 
+def _engine_result(own: list[Case]) -> dict:
+    """An engine's fitted line and its points."""
+    fit = fit_line([c.chunks for c in own], [statistics.median(c.times) for c in own])
+    keys = ("chunk_rows", "question_chunks", "chunks", "forwards", "tokens")
+    points = [{k: getattr(c, k) for k in keys} | {"times_s": c.times} for c in own]
+    for pt in points:
+        pt["step_s"] = statistics.median(pt["times_s"])
+        pt["fitted_s"] = fit["a_s"] + fit["b_s"] * pt["chunks"]
+    return {"fit": fit, "points": points}
+
+
 def measure(plan: CostPlan, names: list[str], folder: Path) -> tuple[dict, dict]:
-    """Build the batch and the cases from the model in ``folder``, time the rounds and fit each
-    engine's line; the engines' results and the batch's lengths."""
+    """Every engine timed at every chunk count on the model in ``folder``: the engines' results
+    and the batch's lengths."""
     from transformers import AutoTokenizer
 
     device = torch.device(plan.device)
@@ -294,16 +286,7 @@ def measure(plan: CostPlan, names: list[str], folder: Path) -> tuple[dict, dict]
     for case in cases:
         warm_up(case, batch)
     time_rounds(cases, batch, plan)
-    engines = {}
-    for name in names:
-        own = [c for c in cases if c.engine == name]
-        fit = fit_line([c.chunks for c in own], [statistics.median(c.times) for c in own])
-        keys = ("chunk_rows", "question_chunks", "chunks", "forwards", "tokens")
-        points = [{k: getattr(c, k) for k in keys} | {"times_s": c.times} for c in own]
-        for pt in points:
-            pt["step_s"] = statistics.median(pt["times_s"])
-            pt["fitted_s"] = fit["a_s"] + fit["b_s"] * pt["chunks"]
-        engines[name] = {"fit": fit, "points": points}
+    engines = {n: _engine_result([c for c in cases if c.engine == n]) for n in names}
     return engines, lengths
 
 
@@ -323,8 +306,8 @@ def run_chunk_cost(plan: CostPlan, names: list[str], out: Path, command: str = "
     clock, load_start = time.time(), load_average()
     with tempfile.TemporaryDirectory(prefix="chunk-cost-") as tmp:
         engines, lengths = measure(plan, names, build_model_dir(plan, Path(tmp)))
-    fits = {n: e["fit"] for n, e in engines.items()}
-    own, peers = ([n for n in fits if (ENGINES[n].peer is None) == mine] for mine in (True, False))
+    b = {n: e["fit"]["b_s"] for n, e in engines.items()}
+    own, peers = ([n for n in b if (ENGINES[n].peer is None) == mine] for mine in (True, False))
     result = {
         "command": command,
         "started": started,
@@ -335,10 +318,7 @@ def run_chunk_cost(plan: CostPlan, names: list[str], out: Path, command: str = "
         "batch": lengths,
         "engines": engines,
         "ratios": [
-            {"engine": o, "peer": p, "ratio": fits[o]["b_s"] / fits[p]["b_s"]}
-            for o in own
-            for p in peers
-            if fits[p]["b_s"] > 0
+            {"engine": o, "peer": p, "ratio": b[o] / b[p]} for o in own for p in peers if b[p] > 0
         ],
         "skipped": skipped,
     }
@@ -355,17 +335,14 @@ def parse_args(argv: list[str]) -> tuple[CostPlan, list[str], Path]:
     engines = f"Of {', '.join(ENGINES)} (default: all; a dry run leaves out compiled ones)."
     parser.add_argument("--engines", default=None, help=engines)
     parser.add_argument("--chunks", default=None, help="Question chunks a step, e.g. 1,2,4,8,16.")
-    parser.add_argument("--rounds", type=int, default=None, help="Timed steps of every case.")
-    parser.add_argument("--layers", type=int, default=None, help="Encoder layers.")
-    parser.add_argument("--questions", type=int, default=None, help="B, questions a step.")
+    for key, text in INT_OPTIONS.items():
+        parser.add_argument(f"--{key}", type=int, default=None, help=text)
     parser.add_argument("--threads", type=int, default=1, help="torch threads.")
     parser.add_argument("--device", default="cpu", help="cpu | cuda.")
     parser.add_argument("--dry-run", action="store_true", help=f"Seconds: {DRY_RUN}.")
     args = parser.parse_args(argv)
     values = dict(DRY_RUN) if args.dry_run else {}
-    for key in ("rounds", "layers", "questions"):
-        if getattr(args, key) is not None:
-            values[key] = getattr(args, key)
+    values |= {k: getattr(args, k) for k in INT_OPTIONS if getattr(args, k) is not None}
     if args.chunks:
         values["chunks"] = [int(n) for n in args.chunks.split(",")]
     plan = CostPlan(**values, threads=args.threads, device=args.device, dry_run=args.dry_run)
@@ -377,7 +354,6 @@ def parse_args(argv: list[str]) -> tuple[CostPlan, list[str], Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark from the command line and say where the page went."""
     argv = sys.argv[1:] if argv is None else argv
     plan, names, out = parse_args(argv)
     command = shlex.join(["python", "-m", "benchmarks.chunk_cost", *argv])
@@ -387,136 +363,112 @@ def main(argv: list[str] | None = None) -> None:
     print(f"written to {out / RESULT_FILE} and {out / PAGE}")
 
 
-def setup_text(result: dict) -> list[str]:
-    """The model, the batch, the chunking and the timing, in words."""
-    plan, batch = result["plan"], result["batch"]
-    q, p = batch["questions"], batch["passages"]
-    chunks = ", ".join(str(n) for n in plan["chunks"])
-    group = 1 + plan["hard_negatives"]
-    return [
-        f"Model: a random BERT of {plan['layers']} layers, hidden {plan['hidden']}, "
-        f"{plan['heads']} heads, intermediate {plan['intermediate']}, one tower for questions and"
-        f" passages, [CLS] pooling, fp32, train mode with dropout {plan['dropout']:g}: dpr-cache "
-        "with its fast CPU dropout (as the trainer runs it), the peers with PyTorch's.",
-        "",
-        f"Batch: B = {q['rows']} questions of {q['shortest']} to {q['longest']} tokens (mean "
-        f"{q['mean']:.1f}) and {p['rows']} passages ({plan['hard_negatives']} hard negative a "
-        f"question) of {p['shortest']} to {p['longest']} tokens (mean {p['mean']:.1f}), random "
-        "token ids, padded to the longest row; the same batch at every chunk count.",
-        "",
-        f"Chunks: {chunks} question chunks a step, each chunk of the same rows in both towers, so"
-        f" {group} times as many passage chunks (sentence-transformers' CachedMNRL chunks each of"
-        f" its {1 + group} columns, questions, positives and negatives, alike): a step holds "
-        f"{1 + group} x the question chunks. Step = zero_grad + the engine's step (no optimizer);"
-        f" {plan['rounds']} rounds, every engine and chunk count once a round in a shuffled "
-        "order, after one warm-up step each; each point is its median over the rounds.",
-        "",
-        "dpr-cache's step is built as the trainer builds it: after every "
-        f"{RELEASE_EVERY} graph-less chunks it hands freed heap pages back to the system "
-        "(glibc's `malloc_trim`, which bounds a CPU run's resident memory); the peers do not, "
-        "and that cost is in dpr-cache's figures.",
-    ]
+def setup_text(result: dict) -> str:
+    """The model, the batch, the chunking, the timing and the `malloc_trim` disclosure."""
+    plan, q, p = result["plan"], result["batch"]["questions"], result["batch"]["passages"]
+    return (
+        f"Model: a random BERT of {plan['layers']} layers, hidden {plan['hidden']},"
+        f" {plan['heads']} heads, intermediate {plan['intermediate']}; one tower, [CLS] pooling,"
+        f" fp32, train mode, dropout {plan['dropout']:g} (dpr-cache's fast CPU dropout, as the"
+        f" trainer's; PyTorch's for the peers). Batch: B = {q['rows']} questions of"
+        f" {q['shortest']} to {q['longest']} tokens (mean {q['mean']:.1f}), {p['rows']} passages"
+        f" ({plan['hard_negatives']} hard negative a question) of {p['shortest']} to"
+        f" {p['longest']} (mean {p['mean']:.1f}); random ids padded to the longest row, the same"
+        f" at every count. Chunks: {', '.join(map(str, plan['chunks']))} question chunks of the"
+        " same rows in both towers: a step holds"
+        f" {2 + plan['hard_negatives']} x the question chunks (as CachedMNRL's columns). Step ="
+        f" zero_grad + the engine's step (no optimizer); {plan['rounds']} shuffled rounds after"
+        " one warm-up step each; each point the median.\n\n"
+        "dpr-cache's step, as the trainer's, hands freed heap pages back to the system (glibc's"
+        f" `malloc_trim`) after every {RELEASE_EVERY} graph-less chunks; the peers do not, and"
+        " that cost is in dpr-cache's figures."
+    )
+
+
+def _crossings(result: dict, counts: list[int]) -> list[str]:
+    """Where each own engine's fitted line crosses each peer's."""
+    out = []
+    for r in result["ratios"]:
+        fa, fb = (result["engines"][r[k]]["fit"] for k in ("engine", "peer"))
+        cross = (fb["a_s"] - fa["a_s"]) / (fa["b_s"] - fb["b_s"]) if fa["b_s"] != fb["b_s"] else 0
+        where = "inside" if counts and counts[0] <= cross <= counts[-1] else "outside"
+        if cross > 0:
+            out.append(f"- `{r['engine']}` and `{r['peer']}`: near {cross:.0f} chunks, {where}")
+    intro = "Where the fitted lines cross (an extrapolation where outside the counts):"
+    return ["", intro, "", *out] if out else []
 
 
 def equal_chunks_lines(result: dict) -> list[str]:
-    """Each engine's step at every chunk count all engines ran, each own engine's over each
-    peer's at that count, and where their fitted lines cross."""
+    """Each engine's step at every chunk count all ran, own engines' over peers' alongside."""
     engines, pairs = result["engines"], [(r["engine"], r["peer"]) for r in result["ratios"]]
     steps = {n: {pt["chunks"]: pt["step_s"] for pt in e["points"]} for n, e in engines.items()}
     counts = sorted(set.intersection(*(set(v) for v in steps.values()))) if steps else []
     header = ["chunks a step", *(f"`{e}` s" for e in engines)]
+    header += [f"`{a}` / `{b}`" for a, b in pairs]
     rows = [
         [n, *(f"{steps[e][n]:.3f}" for e in engines)]
         + [f"{steps[a][n] / steps[b][n]:.2f}" for a, b in pairs]
         for n in counts
     ]
-    crossings = []
-    for a, b in pairs:
-        fa, fb = engines[a]["fit"], engines[b]["fit"]
-        cross = (fb["a_s"] - fa["a_s"]) / (fa["b_s"] - fb["b_s"]) if fa["b_s"] != fb["b_s"] else 0
-        where = "inside" if counts and counts[0] <= cross <= counts[-1] else "outside"
-        if cross > 0:
-            crossings.append(
-                f"- `{a}` and `{b}`: near {cross:.0f} chunks, {where} the counts measured"
-            )
-    intro = ["", "Where the fitted lines below cross (an extrapolation where outside):", ""]
-    return [
-        "Each engine's step (median seconds) at the same number of chunks a step, and each own "
-        "engine's step over each peer's at that count:",
-        "",
-        *markdown_table(header + [f"`{a}` / `{b}`" for a, b in pairs], rows),
-        *(intro + crossings if crossings else []),
-    ]
+    intro = "Median step seconds at equal chunk counts, and own engine over peer at each:"
+    return [intro, "", *markdown_table(header, rows), *_crossings(result, counts)]
 
 
 def fit_lines(result: dict) -> list[str]:
-    """Each engine's fitted line (the cost of a chunk, the fixed cost, the residuals and the
-    tokens), what the slope's error and tokens mean, and the ratios of the costs."""
-    rows = []
+    """Each engine's line with the slope's standard error and its tokens; the slopes' ratios."""
+    rows, falling = [], []
     for name, e in result["engines"].items():
         f, first, last = e["fit"], e["points"][0]["tokens"], e["points"][-1]["tokens"]
         se = "" if f["b_stderr_s"] is None else f" ± {1e3 * f['b_stderr_s']:.2f}"
         rows.append([f"`{name}`", f"**{1e3 * f['b_s']:.2f}**{se}", f"{f['a_s']:.3f}"])
         rows[-1] += [f"{1e3 * f['residual_rms_s']:.2f}", f"{100 * f['max_relative_residual']:.1f}%"]
         rows[-1].append(f"{first:,} → {last:,} ({last / first:.2f})")
-    header = ["engine", "cost of a chunk b (ms) ± its standard error", "fixed a (s)"]
-    header += ["residual RMS (ms)", "largest residual", "tokens a step, fewest → most chunks"]
-    points = len(next(iter(result["engines"].values()))["points"]) if result["engines"] else 0
-    falling = [
-        f"`{n}`'s tokens fall {100 * (1 - r):.0f}%"
-        for n, e in result["engines"].items()
-        if (r := e["points"][-1]["tokens"] / e["points"][0]["tokens"]) < 1
-    ]
-    fall = (
-        f" {' and '.join(falling)} as the chunks grow, which lowers that slope." if falling else ""
-    )
+        if last < first:
+            falling.append(f" `{name}`'s fall {100 * (1 - last / first):.0f}% as chunks grow.")
+    header = ["engine", "b (ms) ± standard error", "a (s)", "residual RMS (ms)"]
+    header += ["largest residual", "tokens a step, fewest → most chunks"]
+    points = len(e["points"]) if rows else 0
     ratios = [f"- `{r['engine']}` / `{r['peer']}`: **{r['ratio']:.2f}**" for r in result["ratios"]]
     return [
-        "A least-squares line, step seconds = a + b x chunks a step, over each engine's medians:",
+        "Least squares, step seconds = a + b x chunks a step, over each engine's medians:",
         "",
         *markdown_table(header, rows),
         "",
-        f"The ± is the slope's standard error from the {points} medians ({points - 2} degrees of "
-        "freedom): a rough guide at so few points. Tokens: every pass's, padding included. "
-        "dpr-cache re-encodes all but the last chunk of each tower (one chunk a tower: nothing is "
-        "encoded twice), and cuts each chunk to its longest row (smaller chunks of rows ordered by "
-        f"length carry less padding).{fall} A slope includes the arithmetic of the tokens that "
-        "change with the chunks, so compare engines at equal chunk counts (above) before their "
-        "slopes.",
+        f"±: the slope's standard error over {points} medians ({points - 2} degrees of freedom),"
+        " a rough guide. Tokens: every pass's, padding included; dpr-cache re-encodes all but"
+        " each tower's last chunk and cuts each chunk to its longest row, so its tokens change"
+        f" with the chunks.{''.join(falling)} A slope holds the tokens' arithmetic too: compare"
+        " engines at equal chunk counts (above) first.",
         *(["", "Ratios of the cost of a chunk:", "", *ratios] if ratios else []),
     ]
 
 
+POINT_HEADER = ["question chunks", "rows a chunk", "chunks a step", "encoder forwards"]
+POINT_HEADER += ["tokens encoded", "step s (median)", "min – max", "fitted s"]
+
+
 def points_table(engine: dict) -> list[str]:
-    """An engine's steps by chunk count: the chunking, what it encodes, measured and fitted."""
-    header = ["question chunks", "rows a chunk", "chunks a step", "encoder forwards"]
-    header += ["tokens encoded", "step s (median)", "min – max", "fitted s"]
     rows = [
         [pt["question_chunks"], pt["chunk_rows"], pt["chunks"], pt["forwards"], f"{pt['tokens']:,}"]
         + [f"{pt['step_s']:.3f}", f"{min(pt['times_s']):.3f} – {max(pt['times_s']):.3f}"]
         + [f"{pt['fitted_s']:.3f}"]
         for pt in engine["points"]
     ]
-    return markdown_table(header, rows)
+    return markdown_table(POINT_HEADER, rows)
 
 
 def markdown(result: dict) -> str:
     """chunk_cost.md from ``chunk_cost.json``."""
-    m = result["machine"]
-    out = ["# The cost of a chunk, on the CPU", ""]
+    m, out = result["machine"], ["# The cost of a chunk, on the CPU", ""]
     if result["plan"].get("dry_run"):
-        out += [
-            "**A dry run** (`--dry-run`): a small model and two rounds check the code; its "
-            "figures are no measurement of this machine.",
-            "",
-        ]
+        out += ["**A dry run** (`--dry-run`): a small model, two rounds: checks the code only.", ""]
     out += [
         f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads), {m['device']}. "
         f"{run_text(result)}",
         "",
         f"Command: `{result['command']}`",
         "",
-        *setup_text(result),
+        setup_text(result),
         "",
         "## The step at equal chunk counts",
         "",
@@ -526,8 +478,7 @@ def markdown(result: dict) -> str:
         "",
         *fit_lines(result),
     ]
-    for skip in result.get("skipped") or []:
-        out += ["", f"Not run: `{skip['engine']}`, {skip['why']}."]
+    out += [f"\nNot run: `{s['engine']}`, {s['why']}." for s in result.get("skipped") or []]
     out += ["", "## Step seconds by chunk count"]
     for name, engine in result["engines"].items():
         out += ["", f"`{name}`:", "", *points_table(engine)]
@@ -535,7 +486,6 @@ def markdown(result: dict) -> str:
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
-    """Write :data:`PAGE` from ``result`` into ``folder``."""
     return write_text_atomic(Path(folder) / PAGE, markdown(result))
 
 

@@ -41,7 +41,6 @@ BOUND = re.compile(
 )
 
 
-# The benchmark pages' hand-written companions (the other pages are written from their JSON).
 BENCH_NOTES = [REPO / "docs" / "bench" / "README.md", REPO / "docs" / "bench" / "scale_notes.md"]
 
 
@@ -61,10 +60,6 @@ class Figure:
     problem: str | None  # None: it agrees with its data
 
 
-def _value(text: str) -> float:
-    return float(text.replace(",", ""))
-
-
 def _tolerance(text: str) -> float:
     """Half the last printed digit's place: the rounding the figure may carry."""
     mantissa, _, exponent = text.replace(",", "").lower().partition("e")
@@ -75,19 +70,17 @@ def _tolerance(text: str) -> float:
 def _load(path: str, cache: dict) -> object:
     if path not in cache:
         text = (REPO / path).read_text()
-        jsonl = path.endswith(".jsonl")
-        cache[path] = (
-            [json.loads(x) for x in text.splitlines() if x.strip()] if jsonl else json.loads(text)
-        )
+        records = filter(str.strip, text.splitlines()) if path.endswith(".jsonl") else None
+        cache[path] = json.loads(text) if records is None else [json.loads(x) for x in records]
     return cache[path]
 
 
 def _evaluate(expr: str, data: object, cache: dict) -> float:
     names = {"d": data, "row": row, "median": statistics.median, "mine_hours": mine.projected_hours}
     names |= {"load": lambda path: _load(path, cache), "min": min, "max": max, "sum": sum}
-    names |= {"len": len, "abs": abs, "round": round}
-    # the names as globals, so that a comprehension in the expression sees them too
-    return float(eval(expr, {"__builtins__": {}, **names}))  # noqa: S307 - the repo's own docs
+    names |= {"len": len, "abs": abs, "round": round, "__builtins__": {}}
+    # globals, so that a comprehension in the expression sees them too
+    return float(eval(expr, names))  # noqa: S307 - the repo's own docs
 
 
 def _prose(line: str) -> str:
@@ -115,7 +108,7 @@ def _check_marker(doc, n, line, marker, start, cache) -> tuple[list[Figure], set
         except Exception as exc:  # a source that does not resolve is the finding
             out.append(Figure(doc, n, text, f"{expr}: {type(exc).__name__}: {exc}"))
             continue
-        ok = math.isclose(_value(text), value, rel_tol=0, abs_tol=_tolerance(text))
+        ok = math.isclose(float(text.replace(",", "")), value, abs_tol=_tolerance(text))
         out.append(Figure(doc, n, text, None if ok else f"the data gives {value:.6g}"))
     return out, covered
 

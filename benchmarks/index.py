@@ -14,8 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["run_index_bench"]
-
 
 def run_index_bench(
     model: str,
@@ -27,7 +25,6 @@ def run_index_bench(
     limit: int | None = None,
     threads: int | None = None,
 ) -> dict:
-    """Seconds to encode the passages sorted by length and in file order padded to max_length."""
     from dpr_cache.data.passages import read_passages
     from dpr_cache.data.tokenize import tokenize_passages
     from dpr_cache.model.biencoder import BiEncoder

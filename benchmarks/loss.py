@@ -17,11 +17,7 @@ from collections.abc import Iterable
 from dpr_cache.runtime.memory import available_bytes, peak_rss_bytes, rss_bytes
 from dpr_cache.runtime.processes import run_json_child
 
-__all__ = ["DEFAULT_TILE", "estimated_peak_bytes", "memory_shortfall", "loss_mode"]
-__all__ += ["sweep_points", "measure_loss_memory", "sweep_table"]
-
-DEFAULT_TILE = 4096
-"""A 64 MB block buffer at fp32 (8192's would be 256 MB); see docs/bench/loss_memory.md."""
+DEFAULT_TILE = 4096  # a 64 MB block buffer at fp32 (8192's: 256 MB); docs/bench/loss_memory.md
 
 
 def estimated_peak_bytes(batch: int, dim: int, tile: int | None) -> int:
@@ -42,16 +38,14 @@ def sweep_points(batches: Iterable[int], tile: int, direct_max: int) -> list[tup
 
 
 def memory_shortfall(batch: int, dim: int, tile: int | None) -> str | None:
-    """Why the point should be skipped, or None where its estimate is at most 80% of the memory
-    available now (or that is unknown)."""
+    """Why to skip the point; None where its estimate is within 80% of the memory available."""
     need, free = estimated_peak_bytes(batch, dim, tile), available_bytes()
     if free is None or need <= 0.8 * free:
         return None
     return f"needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"
 
 
-def _run_child(batch: int, dim: int, tile: int | None, backward: bool, seed: int) -> dict:
-    """Measure one loss in this process (a fresh interpreter)."""
+def _run_child(batch: int, dim: int, tile: int | None, *, backward: bool, seed: int) -> dict:
     import torch
 
     from dpr_cache.core.loss import contrastive_loss
@@ -93,7 +87,6 @@ def measure_loss_memory(
 
 
 def sweep_table(rows: list[dict]) -> str:
-    """Markdown table: B, mode, peak RSS GB, forward s, backward s, ns per score (fwd+bwd)."""
     lines = [
         "| B | mode | peak RSS GB | over inputs GB | forward s | backward s | ns / score |",
         "|---:|---|---:|---:|---:|---:|---:|",
@@ -109,7 +102,6 @@ def sweep_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """One run, a JSON line (``--child``: measured in this process)."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.loss", description=__doc__)
     ap.add_argument("--batch", type=int, default=16384)
     ap.add_argument("--dim", type=int, default=768)
@@ -120,13 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     tile = None if args.direct else args.tile
-    if args.child:
-        print(json.dumps(_run_child(args.batch, args.dim, tile, args.backward, args.seed)))
-    else:
-        row = measure_loss_memory(
-            args.batch, args.dim, tile, backward=args.backward, seed=args.seed
-        )
-        print(json.dumps(row))
+    run = _run_child if args.child else measure_loss_memory
+    print(json.dumps(run(args.batch, args.dim, tile, backward=args.backward, seed=args.seed)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
-"""Synthetic data at NQ's size, in NQ's structure, for the scale and mine benchmarks (nothing real
-can be downloaded here): clustered unit vectors as store shards, a passages TSV of DPR's wiki
-layout, qas questions whose answers occur in known passages, and training JSON of DPR's shape."""
+"""Synthetic data in NQ's structure and size for the scale and mine benchmarks: clustered unit
+vectors, a DPR wiki TSV, qas questions answered in known passages, DPR training JSON."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ def _clustered(seed: int, n: int, dim: int) -> np.ndarray:
 
 
 def write_vectors(folder: Path, rows: int, dim: int, shard_rows: int) -> list[Path]:
-    """Clustered unit vectors in float16 shards ``part-00000.npy`` ..., ids the row numbers from
-    1 (as DPR's passage ids). Shards that exist are kept, so a cut run resumes."""
+    """Float16 shards ``part-00000.npy`` ..., ids the rows from 1; existing shards are kept."""
     paths = []
     for k, start in enumerate(range(0, rows, shard_rows)):
         paths.append(Path(folder) / f"part-{k:05d}.npy")
@@ -49,7 +47,6 @@ def write_vectors(folder: Path, rows: int, dim: int, shard_rows: int) -> list[Pa
 
 
 def write_queries(path: Path, n: int, dim: int) -> Path:
-    """``n`` random unit queries from the vectors' distribution (float32, ids their rows)."""
     write_shard(path, _clustered(777, n, dim), [str(i) for i in range(n)], "float32")
     return path
 
@@ -99,7 +96,7 @@ def _record(answer: object, positive: dict, others: list[dict], hard: int) -> di
 
 
 def _write_array(path: Path, records: Iterable[dict], limit: float = math.inf) -> int:
-    """A JSON array of ``records``, stopped once it holds ``limit`` bytes; how many it holds."""
+    """A JSON array of ``records`` stopped at ``limit`` bytes: how many it holds."""
     count = 0
 
     def write(tmp: Path) -> None:
@@ -120,25 +117,23 @@ def _write_array(path: Path, records: Iterable[dict], limit: float = math.inf) -
     return count
 
 
-def _train_records(contexts: int) -> Iterator[dict]:
-    rng = np.random.default_rng(1)
-    for count in itertools.count():
-        ids = [count * 1000 + j for j in range(contexts)]
-        ctxs = [_ctx(f"Title {j}", _text(rng, 100, i), str(i)) for j, i in enumerate(ids)]
-        yield _record(ids[0], ctxs[0], ctxs[1:], contexts // 2)
-
-
 def write_train_json(path: Path, target_bytes: int, contexts: int = 100) -> int:
-    """A DPR training JSON array of about ``target_bytes``: each question with 1 positive,
-    ``contexts // 2`` hard negatives and the rest negatives (~100-word passages). Returns the
-    number of questions."""
-    return _write_array(path, _train_records(contexts), target_bytes)
+    """About ``target_bytes`` of DPR training JSON (1 positive, ``contexts // 2`` hard negatives,
+    the rest negatives): its number of questions."""
+    rng = np.random.default_rng(1)
+
+    def records() -> Iterator[dict]:
+        for count in itertools.count():
+            ids = [count * 1000 + j for j in range(contexts)]
+            ctxs = [_ctx(f"Title {j}", _text(rng, 100, i), str(i)) for j, i in enumerate(ids)]
+            yield _record(ids[0], ctxs[0], ctxs[1:], contexts // 2)
+
+    return _write_array(path, records(), target_bytes)
 
 
 def write_mine_train(path: Path, n: int, passages_tsv: Path, contexts: int = 100) -> Path:
-    """A DPR training JSON array of ``n`` questions in NQ's shape (1 positive, ``contexts // 2``
-    hard negatives, the rest negatives) whose positives are rows of ``passages_tsv`` (as written
-    there: id, title, text), so that a model's index over that file can mine them."""
+    """``n`` questions of DPR training JSON whose positives are rows of ``passages_tsv``, so
+    that an index over that file can mine them."""
     with open(passages_tsv, encoding="utf-8", newline="") as f:
         corpus = list(csv.reader(f, delimiter="\t"))[1:]  # [id, text, title]; a small file
     rng = np.random.default_rng(2)

@@ -14,10 +14,8 @@ import importlib
 import json
 from pathlib import Path
 
-__all__ = ["PAGES", "write_pages"]
-
-# Saved figures (relative to the bench folder) -> the benchmark module whose
-# ``render(result, folder, source)`` writes their page.
+# Saved figures (under the bench folder) -> the module whose ``render(result, folder, source)``
+# writes their page.
 PAGES = {
     "bench.json": "synthetic",
     "realtext.json": "realtext",
@@ -35,7 +33,7 @@ PAGES = {
 
 
 def write_pages(source: Path, out: Path) -> list[Path]:
-    """Write the page (and plots) of every saved result under ``source`` into ``out``."""
+    """The page (and plots) of every saved result under ``source``, written into ``out``."""
     written = []
     for name, module in PAGES.items():
         path = source / name

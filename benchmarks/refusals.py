@@ -1,7 +1,6 @@
-"""How fast each command refuses: every refusal that comes before the heavy imports (a lock held,
-a folder with another run's checkpoints, a finished run resumed, an index or input missing),
-timed as a whole process against ``dpr-cache --help`` on the same machine, interleaved over
-rounds; each figure the median. The goal: each refusal within 1.5x ``--help``'s time.
+"""How fast each command refuses (a lock held, another run's checkpoints, a finished run resumed,
+an input missing), each a whole process timed against ``dpr-cache --help`` over interleaved
+rounds; the goal: every refusal's median within 1.5x ``--help``'s::
 
     python -m benchmarks.refusals --out docs/bench        # a minute or two
 """
@@ -20,15 +19,14 @@ from typing import Annotated
 
 import typer
 
-from benchmarks.harness import load_text, machine_info, save_result
+from benchmarks.harness import load_text, machine_info, markdown_table, save_result
 from dpr_cache.runtime.atomic import write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
 GOAL = 1.5  # a refusal's time over --help's
 TOY, TINY = "data/toy", "data/toy/tiny-bert"
 
-# Each refusal's command line: {root} the folder of its inputs, {toy} the toy data, {tiny} the
-# tiny BERT, {config} the toy config.
+# {root}: the folder of its inputs, {toy}: the toy data, {tiny}: the tiny BERT.
 SCENARIOS = {
     "--help": "--help",
     "train: a config key unknown": "train {config} --set train.lrr=1",
@@ -52,8 +50,7 @@ SCENARIOS = {
 
 
 def scenarios(root: Path) -> dict[str, list[str]]:
-    """Each refusal as a command line, its inputs made under ``root`` (the lock's holder is
-    started by :func:`_holder`)."""
+    """Each refusal's command line, its inputs made under ``root`` (the lock: :func:`_holder`)."""
     for run, step in (("run", 1), ("done", 2)):
         state = root / run / "checkpoints" / f"step-{step:08d}" / "state.pt"
         state.parent.mkdir(parents=True)
@@ -90,33 +87,23 @@ def _time(args: list[str]) -> tuple[float, int, str]:
 
 
 def run(rounds: int) -> dict:
-    """Every scenario ``rounds`` times, interleaved; each one's median seconds, its exit code and
-    line, and its ratio to ``--help``'s median."""
+    """Every scenario ``rounds`` times, interleaved: medians, exit codes, lines, ratios to help."""
     with tempfile.TemporaryDirectory() as tmp:
         commands = scenarios(Path(tmp))
         holder = _holder(Path(tmp))
-        times: dict[str, list[float]] = {name: [] for name in commands}
-        said: dict[str, tuple[int, str]] = {}
+        rows: dict[str, dict] = {name: {"rounds": []} for name in commands}
         try:
             for _ in range(rounds):
                 for name, args in commands.items():
-                    seconds, code, line = _time(args)
-                    times[name].append(seconds)
-                    said[name] = (code, line)
+                    seconds, rows[name]["exit"], rows[name]["line"] = _time(args)
+                    rows[name]["rounds"].append(seconds)
         finally:
             holder.kill()
             holder.wait()
-    help_s = statistics.median(times["--help"])
-    rows = {
-        name: {
-            "seconds": statistics.median(ts),
-            "rounds": ts,
-            "vs_help": statistics.median(ts) / help_s,
-            "exit": said[name][0],
-            "line": said[name][1],
-        }
-        for name, ts in times.items()
-    }
+    help_s = statistics.median(rows["--help"]["rounds"])
+    for r in rows.values():
+        r["seconds"] = statistics.median(r["rounds"])
+        r["vs_help"] = r["seconds"] / help_s
     worst = max(r["vs_help"] for n, r in rows.items() if n != "--help")
     return {"rows": rows, "help_s": help_s, "worst_vs_help": worst, "goal": GOAL}
 
@@ -124,6 +111,12 @@ def run(rounds: int) -> dict:
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``refusals.md`` in ``folder`` from the saved ``refusals.json``."""
     machine, rounds = result["machine"], len(next(iter(result["rows"].values()))["rounds"])
+    rows = [
+        [name, f"{r['seconds']:.2f}", f"{r['vs_help']:.2f}", r["exit"]]
+        + [r["line"].replace("|", "\\|")[:110]]
+        for name, r in result["rows"].items()
+    ]
+    met = "met" if result["worst_vs_help"] <= GOAL else "not met"
     lines = [
         "# How fast each command refuses",
         "",
@@ -131,21 +124,16 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
         f"`refusals.json`). Machine: {machine['cpu']}, {machine['cores']} cores, "
         f"{machine['ram_gb']} GB RAM; load average {load_text(machine['load_average'])}.",
         "",
-        "Each refusal run as a whole process (`python -m dpr_cache ...`), interleaved with the "
-        f"others over {rounds} rounds; each figure "
-        "the median. Every refusal comes before torch, transformers and FAISS are imported "
-        f"(`tests/cli/test_refusals_before_imports.py`). The goal: at most {GOAL}x `--help`.",
+        f"Each refusal a whole process (`python -m dpr_cache ...`), interleaved over {rounds}"
+        " rounds; each figure the median. Every refusal comes before torch, transformers and FAISS"
+        f" are imported (`tests/cli/test_refusals_before_imports.py`). Goal: at most {GOAL}x"
+        " `--help`.",
         "",
-        "| command | seconds | x --help | exit | what it said |",
-        "|---|--:|--:|--:|---|",
+        *markdown_table(["command", "seconds", "x --help", "exit", "what it said"], rows),
+        "",
+        f"The slowest refusal: {result['worst_vs_help']:.2f}x `--help`: **{met}**.",
     ]
-    for name, r in result["rows"].items():
-        said = r["line"].replace("|", "\\|")[:110]
-        lines.append(f"| {name} | {r['seconds']:.2f} | {r['vs_help']:.2f} | {r['exit']} | {said} |")
-    met = "met" if result["worst_vs_help"] <= GOAL else "not met"
-    lines += ["", f"The slowest refusal: {result['worst_vs_help']:.2f}x `--help`: **{met}**."]
-    write_text_atomic(folder / "refusals.md", "\n".join(lines) + "\n")
-    return folder / "refusals.md"
+    return write_text_atomic(folder / "refusals.md", "\n".join(lines) + "\n")
 
 
 def main(

@@ -1,12 +1,10 @@
-"""The full-scale benchmark: NQ-size data (synthetic, in NQ's structure) through the commands a
-user runs, each in a fresh process measured by ``wait4`` (wall time; peak RSS as the kernel
-counts it, memory-mapped pages included).
+"""NQ-size data (synthetic, in NQ's structure) through the commands a user runs, each in a fresh
+process measured by ``wait4`` (wall time; peak RSS, memory-mapped pages included)::
 
     python -m benchmarks.scale --work runs/scale --out docs/bench   # resumable
 
-A finished step is skipped on a rerun (its figures live in ``OUT/scale.json``); big files go
-once no later step needs them (they do not fit on this disk together). ``--steps`` runs some
-steps, ``--redo`` finished ones again; ``report`` writes ``OUT/scale.md``.
+A step saved in ``OUT/scale.json`` is skipped on a rerun (``--steps`` picks steps, ``--redo``
+reruns some, ``report`` writes ``OUT/scale.md``); big files go once no later step needs them.
 """
 
 from __future__ import annotations
@@ -20,17 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import nq_like
-from benchmarks.harness import (
-    cpu_info,
-    cpu_text,
-    markdown_table,
-    matmul_gflops,
-    option_args,
-    run_measured,
-    run_steps,
-    write_random_bert,
-)
+from benchmarks import harness, nq_like
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
@@ -53,16 +41,12 @@ GB = 1e9
 def cli(command: str, *flags: str, **options) -> list[str]:
     """``python -m dpr_cache COMMAND --an-option VALUE ... FLAGS`` (``an_option=VALUE``)."""
     named = {f"--{k.replace('_', '-')}": v for k, v in options.items()}
-    return [sys.executable, "-m", "dpr_cache", command, *option_args(named), *flags]
-
-
-def python(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
+    return [sys.executable, "-m", "dpr_cache", command, *harness.option_args(named), *flags]
 
 
 def measured(cmd: list[str], log: Path) -> dict:
     """Run ``cmd`` in a fresh process: its wall seconds and peak RSS; its output to ``log``."""
-    done = run_measured(cmd, env=child_env())
+    done = harness.run_measured(cmd, env=child_env())
     write_text_atomic(log, " ".join(cmd) + "\n" + done.stdout + "\n--- stderr ---\n" + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({done.returncode}); see {log}")
@@ -70,8 +54,8 @@ def measured(cmd: list[str], log: Path) -> dict:
 
 
 def exact_search(work: Path, name: str, pattern: str, queries: Path, n: int, k: int) -> dict:
-    """``work/vectors/pattern`` indexed flat and searched exactly for the ``n`` vectors of
-    ``queries``: the search's figures, the rows and the scan's GFLOP/s."""
+    """``work/vectors/pattern`` indexed flat, searched exactly for ``queries``: the search's
+    figures, the rows and the scan's GFLOP/s."""
     index, logs = work / f"flat-{name}", work / "logs"
     embeddings = work / "vectors" / pattern
     measured(cli("index", embeddings=embeddings, out=index), logs / f"index-flat-{name}.txt")
@@ -95,18 +79,19 @@ def step_vectors(work: Path) -> dict:
 
 def step_exact(work: Path) -> dict:
     out = {"memory_gb": MEMORY_GB, "queries": N_QUERIES, "k": K, "sizes": {}}
-    out["matmul_gflops"] = round(matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1)
+    out["matmul_gflops"] = round(harness.matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1)
     for name, pattern in SIZES.items():
         queries = work / "queries.npy"
         out["sizes"][name] = exact_search(work, name, pattern, queries, N_QUERIES, K)
-    out["matmul_gflops_after"] = round(matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1)
+    out["matmul_gflops_after"] = round(
+        harness.matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1
+    )
     return out
 
 
 def _top(path: Path) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
-    for line in path.read_text().splitlines():
-        qid, _, pid, *_ = line.split()
+    for qid, _, pid, *_ in map(str.split, path.read_text().splitlines()):
         found.setdefault(qid, set()).add(pid)
     return found
 
@@ -119,7 +104,6 @@ def recall(run: Path, exact: Path) -> float:
 
 
 def _approximate(work: Path, kind: str, name: str, memory_gb: float, *extra: str) -> dict:
-    """An ``kind`` index of the first ``name`` vectors: its build, search, size and recall."""
     index, run, logs = work / f"{kind}-{name}", work / f"{kind}-{name}.trec", work / "logs"
     vectors = work / "vectors" / SIZES[name]
     build = cli("index", *extra, embeddings=vectors, out=index, type=kind, memory_gb=memory_gb)
@@ -139,20 +123,11 @@ def _approximate(work: Path, kind: str, name: str, memory_gb: float, *extra: str
     }
 
 
-def step_ivfpq(work: Path) -> dict:
-    return {name: _approximate(work, "ivfpq", name, 8.0, *IVF) for name in ("4M", "21M")}
-
-
-def step_hnsw(work: Path) -> dict:
-    return {"4M": _approximate(work, "hnsw", "4M", 20.0)}
-
-
 def _into_arrow(source: Path, log: Path, size_key: str, module: str, load: str, *args) -> dict:
-    """``dpr_cache.data.MODULE.LOAD(source, *args)`` in a fresh process: its figures, the
-    source's size and the rate it was read at."""
+    """``dpr_cache.data.MODULE.LOAD(source, *args)`` in a fresh process: figures, size, rate."""
     paths = ", ".join(f"Path({str(p)!r})" for p in (source, *args))
     code = f"from pathlib import Path; from dpr_cache.data.{module} import {load}; "
-    figures = measured(python(code + f"print(len({load}({paths})))"), log)
+    figures = measured([sys.executable, "-c", code + f"print(len({load}({paths})))"], log)
     size = source.stat().st_size
     mb_per_s = round(size / 1e6 / figures["seconds"], 1)
     return {**figures, size_key: round(size / GB, 2), "mb_per_s": mb_per_s}
@@ -193,11 +168,11 @@ eval: {{top_k: [1, 5, 20, 100]}}
 
 
 def step_eval(work: Path) -> dict:
-    """``dpr-cache eval`` at full size: the 21M TSV, the 21M vectors standing in for the
-    encoding of a random 768-d BERT (the model encodes the questions), DPR's answer matching."""
+    """``dpr-cache eval`` at full size: the 21M TSV, the 21M vectors standing in for a random
+    768-d BERT's encoding (the model encodes the questions), DPR's answer matching."""
     model, run, logs = work / "model768", work / "eval-run", work / "logs"
     if not model.is_dir():
-        write_random_bert(model, hidden=DIM)
+        harness.write_random_bert(model, hidden=DIM)
     nq_like.write_qas(work / "nq-test.qa.tsv", N_QUERIES, N_FULL)
     vectors = work / "vectors" / "part-*.npy"
     index = measured(cli("index", embeddings=vectors, out=run / "index"), logs / "eval-index.txt")
@@ -208,7 +183,6 @@ def step_eval(work: Path) -> dict:
 
 
 def step_cleanup(work: Path) -> dict:
-    """Free the disk for the JSON steps: the TSV, its cache, the vectors."""
     freed = 0
     for path in [work / "passages-21M.tsv", work / "cache", work / "vectors", work / "eval-run"]:
         if path.is_file():
@@ -258,7 +232,7 @@ def step_tokenize(work: Path) -> dict:
     out = {}
     for workers in (0, 1, 2):
         args = [str(tsv), str(work / "tok-cache"), str(workers)]
-        done = run_measured([*python(_TOKENIZE), *args], env=child_env())
+        done = harness.run_measured([sys.executable, "-c", _TOKENIZE, *args], env=child_env())
         if done.returncode:
             raise RuntimeError(done.stderr[-2000:])
         row = json.loads(done.stdout.strip().splitlines()[-1])
@@ -269,8 +243,8 @@ def step_tokenize(work: Path) -> dict:
 STEPS = {
     "vectors": step_vectors,
     "exact": step_exact,
-    "ivfpq": step_ivfpq,
-    "hnsw": step_hnsw,
+    "ivfpq": lambda work: {n: _approximate(work, "ivfpq", n, 8.0, *IVF) for n in ("4M", "21M")},
+    "hnsw": lambda work: {"4M": _approximate(work, "hnsw", "4M", 20.0)},
     "tsv": step_tsv,
     "eval": step_eval,
     "cleanup": step_cleanup,
@@ -279,22 +253,15 @@ STEPS = {
 }
 
 
+def _this_machine(results: dict) -> None:
+    results["machine"] = harness.cpu_info()  # the page's
+
+
 def main(argv: list[str] | None = None) -> None:
     description = __doc__.splitlines()[0]
-    run_steps(argv, description, STEPS, Path("runs/scale"), "scale.json", render, _this_machine)
-
-
-def _this_machine(results: dict) -> None:
-    """The machine this session runs on, as the page's; the steps run before the page kept
-    its machine-by-step record under the one it named."""
-    machine = cpu_info()
-    for step in STEPS:
-        if step in results and step not in results["machines"]:
-            results["machines"][step] = results.get("machine", machine)
-    results["machine"] = machine
-
-
-# The page.
+    harness.run_steps(
+        argv, description, STEPS, Path("runs/scale"), "scale.json", render, _this_machine
+    )
 
 
 def _target(name: str, goal: str, value, shown: str, bound: float, above: bool = False) -> tuple:
@@ -348,23 +315,22 @@ def _plot(results: dict, path: Path) -> None:
 
 
 def render(results: dict, out: Path, source: Path | None = None) -> Path:
-    """Write ``out/scale.md`` (and ``out/scale.png``) from what has been measured so far, with
-    the hand-written reading ``scale_notes.md`` (of ``source``, else ``out``) appended."""
+    """``out/scale.md`` (and ``scale.png``) from the figures so far, ``scale_notes.md`` (of
+    ``source``, else ``out``) appended."""
     lines = _head(results)
     for key, title in SECTIONS.items():
         if not results.get(key):
             continue
         intro, header, rows = _section(key, results[key])
-        lines += ["", f"## {title}", "", *intro, *markdown_table(header, rows)]
+        lines += ["", f"## {title}", "", *intro, *harness.markdown_table(header, rows)]
         if key == "exact":
             _plot(results, out / "scale.png")
             lines += ["", "![memory and time against the corpus size](scale.png)"]
     text = "\n".join(lines) + "\n"
     notes = (source or out) / "scale_notes.md"
-    if notes.is_file():  # the hand-written reading and projection, kept beside the figures
+    if notes.is_file():
         text += "\n" + notes.read_text()
-    write_text_atomic(out / "scale.md", text)
-    return out / "scale.md"
+    return write_text_atomic(out / "scale.md", text)
 
 
 def _head(results: dict) -> list[str]:
@@ -376,18 +342,18 @@ def _head(results: dict) -> list[str]:
         " the kernel counts it, memory-mapped pages included). All data is **synthetic**, in NQ's"
         " structure and size: no NQ file can be downloaded here.",
         "",
-        f"Machine: {cpu_text(results.get('machine', {}))}.",
+        f"Machine: {harness.cpu_text(results.get('machine', {}))}.",
     ]
     machines = results.get("machines", {})
-    if len({cpu_text(v) for v in machines.values()}) > 1:
+    if len({harness.cpu_text(v) for v in machines.values()}) > 1:
         lines += ["", "The steps ran on different machines:", ""]
-        ran = [[k, cpu_text(v)] for k, v in machines.items()]
-        lines += markdown_table(["step", "machine"], ran)
+        ran = [[k, harness.cpu_text(v)] for k, v in machines.items()]
+        lines += harness.markdown_table(["step", "machine"], ran)
     if targets(results):
         met = {True: "yes", False: "**no**", None: "-"}
         rows = [[t, v, g, met[ok]] for t, v, g, ok in targets(results)]
         lines += ["", "## Targets (exact search)", ""]
-        lines += markdown_table(["target", "measured", "goal", "met"], rows)
+        lines += harness.markdown_table(["target", "measured", "goal", "met"], rows)
     return lines
 
 
@@ -403,15 +369,19 @@ SECTIONS = {
 
 
 def _section(key: str, r: dict) -> tuple[list[str], list[str], list[list]]:
-    """A section's text before its table, the table's header and its rows."""
     if key == "exact":
         rows = [
             [f"{s['rows']:,}", f"{s['rows'] * 768 * 2 / 1e9:.1f}", s["peak_rss_gb"], s["seconds"]]
             + [s["gflops"]]
             for s in r["sizes"].values()
         ]
-        header = ["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"]
-        return [_exact_text(r), ""], header, rows
+        text = (
+            f"Top-{r['k']} of {r['queries']:,} unit queries over clustered unit vectors (768-d,"
+            " float16 shards of 500,000 rows, read block by block into reused buffers; float32"
+            f" scores), `--memory-gb {r['memory_gb']}`. Plain float32 matmul on this machine:"
+            f" {r['matmul_gflops']} GFLOP/s before, {r.get('matmul_gflops_after', '-')} after."
+        )
+        return [text, ""], ["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"], rows
     if key in ("ivfpq", "hnsw"):
         header = ["vectors", "recall@100 vs exact", "build s", "build peak GB", "search s"]
         header += ["search peak GB", "index GB", "params"]
@@ -433,16 +403,6 @@ def _section(key: str, r: dict) -> tuple[list[str], list[str], list[list]]:
         intro = [f"{whole} (`index.memory_gb: {r['memory_gb']}`). Stages:", ""]
         return intro, ["stage", "s"], [[k, v] for k, v in r["stages"].items()]
     return [], ["loader", "passages/s"], [[k, v["passages_per_s"]] for k, v in r.items()]
-
-
-def _exact_text(exact: dict) -> str:
-    return (
-        f"Top-{exact['k']} of {exact['queries']:,} unit queries over clustered unit"
-        " vectors (768-d, float16 shards of 500,000 rows, read block by block into"
-        f" reused buffers; float32 scores), `--memory-gb {exact['memory_gb']}`."
-        f" Plain float32 matmul on this machine: {exact['matmul_gflops']} GFLOP/s"
-        f" before, {exact.get('matmul_gflops_after', '-')} after."
-    )
 
 
 if __name__ == "__main__":

@@ -2,17 +2,14 @@
 
     python -m benchmarks.sharding --out docs/bench      # sharding.json and sharding.md
 
-For each model, world size W (gloo ranks spawned on 127.0.0.1) and sharding, every rank runs
-one GradCache step and one AdamW step in float64 on its slice of one global batch, then counts
-the bytes it holds in parameters, gradients and AdamW's state (by local shard) and its peak RSS;
-beside them, the gradient's gap to the W = 1 unsharded run's. Each case runs in a process group
-of its own; ``--dry-run`` runs every case of a world size in one group, at toy sizes.
+Each (model, world size W, sharding) runs one GradCache and one AdamW step in float64 on gloo
+ranks, each on its slice of one batch, and counts the bytes a rank holds and its peak RSS.
+``--dry-run``: toy sizes, every case of a world size in one process group.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -23,10 +20,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import cpu_text, held_bytes, local_shard, machine_info, markdown_table
-from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
-
-__all__ = ["Plan", "FULL", "DRY", "relative_gap", "run", "main", "PAGE", "markdown", "render"]
+from benchmarks import harness
+from dpr_cache.runtime.atomic import write_text_atomic
 
 TINY_LLAMA = Path(__file__).resolve().parents[1] / "data" / "toy" / "tiny-llama"
 SHARDS = ("none", "fsdp")
@@ -60,9 +55,8 @@ DRY = replace(DRY, p_len=10, bert_hidden=32, bert_layers=2, bert_vocab=97, one_g
 
 
 def build_model(name: str, plan: Plan):
-    """The case's float64 BiEncoder, the same on every rank: a BERT with separate towers (the
-    passage tower moved off the query tower's start), or the tiny Llama, one tower with
-    last-token pooling, fully trained or with LoRA (its B matrices non-zero, as after training)."""
+    """The case's float64 BiEncoder, the same on every rank: a BERT of separate towers (moved
+    apart), or the tiny Llama, one tower, fully trained or with LoRA (B matrices non-zero)."""
     from transformers import BertConfig
 
     from dpr_cache.config import LoraConfig
@@ -89,8 +83,7 @@ def build_model(name: str, plan: Plan):
 
 
 def global_batch(name: str, plan: Plan) -> tuple[dict, dict, torch.Tensor]:
-    """Random token ids: questions and their passage groups, ragged (right-padded) for the BERT,
-    every position attended for the decoder (last-token pooling reads the last column)."""
+    """Random questions and passage groups, right-padded for the BERT, unpadded for the Llama."""
     gen = torch.Generator().manual_seed(1)
     vocab = plan.bert_vocab if name == "bert" else 512
 
@@ -107,7 +100,6 @@ def global_batch(name: str, plan: Plan) -> tuple[dict, dict, torch.Tensor]:
 
 
 def _slice(inputs, rank: int, world: int):
-    """This rank's rows of a tensor or of each tensor of a dict."""
     if isinstance(inputs, dict):
         return {k: _slice(v, rank, world) for k, v in inputs.items()}
     n = inputs.shape[0] // world
@@ -124,8 +116,7 @@ def relative_gap(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 
 def float64_norms() -> None:
-    """Llama's RMSNorm in float64 for float64 inputs (transformers' computes it in float32
-    whatever the input, which would leave float32 rounding in the gradients' gap)."""
+    """Llama's RMSNorm in float64 for float64 inputs (transformers' rounds through float32)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     original = LlamaRMSNorm.forward
@@ -140,8 +131,7 @@ def float64_norms() -> None:
 
 
 def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
-    """One GradCache step and one AdamW step of model ``name`` under ``shard`` on this rank's
-    slice of the batch: the bytes held, the loss, and the gradient gathered whole."""
+    """One GradCache and one AdamW step on this rank's slice: bytes held, loss, whole gradient."""
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
     from dpr_cache.core.steppers import make_stepper
@@ -165,16 +155,15 @@ def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
     named = model.named_parameters()
     grads = {n: full_value(t.grad).detach().clone() for n, t in named if t.grad is not None}
     optimizer.step()
-    row = held_bytes(model, optimizer)
+    row = harness.held_bytes(model, optimizer)
     row["held"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
     row["loss"] = distributed.all_mean(loss, env)
-    row["sharded_parameters"] = sum(local_shard(t) is not t for t in model.parameters())
+    row["sharded_parameters"] = sum(harness.local_shard(t) is not t for t in model.parameters())
     return row, grads
 
 
 def _rank_main(rank: int, world: int, port: int, out: str, plan: Plan, cases: list) -> None:
-    """A spawned rank: join the group, run ``cases``, write this rank's figures
-    (``rank{r}.json``) and rank 0 the gradients (``{case}.pt``)."""
+    """A spawned rank: run ``cases``, write ``rank{r}.json`` (and rank 0 each ``{case}.pt``)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -198,7 +187,6 @@ def _rank_main(rank: int, world: int, port: int, out: str, plan: Plan, cases: li
 
 
 def _spawn(world: int, plan: Plan, cases: list, out: Path) -> list[dict]:
-    """``cases`` run on ``world`` spawned ranks in one process group: each rank's rows."""
     import torch.multiprocessing as mp
 
     from dpr_cache.runtime.processes import free_port
@@ -216,8 +204,8 @@ def _spawn(world: int, plan: Plan, cases: list, out: Path) -> list[dict]:
 
 
 def run(plan: Plan, work: Path) -> dict:
-    """Every (model, W, sharding) of ``plan``: each rank's bytes, the largest over ranks, the
-    ratio to ``none`` at the same W, and the gradient's gap to the W = 1 unsharded run."""
+    """Every (model, W, sharding): each rank's bytes, the ranks' largest, the ratio to ``none``
+    at the same W, and the gradient's gap to the W = 1 unsharded run."""
     started, runs, models = time.monotonic(), {}, {}
     for world in plan.worlds:
         cases = [(m, s) for m in plan.models for s in SHARDS]
@@ -262,18 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="dpr-cache-sharding-") as tmp:
         result = run(plan, Path(tmp))
     command = "python -m benchmarks.sharding" + (" --dry-run" if args.dry_run else "")
-    report = {
-        "command": f"{command} --out {args.out}",
-        "dry_run": args.dry_run,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info("cpu", 1),
-        "plan": asdict(plan),
-        **result,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / FIGURES, report)
-    print(args.out / FIGURES)
-    print(render(report, args.out))
+    result |= {"command": f"{command} --out {args.out}", "dry_run": args.dry_run}
+    result["plan"] = asdict(plan)
+    harness.save_result(args.out / FIGURES, result, harness.machine_info("cpu", 1), render)
 
 
 NAMES = {"bert": "BERT", "llama": "tiny Llama, fully trained", "llama-lora": "tiny Llama with LoRA"}
@@ -283,7 +262,6 @@ SUMMED = ("parameters", "gradients", "optimizer_state", "held")
 
 
 def _row(r: dict) -> list:
-    """A run's row of its model's table."""
     top, world = r["max"], r["world"]
     engine = r["shard"] if r["shard"] == "fsdp" else ("none" if world == 1 else "none (DDP)")
     ratios = [r.get("ratio", {}).get(k) for k in SUMMED]
@@ -302,25 +280,23 @@ def _model_lines(name: str, m: dict) -> list[str]:
         f"### {NAMES.get(name, name)}",
         "",
         f"{m['parameters']:,} parameters, {trained} trained; {m['towers']} towers, "
-        f"{m['pooling']} pooling. MB (10^6 bytes) held by the fullest rank after the steps, "
-        "float64; the ratio is to `none` at the same W (`none` holds the whole model on every "
-        "rank); 1/W is what FSDP promises.",
+        f"{m['pooling']} pooling. MB (10^6 bytes) the fullest rank holds; ratios to `none` at "
+        "the same W; 1/W is what FSDP promises.",
         "",
-        *markdown_table(HEADER, [_row(r) for r in m["runs"]]),
+        *harness.markdown_table(HEADER, [_row(r) for r in m["runs"]]),
     ]
     if "lora" in name:
         fsdp = [r for r in m["runs"] if r["shard"] == "fsdp"]
         held = [f"{r['max']['trainable_parameters'] / 1e6:.3f} MB at W={r['world']}" for r in fsdp]
         lines += [
             "",
-            f"Of the parameters, the trained ones (the adapters): {', '.join(held)} under fsdp; "
-            "the frozen base is sharded with them (one FSDP unit a block).",
+            f"The trained parameters (the adapters): {', '.join(held)} under fsdp; the frozen "
+            "base is sharded with them.",
         ]
     return lines
 
 
 def _findings(result: dict) -> list[str]:
-    """One line a model: the sum's ratio at each W > 1 against 1/W, and the worst gap."""
     out = ["", "## Findings", ""]
     for name, m in result["models"].items():
         fsdp = [r for r in m["runs"] if r["shard"] == "fsdp" and r["world"] > 1]
@@ -336,49 +312,37 @@ def _findings(result: dict) -> list[str]:
 
 
 def markdown(result: dict) -> str:
-    """The page: machine, command, what is counted, a table for each model."""
+    """The page: machine, command, what is counted, the findings, a table for each model."""
     plan, machine = result["plan"], result["machine"]
     lines = ["# What a rank holds: `train.shard` none (DDP) against fsdp (FSDP2), on the CPU", ""]
     if result.get("dry_run"):
         lines += ["**Dry run**: toy sizes, to rehearse the benchmark; not the page's figures.", ""]
     per_rank = ", ".join(f"{plan['n_q'] // w} at W={w}" for w in plan["worlds"])
-    groups = (
-        " Here every case of a world size ran in one process group, so a rank's peak RSS "
-        "is that of all its cases."
-        if plan.get("one_group_a_world")
-        else " Each (model, W, sharding) ran in a process group of its own."
-    )
+    groups = "every case of a world size in one group, so a rank's peak RSS is all its cases'"
+    if not plan.get("one_group_a_world"):
+        groups = "each (model, W, sharding) in a process group of its own"
     lines += [
         f"`{result['command']}` ({result['date']}, {result['seconds']:.0f} s).",
-        f"Machine: {cpu_text(machine)}; torch {machine['torch']}, transformers "
+        f"Machine: {harness.cpu_text(machine)}; torch {machine['torch']}, transformers "
         f"{machine['transformers']}, one thread a rank.",
         "",
-        f"For each model and each world size W (gloo ranks spawned on 127.0.0.1), each rank runs "
-        f"one GradCache step on its slice of one global batch of {plan['n_q']} questions "
-        f"({per_rank}; {plan['group'] - 1} hard negative a question, chunk {plan['chunk']}, "
-        f"every rank's passages as negatives) and one AdamW step, in float64, with "
-        "`train.shard: none` (the model itself at W = 1, DistributedDataParallel above) or "
-        "`fsdp` (the trainer's own `shard_towers`: FSDP2 `fully_shard` on each block and each "
-        "tower, gradients reduce-scattered once a step, `train.shard_sync: step`; at W = 1 a "
-        "process group of one). Then each rank counts the bytes it holds: parameters (a "
-        "DTensor's local shard, `to_local()`; frozen ones too), gradients (the same), AdamW's "
-        "state (`exp_avg`, `exp_avg_sq`, `step`). The tables give the fullest rank's. Counting "
-        "bytes is deterministic: these are not timings, and a shared machine does not move them.",
+        f"Each rank (gloo, on 127.0.0.1; {groups}) runs one GradCache step on its slice of a"
+        f" global batch of {plan['n_q']} questions ({per_rank}; {plan['group'] - 1} hard"
+        f" negative a question, chunk {plan['chunk']}, every rank's passages as negatives) and"
+        " one AdamW step, in float64, under `train.shard: none` (the model itself at W = 1,"
+        " DistributedDataParallel above) or `fsdp` (the trainer's `shard_towers`: FSDP2"
+        " `fully_shard` on each block and tower, `train.shard_sync: step`). Then it counts the"
+        " bytes it holds, each DTensor by its local shard: parameters (frozen ones too),"
+        " gradients, AdamW's state. The tables give the fullest rank's: counts, not timings.",
         "",
-        "What is not counted: DDP's gradient buckets (a second copy of the gradients that its "
-        "reducer keeps, so `none` holds more than its row on W > 1), FSDP's parameters gathered "
-        "whole for a block's forward or backward (one block at a time, freed after it), and the "
-        "activations and GradCache's cached representations (the same for both, per rank). "
-        "After the step FSDP holds its parameters sharded: what the table counts is what a rank "
-        "keeps between steps.",
+        "Not counted: DDP's gradient buckets (a second copy of the gradients, so `none` holds"
+        " more than its row at W > 1), FSDP's blocks gathered whole for their forward and"
+        " backward (one at a time), the activations and GradCache's cache (alike for both).",
         "",
-        "Gradient gap: the first step's gradient of the run (gathered whole) against the W = 1 "
-        "unsharded run's, the largest difference relative to the largest gradient, float64: a "
-        "sanity column (sharding and the split of the batch change only the order of the sums).",
-        "",
-        "Peak RSS: each rank's own high-water mark (`ru_maxrss`); on the CPU it is dominated by "
-        "the libraries (torch, transformers and peft imported: some hundreds of MB), against a "
-        f"model of a few MB, so it does not show the division; the counted bytes do.{groups}",
+        "Gradient gap: the step's gradient (gathered whole) against the W = 1 unsharded run's,"
+        " the largest difference over the largest gradient: a sanity column. Peak RSS: each"
+        " rank's `ru_maxrss`, dominated by the libraries (some hundreds of MB) against a model"
+        " of a few MB, so it does not show the division; the counted bytes do.",
         *_findings(result),
     ]
     for name, m in result["models"].items():
@@ -387,7 +351,6 @@ def markdown(result: dict) -> str:
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
-    """``sharding.md`` in ``folder``."""
     return write_text_atomic(Path(folder) / PAGE, markdown(result))
 
 

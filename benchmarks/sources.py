@@ -1,14 +1,11 @@
-"""Reading a large training source in another layout: a synthetic sentence-transformers Parquet
-file (``anchor``, ``positive``, ``negative``; random words at MS MARCO's lengths: questions of
-about 35 characters, passages of about 330) streamed into the Arrow cache, in a process of its
-own: its wall time, its peak resident memory, and how many passes it made over the file (the
-Parquet reader's batch iterations, counted). Then the same source opened again from the cache.
-The goal: peak RSS under 1 GB, one pass, at 10 million rows.
+"""A synthetic sentence-transformers Parquet file (``anchor``, ``positive``, ``negative``: random
+words at MS MARCO's lengths) read into the Arrow cache in a process of its own (wall time, peak
+RSS, passes over the file), then again from the cache. Goal: under 1 GB, one pass, at 10M rows::
 
     python -m benchmarks.sources --out docs/bench                    # 10M rows: ~15 minutes
     python -m benchmarks.sources --out /tmp/s --rows 20000           # a quick look
 
-The synthetic file is kept under ``--work`` and reused by a rerun with the same row count.
+The file is kept under ``--work`` for a rerun with the same row count.
 """
 
 from __future__ import annotations
@@ -22,13 +19,14 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from benchmarks.harness import cpu_info, cpu_text, load_average, run_measured, save_result
+from benchmarks import harness
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 from dpr_cache.runtime.processes import child_env
 
 GOAL_GB = 1.0
 LENGTHS = {"anchor": 35, "positive": 330, "negative": 330}  # characters, about
 _BATCH = 100_000
+WORK = Path("runs/bench-sources")
 
 _CHILD = """
 import json, sys, time
@@ -52,8 +50,7 @@ print(json.dumps({"rows": len(data), "seconds": seconds, "passes": passes,
 
 
 def synthetic_parquet(path: Path, rows: int, seed: int = 0) -> Path:
-    """``rows`` rows of random words in sentence-transformers' triplet columns, written a row
-    group at a time (kept: a rerun with the same row count reuses the file)."""
+    """``rows`` rows of random words in the triplet columns, a row group at a time (kept)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -85,8 +82,8 @@ def synthetic_parquet(path: Path, rows: int, seed: int = 0) -> Path:
 
 
 def measure(source: Path, cache: Path) -> dict:
-    """One load in a fresh process: its result line, wall time and peak RSS."""
-    done = run_measured([sys.executable, "-c", _CHILD, str(source), str(cache)], env=child_env())
+    command = [sys.executable, "-c", _CHILD, str(source), str(cache)]
+    done = harness.run_measured(command, env=child_env())
     if done.returncode != 0:
         raise SystemExit(f"the load failed:\n{done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -117,16 +114,14 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
         "# Reading a large source in another layout",
         "",
         f"Measured {result['date']} with `python -m benchmarks.sources --out docs/bench --rows "
-        f"{result['rows']}` (data: `sources.json`). Machine: {cpu_text(machine)}; load "
+        f"{result['rows']}` (data: `sources.json`). Machine: {harness.cpu_text(machine)}; load "
         f"average {machine['load_average']}.",
         "",
-        f"A synthetic sentence-transformers Parquet file of {result['rows']:,} rows "
-        f"(`anchor`, `positive`, `negative`: random words at about "
-        f"{LENGTHS['anchor']}, {LENGTHS['positive']} and {LENGTHS['negative']} characters; "
-        f"{result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow cache "
-        f"({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: the "
-        "kernel's `ru_maxrss`). Passes: the Parquet reader's batch iterations, counted in "
-        "that process.",
+        f"A synthetic sentence-transformers Parquet file of {result['rows']:,} rows (`anchor`,"
+        f" `positive`, `negative`: random words of about {', '.join(map(str, LENGTHS.values()))}"
+        f" characters; {result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow"
+        f" cache ({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: the"
+        " kernel's `ru_maxrss`; passes: the Parquet reader's batch iterations, counted).",
         "",
         "| load | rows | seconds | rows a second | peak RSS (GB) | passes over the file |",
         "|---|--:|--:|--:|--:|--:|",
@@ -140,21 +135,18 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
         f"**{'met' if result['met'] else 'not met'}**.",
         "",
     ]
-    write_text_atomic(folder / "sources.md", "\n".join(lines))
-    return folder / "sources.md"
+    return write_text_atomic(folder / "sources.md", "\n".join(lines))
 
 
 def main(
     out: Annotated[Path, typer.Option(help="Where sources.json and sources.md go.")],
     rows: Annotated[int, typer.Option(help="Rows of the synthetic source.")] = 10_000_000,
-    work: Annotated[Path, typer.Option(help="The synthetic file and cache.")] = Path(
-        "runs/bench-sources"
-    ),
+    work: Annotated[Path, typer.Option(help="The synthetic file and cache.")] = WORK,
 ) -> None:
     result = run(rows, work)
-    load = load_average()
-    machine = {**cpu_info(), "load_average": [round(x, 2) for x in load] if load else None}
-    save_result(out / "sources.json", result, machine, render)
+    load = harness.load_average()
+    machine = {**harness.cpu_info(), "load_average": [round(x, 2) for x in load] if load else None}
+    harness.save_result(out / "sources.json", result, machine, render)
 
 
 if __name__ == "__main__":
