@@ -349,7 +349,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="Where the points and pages go.")
     parser.add_argument("--dry-run", action="store_true", help="The toy set and model, one round.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default all).")
-    parser.add_argument("--fresh", action="store_true", help="Measure every point again.")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="Measure every point again (losses_points.jsonl emptied first).",
+    )
     args = parser.parse_args(argv)
     plan = dataclasses.replace(DRY if args.dry_run else Plan(), threads=args.threads)
     summary = run(plan, args.out, reuse=not args.fresh)

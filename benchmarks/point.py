@@ -105,10 +105,7 @@ def plan_parser(plan_cls, description: str) -> argparse.ArgumentParser:
         if hint is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(hint) is list:
-            item = typing.get_args(hint)[0]
-            kw["type"] = lambda text, item=item: [
-                item(x.strip()) for x in text.split(",") if x.strip()
-            ]
+            kw["type"] = comma_list(typing.get_args(hint)[0])
         else:
             kw["type"] = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
         parser.add_argument(f.metadata["flag"] or "--" + f.name.replace("_", "-"), **kw)
@@ -116,6 +113,18 @@ def plan_parser(plan_cls, description: str) -> argparse.ArgumentParser:
     reuse = "Keep the finished rows of an earlier run in OUT."
     parser.add_argument("--reuse", action="store_true", help=reuse)
     return parser
+
+
+def comma_list(item):
+    """An argparse type: comma-separated ``item``s (empty ones skipped)."""
+
+    def parse(text: str) -> list:
+        try:
+            return [item(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {item.__name__}s") from None
+
+    return parse
 
 
 def plan_of(plan_cls, args: argparse.Namespace, **more):

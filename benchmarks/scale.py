@@ -53,18 +53,22 @@ def measured(cmd: list[str], log: Path) -> dict:
     return {"seconds": round(done.seconds, 2), "peak_rss_gb": round(done.peak_rss / GB, 3)}
 
 
-def exact_search(work: Path, name: str, pattern: str, queries: Path, n: int, k: int) -> dict:
+def exact_search(
+    work: Path, name: str, pattern: str, queries: Path, n: int, k: int, before_search=dict
+) -> dict:
     """``work/vectors/pattern`` indexed flat, searched exactly for ``queries``: the search's
-    figures, the rows and the scan's GFLOP/s."""
+    figures, the rows, the scan's GFLOP/s and what ``before_search()`` reads between the index
+    and the search."""
     index, logs = work / f"flat-{name}", work / "logs"
     embeddings = work / "vectors" / pattern
     measured(cli("index", embeddings=embeddings, out=index), logs / f"index-flat-{name}.txt")
     rows = json.loads((index / "meta.json").read_text())["rows"]
+    before = before_search()
     options = {"index": index, "query_embeddings": queries, "k": k, "memory_gb": MEMORY_GB}
     found = work / f"exact-{name}.trec"
     figures = measured(cli("search", out=found, **options), logs / f"search-flat-{name}.txt")
     gflops = round(2 * n * rows * DIM / figures["seconds"] / 1e9, 1)
-    return {**figures, "rows": rows, "gflops": gflops}
+    return {**figures, "rows": rows, "gflops": gflops, **before}
 
 
 def step_vectors(work: Path) -> dict:

@@ -124,14 +124,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--separate", dest="shared", action="store_false", help="Two towers.")
     parser.add_argument("--loss-sweep", action="store_true", help="Loss only sweep.")
     sizes = "Loss sweep sizes (a size RAM cannot hold is skipped)."
-    parser.add_argument("--loss-batches", default="1024,4096,16384,65536,262144", help=sizes)
+    batches = point.comma_list(int)
+    parser.add_argument(
+        "--loss-batches", type=batches, default="1024,4096,16384,65536,262144", help=sizes
+    )
     parser.add_argument("--index-sweep", action="store_true", help="Sorted vs padded encoding.")
     passages = Path("data/squad/passages.tsv")
     parser.add_argument("--passages", type=Path, default=passages, help="For --index-sweep.")
     args = parser.parse_args(argv)
     if args.index_sweep and not args.passages.is_file():
         raise SystemExit(f"error: {args.passages}: no passages file (run `dpr-cache data squad`)")
-    loss_batches = [int(b) for b in args.loss_batches.split(",")] if args.loss_sweep else []
+    loss_batches = args.loss_batches if args.loss_sweep else []
     index_passages = str(args.passages) if args.index_sweep else None
     plan = point.plan_of(BenchPlan, args, loss_batches=loss_batches, index_passages=index_passages)
     command = point.command_line("benchmarks.synthetic")

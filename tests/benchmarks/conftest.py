@@ -16,11 +16,11 @@ def run_benchmark_fixture():
 
 @pytest.fixture
 def rehearse(tmp_path):
-    """``rehearse(name)``: a resumable benchmark at toy size (``DPR_CACHE_SCALE_TINY``), its
-    work in ``tmp_path/w``, its figures and page in ``tmp_path/out``: the finished process."""
+    """``rehearse(name, timeout)``: a resumable benchmark at toy size (``DPR_CACHE_SCALE_TINY``),
+    its work in ``tmp_path/w``, its figures and page in ``tmp_path/out``: the finished process."""
     args = ["--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
 
-    def rehearse(name: str):
-        return run_benchmark(name, *args, env={"DPR_CACHE_SCALE_TINY": "1"})
+    def rehearse(name: str, timeout: float = 900):
+        return run_benchmark(name, *args, timeout=timeout, env={"DPR_CACHE_SCALE_TINY": "1"})
 
     return rehearse

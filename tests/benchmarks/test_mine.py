@@ -29,5 +29,5 @@ def test_tiny_rehearsal_measures_mine_and_projects_it(tmp_path, rehearse) -> Non
     page = (tmp_path / "out" / "mine.md").read_text()
     assert "## Projected: 58,880 questions over 21,015,324 passages" in page
     assert "{" not in page and "passages (`dpr-cache index`" in page  # every field filled in
-    again = rehearse("mine")
+    again = rehearse("mine", timeout=300)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 2

@@ -25,7 +25,7 @@ def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
     # a step measured in another session, on another machine: the page says which ran where
     results["machines"]["exact"] = {**results["machine"], "cpu": "Other CPU"}
     (tmp_path / "out" / "scale.json").write_text(json.dumps(results))
-    again = rehearse("scale")
+    again = rehearse("scale", timeout=300)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == 9
     page = (tmp_path / "out" / "scale.md").read_text()
     assert "ran on different machines" in page and "| exact | Other CPU" in page
