@@ -1,9 +1,8 @@
-"""dpr-cache with its towers compiled (``torch.compile`` through ``compile_towers``): GradCache's
-exactness under compilation, and the training step's rate with the compile's one-time cost set
-apart. Each runs in a child process (``python -m benchmarks.gpu_compiled exact|speed``), so that
-what compiling leaves (the compiler's caches, CUDA graphs' memory) stays out of the suite's other
-figures and a compile that hangs is stopped; the child prints each figure as a JSON line as soon
-as it is measured, so a child stopped part way keeps those.
+"""dpr-cache with its towers compiled (``compile_towers``): GradCache's exactness under compilation
+and the training step's rate, the compile's one-time cost apart. Each runs in a child process
+(``python -m benchmarks.gpu_compiled exact|speed``), so that what compiling leaves stays out of the
+suite's other figures and a compile that hangs is stopped; the child prints each figure as a JSON
+line as soon as it is measured, so a child stopped part way keeps those.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,13 +26,10 @@ from dpr_cache.model.compiled import compile_towers
 
 COMPILED_REPLAY_BOUND = 1e-4
 """Compiled towers, dropout on, fp32: a chunk's re-forward reps against its first pass's (largest
-difference over the largest rep). The passes run different compiled graphs (without autograd,
-for the backward) whose roundings differ: the same masks land near 1e-6, new masks near 1e-1."""
-EXACT_BUCKET = 16
-"""The checks' length bucket: the tiny BERT's rows then take one width a tower (few shapes)."""
-STEPS = 3
-"""Steps each check runs: under CUDA graphs the first warms up, the second records, the third
-replays the recorded graphs."""
+difference over the largest rep). The passes run different compiled graphs whose roundings differ:
+the same masks land near 1e-6, new masks near 1e-1."""
+EXACT_BUCKET = 16  # the checks' length bucket: the tiny BERT's rows take one width a tower
+STEPS = 3  # under CUDA graphs the first step warms up, the second records, the third replays
 
 
 def _compile(model, mode: str) -> None:
@@ -60,9 +55,7 @@ def fp64_check(device: torch.device, mode: str, size: str = "tiny") -> dict:
     params = list(model.parameters())  # by the parameter: a compiled module renames them
 
     def grads() -> list[torch.Tensor]:
-        return [
-            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params
-        ]
+        return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]
 
     want, start = grads(), time.perf_counter()
     _compile(model, mode)
@@ -75,17 +68,9 @@ def fp64_check(device: torch.device, mode: str, size: str = "tiny") -> dict:
         errors.append(_relative(grads(), want))
         seconds.append(round(time.perf_counter() - start, 2))
         start = time.perf_counter()
-    worst = max(errors)
-    return {
-        "case": case.name,
-        "mode": mode,
-        "length_bucket": engine.length_bucket,
-        "errors": errors,
-        "relative_error": worst,
-        "bound": gpu_exact.FP64_BOUND,
-        "step_s": seconds,
-        "ok": worst <= gpu_exact.FP64_BOUND,
-    }
+    row = {"case": case.name, "mode": mode, "length_bucket": engine.length_bucket}
+    row |= {"errors": errors, "relative_error": max(errors), "bound": gpu_exact.FP64_BOUND}
+    return row | {"step_s": seconds, "ok": max(errors) <= gpu_exact.FP64_BOUND}
 
 
 def replay_check(device: torch.device, mode: str, size: str = "tiny", dropout: float = 0.1) -> dict:
@@ -94,18 +79,17 @@ def replay_check(device: torch.device, mode: str, size: str = "tiny", dropout: f
     :data:`COMPILED_REPLAY_BOUND`) and without (the control: far apart); and the compiled first
     pass against the eager towers' under the same seed."""
     batch = gpu_exact.make_batch(size, 8, 1, device)
-
-    def pairs_of(model, replay: bool = True) -> list:
-        options = {"replay_rng": replay, "length_bucket": EXACT_BUCKET}
-        return gpu_exact.recorded_step(model, batch, **options)
-
-    eager_pairs = pairs_of(gpu_exact.make_model(size, device, torch.float32, dropout=dropout))
-    model = gpu_exact.make_model(size, device, torch.float32, dropout=dropout)
+    recorded = functools.partial(gpu_exact.recorded_step, batch=batch, length_bucket=EXACT_BUCKET)
+    new_model = functools.partial(
+        gpu_exact.make_model, size, device, torch.float32, dropout=dropout
+    )
+    eager_pairs = recorded(new_model(), replay_rng=True)
+    model = new_model()
     _compile(model, mode)
     result = {"size": size, "dropout": dropout, "mode": mode, "bound": COMPILED_REPLAY_BOUND}
     for replay, key in ((True, "replayed"), (False, "control_without_replay")):
         for _ in range(STEPS):
-            pairs = pairs_of(model, replay)
+            pairs = recorded(model, replay_rng=replay)
         gaps = [_relative([b], [a]) for a, b in pairs]
         within = sum(g <= COMPILED_REPLAY_BOUND for g in gaps)
         result[key] = {"chunks": len(gaps), "within_bound": within, "largest": max(gaps)}
@@ -117,8 +101,9 @@ def replay_check(device: torch.device, mode: str, size: str = "tiny", dropout: f
     return result
 
 
-def exactness(device: torch.device, mode: str) -> Iterator[tuple[str, dict]]:
-    """The two checks, each as it ends (an error is that check's result)."""
+def exactness(device: torch.device, mode: str):
+    """The two checks, each yielded as it ends (an error is that check's result), then the
+    compiler's counters."""
     for name, check in (("fp64", fp64_check), ("replay", replay_check)):
         start = time.perf_counter()
         try:
@@ -127,23 +112,14 @@ def exactness(device: torch.device, mode: str) -> Iterator[tuple[str, dict]]:
             row = {"error": f"{type(exc).__name__}: {exc}"[:500], "ok": False}
         row["seconds"] = round(time.perf_counter() - start, 1)
         yield name, row
+    yield "compiler", _compiler_counters()
 
 
-def speed(
-    model_dir: Path,
-    squad_gz: Path,
-    squad_dir: Path,
-    device: torch.device,
-    variants: list[Variant],
-    batch_size: int,
-    rounds: int,
-    precision: str = "fp16",
-) -> Iterator[tuple[str, dict]]:
-    """Each compiled variant in a group of its own, its step beside the same setting eager and
-    the full batch (on an eager model of its own), interleaved at ``batch_size``; the towers
-    compiled once, in the first variant's mode. Each group is yielded as it ends
-    (``comparisons``: every group so far), then the compiler's counters. The compile's one-time
-    cost is in the compiled rows' warm-ups, not in their pairs/s."""
+def speed(model_dir, squad_gz, squad_dir, device, variants, batch_size, rounds, precision="fp16"):
+    """Each compiled variant in a group of its own beside the same setting eager and the full batch
+    (on an eager model of its own), interleaved at ``batch_size``, the towers compiled once in the
+    first variant's mode; each group yielded as it ends (``comparisons``: all so far), then the
+    compiler's counters. The compile's one-time cost is in the compiled rows' warm-ups."""
     from dpr_cache.model.biencoder import BiEncoder
 
     def load():
@@ -151,9 +127,7 @@ def speed(
 
     eager = load()
     batch_of = functools.partial(gpu_perf.squad_batch, eager, squad_gz, squad_dir)
-    batch = batch_of(batch_size)
-    to_compile = load()
-    start = time.perf_counter()
+    batch, to_compile, start = batch_of(batch_size), load(), time.perf_counter()
     _compile(to_compile, variants[0].compile_mode)
     yield "compile_call_s", round(time.perf_counter() - start, 2)
     done = []
@@ -176,8 +150,8 @@ def speed(
 
 
 def _print_each_compile() -> None:
-    """A line printed as each compilation ends (its seconds, the count so far), where this
-    torch has compile callbacks: a child stopped mid-compile still says what it compiled."""
+    """A line printed as each compilation ends (its seconds, the count so far), where this torch
+    has compile callbacks: a child stopped mid-compile still says what it compiled."""
     try:
         from torch._dynamo.callback import callback_handler
     except ImportError:
@@ -194,8 +168,8 @@ def _print_each_compile() -> None:
 
 
 def _compiler_counters() -> dict:
-    """torch.compile's counts in this process (graphs captured, recompiles, graph breaks) and
-    its recompile limit (a frame recompiled that often runs eager from then on)."""
+    """torch.compile's counts in this process (graphs captured, recompiles, graph breaks) and its
+    recompile limit (a frame recompiled that often runs eager from then on)."""
     try:
         import torch._dynamo.config as dynamo_config
         from torch._dynamo.utils import counters
@@ -217,11 +191,10 @@ _COMPILE_ENDED = re.compile(r"^compile \d+ ended: ([\d.]+) s$")
 
 def _in_child(args: list[str], timeout: float, on_start=None) -> dict:
     """``python -m benchmarks.gpu_compiled ARGS`` for ``timeout`` seconds at most: the figures it
-    printed (JSON lines), each compilation's seconds, and where it failed or ran out of time its
-    exit, last lines and last progress lines. ``on_start`` as :func:`child` takes it."""
-    run = child(
-        [sys.executable, "-m", "benchmarks.gpu_compiled", *args], timeout, on_start=on_start
-    )
+    printed, each compilation's seconds, and where it failed or ran out of time its exit, last
+    lines and last progress lines. ``on_start`` as :func:`child` takes it."""
+    cmd = [sys.executable, "-m", "benchmarks.gpu_compiled", *args]
+    run = child(cmd, timeout, on_start=on_start)
     found, progress, compiles = {}, [], []
     for line in run["stdout"].splitlines():
         try:
@@ -242,32 +215,21 @@ def _in_child(args: list[str], timeout: float, on_start=None) -> dict:
 
 
 def exactness_in_child(device: str, mode: str, timeout: float = 150, on_start=None) -> dict:
-    """:func:`exactness` in a child."""
-    found = _in_child(["exact", "--device", device, "--mode", mode], timeout, on_start)
-    return {"mode": mode, **found}
+    return {
+        "mode": mode,
+        **_in_child(["exact", "--device", device, "--mode", mode], timeout, on_start),
+    }
 
 
-def speed_in_child(
-    model_dir: Path,
-    squad_gz: Path,
-    squad_dir: Path,
-    device: str,
-    variants: list[Variant],
-    batch_size: int,
-    rounds: int,
-    timeout: float,
-) -> dict:
-    """:func:`speed` in a child."""
+def speed_in_child(model_dir, squad_gz, squad_dir, device, variants, batch_size, rounds, timeout):
     spec = json.dumps([[v.chunk, v.length_bucket, v.compile_mode] for v in variants])
     paths = {"--model": model_dir, "--squad-gz": squad_gz, "--squad-dir": squad_dir}
-    sizes = {"--batch": batch_size, "--rounds": rounds}
-    options = {"--device": device, **paths, "--variants": spec, **sizes}
-    found = _in_child(["speed", *option_args(options)], timeout)
-    return {"mode": variants[0].compile_mode, **found}
-
-
-def _emit(key: str, value) -> None:
-    print(json.dumps({"key": key, "value": value}), flush=True)
+    options = {"--device": device, **paths, "--variants": spec}
+    options |= {"--batch": batch_size, "--rounds": rounds}
+    return {
+        "mode": variants[0].compile_mode,
+        **_in_child(["speed", *option_args(options)], timeout),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -284,13 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     _print_each_compile()
     if args.kind == "exact":
-        for name, row in exactness(device, args.mode):
-            _emit(name, row)
-        return _emit("compiler", _compiler_counters())
-    variants = [Variant(c, b, m) for c, b, m in json.loads(args.variants)]
-    paths = (args.model, args.squad_gz, args.squad_dir)
-    for name, value in speed(*paths, device, variants, args.batch, args.rounds):
-        _emit(name, value)
+        found = exactness(device, args.mode)
+    else:
+        variants = [Variant(c, b, m) for c, b, m in json.loads(args.variants)]
+        paths = (args.model, args.squad_gz, args.squad_dir)
+        found = speed(*paths, device, variants, args.batch, args.rounds)
+    for key, value in found:
+        print(json.dumps({"key": key, "value": value}), flush=True)
 
 
 if __name__ == "__main__":

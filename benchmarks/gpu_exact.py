@@ -1,8 +1,6 @@
 """GradCache's exactness on a device: float64 against full-batch autograd, the RNG replay of each
-chunk's dropout, a finite-difference check with dropout on, and mixed precision against the full
-batch under the same autocast. Each check builds its own random BERT (a tiny one, or BERT-base's
-shape) on the device it is given and returns plain figures with their bounds.
-"""
+chunk's dropout, a finite difference with dropout on, and mixed precision against the full batch
+under the same autocast, each on a random BERT of its own, with its bound."""
 
 from __future__ import annotations
 
@@ -18,10 +16,8 @@ from dpr_cache.model.attention import use_sdpa_without_wait
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.device import autocast
 
-FP64_BOUND = 1e-10
-"""GradCache vs the full batch in float64: largest gradient difference over the largest gradient."""
-FD_BOUND = 1e-6
-"""Central finite difference vs GradCache's gradient, dropout on, float64 (truncation ~1e-8)."""
+FP64_BOUND = 1e-10  # float64 GradCache vs full batch: largest gradient gap over largest gradient
+FD_BOUND = 1e-6  # central finite difference vs GradCache, dropout on, float64 (truncation ~1e-8)
 MIXED_BOUNDS = {"bf16": 1e-1, "fp16": 2e-2}
 """Ceilings of GradCache's gradient vs the full batch's under the same autocast (relative norm):
 about 25x and 40x a single rounding of the format, room for a whole BERT's accumulated rounding."""
@@ -30,10 +26,9 @@ MIXED_RATIO = 1.5
 batch's own under the same autocast. Chunks change the matrix products' shapes, hence their
 rounding, but add no error of their own: a wrong gradient (a chunk's dropout not replayed, a
 chunk dropped) lands far above."""
+# added to the engine's defaults by the replay, finite-difference and mixed-precision checks:
+# chunk widths rounded up to a multiple of 4, between their longest row's and the batch's
 SAVINGS = {"length_bucket": 4}
-"""Added to the engine's defaults by the replay, finite-difference and mixed-precision checks:
-chunk widths rounded up to a multiple of 4, so chunks take widths between their longest row and
-the batch's."""
 
 Shape = namedtuple("Shape", "hidden layers heads vocab q_len p_len intermediate", defaults=[None])
 SIZES = {  # base: BERT-base (110M parameters); tiny: a 2-layer toy
@@ -47,29 +42,13 @@ def bert_config(s: Shape, dropout: float, **extra):
     """The transformers config of a BERT of shape ``s``."""
     from transformers import BertConfig
 
-    return BertConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        intermediate_size=s.intermediate or 4 * s.hidden,
-        max_position_embeddings=max(64, s.p_len),
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-        **extra,
-    )
+    sizes = {"vocab_size": s.vocab, "hidden_size": s.hidden, "num_hidden_layers": s.layers}
+    sizes |= {"num_attention_heads": s.heads, "intermediate_size": s.intermediate or 4 * s.hidden}
+    drop = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    return BertConfig(max_position_embeddings=max(64, s.p_len), **sizes, **drop, **extra)
 
 
-def make_model(
-    size: str | Shape,
-    device: torch.device,
-    dtype: torch.dtype,
-    *,
-    shared: bool = False,
-    checkpointing: bool = False,
-    dropout: float = 0.0,
-    seed: int = 0,
-) -> BiEncoder:
+def make_model(size, device, dtype, *, shared=False, checkpointing=False, dropout=0.0, seed=0):
     """A random BiEncoder of ``SIZES[size]`` (or the Shape ``size``) in train mode, made on
     ``device``; separate towers start different. On CUDA its attention builds padding masks
     without host waits."""
@@ -193,46 +172,38 @@ def fp64_exactness(case: ExactCase, device: torch.device) -> dict:
     engine = GradCache(model.encode_query, model.encode_passage, contrastive_loss, case.chunk)
     got_loss = float(engine.step(q, p, p_ids=ids).detach())
     error = max_relative_error(_grads(model), want)
-    return {
-        "case": case.name,
-        "loss_difference": abs(got_loss - want_loss),
-        "relative_error": error,
-        "bound": FP64_BOUND,
-        "ok": error <= FP64_BOUND,
-    }
+    row = {"case": case.name, "loss_difference": abs(got_loss - want_loss)}
+    return row | {"relative_error": error, "bound": FP64_BOUND, "ok": error <= FP64_BOUND}
 
 
 def recorded_step(model, batch, precision: str = "fp32", **engine) -> list:
     """One GradCache step (chunk 3, dropout's RNG seeded 7, every chunk re-encoded) on
     ``model``'s towers, each output recorded: every chunk's (first pass, re-forward) reps."""
     q, p, ids = batch
-    recorders = [_Recorder(model.encode_query), _Recorder(model.encode_passage)]
-    gc = GradCache(*recorders, contrastive_loss, 3, keep_last_graph=False, **engine)
+    outputs = ([], [])
+    encoders = (model.encode_query, model.encode_passage)
+    towers = [_recorded(e, out) for e, out in zip(encoders, outputs, strict=True)]
+    gc = GradCache(*towers, contrastive_loss, 3, keep_last_graph=False, **engine)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(7)
     with autocast(q["input_ids"].device, precision):
         gc.step(q, p, p_ids=ids)
-    halves = [
-        (r.outputs[: len(r.outputs) // 2], r.outputs[len(r.outputs) // 2 :]) for r in recorders
-    ]
+    halves = [(out[: len(out) // 2], out[len(out) // 2 :]) for out in outputs]
     return [pair for first, again in halves for pair in zip(first, again, strict=True)]
 
 
-class _Recorder:
-    """Wraps an encoder and keeps a copy of every output, in call order."""
+def _recorded(encode, outputs: list):
+    """``encode``, each output's copy kept in ``outputs`` in call order."""
 
-    def __init__(self, encode) -> None:
-        self.encode, self.outputs = encode, []
-
-    def __call__(self, inputs: dict) -> Tensor:
-        reps = self.encode(inputs)
-        self.outputs.append(reps.detach().clone())
+    def run(inputs: dict) -> Tensor:
+        reps = encode(inputs)
+        outputs.append(reps.detach().clone())
         return reps
 
+    return run
 
-def replay_bitwise(
-    size: str, device: torch.device, precision: str = "fp32", dropout: float = 0.1
-) -> dict:
+
+def replay_bitwise(size: str, device, precision: str = "fp32", dropout: float = 0.1) -> dict:
     """Dropout on: every chunk's re-forward reps equal its first pass's bit for bit with the RNG
     replayed; without the replay (the negative control) they differ."""
     result = {"size": size, "precision": precision, "dropout": dropout}
@@ -255,15 +226,17 @@ def _directional(model: BiEncoder, run) -> float:
     direction = [torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device) for p in params]
     analytic = sum((p.grad * d).sum() for p, d in zip(params, direction, strict=True)).item()
     eps, values = 1e-6, []
-    for sign in (1, -1):
-        with torch.no_grad():
-            for p, d in zip(params, direction, strict=True):
-                p.add_(sign * eps * d)
+    for sign in (eps, -eps):
+        _nudge(params, direction, sign)
         values.append(float(run()))
-        with torch.no_grad():
-            for p, d in zip(params, direction, strict=True):
-                p.sub_(sign * eps * d)
+        _nudge(params, direction, -sign)
     return abs((values[0] - values[1]) / (2 * eps) - analytic) / abs(analytic)
+
+
+def _nudge(params: list[Tensor], direction: list[Tensor], by: float) -> None:
+    with torch.no_grad():
+        for p, d in zip(params, direction, strict=True):
+            p.add_(by * d)
 
 
 def dropout_finite_difference(size: str, device: torch.device, dropout: float = 0.3) -> dict:
@@ -314,19 +287,11 @@ def mixed_precision(size: str, device: torch.device, precision: str, n_q: int = 
         engine.forward_backward(q_tower, p_tower)
     cached = _grads(model, scaler.get_scale() if scaler else 1.0)
     _, exact = full_batch_grads(make_model(size, device, torch.float64), q, p, ids)
-    errors = [
-        norm_relative_error(*pair) for pair in ((cached, full), (full, exact), (cached, exact))
-    ]
-    gc_full, full_exact, gc_exact = errors
+    pairs = {"gradcache_vs_full": (cached, full), "full_vs_fp64": (full, exact)}
+    pairs["gradcache_vs_fp64"] = (cached, exact)
+    row = {"size": size, "precision": precision}
+    row |= {name: norm_relative_error(*pair) for name, pair in pairs.items()}
+    row |= {"ceiling": MIXED_BOUNDS[precision], "ratio_bound": MIXED_RATIO, "dtypes": seen}
     fp32 = all(seen[k] == "torch.float32" for k in ("reps", "loss", "cache"))
-    return {
-        "size": size,
-        "precision": precision,
-        "gradcache_vs_full": gc_full,
-        "full_vs_fp64": full_exact,
-        "gradcache_vs_fp64": gc_exact,
-        "ceiling": MIXED_BOUNDS[precision],
-        "ratio_bound": MIXED_RATIO,
-        "dtypes": seen,
-        "ok": gc_full <= MIXED_BOUNDS[precision] and gc_exact <= MIXED_RATIO * full_exact and fp32,
-    }
+    ratio_ok = row["gradcache_vs_fp64"] <= MIXED_RATIO * row["full_vs_fp64"]
+    return row | {"ok": row["gradcache_vs_full"] <= row["ceiling"] and ratio_ok and fp32}

@@ -10,42 +10,22 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import asdict, dataclass
+from collections import namedtuple
 
 import torch
 
 from benchmarks.gpu_exact import Shape, make_model
 from benchmarks.gpu_perf import free_device
 
-
-@dataclass(frozen=True)
-class FsdpPlan:
-    """The sizes of the section: the GPU's, or the dry run's."""
-
-    exact_hidden: int  # the float64 BERT of the exactness case
-    exact_layers: int
-    exact_batch: int
-    exact_chunk: int
-    hidden: int  # the memory rows' BERT (on a GPU BERT-base's shape) and batch
-    layers: int
-    heads: int
-    intermediate: int
-    vocab: int
-    batch: int
-    chunk: int
-    q_len: int
-    p_len: int
-    precision: str = "bf16"
-
-
-# in the fields' order: the exactness case's BERT and batch, then the memory rows'
-GPU_FSDP = FsdpPlan(64, 2, 16, 4, 768, 12, 12, 3072, 30522, 128, 32, 32, 256)
-DRY_FSDP = FsdpPlan(32, 2, 8, 2, 32, 2, 2, 64, 97, 8, 2, 8, 12)
+# the exactness case's float64 BERT and batch, then the memory rows' (on a GPU BERT-base's shape)
+_FIELDS = "exact_hidden exact_layers exact_batch exact_chunk hidden layers heads intermediate vocab"
+FsdpPlan = namedtuple("FsdpPlan", f"{_FIELDS} batch chunk q_len p_len precision")
+GPU_FSDP = FsdpPlan(64, 2, 16, 4, 768, 12, 12, 3072, 30522, 128, 32, 32, 256, "bf16")
+DRY_FSDP = FsdpPlan(32, 2, 8, 2, 32, 2, 2, 64, 97, 8, 2, 8, 12, "bf16")
 
 
 def _model(device: torch.device, dtype: torch.dtype, hidden, layers, heads, intermediate, vocab):
-    """A BiEncoder with separate towers (the passage tower moved off the query tower's start),
-    the same weights at each call."""
+    """A BiEncoder with separate towers, the same weights at each call."""
     shape = Shape(hidden, layers, heads, vocab, q_len=32, p_len=512, intermediate=intermediate)
     return make_model(shape, device, dtype)
 
@@ -80,10 +60,8 @@ def exactness(plan: FsdpPlan, device: torch.device) -> dict:
         _, cached = sharded_step(synced, twin, batch, env, chunking=chunking)
         gap = max((cached[n] - full[n]).abs().max().item() for n in full) / scale
         ok = gap <= bound and cached.keys() == full.keys()
-        seconds = round(time.monotonic() - start, 2)
-        rows.append(
-            {"sync": sync, "relative_error": gap, "bound": bound, "ok": ok, "seconds": seconds}
-        )
+        row = {"sync": sync, "relative_error": gap, "bound": bound, "ok": ok}
+        rows.append(row | {"seconds": round(time.monotonic() - start, 2)})
     sizes = {"batch": plan.exact_batch, "chunk": plan.exact_chunk, "hidden": plan.exact_hidden}
     return sizes | {"layers": plan.exact_layers, "rows": rows}
 
@@ -97,9 +75,8 @@ def _memory(device: torch.device) -> tuple[int, int | None]:
 
 
 def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
-    """One GradCache step and one AdamW update of the memory rows' BERT under ``shard``: the
-    peak, the memory held before and after, the bytes of parameters, gradients and AdamW's
-    state."""
+    """One GradCache step and AdamW update of the memory rows' BERT under ``shard``: the peak,
+    the memory held before and after, the bytes of parameters, gradients and AdamW's state."""
     from benchmarks.harness import held_bytes
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
@@ -142,7 +119,7 @@ def fsdp_figures(plan: FsdpPlan, device: torch.device, into: dict) -> dict:
     from dpr_cache.runtime import distributed
 
     ours = not distributed.joined()
-    into["plan"] = asdict(plan)
+    into["plan"] = plan._asdict()
     into["devices"] = torch.cuda.device_count() if device.type == "cuda" else 0
     try:
         into["exactness"] = exactness(plan, device)

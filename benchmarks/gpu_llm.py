@@ -1,11 +1,10 @@
 """The GPU suite's ``llm`` section (issue 57): decoders of Mistral-7B's and Qwen2-0.5B's shapes
-(random bf16 weights) as the towers, trained as ``configs/llm_lora.yaml`` trains them (LoRA on
-every linear layer, gradient checkpointing, last-token pooling, one shared tower): a GradCache
-step's peak memory by batch, the largest full batch that fits (the 7B's), and pairs per second
-of dpr-cache, the full batch and CachedMNRL on the same peft module, interleaved. Each step is
-``Trainer.step`` of the trainer ``build_trainer`` makes from a config; a measurement that would
-not fit in the section's time left is recorded as skipped. The dry run runs every part on two
-tiny decoders of the same families, a full batch above a pretended limit "out of memory".
+(random bf16 weights) trained as ``configs/llm_lora.yaml`` trains them (LoRA on every linear layer,
+gradient checkpointing, last-token pooling, one shared tower): a GradCache step's peak memory by
+batch, the 7B's largest full batch, and pairs per second of dpr-cache, the full batch and
+CachedMNRL on the same peft module. Each step is ``Trainer.step`` of ``build_trainer``'s trainer;
+what would not fit in the time left is recorded as skipped. The dry run runs it all on two tiny
+decoders of the same families, a full batch above a pretended limit "out of memory".
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections import namedtuple
 from pathlib import Path
 from unittest import mock
 
@@ -26,118 +24,74 @@ from benchmarks.gpu_perf import search_largest
 from dpr_cache.data.collate import Batch
 
 TOY = Path(__file__).resolve().parents[1] / "data" / "toy"
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    """A decoder's architecture: what its cost depends on (the weights are random)."""
-
-    name: str
-    family: str  # transformers' model_type: mistral (Llama's architecture) or qwen2
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    eos: int  # the EOS id ending every text (read by last-token pooling)
-    tied: bool  # input and output embeddings tied
-    st_folder: str  # a toy folder of the family, for sentence-transformers' Transformer
-
-    def config(self, dtype: torch.dtype):
-        """The transformers config of this shape, its weights in ``dtype``."""
-        from transformers import AutoConfig
-
-        mistral = self.family == "mistral"
-        return AutoConfig.for_model(
-            self.family,
-            vocab_size=self.vocab,
-            hidden_size=self.hidden,
-            intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            max_position_embeddings=32768,
-            rms_norm_eps=1e-5 if mistral else 1e-6,
-            bos_token_id=1 if mistral else None,
-            eos_token_id=self.eos,
-            tie_word_embeddings=self.tied,
-            attention_dropout=0.0,
-            dtype=dtype,
-            **({"sliding_window": 4096} if mistral else {}),
-        )
-
-
 LLAMA, QWEN = str(TOY / "tiny-llama"), str(TOY / "tiny-qwen2")
+
+# family: transformers' model_type; eos: the id ending every text (read by last-token pooling);
+# tied: input and output embeddings tied; st_folder: a toy of the family for sentence-transformers
+DecoderShape = namedtuple(
+    "DecoderShape", "name family layers hidden heads kv_heads intermediate vocab eos tied st_folder"
+)
 MISTRAL_7B = DecoderShape("Mistral-7B", "mistral", 32, 4096, 32, 8, 14336, 32000, 2, False, LLAMA)
 QWEN2_05B = DecoderShape("Qwen2-0.5B", "qwen2", 24, 896, 14, 2, 4864, 151936, 151643, True, QWEN)
 TINY_MISTRAL = DecoderShape(
     "tiny (Mistral family)", "mistral", 2, 32, 4, 2, 64, 512, 2, False, LLAMA
 )
 TINY_QWEN2 = DecoderShape("tiny (Qwen2 family)", "qwen2", 2, 32, 4, 2, 64, 512, 0, True, QWEN)
-
-
 LORA = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": "all-linear"}
 
-
-@dataclass(frozen=True)
-class LlmPlan:
-    """The sizes of the section: the GPU's, or the dry run's."""
-
-    big: DecoderShape = MISTRAL_7B  # the goals' decoder (memory, largest full batch, speed)
-    small: DecoderShape = QWEN2_05B  # the faster row (memory, speed)
-    q_len: int = 64
-    p_len: int = 256
-    memory_batches: list[int] = field(default_factory=lambda: [64, 256, 1024])
-    chunk: int = 32  # configs/llm_lora.yaml's
-    speed_batch: int = 256
-    big_rounds: int = 1  # a 7B step at B = 256 is some 20 s; its kernels warmed by the memory rows'
-    big_warmups: int = 0
-    small_rounds: int = 2
-    small_warmups: int = 1
-    full_start: int = 128  # the largest full batch's search: its first try
-    full_granularity: int = 32  # ... and the resolution it stops at
-    small_reserve_s: float = 60  # seconds the big decoder's rows leave to the small one's
-    pretend_limit: int | None = None  # dry run: a full batch above it "runs out of memory"
-    dtype: str = "bf16"  # model.dtype
-    precision: str = "bf16"  # train.precision (autocast)
-    lora: dict = field(default_factory=lambda: dict(LORA))
+_PLAN = {  # field: (on a device, in the dry run)
+    "big":              (MISTRAL_7B,      TINY_MISTRAL),  # the goals' decoder
+    "small":            (QWEN2_05B,       TINY_QWEN2),  # the faster row (memory, speed)
+    "q_len":            (64,              8),
+    "p_len":            (256,             16),
+    "memory_batches":   ([64, 256, 1024], [4, 8, 16]),
+    "chunk":            (32,              2),  # configs/llm_lora.yaml's
+    "speed_batch":      (256,             8),
+    "rounds":           ((1, 2),          (1, 1)),  # big, small; a 7B step at B=256 is ~20 s
+    "warmups":          ((0, 1),          (0, 1)),  # the 7B's kernels warmed by its memory rows
+    "full_start":       (128,             2),  # the largest full batch's first try
+    "full_granularity": (32,              2),  # ... and the resolution it stops at
+    "small_reserve_s":  (60,              0),  # seconds the big decoder leaves to the small one
+    "pretend_limit":    (None,            11),  # a full batch above it "runs out of memory"
+    "dtype":            ("bf16",          "bf16"),  # model.dtype
+    "precision":        ("bf16",          "bf16"),  # train.precision (autocast)
+    "lora":             (LORA,            LORA),
+}  # fmt: skip
+LlmPlan = namedtuple("LlmPlan", _PLAN)
+GPU_LLM = LlmPlan(*(gpu for gpu, _ in _PLAN.values()))
+DRY_LLM = LlmPlan(*(dry for _, dry in _PLAN.values()))
 
 
-GPU_LLM = LlmPlan()
-DRY_LLM = replace(
-    GPU_LLM,
-    big=TINY_MISTRAL,
-    small=TINY_QWEN2,
-    q_len=8,
-    p_len=16,
-    memory_batches=[4, 8, 16],
-    chunk=2,
-    speed_batch=8,
-    small_rounds=1,
-    full_start=2,
-    full_granularity=2,
-    small_reserve_s=0,
-    pretend_limit=11,
-)
+_CONFIG_NAMES = {"vocab": "vocab_size", "hidden": "hidden_size", "layers": "num_hidden_layers"}
+_CONFIG_NAMES |= {"heads": "num_attention_heads", "kv_heads": "num_key_value_heads"}
+_CONFIG_NAMES |= {"intermediate": "intermediate_size", "eos": "eos_token_id"}
+
+
+def _decoder_config(shape: DecoderShape, dtype: torch.dtype):
+    from transformers import AutoConfig
+
+    sizes = {name: getattr(shape, field) for field, name in _CONFIG_NAMES.items()}
+    if shape.family == "mistral":
+        sizes |= {"rms_norm_eps": 1e-5, "bos_token_id": 1, "sliding_window": 4096}
+    else:
+        sizes |= {"rms_norm_eps": 1e-6, "bos_token_id": None}
+    options = {"max_position_embeddings": 32768, "attention_dropout": 0.0, "dtype": dtype}
+    return AutoConfig.for_model(shape.family, tie_word_embeddings=shape.tied, **sizes, **options)
 
 
 def build_decoder(shape: DecoderShape, plan: LlmPlan, device: torch.device):
-    """A shared-tower BiEncoder of ``shape`` with random weights made on ``device`` in
-    ``plan.dtype``, LoRA adapters of ``plan.lora`` on its frozen base, gradient checkpointing,
-    last-token pooling, dot product (the peers' loss is a dot product at scale 1)."""
+    """A shared-tower BiEncoder of ``shape``, random weights made on ``device`` in ``plan.dtype``,
+    ``plan.lora``'s adapters, gradient checkpointing, last-token pooling, dot product."""
     from dpr_cache.config import LoraConfig
     from dpr_cache.model.biencoder import BiEncoder
     from dpr_cache.model.decoders import torch_dtype
 
     torch.manual_seed(0)
     options = {"shared": True, "pooling": "last", "gradient_checkpointing": True}
+    config = _decoder_config(shape, torch_dtype(plan.dtype))
     with torch.device(device):
         model = BiEncoder.from_config(
-            shape.config(torch_dtype(plan.dtype)),
-            normalize=False,
-            lora=LoraConfig(**plan.lora),
-            **options,
+            config, normalize=False, lora=LoraConfig(**plan.lora), **options
         )
     model.weights_dtype = plan.dtype
     model.max_query_length, model.max_passage_length = plan.q_len, plan.p_len
@@ -145,8 +99,8 @@ def build_decoder(shape: DecoderShape, plan: LlmPlan, device: torch.device):
 
 
 def decoder_batch(shape: DecoderShape, n_q: int, q_len: int, p_len: int, seed: int = 0) -> Batch:
-    """``n_q`` questions of ``q_len`` random tokens, a positive and a hard negative of ``p_len``
-    each, every position attended and each row ending in the EOS last-token pooling reads."""
+    """``n_q`` questions of random tokens with a positive and a hard negative each, every position
+    attended and each row ending in the EOS last-token pooling reads."""
     from dpr_cache.data.synthetic import synthetic_batch
 
     q, p, ids = synthetic_batch(None, shape.vocab, n_q, 2 * n_q, q_len, p_len, seed)
@@ -166,16 +120,16 @@ def _config(plan: LlmPlan, shape: DecoderShape, work: Path, device: torch.device
     model += ["normalize=false", f"dtype={plan.dtype}", "gradient_checkpointing=true"]
     model += [f"max_query_length={plan.q_len}", f"max_passage_length={plan.p_len}"]
     runs = {"lr": "1e-4", "temperature": "1.0", "hard_negatives": 1, "precision": plan.precision}
-    runs |= {"device": device, **train}
     sets = [f"output_dir={work}", *(f"model.{s}" for s in model), f"model.lora={{{lora}}}"]
+    runs |= {"device": device, **train}
     return load_config(None, sets + [f"train.{k}={v}" for k, v in runs.items()])
 
 
 @contextlib.contextmanager
 def _prebuilt(model, asked: dict):
-    """``build_trainer``'s loading of ``model.name_or_path`` answered with ``model`` (a 7B's
-    folder would be 14.5 GB to write and read back); what the trainer asked for goes into
-    ``asked``, and a setting the model was not built with is an error."""
+    """``build_trainer``'s loading of the model answered with ``model`` (a 7B's folder would be
+    14.5 GB to write and read back); what it asked for goes into ``asked``, and a setting the
+    model was not built with is an error."""
     import dpr_cache.train.trainer as trainer_module
 
     def load(path, **kwargs):
@@ -194,12 +148,9 @@ def _prebuilt(model, asked: dict):
         yield
 
 
-def trainer_step(
-    model, plan: LlmPlan, shape, batch: Batch, work: Path, device, asked: dict, **train
-):
-    """Peak memory and seconds of one ``Trainer.step`` (AdamW's first update of the adapters
-    included) of the trainer ``build_trainer`` makes from the config ``train`` describes, on
-    ``model``; a step that runs out of memory gives ``fits: False``."""
+def trainer_step(model, plan, shape, batch: Batch, work: Path, device, asked: dict, **train):
+    """Peak memory and seconds of one ``Trainer.step`` (AdamW's first update included) of the
+    trainer ``build_trainer`` makes from the config ``train`` describes, on ``model``."""
     from dpr_cache.runtime.distributed import DistEnv
     from dpr_cache.runtime.memory import peak_memory_bytes
     from dpr_cache.train.trainer import build_trainer
@@ -227,8 +178,8 @@ def trainer_step(
 
 
 def linear_prediction(capacity: int, margin: float = 0.97):
-    """``predict`` for :func:`search_largest`: the batch at which the fitting tries' peaks, a line
-    through them (or through the one and the memory resident before it), reach ``margin`` of
+    """``predict`` for :func:`search_largest`: the batch at which a line through the fitting
+    tries' peaks (or through the one and the memory resident before it) reaches ``margin`` of
     ``capacity`` bytes; None with no fitting try that measured its peak."""
 
     def predict(tried: dict[int, dict]) -> int | None:
@@ -245,30 +196,11 @@ def linear_prediction(capacity: int, margin: float = 0.97):
     return predict
 
 
-def speed_rows(model, shape: DecoderShape, plan: LlmPlan, batch_of, rounds: int, warmups: int):
-    """At ``plan.speed_batch``: dpr-cache at ``plan.chunk``, the full batch and CachedMNRL at the
-    same mini-batch on the same module, interleaved; the full batch at the largest half that fits
-    where it runs out of memory."""
-    c, peers = plan.chunk, {"cmnrl_tokens": [], "lib_chunks": [], "cmnrl_folder": shape.st_folder}
-    comparison = gpu_perf.speed_comparison(
-        model,
-        batch_of(plan.speed_batch),
-        plan.precision,
-        chunks=[c],
-        cmnrl_rows=[c],
-        **peers,
-        rounds=rounds,
-        warmups=warmups,
-        host_waits=False,
-    )
-    return gpu_perf.add_fitting_full_batch(model, comparison, batch_of, rounds, host_waits=False)
-
-
 class _Clock:
     """What is left of the section less ``reserve`` seconds, and the seconds a measurement is
     expected to take from the step rates measured so far."""
 
-    def __init__(self, time_left: Callable[[], float], reserve: float) -> None:
+    def __init__(self, time_left, reserve: float) -> None:
         self.time_left, self.reserve = time_left, reserve
         self.per_question: dict[str, float] = {}  # seconds a question a step, by mode
 
@@ -299,36 +231,49 @@ def _measure(shape, plan: LlmPlan, device, work: Path, clock: _Clock, out: dict,
     out["base_dtype"] = str(next(p.dtype for p in params if not p.requires_grad))
     out["attention"] = getattr(model.query_encoder.config, "_attn_implementation", None)
     batch_of = functools.cache(lambda n: decoder_batch(shape, n, plan.q_len, plan.p_len))
-    asked = out.setdefault("trainer_asked", {})
-    step = functools.partial(
-        trainer_step, model, plan, shape, work=work, device=device, asked=asked
-    )
+    where = {"work": work, "device": device, "asked": out.setdefault("trainer_asked", {})}
+    step = functools.partial(trainer_step, model, plan, shape, **where)
     memory = out.setdefault("memory", [])
-
-    def memory_row(b: int) -> None:
+    for b in sorted(plan.memory_batches, key=lambda b: b > plan.speed_batch):
+        if b > plan.speed_batch and "speed" not in out:
+            out["speed"] = _speed(model, shape, plan, batch_of, clock, big)
         chunk, why = min(plan.chunk, b), clock.why_not("gradcache", b)
         row = {"skipped": why} if why else step(batch_of(b), mode="gradcache", chunk_size=chunk)
         row = {"batch": b, "chunk": chunk, **row}
-        clock.learn("gradcache", row, b)
         memory.append(row)
+        clock.learn("gradcache", row, b)
         print(f"  {shape.name} GradCache B={b}: {_row_text(row)}", flush=True)
-
-    for b in [b for b in plan.memory_batches if b <= plan.speed_batch]:
-        memory_row(b)
-    rounds = plan.big_rounds if big else plan.small_rounds
-    warmups = plan.big_warmups if big else plan.small_warmups
-    # the full batch and CachedMNRL cost about the GradCache step's each
-    why = clock.why_not("gradcache", plan.speed_batch, 3 * (rounds + warmups))
-    if why:
-        out["speed"] = {"batch": plan.speed_batch, "skipped": why}
-    else:
-        out["speed"] = speed_rows(model, shape, plan, batch_of, rounds, warmups)
-        print(f"  {shape.name} speed B={plan.speed_batch}: {out['speed']['best']}", flush=True)
-    for b in [b for b in plan.memory_batches if b > plan.speed_batch]:
-        memory_row(b)
+    if "speed" not in out:
+        out["speed"] = _speed(model, shape, plan, batch_of, clock, big)
     if big:
         out["largest_full_batch"] = _largest_full(plan, device, clock, step, batch_of)
     batch_of.cache_clear()
+
+
+def _speed(model, shape, plan: LlmPlan, batch_of, clock: _Clock, big: bool) -> dict:
+    """At ``plan.speed_batch``: dpr-cache at ``plan.chunk``, the full batch and CachedMNRL at the
+    same mini-batch on the same module, interleaved; the full batch at the largest half that fits
+    where it runs out of memory."""
+    rounds, warmups = plan.rounds[not big], plan.warmups[not big]
+    # the full batch and CachedMNRL cost about the GradCache step's each
+    why = clock.why_not("gradcache", plan.speed_batch, 3 * (rounds + warmups))
+    if why:
+        return {"batch": plan.speed_batch, "skipped": why}
+    c, peers = plan.chunk, {"cmnrl_tokens": [], "lib_chunks": [], "cmnrl_folder": shape.st_folder}
+    batch, timing = batch_of(plan.speed_batch), {"rounds": rounds, "warmups": warmups}
+    comparison = gpu_perf.speed_comparison(
+        model,
+        batch,
+        plan.precision,
+        chunks=[c],
+        cmnrl_rows=[c],
+        **peers,
+        **timing,
+        host_waits=False,
+    )
+    speed = gpu_perf.add_fitting_full_batch(model, comparison, batch_of, rounds, host_waits=False)
+    print(f"  {shape.name} speed B={plan.speed_batch}: {speed['best']}", flush=True)
+    return speed
 
 
 def _largest_full(plan: LlmPlan, device, clock: _Clock, step, batch_of) -> dict:
@@ -388,7 +333,7 @@ def llm_figures(plan: LlmPlan, device, work: Path, time_left=lambda: math.inf, i
     out["plan"] |= {"gradient_checkpointing": True, "pooling": "last"}
     out["models"] = []
     for shape, big in ((plan.big, True), (plan.small, False)):
-        row = {"shape": asdict(shape) | {"st_folder": Path(shape.st_folder).name}, "big": big}
+        row = {"shape": shape._asdict() | {"st_folder": Path(shape.st_folder).name}, "big": big}
         out["models"].append(row)
         clock = _Clock(time_left, plan.small_reserve_s if big else 0.0)
         try:

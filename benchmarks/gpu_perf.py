@@ -1,8 +1,7 @@
 """What a GPU gives a user of dpr-cache: a training step's peak memory by batch, pairs per second
-against the full batch and the peers (one process, interleaved), which of GradCache's savings pay,
-and the rates of ``encode`` and of the teacher's scoring. Every figure comes from the product's
-own code: ``Trainer.step`` of the trainer ``build_trainer`` makes from a config, the steppers'
-``.step`` (forward, loss, backward), the ``dpr-cache encode`` command.
+against the full batch and the peers (interleaved in one process), which savings pay, and the rates
+of ``encode`` and of the teacher's scoring, each from the product's own code (``Trainer.step``,
+the steppers' ``.step``, the ``dpr-cache encode`` command).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +29,7 @@ from dpr_cache.data.collate import Batch
 
 
 def free_device(device: torch.device) -> None:
-    """What this process no longer uses handed back: objects held in cycles (a section stopped
-    mid-step leaves a trainer in its traceback's frames) and the CUDA allocator's cache."""
+    """Objects held in cycles (a stopped section's trainer) and the CUDA cache handed back."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -53,8 +51,8 @@ def _timed(run: Callable[[], object], device: torch.device) -> float:
 
 
 def trainer_step_peak(model_dir: Path, work: Path, device: torch.device, **train) -> dict:
-    """Peak memory and seconds of the first training step (model, gradients and AdamW's moments
-    included) of a config for ``model_dir`` (CLS pooling, 32 + 256 full-length tokens)."""
+    """Peak memory and seconds of the first ``Trainer.step`` (AdamW included) of a config for
+    ``model_dir`` (CLS pooling, 32 + 256 full-length tokens)."""
     from dpr_cache.config import load_config
     from dpr_cache.data.synthetic import synthetic_batch
     from dpr_cache.runtime.distributed import DistEnv
@@ -93,9 +91,7 @@ def memory_by_batch(model_dir, work, device, batches, *, chunk=32, precision="bf
     ]
 
 
-def largest_full_batch(
-    model_dir: Path, work: Path, device: torch.device, *, precision: str = "bf16", start: int = 64
-) -> dict:
+def largest_full_batch(model_dir, work, device, *, precision="bf16", start=64) -> dict:
     """The largest full batch (``train.mode: full``) whose step fits, to 16 questions."""
     train = {"mode": "full", "hard_negatives": 1, "precision": precision}
     found = search_largest(
@@ -105,40 +101,29 @@ def largest_full_batch(
         time_ok=lambda b, tried: "past 65,536" if b > 1 << 16 else None,
     )
     tried = sorted(found["tried"].items(), key=lambda kv: int(kv[0]))
-    return {
-        "batch": found["batch"],
-        "peak_bytes": found["tried"].get(str(found["batch"]), {}).get("peak_bytes"),
-        "precision": precision,
-        "tried": {k: v["fits"] for k, v in tried},
-    }
+    peak = found["tried"].get(str(found["batch"]), {}).get("peak_bytes")
+    row = {"batch": found["batch"], "peak_bytes": peak, "precision": precision}
+    return row | {"tried": {k: v["fits"] for k, v in tried}}
 
 
-def search_largest(
-    fits, start: int, granularity: int, *, predict=None, time_ok=lambda b, tried: None
-):
-    """The largest batch ``fits(b)["fits"]``, to ``granularity``: doubling from ``start`` until a
-    try does not fit, then bisection. Where ``predict`` gives the largest batch the tries so far
-    say fits, a doubling goes no further than it (or one step past it, once it fitted) and a
-    bisection tries it where it lies inside the interval. ``time_ok(b, tried)``: why a try at
-    ``b`` is not made (None: it is), which stops the search."""
+def search_largest(fits, start: int, granularity: int, *, predict=None, time_ok=None) -> dict:
+    """The largest batch ``fits(b)["fits"]``, to ``granularity``: doubling from ``start``, then
+    bisection. ``predict(tried)`` (the largest batch the tries say fits) caps a doubling and is
+    tried inside the bisection's interval; ``time_ok(b, tried)``: why ``b`` is not tried."""
     tried: dict[int, dict] = {}
     good = bad = stopped = None
     b: int | None = start
     while b is not None:
-        why = time_ok(b, tried)
+        why = time_ok and time_ok(b, tried)
         if why:
             stopped = f"B={b} not tried: {why}"
             break
         tried[b] = fits(b)
         good, bad = (b, bad) if tried[b]["fits"] else (good, b)
         b = _next_try(good, bad, granularity, predict(tried) if predict else None)
-    return {
-        "batch": good,
-        "first_too_large": bad,
-        "resolution": None if good is None or bad is None else bad - good,
-        "tried": {str(k): v for k, v in tried.items()},  # in the order tried
-        "stopped": stopped,
-    }
+    resolution = None if good is None or bad is None else bad - good
+    found = {"batch": good, "first_too_large": bad, "resolution": resolution}
+    return found | {"tried": {str(k): v for k, v in tried.items()}, "stopped": stopped}
 
 
 def _next_try(good: int | None, bad: int | None, step: int, predicted: int | None) -> int | None:
@@ -158,8 +143,8 @@ def _next_try(good: int | None, bad: int | None, step: int, predicted: int | Non
 
 
 def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: int = 1):
-    """The trainer's step-0 batch of SQuAD's training questions (real text, questions cut at 32
-    tokens, passages at 256), as ``train`` would build it."""
+    """The trainer's step-0 batch of SQuAD's training questions (questions cut at 32 tokens,
+    passages at 256), as ``train`` builds it."""
     from dpr_cache.data.batches import TrainBatches
     from dpr_cache.data.collate import build_batch
     from dpr_cache.data.squad import build_squad
@@ -176,9 +161,8 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
 
 
 def _own_stepper(model, chunk, p_chunk=None, *, length_bucket=None, towers=None, **savings):
-    """dpr-cache's GradCache (``chunk`` questions and ``p_chunk`` passages a chunk, widths
-    rounded up to ``length_bucket``; ``savings`` turned off by name) or the full batch (``chunk``
-    None), on ``towers`` (with ``encode_query`` and ``encode_passage``; default ``model``)."""
+    """dpr-cache's GradCache (``chunk`` questions and ``p_chunk`` passages a chunk, ``savings``
+    turned off by name) or the full batch (``chunk`` None), on ``towers`` (default ``model``)."""
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
     from dpr_cache.core.steppers import Towers, make_stepper
@@ -190,8 +174,9 @@ def _own_stepper(model, chunk, p_chunk=None, *, length_bucket=None, towers=None,
         return make_stepper("full", encoders, loss_fn, chunk_size=1)
     options = {k: savings.get(k, True) for k in ("keep_last_graph", "length_order")}
     options |= {"length_bucket": length_bucket, "chunk_tokens": savings.get("chunk_tokens")}
-    options |= {"chunk_size": chunk, "p_chunk_size": p_chunk}
-    stepper = make_stepper("gradcache", encoders, loss_fn, **options)
+    stepper = make_stepper(
+        "gradcache", encoders, loss_fn, chunk_size=chunk, p_chunk_size=p_chunk, **options
+    )
     if "trim_padding" in savings:
         stepper.trim_padding = savings["trim_padding"]
     return stepper
@@ -199,7 +184,7 @@ def _own_stepper(model, chunk, p_chunk=None, *, length_bucket=None, towers=None,
 
 def _cmnrl(model, rows: int | None = None, tokens: int | None = None, folder: str | None = None):
     """sentence-transformers' CachedMNRL, mini-batches of ``rows`` or of a ``tokens`` budget
-    (None where the installed version has no token budget), its module loaded from ``folder``."""
+    (None where the installed version has none), its module loaded from ``folder``."""
     from benchmarks.peers import CachedMNRLStep
 
     step = CachedMNRLStep(model, rows or 32, folder)
@@ -241,9 +226,8 @@ def count_syncs(step: Callable[[], object], device, precision: str) -> dict:
 STEP_ERRORS = (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError)
 """What a setting's step may raise, reported in its row (out of memory, a compiler's error)."""
 
+# the CUDA allocator's flushes after a failed cudaMalloc, its cudaMalloc and cudaFree calls
 _ALLOCATOR_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
-"""CUDA caching allocator counters a timed step: cache flushes after a failed cudaMalloc,
-cudaMalloc and cudaFree calls (a cudaFree waits for the device)."""
 
 
 def _allocator_counts(device) -> collections.Counter:
@@ -253,27 +237,15 @@ def _allocator_counts(device) -> collections.Counter:
     return collections.Counter({k: int(stats.get(k, 0)) for k in _ALLOCATOR_COUNTS})
 
 
-def _interleave(
-    steppers: dict[str, object],
-    batch: Batch,
-    model,
-    precision: str,
-    rounds: int,
-    host_waits: bool | Collection[str] = True,
-    *,
-    warmups: int | dict[str, int] = 1,
-    fresh_cache: bool = True,
-    others: Collection = (),
-) -> dict[str, dict]:
+def _interleave(steppers, batch, model, precision, rounds, host_waits=True, *, warmups=1, **more):
     """Each stepper's step timed once a round, rounds interleaved, after its ``warmups`` (a count,
-    or by name: one with fewer starts later); one that fails is dropped with the reason. On CUDA
-    the allocator's counts a step, and the host's waits in one more step for ``host_waits``'
-    names (True: all). ``fresh_cache``: start from an emptied CUDA cache. ``others``: more models
-    whose gradients are reset with ``model``'s."""
+    or by name); one that fails is dropped with the reason. On CUDA the allocator's counts a step
+    and, for ``host_waits``' names (True: all), the host's waits in one more step. ``others``:
+    more models whose gradients are reset with ``model``'s; ``fresh_cache``: CUDA's emptied."""
     device, cuda = model.device, model.device.type == "cuda"
-    zero_grad = functools.partial(_zero_grad, (model, *others))
+    zero_grad = functools.partial(_zero_grad, (model, *more.get("others", ())))
     zero_grad()
-    if fresh_cache:
+    if more.get("fresh_cache", True):
         free_device(device)
     b = batch.to(device)
     warm = {n: warmups.get(n, 1) if isinstance(warmups, dict) else warmups for n in steppers}
@@ -310,8 +282,7 @@ def _zero_grad(models) -> None:
 
 
 def _attempt(stepper, b: Batch, precision: str, count_waits: bool) -> dict:
-    """One step: its seconds and the allocator's counts over it, with ``count_waits`` the host's
-    waits in one more step; or why it failed (out of memory, say)."""
+    """One step's seconds and allocator counts (and host waits); or why it failed."""
     from dpr_cache.runtime.device import autocast
 
     device = b.q_inputs["input_ids"].device
@@ -330,25 +301,21 @@ def _attempt(stepper, b: Batch, precision: str, count_waits: bool) -> dict:
 
 
 def _timed_row(run: dict, batch: Batch, known: dict | None) -> dict:
-    """One stepper's figures: its median step, rate, times and warm-ups, or why it has none;
-    with ``known`` (CUDA's memory stats) the allocator's counts a timed step."""
+    """One stepper's median step, rate, times, warm-ups and allocator counts; or why none."""
     ts, warmup_s = run["times"], run["warmup_s"]
     if "failed" in run or not ts:
         row = {"failed": run.get("failed", "not timed")}
         return row | {"warmup_s": warmup_s} if warmup_s else row
     median = statistics.median(ts)
     row = {"step_s": median, "pairs_per_s": batch.n_questions / median, "times_s": ts}
-    row["warmup_s"] = warmup_s
-    if "syncs" in run:
-        row["syncs"] = run["syncs"]
+    row |= {"warmup_s": warmup_s} | ({"syncs": run["syncs"]} if "syncs" in run else {})
     if known is not None:
         c = run["allocator"]
         row["allocator"] = {k: c[k] / len(ts) if k in known else None for k in _ALLOCATOR_COUNTS}
     return row
 
 
-Chunk = int | tuple[int, int]
-"""A GradCache chunk: rows of both towers, or (questions, passages) a chunk."""
+Chunk = int | tuple[int, int]  # rows of both towers, or (questions, passages) a chunk
 
 
 def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> dict[str, tuple]:
@@ -366,7 +333,7 @@ def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> di
 @dataclass(frozen=True)
 class Variant:
     """dpr-cache at one chunk with an option beyond its defaults: chunk widths rounded up to a
-    multiple of ``length_bucket`` (shapes repeat), the towers compiled in ``compile_mode``."""
+    multiple of ``length_bucket``, the towers compiled in ``compile_mode``."""
 
     chunk: int
     length_bucket: int | None = None
@@ -384,10 +351,7 @@ class Variant:
         return self.engine.replace("dpr-cache", f"dpr-cache chunk {self.chunk}", 1)
 
 
-COMPILED_WARMUPS = 2
-"""Warm-ups of a compiled setting: the first compiles, the second records what the first left
-(a shape first seen in it, CUDA graphs recorded on a second call)."""
-
+COMPILED_WARMUPS = 2  # a compiled setting's: the first compiles, the second records CUDA graphs
 _FAMILIES = ("dpr-cache", "full batch", "CachedMNRL", "GradCache library")
 
 
@@ -397,82 +361,56 @@ def chunk_counts(n_q: int, n_p: int, q: int, p: int) -> list[int]:
 
 
 def speed_comparison(
-    model,
-    batch: Batch,
-    precision: str,
-    *,
-    chunks: list[Chunk],
-    cmnrl_rows: list[int],
-    cmnrl_tokens: list[int],
-    lib_chunks: list[Chunk],
-    variants: list[Variant] = (),
-    compiled=None,
-    full_batch: bool = True,
-    rounds: int = 3,
-    warmups: int = 1,
-    host_waits: bool | Collection[str] = True,
-    fresh_cache: bool = True,
-    others: Collection = (),
-    cmnrl_folder: str | None = None,
+    model, batch, precision, *, rounds=3, warmups=1, host_waits=True, fresh_cache=True, **settings
 ) -> dict:
-    """At one batch and precision, interleaved in one process on one shared-tower model:
-    dpr-cache at each chunk (``(q, p)``: q questions, p passages a chunk), in each variant (a
-    compiled one on ``compiled``, with :data:`COMPILED_WARMUPS` warm-ups) and at each of
-    CachedMNRL's token budgets; the full batch; CachedMNRL at each mini-batch of rows and token
-    budget; the GradCache library at each chunk. Each row names its engine, chunk and chunks a
-    step (None where a token budget decides); CachedMNRL's module is loaded from
-    ``cmnrl_folder`` (default: the model's); the rest as :func:`_interleave` takes it."""
-    peers = (cmnrl_rows, cmnrl_tokens, lib_chunks, cmnrl_folder)
-    specs = _comparison_specs(model, batch, chunks, variants, compiled, full_batch, peers)
+    """At one batch and precision, interleaved on one shared-tower model: dpr-cache at each of
+    ``chunks`` (``(q, p)``: q questions, p passages a chunk) and ``variants`` (a compiled one on
+    ``compiled``, with :data:`COMPILED_WARMUPS` warm-ups), the ``full_batch`` (default on),
+    CachedMNRL at each of ``cmnrl_rows`` and ``cmnrl_tokens`` (dpr-cache too at the budgets; its
+    module from ``cmnrl_folder``), the GradCache library at each of ``lib_chunks``. Each row names
+    its engine, chunk and chunks a step (None where a token budget decides); ``others``,
+    ``host_waits`` and ``fresh_cache`` as :func:`_interleave` takes them."""
+    specs = _comparison_specs(model, batch, settings)
     rows = {name: {"engine": e, "chunk": c, "chunks": n} for name, _, e, c, n in specs}
     steppers = {name: make() for name, make, *_ in specs}
-    compiled_names = {v.name for v in variants if v.compile_mode}
-    warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled_names else warmups for n in steppers}
-    options = {"warmups": warm, "fresh_cache": fresh_cache, "others": others}
+    compiled = {v.name for v in settings.get("variants", ()) if v.compile_mode}
+    warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled else warmups for n in steppers}
+    options = {"warmups": warm, "fresh_cache": fresh_cache, "others": settings.get("others", ())}
     timed = _interleave(steppers, batch, model, precision, rounds, host_waits, **options)
     for name, row in timed.items():
         rows[name].update(row)
-    return {
-        "batch": batch.n_questions,
-        "precision": precision,
-        "rounds": rounds,
-        "warmups": warmups,
-        "rows": rows,
-        "best": {family: _best(rows, family) for family in _FAMILIES},
-    }
+    sizes = {"batch": batch.n_questions, "precision": precision, "rounds": rounds}
+    best = {family: _best(rows, family) for family in _FAMILIES}
+    return sizes | {"warmups": warmups, "rows": rows, "best": best}
 
 
-def _comparison_specs(model, batch, chunks, variants, compiled, full_batch, peers) -> list[tuple]:
-    """(name, make, engine, chunk, chunks a step) of each setting :func:`speed_comparison` times;
-    ``peers``: CachedMNRL's rows and token budgets, the library's chunks, CachedMNRL's folder."""
-    cmnrl_rows, cmnrl_tokens, lib_chunks, folder = peers
+def _comparison_specs(model, batch, s: dict) -> list[tuple]:
+    """(name, make, engine, chunk, chunks a step) of each setting :func:`speed_comparison` times."""
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
     part, counts = functools.partial, functools.partial(chunk_counts, n_q, n_p)
-    cmnrl = part(_cmnrl, model, folder=folder)
+    cmnrl = part(_cmnrl, model, folder=s.get("cmnrl_folder"))
     specs = [
         (f"dpr-cache {name}", part(_own_stepper, model, q, p), "dpr-cache", name[6:], counts(q, p))
-        for name, (q, p) in chunk_settings(chunks, n_q, n_p).items()
+        for name, (q, p) in chunk_settings(s["chunks"], n_q, n_p).items()
     ]
-    for v in variants:
-        make = part(_variant_stepper, model, v, compiled)
+    for v in s.get("variants", ()):
+        make = part(_variant_stepper, model, v, s.get("compiled"))
         specs.append((v.name, make, v.engine, str(v.chunk), counts(v.chunk, v.chunk)))
-    if full_batch:
+    if s.get("full_batch", True):
         specs.append(("full batch", part(_own_stepper, model, None), "full batch", None, [1, 1]))
-    for m in [m for m in cmnrl_rows if m <= n_p]:
+    for m in [m for m in s["cmnrl_rows"] if m <= n_p]:
         per_column = -(-n_q // m)  # questions, positives, each hard negative: a column each
         made = [per_column, n_p // n_q * per_column]
         specs.append((f"CachedMNRL rows {m}", part(cmnrl, rows=m), "CachedMNRL", str(m), made))
-    for t in cmnrl_tokens:
+    for t in s["cmnrl_tokens"]:
         step = cmnrl(tokens=t)
         if step is not None:  # where this version has a token budget
-            specs.append(
-                (f"CachedMNRL tokens {t}", lambda s=step: s, "CachedMNRL tokens", None, None)
-            )
+            name = f"CachedMNRL tokens {t}"
+            specs.append((name, lambda made=step: made, "CachedMNRL tokens", None, None))
         make = part(_own_stepper, model, n_q, n_p, chunk_tokens=t)
         specs.append((f"dpr-cache tokens {t}", make, "dpr-cache tokens", None, None))
-    for name, (q, p) in chunk_settings(lib_chunks, n_q, n_p).items():
-        make = part(_gradcache_lib, model, [q, p])
-        made = counts(q, p)
+    for name, (q, p) in chunk_settings(s["lib_chunks"], n_q, n_p).items():
+        make, made = part(_gradcache_lib, model, [q, p]), counts(q, p)
         specs.append((f"GradCache library {name}", make, "GradCache library", name[6:], made))
     return specs
 
@@ -485,9 +423,7 @@ def _variant_stepper(model, variant: Variant, compiled=None):
     return _own_stepper(model, variant.chunk, length_bucket=variant.length_bucket, towers=towers)
 
 
-def add_fitting_full_batch(
-    model, comparison: dict, batch_of: Callable[[int], Batch], rounds: int = 3, host_waits=True
-) -> dict:
+def add_fitting_full_batch(model, comparison, batch_of, rounds=3, host_waits=True) -> dict:
     """Where the full batch ran out of memory at the comparison's batch: the full batch at the
     largest half, quarter, ... of it that fits, timed on its own and added to the rows."""
     if "pairs_per_s" in comparison["rows"].get("full batch", {}):
@@ -496,9 +432,8 @@ def add_fitting_full_batch(
     while size >= 1:
         name = f"full batch B={size}"
         stepper = {name: _own_stepper(model, None)}
-        timed = _interleave(
-            stepper, batch_of(size), model, comparison["precision"], rounds, host_waits
-        )
+        batch, precision = batch_of(size), comparison["precision"]
+        timed = _interleave(stepper, batch, model, precision, rounds, host_waits)
         comparison["rows"][name] = {**timed[name], "engine": "full batch", "chunks": [1, 1]}
         if "pairs_per_s" in timed[name]:
             break
@@ -524,7 +459,7 @@ _SAVINGS = {
 
 def savings(model, batch: Batch, precision: str, chunk: int, rounds: int = 3) -> dict:
     """dpr-cache with every saving on, then each one off in turn (interleaved); fast dropout (a
-    CPU saving) measured last, on the same model, since it patches its dropout modules."""
+    CPU saving) last, on the same model, since it patches its dropout modules."""
     from dpr_cache.model.fast_dropout import use_fast_dropout
 
     steppers = {"all savings": _own_stepper(model, chunk)}
@@ -534,30 +469,22 @@ def savings(model, batch: Batch, precision: str, chunk: int, rounds: int = 3) ->
     fast = {"with fast dropout": _own_stepper(model, chunk)}
     timed |= _interleave(fast, batch, model, precision, rounds, host_waits=False)
     rate = {name: row.get("pairs_per_s") for name, row in timed.items()}
-    base = rate["all savings"]
-    pays = {s: _ratio(base, rate[name]) for name, s in _SAVINGS.items()}
-    pays["fast_dropout"] = _ratio(rate["with fast dropout"], base)
-    return {
-        "batch": batch.n_questions,
-        "precision": precision,
-        "chunk": chunk,
-        "rows": timed,
-        "speedup_of_each": pays,
-    }
+    pays = {s: _ratio(rate["all savings"], rate[name]) for name, s in _SAVINGS.items()}
+    pays["fast_dropout"] = _ratio(rate["with fast dropout"], rate["all savings"])
+    sizes = {"batch": batch.n_questions, "precision": precision, "chunk": chunk}
+    return sizes | {"rows": timed, "speedup_of_each": pays}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-PASSAGE_WORDS = 100
-"""Words a passage, as DPR cut Wikipedia for NQ's 21,015,324 passages."""
+PASSAGE_WORDS = 100  # words a passage, as DPR cut Wikipedia for NQ's 21,015,324 passages
 
 
 def _passages_tsv(squad_dir: Path, out: Path, rows: int) -> Path:
-    """``rows`` passages of :data:`PASSAGE_WORDS` words (NQ's length): each SQuAD article's
-    paragraphs joined and cut every 100 words (a shorter tail left out), repeated with fresh ids
-    to reach ``rows``."""
+    """``rows`` passages of 100 words (each SQuAD article cut every 100 words, a shorter tail left
+    out), repeated with fresh ids."""
     articles: dict[str, list[str]] = {}
     with open(squad_dir / "passages.tsv", newline="") as f:
         for row in csv.DictReader(f, delimiter="\t"):
@@ -571,9 +498,7 @@ def _passages_tsv(squad_dir: Path, out: Path, rows: int) -> Path:
     with open(out, "w", newline="") as f:
         writer = csv.writer(f, delimiter="\t")
         writer.writerow(["id", "text", "title"])
-        for i in range(rows):
-            title, text = pieces[i % len(pieces)]
-            writer.writerow([i + 1, text, title])
+        writer.writerows([i + 1, *pieces[i % len(pieces)][::-1]] for i in range(rows))
     return out
 
 
@@ -585,26 +510,16 @@ def _read_passages(tsv: Path, rows: int | None = None) -> list[tuple[str, str]]:
 
 
 def encode_rate(
-    model_dir: Path,
-    squad_dir: Path,
-    work: Path,
-    device: str,
-    rows: int,
-    *,
-    precision: str = "fp16",
-    batch_size: int = 512,
-    workers: int = 4,
-    timeout: float = 150,
+    model_dir, squad_dir, work, device, rows, *, precision="fp16", batch_size=512, workers=4
 ) -> dict:
-    """``dpr-cache encode`` on ``rows`` passages (``timeout`` seconds at most) and its rate after
-    start-up, from its ``encode.json``'s timings: reading the TSV into Arrow (a passage's share)
-    plus the encoding past its first batch, as a 21M-passage run would run."""
+    """``dpr-cache encode`` on ``rows`` passages (150 s at most) and its rate after start-up from
+    its ``encode.json``: reading (a passage's share) plus the encoding past its first batch."""
     tsv = _passages_tsv(squad_dir, work / f"passages_{rows}.tsv", rows)
     out = work / f"vectors_{rows}"
     options = {"--model": model_dir, "--passages": tsv, "--out": out, "--device": device}
     options |= {"--precision": precision, "--batch-size": batch_size, "--num-workers": workers}
     options |= {"--max-length": 256, "--cache-dir": work / "cache"}
-    run = child([sys.executable, "-m", "dpr_cache", "encode", *option_args(options), "-q"], timeout)
+    run = child([sys.executable, "-m", "dpr_cache", "encode", *option_args(options), "-q"], 150)
     if run["rc"] != 0:
         lines = run["stderr"].strip().splitlines()
         return {"error": lines[-40:] if run["rc"] is None else lines[-1:] or ["failed"]}
@@ -615,21 +530,12 @@ def encode_rate(
         seconds_a_passage = t["open_seconds"] / n + past_first
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
         return {"error": [f"encode.json's timings: {type(exc).__name__}: {exc}"]}
-    return {
-        "passages": n,
-        "seconds": run["seconds"],
-        "timings": t,
-        "passages_per_s": 1 / seconds_a_passage,
-        "precision": precision,
-        "batch_size": batch_size,
-        "max_length": 256,
-        "length_sorted": True,
-    }
+    rate = {"passages": n, "seconds": run["seconds"], "timings": t}
+    rate |= {"passages_per_s": 1 / seconds_a_passage, "precision": precision}
+    return rate | {"batch_size": batch_size, "max_length": 256, "length_sorted": True}
 
 
-def model_encode_rate(
-    model, feats_source: Path, device, precision: str, batch_size=512, rows=20000
-):
+def model_encode_rate(model, feats_source, device, precision, batch_size=512, rows=20000) -> dict:
     """The encoder alone on pre-tokenized passages (length-sorted batches, the second of two runs
     timed): passages per second and their mean length in tokens and in words."""
     from dpr_cache.data.tokenize import tokenize_passages
@@ -643,13 +549,9 @@ def model_encode_rate(
     run()
     seconds = _timed(run, device)
     model.train()
-    return {
-        "passages": len(titles),
-        "seconds": seconds,
-        "passages_per_s": len(titles) / seconds,
-        "mean_tokens": sum(len(s) for s in feats["input_ids"]) / len(titles),
-        "mean_words": sum(len(t.split()) for t in texts) / len(texts),
-    }
+    n, tokens = len(titles), sum(len(s) for s in feats["input_ids"])
+    rate = {"passages": n, "seconds": seconds, "passages_per_s": n / seconds}
+    return rate | {"mean_tokens": tokens / n, "mean_words": sum(len(t.split()) for t in texts) / n}
 
 
 def passage_flops(model, tokens: float) -> float:
@@ -674,31 +576,20 @@ NQ_SCORE_PAIRS = 58_880 * (1 + 30)  # DPR's NQ training questions, a positive an
 
 
 def teacher_score_rate(
-    tokenizer_dir: str,
-    squad_dir: Path,
-    work: Path,
-    device: torch.device,
-    n_pairs: int,
-    precisions: list[str],
-    batch_size: int,
-    rounds: int,
-    into: dict | None = None,
-    shape: tuple[int, int] = (6, 384),
+    tokenizer, squad_dir, work, device, n_pairs, precisions, batch_size, rounds, into, shape
 ) -> dict:
-    """``score``'s cross-encoder loop on ``n_pairs`` pairs of SQuAD dev questions and 100-word
-    passages, a random cross-encoder of ``shape`` (layers, width; all-MiniLM-L6-v2's), at each
-    precision over ``rounds`` alternating rounds, projected to NQ's training set; the
-    tokenization alone; the model alone (:func:`_model_alone`). Filled into ``into`` as
-    measured, so that a section stopped part way keeps them."""
+    """``score``'s cross-encoder loop (a random one of ``shape``: layers, width) on ``n_pairs``
+    SQuAD dev pairs at each precision over ``rounds`` alternating rounds, projected to NQ; the
+    tokenization alone; the model alone. Filled into ``into`` as measured."""
     from dpr_cache.data.tokenize import pad
     from dpr_cache.model.cross_encoder import load_cross_encoder, score_pairs, tokenize_pairs
 
-    folder = _random_cross_encoder(tokenizer_dir, work, shape)
-    encoder = load_cross_encoder(folder, max_length=256, device=device)
-    pairs = _score_sample(squad_dir, work, n_pairs)
-    start = time.perf_counter()
+    encoder = load_cross_encoder(
+        _random_cross_encoder(tokenizer, work, shape), max_length=256, device=device
+    )
+    pairs, start = _score_sample(squad_dir, work, n_pairs), time.perf_counter()
     features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
-    out = {} if into is None else into
+    out = into
     out["tokenize_s"] = time.perf_counter() - start
     lengths = [len(ids) for ids in features["input_ids"]]
     out.update(mean_tokens=sum(lengths) / n_pairs, batch_size=batch_size, max_length=256)
@@ -742,9 +633,13 @@ def _first_pass(out: dict, alone, batches: list[dict], precisions: list[str]) ->
     pass over every other batch (shapes not yet run), in the rounds' order reversed."""
     longest, rest = batches[:1], batches[1:]
     new = {b["input_ids"].shape[1] for b in rest} - {longest[0]["input_ids"].shape[1]}
-    first = {"order": precisions[::-1], "batches": len(rest)}
-    first |= {"pairs": sum(len(b["input_ids"]) for b in rest), "new_lengths": len(new)}
-    first = out["first_pass"] = first | {"seconds": {}, "again_seconds": {}}  # filled as it goes
+    pairs = sum(len(b["input_ids"]) for b in rest)
+    first = {"order": precisions[::-1], "batches": len(rest), "pairs": pairs}
+    first = out["first_pass"] = first | {
+        "new_lengths": len(new),
+        "seconds": {},
+        "again_seconds": {},
+    }
     for precision in precisions:
         alone(precision, longest)
     for precision in first["order"]:
@@ -754,9 +649,8 @@ def _first_pass(out: dict, alone, batches: list[dict], precisions: list[str]) ->
 
 
 def _model_alone(out: dict, alone, batches: list[dict], precisions: list[str], rounds, device):
-    """The model alone: the best of ``rounds`` alternating rounds at each precision (beside the
-    whole loop: the rest is the host's share), the first pass's batches again (every shape run)
-    and the longest batch under torch's profiler at each precision."""
+    """The model alone: the best of ``rounds`` alternating rounds at each precision, the first
+    pass's batches again, and the longest batch under torch's profiler at each precision."""
     best: dict[str, float] = {}
     for _, precision in _alternating(precisions, rounds):
         seconds = alone(precision, batches)
@@ -785,9 +679,8 @@ def _random_cross_encoder(tokenizer_dir: str, work: Path, shape: tuple[int, int]
     if not folder.exists():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         bert = Shape(width, layers, width // 32, tokenizer.vocab_size, q_len=0, p_len=512)
-        config = bert_config(bert, 0.1, num_labels=1)  # BertConfig's defaults but the shape
         torch.manual_seed(0)
-        BertForSequenceClassification(config).save_pretrained(folder)
+        BertForSequenceClassification(bert_config(bert, 0.1, num_labels=1)).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return folder
 
@@ -813,15 +706,13 @@ def _alternating(items: list[str], rounds: int) -> Iterator[tuple[int, str]]:
 
 
 def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> dict:
-    """``run`` once under torch's profiler: its wall time, the time of what ran on the device (the
-    CPU's operators without one) and the ``top`` of those. What the profiler raises is returned
-    as the error; what ``run`` raises is raised."""
+    """``run`` once under torch's profiler: its wall time, the device's (else the CPU's) operator
+    time and its ``top`` operators; the profiler's own failure returned as the error."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
-        prof = profile(activities=activities)
+        prof = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
         prof.start()
     except (RuntimeError, AttributeError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
@@ -839,19 +730,14 @@ def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> di
     on = "device" if cuda else "cpu"
     if failed or not times:
         return {"error": failed or f"the profiler recorded no time on the {on}"}
-    return {
-        "on": on,
-        "wall_ms": wall_ms,
-        "self_ms": sum(us for _, _, us in times) / 1e3,
-        "top": [{"op": key, "calls": n, "ms": us / 1e3} for key, n, us in times[:top]],
-    }
+    top_ops = [{"op": key, "calls": n, "ms": us / 1e3} for key, n, us in times[:top]]
+    self_ms = sum(us for _, _, us in times) / 1e3
+    return {"on": on, "wall_ms": wall_ms, "self_ms": self_ms, "top": top_ops}
 
 
 def operator_times(events, cuda: bool) -> list[tuple[str, int, float]]:
-    """(name, calls, microseconds) of each kernel on the device, or without one each CPU
-    operator's own time, longest first, user annotations left out. Only the kernels' own events
-    count (a kernel's time is also on its operator), or where the profiler timed operators on
-    the device (no CUPTI), those."""
+    """(name, calls, microseconds) of each kernel on the device (operators timed there without
+    CUPTI), else each CPU operator's own time, longest first, user annotations left out."""
     from torch.autograd import DeviceType
 
     kept = []
