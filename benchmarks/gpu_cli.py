@@ -22,22 +22,6 @@ import torch
 
 from benchmarks.harness import proc_field
 
-__all__ = [
-    "in_parallel",
-    "Beside",
-    "Started",
-    "child",
-    "cli",
-    "toy_pipeline",
-    "resume_equality",
-    "fp16_overflow",
-    "chunk_too_large",
-    "nccl_collectives",
-    "DeviceWatch",
-    "summarize",
-    "parse_compute_apps",
-]
-
 TOY = "configs/toy.yaml"
 clock_zero = time.monotonic()  # the suite's start (run_suite sets it): children's start times
 _WORKERS = max(1, len(os.sched_getaffinity(0)) // 2)  # tasks at a time: 1 on 2 cores, 8 on 16
@@ -90,8 +74,7 @@ def child(
 
 
 def _start(cmd: list[str], **popen) -> subprocess.Popen:
-    """A child in a process group of its own, known to :func:`stop_all` until :func:`_forget`;
-    none from a task's thread once the commands were stopped."""
+    """A child in a process group of its own, known to :func:`stop_all` until :func:`_forget`."""
     with _lock:
         if _stopped.is_set() and threading.current_thread() is not threading.main_thread():
             raise RuntimeError("stopped: the section's time is up")
@@ -114,8 +97,7 @@ def _forget(proc: subprocess.Popen) -> None:
 
 
 def stop_all() -> None:
-    """Every running child killed, and no other started until the next start from the main
-    thread (:func:`in_parallel`, :class:`Started`)."""
+    """Every running child killed, none other started until the main thread starts again."""
     with _lock:
         _stopped.set()
         for proc in _running:
@@ -154,9 +136,7 @@ class Started:
     def __init__(self, task: Callable[[Callable[[subprocess.Popen], object]], Any], start=True):
         self._task, self._procs, self._out = task, [], {}
         self.started, self.seconds = False, None
-        # waited on, not the thread: on Python 3.11 and 3.12 a Thread.join that a signal's
-        # handler interrupts can mark a running thread as ended
-        self._done = threading.Event()
+        self._done = threading.Event()  # not a Thread.join, which a signal may cut short (3.12)
         if start:
             self.start()
 
@@ -266,12 +246,12 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
     done = in_parallel(tasks, {})
     rows = [row for name in tasks for row in done[name]]
     metrics, log = out / "eval" / "metrics.json", out / "train_log.jsonl"
-    return {
+    out = {
         "commands": rows,
         "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
-        "logged_steps": len(log.read_text().splitlines()) if log.exists() else 0,
-        "ok": all(r["rc"] == 0 for r in rows),
     }
+    out["logged_steps"] = len(log.read_text().splitlines()) if log.exists() else 0
+    return out | {"ok": all(r["rc"] == 0 for r in rows)}
 
 
 def _difference(a: Path, b: Path) -> dict:
@@ -332,11 +312,9 @@ def resume_equality(
             out[key] = {"error": [c["last_line"] for c in codes if c["rc"] != 0]}
             continue
         model = {name: work / f"resume-{det}-{name}" / "model" for name in ("a", "b", "killed")}
-        out[key] = {
-            "two_unbroken_runs": _difference(model["a"], model["b"]),
-            "resumed_vs_unbroken": _difference(model["killed"], model["a"]),
-            "killed_mid_run": broken["killed_mid_run"],
-        }
+        out[key] = {"two_unbroken_runs": _difference(model["a"], model["b"])}
+        out[key]["resumed_vs_unbroken"] = _difference(model["killed"], model["a"])
+        out[key]["killed_mid_run"] = broken["killed_mid_run"]
     return out
 
 
@@ -365,14 +343,9 @@ def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict
             skipped += 1
             after = list(trainer.model.parameters())
             unchanged &= all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    return {
-        "steps": steps,
-        "skipped": skipped,
-        "weights_untouched_when_skipped": unchanged,
-        "first_scale": 2.0**40,
-        "last_scale": scales[-1],
-        "ok": 0 < skipped < steps and unchanged,
-    }
+    out = {"steps": steps, "skipped": skipped, "weights_untouched_when_skipped": unchanged}
+    out |= {"first_scale": 2.0**40, "last_scale": scales[-1]}
+    return out | {"ok": 0 < skipped < steps and unchanged}
 
 
 def chunk_too_large(work: Path, model_dir: Path, device: str, batch: int = 2048) -> dict:
@@ -422,12 +395,9 @@ def _nccl_child() -> None:
     weight = torch.randn_like(gathered)
     (gathered * weight).sum().backward()
     mean = all_mean(torch.tensor(2.5, device=device), DistEnv(0, 1, 0, device))
-    row = {
-        "backend": dist.get_backend(),
-        "gather_equal": bool(torch.equal(gathered.detach(), local.detach())),
-        "gradient_equal": bool(torch.equal(local.grad, weight)),
-        "mean": mean,
-    }
+    row = {"backend": dist.get_backend(), "mean": mean}
+    row["gather_equal"] = bool(torch.equal(gathered.detach(), local.detach()))
+    row["gradient_equal"] = bool(torch.equal(local.grad, weight))
     row["ok"] = row["gather_equal"] and row["gradient_equal"] and mean == 2.5
     dist.destroy_process_group()
     print(json.dumps(row), flush=True)
@@ -552,17 +522,13 @@ def summarize(samples: list[tuple[float, str, int, int]], total: int, processes:
             second = int(t)
             series.append([t, round(used / GB, 2), round(mine / GB, 2)])
     named = sorted(processes.items(), key=lambda item: -item[1]["peak_bytes"])
-    return {
-        "total_gb": round(total / GB, 2),
-        "series": series,  # [seconds, GB in use, the suite's own GB]
-        "sections": sections,
-        "full_samples": full,
-        "processes": [
-            {"pid": pid, **{k: v for k, v in p.items() if k != "peak_bytes"}}
-            | {"peak_gb": round(p["peak_bytes"] / GB, 2)}
-            for pid, p in named
-        ],
-    }
+    named = [
+        {"pid": pid, **{k: v for k, v in p.items() if k != "peak_bytes"}}
+        | {"peak_gb": round(p["peak_bytes"] / GB, 2)}
+        for pid, p in named
+    ]
+    out = {"total_gb": round(total / GB, 2), "series": series}  # [s, GB in use, the suite's GB]
+    return out | {"sections": sections, "full_samples": full, "processes": named}
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["nccl-child"]:

@@ -1,7 +1,6 @@
-"""The GPU page from the suite's figures: ``gpu.json`` as measured and ``gpu.md`` to read, with
-the goals checked against them: the GPU issue's, issue 57's (decoder LLMs, the ``llm`` section)
-and issue 58's (FSDP2 in a process group of one, the ``fsdp`` section). Speed's goals name their
-batch, precision and chunk; the cost of a chunk is fitted per engine (step = a + b x chunks)."""
+"""The GPU page: ``gpu.json`` as measured and ``gpu.md`` to read, with the goals judged on them:
+the GPU issue's, issue 57's (decoder LLMs, ``llm``) and issue 58's (FSDP2 on one GPU, ``fsdp``).
+Speed's goals name their batch, precision and chunk; a chunk's cost is fitted per engine."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ from pathlib import Path
 
 from benchmarks.harness import cpu_text
 from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
-
-__all__ = ["write_page", "goals", "markdown", "render", "setting_of", "chunks_text", "speed_goals"]
 
 NQ_PASSAGES = 21_015_324
 DPR_ENCODE = "about 8.8 hours on 8 GPUs, some 70 GPU-hours (DPR's paper)"
@@ -55,6 +52,46 @@ def _words(row: dict) -> dict:
     return {k: MET[v] if isinstance(v, bool) else v for k, v in row.items()}
 
 
+def _cell(v) -> str:
+    """A figure as the page writes one it does not judge: yes/no, five significant digits (three
+    below 0.01, none past 1,000, thousands grouped), a list or a dict of figures on one line."""
+    if isinstance(v, bool) or v is None:
+        return {True: "yes", False: "no", None: "–"}[v]
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.5g}" if abs(v) >= 0.01 else f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, dict):
+        return ", ".join(f"{_key(k)} {_cell(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return ", ".join(_cell(x) for x in v)
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _key(name) -> str:
+    return str(name).replace("_", " ")
+
+
+def _fields(title: str, d: dict, skip=()) -> list[str]:
+    """A dict's figures on one line after a blank one: "title: key value; key value"."""
+    shown = "; ".join(f"{_key(k)} {_cell(v)}" for k, v in d.items() if k not in skip)
+    return ["", f"{title}: {shown}."]
+
+
+def _grid(rows: list[dict] | dict[str, dict], first: str = "") -> list[str]:
+    """Rows of figures as a table, a column per field; a dict of rows keyed in column ``first``."""
+    if isinstance(rows, dict):
+        rows = [{first: k, **r} for k, r in rows.items()]
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    numeric = {c for c in cols if all(_number(r.get(c)) for r in rows)}
+    head = " | ".join(_key(c) + (":" if c in numeric else "") for c in cols)
+    return _table(head, "", [" | ".join(_cell(r.get(c)) for c in cols) for r in rows])
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _gb(n: float | None) -> str:
     return "–" if n is None else f"{n / 1e9:.2f} GB"
 
@@ -77,14 +114,9 @@ def goals(report: dict) -> list[dict]:
     out = _exactness_goals(_result(report, "exactness"))
     for r in (_result(report, "mixed_precision") or {}).get("rows", []):
         gaps = f"(fp64 gap {r['gradcache_vs_fp64']:.1e}, the full batch's {r['full_vs_fp64']:.1e})"
-        out.append(
-            _goal(
-                f"{r['precision']}, B=16, chunk 4: GradCache vs full batch",
-                f"{r['gradcache_vs_full']:.1e} {gaps}",
-                f"<= {r['ceiling']:.0e}, fp64 gap <= {r['ratio_bound']}x the full batch's",
-                r["ok"],
-            )
-        )
+        name = f"{r['precision']}, B=16, chunk 4: GradCache vs full batch"
+        target = f"<= {r['ceiling']:.0e}, fp64 gap <= {r['ratio_bound']}x the full batch's"
+        out.append(_goal(name, f"{r['gradcache_vs_full']:.1e} {gaps}", target, r["ok"]))
     rows = [r for r in (_result(report, "memory") or {}).get("rows", []) if r["fits"]]
     if len(rows) >= 2:
         ratio, last = rows[-1]["peak_bytes"] / rows[0]["peak_bytes"], rows[-1]
@@ -113,16 +145,10 @@ def _exactness_goals(ex: dict | None) -> list[dict]:
     worst = max(r["relative_error"] for r in ex["fp64"])
     replay = all(r["ok"] for r in ex["replay"])
     precisions = "/".join(r["precision"] for r in ex["replay"])
+    name = "fp64, B=7 and 8, chunks 2 to 4: GradCache = full batch"
+    out = [_goal(name, f"{worst:.1e}", "<= 1e-10", worst <= 1e-10)]
     name = f"{precisions}, B=8, chunk 3: replayed reps bitwise equal (control differs)"
-    out = [
-        _goal(
-            "fp64, B=7 and 8, chunks 2 to 4: GradCache = full batch",
-            f"{worst:.1e}",
-            "<= 1e-10",
-            worst <= 1e-10,
-        ),
-        _goal(name, "yes" if replay else "no", "yes", replay),
-    ]
+    out.append(_goal(name, "yes" if replay else "no", "yes", replay))
     return out + (_compiled_goals(ex["compiled"]) if "compiled" in ex else [])
 
 
@@ -165,12 +191,9 @@ def _encode_goal(enc: dict) -> dict:
     cmd = enc.get("command", {})
     how = f"{cmd.get('precision', 'fp16')}, batches of {cmd.get('batch_size', 512)}"
     minutes = enc["nq_projected_s"] / 60
-    return _goal(
-        f"{how}: encode NQ's {NQ_PASSAGES:,} passages, projected (from passages of {sample})",
-        f"{minutes:.0f} min ({share})",
-        f"<= {ENCODE_GOAL_MIN} min",
-        minutes <= ENCODE_GOAL_MIN,
-    )
+    name = f"{how}: encode NQ's {NQ_PASSAGES:,} passages, projected (from passages of {sample})"
+    target = f"<= {ENCODE_GOAL_MIN} min"
+    return _goal(name, f"{minutes:.0f} min ({share})", target, minutes <= ENCODE_GOAL_MIN)
 
 
 def _suite_goal(report: dict) -> dict:
@@ -196,12 +219,7 @@ def markdown(report: dict) -> str:
     device = env.get("device_name") or env["device"]
     lines = ["# dpr-cache on a GPU", ""]
     if dry:
-        lines += [
-            "**Dry run on the CPU** (no CUDA here): the CPU-capable parts at toy size, to rehearse "
-            "the suite; none of these figures is a GPU figure. `python -m benchmarks.gpu` on a "
-            "machine with CUDA writes the real page.",
-            "",
-        ]
+        lines += ["**Dry run on the CPU** (no CUDA): toy sizes, no figure here is a GPU's.", ""]
     driver = f", driver {env['driver']}" if env.get("driver") else ""
     memory = f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""
     lines += [
@@ -212,26 +230,31 @@ def markdown(report: dict) -> str:
         f"The GPU runs so far, what each missed and what fixed it: [{HISTORY}]({HISTORY}).",
         "",
         "## Goals",
-        *(["", "A dry run's figures are CPU rehearsals: the goals are GPU goals."] if dry else []),
         *_goals_table("goal", report.get("goals", [])),
     ]
     for name, section in report["sections"].items():
         lines += ["", f"## {name.replace('_', ' ').capitalize()}", ""]
-        if "skipped" in section:
-            lines.append(f"Skipped: {section['skipped']}.")
-        elif "error" in section:
-            lines.append(f"Failed after {section['seconds']} s: `{section['error']}`")
-            if section.get("partial") and name in _PARTIAL_SHOWN:
-                lines += ["", "What it measured before it stopped:"]
-                lines += _SECTION[name](section["partial"])
-            elif section.get("partial"):
-                lines += ["", "What it measured before it stopped is in gpu.json (`partial`)."]
-        else:
-            lines.append(f"{section['seconds']:.0f} s{_elsewhere(section, env, device)}.")
-            lines += _SECTION[name](section["result"])
+        lines += _section(name, section, env, device)
     if report.get("device_memory"):
         lines += ["", "## Device memory while the suite ran", *_device_memory(report)]
     return "\n".join(lines) + "\n"
+
+
+def _section(name: str, section: dict, env: dict, device: str) -> list[str]:
+    """A section's status line, then its figures (or what it measured before it stopped)."""
+    if "skipped" in section:
+        return [f"Skipped: {section['skipped']}."]
+    if "error" not in section:
+        when, where = section.get("date", env["date"]), section.get("device_name", device)
+        kept = f", run {when}" if (when, where) != (env["date"], device) else ""
+        kept += f" on {where}" if kept and where != device else ""
+        return [f"{section['seconds']:.0f} s{kept}.", *_SECTION[name](section["result"])]
+    lines = [f"Failed after {section['seconds']} s: `{section['error']}`"]
+    if section.get("partial") and name in _PARTIAL_SHOWN:
+        lines += ["", "What it measured before it stopped:", *_SECTION[name](section["partial"])]
+    elif section.get("partial"):
+        lines += ["", "What it measured before it stopped is in gpu.json (`partial`)."]
+    return lines
 
 
 def _goals_table(title: str, judged: list[dict]) -> list[str]:
@@ -241,114 +264,68 @@ def _goals_table(title: str, judged: list[dict]) -> list[str]:
     )
 
 
-def _elsewhere(section: dict, env: dict, device: str) -> str:
-    """ ", run DATE on DEVICE" for a section kept from an earlier run, else nothing."""
-    when, where = section.get("date", env["date"]), section.get("device_name", device)
-    if (when, where) == (env["date"], device):
-        return ""
-    return f", run {when}" + (f" on {where}" if where != device else "")
-
-
 def _device_memory(report: dict) -> list[str]:
     r = report["device_memory"]
     if "error" in r:
         return ["", f"Not read: `{r['error']}`."]
-    rows = [{**s, "name": n, "full": r["full_samples"].get(n, 0)} for n, s in r["sections"].items()]
+    rows = {
+        n: {**s, "under 1 GiB free": r["full_samples"].get(n, 0)} for n, s in r["sections"].items()
+    }
+    processes = [
+        {**p, "pid": str(p["pid"]), "command": _short(p.get("command") or "–")[:120]}
+        for p in r["processes"]
+    ]
     lines = [
         "",
-        f"Read twice a second (`cudaMemGetInfo`: every process on the {r['total_gb']:.0f} GB "
-        "device together) under the section running; the suite's own: its CUDA allocator's "
-        "reserved memory then. The commands beside the first sections are in the rest.",
-        *_table(
-            "section | readings: | most in use (GB): | the suite's own: | at s: "
-            "| under 1 GiB free:",
-            "{name} | {samples} | {peak_used_gb:.2f} | {own_gb:.2f} | {at_s:.0f} | {full}",
-            rows,
-        ),
+        f"`cudaMemGetInfo` twice a second (every process on the {r['total_gb']:.0f} GB device) "
+        "under each section; own: the suite's reserved memory then; at s: the peak's time.",
+        *_grid(rows, "section"),
     ]
-    if r.get("processes"):
-        rows = [
-            {"section": "–", **p, "command": _short(p.get("command") or "–")[:120]}
-            for p in r["processes"][:12]
-        ]
-        lines += [
-            "",
-            "Processes `nvidia-smi` named (polled every 3 s), the most each held:",
-            *_table(
-                "pid: | command | most (GB): | in section | seen from s: | to s:",
-                "{pid} | `{command}` | {peak_gb:.2f} | {section} | {first_s:.0f} | {last_s:.0f}",
-                rows,
-            ),
-        ]
-    return lines
+    if processes:
+        lines += ["", "Processes `nvidia-smi` named (every 3 s), the most each held:"]
+    return lines + (_grid(processes[:12]) if processes else [])
 
 
 def _exactness(r: dict) -> list[str]:
-    fd = r["finite_difference"]
     replay = [{**x, "a": x["replayed"], "b": x["control_without_replay"]} for x in r["replay"]]
     return [
         "",
-        "float64, GradCache against one forward and backward of the whole batch (plain autograd), "
-        "random BERTs (`tiny`: 2 layers of 32; `base`: BERT-base's 12 layers of 768), ragged "
-        "rows, a repeated passage masked by id. Error: largest gradient difference over the "
-        "largest gradient.",
+        "float64, GradCache against the full batch's plain autograd (random BERTs, tiny: 2 layers "
+        "of 32, base: 12 of 768): the largest gradient difference over the largest gradient.",
         *_table(
             "case | relative error: | bound: | ok",
             "{case} | {relative_error:.1e} | {bound:.0e} | {ok}",
             r["fp64"],
         ),
         "",
-        "Dropout 0.1 on, every chunk re-encoded (kept last graph off): chunks whose "
-        "re-forward reps equal their first pass's bit for bit.",
+        "Dropout 0.1, every chunk re-encoded: chunks whose re-forward equals the first pass.",
         *_table(
             "model | autocast | replayed: | without replay (control):",
             "{size} | {precision} | {a[bitwise_equal]}/{a[chunks]} "
             "| {b[bitwise_equal]}/{b[chunks]}",
             replay,
         ),
-        "",
-        f"Dropout 0.3, float64: GradCache's gradient along a random direction against a "
-        f"central difference of its loss: {fd['error']:.1e} (bound {fd['bound']:.0e}); "
-        f"without the RNG replay {fd['control_error']:.1e}.",
+        *_fields(
+            "Finite difference (float64; the gradient along a random direction against a central "
+            "difference of the loss; control: without the RNG replay)",
+            r["finite_difference"],
+        ),
         *_compiled_exactness(r.get("compiled")),
     ]
 
 
 def _compiled_exactness(c: dict | None) -> list[str]:
-    """The compiled towers' float64 gradient and dropout replay, in words."""
+    """The compiled towers' float64 gradient and dropout replay."""
     if c is None or c.get("not_run"):
         return ["", f"Compiled towers: not checked ({c['not_run']})."] if c else []
     compiles = f"; {compiles_text(c)}" if compiles_text(c) else ""
     lines = [
         "",
         f"Compiled towers (`compile_towers`, mode `{c['mode']}`), in a process of its own "
-        f"started with this section ({c['seconds']:.0f} s{compiles}), each check over 3 steps "
-        "(under CUDA graphs: a warm-up, a recording, a replay):",
+        f"({c['seconds']:.0f} s{compiles}), each check over 3 steps (the first compiling):",
     ]
-    fp64, rep = c.get("fp64") or {}, c.get("replay") or {}
-    if "relative_error" in fp64:
-        errors = ", ".join(f"{e:.1e}" for e in fp64["errors"])
-        bucket = f", length bucket {fp64['length_bucket']}" if fp64.get("length_bucket") else ""
-        lines.append(
-            f"- float64, {fp64['case']}{bucket}: GradCache on the compiled towers against the "
-            f"eager full batch, step by step {errors} (bound {fp64['bound']:.0e}); the steps took "
-            f"{', '.join(f'{x:.1f}' for x in fp64['step_s'])} s, the first compiling."
-        )
-    elif fp64:
-        lines.append(f"- float64: failed, `{fp64.get('error')}`")
-    if "replayed" in rep:
-        a, b = rep["replayed"], rep["control_without_replay"]
-        lines.append(
-            f"- dropout {rep['dropout']}, fp32, every chunk re-encoded: each chunk's re-forward "
-            f"reps against its first pass's, to fp32's rounding (the two passes run different "
-            f"compiled graphs): {a['within_bound']}/{a['chunks']} within {rep['bound']:.0e} "
-            f"(largest {a['largest']:.1e}); without the replay (control) largest "
-            f"{b['largest']:.1e}. The compiled first pass against the eager towers' under the "
-            f"same seed: {rep['vs_eager_first_pass']:.1e} (near fp32's rounding: compiled dropout "
-            "draws eager's masks; far: masks of its own, replayed alike)."
-        )
-    elif rep:
-        lines.append(f"- dropout replay: failed, `{rep.get('error')}`")
+    for key, what in (("fp64", "float64 against the eager full batch"), ("replay", "replay")):
+        lines += _fields(f"- {what}", c[key]) if c.get(key) else []
     return lines + _child_end(c)
 
 
@@ -365,12 +342,10 @@ def _child_end(c: dict) -> list[str]:
 
 
 def _mixed(r: dict) -> list[str]:
-    o = r["fp16_overflow"]
     return [
         "",
-        "GradCache (chunk 4, 16 questions, one hard negative) against the full batch under the "
-        "same autocast (fp16 with a GradScaler, gradients unscaled), both against float64; "
-        "relative norm of the gradient difference; the dtypes the loss and the cache saw:",
+        "GradCache (B=16, chunk 4, one hard negative) against the full batch under the same "
+        "autocast, both against float64: relative gradient norms; the dtypes of loss, reps, cache.",
         *_table(
             "model | precision | GradCache vs full: | full vs fp64: | GradCache vs fp64: "
             "| loss, reps, cache | ok",
@@ -378,112 +353,76 @@ def _mixed(r: dict) -> list[str]:
             "| {gradcache_vs_fp64:.1e} | {dtypes[loss]}, {dtypes[reps]}, {dtypes[cache]} | {ok}",
             r["rows"],
         ),
-        "",
-        f"fp16 overflow: the toy trainer with a loss scale of 2^40 skipped {o['skipped']} "
-        f"of {o['steps']} steps (weights untouched: {o['weights_untouched_when_skipped']}); "
-        f"the scale ended at {o['last_scale']:.0f}.",
+        *_fields("fp16 overflow (the toy trainer at a loss scale of 2^40)", r["fp16_overflow"]),
     ]
 
 
 def _memory(r: dict) -> list[str]:
     lines = [
         "",
-        "Peak `torch.cuda.max_memory_allocated` (the dry run: the process's peak RSS) of one "
-        "training step (`Trainer.step`: GradCache, the tiled loss, AdamW's first update) on "
-        "BERT-base's shape, 32-token questions and 256-token passages with every position "
-        "attended, one hard negative, bf16 autocast. Step s: each fresh trainer's first step (a "
-        "memory probe, not a rate: the speed section's is).",
+        "One `Trainer.step`'s peak `max_memory_allocated` (dry run: peak RSS), BERT-base's shape, "
+        "32-token questions, 256-token passages, one hard negative, bf16; step s: its first step.",
     ]
     if r.get("beside_commands"):
-        lines += [
-            "",
-            "The rows ran beside the toy commands (each peak is this process's own; the step "
-            "seconds are under their load).",
-        ]
-    rows = [
-        f"{x['batch']:,} | {x['chunk']} | {_gb(x['peak_bytes'])} | "
-        + (f"{x['step_s']:.2f}" if x["step_s"] else "out of memory")
-        for x in r["rows"]
-    ]
-    lines += _table("batch: | chunk: | peak: | step s:", "", rows)
-    if r.get("largest_full_batch"):  # a gpu.json whose memory section holds the search
-        lines += _largest_full_batch(r["largest_full_batch"])
-    return lines
+        lines += ["", "The rows ran beside the toy commands (step seconds under their load)."]
+    return lines + _memory_rows(r["rows"])
 
 
-def _largest_full_batch(r: dict) -> list[str]:
-    return [
-        "",
-        f"Largest full batch (`train.mode: full`) that fits: {r['batch']} questions "
-        f"({_gb(r['peak_bytes'])}); tried {r['tried']}.",
-    ]
+def _memory_rows(rows: list[dict]) -> list[str]:
+    """Batch, chunk, peak and step seconds (or why not) of each try."""
+    cells = []
+    for x in rows:
+        tail = f"{_gb(x.get('peak_bytes'))} | out of memory"
+        if x.get("skipped"):
+            tail = f"{x['skipped']} |"
+        elif x.get("fits", bool(x.get("step_s"))):
+            tail = f"{_gb(x['peak_bytes'])} | {x['step_s']:.2f}"
+        cells.append(f"{x['batch']:,} | {x['chunk']} | {tail}")
+    return _table("batch: | chunk: | peak: | step s:", "", cells) if cells else []
+
+
+def _largest(r: dict) -> list[str]:
+    """The largest full batch that fits (doubling, then bisection), and every batch tried."""
+    tried = ", ".join(f"{b} ({_tried(t)})" for b, t in r["tried"].items())
+    found = "none fitted"
+    if r["batch"] is not None:
+        found = f"**{r['batch']:,}** questions ({_gb(r.get('peak_bytes'))})"
+        found += f", B={r['first_too_large']:,} too large" if r.get("first_too_large") else ""
+    how = "; each try after the first placed by the peaks' line" if r.get("predicted") else ""
+    lines = ["", f"Largest full batch (`train.mode: full`) that fits: {found}{how}; tried {tried}."]
+    if r.get("pretended_limit") is not None:
+        lines.append(f"(Dry run: above {r['pretended_limit']} questions pretended out of memory.)")
+    return lines + ([f"The search stopped: {r['stopped']}."] if r.get("stopped") else [])
+
+
+def _tried(t: bool | dict) -> str:
+    if isinstance(t, bool):
+        return "fits" if t else "out of memory"
+    return _gb(t.get("peak_bytes")) if t.get("fits") else "out of memory"
 
 
 def _encoding(r: dict) -> list[str]:
-    cmd, alone = r["command"], r["encoder_alone"]
+    cmd = r["command"]
     if "error" in cmd:
         return ["", f"`dpr-cache encode` failed: {cmd['error']}"]
-    t = cmd["timings"]
-    sample = "passages cut from SQuAD's paragraphs at 100 words (72 on average: NQ's are 100)"
-    if r.get("passage_words"):
-        sample = (
-            f"passages of {r['passage_words']} words, NQ's length (each SQuAD article's "
-            "paragraphs joined and cut every 100 words, the shorter tail left out)"
-        )
-    words = f", {alone['mean_words']:.0f} words" if "mean_words" in alone else ""
+    words = f"{r['passage_words']} words" if r.get("passage_words") else "72 words on average"
     return [
         "",
-        f"`dpr-cache encode` ({cmd['precision']}, batches of {cmd['batch_size']}, passages cut at "
-        f"{cmd['max_length']} tokens, length-sorted) on {sample}: {cmd['passages']:,} passages in "
-        f"{cmd['seconds']:.1f} s from the command's start to its end; of these (`encode.json`'s "
-        f"timings) {t['open_seconds']:.1f} s reading the TSV into Arrow and "
-        f"{t['encode_seconds']:.1f} s encoding, {t['first_batch_seconds']:.1f} s of it to the "
-        f"first batch of {t['first_batch_passages']} (the workers' start, the first rows "
-        f"tokenized, the first kernels). Reading plus encoding past the first batch: "
-        f"{cmd['passages_per_s']:,.0f} passages/s. The encoder alone on tokenized passages (mean "
-        f"{alone['mean_tokens']:.0f} tokens{words}): {alone['passages_per_s']:,.0f} passages/s.",
-        "",
-        f"NQ's {NQ_PASSAGES:,} passages at that rate: **{r['nq_projected_s'] / 3600:.2f} h** "
-        f"on this one device, against {DPR_ENCODE}. The compute limit, "
-        f"{r['flops_per_passage'] / 1e9:.3g} GFLOP a passage at the measured "
-        f"{r['matmul_tflops']:.3g} TFLOP/s of a large matrix product, is "
-        f"{r['nq_limit_s'] / 60:.1f} min: the command reaches {r['share_of_limit']:.0%} of it.",
-    ]
-
-
-def _eval_resident(pipeline: dict) -> list[str]:
-    """The eval's resident memory by stage, where a run recorded it (2026-11-28's; no longer)."""
-    r, on_cpu = pipeline.get("eval_resident"), pipeline.get("eval_resident_cpu")
-    if not r or not r.get("readings") or not on_cpu:
-        return []
-    held = ", ".join(
-        f"`{Path(m['mapping']).name}` {m['rss_gb']:.2f} ({m['anon_gb']:.2f} anonymous)"
-        for m in r["largest_mappings"]
-    )
-    plan = "search plans its blocks"
-    cpu, device = on_cpu["readings"][plan], r["readings"][plan]
-    return [
-        "",
-        f"The toy eval run again, its resident memory (GB) read after each import and stage (exit "
-        f"{r['rc']}; `index.memory_gb` {r['memory_gb']}; transparent huge pages: "
-        f"{r['transparent_hugepage']}):",
-        *_table(
-            "reading | s since start: | resident: | anonymous: | in huge pages: | file-backed:",
-            "{stage} | {age_s:.1f} | {rss_gb:.2f} | {anon_gb:.2f} | {huge_gb:.2f} | {file_gb:.2f}",
-            [{"stage": stage, **m} for stage, m in r["readings"].items()],
-        ),
-        "",
-        f"Where the search planned its blocks, the largest mappings (GB): {held}. The same eval "
-        f"on the machine's CPU there: {cpu['rss_gb']:.2f} GB resident (anonymous "
-        f"{cpu['anon_gb']:.2f}, file-backed {cpu['file_gb']:.2f}), against "
-        f"{device['rss_gb']:.2f} GB with the device.",
+        f"`dpr-cache encode` on SQuAD passages of {words} (NQ's: 100); passages/s past the first "
+        f"batch. NQ's {NQ_PASSAGES:,} passages at that rate: **{r['nq_projected_s'] / 3600:.2f} "
+        f"h** on this device, against {DPR_ENCODE}; the compute limit "
+        f"({r['flops_per_passage'] / 1e9:.3g} GFLOP a passage at a large matrix product's "
+        f"{r['matmul_tflops']:.3g} TFLOP/s) is {r['nq_limit_s'] / 60:.1f} min, "
+        f"{r['share_of_limit']:.0%} of it reached.",
+        *_fields("The command (its seconds start to end; timings: `encode.json`'s)", cmd),
+        *_fields("The encoder alone on tokenized passages", r["encoder_alone"]),
     ]
 
 
 def _command_line(r: dict) -> list[str]:
     pipeline = r.get("pipeline", {})
     rows = [
-        {**x, "command": _short(x["command"]), "last_line": x["last_line"][:100]}
+        {**x, "command": _short(x["command"]), "last_line": _cell(x["last_line"][:100])}
         for x in pipeline.get("commands", [])
     ]
     head, fmt = "command | exit: | s: | last line", "`{command}` | {rc} | {seconds} | {last_line}"
@@ -491,57 +430,34 @@ def _command_line(r: dict) -> list[str]:
         head = head.replace(" | exit:", " | start s (from the suite's): | exit:")
         fmt = fmt.replace(" | {rc}", " | {started_s:.0f} | {rc}")
     lines = _table(head, fmt, rows)
-    m = pipeline.get("metrics")
-    if m:
-        lines += [
-            "",
-            f"Toy eval ({m['n_questions']} questions; a few steps of the toy config, a run of the "
-            f"commands, not a model): top-1 {m['top1']}, top-20 {m['top20']}, top-100 "
-            f"{m['top100']}, MRR@10 {m['mrr@10']}.",
-        ]
-    lines += _eval_resident(pipeline)
+    if pipeline.get("metrics"):
+        toy = "Toy eval (a few steps of the toy config: a run of the commands, not a model)"
+        lines += _fields(toy, pipeline["metrics"], skip=("measured",))
+    for key in ("eval_resident", "eval_resident_cpu"):  # recorded by 2026-11-28's run
+        if pipeline.get(key):
+            run = pipeline[key]
+            skip = ("readings", "largest_mappings")
+            lines += _fields(f"`{key}`: the toy eval's resident GB", run, skip)
+            lines += _grid(run["readings"], "reading")
+            maps = [{**m, "mapping": m["mapping"].rsplit("/", 1)[-1]} for m in run.get(skip[1], [])]
+            lines += ["", "Its largest mappings where the search planned its blocks:", *_grid(maps)]
     if r.get("ran_beside"):
         lines += [
             "",
-            f"These commands started with the suite and ran beside {', '.join(r['ran_beside'])} "
-            f"(which time nothing): {r['commands_s']:.0f} s from the first to the last; this "
-            "section's seconds are the wait for them after those sections.",
+            f"These commands ran beside {', '.join(r['ran_beside'])}, {r['commands_s']:.0f} s "
+            "from first to last; this section's seconds are the wait for them.",
         ]
-    return lines + _resumes(r)
-
-
-def _resumes(r: dict) -> list[str]:
-    """The bit-exact reruns and resumes, and NCCL's check."""
-    if "resume" not in r:
-        return []
-    rows = []
-    for key, row in r["resume"].items():
-        if "error" in row:
-            rows.append(f"{key} | error: {row['error']} | |")
-            continue
-        a, b = row["two_unbroken_runs"], row["resumed_vs_unbroken"]
-        worst = max(a["max_abs_diff"], b["max_abs_diff"])
-        rows.append(f"{key} | {a['bitwise_equal']} | {b['bitwise_equal']} | {worst:.1e}")
-    lines = [
-        "",
-        "Bit-exact reruns and resumes (dropout on, fp32; a run killed with SIGKILL once "
-        "its step-3 checkpoint is on disk, then `--resume`):",
-        *_table(
-            "kernels | two unbroken runs equal | resumed = unbroken | largest difference:", "", rows
-        ),
-    ]
-    if "nccl" in r:
-        lines += ["", f"NCCL, a process group of one (two ranks need two GPUs): {r['nccl']}."]
-    return lines
+    if "resume" in r:
+        lines += ["", "Reruns and resumes (dropout on, fp32, SIGKILL after step 3's checkpoint):"]
+        lines += _grid(r["resume"], "kernels")
+    return lines + (_fields("NCCL, a process group of one", r["nccl"]) if "nccl" in r else [])
 
 
 def _chunk_too_large(r: dict) -> list[str]:
     lines = [
         "",
-        f"`train` with a chunk of {r['chunk']:,} questions (256-token passages, one hard "
-        "negative) on BERT-base's shape, far beyond the GPU's memory:",
-        "",
-        f"exit {r['rc']} after {r['seconds']} s: `{r['last_line']}`",
+        f"`train` with a chunk of {r['chunk']:,} questions (256-token passages) on BERT-base's "
+        f"shape: exit {r['rc']} after {r['seconds']} s: `{r['last_line']}`",
     ]
     if r.get("stack"):
         lines += ["", "Where it was when stopped:", "", "```", *r["stack"][-12:], "```"]
@@ -554,84 +470,33 @@ def _short(command: str) -> str:
 
 
 def _teacher_scoring(r: dict) -> list[str]:
-    shape, rounds = r["model"], "round" in r["rows"][0]
-    minilm = " (all-MiniLM-L6-v2's shape)" if (shape["layers"], shape["hidden"]) == (6, 384) else ""
-    mean = f" (mean {r['mean_tokens']:.0f})" if "mean_tokens" in r else ""
-    order = " (each round's order the last one's reversed, every batch's shape run once first)"
-    head = "round: | precision | pairs: | seconds: | pairs/s: | NQ (h):"
-    fmt = (
-        "{round} | {precision} | {pairs:,} | {seconds:.1f} | {pairs_a_second:,.0f} | {nq_hours:.2f}"
-    )
-    if not rounds:
-        head, fmt = head.removeprefix("round: | "), fmt.removeprefix("{round} | ")
+    shape = r["model"]
     lines = [
         "",
-        f"`score`'s cross-encoder loop, a cross-encoder of {shape['layers']} layers x "
-        f"{shape['hidden']}{minilm}, pairs cut at {r['max_length']} tokens{mean}, length-sorted "
-        f"batches of {r['batch_size']}; NQ's training set is {r['nq_pairs']:,} pairs (58,880 "
-        f"questions x 31 passages), in the order run{order if rounds else ''}:",
-        *_table(head, fmt, r["rows"]),
+        f"`score`'s cross-encoder loop ({shape['layers']} layers x {shape['hidden']}), pairs "
+        f"length-sorted; rows in the order run; NQ (h): NQ's {r['nq_pairs']:,} training pairs.",
+        *_fields(
+            "Settings", r, ("rows", "model_alone", "first_pass", "profiles", "model", "nq_pairs")
+        ),
+        *_grid(r["rows"]),
     ]
-    if "tokenize_s" in r:
-        lines += [
-            "",
-            f"Of each row's seconds, tokenizing the pairs (on the CPU) takes {r['tokenize_s']:.1f} "
-            "s, timed alone.",
-        ]
     if "model_alone" in r:
-        lines += [
-            "",
-            "The model alone (the best of its rounds), on the same batches already padded on "
-            "the device (what the loop spends beyond it is the host's: tokenizing, padding, "
-            "copying, each batch waiting on the last):",
-            *_table(
-                "precision | seconds: | pairs/s:",
-                "{precision} | {seconds:.2f} | {pairs_a_second:,.0f}",
-                r["model_alone"],
-            ),
-        ]
-    return lines + _first_pass(r.get("first_pass")) + _profiles(r.get("profiles", {}))
-
-
-def _profiles(profiles: dict) -> list[str]:
-    """Each precision's longest batch under the profiler."""
-    lines = []
-    for precision, prof in profiles.items():
-        if "error" in prof:
-            lines += ["", f"The profile of {precision}'s longest batch failed: {prof['error']}"]
-            continue
-        top = ", ".join(f"`{t['op'][:60]}` {t['ms']:.1f} ms ({t['calls']}x)" for t in prof["top"])
-        lines += [
-            "",
-            f"{precision}'s longest batch under the profiler: {prof['wall_ms']:.1f} ms from call "
-            f"to result, {prof['self_ms']:.1f} ms of "
-            f"{'kernels' if prof['on'] == 'device' else 'operators'}' time on the {prof['on']}; "
-            f"the most: {top}.",
-        ]
+        lines += ["", "The model alone (its best round), the batches already on the device:"]
+        lines += _grid(r["model_alone"])
+    if r.get("first_pass") and r["first_pass"]["seconds"]:
+        new = "A new shape's cost (the model alone's first pass, then the same batches again)"
+        lines += _fields(new, r["first_pass"])
+    profiles = {p: {**prof, "top": _top(prof)} for p, prof in r.get("profiles", {}).items()}
+    if profiles:
+        lines += ["", "Each precision's longest batch under the profiler (ms):"]
+        lines += _grid(profiles, "precision")
     return lines
 
 
-def _first_pass(first: dict | None) -> list[str]:
-    """What a new shape costs at each precision: a first pass against the same batches again."""
-    if not first or not first["seconds"]:
-        return []
-    again, n = first.get("again_seconds", {}), first["new_lengths"]
-    rows = []
-    for precision, cold in first["seconds"].items():  # in the order run
-        warm = again.get(precision)
-        extra = "–" if warm is None or not n else f"{(cold - warm) / n * 1e3:.1f}"
-        rows.append(
-            f"{precision} | {cold:.2f} | {'–' if warm is None else f'{warm:.2f}'} | {extra}"
-        )
-    return [
-        "",
-        "What a new shape costs: the model alone's first pass at each precision, before the "
-        f"rounds and in the order {', '.join(first['order'])}, over the {first['batches']} "
-        f"batches after the longest ({first['pairs']:,} pairs, {n} length{'s' if n != 1 else ''} "
-        "not run by the longest), each precision's one-time start paid first on the longest "
-        "batch; then the same batches again, after the rounds:",
-        *_table("precision | first pass s: | again s: | more a new length (ms):", "", rows),
-    ]
+def _top(profile: dict) -> str:
+    return ", ".join(
+        f"`{t['op'][:60]}` {t['ms']:.1f} ms ({t['calls']}x)" for t in profile.get("top", [])
+    )
 
 
 _NAMED = re.compile(
@@ -693,9 +558,8 @@ def chunk_cost_fit(points: list[tuple[int, float]]) -> dict | None:
     b = sum((n - mean_n) * (t - mean_t) for n, t in points) / sum((n - mean_n) ** 2 for n in ns)
     a = mean_t - b * mean_n
     worst = max(abs(t - (a + b * n)) for n, t in points) * 1e3
-    return {"a_s": a, "b_ms": b * 1e3, "points": len(points), "chunks": [min(ns), max(ns)]} | {
-        "largest_residual_ms": worst
-    }
+    fit = {"a_s": a, "b_ms": b * 1e3, "points": len(points), "chunks": [min(ns), max(ns)]}
+    return fit | {"largest_residual_ms": worst}
 
 
 def fits(comparison: dict) -> dict[str, dict]:
@@ -708,9 +572,8 @@ def fits(comparison: dict) -> dict[str, dict]:
     for engine, pts in points.items():
         fit = chunk_cost_fit([(n, t) for n, t, _ in pts])
         if fit is not None:
-            out[engine] = fit | {
-                "chunk_labels": [c for _, _, c in sorted(pts, key=lambda p: -p[0])]
-            }
+            labels = [c for _, _, c in sorted(pts, key=lambda p: -p[0])]
+            out[engine] = fit | {"chunk_labels": labels}
     return out
 
 
@@ -737,10 +600,9 @@ def _full_batch_goal(comp, compiled: list[dict], chunk: int, target: float) -> d
                 tries.append((row["pairs_per_s"] / full[1], setting, row, s, full))
     if not tries:
         timed = {s["chunk"] for _, _, s in _timed_rows(comp) if s["engine"] == "dpr-cache"}
-        labels = ", ".join(sorted(timed, key=_chunk_key)) or "none"
-        return _goal(
-            name, f"not measured (this run timed dpr-cache at chunks {labels})", want, None
-        )
+        labels = ", ".join(sorted(timed, key=lambda c: [int(x) for x in c.split("/")])) or "none"
+        measured = f"not measured (this run timed dpr-cache at chunks {labels})"
+        return _goal(name, measured, want, None)
     ratio, setting, row, s, full = max(tries, key=lambda t: t[0])
     measured = (
         f"{ratio:.2f}x: {setting} ({chunks_text(s['chunks'], s['engine'], prose=True)}), "
@@ -788,9 +650,7 @@ def _fit_span(fit: dict) -> str:
 
 
 def _groups(r: dict | None) -> list[dict]:
-    """A speed or compilation section's comparisons (one, in runs that kept one)."""
-    r = r or {}
-    return r.get("comparisons") or ([r["comparison"]] if r.get("comparison") else [])
+    return (r or {}).get("comparisons", [])
 
 
 def speed_goals(speed: dict | None, compiled: dict | None) -> list[dict]:
@@ -825,36 +685,23 @@ def _allocator(counts: dict | None) -> str:
 
 
 def render_speed(r: dict) -> list[str]:
-    """The speed section: each comparison's table, its table by chunk and fits, the savings."""
+    """The speed section: each comparison's table and fits, then the savings."""
     tokens = r["tokens"] if isinstance(r["tokens"], list) else [r["tokens"]]
-    held = "; ".join(
-        f"the batch of {t['batch']:,} holds {t['questions']:,} question and "
-        f"{t['passages']:,} passage tokens"
-        for t in tokens
-    )
+    held = "; ".join(f"B={t['batch']:,}: {t['questions']:,} + {t['passages']:,}" for t in tokens)
     lines = [
         "",
-        f"A shared-tower BERT-base-shaped model on SQuAD's training text at natural lengths "
-        f"({held}), one hard negative; each setting's step (forward, loss, backward) timed once a "
-        "round, rounds interleaved, the median. Chunks a step: of questions + of passages "
-        "(dpr-cache re-encodes all but each tower's last, the peers every one); chunk q/p: q "
-        "questions, p passages. Host waits: the times one step waited for the device (CUDA's "
-        "synchronization warnings), where from; allocator: a step's cudaMalloc, cudaFree and "
-        "cache flushes (each group from an emptied cache unless said).",
+        "A shared-tower BERT-base-shaped model on SQuAD's text at natural lengths (question + "
+        f"passage tokens: {held}), one hard negative; each setting's step timed once a round, "
+        "rounds interleaved, the median. Chunks a step: questions' + passages' (chunk q/p: q "
+        "questions, p passages); host waits: the step's waits for the device, where from.",
     ]
     for comp in r["comparisons"]:
-        lines += _settings(comp) + _by_chunk(comp) + _by_tokens(comp) + _fits(comp)
-        lines += _best_line(comp)
+        lines += _settings(comp) + _fits(comp)
     s = r.get("savings")
     if s is None:
         return [*lines, "", "GradCache's savings: not reached."]
-    lines += [
-        "",
-        f"GradCache's savings at B={s['batch']}, {s['precision']}, chunk {s['chunk']}: "
-        "the speed-up each gives (1.00 = none):",
-    ]
-    rows = [f"{k} | {'–' if v is None else v}" for k, v in s["speedup_of_each"].items()]
-    return lines + _table("saving | speed-up:", "", rows)
+    saving = f"GradCache's savings at B={s['batch']}, {s['precision']}, chunk {s['chunk']}"
+    return lines + _fields(f"{saving}, the speed-up each gives (1 = none)", s["speedup_of_each"])
 
 
 def _settings(comp: dict) -> list[str]:
@@ -888,57 +735,12 @@ def _how_timed(comp: dict) -> str:
     """How a comparison was timed, where it departs from one warm-up and three rounds."""
     notes = []
     if "rounds" in comp:
-        warm, n = comp.get("warmups", 1), comp["rounds"]
-        after = f"{warm} warm-up{'s' if warm != 1 else ''}" if warm else "no warm-up of its own"
-        notes.append(f"{n} timed round{'s' if n != 1 else ''} after {after}")
-        if not warm:
-            notes.append(
-                "the group before ran the same chunk sizes and its CUDA cache is kept, so a "
-                "first step's costs (new widths, allocations: the allocator column) count"
-            )
+        warm = comp.get("warmups", 1)
+        after = f"{warm} warm-up(s)" if warm else "no warm-up of its own (the CUDA cache kept)"
+        notes.append(f"{comp['rounds']} timed round(s) after {after}")
     if comp.get("peer_min_chunk"):
         notes.append(f"the peers' chunks below {comp['peer_min_chunk']} left out (the slowest)")
     return f" ({'; '.join(notes)})" if notes else ""
-
-
-def _chunk_key(label: str) -> list[int]:
-    return [int(x) for x in label.split("/")]
-
-
-def _pivot(comp: dict, title: str, head: str, cells: dict[str, dict[str, str]], cols) -> list[str]:
-    """Pairs/s of ``cells`` (a row's label: its pairs/s by column) at this comparison's batch."""
-    rows = [" | ".join([label, *(row.get(c, "–") for c in cols)]) for label, row in cells.items()]
-    at = f" at B={comp['batch']}, {comp['precision']} (– not timed):"
-    return ["", title + at, *_table(head, "", rows)]
-
-
-def _by_tokens(comp: dict) -> list[str]:
-    """Pairs/s at each token budget: dpr-cache's token-budget chunks and CachedMNRL's."""
-    cells: dict[str, dict[str, str]] = {}
-    for name, row, s in _timed_rows(comp):
-        if s["engine"] in ("dpr-cache tokens", "CachedMNRL tokens"):
-            budget = f"{int(name.rsplit(' ', 1)[1]):,}"
-            cells.setdefault(budget, {})[s["engine"]] = f"{row['pairs_per_s']:,.0f}"
-    head = "tokens a chunk: | dpr-cache (train.chunk_tokens): | CachedMNRL (mini_batch_num_tokens):"
-    engines = ("dpr-cache tokens", "CachedMNRL tokens")
-    cells = dict(sorted(cells.items(), key=lambda item: int(item[0].replace(",", ""))))
-    return _pivot(comp, "Pairs/s at each token budget", head, cells, engines) if cells else []
-
-
-def _by_chunk(comp: dict) -> list[str]:
-    """Pairs/s by chunk, an engine a row (where two chunks or more were timed)."""
-    cells: dict[str, dict[str, str]] = {"chunks a step": {}}
-    for _, row, s in _timed_rows(comp):
-        if s["chunk"] is not None and s["engine"] != "full batch":
-            cells.setdefault(s["engine"], {})[s["chunk"]] = f"{row['pairs_per_s']:,.0f}"
-            cells["chunks a step"][s["chunk"]] = "{} + {}".format(*s["chunks"])
-    labels = sorted(cells["chunks a step"], key=_chunk_key)
-    if len(labels) < 2:
-        return []
-    head = " | ".join(["engine", *(f"chunk {c}:" for c in labels)])
-    lines = _pivot(comp, "Pairs/s by chunk", head, cells, labels)
-    full = _full(comp) if "full batch" in comp.get("best", {}) else None
-    return lines + (["", f"Beside them, {full[0]}: {full[1]:,.0f} pairs/s."] if full else [])
 
 
 def _fits(comp: dict) -> list[str]:
@@ -948,29 +750,9 @@ def _fits(comp: dict) -> list[str]:
         f"{e} | {f['b_ms']:.1f} | {f['a_s']:.3f} | {_fit_span(f)} | {f['largest_residual_ms']:.0f}"
         for e, f in found.items()
     ]
-    title = (
-        "The cost of a chunk: each engine's step seconds fitted as a + b x chunks a step "
-        "(least squares over its chunks; the largest residual says how straight the line is):"
-    )
+    title = "Each engine's step fitted as a + b x chunks a step (least squares; the residual:"
     head = "engine | b: ms a chunk: | a: s a step: | over | largest residual ms:"
-    return ["", title, *_table(head, "", rows)] if found else []
-
-
-def _best_line(comp: dict) -> list[str]:
-    """Each family's fastest setting, named with its chunks, against the full batch."""
-    best = comp.get("best", {})
-    ours, full = best.get("dpr-cache"), best.get("full batch")
-    if not ours or not full:
-        return []
-    s = setting_of(ours["setting"], comp["rows"][ours["setting"]], comp["batch"])
-    rate = ours["pairs_per_s"]
-    line = (
-        f"Fastest of each: {ours['setting']} ({chunks_text(s['chunks'], s['engine'], prose=True)}) "
-        f"at {rate:,.0f} pairs/s is {rate / full['pairs_per_s']:.2f}x {full['setting']}"
-    )
-    for theirs in filter(None, (best.get(f) for f in ("CachedMNRL", "GradCache library"))):
-        line += f", {rate / theirs['pairs_per_s']:.2f}x {theirs['setting']}"
-    return ["", line + "."]
+    return ["", f"{title} how straight the line is):", *_table(head, "", rows)] if found else []
 
 
 def compiles_text(r: dict) -> str:
@@ -988,10 +770,7 @@ def counters_text(counters: dict) -> str:
     text = f"{counters.get('recompiles', 0)} recompiles, {counters.get('graph_breaks', 0)} graph "
     text += "breaks" + (f"; {stats}" if stats else "")
     if counters.get("recompile_limit") is not None:
-        text += (
-            f" (a frame recompiled {counters['recompile_limit']} times runs eager from then on: "
-            "a `recompile_limit` warning in the child's output says it happened)"
-        )
+        text += f" (a frame recompiled {counters['recompile_limit']} times runs eager from then on)"
     return text
 
 
@@ -999,10 +778,8 @@ def render_compilation(r: dict) -> list[str]:
     """The compiled rows at the goals' batch, the compile's one-time cost apart."""
     lines = [
         "",
-        f"dpr-cache's towers compiled (`compile_towers`, mode `{r.get('mode')}`) in a process of "
-        "its own, each setting in a group beside itself eager and the full batch, interleaved "
-        "(the fits join the groups); its first two warm-up steps (compiling, recording CUDA "
-        "graphs) are the one-time cost, not in pairs/s.",
+        f"dpr-cache's towers compiled (mode `{r.get('mode')}`) in a process of their own, each "
+        "setting beside itself eager and the full batch; the warm-up steps are not in pairs/s.",
     ]
     if r.get("compile_call_s") is not None:
         lines += ["", f"`compile_towers` itself returned in {r['compile_call_s']:.1f} s."]
@@ -1065,13 +842,10 @@ def _llm_speed_goals(model: dict, head: str, plan: dict) -> list[dict]:
     largest = model.get("largest_full_batch") or {}
     if largest.get("pairs_per_s"):
         fulls.append((f"largest full batch B={largest['batch']}", largest["pairs_per_s"]))
+    best_full = max(fulls, key=lambda f: f[1], default=None)
     peers = [
         (f"CachedMNRL (same adapter, mini-batch {c})", ("", cmnrl), LLM_OVER_CMNRL),
-        (
-            "the largest full batch that fits",
-            max(fulls, key=lambda f: f[1], default=None),
-            LLM_OVER_FULL,
-        ),
+        ("the largest full batch that fits", best_full, LLM_OVER_FULL),
     ]
     out = []
     for what, theirs, target in peers:
@@ -1085,28 +859,15 @@ def _llm_speed_goals(model: dict, head: str, plan: dict) -> list[dict]:
     return out
 
 
-def _count(n: int) -> str:
-    """A parameter count in words: 7.24B, 41.9M, 16,384."""
-    if n >= 1e9:
-        return f"{n / 1e9:.3g}B"
-    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n:,}"
-
-
 def render_llm(r: dict) -> list[str]:
     """Decoder LLMs as the towers (issue 57): the goals, then each model's figures."""
-    plan, lora = r["plan"], r["plan"]["lora"]
-    targets = lora["target_modules"]
-    layers = "every linear layer" if targets == "all-linear" else ", ".join(targets)
     judged = _llm_goals(r)
     lines = [
         "",
-        f"Decoder LLMs as the towers (issue 57), random weights built on the device in "
-        f"{plan['dtype']}: LoRA r={lora['r']} (alpha {lora['alpha']}, dropout {lora['dropout']}) "
-        f"on {layers} (fp32 adapters, the base frozen), gradient checkpointing, last-token "
-        f"pooling, one shared tower, {plan['q_len']}-token questions and {plan['p_len']}-token "
-        f"passages, one hard negative, {plan['precision']} autocast. Memory: the peak (a dry "
-        "run: peak RSS) of the first `Trainer.step` (AdamW included) of `build_trainer`'s "
-        "trainer. Pairs/s: the steppers' steps interleaved; CachedMNRL on the same peft module.",
+        "Decoder LLMs as the towers (issue 57), random weights built on the device, LoRA "
+        "adapters, one shared tower; memory: the first `Trainer.step`'s peak (dry run: peak "
+        "RSS); pairs/s: the steppers' steps interleaved, CachedMNRL on the same peft module.",
+        *_fields("Plan", r["plan"]),
     ]
     lines += _goals_table("goal (issue 57)", judged) if judged else []
     for m in r.get("models", []):
@@ -1116,27 +877,12 @@ def render_llm(r: dict) -> list[str]:
 
 def _llm_model(m: dict) -> list[str]:
     s = m["shape"]
-    lines = [
-        "",
-        f"### {s['name']} ({s['layers']} layers x {s['hidden']}, {s['heads']} heads, "
-        f"{s['kv_heads']} KV heads, MLP {s['intermediate']:,}, vocabulary {s['vocab']:,})",
-        "",
-    ]
-    if "parameters" in m:
-        lines.append(
-            f"{_count(m['parameters'])} parameters, {_count(m['trainable'])} of them "
-            f"trainable ({', '.join(m['trainable_dtypes'])}), the base {m['base_dtype']}; "
-            f"attention {m['attention']}; built on the device in {m['build_s']:.1f} s."
-        )
-    if m.get("error"):
-        lines += ["", f"Stopped: `{m['error']}`"]
-    rows = [
-        f"{x['batch']:,} | {x['chunk']} | "
-        + (f"{x['skipped']} |" if x.get("skipped") else f"{_gb(x.get('peak_bytes'))} | ")
-        + ("" if x.get("skipped") else f"{x['step_s']:.2f}" if x.get("fits") else "out of memory")
-        for x in m.get("memory") or []
-    ]
-    lines += _table("batch: | chunk: | peak: | step s:", "", rows) if rows else []
+    rest = {k: v for k, v in s.items() if k not in ("name", "layers", "hidden")}
+    lines = ["", f"### {s['name']} ({s['layers']} layers x {s['hidden']}, {_cell(rest)})"]
+    skip = ("shape", "big", "memory", "speed", "largest_full_batch", "error")
+    lines += _fields("Model", m, skip) if "parameters" in m else []
+    lines += ["", f"Stopped: `{m['error']}`"] if m.get("error") else []
+    lines += _memory_rows(m.get("memory") or [])
     speed, largest = m.get("speed"), m.get("largest_full_batch")
     if speed and speed.get("skipped"):
         lines += ["", f"Pairs/s at B={speed['batch']}: skipped, {speed['skipped']}."]
@@ -1159,31 +905,7 @@ def _llm_model(m: dict) -> list[str]:
             f"{speed['rounds']} round(s) after {speed['warmups']} warm-up(s)):",
             *_table("setting | pairs/s: | step s:", "", rows),
         ]
-    return lines + (_llm_largest(largest) if largest else [])
-
-
-def _llm_largest(r: dict) -> list[str]:
-    tries = ", ".join(
-        f"{b} ({_gb(t['peak_bytes']) if t['fits'] else 'out of memory'})"
-        for b, t in r["tried"].items()
-    )
-    how = "doubling, then bisection"
-    if r.get("predicted"):
-        how += ", each try after the first placed where a line through the peaks reaches 97% of "
-        how += "the device's memory"
-    found = "none fitted"
-    if r["batch"] is not None:
-        found = f"**{r['batch']:,}** questions ({_gb(r.get('peak_bytes'))})"
-        if r.get("first_too_large"):
-            found += f", B={r['first_too_large']:,} out of memory"
-    lines = [
-        "",
-        f"Largest full batch (`train.mode: full`) that fits: {found}; {how}; tried {tries}.",
-    ]
-    if r.get("pretended_limit") is not None:
-        limit = r["pretended_limit"]
-        lines.append(f"(Dry run: a full batch above {limit} questions is pretended out of memory.)")
-    return lines + ([f"The search stopped: {r['stopped']}."] if r.get("stopped") else [])
+    return lines + (_largest(largest) if largest else [])
 
 
 def _fsdp_goals(r: dict | None) -> list[dict]:
@@ -1205,60 +927,33 @@ def _fsdp_goals(r: dict | None) -> list[dict]:
 
 def render_fsdp(r: dict) -> list[str]:
     """FSDP2 in a process group of one: float64 exactness, one step's memory against none."""
-    ex, plan, memory = r.get("exactness"), r["plan"], r.get("memory")
+    ex, memory = r.get("exactness"), r.get("memory")
     lines = [
         "",
-        "FSDP2 (`train.shard: fsdp`, the trainer's own `shard_towers`) on **one GPU, in a process "
-        "group of one**. With one GPU there is nothing to divide: each parameter's shard is the "
-        "whole parameter, so the ratio fsdp / none below measures FSDP's own overhead (its "
-        "gathered and bf16 copies of a block, its buffers), not the division across ranks that "
-        "FSDP promises. Two GPUs were not available; the division at 2 and 4 ranks is counted "
-        "on the CPU in [sharding.md](sharding.md).",
+        "FSDP2 (`train.shard: fsdp`) on **one GPU, in a process group of one**: nothing to "
+        "divide, so fsdp / none measures FSDP's own overhead. Two GPUs were not available; the "
+        "division at 2 and 4 ranks is counted on the CPU in [sharding.md](sharding.md).",
     ]
     if ex:
-        lines += [
-            "",
-            f"Exactness: a random BERT ({ex['layers']} layers of {ex['hidden']}) in float64, "
-            f"B={ex['batch']} with one hard negative: `verify`'s `sharded_step` (GradCache at "
-            f"chunk {ex['chunk']} over the sharded towers, the gradient gathered whole) against "
-            "`compare_steps`' unsharded full batch.",
-            *_table(
-                "gradient sync | relative gap: | bound: | equal",
-                "once a {sync} | {relative_error:.1e} | {bound:.0e} | {ok}",
-                ex["rows"],
-            ),
-        ]
+        title = "Exactness: a random BERT in float64, `sharded_step` against the full batch"
+        lines += _fields(title, ex, skip=("rows",))
+        lines += _table(
+            "gradient sync | relative gap: | bound: | equal",
+            "once a {sync} | {relative_error:.1e} | {bound:.0e} | {ok}",
+            ex["rows"],
+        )
     if not memory:
         return lines
-    mb = ("peak_bytes", "parameters", "gradients", "optimizer_state", "held")
-    rows = [
-        " | ".join([x["shard"], *(f"{x[k] / 1e6:,.1f}" for k in mb), f"{x['seconds']:.2f}"])
-        for x in memory
-    ]
-    lines += [
-        "",
-        f"Memory: one GradCache training step of a random BERT ({plan['layers']} layers of "
-        f"{plan['hidden']}, MLP {plan['intermediate']:,}, {plan['vocab']:,} words; separate "
-        f"towers), B={plan['batch']}, chunk {plan['chunk']}, {plan['q_len']}-token questions "
-        f"and {plan['p_len']}-token passages with one hard negative, {plan['precision']} "
-        "autocast (and FSDP's bf16 policy, gradients reduced in fp32, where sharded), AdamW's "
-        "update included. Peak: `torch.cuda.max_memory_allocated` (a dry run: the process's "
-        "peak RSS); held: the bytes of parameters, gradients and AdamW's state after the "
-        "step (a DTensor's local shard). MB = 10^6 bytes.",
-        *_table(
-            "train.shard | peak MB: | parameters MB: | gradients MB: | AdamW state MB: "
-            "| held MB: | step s:",
-            "",
-            rows,
-        ),
-    ]
+    title = "Memory (bytes; peak: `max_memory_allocated`, a dry run's peak RSS; held: after it)"
+    lines += [*_fields(f"{title}, one GradCache step with AdamW of a random BERT", r["plan"])]
+    lines += _grid(memory)
     by = {row["shard"]: row for row in memory}
     if {"none", "fsdp"} <= set(by):
         none, fsdp = by["none"], by["fsdp"]
+        peak, held = fsdp["peak_bytes"] / none["peak_bytes"], fsdp["held"] / none["held"]
         lines += [
             "",
-            f"fsdp / none: peak {fsdp['peak_bytes'] / none['peak_bytes']:.3f}x, held "
-            f"{fsdp['held'] / none['held']:.3f}x (one rank: FSDP's overhead, not a division).",
+            f"fsdp / none: peak {peak:.3f}x, held {held:.3f}x (one rank: FSDP's overhead).",
         ]
     return lines
 
@@ -1273,7 +968,7 @@ _SECTION = {
     "teacher_scoring": _teacher_scoring,
     "command_line": _command_line,
     "chunk_too_large": _chunk_too_large,
-    "largest_full_batch": _largest_full_batch,
+    "largest_full_batch": _largest,
     "llm": render_llm,
     "fsdp": render_fsdp,
 }

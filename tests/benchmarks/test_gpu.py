@@ -88,8 +88,9 @@ def test_dry_run_figures_hold_what_the_cpu_can_show(dry_run):
     assert all("pairs_per_s" in r for r in second["rows"].values()), second["rows"]
     assert [t["batch"] for t in s["speed"]["result"]["tokens"]] == [8, 16]
     page = dry_run[2].split("## Speed")[1].split("## Encoding")[0]
-    assert "Pairs/s by chunk at B=8, fp32" in page and "Pairs/s by chunk at B=16, fp32" in page
-    assert "| dpr-cache | " in page and "b: ms a chunk" in page, page
+    assert "\nB=8, fp32 (" in page and "\nB=16, fp32 (" in page
+    assert "| dpr-cache chunk 2 | " in page and "| dpr-cache | " in page, page
+    assert "b: ms a chunk" in page, page
     assert "no warm-up of its own" in page and "the peers' chunks below 4 left out" in page
     encoded = s["encoding"]["result"]["command"]
     assert encoded["passages"] == 300 and encoded["passages_per_s"] > 0, encoded
@@ -383,18 +384,17 @@ def test_score_rounds_the_model_alone_and_profiles_are_on_the_page():
     section = {"result": result, "seconds": 40.0}
     report = {"dry_run": False, "environment": _DEVICE, "sections": {"teacher_scoring": section}}
     page = markdown({**report, "goals": goals(report)}).split("## Teacher scoring")[1]
-    assert "(mean 170)" in page and "| round | precision |" in page
-    assert "| 1 | bf16 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
-    assert "| 2 | fp32 | 10,000 | 5.0 | 2,000 | 0.25 |" in page
+    assert "tokenize s 0.6; mean tokens 170.2; batch size 256; max length 256" in page
+    assert "| pairs | seconds | pairs a second | nq hours | round | precision |" in page
+    assert "| 10,000 | 5 | 2,000 | 0.25 | 1 | bf16 |" in page
+    assert "| 10,000 | 5 | 2,000 | 0.25 | 2 | fp32 |" in page
     assert "| bf16 | 0.25 | 40,000 |" in page
     assert (
-        "in the order fp32, bf16, over the 23 batches after the longest (5,888 pairs, 20 lengths "
-        "not run by the longest)" in page
+        "order fp32, bf16; batches 23; pairs 5,888; new lengths 20; seconds fp32 0.9, bf16 1.5; "
+        "again seconds fp32 0.5, bf16 0.3." in page
     )
-    assert "| fp32 | 0.90 | 0.50 | 20.0 |\n| bf16 | 1.50 | 0.30 | 60.0 |" in page
-    assert "30.0 ms from call to result, 25.5 ms of kernels' time on the device" in page
-    assert "`sm90_gemm_bf16` 12.2 ms (36x)" in page
-    assert "The profile of fp32's longest batch failed: RuntimeError: no CUPTI" in page
+    assert "| bf16 | device | 30 | 25.5 | `sm90_gemm_bf16` 12.2 ms (36x) | – |" in page
+    assert "| fp32 | – | – | – |  | RuntimeError: no CUPTI |" in page
 
 
 @pytest.mark.parametrize(
@@ -883,9 +883,10 @@ def test_device_memory_summary_names_each_sections_peak_and_its_full_moments():
     assert r["series"] == [[0.5, 20.0, 2.0], [1.0, 139.5, 3.0], [2.0, 17.0, 16.0]]
     assert r["processes"][0]["peak_gb"] == 105.0 and r["processes"][0]["pid"] == 5
     page = "\n".join(gpu_report._device_memory({"device_memory": r}))
-    assert "| exactness | 3 | 139.50 | 3.00 | 1 | 1 |" in page
-    assert "| memory | 1 | 17.00 | 16.00 | 2 | 0 |" in page
-    assert "| 5 | `x` | 105.00 | – | 0 | 2 |" in page
+    assert "| exactness | 3 | 139.5 | 3 | 1 | 1 |" in page
+    assert "| memory | 1 | 17 | 16 | 2 | 0 |" in page
+    assert "| pid | first s | last s | command | peak gb |\n" in page
+    assert "| 5 | 0.5 | 1.5 | x | 105 |" in page
 
 
 def test_device_watch_reads_under_each_section_and_names_only_its_own_processes(
@@ -989,12 +990,11 @@ def test_the_cost_of_a_chunk_is_fitted_per_engine_and_shown_by_chunk():
     comp = _comparison({**_step_rates(0.45, 3.0, 1.6), "full batch": 1024.0})
     speed = {"comparisons": [comp], "tokens": [{"batch": 512, "questions": 7, "passages": 9}]}
     page = "\n".join(render_speed(speed))
-    assert "| engine | chunk 32 | chunk 64 | chunk 128 | chunk 256 | chunk 512 |" in page
-    assert "| chunks a step | 16 + 32 | 8 + 16 | 4 + 8 | 2 + 4 | 1 + 2 |" in page
-    assert "| dpr-cache | 862 | 981 | 1,053 | 1,094 | 1,115 |" in page, page
+    assert "| dpr-cache chunk 32 | 862 | 0.594 | 16 + 32 |" in page, page
+    assert "| dpr-cache chunk 512 | 1115 | 0.459 | 1 + 2 |" in page, page
     assert "| dpr-cache | 3.0 | 0.450 | chunks 32 to 512 (48 to 3 chunks a step) | 0 |" in page
-    assert "Beside them, full batch: 1,024 pairs/s." in page
-    assert "Fastest of each: dpr-cache chunk 512 (1 + 2 chunks a step)" in page
+    assert "| CachedMNRL | 4.8 | 0.720 | chunks 32 to 512 (48 to 3 chunks a step) | 0 |" in page
+    assert "| full batch | 1024 | 0.500 | the whole batch |" in page
 
 
 def _compiled_group(chunk: int, compiled_rate: float, eager_rate: float, full: float) -> dict:
@@ -1193,7 +1193,8 @@ def test_compiled_rows_and_checks_on_the_page():
     }  # fmt: skip
     lines = "\n".join(gpu_report._compiled_exactness(exact))
     assert "2 compilations (15 s in all, the longest 10.0 s)" in lines
-    assert "length bucket 16" in lines and "9/9 within 1e-04 (largest 2.0e-07)" in lines
+    assert "length bucket 16" in lines and "step s 40, 0.1, 0.1" in lines
+    assert "replayed chunks 9, within bound 9, largest 2e-07; control without replay" in lines
     assert "3 recompiles, 0 graph breaks; unique_graphs 4 (a frame recompiled 8 times" in lines
     exact_rows = {
         "fp64": [{"relative_error": 1e-14}],
