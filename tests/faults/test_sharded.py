@@ -152,11 +152,20 @@ def test_a_damaged_shard_is_passed_over(tmp_path, unbroken, how) -> None:
 
 def test_a_second_run_on_a_sharded_runs_folder_is_refused(tmp_path, unbroken) -> None:
     """A second ``train`` under torchrun into the folder a sharded run writes: refused at once
-    with one line naming the holder; the first run ends as an unbroken one."""
+    with one line naming the holder; the first run ends as an unbroken one. The first run's
+    ranks are held (SIGSTOP) while the second starts, so that it cannot finish first."""
     fork_server_ready()
     first = start(*_args(tmp_path), world=2)
     _wait(first, _after_step(tmp_path / "run", 1))
-    second = run_cli(*_args(tmp_path), "--resume", world=2, check=False)
+    ranks = [rank_process(first.pid, rank) for rank in (0, 1)]
+    assert all(ranks)
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        second = run_cli(*_args(tmp_path), "--resume", world=2, check=False)
+    finally:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
     assert second.returncode != 0 and first.poll() is None
     said = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and "in use by pid" in said[0], second.stderr[-3000:]
