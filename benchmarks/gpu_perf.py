@@ -196,9 +196,8 @@ def _cmnrl(model, rows: int | None = None, tokens: int | None = None, folder: st
 
 
 def _gradcache_lib(model, chunk: int | list[int]):
-    from benchmarks.peers import GradCacheLibStep, import_gradcache_lib
+    from benchmarks.peers import GradCacheLibStep
 
-    import_gradcache_lib()
     return GradCacheLibStep(model, chunk)
 
 
