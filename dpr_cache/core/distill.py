@@ -2,8 +2,8 @@
 
 Question i's group is its positive and its H hard negatives: passage rows
 ``positive_offset + i * G .. + G - 1`` (``G = 1 + H``). ``t`` [B, G] are the teacher's scores of
-those rows (constants), ``s`` [B, G] the student's, ``s_ig = <q_i, p_ig> / temperature`` (the
-contrastive loss's scores)::
+those rows (constants), ``s`` [B, G] the student's, ``s_ig = raw(q_i, p_ig) / temperature`` (the
+contrastive loss's scores: a dot product, or MaxSim for multi-vector reps)::
 
     distill_kl = mean_i KL(softmax(t_i / teacher_temperature) || softmax(s_i))
                = mean_i sum_g pt_ig * (log pt_ig - log_softmax(s_i)_g)
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dpr_cache.core import similarity
 from dpr_cache.core.loss import GuideReps, InfoNCE
 
 __all__ = ["Distillation", "group_scores", "distill_kl", "margin_mse", "mixed_loss"]
@@ -61,7 +62,8 @@ def group_scores(
     temperature: float = 1.0,
     positive_offset: int = 0,
 ) -> Tensor:
-    """``<q_i, p_ig> / temperature`` for each question's own group [B, G]: B * G dot products."""
+    """``s(q_i, p_ig) / temperature`` for each question's own group [B, G]: B * G dot products,
+    or B * G MaxSims for multi-vector reps ([rows, L, d])."""
     n_q = q_reps.shape[0]
     rows = positive_offset + torch.arange(n_q * group_size, device=p_reps.device)
     if n_q and (positive_offset < 0 or int(rows[-1]) >= p_reps.shape[0]):
@@ -69,8 +71,8 @@ def group_scores(
             f"group rows run past the passages: last row {int(rows[-1])}, "
             f"passage rows {p_reps.shape[0]}"
         )
-    groups = p_reps.index_select(0, rows).view(n_q, group_size, -1)  # [B, G, d]
-    return torch.einsum("bd,bgd->bg", q_reps, groups) / temperature
+    groups = p_reps.index_select(0, rows).view(n_q, group_size, *p_reps.shape[1:])  # [B, G, ...]
+    return similarity.group_scores(q_reps, groups) / temperature
 
 
 def _teacher(teacher_scores: Tensor, like: Tensor) -> Tensor:

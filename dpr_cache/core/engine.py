@@ -24,6 +24,11 @@ representations in batch order: each chunk's rows are scattered back to their pl
 cached gradient gathered from them. Ordered longest first, the kept last chunk is the
 shortest: its graph is the smallest one to hold.
 
+Reps may have more dims than [rows, d]: a multi-vector encoder returns [rows, L, d], one vector
+a token, with L the chunk's trimmed width. The tower's buffer is then as wide as its widest
+chunk, each chunk's rows padded with zero vectors (padding, to the loss), and each chunk's
+cached gradient is cut back to the chunk's own width.
+
 The parameter gradients then equal those of one backward over the whole batch. The engine fills
 ``.grad`` and stops: optimizer, clipping and schedules belong to the caller.
 """
@@ -57,7 +62,8 @@ class _Tower:
     encode: Encoder
     chunks: list[dict[str, Tensor]]
     rows: list[Tensor] | None = None  # each chunk's batch rows; None: consecutive, in order
-    reps: Tensor | None = None  # detached reps in batch order, [rows, d], one buffer
+    reps: Tensor | None = None  # detached reps in batch order, [rows, d] or [rows, L, d]
+    widths: list[int] | None = None  # each chunk's reps' dim 1 when it can vary (3-D and up)
     rng: list[RngState] | None = None
     last_reps: Tensor | None = None  # the last chunk's reps with their graph, if kept
     grads: list[Tensor] | None = None  # dloss/dreps per chunk, fp32 (fp64 for fp64 reps)
@@ -67,7 +73,8 @@ class GradCache:
     """Exact large-batch gradients for ``loss_fn(encode_q(q), encode_p(p))`` in chunks.
 
     Args:
-        encode_q: maps a dict of batched tensors (a chunk of questions) to reps [n, d].
+        encode_q: maps a dict of batched tensors (a chunk of questions) to reps [n, d], or
+            [n, L, d] (one vector a token, L the chunk's width; zero vectors are padding).
         encode_p: the same for passages.
         loss_fn: ``loss_fn(q_reps, p_reps, **loss_kwargs) -> scalar`` on the whole batch.
         chunk_size: question rows per chunk.
@@ -157,7 +164,7 @@ class GradCache:
 
     def forward_no_grad(self, tower: _Tower) -> None:
         """Encode every chunk (all but the last if kept) without a graph; record RNG states."""
-        tower.reps, tower.rng = None, []
+        tower.reps, tower.widths, tower.rng = None, None, []
         for i, chunk in enumerate(tower.chunks[: self._n_graph_less(tower)]):
             tower.rng.append(RngState.capture(cuda_devices(chunk)))
             with torch.no_grad():
@@ -261,16 +268,39 @@ def _store(tower: _Tower, index: int, reps: Tensor) -> None:
 
     One buffer instead of a small tensor per chunk: no long-lived allocation lands between
     the chunks' short-lived activations (which fragments the CPU heap and grows the peak
-    resident memory with the number of chunks), and no concatenation afterwards.
+    resident memory with the number of chunks), and no concatenation afterwards. Reps of 3
+    dims or more ([rows, L, d]) go to a zero-filled buffer as wide as the widest chunk so far
+    (:func:`_widen`), into their first ``L`` columns.
     """
     if tower.reps is None:
         rows = sum(batch_rows(c) for c in tower.chunks)
-        tower.reps = reps.new_empty((rows, *reps.shape[1:]))
+        shape = (rows, *reps.shape[1:])
+        tower.reps = reps.new_zeros(shape) if reps.dim() > 2 else reps.new_empty(shape)
+    target = tower.reps
+    if reps.dim() > 2:
+        _widen(tower, index, reps)
+        target = tower.reps[:, : reps.shape[1]]
     if tower.rows is not None:
-        tower.reps.index_copy_(0, tower.rows[index].to(reps.device), reps)
+        target.index_copy_(0, tower.rows[index].to(reps.device), reps)
         return
     start = sum(batch_rows(c) for c in tower.chunks[:index])
-    tower.reps[start : start + reps.shape[0]].copy_(reps)
+    target[start : start + reps.shape[0]].copy_(reps)
+
+
+def _widen(tower: _Tower, index: int, reps: Tensor) -> None:
+    """Record chunk ``index``'s width; grow the tower's buffer with zeros to it when wider."""
+    if reps.shape[2:] != tower.reps.shape[2:]:
+        raise ValueError(
+            f"a chunk's reps {tuple(reps.shape)} differ from the first chunk's "
+            f"{tuple(tower.reps.shape)} beyond dim 1"
+        )
+    if tower.widths is None:
+        tower.widths = [0] * len(tower.chunks)
+    tower.widths[index] = reps.shape[1]
+    if reps.shape[1] > tower.reps.shape[1]:
+        wider = tower.reps.new_zeros((tower.reps.shape[0], *reps.shape[1:]))
+        wider[:, : tower.reps.shape[1]].copy_(tower.reps)
+        tower.reps = wider
 
 
 def _cache_leaf(joined: Tensor) -> Tensor:
@@ -279,12 +309,17 @@ def _cache_leaf(joined: Tensor) -> Tensor:
 
 
 def _split_like(grad: Tensor | None, joined: Tensor, tower: _Tower) -> list[Tensor]:
-    """The gradient [rows, d] (batch order) cut into the tower's chunks, rows as encoded."""
+    """The gradient (batch order) cut into the tower's chunks, rows as encoded and, where the
+    chunks' widths vary, each cut to its chunk's width."""
     if grad is None:
         grad = torch.zeros_like(joined)
     if tower.rows is not None:
-        return [grad.index_select(0, rows.to(grad.device)) for rows in tower.rows]
-    return list(grad.split([batch_rows(c) for c in tower.chunks]))
+        parts = [grad.index_select(0, rows.to(grad.device)) for rows in tower.rows]
+    else:
+        parts = list(grad.split([batch_rows(c) for c in tower.chunks]))
+    if tower.widths is None:
+        return parts
+    return [part[:, :width] for part, width in zip(parts, tower.widths, strict=True)]
 
 
 def _surrogate(reps: Tensor, grad: Tensor) -> Tensor:

@@ -11,11 +11,17 @@ taken from the directions asked::
     query_to_query      q_i against the other questions
     passage_to_passage  p_pos(i) against every passage outside question i's own group
 
-    s(a, c)  = <a, c> / temperature  (+ hardness_strength * stop_grad(<a, c>) on the negatives
-               ``hardness`` picks: in_batch, hard or all; query_to_passage only)
+    s(a, c)  = raw(a, c) / temperature  (+ hardness_strength * stop_grad(raw(a, c)) on the
+               negatives ``hardness`` picks: in_batch, hard or all; query_to_passage only)
     joint:         loss_i = logsumexp over every direction's candidates - s(q_i, p_pos(i))
     per_direction: loss_i = mean over directions of logsumexp over its candidates - s(q_i, p_pos(i))
     loss = mean_i loss_i
+
+``raw`` is the dot product of single-vector reps ([rows, d]) or, for multi-vector reps
+([rows, L, d], one vector per token; q and p may have different L), late interaction (MaxSim,
+:mod:`dpr_cache.core.similarity`): each anchor token's best match among the candidate's real
+(non-zero) tokens, summed over the anchor's real tokens; a candidate without a real token scores
+-1e9, constant. The guide's vectors are single vectors whatever the reps.
 
 False negatives are masked by passage id in every direction: a candidate that holds the anchor's
 passage (or, for a question, whose positive is that passage), other than the row's own positive
@@ -26,7 +32,10 @@ candidate c leaves row i when ``g(anchor).g(c) > g(q_i).g(p_pos(i)) - margin`` (
 The tiled path never builds a [b, P] (or [b, B]) score matrix: a custom autograd function
 computes each direction's per-row log-sum-exp block by block with a running max and sum, keeps
 only that [b] vector, and recomputes each block in the backward. Memory is
-O((b + P) * d + tile^2) whatever the directions.
+O((b + P) * d + tile^2) whatever the directions. Multi-vector blocks hold their token scores,
+[rows, La, cols, Lc]: O((b * La + P * Lc) * d + tile^2 * La * Lc), the tile cut so that one
+block stays within :data:`~dpr_cache.core.similarity.TOKEN_BLOCK_ELEMENTS` token scores
+(:func:`~dpr_cache.core.similarity.token_tile`).
 """
 
 from __future__ import annotations
@@ -37,7 +46,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dpr_cache.core import similarity
 from dpr_cache.core.inputs import group_size_of
+from dpr_cache.core.similarity import (
+    TokenBlocks,
+    check_reps,
+    is_multi_vector,
+    loss_dtype,
+    pair_scores,
+    token_tile,
+)
 
 __all__ = [
     "DIRECTIONS",
@@ -86,12 +104,6 @@ def positive_indices(
             f"passage rows {n_passages}"
         )
     return pos
-
-
-def loss_dtype(t: Tensor) -> torch.dtype:
-    """The dtype the loss is computed in for reps of ``t``'s dtype: fp32 for half types (the
-    cache and the loss stay in fp32 under autocast), else their own (fp64 stays fp64)."""
-    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 
 @dataclass(frozen=True)
@@ -214,7 +226,7 @@ class InfoNCE:
             lse = torch.logsumexp(torch.stack(lses), dim=0)
         else:
             lse = torch.stack(lses).mean(dim=0)
-        positive = (q * p[pos]).sum(-1) / self.temperature
+        positive = pair_scores(q, p[pos]) / self.temperature
         return (lse - positive).mean()
 
     def _guide_view(self, guide: GuideReps | None, pos: Tensor) -> _GuideView | None:
@@ -253,6 +265,9 @@ class InfoNCE:
             rule.guide = None if g is None else (g.positives, g.p_all, g.threshold)
         if self.tile_size is None:
             return _direct_lse(anchors, cands, rule, self.temperature)
+        if is_multi_vector(anchors):
+            tile = token_tile(self.tile_size, anchors.shape[1], cands.shape[1])
+            return _TiledMaxSimLSE.apply(anchors, cands, rule, self.temperature, tile)
         return _TiledLSE.apply(anchors, cands, rule, self.temperature, self.tile_size)
 
 
@@ -374,10 +389,11 @@ class _Rule:
 
 
 def _direct_lse(anchors: Tensor, cands: Tensor, rule: _Rule, temperature: float) -> Tensor:
-    """Each row's log-sum-exp over the whole [n, m] score matrix (autograd throughout)."""
+    """Each row's log-sum-exp over the whole [n, m] score matrix (autograd throughout; for
+    multi-vector reps it builds all [n, La, m, Lc] token scores)."""
     n, m = anchors.shape[0], cands.shape[0]
     rows, cols = slice(0, n), slice(0, m)
-    raw = anchors @ cands.T
+    raw = similarity.scores(anchors, cands)
     scores = raw / temperature
     boosted = rule.boosted(rows, cols, anchors.device)
     if boosted is not None:
@@ -417,11 +433,7 @@ class _TiledLSE(torch.autograd.Function):
                 for c0 in range(0, m, tile):
                     cols = slice(c0, min(c0 + tile, m))
                     block = _scores(buf, a_s, cc, rows, cols, rule, temperature)
-                    new_max = torch.maximum(run_max, block.amax(dim=1))
-                    shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
-                    run_sum.mul_(torch.exp(run_max - shift))
-                    run_sum.add_(block.sub_(shift[:, None]).exp_().sum(dim=1))
-                    run_max = new_max
+                    run_max = _running_update(run_max, run_sum, block)
                 lse[rows] = run_max + torch.log(run_sum)
         ctx.save_for_backward(a, c, lse)
         ctx.rule, ctx.temperature, ctx.tile = rule, temperature, tile
@@ -453,6 +465,71 @@ class _TiledLSE(torch.autograd.Function):
         return da.to(a.dtype), dc.to(c.dtype), None, None, None
 
 
+class _TiledMaxSimLSE(torch.autograd.Function):
+    """:class:`_TiledLSE` for multi-vector reps: per-row log-sum-exp of
+    ``MaxSim(a_i, c_j) / temperature`` under ``rule``, one block of ``tile`` rows by ``tile``
+    candidates at a time (each block's [tile, La, tile, Lc] token scores in one reused buffer).
+
+    Backward recomputes each block with the winning candidate token of every (row, anchor token,
+    candidate) and sends ``w_ij = grad_i * softmax_ij / temperature`` through it
+    (:meth:`TokenBlocks.accumulate`); hardness's term is a constant there, as in ``_TiledLSE``.
+    """
+
+    @staticmethod
+    def forward(ctx, a, c, rule, temperature, tile):  # noqa: D401
+        dtype = loss_dtype(a)
+        n, m = a.shape[0], c.shape[0]
+        lse = torch.empty(n, dtype=dtype, device=a.device)
+        with torch.autocast(a.device.type, enabled=False):
+            blocks = TokenBlocks(a.to(dtype), c.to(dtype), tile)
+            for rows in _slices(n, tile):
+                shape = (rows.stop - rows.start,)
+                run_max = torch.full(shape, float("-inf"), dtype=dtype, device=a.device)
+                run_sum = torch.zeros_like(run_max)
+                for cols in _slices(m, tile):
+                    raw = blocks.raw(rows, cols).div_(temperature)
+                    block = _apply_rule(raw, rows, cols, rule, temperature)
+                    run_max = _running_update(run_max, run_sum, block)
+                lse[rows] = run_max + torch.log(run_sum)
+        ctx.save_for_backward(a, c, lse)
+        ctx.rule, ctx.temperature, ctx.tile = rule, temperature, tile
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad_lse):
+        a, c, lse = ctx.saved_tensors
+        rule, temperature, tile = ctx.rule, ctx.temperature, ctx.tile
+        dtype = lse.dtype
+        # a row with no candidate (lse -inf) sends no gradient: exp(-inf - inf) = 0
+        lse = lse.masked_fill(torch.isneginf(lse), float("inf"))
+        with torch.autocast(a.device.type, enabled=False):
+            blocks = TokenBlocks(a.to(dtype), c.to(dtype), tile)
+            da, dc = torch.zeros_like(blocks.a), torch.zeros_like(blocks.c)
+            g = grad_lse.to(dtype) / temperature
+            for rows in _slices(a.shape[0], tile):
+                for cols in _slices(c.shape[0], tile):
+                    raw, argmax = blocks.raw_with_argmax(rows, cols)
+                    weights = _apply_rule(raw.div_(temperature), rows, cols, rule, temperature)
+                    weights.sub_(lse[rows, None]).exp_().mul_(g[rows, None])  # [r, c]
+                    blocks.accumulate(rows, cols, weights, argmax, da, dc)
+        return da.to(a.dtype), dc.to(c.dtype), None, None, None
+
+
+def _slices(n: int, tile: int) -> list[slice]:
+    """``[0, n)`` cut into slices of ``tile`` (the last one shorter)."""
+    return [slice(start, min(start + tile, n)) for start in range(0, n, tile)]
+
+
+def _running_update(run_max: Tensor, run_sum: Tensor, block: Tensor) -> Tensor:
+    """Fold ``block`` [r, c] (overwritten) into each row's running max and sum of
+    ``exp(score - max)``; ``run_sum`` is updated in place, the new max returned."""
+    new_max = torch.maximum(run_max, block.amax(dim=1))
+    shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+    run_sum.mul_(torch.exp(run_max - shift))
+    run_sum.add_(block.sub_(shift[:, None]).exp_().sum(dim=1))
+    return new_max
+
+
 def _scaled(a: Tensor, temperature: float) -> Tensor:
     """``a / temperature`` once, so the blocks need no division (``a`` itself when it is 1)."""
     return a if temperature == 1.0 else a / temperature
@@ -469,9 +546,15 @@ def _scores(buf, a_s, c, rows, cols, rule: _Rule, temperature: float) -> Tensor:
     block = buf[: (rows.stop - rows.start) * (cols.stop - cols.start)]
     block = block.view(rows.stop - rows.start, cols.stop - cols.start)  # [r, c]
     torch.mm(a_s[rows], c[cols].T, out=block)
+    return _apply_rule(block, rows, cols, rule, temperature)
+
+
+def _apply_rule(block: Tensor, rows: slice, cols: slice, rule: _Rule, temperature: float) -> Tensor:
+    """Scores ``block`` [r, c] (raw / temperature) with hardness's term added to the boosted
+    negatives and excluded candidates set to -inf, in place."""
     boosted = rule.boosted(rows, cols, block.device)
-    if boosted is not None:  # raw / T + alpha * raw = block * (1 + alpha * T)
-        block.mul_(torch.where(boosted, 1.0 + rule.boost[1] * temperature, 1.0).to(block.dtype))
+    if boosted is not None:  # raw / T + alpha * raw = block * (1 + alpha * T), in block's dtype
+        block.mul_(boosted.to(block.dtype).mul_(rule.boost[1] * temperature).add_(1.0))
     excluded = rule.excluded(rows, cols, block.device)
     if excluded is not None:
         block.masked_fill_(excluded, float("-inf"))
@@ -479,13 +562,8 @@ def _scores(buf, a_s, c, rows, cols, rule: _Rule, temperature: float) -> Tensor:
 
 
 def _check(q_reps: Tensor, p_reps: Tensor, p_ids: Tensor | None) -> None:
-    if q_reps.dim() != 2 or p_reps.dim() != 2:
-        raise ValueError(
-            f"q_reps and p_reps must be 2-D [rows, dim], got {tuple(q_reps.shape)} and "
-            f"{tuple(p_reps.shape)}"
-        )
-    if q_reps.shape[1] != p_reps.shape[1]:
-        raise ValueError(f"q_reps dim {q_reps.shape[1]} differs from p_reps dim {p_reps.shape[1]}")
+    """Both reps [rows, d] or both [rows, L, d] with one d; one id a passage row."""
+    check_reps(q_reps, p_reps, ("q_reps", "p_reps"))
     if p_ids is not None and tuple(p_ids.shape) != (p_reps.shape[0],):
         raise ValueError(
             f"p_ids must have one id per passage row ({p_reps.shape[0]}), got shape "

@@ -43,7 +43,8 @@ def truncated(reps: Tensor, dim: int, normalize: bool) -> Tensor:
 @dataclass(frozen=True)
 class Matryoshka:
     """The loss summed over the leading ``dims`` (descending) with ``weights``; each prefix
-    re-normalized when ``normalize`` (the model's vectors are unit length)."""
+    re-normalized when ``normalize`` (the model's vectors are unit length). Single-vector reps
+    only: the loss function raises on multi-vector ([rows, L, d]) reps."""
 
     dims: tuple[int, ...]
     weights: tuple[float, ...] | None = None
@@ -104,8 +105,10 @@ def make_loss_fn(objective: Objective, *, rank: int = 0, world_size: int = 1) ->
     ) -> Tensor:
         if objective.guided and (guide_q is None or guide_p is None):
             raise ValueError("the loss is guided (train.guide): it needs guide_q and guide_p")
-        rows = _gathered(objective, rank, world_size, q_reps, p_reps, p_ids, guide_q, guide_p)
         matryoshka = objective.matryoshka
+        if matryoshka is not None and (q_reps.dim() == 3 or p_reps.dim() == 3):
+            raise ValueError("matryoshka truncates single vectors; multi-vector reps take none")
+        rows = _gathered(objective, rank, world_size, q_reps, p_reps, p_ids, guide_q, guide_p)
         if matryoshka is None:
             loss = _mixed(objective, rows, q_reps, p_reps, p_ids, teacher_scores)
         else:
