@@ -3,6 +3,7 @@
 
     python -m benchmarks.loss --batch 65536 --dim 768 --tile 4096
     python -m benchmarks.loss --batch 16384 --direct                # the untiled loss
+    python -m benchmarks.loss --batch 4096 --dim 128 --tokens 32,256 --tile 64   # MaxSim
 
 ``python -m benchmarks.synthetic --loss-sweep`` sweeps the batch size with these.
 """
@@ -45,15 +46,29 @@ def memory_shortfall(batch: int, dim: int, tile: int | None) -> str | None:
     return f"needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"
 
 
-def _run_child(batch: int, dim: int, tile: int | None, *, backward: bool, seed: int) -> dict:
+def _inputs(batch: int, dim: int, tokens: tuple[int, int] | None, seed: int):
+    """Random fp32 question and passage reps: [batch, dim] scaled so scores spread over about
+    one unit, or unit token vectors [batch, L, dim] of ``tokens`` (question, passage) lengths."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    if tokens is None:
+        scale = dim**-0.25
+        return (torch.randn(batch, dim, generator=gen).mul_(scale).requires_grad_() for _ in "qp")
+    shapes = [(batch, length, dim) for length in tokens]
+    units = (torch.nn.functional.normalize(torch.randn(s, generator=gen), dim=-1) for s in shapes)
+    return (t.requires_grad_() for t in units)
+
+
+def _run_child(
+    batch: int, dim: int, tile: int | None, *, backward: bool, seed: int, tokens=None
+) -> dict:
     import torch
 
     from dpr_cache.core.loss import contrastive_loss
 
     rss_import, peak_import = rss_bytes(), peak_rss_bytes()
-    gen = torch.Generator().manual_seed(seed)
-    scale = dim**-0.25  # scores q.p of unit-order spread, as with trained encoders
-    q, p = (torch.randn(batch, dim, generator=gen).mul_(scale).requires_grad_() for _ in "qp")
+    q, p = _inputs(batch, dim, tokens, seed)
     rss_inputs, peak_inputs = rss_bytes(), peak_rss_bytes()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = contrastive_loss(q, p, tile_size=tile)
@@ -64,6 +79,7 @@ def _run_child(batch: int, dim: int, tile: int | None, *, backward: bool, seed: 
         backward_s, backward_cpu_s = time.perf_counter() - t1, time.process_time() - c1
     peak = peak_rss_bytes()
     row = dict(batch=batch, dim=dim, tile=tile, mode=loss_mode(tile), backward=backward)
+    row["tokens"] = list(tokens) if tokens is not None else None
     row.update(threads=torch.get_num_threads(), torch=torch.__version__, loss=float(loss))
     row.update(rss_after_import=rss_import, peak_after_import=peak_import)
     row.update(rss_after_inputs=rss_inputs, peak_after_inputs=peak_inputs, peak_rss=peak)
@@ -75,13 +91,21 @@ def _run_child(batch: int, dim: int, tile: int | None, *, backward: bool, seed: 
 
 
 def measure_loss_memory(
-    batch: int, dim: int = 768, tile: int | None = DEFAULT_TILE, *, backward: bool = True, seed=0
+    batch: int,
+    dim: int = 768,
+    tile: int | None = DEFAULT_TILE,
+    *,
+    backward: bool = True,
+    seed=0,
+    tokens: tuple[int, int] | None = None,
 ) -> dict:
     """``contrastive_loss`` on random fp32 [batch, dim] inputs in a fresh subprocess (``tile``
     None: the direct loss): memory in bytes (``peak_rss``, ``peak_over_inputs`` = peak minus the
     RSS once the inputs exist) and seconds (wall ``forward_s``, ``backward_s``; process CPU
-    ``forward_cpu_s``, ``backward_cpu_s``)."""
+    ``forward_cpu_s``, ``backward_cpu_s``). ``tokens``: MaxSim over unit token vectors of
+    these (question, passage) lengths instead."""
     args = ["--child", "--batch", str(batch), "--dim", str(dim), "--seed", str(seed)]
+    args += ["--tokens", ",".join(map(str, tokens))] if tokens is not None else []
     args += ["--direct"] if tile is None else ["--tile", str(tile)]
     return run_json_child("benchmarks.loss", args + ([] if backward else ["--no-backward"]))
 
@@ -109,11 +133,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--direct", action="store_true", help="untiled loss (full score matrix)")
     ap.add_argument("--no-backward", dest="backward", action="store_false")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokens", type=comma_pair, help="Q,P: MaxSim over token vectors")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     tile = None if args.direct else args.tile
     run = _run_child if args.child else measure_loss_memory
-    print(json.dumps(run(args.batch, args.dim, tile, backward=args.backward, seed=args.seed)))
+    row = run(
+        args.batch, args.dim, tile, backward=args.backward, seed=args.seed, tokens=args.tokens
+    )
+    print(json.dumps(row))
+
+
+def comma_pair(text: str) -> tuple[int, int]:
+    """``"32,256"`` as (32, 256): a question's and a passage's tokens."""
+    try:
+        q, p = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two integers Q,P, got {text!r}") from None
+    return q, p
 
 
 if __name__ == "__main__":

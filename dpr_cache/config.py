@@ -68,8 +68,9 @@ class ModelConfig(_Section):
     name_or_path: str = "data/toy/tiny-bert"
     shared: bool = False
     # cls (DPR), mean (masked mean), last (each row's final real token, decoders: the tokenizer's
-    # EOS appended where its template does not add one)
-    pooling: Literal["cls", "mean", "last"] = "cls"
+    # EOS appended where its template does not add one); null = as the model records (a
+    # dpr-cache or sentence-transformers folder), else cls (last for a decoder-only model)
+    pooling: Literal["cls", "mean", "last"] | None = None
     gradient_checkpointing: bool = False
     max_query_length: int = Field(32, ge=4)
     max_passage_length: int = Field(256, ge=8)
@@ -83,6 +84,12 @@ class ModelConfig(_Section):
     # transformers' attention; flash_attention_2 where the flash-attn package is installed
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     lora: LoraConfig | None = None  # null: every weight trains (full fine-tuning)
+    # single: one vector a text (pooled); multi: a vector a token (late interaction, MaxSim);
+    # null = as the model records (a multi-vector folder is multi), else single
+    vectors: Literal["single", "multi"] | None = None
+    # multi: the token vectors' width (a projection of the last hidden state); null = as the
+    # model records, else 128 (or the width where smaller)
+    multi_dim: int | None = Field(None, ge=1)
 
 
 class TrainSource(_Section):
@@ -173,6 +180,8 @@ class TrainConfig(_Section):
     loss: Literal["contrastive", "distill_kl", "margin_mse"] = "contrastive"
     distill_weight: float | None = Field(None, ge=0.0, lt=1.0)  # contrastive share; null = 0
     teacher_temperature: float | None = Field(None, gt=0.0)  # distill_kl; null = 1
+    # the loss's tile (rows a block); null = the whole score matrix at once (a multi-vector
+    # model's loss is tiled all the same: train/step.py's MULTI_VECTOR_TILE)
     loss_tile_size: int | None = Field(None, ge=1)
     # the contrastive loss's anchors and candidates (docs/losses.md): query_to_passage is always
     # in; passage_to_query with it is the symmetric loss. joint: one softmax over every

@@ -182,7 +182,10 @@ def test_changed_settings_of_a_file_that_is_no_config_is_one_line(tmp_path, text
         ),
         ("train.lr=-1", "--set: train.lr takes a number > 0 (got -1)"),
         ("train.batch_size=many", "--set: train.batch_size takes an integer >= 1 (got 'many')"),
-        ("model.pooling=max", "--set: model.pooling takes 'cls', 'mean' or 'last' (got 'max')"),
+        (
+            "model.pooling=max",
+            "--set: model.pooling takes 'cls', 'mean', 'last' or null (got 'max')",
+        ),
         ("model.dropout=2", "--set: model.dropout takes a number >= 0 and < 1 or null (got 2)"),
         ("model.shared=maybe", "--set: model.shared takes true or false (got 'maybe')"),
         (

@@ -46,6 +46,7 @@ CONFIG_EDGE = {
     "cli/app.py",
     "train/loop.py",
     "train/resume.py",
+    "train/settle.py",
     "train/trainer.py",
     "train/bench.py",
     "train/step.py",  # build_step: the step a Config describes

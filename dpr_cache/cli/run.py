@@ -40,8 +40,9 @@ def train(
     """
     from dpr_cache.runtime.lock import output_lock
     from dpr_cache.train.resume import check_start, finished_resume
+    from dpr_cache.train.settle import settle_model
 
-    cfg = load(config, set_)  # every refusal before the trainer's imports (torch and all)
+    cfg = settle_model(load(config, set_))  # every refusal before the trainer's imports
     main = rank_and_world()[0] == 0
     finished = finished_resume(cfg) if resume else None
     if finished is not None:  # nothing to do, nothing touched (not even the lock)

@@ -35,7 +35,13 @@ from transformers import PretrainedConfig
 from dpr_cache.errors import InputError
 from dpr_cache.model.decoders import attention_of, prepare_tokenizer, torch_dtype
 from dpr_cache.model.dpr_formats import dpr_kind, load_dpr_towers
-from dpr_cache.model.encoding import ENCODING_FILE, QueryEncoding
+from dpr_cache.model.encoding import (
+    ENCODING_FILE,
+    QueryEncoding,
+    shipped_normalize,
+    shipped_pooling,
+    shipped_prefixes,
+)
 from dpr_cache.model.hub import hub_name_of, resolve_model_path
 from dpr_cache.model.lora import (
     ADAPTER_CONFIG,
@@ -47,15 +53,26 @@ from dpr_cache.model.lora import (
     merged,
     set_lora_dropout,
 )
+from dpr_cache.model.multivector import (
+    MultiVector,
+    attach_projection,
+    check_dim,
+    default_dim,
+    is_multi_vector_folder,
+    passage_keep,
+    projection_of,
+    read_folder,
+    skip_ids,
+    token_reps,
+    without_projection,
+    write_folder,
+)
 from dpr_cache.model.pooling import POOLINGS, pool
 from dpr_cache.model.tower_files import clean_tokenizer, write_tower
 from dpr_cache.model.towers import (
     decoder_only,
     load_tokenizer,
     load_tower,
-    shipped_normalize,
-    shipped_pooling,
-    shipped_prefixes,
     tower_from_config,
 )
 
@@ -84,6 +101,9 @@ class BiEncoder(nn.Module):
             (:mod:`dpr_cache.data.tokenize`), and saved as its sentence-transformers prompts.
         dtype: the name (``fp32 | bf16 | fp16``) of the dtype the weights were loaded in,
             recorded when saved (None: not given; transformers' default dtype).
+        multi: late interaction (:mod:`~dpr_cache.model.multivector`): every tower then
+            carries its projection, and encodes [n, L, multi.dim] unit token vectors (zero
+            where a token is not scored); None: one vector a text, pooled.
 
     ``output_dim`` (an attribute, None: the full width) cuts every vector to its first dims,
     re-normalized when the model normalizes: retrieval at a Matryoshka dim (``index.dim``);
@@ -103,6 +123,7 @@ class BiEncoder(nn.Module):
         query_prefix: str = "",
         passage_prefix: str = "",
         dtype: str | None = None,
+        multi: MultiVector | None = None,
     ) -> None:
         super().__init__()
         pooling = _pooling_for(query_encoder, pooling)
@@ -119,6 +140,9 @@ class BiEncoder(nn.Module):
         self.source_prompts: dict[str, tuple[str, str]] = {}
         self.weights_dtype = dtype
         self.output_dim: int | None = None
+        self.multi = multi
+        if multi is not None and any(projection_of(t) is None for t in self.towers):
+            raise ValueError("a multi-vector BiEncoder's towers each need their projection")
 
     # -- construction -----------------------------------------------------------------------
 
@@ -135,20 +159,28 @@ class BiEncoder(nn.Module):
         dtype: str | None = None,
         attn_implementation: str | None = None,
         lora=None,
+        vectors: str | None = None,
+        multi_dim: int | None = None,
     ) -> BiEncoder:
         """Load a saved BiEncoder folder, or any Hugging Face model (a folder or a hub name, see
         :func:`~dpr_cache.model.hub.resolve_model_path`) for both towers: encoders (BERTs) and
         decoders (Llama, Mistral, Qwen2/Qwen3, Gemma: ``AutoModel``) alike.
 
         ``pooling=None`` and ``normalize=None`` keep what the model ships: a saved BiEncoder's
-        settings (which always win for pooling), or a sentence-transformers folder's Pooling and
-        Normalize modules; else CLS pooling (DPR's) without normalization, or last-token
-        pooling for a decoder-only model (its tokenizer then appending EOS). ``dtype`` (``fp32 |
+        settings, or a sentence-transformers folder's Pooling and Normalize modules; else CLS
+        pooling (DPR's) without normalization, or last-token pooling for a decoder-only model
+        (its tokenizer then appending EOS). Given, they are used as given: the commands settle
+        them against what the folder records first
+        (:func:`~dpr_cache.model.encoding.settle_encoding`). ``dtype`` (``fp32 |
         bf16 | fp16``; None: what a saved BiEncoder records, else transformers' default) and
         ``attn_implementation`` (None or ``auto``: transformers' choice) go to every tower.
         ``lora`` (``model.lora``: ``r``, ``alpha``, ``dropout``, ``target_modules``) adds
         trainable LoRA adapters to a frozen base; a folder saved with adapters loads them (frozen
-        unless ``lora`` is given, then trainable: its own adapters go on training)."""
+        unless ``lora`` is given, then trainable: its own adapters go on training).
+        ``vectors`` (``model.vectors``: ``single | multi``; None: as the folder records) and
+        ``multi_dim``: a multi-vector folder (ours, sentence-transformers' ``MultiVectorEncoder``
+        or PyLate's) loads its projection; any other folder asked for ``multi`` gets a new one
+        of ``multi_dim`` dims (None: :func:`~dpr_cache.model.multivector.default_dim`)."""
         path = resolve_model_path(path)
         if dpr_kind(path) is not None:  # HF DPR pair or DPR's .cp: two BERTs, [CLS], no norm
             query, passage, tokenizer = load_dpr_towers(path, dropout)
@@ -168,14 +200,38 @@ class BiEncoder(nn.Module):
             attention=attention_of(attn_implementation),
             lora=lora,
         )
+        vectors = vectors or meta.get("vectors") or _folder_vectors(path, saved)
+        if vectors == "multi" and lora is not None:
+            raise InputError("model.lora: LoRA on a multi-vector model is not built yet")
+        multi = None
         if saved:
-            query = _with_lora(load(path / "query_encoder"), lora)
-            passage = None if shared else _with_lora(load(path / "passage_encoder"), lora)
-            pooling = meta.get("pooling", pooling)
+            query = _multi_tower(
+                load(path / "query_encoder"), vectors, multi_dim, path / "query_encoder"
+            )
+            passage = None
+            if not shared:
+                passage = _multi_tower(
+                    load(path / "passage_encoder"), vectors, multi_dim, path / "passage_encoder"
+                )
+            query, passage = (
+                _with_lora(query, lora),
+                passage if passage is None else _with_lora(passage, lora),
+            )
+            pooling = pooling or meta.get("pooling")
         else:
-            query, passage = _plain_towers(load(path), shared, lora)
+            query = _multi_tower(load(path), vectors, multi_dim, path)
+            query, passage = _plain_towers(query, shared, lora)
             meta = {"normalize": shipped_normalize(path), **shipped_prefixes(path)}
             pooling = pooling or shipped_pooling(path)
+            if vectors == "multi" and is_multi_vector_folder(path):
+                prompts = read_folder(path).prompts
+                meta = {
+                    "normalize": True,
+                    "query_prefix": prompts.get("query", ""),
+                    "passage_prefix": prompts.get("document", ""),
+                }
+        if vectors == "multi":
+            multi = _multi_spec(path, saved, query, meta)
         pooling = _pooling_for(query, pooling)  # before the tokenizer: last appends EOS
         model = cls(
             query,
@@ -188,6 +244,7 @@ class BiEncoder(nn.Module):
             query_prefix=meta.get("query_prefix", ""),
             passage_prefix=meta.get("passage_prefix", ""),
             dtype=dtype,
+            multi=multi,
         )
         model.source_prompts = {
             k: (v["query"], v["passage"]) for k, v in meta.get("source_prompts", {}).items()
@@ -210,14 +267,21 @@ class BiEncoder(nn.Module):
         lora=None,
         dtype: str | None = None,
         attn_implementation: str | None = None,
+        multi_dim: int | None = None,
     ) -> BiEncoder:
         """Random-init towers from a Hugging Face config (separate towers start equal; with
         ``lora``, equal bases and adapters of their own), their weights in ``dtype`` (``fp32 |
         bf16 | fp16``; None: transformers' default), recorded when saved as
-        ``from_pretrained``'s are; ``pooling`` None as :class:`BiEncoder` takes it."""
+        ``from_pretrained``'s are; ``pooling`` None as :class:`BiEncoder` takes it;
+        ``multi_dim``: a multi-vector model of token vectors that wide (None: one vector a
+        text)."""
         query = tower_from_config(
             config, dropout, torch_dtype(dtype), attention=attention_of(attn_implementation)
         )
+        multi = None
+        if multi_dim is not None:
+            multi = MultiVector(multi_dim)
+            query = attach_projection(query, multi_dim)
         query, passage = _plain_towers(query, shared, lora)
         pooling = _pooling_for(query, pooling)
         model = cls(
@@ -227,6 +291,7 @@ class BiEncoder(nn.Module):
             tokenizer=prepare_tokenizer(tokenizer, pooling),
             normalize=normalize,
             dtype=dtype,
+            multi=multi,
         )
         if gradient_checkpointing:
             model.enable_gradient_checkpointing()
@@ -283,6 +348,9 @@ class BiEncoder(nn.Module):
             ),
         ):
             side = 0 if name == "query_encoder" else 1
+            if self.multi is not None:
+                self._write_multi_tower(tower, out_dir / name)
+                continue
             write_tower(
                 tower,
                 out_dir / name,
@@ -303,6 +371,8 @@ class BiEncoder(nn.Module):
             "passage_prefix": self.passage_prefix,
             "dtype": self.weights_dtype,
         }
+        if self.multi is not None:
+            meta.update(vectors="multi", **self.multi.record())
         if self.source_prompts:
             meta["source_prompts"] = {
                 k: {"query": q, "passage": p} for k, (q, p) in self.source_prompts.items()
@@ -312,15 +382,30 @@ class BiEncoder(nn.Module):
             clean_tokenizer(self.tokenizer).save_pretrained(out_dir)
         return out_dir
 
+    def _write_multi_tower(self, tower: nn.Module, out: Path) -> None:
+        """One tower as a sentence-transformers ``MultiVectorEncoder`` folder."""
+        with without_projection(tower) as projection:
+            tower.save_pretrained(out)
+        if self.tokenizer is not None:
+            clean_tokenizer(self.tokenizer).save_pretrained(out)
+        write_folder(
+            out,
+            projection,
+            self.multi,
+            prompts={"query": self.query_prefix, "document": self.passage_prefix},
+            lengths=(self.max_query_length, self.max_passage_length),
+        )
+
     # -- encoding ---------------------------------------------------------------------------
 
     def encode_query(self, inputs: Mapping[str, Tensor]) -> Tensor:
-        """Question reps [n, hidden] from tokenized questions."""
+        """Question reps [n, hidden] (multi-vector: [n, L, dim]) from tokenized questions."""
         return self.encode_with(self.query_encoder, inputs)
 
     def encode_passage(self, inputs: Mapping[str, Tensor]) -> Tensor:
-        """Passage reps [n, hidden] from tokenized (title, text) pairs."""
-        return self.encode_with(self.passage_encoder, inputs)
+        """Passage reps [n, hidden] (multi-vector: [n, L, dim]) from tokenized (title, text)
+        pairs."""
+        return self.encode_with(self.passage_encoder, inputs, side="passage")
 
     def forward(
         self,
@@ -332,9 +417,17 @@ class BiEncoder(nn.Module):
         p_reps = self.encode_passage(passage) if passage is not None else None
         return q_reps, p_reps
 
-    def encode_with(self, tower: nn.Module, inputs: Mapping[str, Tensor]) -> Tensor:
-        """Run ``tower`` (one of ours, possibly DDP-wrapped) and pool its last hidden state."""
+    def encode_with(
+        self, tower: nn.Module, inputs: Mapping[str, Tensor], side: str = "query"
+    ) -> Tensor:
+        """Run ``tower`` (one of ours, possibly DDP-wrapped) and pool its last hidden state;
+        a multi-vector model's token vectors instead (a passage's skiplist tokens zero)."""
         hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
+        if self.multi is not None:
+            keep = inputs["attention_mask"].bool()
+            if side == "passage":
+                keep = passage_keep(inputs, self._skipped(keep.device))
+            return token_reps(hidden, keep, projection_of(tower))
         reps = pool(hidden, inputs["attention_mask"], self.pooling)  # [n, hidden]
         if self.output_dim is not None:
             reps = reps[:, : self.output_dim]
@@ -348,6 +441,12 @@ class BiEncoder(nn.Module):
             self.query_prefix, self.pooling, self.normalize, self.max_query_length, self.dim
         )
 
+    def _skipped(self, device: torch.device) -> Tensor | None:
+        """The skiplist's token ids (None: no skiplist)."""
+        if not self.multi.skiplist or self.tokenizer is None:
+            return None
+        return torch.tensor(skip_ids(self.tokenizer, self.multi.skiplist), device=device)
+
     @property
     def width(self) -> int:
         """The towers' hidden size: the full vectors' width."""
@@ -355,7 +454,10 @@ class BiEncoder(nn.Module):
 
     @property
     def dim(self) -> int:
-        """The width of the vectors it encodes: ``output_dim``, else the full width."""
+        """The width of the vectors it encodes: ``output_dim``, else the full width (a
+        multi-vector model's: its token vectors')."""
+        if self.multi is not None:
+            return self.multi.dim
         return self.output_dim or self.width
 
     @property
@@ -424,3 +526,37 @@ def _plain_towers(query: nn.Module, shared: bool, lora) -> tuple[nn.Module, nn.M
     them)."""
     passage = None if shared else copy.deepcopy(query)
     return _with_lora(query, lora), None if passage is None else _with_lora(passage, lora)
+
+
+def _folder_vectors(path: Path, saved: bool) -> str:
+    """What a folder encodes when neither the caller nor a record says: token vectors for a
+    multi-vector folder, else one vector a text."""
+    return "multi" if not saved and is_multi_vector_folder(path) else "single"
+
+
+def _multi_tower(tower: nn.Module, vectors: str, dim: int | None, folder: Path) -> nn.Module:
+    """``tower`` with its projection when multi-vector: the folder's, else a new one of
+    ``dim`` dims (None: the default)."""
+    if vectors != "multi":
+        return tower
+    if is_multi_vector_folder(folder):
+        found = read_folder(folder)
+        if dim is not None and dim != found.spec.dim:
+            raise InputError(
+                f"model.multi_dim: {dim}, but the model at {folder} records {found.spec.dim}: "
+                "set it back or pass another model"
+            )
+        return attach_projection(tower, found.spec.dim, found.weight)
+    width = int(tower.config.hidden_size)
+    return attach_projection(tower, check_dim(default_dim(width) if dim is None else dim, width))
+
+
+def _multi_spec(path: Path, saved: bool, query: nn.Module, meta: dict) -> MultiVector:
+    """The model's :class:`MultiVector`: its projection's width and the skiplist its folder
+    records (none for a model made multi-vector here)."""
+    dim = projection_of(query).out_features
+    if saved:
+        return MultiVector(dim, tuple(meta.get("skiplist") or ()))
+    if is_multi_vector_folder(path):
+        return MultiVector(dim, read_folder(path).spec.skiplist)
+    return MultiVector(dim)

@@ -40,7 +40,7 @@ def wrap_towers(model: BiEncoder, env: DistEnv) -> Towers:
 
     return Towers(
         encode_q=functools.partial(model.encode_with, q_ddp),
-        encode_p=functools.partial(model.encode_with, p_ddp),
+        encode_p=functools.partial(model.encode_with, p_ddp, side="passage"),
         no_sync=q_ddp.no_sync if model.shared else (q_ddp.no_sync, p_ddp.no_sync),
         no_sync_all=no_sync_all,
         wrappers=wrappers,

@@ -74,7 +74,7 @@ def shard_towers(model: BiEncoder, env: DistEnv, *, precision: str, sync: str) -
     held = [_sync_held(root, sync == "step") for root in roots]
     return Towers(
         encode_q=functools.partial(model.encode_with, model.query_encoder),
-        encode_p=functools.partial(model.encode_with, model.passage_encoder),
+        encode_p=functools.partial(model.encode_with, model.passage_encoder, side="passage"),
         no_sync=held[0] if model.shared else (held[0], held[1]),
         no_sync_all=functools.partial(_all_held, held),
         wrappers=roots,

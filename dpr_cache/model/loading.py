@@ -12,7 +12,7 @@ from typing import Any
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.dpr_formats import dpr_kind
-from dpr_cache.model.encoding import resolve_encoding, saved_encoding
+from dpr_cache.model.encoding import folder_encoding, settle_encoding
 from dpr_cache.model.hub import ModelNotFound, resolve_model_dir, resolve_model_path
 from dpr_cache.model.lora import ADAPTER_CONFIG
 
@@ -135,13 +135,17 @@ def load_settled(
     loading: Mapping[str, Any] | None = None,
 ) -> BiEncoder:
     """:func:`load_encoder` with its encoding settled by
-    :func:`~dpr_cache.model.encoding.resolve_encoding`: ``asked`` checked against ``records``
-    (an index's, when searching one) and the folder's own record, else ``fallback`` (None:
+    :func:`~dpr_cache.model.encoding.settle_encoding`: ``asked`` checked against ``records``
+    (an index's, when searching one) and what the folder records, else ``fallback`` (None:
     as the folder ships it). ``loading``: how the weights load (``dtype``,
     ``attn_implementation``; a key missing or None: as the folder records), which changes a
     vector's rounding, not what it means, so no record is checked against it."""
-    mine = (f"the model at {model_dir} records", saved_encoding(model_dir), "pass another --model")
-    settled = resolve_encoding(asked, [*records, mine], fallback)
+    settled = settle_encoding(model_dir, asked, fallback, records)
+    if folder_encoding(model_dir).get("vectors") == "multi":
+        raise InputError(
+            f"{model_dir}: a multi-vector model; its retrieval (index, search, eval) is not "
+            "built yet"
+        )
     model = load_encoder(
         model_dir,
         pooling=settled["pooling"],

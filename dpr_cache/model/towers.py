@@ -1,10 +1,8 @@
-"""Hugging Face encoder towers: load or build a tower, read what a sentence-transformers folder
-ships, load a tokenizer."""
+"""Hugging Face encoder towers: load or build a tower, load a tokenizer."""
 
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
@@ -16,9 +14,6 @@ __all__ = [
     "decoder_only",
     "tower_from_config",
     "load_tokenizer",
-    "shipped_normalize",
-    "shipped_pooling",
-    "shipped_prefixes",
 ]
 
 _DROPOUT_KEYS = (
@@ -104,51 +99,6 @@ def tower_from_config(
     config = _no_kv_cache(_set_dropout(copy.deepcopy(config), dropout))
     options = _loading_options(dtype, attention)
     return _freeze_pooler(AutoModel.from_config(config, **options))
-
-
-def _shipped_modules(path: Path) -> list[dict]:
-    """A sentence-transformers folder's ``modules.json`` entries (none for other folders)."""
-    modules = Path(path) / "modules.json"
-    return json.loads(modules.read_text()) if modules.is_file() else []
-
-
-def shipped_normalize(path: Path) -> bool:
-    """Whether a sentence-transformers folder ends in a Normalize module."""
-    return any(m.get("type", "").endswith("Normalize") for m in _shipped_modules(path))
-
-
-def shipped_pooling(path: Path) -> str | None:
-    """The pooling a sentence-transformers folder's Pooling module does (``"cls"``,
-    ``"mean"`` or ``"last"``), or None when it has none (or one of another kind). Its config
-    says it either way sentence-transformers writes it: ``pooling_mode_*`` flags, or one
-    ``pooling_mode`` name."""
-    for module in _shipped_modules(path):
-        config = Path(path) / module.get("path", "") / "config.json"
-        if module.get("type", "").endswith("Pooling") and config.is_file():
-            modes = json.loads(config.read_text())
-            for ours, flag, name in _POOLING_MODES:
-                if modes.get(flag) or modes.get("pooling_mode") == name:
-                    return ours
-    return None
-
-
-# ours, sentence-transformers' flag, its name
-_POOLING_MODES = (
-    ("cls", "pooling_mode_cls_token", "cls"),
-    ("mean", "pooling_mode_mean_tokens", "mean"),
-    ("last", "pooling_mode_lasttoken", "lasttoken"),
-)
-
-
-def shipped_prefixes(path: Path) -> dict[str, str]:
-    """The query and passage prompts a sentence-transformers folder ships
-    (``config_sentence_transformers.json``: ``prompts`` named ``query`` and ``document`` or
-    ``passage``), as ``query_prefix`` / ``passage_prefix``; none for other folders."""
-    config = Path(path) / "config_sentence_transformers.json"
-    prompts = (json.loads(config.read_text()).get("prompts") or {}) if config.is_file() else {}
-    found = {"query_prefix": prompts.get("query")}
-    found["passage_prefix"] = prompts.get("document", prompts.get("passage"))
-    return {key: value for key, value in found.items() if value}
 
 
 def load_tokenizer(path: Path):

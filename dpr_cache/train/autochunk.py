@@ -77,6 +77,8 @@ class ProbeSpec:
             "dtype": m.dtype,
             "attn_implementation": m.attn_implementation,
             "lora": m.lora.model_dump() if m.lora is not None else None,
+            "vectors": m.vectors,
+            "multi_dim": m.multi_dim,
             "q_len": m.max_query_length,
             "p_len": m.max_passage_length,
             "threads": t.num_threads,
@@ -277,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         dtype=payload["dtype"],
         attn_implementation=payload["attn_implementation"],
         lora=LoraConfig(**payload["lora"]) if payload["lora"] is not None else None,
+        vectors=payload.get("vectors"),
+        multi_dim=payload.get("multi_dim"),
     ).train()
     _chunk_step(model, payload, torch.device("cpu"))
     print(json.dumps({"peak_bytes": peak_memory_bytes()}), flush=True)

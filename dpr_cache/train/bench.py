@@ -28,6 +28,7 @@ from dpr_cache.errors import InputError
 from dpr_cache.runtime import distributed, memory
 from dpr_cache.runtime.device import out_of_memory_state
 from dpr_cache.runtime.processes import ChildFailed, run_json_child
+from dpr_cache.train.settle import settle_model
 from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data, training_files
 
 __all__ = ["ChunkTiming", "bench_chunks", "pick_chunk", "choose_chunk", "format_table"]
@@ -48,6 +49,7 @@ class ChunkTiming:
 
 def bench_chunks(config: Config, chunks: list[int], steps: int, warmup: int) -> list[ChunkTiming]:
     """Time ``config``'s step at each chunk size, each in a fresh process."""
+    config = settle_model(config)
     training_files(config)
     if steps < 1 or warmup < 0 or not chunks or min(chunks) < 1:
         raise InputError("bench: --steps >= 1, --warmup >= 0 and chunk sizes >= 1 are needed")

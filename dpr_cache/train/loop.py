@@ -40,6 +40,7 @@ from dpr_cache.train.run_folder import (
     latest_checkpoint,
     record_finished,
 )
+from dpr_cache.train.settle import settle_model
 from dpr_cache.train.step import distillation_of
 from dpr_cache.train.trainer import (
     NonFinite,
@@ -65,6 +66,7 @@ def train(
     the caller checked before its heavy imports (the CLI, under this lock); else it is checked
     here and its note said. A ``--resume`` of a run finished under these settings ends at once,
     nothing rewritten."""
+    config = settle_model(config)
     with output_lock(config.output_path):
         if start is None:
             main = int(os.environ.get("RANK", "0")) == 0  # before the process group

@@ -57,14 +57,24 @@ def distillation_of(config: Config) -> Distillation | None:
     return Distillation(cfg.loss, **{k: v for k, v in given.items() if v is not None})
 
 
+MULTI_VECTOR_TILE = 64
+"""A multi-vector model's loss tile when ``train.loss_tile_size`` is null: the direct loss would
+hold every question's token scores against every passage token at once
+(:func:`~dpr_cache.core.similarity.token_tile` cuts it further to a bounded block)."""
+
+
 def objective_of(config: Config, model: BiEncoder) -> Objective:
     """The loss ``train.*`` describes for ``model`` (Matryoshka's prefixes re-normalized when
-    its vectors are unit length); InputError for Matryoshka dims above its width."""
+    its vectors are unit length; a multi-vector model's loss tiled); InputError for Matryoshka
+    dims above its width, and for Matryoshka on a multi-vector model."""
     cfg = config.train
     guide = Guide(cfg.guide_margin, cfg.guide_margin_strategy) if cfg.guide else None
+    tile = cfg.loss_tile_size
+    if tile is None and model.multi is not None:
+        tile = MULTI_VECTOR_TILE
     infonce = InfoNCE(
         temperature=cfg.temperature,
-        tile_size=cfg.loss_tile_size,
+        tile_size=tile,
         directions=tuple(cfg.directions),
         partition=cfg.partition,
         hardness=cfg.hardness,
@@ -72,6 +82,11 @@ def objective_of(config: Config, model: BiEncoder) -> Objective:
         guide=guide,
     )
     matryoshka = None
+    if cfg.matryoshka_dims and model.multi is not None:
+        raise InputError(
+            "train.matryoshka_dims: a multi-vector model (model.vectors: multi) trains its "
+            "token vectors at one width (model.multi_dim)"
+        )
     if cfg.matryoshka_dims:
         if cfg.matryoshka_dims[0] > model.dim:
             raise InputError(

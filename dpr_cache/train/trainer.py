@@ -310,6 +310,8 @@ def load_model(
         dtype=m.dtype,
         attn_implementation=m.attn_implementation,
         lora=lora,
+        vectors=m.vectors,
+        multi_dim=m.multi_dim,
     )
     check_positions(model.query_encoder, m.max_query_length, "model.max_query_length")
     check_positions(model.passage_encoder, m.max_passage_length, "model.max_passage_length")

@@ -19,6 +19,7 @@ from dpr_cache.model.fsdp import full_value, shard_towers
 from dpr_cache.runtime import distributed
 from dpr_cache.runtime.device import advises_on_out_of_memory, resolve_device
 from dpr_cache.runtime.distributed import DistEnv
+from dpr_cache.train.settle import settle_model
 from dpr_cache.train.step import Chunking, build_step, chunking_of, distillation_of, guide_of
 from dpr_cache.train.trainer import (
     batch_recipe,
@@ -90,6 +91,7 @@ def verify(config: Config, *, double: bool = False, step: int = 0) -> dict[str, 
     prints. With ``train.shard: fsdp`` (under torchrun) GradCache runs on the towers sharded
     over the ranks, each on its slice of the batch, against one rank's unsharded full batch;
     None on the ranks but 0."""
+    config = settle_model(config)
     cfg = config.train
     sharded = cfg.shard == "fsdp"
     env = distributed.setup(cfg.device) if sharded else DistEnv()

@@ -52,6 +52,14 @@ PARITY = [
         "shared": False,
         "checkpointing": True,
     },
+    {"name": "gradcache-shared-multi", "mode": "gradcache", "shared": True, "multi": True},
+    {
+        "name": "gradcache-separate-multi-tiled",
+        "mode": "gradcache",
+        "shared": False,
+        "multi": True,
+        "tile": 3,
+    },
 ]
 NAIVE = [
     {"name": "naive-full-shared", "mode": "full", "shared": True, "naive": True},
@@ -85,9 +93,11 @@ def results(folder: Path, case: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @functools.cache
-def reference(shared: bool, step: int) -> tuple[float, dict[str, torch.Tensor]]:
+def reference(
+    shared: bool, step: int, multi: bool = False
+) -> tuple[float, dict[str, torch.Tensor]]:
     """One process, the whole global batch, the untiled loss: the loss and every .grad."""
-    model = w.make_model(shared)
+    model = w.make_model(shared, multi=multi)
     q_inputs, p_inputs, p_ids = w.global_batch(step)
     loss_fn = functools.partial(
         contrastive_loss, temperature=w.TEMPERATURE, group_size=w.GROUP, p_ids=p_ids
@@ -126,7 +136,7 @@ def assert_every_step(per_rank: list[dict], name: str, reference, bound: float) 
 
 @pytest.mark.parametrize("case", PARITY, ids=[c["name"] for c in PARITY])
 def test_two_ranks_give_the_single_process_gradient(spawned, case):
-    reference_at = functools.partial(reference, case["shared"])
+    reference_at = functools.partial(reference, case["shared"], multi=case.get("multi", False))
     assert_every_step(results(spawned, case), case["name"], reference_at, 1e-6)
 
 

@@ -37,6 +37,7 @@ EXACT = [
     {"name": "gradcache-shared-chunk-sync", "mode": "gradcache", "shared": True, "sync": "chunk"},
     {"name": "gradcache-separate-ckpt", "mode": "gradcache", "checkpointing": True},
     {"name": "full-separate", "mode": "full"},
+    {"name": "gradcache-separate-multi-tiled", "mode": "gradcache", "multi": True, "tile": 3},
     {"name": "lora-llama-shared", "mode": "gradcache", "decoder": True, "shared": True},
     {
         "name": "lora-llama-separate-ckpt",

