@@ -7,7 +7,6 @@ of ``run.sh`` (or from the ``results.json`` an earlier build left beside the pag
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -127,23 +126,10 @@ def goals(data: dict[str, Any], root: str = "../../") -> list[str]:
         )
     lines.append(
         "| `mine` at NQ's size (58,880 questions, 21M passages) | projected from measured "
-        f"rates on [docs/bench/mine.md]({root}docs/bench/mine.md): {_mine_hours():.1f} h"
-        f"{MINE_SOURCE} on 2 cores, peak memory within `--memory-gb` | measured there |"
+        f"rates on [docs/bench/mine.md]({root}docs/bench/mine.md) (its total), on 2 cores, peak "
+        "memory within `--memory-gb` | measured there |"
     )
     return lines
-
-
-MINE_SOURCE = '<!-- from docs/bench/mine.json: mine_hours(d, load("docs/bench/scale.json")) -->'
-
-
-def _mine_hours() -> float:
-    """``dpr-cache mine``'s projected hours at NQ's size, from the mine and scale benchmarks'
-    saved figures (``docs/bench/mine.md``'s total)."""
-    from benchmarks.mine import projected_hours
-
-    bench = HERE.parents[1] / "docs" / "bench"
-    mine, scale = (json.loads((bench / f).read_text()) for f in ("mine.json", "scale.json"))
-    return projected_hours(mine, scale)
 
 
 def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
