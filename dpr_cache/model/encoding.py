@@ -178,11 +178,13 @@ _POOLING_MODES = (
 def shipped_prefixes(path: Path) -> dict[str, str]:
     """The query and passage prompts a sentence-transformers folder ships
     (``config_sentence_transformers.json``: ``prompts`` named ``query`` and ``document`` or
-    ``passage``), as ``query_prefix`` / ``passage_prefix``; none for other folders."""
-    config = Path(path) / "config_sentence_transformers.json"
-    prompts = (json.loads(config.read_text()).get("prompts") or {}) if config.is_file() else {}
-    found = {"query_prefix": prompts.get("query")}
-    found["passage_prefix"] = prompts.get("document", prompts.get("passage"))
+    ``passage``; a PyLate folder's ``query_prefix`` and ``document_prefix``), as
+    ``query_prefix`` / ``passage_prefix``; none for other folders."""
+    settings = _shipped_settings(path)
+    prompts = settings.get("prompts") or {}
+    found = {"query_prefix": prompts.get("query") or settings.get("query_prefix")}
+    passage = prompts.get("document", prompts.get("passage"))
+    found["passage_prefix"] = passage or settings.get("document_prefix")
     return {key: value for key, value in found.items() if value}
 
 

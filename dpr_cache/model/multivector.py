@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import string
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,12 +190,16 @@ def read_folder(path: Path) -> FolderVectors:
 
 
 def _skiplist(path: Path, settings: dict) -> list[str]:
-    """The skiplist: the MultiVectorMask module's words, or PyLate's ``skiplist_words``."""
+    """The skiplist: the MultiVectorMask module's words, or PyLate's ``skiplist_words``
+    (punctuation when a PyLate folder names none, as PyLate and sentence-transformers read
+    it)."""
     for module in _modules(path):
         if module.get("type", "").endswith("MultiVectorMask"):
             config = path / module.get("path", "") / "config.json"
             if config.is_file():
                 return list(json.loads(config.read_text()).get("skiplist_words") or [])
+    if settings.get("model_type") == "ColBERT" and "skiplist_words" not in settings:
+        return list(string.punctuation)
     return list(settings.get("skiplist_words") or [])
 
 
@@ -202,7 +207,8 @@ def _refuse_expansion(path: Path, settings: dict) -> None:
     """Query expansion ([MASK] tokens padding every question) is not encoded yet: refused
     rather than read as something else."""
     transformer = path / "sentence_bert_config.json"
-    expands = bool(settings.get("do_query_expansion"))
+    pylate = settings.get("model_type") == "ColBERT"  # PyLate expands unless it says not to
+    expands = bool(settings.get("do_query_expansion", pylate))
     if transformer.is_file():
         expands |= json.loads(transformer.read_text()).get("query_expansion") is not None
     if expands:

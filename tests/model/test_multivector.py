@@ -131,3 +131,61 @@ def test_a_folder_without_its_projection_is_one_line(st_folder, tmp_path) -> Non
     (broken / "1_Dense" / "model.safetensors").unlink()
     with pytest.raises(InputError, match="without its projection"):
         BiEncoder.from_pretrained(broken)
+
+
+def _pylate_folder(out: Path, expansion: bool) -> Path:
+    """A folder laid out as PyLate saves one (its markers added to the tokenizer and the
+    embeddings resized, ``pylate.models.Dense.Dense``, model_type ColBERT, no skiplist named:
+    punctuation), from all-MiniLM-L6-v2's backbone."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    minilm = _minilm()
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
+    backbone = AutoModel.from_pretrained(minilm)
+    tokenizer.add_tokens(["[Q] ", "[D] "])
+    backbone.resize_token_embeddings(len(tokenizer))
+    tokenizer.save_pretrained(out)
+    backbone.save_pretrained(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 179}))
+    (out / "1_Dense").mkdir()
+    dense = {"in_features": 384, "out_features": 96, "bias": False, "use_residual": False}
+    (out / "1_Dense" / "config.json").write_text(
+        json.dumps({**dense, "activation_function": "torch.nn.modules.linear.Identity"})
+    )
+    torch.manual_seed(3)
+    weight = 0.05 * torch.randn(96, 384)
+    save_file({"linear.weight": weight}, str(out / "1_Dense" / "model.safetensors"))
+    settings = {"model_type": "ColBERT", "query_prefix": "[Q] ", "document_prefix": "[D] "}
+    settings.update(query_length=32, document_length=180, do_query_expansion=expansion)
+    (out / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    return out
+
+
+def test_a_pylate_folder_reads_as_it_is(tmp_path) -> None:
+    """Its projection, markers and punctuation skiplist, as sentence-transformers 6.3 reads
+    the same folder; a PyLate folder that expands its queries is refused, not misread."""
+    folder = _pylate_folder(tmp_path / "pylate", expansion=False)
+    assert folder_encoding(folder) == {
+        "vectors": "multi",
+        "multi_dim": 96,
+        "normalize": True,
+        "query_prefix": "[Q] ",
+        "passage_prefix": "[D] ",
+    }
+    model = BiEncoder.from_pretrained(folder, shared=True).eval()
+    assert model.multi.skiplist == tuple(string.punctuation)
+    assert (model.query_prefix, model.passage_prefix) == ("[Q] ", "[D] ")
+    peer = _peer(folder)
+    questions = [model.query_prefix + q for q in QUESTIONS]
+    passages = [model.passage_prefix + p for p in PASSAGES]
+    _assert_same_tokens(_ours(model, questions, "query"), peer.encode_query(QUESTIONS))
+    _assert_same_tokens(_ours(model, passages, "passage"), peer.encode_document(PASSAGES))
+    expanding = _pylate_folder(tmp_path / "expanding", expansion=True)
+    with pytest.raises(InputError, match="query expansion is not encoded by dpr-cache yet"):
+        BiEncoder.from_pretrained(expanding)
