@@ -58,6 +58,8 @@ from dpr_cache.model.multivector import (
     attach_projection,
     check_dim,
     default_dim,
+    expand_queries,
+    expansion_id,
     is_multi_vector_folder,
     passage_keep,
     projection_of,
@@ -422,12 +424,9 @@ class BiEncoder(nn.Module):
     ) -> Tensor:
         """Run ``tower`` (one of ours, possibly DDP-wrapped) and pool its last hidden state;
         a multi-vector model's token vectors instead (a passage's skiplist tokens zero)."""
-        hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
         if self.multi is not None:
-            keep = inputs["attention_mask"].bool()
-            if side == "passage":
-                keep = passage_keep(inputs, self._skipped(keep.device))
-            return token_reps(hidden, keep, projection_of(tower))
+            return self._token_reps(tower, inputs, side)
+        hidden = tower(**inputs).last_hidden_state  # [n, seq, hidden]
         reps = pool(hidden, inputs["attention_mask"], self.pooling)  # [n, hidden]
         if self.output_dim is not None:
             reps = reps[:, : self.output_dim]
@@ -440,6 +439,20 @@ class BiEncoder(nn.Module):
         return QueryEncoding(
             self.query_prefix, self.pooling, self.normalize, self.max_query_length, self.dim
         )
+
+    def _token_reps(self, tower: nn.Module, inputs: Mapping[str, Tensor], side: str) -> Tensor:
+        """A multi-vector tower's token vectors: questions expanded first where the model
+        expands them; a passage's skiplist tokens zero."""
+        expansion = self.multi.expansion
+        if side == "query" and expansion is not None:
+            token = expansion_id(self.tokenizer, expansion)
+            inputs, keep = expand_queries(dict(inputs), expansion, token)
+        else:
+            keep = inputs["attention_mask"].bool()
+            if side == "passage":
+                keep = passage_keep(inputs, self._skipped(keep.device))
+        hidden = tower(**inputs).last_hidden_state
+        return token_reps(hidden, keep, projection_of(tower))
 
     def _skipped(self, device: torch.device) -> Tensor | None:
         """The skiplist's token ids (None: no skiplist)."""
@@ -552,11 +565,11 @@ def _multi_tower(tower: nn.Module, vectors: str, dim: int | None, folder: Path) 
 
 
 def _multi_spec(path: Path, saved: bool, query: nn.Module, meta: dict) -> MultiVector:
-    """The model's :class:`MultiVector`: its projection's width and the skiplist its folder
-    records (none for a model made multi-vector here)."""
+    """The model's :class:`MultiVector`: its projection's width, and the skiplist and query
+    expansion its folder records (none for a model made multi-vector here)."""
     dim = projection_of(query).out_features
     if saved:
-        return MultiVector(dim, tuple(meta.get("skiplist") or ()))
+        return MultiVector.from_record(dim, meta)
     if is_multi_vector_folder(path):
-        return MultiVector(dim, read_folder(path).spec.skiplist)
+        return read_folder(path).spec
     return MultiVector(dim)

@@ -99,6 +99,7 @@ def folder_encoding(model_dir: str | Path) -> dict[str, Any]:
     found = {"pooling": shipped_pooling(path), "normalize": shipped_normalize(path)}
     if is_multi_vector_folder(path):
         found.update(vectors="multi", multi_dim=_projection_width(path), normalize=True)
+        found["max_query_length"] = _expansion_length(path)
     return encoding_record({**found, **shipped_prefixes(path)})
 
 
@@ -119,6 +120,19 @@ def is_multi_vector_folder(path: Path) -> bool:
     if _shipped_settings(path).get("model_type") in _MULTI_VECTOR_TYPES:
         return True
     return any(m.get("type", "").endswith("MultiVectorMask") for m in _shipped_modules(path))
+
+
+def _expansion_length(path: Path) -> int | None:
+    """The length a multi-vector folder expands its questions to (None: no expansion): its
+    questions are at most that long."""
+    transformer = Path(path) / "sentence_bert_config.json"
+    found = json.loads(transformer.read_text()) if transformer.is_file() else {}
+    if found.get("query_expansion"):
+        return found["query_expansion"].get("length")
+    settings = _shipped_settings(path)
+    if settings.get("model_type") == "ColBERT" and settings.get("do_query_expansion", True):
+        return settings.get("query_length") or 32
+    return None
 
 
 def _projection_width(path: Path) -> int | None:

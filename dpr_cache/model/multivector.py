@@ -60,15 +60,78 @@ _TYPES = {
 
 
 @dataclass(frozen=True)
+class Expansion:
+    """ColBERT's query expansion: every question padded to ``length`` tokens with ``token``
+    (None: the tokenizer's mask token, else its EOS), the padding scored; the encoder attends to
+    it only when ``attend`` (sentence-transformers' ``query_expansion`` of strategy ``fixed``,
+    PyLate's ``query_length`` with ``attend_to_expansion_tokens``)."""
+
+    length: int
+    attend: bool = False
+    token: str | None = None
+
+    def record(self) -> dict:
+        return {"length": self.length, "attend": self.attend, "token": self.token}
+
+
+@dataclass(frozen=True)
 class MultiVector:
-    """How a model encodes token vectors: their width, and the words whose tokens a passage
-    does not score (the skiplist)."""
+    """How a model encodes token vectors: their width, the words whose tokens a passage does
+    not score (the skiplist), and the questions' expansion (None: none)."""
 
     dim: int
     skiplist: tuple[str, ...] = ()
+    expansion: Expansion | None = None
 
     def record(self) -> dict:
-        return {"multi_dim": self.dim, "skiplist": list(self.skiplist)}
+        expansion = self.expansion.record() if self.expansion is not None else None
+        return {
+            "multi_dim": self.dim,
+            "skiplist": list(self.skiplist),
+            "query_expansion": expansion,
+        }
+
+    @classmethod
+    def from_record(cls, dim: int, record: dict) -> MultiVector:
+        """The spec a ``biencoder.json`` records (its projection's width given)."""
+        expansion = record.get("query_expansion")
+        return cls(
+            dim,
+            tuple(record.get("skiplist") or ()),
+            Expansion(**expansion) if expansion else None,
+        )
+
+
+def expansion_id(tokenizer, expansion: Expansion) -> int:
+    """The token id questions are expanded with: ``expansion.token``'s, else the mask token's,
+    else EOS's (as sentence-transformers falls back)."""
+    if expansion.token is not None:
+        return int(tokenizer.convert_tokens_to_ids(expansion.token))
+    found = tokenizer.mask_token_id if tokenizer.mask_token_id is not None else None
+    found = found if found is not None else tokenizer.eos_token_id
+    if found is None:
+        raise InputError("query expansion needs a tokenizer with a mask or an EOS token")
+    return int(found)
+
+
+def expand_queries(inputs: dict, expansion: Expansion, token_id: int) -> tuple[dict, Tensor]:
+    """Right-padded questions [n, w] expanded to [n, length]: every padded position holds the
+    expansion token, attended only when ``expansion.attend``; and the tokens scored (every one:
+    the question's and the expansion's)."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    width = ids.shape[1]
+    if width > expansion.length:
+        raise ValueError(
+            f"questions of {width} tokens, longer than the query expansion's {expansion.length}: "
+            f"set model.max_query_length to at most {expansion.length}"
+        )
+    pad = expansion.length - width
+    mask = F.pad(mask, (0, pad), value=0)
+    expanded = mask == 0
+    out = {k: F.pad(v, (0, pad), value=0) for k, v in inputs.items()}
+    out["input_ids"] = out["input_ids"].masked_fill(expanded, token_id)
+    out["attention_mask"] = torch.ones_like(mask) if expansion.attend else mask
+    return out, torch.ones_like(expanded)
 
 
 def default_dim(width: int) -> int:
@@ -178,8 +241,9 @@ def read_folder(path: Path) -> FolderVectors:
         raise InputError(f"{folder}: a projection with a bias or a residual is not read yet")
     weight = load_file(str(folder / "model.safetensors"))["linear.weight"]
     settings = _settings(path)
-    _refuse_expansion(path, settings)
-    spec = MultiVector(int(weight.shape[0]), tuple(_skiplist(path, settings)))
+    spec = MultiVector(
+        int(weight.shape[0]), tuple(_skiplist(path, settings)), _expansion(path, settings)
+    )
     prompts = settings.get("prompts") or {}
     if settings.get("model_type") == "ColBERT":  # PyLate's keys
         prompts = {
@@ -203,16 +267,28 @@ def _skiplist(path: Path, settings: dict) -> list[str]:
     return list(settings.get("skiplist_words") or [])
 
 
-def _refuse_expansion(path: Path, settings: dict) -> None:
-    """Query expansion ([MASK] tokens padding every question) is not encoded yet: refused
-    rather than read as something else."""
+def _expansion(path: Path, settings: dict) -> Expansion | None:
+    """The questions' expansion a folder records: sentence-transformers' ``query_expansion``
+    (strategy ``fixed``) or PyLate's ``query_length`` (PyLate expands unless
+    ``do_query_expansion`` is false); InputError for another strategy."""
     transformer = path / "sentence_bert_config.json"
-    pylate = settings.get("model_type") == "ColBERT"  # PyLate expands unless it says not to
-    expands = bool(settings.get("do_query_expansion", pylate))
-    if transformer.is_file():
-        expands |= json.loads(transformer.read_text()).get("query_expansion") is not None
-    if expands:
-        raise InputError(f"{path}: query expansion is not encoded by dpr-cache yet")
+    found = (
+        json.loads(transformer.read_text()).get("query_expansion")
+        if transformer.is_file()
+        else None
+    )
+    if found is not None:
+        if found.get("strategy", "fixed") != "fixed":
+            raise InputError(
+                f"{transformer}: query expansion of strategy {found['strategy']!r} is not "
+                "encoded by dpr-cache yet (fixed is)"
+            )
+        return Expansion(int(found["length"]), bool(found.get("attend")), found.get("token"))
+    pylate = settings.get("model_type") == "ColBERT"
+    if pylate and settings.get("do_query_expansion", True):
+        attend = bool(settings.get("attend_to_expansion_tokens"))
+        return Expansion(int(settings.get("query_length") or 32), attend)
+    return None
 
 
 def write_folder(
@@ -245,6 +321,8 @@ def write_folder(
     query_length, passage_length = lengths
     if query_length:
         transformer["query_length"] = int(query_length)
+    if spec.expansion is not None:
+        transformer["query_expansion"] = {"strategy": "fixed", **spec.expansion.record()}
     if passage_length:
         transformer["document_length"] = int(passage_length)
     _write_json(out / "sentence_bert_config.json", transformer)

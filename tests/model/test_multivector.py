@@ -133,7 +133,7 @@ def test_a_folder_without_its_projection_is_one_line(st_folder, tmp_path) -> Non
         BiEncoder.from_pretrained(broken)
 
 
-def _pylate_folder(out: Path, expansion: bool) -> Path:
+def _pylate_folder(out: Path, expansion: bool, attend: bool = False) -> Path:
     """A folder laid out as PyLate saves one (its markers added to the tokenizer and the
     embeddings resized, ``pylate.models.Dense.Dense``, model_type ColBERT, no skiplist named:
     punctuation), from all-MiniLM-L6-v2's backbone."""
@@ -163,13 +163,14 @@ def _pylate_folder(out: Path, expansion: bool) -> Path:
     save_file({"linear.weight": weight}, str(out / "1_Dense" / "model.safetensors"))
     settings = {"model_type": "ColBERT", "query_prefix": "[Q] ", "document_prefix": "[D] "}
     settings.update(query_length=32, document_length=180, do_query_expansion=expansion)
+    settings["attend_to_expansion_tokens"] = attend
     (out / "config_sentence_transformers.json").write_text(json.dumps(settings))
     return out
 
 
 def test_a_pylate_folder_reads_as_it_is(tmp_path) -> None:
     """Its projection, markers and punctuation skiplist, as sentence-transformers 6.3 reads
-    the same folder; a PyLate folder that expands its queries is refused, not misread."""
+    the same folder."""
     folder = _pylate_folder(tmp_path / "pylate", expansion=False)
     assert folder_encoding(folder) == {
         "vectors": "multi",
@@ -179,13 +180,33 @@ def test_a_pylate_folder_reads_as_it_is(tmp_path) -> None:
         "passage_prefix": "[D] ",
     }
     model = BiEncoder.from_pretrained(folder, shared=True).eval()
-    assert model.multi.skiplist == tuple(string.punctuation)
+    assert model.multi.skiplist == tuple(string.punctuation) and model.multi.expansion is None
     assert (model.query_prefix, model.passage_prefix) == ("[Q] ", "[D] ")
     peer = _peer(folder)
     questions = [model.query_prefix + q for q in QUESTIONS]
     passages = [model.passage_prefix + p for p in PASSAGES]
     _assert_same_tokens(_ours(model, questions, "query"), peer.encode_query(QUESTIONS))
     _assert_same_tokens(_ours(model, passages, "passage"), peer.encode_document(PASSAGES))
-    expanding = _pylate_folder(tmp_path / "expanding", expansion=True)
-    with pytest.raises(InputError, match="query expansion is not encoded by dpr-cache yet"):
-        BiEncoder.from_pretrained(expanding)
+
+
+@pytest.mark.parametrize("attend", [False, True])
+def test_query_expansion_encodes_as_pylate_and_sentence_transformers(tmp_path, attend) -> None:
+    """A PyLate folder that expands its questions (to 32 tokens, its [MASK] padding scored,
+    attended or not) gives the token vectors sentence-transformers gives, expansion included;
+    saved again by us, the folder keeps the expansion for sentence-transformers."""
+    folder = _pylate_folder(tmp_path / "pylate", expansion=True, attend=attend)
+    assert folder_encoding(folder)["max_query_length"] == 32
+    model = BiEncoder.from_pretrained(folder, shared=True).eval()
+    assert model.multi.expansion.length == 32 and model.multi.expansion.attend == attend
+    peer = _peer(folder)
+    questions = [model.query_prefix + q for q in QUESTIONS]
+    ours = _ours(model, questions, "query")
+    assert [len(q) for q in ours] == [32, 32]
+    _assert_same_tokens(ours, peer.encode_query(QUESTIONS))
+    model.save_pretrained(tmp_path / "saved")
+    again = _peer(tmp_path / "saved" / "query_encoder")
+    _assert_same_tokens(ours, again.encode_query(QUESTIONS))
+    unexpanded = _ours(BiEncoder.from_pretrained(folder, shared=True).eval(), questions, "query")
+    assert len(unexpanded[0]) == 32  # negative control below: without the expansion, fewer
+    model.multi = type(model.multi)(model.multi.dim, model.multi.skiplist)
+    assert len(_ours(model, questions, "query")[0]) < 32

@@ -100,3 +100,36 @@ def test_a_wrong_temperature_is_caught(model, mve_folder):
     peer = mv_losses.MultiVectorMultipleNegativesRankingLoss(_peer(model, mve_folder), scale=20.0)
     with pytest.raises(AssertionError):
         _assert_equal(_ours(model, config, batch), _theirs(model, peer, batch))
+
+
+def test_our_step_with_query_expansion_equals_multi_vector_mnrl(tmp_path):
+    """A PyLate folder that expands its questions to 32 tokens ([MASK], not attended): the
+    peer is given the questions expanded as its own preprocessing expands them (checked equal
+    to it in tests/model/test_multivector.py)."""
+    from dpr_cache.model.multivector import expand_queries, expansion_id
+    from tests.model.test_multivector import _pylate_folder
+
+    folder = _pylate_folder(tmp_path / "pylate", expansion=True)
+    torch.manual_seed(0)
+    model = load_biencoder(folder, shared=True, dropout=0.0).train()
+    config = _config(folder, 1)
+    batch = _batch(model, 1)
+    expansion = model.multi.expansion
+    expanded, _ = expand_queries(
+        dict(batch.q_inputs), expansion, expansion_id(model.tokenizer, expansion)
+    )
+    columns = _features(batch)
+    columns[0] = {
+        **expanded,
+        "query_expansion_positions": expanded["input_ids"] == model.tokenizer.mask_token_id,
+        "task": "query",
+    }
+    peer_model = st.MultiVectorEncoder(str(folder), device="cpu")
+    peer_model[0].model = model.query_encoder
+    peer_model[1].linear = getattr(model.query_encoder, PROJECTION)
+    peer = mv_losses.MultiVectorMultipleNegativesRankingLoss(peer_model.train(), scale=1.0)
+    ours = _ours(model, config, batch)
+    model.zero_grad(set_to_none=True)
+    loss = peer(columns, None)
+    loss.backward()
+    _assert_equal(ours, (loss.item(), _grads(model)))
