@@ -54,6 +54,7 @@ from dpr_cache.model.lora import (
     set_lora_dropout,
 )
 from dpr_cache.model.multivector import (
+    PROJECTION,
     MultiVector,
     attach_projection,
     check_dim,
@@ -70,7 +71,7 @@ from dpr_cache.model.multivector import (
     write_folder,
 )
 from dpr_cache.model.pooling import POOLINGS, pool
-from dpr_cache.model.tower_files import clean_tokenizer, write_tower
+from dpr_cache.model.tower_files import clean_tokenizer, sort_target_modules, write_tower
 from dpr_cache.model.towers import (
     decoder_only,
     load_tokenizer,
@@ -203,26 +204,19 @@ class BiEncoder(nn.Module):
             lora=lora,
         )
         vectors = vectors or meta.get("vectors") or _folder_vectors(path, saved)
-        if vectors == "multi" and lora is not None:
-            raise InputError("model.lora: LoRA on a multi-vector model is not built yet")
         multi = None
         if saved:
-            query = _multi_tower(
-                load(path / "query_encoder"), vectors, multi_dim, path / "query_encoder"
-            )
-            passage = None
-            if not shared:
-                passage = _multi_tower(
-                    load(path / "passage_encoder"), vectors, multi_dim, path / "passage_encoder"
-                )
-            query, passage = (
-                _with_lora(query, lora),
-                passage if passage is None else _with_lora(passage, lora),
-            )
+            query = _with_lora(load(path / "query_encoder"), lora)
+            passage = None if shared else _with_lora(load(path / "passage_encoder"), lora)
+            query = _multi_tower(query, vectors, multi_dim, path / "query_encoder")
+            if passage is not None:
+                passage = _multi_tower(passage, vectors, multi_dim, path / "passage_encoder")
             pooling = pooling or meta.get("pooling")
         else:
-            query = _multi_tower(load(path), vectors, multi_dim, path)
-            query, passage = _plain_towers(query, shared, lora)
+            query, passage = _plain_towers(load(path), shared, lora)
+            query = _multi_tower(query, vectors, multi_dim, path)
+            if passage is not None and vectors == "multi":
+                passage = _projection_like(passage, query)
             meta = {"normalize": shipped_normalize(path), **shipped_prefixes(path)}
             pooling = pooling or shipped_pooling(path)
             if vectors == "multi" and is_multi_vector_folder(path):
@@ -280,11 +274,12 @@ class BiEncoder(nn.Module):
         query = tower_from_config(
             config, dropout, torch_dtype(dtype), attention=attention_of(attn_implementation)
         )
+        query, passage = _plain_towers(query, shared, lora)
         multi = None
         if multi_dim is not None:
             multi = MultiVector(multi_dim)
             query = attach_projection(query, multi_dim)
-        query, passage = _plain_towers(query, shared, lora)
+            passage = None if passage is None else _projection_like(passage, query)
         pooling = _pooling_for(query, pooling)
         model = cls(
             query,
@@ -323,9 +318,10 @@ class BiEncoder(nn.Module):
 
     def merge_adapters(self) -> BiEncoder:
         """Merge each tower's adapters into its base weights (in place): plain Hugging Face
-        towers that encode as the adapted ones did."""
-        self.query_encoder = merged(self.query_encoder)
-        self.passage_encoder = self.query_encoder if self.shared else merged(self.passage_encoder)
+        towers that encode as the adapted ones did (a multi-vector tower keeps its
+        projection)."""
+        self.query_encoder = _merged(self.query_encoder)
+        self.passage_encoder = self.query_encoder if self.shared else _merged(self.passage_encoder)
         return self
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
@@ -385,9 +381,11 @@ class BiEncoder(nn.Module):
         return out_dir
 
     def _write_multi_tower(self, tower: nn.Module, out: Path) -> None:
-        """One tower as a sentence-transformers ``MultiVectorEncoder`` folder."""
+        """One tower as a sentence-transformers ``MultiVectorEncoder`` folder (with adapters:
+        peft's adapter files in place of the backbone, the projection in ``1_Dense``)."""
         with without_projection(tower) as projection:
             tower.save_pretrained(out)
+        sort_target_modules(out / ADAPTER_CONFIG)
         if self.tokenizer is not None:
             clean_tokenizer(self.tokenizer).save_pretrained(out)
         write_folder(
@@ -573,3 +571,19 @@ def _multi_spec(path: Path, saved: bool, query: nn.Module, meta: dict) -> MultiV
     if is_multi_vector_folder(path):
         return read_folder(path).spec
     return MultiVector(dim)
+
+
+def _projection_like(tower: nn.Module, like: nn.Module) -> nn.Module:
+    """``tower`` with a projection equal to ``like``'s (separate towers start equal)."""
+    weight = projection_of(like).weight.detach().clone()
+    return attach_projection(tower, weight.shape[0], weight)
+
+
+def _merged(tower: nn.Module) -> nn.Module:
+    """:func:`~dpr_cache.model.lora.merged` of ``tower``, its projection (a multi-vector
+    tower's, held beside peft's wrapper) moved onto the merged model."""
+    with without_projection(tower) as projection:
+        plain = merged(tower)
+    if projection is not None:
+        plain.add_module(PROJECTION, projection)
+    return plain

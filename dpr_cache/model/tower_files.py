@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch import nn
 
-__all__ = ["write_tower", "clean_tokenizer"]
+__all__ = ["write_tower", "clean_tokenizer", "sort_target_modules"]
 
 _MODULES = "sentence_transformers.models"
 
@@ -51,7 +51,7 @@ def write_tower(
     ``more_prompts`` (each training source's, by name) are there for ``prompt_name=``."""
     out = Path(out)
     tower.save_pretrained(out)  # with adapters: peft's adapter_config.json and weights alone
-    _sort_target_modules(out / "adapter_config.json")
+    sort_target_modules(out / "adapter_config.json")
     length = max_length or getattr(tokenizer, "model_max_length", 512)
     if tokenizer is not None:
         clean_tokenizer(tokenizer).save_pretrained(out)
@@ -89,7 +89,7 @@ def write_tower(
     return out
 
 
-def _sort_target_modules(path: Path) -> None:
+def sort_target_modules(path: Path) -> None:
     """peft writes ``target_modules`` from a set, in an order that changes from process to
     process; sorted, the same adapters give the same file."""
     if not path.is_file():

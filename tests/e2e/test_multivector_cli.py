@@ -1,8 +1,9 @@
 """``model.vectors: multi`` through the CLI on the toy config: ``verify --double`` proves the
 configured multi-vector step (every loss option, a token budget, distillation) equal to the
 full batch; ``train`` writes a model whose towers sentence-transformers' ``MultiVectorEncoder``
-loads, giving our token vectors; retrieval of a multi-vector model is refused in one line, as
-are Matryoshka and LoRA on one."""
+loads, giving our token vectors; with LoRA the base stays frozen, the adapters and the
+projection train, GradCache stays exact and the merged export loads in sentence-transformers;
+Matryoshka on a multi-vector model is refused in one line."""
 
 from __future__ import annotations
 
@@ -70,7 +71,6 @@ def test_train_saves_what_sentence_transformers_loads(tmp_path) -> None:
             "error: train.matryoshka_dims: a multi-vector model (model.vectors: multi) trains "
             "its token vectors at one width (model.multi_dim)",
         ),
-        ("model.lora={r: 4}", "error: model.lora: LoRA on a multi-vector model is not built yet"),
         ("model.multi_dim=1000", "error: model.multi_dim: 1000 is not 1 to the model's width"),
     ],
 )
@@ -80,3 +80,32 @@ def test_what_a_multi_vector_model_does_not_take_is_one_line(tmp_path, extra, me
     assert refused.returncode == 2
     assert refused.stderr.strip().startswith(message), refused.stderr
     assert not (tmp_path / "run" / "model").exists()
+
+
+def _token_vectors(model: BiEncoder, texts: list[str]) -> torch.Tensor:
+    tok = model.tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model.encode_query(dict(tok))
+
+
+def test_lora_on_a_multi_vector_model(tmp_path) -> None:
+    lora = ["--set", "model.lora={r: 4, alpha: 8}"]
+    args = ["--config", "configs/toy.yaml", *toy_overrides(tmp_path), *MULTI, *lora]
+    proof = run_cli("verify", *args, "--double")
+    assert "verdict: equal" in proof.stdout and _gap(proof.stdout) <= 1e-10
+    run_cli("train", *args, "-q")
+    saved = tmp_path / "run" / "model"
+    assert (saved / "query_encoder" / "adapter_config.json").is_file()
+    assert (saved / "query_encoder" / "1_Dense" / "model.safetensors").is_file()
+    trained = BiEncoder.from_pretrained(saved).eval()
+    texts = ["Who wrote Hamlet?", "What is the capital of France?"]
+    ours = _token_vectors(trained, texts)
+    run_cli("export", "--format", "merged", "--model", str(saved), "--out", str(tmp_path / "m"))
+    merged = BiEncoder.from_pretrained(tmp_path / "m").eval()
+    assert not merged.has_adapters
+    torch.testing.assert_close(_token_vectors(merged, texts), ours, atol=1e-5, rtol=0)
+    peer = st.MultiVectorEncoder(str(tmp_path / "m" / "query_encoder"), device="cpu").eval()
+    for mine, theirs in zip(ours, peer.encode_query(texts), strict=True):
+        mine = mine[mine.abs().sum(-1) > 0]
+        cos = torch.nn.functional.cosine_similarity(mine, torch.as_tensor(theirs), dim=-1)
+        assert (1 - cos).max() <= 1e-5

@@ -210,3 +210,19 @@ def test_query_expansion_encodes_as_pylate_and_sentence_transformers(tmp_path, a
     assert len(unexpanded[0]) == 32  # negative control below: without the expansion, fewer
     model.multi = type(model.multi)(model.multi.dim, model.multi.skiplist)
     assert len(_ours(model, questions, "query")[0]) < 32
+
+
+def test_with_lora_the_adapters_and_the_projection_train_the_base_is_frozen() -> None:
+    from dpr_cache.config import LoraConfig
+
+    model = BiEncoder.from_pretrained(
+        TOY / "tiny-bert", vectors="multi", multi_dim=16, lora=LoraConfig(r=4)
+    )
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert {n for n in trainable if PROJECTION in n} == {
+        f"{tower}.{PROJECTION}.weight" for tower in ("query_encoder", "passage_encoder")
+    }
+    assert all("lora_" in n for n in trainable if PROJECTION not in n) and len(trainable) > 2
+    assert not any("lora_" in n for n, _ in model.named_parameters() if PROJECTION in n)
+    q, p = (getattr(t, PROJECTION).weight for t in (model.query_encoder, model.passage_encoder))
+    assert torch.equal(q, p) and q is not p  # separate towers start equal
