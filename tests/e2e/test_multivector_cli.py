@@ -109,3 +109,18 @@ def test_lora_on_a_multi_vector_model(tmp_path) -> None:
         mine = mine[mine.abs().sum(-1) > 0]
         cos = torch.nn.functional.cosine_similarity(mine, torch.as_tensor(theirs), dim=-1)
         assert (1 - cos).max() <= 1e-5
+
+
+def test_verify_proves_distillation_on_a_multi_vector_model(tmp_path) -> None:
+    """A teacher's scores learnt by MaxSim scores (distill_kl mixed with the contrastive
+    loss, 2 hard negatives, tiled)."""
+    from tests.support.teacher import write_scored_toy
+
+    (tmp_path / "teacher").mkdir()
+    scored = write_scored_toy(tmp_path / "teacher" / "train.jsonl")
+    args = toy_overrides(tmp_path, **{"data.train": scored, "train.chunk_size": 3})
+    options = ["train.loss=distill_kl", "train.distill_weight=0.5", "train.hard_negatives=2"]
+    sets = [a for o in options for a in ("--set", o)]
+    proof = run_cli("verify", "--config", "configs/toy.yaml", *args, *MULTI, *sets, "--double")
+    assert "distill_kl" in proof.stdout and "verdict: equal" in proof.stdout
+    assert _gap(proof.stdout) <= 1e-10
