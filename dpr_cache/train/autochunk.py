@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from dpr_cache.config import LoraConfig, ModelConfig, TrainConfig
+from dpr_cache.core.similarity import TOKEN_BLOCK_ELEMENTS
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.runtime.atomic import write_json_atomic
@@ -95,13 +96,21 @@ class BatchShape:
     batch_size: int  # global questions per step
     hard_negatives: int = 0
     loss_tile_size: int | None = None
+    # a question's and a passage's tokens at most (model.max_query_length and
+    # max_passage_length; None: the model's own): what a multi-vector model's cache holds
+    lengths: tuple[int, int] | None = None
 
 
 def batch_extras_bytes(model: BiEncoder, shape: BatchShape, local_batch: int) -> int:
-    """Memory the chunk probe does not hold: AdamW moments, reps and their grads, the loss."""
+    """Memory the chunk probe does not hold: AdamW moments, reps and their grads, the loss (a
+    multi-vector model's: every token vector, and the tiled loss's block)."""
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = 2 * 4 * n_params
     n_p = local_batch * (1 + shape.hard_negatives)
+    if model.multi is not None:  # token vectors; the loss's one block of token scores
+        q_len, p_len = shape.lengths or (model.max_query_length or 0, model.max_passage_length or 0)
+        reps = 3 * 4 * (local_batch * q_len + n_p * p_len) * model.dim
+        return optimizer + reps + 3 * 4 * TOKEN_BLOCK_ELEMENTS
     reps = 3 * 4 * (local_batch + n_p) * model.dim  # reps, cache leaf and its gradient
     if shape.loss_tile_size:
         loss = 3 * 4 * shape.loss_tile_size * shape.loss_tile_size

@@ -28,6 +28,7 @@ from dpr_cache.train.autochunk import BatchShape, ProbeSpec, pick_chunk_size
 
 __all__ = [
     "Chunking",
+    "batch_shape_of",
     "build_step",
     "chunking_of",
     "distillation_of",
@@ -98,6 +99,13 @@ def objective_of(config: Config, model: BiEncoder) -> Objective:
     return Objective(1 + cfg.hard_negatives, infonce, distillation_of(config), matryoshka)
 
 
+def batch_shape_of(config: Config) -> BatchShape:
+    """What of ``config``'s step scales with the whole batch (the chunk probe's companion)."""
+    cfg, m = config.train, config.model
+    lengths = (m.max_query_length, m.max_passage_length)
+    return BatchShape(cfg.batch_size, cfg.hard_negatives, cfg.loss_tile_size, lengths)
+
+
 def chunking_of(
     config: Config,
     model: BiEncoder,
@@ -114,7 +122,7 @@ def chunking_of(
     cfg = config.train
     probed = None
     if "auto" in (cfg.chunk_size, cfg.chunk_tokens):
-        shape = BatchShape(cfg.batch_size, cfg.hard_negatives, cfg.loss_tile_size)
+        shape = batch_shape_of(config)
         budget = parse_bytes(cfg.memory_budget)
         spec = ProbeSpec(config.model, cfg)
         probed = pick_chunk_size(spec, shape, model, env, budget, out_dir)

@@ -43,7 +43,7 @@ from dpr_cache.runtime.atomic import write_dir_atomic
 from dpr_cache.runtime.device import autocast
 from dpr_cache.runtime.distributed import DistEnv, all_mean
 from dpr_cache.runtime.seeds import stream_seed
-from dpr_cache.train.autochunk import BatchShape, ProbeSpec, largest_fitting_chunk
+from dpr_cache.train.autochunk import ProbeSpec, largest_fitting_chunk
 from dpr_cache.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -57,7 +57,13 @@ from dpr_cache.train.recipe import (
     linear_warmup_decay,
     param_groups,
 )
-from dpr_cache.train.step import build_step, chunking_of, distillation_of, guide_of
+from dpr_cache.train.step import (
+    batch_shape_of,
+    build_step,
+    chunking_of,
+    distillation_of,
+    guide_of,
+)
 
 __all__ = [
     "Trainer",
@@ -440,7 +446,7 @@ def out_of_memory(config: Config, trainer: Trainer, step: int) -> InputError:
     total = torch.cuda.get_device_properties(device).total_memory
     budget = parse_bytes(cfg.memory_budget) if cfg.memory_budget else total
     local = cfg.batch_size // trainer.env.world_size
-    shape = BatchShape(cfg.batch_size, cfg.hard_negatives, cfg.loss_tile_size)
+    shape = batch_shape_of(config)
     fits = largest_fitting_chunk(probe_spec(config), shape, trainer.model, local, budget)
     where = f"{torch.cuda.get_device_name(device)} ({total / 1e9:.1f} GB)"
     what = (

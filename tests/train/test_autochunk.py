@@ -110,3 +110,20 @@ def test_trainer_resolves_auto_and_writes_the_choice(tmp_path):
     record = json.loads((config.output_path / CHOICE_FILE).read_text())
     assert record["chunk_size"] == 8 and record["local_batch"] == 8
     assert (config.output_path / "train_log.jsonl").is_file()
+
+
+def test_a_multi_vector_models_batch_holds_every_token_vector(tiny_model):
+    """The cache, its leaf and its gradient of every question and passage token, and the
+    tiled loss's block of token scores, beside AdamW's moments (the single-vector count as a
+    control: one vector a text)."""
+    from dpr_cache.core.similarity import TOKEN_BLOCK_ELEMENTS
+
+    multi = BiEncoder.from_pretrained(TINY, vectors="multi", multi_dim=16)
+    shape = BatchShape(batch_size=8, hard_negatives=1, lengths=(32, 256))
+    moments = 8 * sum(p.numel() for p in multi.parameters())
+    tokens = 8 * 32 + 16 * 256
+    expected = moments + 12 * tokens * 16 + 12 * TOKEN_BLOCK_ELEMENTS
+    assert batch_extras_bytes(multi, shape, 8) == expected
+    single_moments = 8 * sum(p.numel() for p in tiny_model.parameters())
+    single = single_moments + 12 * (8 + 16) * tiny_model.dim + 12 * 8 * 16
+    assert batch_extras_bytes(tiny_model, shape, 8) == single
