@@ -784,6 +784,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise InputError(_one_line(exc, source, overridden)) from None
 
 
+def check_valid(config: Config, source: str) -> None:
+    """InputError naming the keys, blamed on ``source``, when ``config`` (made by
+    ``model_copy``, which validates nothing) breaks a rule of the schema."""
+    try:
+        Config.model_validate(config.model_dump())
+    except ValidationError as exc:
+        raise InputError(_one_line(exc, source, set())) from None
+
+
 def default_of(key: str) -> Any:
     """The default of a config key (``section.name``), for a flag that mirrors it."""
     section, name = key.split(".")

@@ -187,7 +187,17 @@ class BiEncoder(nn.Module):
         path = resolve_model_path(path)
         if dpr_kind(path) is not None:  # HF DPR pair or DPR's .cp: two BERTs, [CLS], no norm
             query, passage, tokenizer = load_dpr_towers(path, dropout)
-            model = cls(query, None if shared else passage, pooling="cls", tokenizer=tokenizer)
+            passage = None if shared else passage
+            multi = None
+            if vectors == "multi":  # a new projection on each tower, equal
+                query = _multi_tower(query, vectors, multi_dim, path)
+                passage = None if passage is None else _projection_like(passage, query)
+                multi = MultiVector(projection_of(query).out_features)
+            _check_multi_dim(vectors, multi_dim)
+            normalize = _multi_normalize(normalize) if multi is not None else False
+            model = cls(
+                query, passage, pooling="cls", tokenizer=tokenizer, normalize=normalize, multi=multi
+            )
             if gradient_checkpointing:
                 model.enable_gradient_checkpointing()
             return model
@@ -204,13 +214,16 @@ class BiEncoder(nn.Module):
             lora=lora,
         )
         vectors = vectors or meta.get("vectors") or _folder_vectors(path, saved)
+        _check_multi_dim(vectors, multi_dim)
         multi = None
         if saved:
             query = _with_lora(load(path / "query_encoder"), lora)
             passage = None if shared else _with_lora(load(path / "passage_encoder"), lora)
             query = _multi_tower(query, vectors, multi_dim, path / "query_encoder")
-            if passage is not None:
+            if passage is not None and is_multi_vector_folder(path / "passage_encoder"):
                 passage = _multi_tower(passage, vectors, multi_dim, path / "passage_encoder")
+            elif passage is not None and vectors == "multi":  # made multi here: start equal
+                passage = _projection_like(passage, query)
             pooling = pooling or meta.get("pooling")
         else:
             query, passage = _plain_towers(load(path), shared, lora)
@@ -219,15 +232,11 @@ class BiEncoder(nn.Module):
                 passage = _projection_like(passage, query)
             meta = {"normalize": shipped_normalize(path), **shipped_prefixes(path)}
             pooling = pooling or shipped_pooling(path)
-            if vectors == "multi" and is_multi_vector_folder(path):
-                prompts = read_folder(path).prompts
-                meta = {
-                    "normalize": True,
-                    "query_prefix": prompts.get("query", ""),
-                    "passage_prefix": prompts.get("document", ""),
-                }
+            if vectors == "multi":
+                meta["normalize"] = True  # token vectors are unit length
         if vectors == "multi":
             multi = _multi_spec(path, saved, query, meta)
+            normalize = _multi_normalize(normalize)
         pooling = _pooling_for(query, pooling)  # before the tokenizer: last appends EOS
         model = cls(
             query,
@@ -280,6 +289,7 @@ class BiEncoder(nn.Module):
             multi = MultiVector(multi_dim)
             query = attach_projection(query, multi_dim)
             passage = None if passage is None else _projection_like(passage, query)
+            normalize = _multi_normalize(normalize)
         pooling = _pooling_for(query, pooling)
         model = cls(
             query,
@@ -587,3 +597,23 @@ def _merged(tower: nn.Module) -> nn.Module:
     if projection is not None:
         plain.add_module(PROJECTION, projection)
     return plain
+
+
+def _check_multi_dim(vectors: str | None, multi_dim: int | None) -> None:
+    """InputError for a ``model.multi_dim`` given to a model of one vector a text."""
+    if multi_dim is not None and vectors != "multi":
+        raise InputError(
+            f"model.multi_dim: {multi_dim}, but the model encodes one vector a text: set "
+            "model.vectors: multi (or leave model.multi_dim null)"
+        )
+
+
+def _multi_normalize(normalize: bool | None) -> bool:
+    """A multi-vector model's ``normalize``: always (its token vectors are unit length, as
+    MaxSim takes them); InputError when asked not to."""
+    if normalize is False:
+        raise InputError(
+            "model.normalize: false, but a multi-vector model's token vectors are unit length "
+            "(set it to true or null)"
+        )
+    return True

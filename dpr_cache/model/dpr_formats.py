@@ -56,6 +56,12 @@ def export_dpr_hf(model, out: Path) -> Path:
     """Write ``out/question_encoder`` and ``out/ctx_encoder`` for HF's DPR classes."""
     if getattr(model.query_encoder.config, "model_type", None) != "bert":
         raise InputError("export --format dpr-hf: HF's DPR classes hold BERT towers only")
+    if model.multi is not None:
+        raise InputError(
+            "export --format dpr-hf: HF's DPR classes encode one vector a text; this model "
+            "encodes a vector a token (its folder loads in sentence-transformers' "
+            "MultiVectorEncoder as it is)"
+        )
     if model.pooling != "cls" or model.normalize:
         raise InputError(
             f"export --format dpr-hf: DPR's pooler_output is the raw [CLS] vector; this model "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,11 @@ __all__ = [
     "is_multi_vector_folder",
     "resolve_encoding",
     "settle_encoding",
+    "shipped_expansion",
+    "shipped_modules",
     "shipped_normalize",
+    "shipped_settings",
+    "shipped_skiplist",
     "shipped_pooling",
     "shipped_prefixes",
 ]
@@ -94,12 +99,12 @@ def folder_encoding(model_dir: str | Path) -> dict[str, Any]:
         return encoding_record(json.loads((path / ENCODING_FILE).read_text(encoding="utf-8")))
     if _is_dpr_checkpoint(path):
         return {"pooling": "cls", "normalize": False}
-    if not _shipped_modules(path) and not _shipped_settings(path):
+    if not shipped_modules(path) and not shipped_settings(path):
         return {}
     found = {"pooling": shipped_pooling(path), "normalize": shipped_normalize(path)}
     if is_multi_vector_folder(path):
         found.update(vectors="multi", multi_dim=_projection_width(path), normalize=True)
-        found["max_query_length"] = _expansion_length(path)
+        found.update(_shipped_lengths(path))
     return encoding_record({**found, **shipped_prefixes(path)})
 
 
@@ -107,7 +112,7 @@ _MULTI_VECTOR_TYPES = ("MultiVectorEncoder", "ColBERT")
 """``model_type`` of a sentence-transformers ``MultiVectorEncoder`` folder and of PyLate's."""
 
 
-def _shipped_settings(path: Path) -> dict:
+def shipped_settings(path: Path) -> dict:
     """A sentence-transformers folder's ``config_sentence_transformers.json`` (none for other
     folders)."""
     file = Path(path) / "config_sentence_transformers.json"
@@ -117,27 +122,69 @@ def _shipped_settings(path: Path) -> dict:
 def is_multi_vector_folder(path: Path) -> bool:
     """Whether ``path`` is a sentence-transformers ``MultiVectorEncoder`` folder or a PyLate
     one (its ``model_type``, or a MultiVectorMask module)."""
-    if _shipped_settings(path).get("model_type") in _MULTI_VECTOR_TYPES:
+    if shipped_settings(path).get("model_type") in _MULTI_VECTOR_TYPES:
         return True
-    return any(m.get("type", "").endswith("MultiVectorMask") for m in _shipped_modules(path))
+    return any(m.get("type", "").endswith("MultiVectorMask") for m in shipped_modules(path))
 
 
-def _expansion_length(path: Path) -> int | None:
-    """The length a multi-vector folder expands its questions to (None: no expansion): its
-    questions are at most that long."""
+def shipped_expansion(path: Path) -> dict | None:
+    """The query expansion a multi-vector folder records (``length``, ``attend``, ``token``):
+    sentence-transformers' ``query_expansion`` of strategy ``fixed``, or PyLate's
+    ``query_length`` (PyLate expands unless ``do_query_expansion`` is false); None for none;
+    InputError for another strategy."""
     transformer = Path(path) / "sentence_bert_config.json"
     found = json.loads(transformer.read_text()) if transformer.is_file() else {}
-    if found.get("query_expansion"):
-        return found["query_expansion"].get("length")
-    settings = _shipped_settings(path)
+    expansion = found.get("query_expansion")
+    if expansion is not None:
+        if expansion.get("strategy", "fixed") != "fixed":
+            raise InputError(
+                f"{transformer}: query expansion of strategy {expansion['strategy']!r} is not "
+                "encoded by dpr-cache yet (fixed is)"
+            )
+        token = expansion.get("token")
+        return {
+            "length": int(expansion["length"]),
+            "attend": bool(expansion.get("attend")),
+            "token": token,
+        }
+    settings = shipped_settings(path)
     if settings.get("model_type") == "ColBERT" and settings.get("do_query_expansion", True):
-        return settings.get("query_length") or 32
+        attend = bool(settings.get("attend_to_expansion_tokens"))
+        return {"length": int(settings.get("query_length") or 32), "attend": attend, "token": None}
     return None
+
+
+def shipped_skiplist(path: Path) -> list[str]:
+    """The words whose tokens a multi-vector folder's passages do not score: its
+    MultiVectorMask module's, or PyLate's ``skiplist_words`` (punctuation when a PyLate folder
+    names none, as PyLate and sentence-transformers read it)."""
+    for module in shipped_modules(path):
+        if module.get("type", "").endswith("MultiVectorMask"):
+            config = Path(path) / module.get("path", "") / "config.json"
+            if config.is_file():
+                return list(json.loads(config.read_text()).get("skiplist_words") or [])
+    settings = shipped_settings(path)
+    if settings.get("model_type") == "ColBERT" and "skiplist_words" not in settings:
+        return list(string.punctuation)
+    return list(settings.get("skiplist_words") or [])
+
+
+def _shipped_lengths(path: Path) -> dict[str, int | None]:
+    """The question and passage lengths a multi-vector folder records: the query expansion's
+    (a question is at most that long), else its query length; its document length."""
+    transformer = Path(path) / "sentence_bert_config.json"
+    found = {
+        **shipped_settings(path),
+        **(json.loads(transformer.read_text()) if transformer.is_file() else {}),
+    }
+    expansion = shipped_expansion(path)
+    query = expansion["length"] if expansion else found.get("query_length")
+    return {"max_query_length": query, "max_passage_length": found.get("document_length")}
 
 
 def _projection_width(path: Path) -> int | None:
     """The token vectors' width a multi-vector folder's Dense module projects to."""
-    for module in _shipped_modules(path):
+    for module in shipped_modules(path):
         config = Path(path) / module.get("path", "") / "config.json"
         if module.get("type", "").endswith("Dense") and config.is_file():
             return json.loads(config.read_text()).get("out_features")
@@ -155,7 +202,7 @@ def _is_dpr_checkpoint(path: Path) -> bool:
 _DPR_TOWERS = ("question_encoder", "ctx_encoder")
 
 
-def _shipped_modules(path: Path) -> list[dict]:
+def shipped_modules(path: Path) -> list[dict]:
     """A sentence-transformers folder's ``modules.json`` entries (none for other folders)."""
     modules = Path(path) / "modules.json"
     return json.loads(modules.read_text()) if modules.is_file() else []
@@ -163,7 +210,7 @@ def _shipped_modules(path: Path) -> list[dict]:
 
 def shipped_normalize(path: Path) -> bool:
     """Whether a sentence-transformers folder ends in a Normalize module."""
-    return any(m.get("type", "").endswith("Normalize") for m in _shipped_modules(path))
+    return any(m.get("type", "").endswith("Normalize") for m in shipped_modules(path))
 
 
 def shipped_pooling(path: Path) -> str | None:
@@ -171,7 +218,7 @@ def shipped_pooling(path: Path) -> str | None:
     ``"mean"`` or ``"last"``), or None when it has none (or one of another kind). Its config
     says it either way sentence-transformers writes it: ``pooling_mode_*`` flags, or one
     ``pooling_mode`` name."""
-    for module in _shipped_modules(path):
+    for module in shipped_modules(path):
         config = Path(path) / module.get("path", "") / "config.json"
         if module.get("type", "").endswith("Pooling") and config.is_file():
             modes = json.loads(config.read_text())
@@ -194,7 +241,7 @@ def shipped_prefixes(path: Path) -> dict[str, str]:
     (``config_sentence_transformers.json``: ``prompts`` named ``query`` and ``document`` or
     ``passage``; a PyLate folder's ``query_prefix`` and ``document_prefix``), as
     ``query_prefix`` / ``passage_prefix``; none for other folders."""
-    settings = _shipped_settings(path)
+    settings = shipped_settings(path)
     prompts = settings.get("prompts") or {}
     found = {"query_prefix": prompts.get("query") or settings.get("query_prefix")}
     passage = prompts.get("document", prompts.get("passage"))

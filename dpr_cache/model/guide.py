@@ -82,5 +82,9 @@ def load_guide(
         model = load_encoder(Path(folder))
     except InputError as e:
         raise InputError(f"train.guide: {e}") from None
+    if model.multi is not None:
+        raise InputError(
+            f"train.guide: {path} is a multi-vector model; a guide scores with one vector a text"
+        )
     model.requires_grad_(False)
     return GuideModel(model.to(device), chunk_rows, chunk_tokens)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import string
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,12 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from dpr_cache.errors import InputError
-from dpr_cache.model.encoding import is_multi_vector_folder
+from dpr_cache.model.encoding import (
+    is_multi_vector_folder,
+    shipped_expansion,
+    shipped_modules,
+    shipped_skiplist,
+)
 
 __all__ = [
     "DEFAULT_DIM",
@@ -208,87 +212,52 @@ def without_projection(tower: nn.Module) -> Iterator[nn.Linear | None]:
             tower._modules[PROJECTION] = projection
 
 
-def _modules(path: Path) -> list[dict]:
-    file = path / "modules.json"
-    return json.loads(file.read_text()) if file.is_file() else []
-
-
-def _settings(path: Path) -> dict:
-    file = path / "config_sentence_transformers.json"
-    return json.loads(file.read_text()) if file.is_file() else {}
-
-
 @dataclass(frozen=True)
 class FolderVectors:
     """What a multi-vector folder holds: its projection's weight and what it scores."""
 
     weight: Tensor
     spec: MultiVector
-    prompts: dict[str, str]
 
 
 def read_folder(path: Path) -> FolderVectors:
-    """A sentence-transformers ``MultiVectorEncoder`` or PyLate folder's projection, skiplist
-    and prompts; InputError for a folder without its projection, and for what dpr-cache does
-    not encode yet (query expansion, a residual or biased projection)."""
+    """A sentence-transformers ``MultiVectorEncoder`` or PyLate folder's projection (its Dense
+    module's weights, safetensors or a PyTorch file), skiplist and query expansion; InputError
+    for a folder without its projection, and for what dpr-cache does not read yet (a residual
+    or biased projection, query expansion of strategy ``min``)."""
     path = Path(path)
-    dense = next((m for m in _modules(path) if m.get("type", "").endswith("Dense")), None)
-    if dense is None or not (path / dense.get("path", "") / "model.safetensors").is_file():
+    dense = next((m for m in shipped_modules(path) if m.get("type", "").endswith("Dense")), None)
+    weights = _dense_weights(path / dense.get("path", "")) if dense is not None else None
+    if weights is None:
         raise InputError(f"{path}: a multi-vector model folder without its projection (1_Dense)")
-    folder = path / dense["path"]
-    config = json.loads((folder / "config.json").read_text())
+    config = json.loads((weights.parent / "config.json").read_text())
     if config.get("bias") or config.get("use_residual"):
-        raise InputError(f"{folder}: a projection with a bias or a residual is not read yet")
-    weight = load_file(str(folder / "model.safetensors"))["linear.weight"]
-    settings = _settings(path)
+        raise InputError(
+            f"{weights.parent}: a projection with a bias or a residual is not read yet"
+        )
+    weight = _load_weight(weights)
+    expansion = shipped_expansion(path)
     spec = MultiVector(
-        int(weight.shape[0]), tuple(_skiplist(path, settings)), _expansion(path, settings)
+        int(weight.shape[0]),
+        tuple(shipped_skiplist(path)),
+        Expansion(**expansion) if expansion else None,
     )
-    prompts = settings.get("prompts") or {}
-    if settings.get("model_type") == "ColBERT":  # PyLate's keys
-        prompts = {
-            "query": settings.get("query_prefix", ""),
-            "document": settings.get("document_prefix", ""),
-        }
-    return FolderVectors(weight, spec, {k: v for k, v in prompts.items() if v})
+    return FolderVectors(weight, spec)
 
 
-def _skiplist(path: Path, settings: dict) -> list[str]:
-    """The skiplist: the MultiVectorMask module's words, or PyLate's ``skiplist_words``
-    (punctuation when a PyLate folder names none, as PyLate and sentence-transformers read
-    it)."""
-    for module in _modules(path):
-        if module.get("type", "").endswith("MultiVectorMask"):
-            config = path / module.get("path", "") / "config.json"
-            if config.is_file():
-                return list(json.loads(config.read_text()).get("skiplist_words") or [])
-    if settings.get("model_type") == "ColBERT" and "skiplist_words" not in settings:
-        return list(string.punctuation)
-    return list(settings.get("skiplist_words") or [])
-
-
-def _expansion(path: Path, settings: dict) -> Expansion | None:
-    """The questions' expansion a folder records: sentence-transformers' ``query_expansion``
-    (strategy ``fixed``) or PyLate's ``query_length`` (PyLate expands unless
-    ``do_query_expansion`` is false); InputError for another strategy."""
-    transformer = path / "sentence_bert_config.json"
-    found = (
-        json.loads(transformer.read_text()).get("query_expansion")
-        if transformer.is_file()
-        else None
-    )
-    if found is not None:
-        if found.get("strategy", "fixed") != "fixed":
-            raise InputError(
-                f"{transformer}: query expansion of strategy {found['strategy']!r} is not "
-                "encoded by dpr-cache yet (fixed is)"
-            )
-        return Expansion(int(found["length"]), bool(found.get("attend")), found.get("token"))
-    pylate = settings.get("model_type") == "ColBERT"
-    if pylate and settings.get("do_query_expansion", True):
-        attend = bool(settings.get("attend_to_expansion_tokens"))
-        return Expansion(int(settings.get("query_length") or 32), attend)
+def _dense_weights(folder: Path) -> Path | None:
+    """The file a Dense module's weights are in (None: none)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return folder / name
     return None
+
+
+def _load_weight(file: Path) -> Tensor:
+    """The projection's ``linear.weight`` from a safetensors or PyTorch file."""
+    if file.suffix == ".safetensors":
+        return load_file(str(file))["linear.weight"]
+    return torch.load(file, map_location="cpu", weights_only=True)["linear.weight"]
 
 
 def write_folder(

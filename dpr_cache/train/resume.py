@@ -120,6 +120,11 @@ RESUME_ROUNDING = (
 RESUME_CHUNKS = ("train.chunk_size", "train.p_chunk_size")
 # keys a resumed run takes from its checkpoint: the optimizer's state holds them
 RESUME_KEPT = ("train.lr", "train.weight_decay", "train.adam_eps")
+# keys whose weights the checkpoint holds: the adapters, a multi-vector model's projection
+RESUME_HELD = ("model.lora", "model.vectors", "model.multi_dim")
+# keys whose null means "as the model folder records" (else the default): a run saved before
+# they were settled recorded the value its model took, which null still gives
+AS_RECORDED = ("model.pooling", "model.normalize", "model.query_prefix", "model.passage_prefix")
 
 
 def check_resumed_settings(config: Config, saved: Path) -> str | None:
@@ -132,6 +137,7 @@ def check_resumed_settings(config: Config, saved: Path) -> str | None:
         changed = changed_settings(saved, config)
     except InputError as exc:
         return f"--resume: the run's settings cannot be compared: {exc}"
+    changed = [c for c in changed if not (c[0] in AS_RECORDED and c[2] is None)]
     said = {key: f"{key} {before!r} -> {now!r}" for key, before, now in changed}
     kept = [said[key] for key in RESUME_KEPT if key in said]
     if kept:
@@ -140,11 +146,11 @@ def check_resumed_settings(config: Config, saved: Path) -> str | None:
             f"{', '.join(RESUME_KEPT)} from its checkpoint: set them back, or train afresh in "
             "another output_dir"
         )
-    adapters = [text for key, text in said.items() if key.startswith("model.lora")]
-    if adapters:
+    held = [text for key, text in said.items() if key.startswith(RESUME_HELD)]
+    if held:
         raise InputError(
-            f"--resume: {'; '.join(adapters)}: the checkpoint holds the run's own adapters: set "
-            "model.lora back, or train afresh in another output_dir"
+            f"--resume: {'; '.join(held)}: the checkpoint holds the run's own adapters and "
+            "projection: set them back, or train afresh in another output_dir"
         )
     free = RESUME_FREE + RESUME_ROUNDING
     if config.train.mode != "accumulate":

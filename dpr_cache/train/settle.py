@@ -6,7 +6,7 @@ sentence-transformers folder's pooling, normalization and prompts), else its def
 
 from __future__ import annotations
 
-from dpr_cache.config import Config
+from dpr_cache.config import Config, check_valid
 from dpr_cache.errors import InputError
 from dpr_cache.model.encoding import MODEL_KEYS, settle_encoding
 from dpr_cache.model.hub import ModelNotFound, resolve_model_path
@@ -32,4 +32,6 @@ def settle_model(config: Config) -> Config:
     update = {k: v for k, v in settled.items() if v is not None and k not in given}
     if not update:
         return config
-    return config.model_copy(update={"model": m.model_copy(update=update)})
+    settled = config.model_copy(update={"model": m.model_copy(update=update)})
+    check_valid(settled, f"model.* as the model at {path} records it")
+    return settled

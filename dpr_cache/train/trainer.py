@@ -224,7 +224,8 @@ def build_trainer(config: Config, env: DistEnv, total_steps: int) -> Trainer:
     cfg, m = config.train, config.model
     model = load_model(m, env.device, dropout=m.dropout, lora=m.lora)
     check_trains(model, m)
-    if env.is_main and (warning := flat_softmax_warning(model.normalize, cfg.temperature)):
+    cosine = model.normalize and model.multi is None  # MaxSim sums a cosine a question token
+    if env.is_main and (warning := flat_softmax_warning(cosine, cfg.temperature)):
         logger.warning("%s", warning)
     prepare_towers(model, cfg, env.device)
     model.train()

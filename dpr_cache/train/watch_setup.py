@@ -28,6 +28,11 @@ def make_watcher(config: Config, device: torch.device, start_step: int = 0) -> W
         raise InputError("train.log_to: tensorboard is not installed (pip install tensorboard)")
     validator = None
     if cfg.eval_every:
+        if config.model.vectors == "multi":
+            raise InputError(
+                "train.eval_every: validation during training scores one vector a text; a "
+                "multi-vector model (model.vectors: multi) is evaluated by `dpr-cache eval`"
+            )
         if not (config.data.dev_qa and config.data.passages):
             raise InputError("train.eval_every: needs data.dev_qa and data.passages to validate on")
         dev = config.dev_sets[0][1]  # the first of several

@@ -56,11 +56,9 @@ def test_train_saves_what_sentence_transformers_loads(tmp_path) -> None:
         mine = mine[mine.abs().sum(-1) > 0]
         cos = torch.nn.functional.cosine_similarity(mine, torch.as_tensor(theirs), dim=-1)
         assert mine.shape[0] == len(theirs) and (1 - cos).max() <= 1e-6
-    refused = run_cli("index", *args, check=False)
-    assert refused.returncode == 2 and refused.stderr.strip() == (
-        f"error: {saved}: a multi-vector model; its retrieval (index, search, eval) is not "
-        "built yet"
-    )
+    run_cli("index", *args)
+    meta = json.loads((tmp_path / "run" / "index" / "meta.json").read_text())
+    assert (meta["vectors"], meta["dim"], meta["rows"]) == ("multi", 16, 273)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +70,12 @@ def test_train_saves_what_sentence_transformers_loads(tmp_path) -> None:
             "its token vectors at one width (model.multi_dim)",
         ),
         ("model.multi_dim=1000", "error: model.multi_dim: 1000 is not 1 to the model's width"),
+        ("model.vectors=single", "error: model.multi_dim: 16, but the model encodes one vector"),
+        ("model.normalize=false", "error: model.normalize: false, but a multi-vector model's"),
+        (
+            "train.eval_every=2",
+            "error: train.eval_every: validation during training scores one vector a text",
+        ),
     ],
 )
 def test_what_a_multi_vector_model_does_not_take_is_one_line(tmp_path, extra, message) -> None:

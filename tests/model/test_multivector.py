@@ -178,6 +178,8 @@ def test_a_pylate_folder_reads_as_it_is(tmp_path) -> None:
         "normalize": True,
         "query_prefix": "[Q] ",
         "passage_prefix": "[D] ",
+        "max_query_length": 32,  # PyLate's query_length
+        "max_passage_length": 180,  # and document_length
     }
     model = BiEncoder.from_pretrained(folder, shared=True).eval()
     assert model.multi.skiplist == tuple(string.punctuation) and model.multi.expansion is None
@@ -226,3 +228,34 @@ def test_with_lora_the_adapters_and_the_projection_train_the_base_is_frozen() ->
     assert not any("lora_" in n for n, _ in model.named_parameters() if PROJECTION in n)
     q, p = (getattr(t, PROJECTION).weight for t in (model.query_encoder, model.passage_encoder))
     assert torch.equal(q, p) and q is not p  # separate towers start equal
+
+
+def test_a_dpr_pair_and_a_saved_single_vector_folder_become_multi_with_equal_towers(
+    tmp_path,
+) -> None:
+    """A new projection starts equal on separate towers, whatever the folder: HF's DPR pair
+    (exported from a tiny BERT) and a saved single-vector dpr-cache folder."""
+    from dpr_cache.model.dpr_formats import export_dpr_hf
+
+    single = BiEncoder.from_pretrained(TOY / "tiny-bert", pooling="cls")
+    export_dpr_hf(single, tmp_path / "dpr")
+    single.save_pretrained(tmp_path / "saved")
+    for folder in (tmp_path / "dpr", tmp_path / "saved"):
+        model = BiEncoder.from_pretrained(folder, vectors="multi", multi_dim=8)
+        assert model.multi is not None and model.normalize and not model.shared
+        q, p = (getattr(t, PROJECTION).weight for t in (model.query_encoder, model.passage_encoder))
+        assert q.shape == (8, single.width) and torch.equal(q, p)
+    with pytest.raises(InputError, match="export --format dpr-hf: HF's DPR classes encode one"):
+        export_dpr_hf(model, tmp_path / "no")
+
+
+def test_what_a_multi_vector_model_refuses(tmp_path) -> None:
+    from dpr_cache.model.guide import load_guide
+
+    with pytest.raises(InputError, match="model.multi_dim: 8, but the model encodes one vector"):
+        BiEncoder.from_pretrained(TOY / "tiny-bert", multi_dim=8)
+    with pytest.raises(InputError, match="model.normalize: false, but a multi-vector model's"):
+        BiEncoder.from_pretrained(TOY / "tiny-bert", vectors="multi", normalize=False)
+    BiEncoder.from_pretrained(TOY / "tiny-bert", vectors="multi").save_pretrained(tmp_path / "m")
+    with pytest.raises(InputError, match="train.guide: .* is a multi-vector model"):
+        load_guide(str(tmp_path / "m"), torch.device("cpu"), 4)

@@ -92,3 +92,37 @@ def test_train_refuses_a_contradiction_in_one_line_and_writes_nothing(saved, tmp
         "back or pass another model"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_settled_config_still_keeps_the_schemas_rules(tmp_path) -> None:
+    """A record that breaks a rule joining keys (the chunk's token budget below the question
+    length the folder records) is the schema's one line, blamed on the record."""
+    model = BiEncoder.from_pretrained(TOY / "tiny-bert", pooling="mean")
+    model.max_query_length = 64
+    model.save_pretrained(tmp_path / "m")
+    config = Config.model_validate(
+        {"model": {"name_or_path": str(tmp_path / "m")}, "train": {"chunk_tokens": 48}}
+    )
+    with pytest.raises(InputError, match=r"model.\* as the model at .* records it: .*chunk_tokens"):
+        settle_model(config)
+
+
+def test_resume_compares_a_settled_config_with_a_run_saved_before_settling(tmp_path) -> None:
+    """A run saved with model.pooling cls on a plain folder resumes without a warning (null
+    gives cls there); a changed model.vectors is refused, its checkpoint holding the
+    projection."""
+    from dpr_cache.config import save_config
+    from dpr_cache.train.resume import check_resumed_settings
+
+    old = _config(name_or_path=str(TOY / "tiny-bert"), pooling="cls", normalize=False)
+    save_config(old, tmp_path / "config.yaml")
+    now = settle_model(_config(name_or_path=str(TOY / "tiny-bert")))
+    assert now.model.pooling is None
+    assert check_resumed_settings(now, tmp_path / "config.yaml") is None
+    multi = _config(name_or_path=str(TOY / "tiny-bert"), vectors="multi")
+    with pytest.raises(InputError, match=r"model.vectors None -> 'multi': the checkpoint holds"):
+        check_resumed_settings(multi, tmp_path / "config.yaml")
+    changed = _config(name_or_path=str(TOY / "tiny-bert"), pooling="mean")
+    assert "model.pooling 'cls' -> 'mean'" in check_resumed_settings(
+        changed, tmp_path / "config.yaml"
+    )
