@@ -12,7 +12,7 @@ from typing import Any
 from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.dpr_formats import dpr_kind
-from dpr_cache.model.encoding import folder_encoding, settle_encoding
+from dpr_cache.model.encoding import settle_encoding
 from dpr_cache.model.hub import ModelNotFound, resolve_model_dir, resolve_model_path
 from dpr_cache.model.lora import ADAPTER_CONFIG
 
@@ -141,11 +141,6 @@ def load_settled(
     ``attn_implementation``; a key missing or None: as the folder records), which changes a
     vector's rounding, not what it means, so no record is checked against it."""
     settled = settle_encoding(model_dir, asked, fallback, records)
-    if folder_encoding(model_dir).get("vectors") == "multi":
-        raise InputError(
-            f"{model_dir}: a multi-vector model; its retrieval (index, search, eval) is not "
-            "built yet"
-        )
     model = load_encoder(
         model_dir,
         pooling=settled["pooling"],

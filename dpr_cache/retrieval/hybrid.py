@@ -17,7 +17,7 @@ from dpr_cache.config import EvalConfig
 from dpr_cache.data.answers import has_answer
 from dpr_cache.data.passages import passage_columns, passage_rows
 from dpr_cache.errors import InputError
-from dpr_cache.retrieval.dense.index import Corpus, search_index
+from dpr_cache.retrieval.dense.index import Corpus, row_scores, search_index
 from dpr_cache.retrieval.dense.search import Hits
 from dpr_cache.retrieval.fusion import Ranking, fuse
 from dpr_cache.retrieval.lexical import Bm25Index
@@ -125,7 +125,7 @@ def _scorers(corpus: Corpus, queries, questions, sparse, spec):
         )
 
     def dense_of(i: int, rows: np.ndarray) -> np.ndarray:
-        return corpus.index.store.take(rows) @ queries[i]
+        return row_scores(corpus.index, queries[i], rows)
 
     def sparse_of(i: int, rows: np.ndarray) -> np.ndarray:
         return sparse.index.scores(questions[i])[rows]

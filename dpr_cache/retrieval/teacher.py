@@ -9,7 +9,8 @@ A teacher is named ``bm25``, ``hybrid`` or a cross-encoder folder:
   built once and opened memory-mapped as ``eval`` does; a passage is found there by its id;
 - ``hybrid``: ``BM25 + weight * dense``, the linear fusion ``eval`` uses
   (:func:`~dpr_cache.retrieval.fusion.linear_scores`), the dense score being the model's question
-  vector times the passage's vector stored in the index it encoded from the passages.
+  vector times the passage's vector stored in the index it encoded from the passages (a
+  multi-vector model's: the MaxSim of their token vectors, as its search scores them).
 
 Passages are scored a group at a time (a question and its passages); an error names the group's
 record and the passage (``positive_ctxs[0]``, ``hard_negative_ctxs[3]``) in one line.
@@ -38,7 +39,7 @@ from dpr_cache.model.cross_encoder import (
     tokenize_pairs,
 )
 from dpr_cache.model.loading import model_fingerprint, resolve_model_dir
-from dpr_cache.retrieval.dense.index import encoded_from, open_index, passages_file
+from dpr_cache.retrieval.dense.index import encoded_from, open_index, passages_file, row_scores
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.fusion import linear_scores
@@ -303,7 +304,7 @@ class HybridTeacher(Bm25Teacher):
             return []
         queries = question_vectors(self.model, [g.question for g in groups], self.run)
         return [
-            linear_scores(b, self.opened.store.take(r) @ q, self.weight)
+            linear_scores(b, row_scores(self.opened, q, r), self.weight)
             for b, r, q in zip(bm25, rows, queries, strict=True)
         ]
 

@@ -9,7 +9,7 @@ sent while the device encodes the one before; on the CPU by plain copies, the sa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,6 +18,7 @@ import torch
 
 from dpr_cache.config import default_of
 from dpr_cache.data.tokenize import Features, encode_questions, pad, tokenize_passages
+from dpr_cache.errors import InputError
 from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.retrieval.dense.store import write_shard
 from dpr_cache.runtime.device import autocast
@@ -29,6 +30,8 @@ __all__ = [
     "encode_tokenized",
     "encode_question_texts",
     "encode_corpus",
+    "encode_corpus_tokens",
+    "question_tokens",
     "padded_batches",
     "CHUNK_ROWS",
 ]
@@ -92,8 +95,15 @@ def encode_tokenized(
     the batches of :func:`padded_batches`. ``precision`` (fp32 | bf16 | fp16) is the autocast
     the encoder runs under; ``on_batch(rows)`` follows each batch whose vectors are in;
     ``transfer`` (default: the device's, :func:`~dpr_cache.runtime.overlap.transfer_for`) how
-    batches travel.
+    batches travel. A multi-vector model is an InputError: its passages are token vectors,
+    which go into token shards (:func:`encode_corpus_tokens`), not one row each.
     """
+    if model.multi is not None:
+        raise InputError(
+            "a multi-vector model's passages are token vectors: encoding them one vector a "
+            "passage (as validation during training, train.eval_every, does) is not built yet "
+            "for multi-vector models"
+        )
     n = len(feats["input_ids"])
     out = np.empty((n, model.dim), dtype=np.float32)  # [n, dim]
     results = HostRows(out, device, on_rows=on_batch, transfer=transfer)
@@ -130,7 +140,17 @@ def encode_question_texts(
     """Question embeddings [n, dim] (float32) from the query tower, each question after the
     model's query prefix, in batches of ``batch_size`` (default ``eval.batch_size``'s), under the
     autocast of ``precision``; a batch is tokenized while the device encodes the one before (on
-    CUDA)."""
+    CUDA). A multi-vector model's are its token vectors [n, L, dim] (see
+    :func:`question_tokens`)."""
+    if model.multi is not None:
+        return question_tokens(
+            model,
+            questions,
+            max_length=max_length,
+            device=device,
+            precision=precision,
+            batch_size=batch_size,
+        )
     out = np.empty((len(questions), model.dim), dtype=np.float32)
     results = HostRows(out, device)
     for start in range(0, len(questions), batch_size):
@@ -144,6 +164,39 @@ def encode_question_texts(
             reps = model.encode_query(to_device(inputs, device, results.transfer))
             results.put(np.arange(start, start + len(reps)), reps.float())
     results.finish()
+    return out
+
+
+def question_tokens(
+    model: BiEncoder,
+    questions: Sequence[str],
+    *,
+    max_length: int,
+    device: torch.device,
+    precision: str = "fp32",
+    batch_size: int = default_of("eval.batch_size"),
+) -> np.ndarray:
+    """A multi-vector model's question token vectors [n, L, dim] (float32; L the longest
+    question's tokens): each question after the model's query prefix, unit vectors for its
+    tokens and the zero vector after them (padding), in batches of ``batch_size`` under the
+    autocast of ``precision``."""
+    parts = []
+    for start in range(0, len(questions), batch_size):
+        inputs = encode_questions(
+            model.tokenizer,
+            questions[start : start + batch_size],
+            max_length,
+            prefix=model.query_prefix,
+        )
+        with torch.inference_mode(), autocast(device, precision):
+            reps = model.encode_query(to_device(inputs, device))
+        parts.append(reps.float().cpu().numpy())
+    width = max((p.shape[1] for p in parts), default=0)
+    out = np.zeros((len(questions), width, model.dim), dtype=np.float32)
+    start = 0
+    for part in parts:
+        out[start : start + len(part), : part.shape[1]] = part
+        start += len(part)
     return out
 
 
@@ -208,21 +261,8 @@ def encode_corpus(
     ahead (0: inline); the vectors of a shard come back as :class:`HostRows` lets them (on
     CUDA the host waits on the device only when batches pile up, and at the shard's end);
     ``on_batch(rows)`` follows each batch whose vectors are in."""
-    chunks = [
-        (s, min(s + CHUNK_ROWS, start + rows))
-        for _, start, rows in shards
-        for s in range(start, start + rows, CHUNK_ROWS)
-    ]
     layout = _Layout(max_length, model.passage_prefix, batch_size, sort_by_length)
-    loader = torch.utils.data.DataLoader(
-        _TokenizedChunks(dataset, chunks, model.tokenizer, layout),
-        batch_size=None,
-        collate_fn=_as_given,
-        num_workers=num_workers,
-        worker_init_fn=worker_init() if num_workers else None,
-        generator=torch.Generator().manual_seed(0),  # leave the global RNG alone
-    )
-    items = iter(loader)
+    items = _chunk_items(model, dataset, shards, layout, num_workers, CHUNK_ROWS)
     for path, start, rows in shards:
         embs = np.empty((rows, model.dim), np.float32)
         results = HostRows(embs, device, on_rows=on_batch, transfer=transfer)
@@ -238,3 +278,100 @@ def encode_corpus(
             done += len(chunk_ids)
         results.finish()
         write_shard(path, embs, ids, store_dtype)
+
+
+def _chunk_items(
+    model: BiEncoder, dataset, shards, layout: _Layout, num_workers: int, chunk_rows: int
+) -> Iterator[tuple[int, list[str], list[Batch]]]:
+    """The chunks of ``chunk_rows`` passages of the shards ``(path, start, rows)`` in order,
+    each ``(start row, ids, padded batches)``, tokenized ``num_workers`` processes ahead (0:
+    inline)."""
+    chunks = [
+        (s, min(s + chunk_rows, start + rows))
+        for _, start, rows in shards
+        for s in range(start, start + rows, chunk_rows)
+    ]
+    loader = torch.utils.data.DataLoader(
+        _TokenizedChunks(dataset, chunks, model.tokenizer, layout),
+        batch_size=None,
+        collate_fn=_as_given,
+        num_workers=num_workers,
+        worker_init_fn=worker_init() if num_workers else None,
+        generator=torch.Generator().manual_seed(0),  # leave the global RNG alone
+    )
+    return iter(loader)
+
+
+MULTI_CHUNK_BYTES = 256 * 2**20
+"""About the most a chunk of a multi-vector corpus holds of token vectors before it is written:
+its passages are fewer than :data:`CHUNK_ROWS` when their tokens are many and wide."""
+
+
+def encode_corpus_tokens(
+    model: BiEncoder,
+    dataset,
+    shards: Sequence[tuple[Path, int, int]],
+    *,
+    max_length: int,
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+    store_dtype: str,
+    num_workers: int,
+    sort_by_length: bool = True,
+    on_batch: Callable[[int], Any] | None = None,
+) -> None:
+    """:func:`encode_corpus` for a multi-vector model: rows ``[start, start + rows)`` of a
+    passages dataset into each token shard ``(path, start, rows)``
+    (:func:`~dpr_cache.retrieval.dense.tokens.write_token_shard`: only each passage's scored
+    tokens, streamed to disk a chunk at a time)."""
+    from dpr_cache.retrieval.dense.tokens import write_token_shard
+
+    itemsize = np.dtype(store_dtype).itemsize
+    chunk_rows = MULTI_CHUNK_BYTES // max(max_length * model.dim * itemsize, 1)
+    chunk_rows = max(batch_size, min(CHUNK_ROWS, chunk_rows))
+    layout = _Layout(max_length, model.passage_prefix, batch_size, sort_by_length)
+    items = _chunk_items(model, dataset, shards, layout, num_workers, chunk_rows)
+    for path, start, rows in shards:
+
+        def pieces(start: int = start, rows: int = rows):
+            done = 0
+            while done < rows:
+                chunk_start, chunk_ids, batches = next(items)
+                assert chunk_start == start + done  # chunks arrive in order
+                tokens, lengths = _token_batches(
+                    model, batches, len(chunk_ids), device, precision, store_dtype, on_batch
+                )
+                yield chunk_ids, tokens, lengths
+                done += len(chunk_ids)
+
+        write_token_shard(path, pieces(), store_dtype)
+
+
+def _token_batches(
+    model: BiEncoder,
+    batches: list[Batch],
+    n: int,
+    device: torch.device,
+    precision: str,
+    store_dtype: str,
+    on_batch: Callable[[int], Any] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's ``n`` passages encoded: their scored (non-zero) token vectors one passage
+    after another in row order ([t, dim], ``store_dtype``) and each passage's count."""
+    pieces: list[np.ndarray | None] = [None] * n
+    dtype = torch.float16 if store_dtype == "float16" else torch.float32
+    with torch.inference_mode(), autocast(device, precision):
+        for rows, inputs in batches:
+            tensors = {key: torch.from_numpy(value) for key, value in inputs.items()}
+            reps = model.encode_passage(to_device(tensors, device)).float()  # [b, L, dim]
+            keep = reps.ne(0).any(dim=-1)
+            flat = reps[keep].to(dtype).cpu().numpy()
+            counts = keep.sum(dim=1).cpu().numpy()
+            parts = np.split(flat, np.cumsum(counts)[:-1])
+            for row, part in zip(rows.tolist(), parts, strict=True):
+                pieces[row] = part
+            if on_batch is not None:
+                on_batch(len(rows))
+    lengths = np.array([len(p) for p in pieces], np.int64)
+    return np.concatenate(pieces), lengths

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import shutil
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ __all__ = [
     "MAX_TRAIN_ROWS",
     "check_index_spec",
     "build_faiss_index",
+    "write_ivf_on_disk",
+    "default_nlist",
     "open_faiss_index",
     "configure_search",
     "hnsw_bytes",
@@ -47,7 +50,8 @@ IVF_DATA_FILE = "faiss.ivfdata"
 MAX_TRAIN_ROWS = 1_000_000
 
 
-def _default_nlist(n: int) -> int:
+def default_nlist(n: int) -> int:
+    """IVF's lists for ``n`` vectors when ``index.ivf_nlist`` is unset: about 4 sqrt(n)."""
     return max(1, min(int(round(4 * math.sqrt(n))), n // 39))
 
 
@@ -96,7 +100,7 @@ def _train_sample(store: EmbeddingStore, n_train: int) -> np.ndarray:
 
 
 def _trained_ivf(spec: IndexConfig, store: EmbeddingStore) -> tuple[faiss.Index, dict[str, Any]]:
-    nlist = spec.ivf_nlist or _default_nlist(store.rows)
+    nlist = spec.ivf_nlist or default_nlist(store.rows)
     n_train = min(store.rows, max(50 * nlist, 65_536), MAX_TRAIN_ROWS)
     sample = _train_sample(store, n_train)
     quantizer = faiss.IndexFlatIP(store.dim)
@@ -126,13 +130,27 @@ def build_faiss_index(
         write_atomic(out / INDEX_FILE, lambda tmp: faiss.write_index(index, str(tmp)))
         return {"hnsw_m": spec.hnsw_m, "ef_construction": int(index.hnsw.efConstruction)}
     trained, params = _trained_ivf(spec, store)
-    parts = out / "parts"
+    blocks = (
+        (block, np.arange(start, start + len(block), dtype=np.int64))
+        for start, block in store.blocks(block_rows)
+    )
+    write_ivf_on_disk(trained, blocks, out)
+    return params
+
+
+def write_ivf_on_disk(
+    trained: faiss.Index, blocks: Iterable[tuple[np.ndarray, np.ndarray]], out: Path
+) -> None:
+    """Fill the trained IVF index with ``blocks`` (vectors [n, d] float32 and their ids [n]),
+    each block into its own copy of it written to disk, the copies merged into on-disk inverted
+    lists (``faiss.ivfdata``) and the index written as ``faiss.index`` into ``out``."""
+    parts = Path(out) / "parts"
     shutil.rmtree(parts, ignore_errors=True)
     parts.mkdir(parents=True)
     names = []
-    for n, (start, block) in enumerate(store.blocks(block_rows)):
+    for n, (block, ids) in enumerate(blocks):
         part = faiss.clone_index(trained)
-        part.add_with_ids(block, np.arange(start, start + len(block), dtype=np.int64))
+        part.add_with_ids(block, ids)
         names.append(str(parts / f"part-{n:05d}.index"))
         faiss.write_index(part, names[-1])
         del part
@@ -142,7 +160,6 @@ def build_faiss_index(
     merge_ondisk(trained, names, str(out / IVF_DATA_FILE))
     write_atomic(out / INDEX_FILE, lambda tmp: faiss.write_index(trained, str(tmp)))
     shutil.rmtree(parts, ignore_errors=True)
-    return params
 
 
 def open_faiss_index(index_dir: Path, spec: IndexConfig) -> faiss.Index:

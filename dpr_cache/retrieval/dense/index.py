@@ -4,6 +4,13 @@ FAISS files beside it); opened for search, exact or approximate, on one rank or 
 ``meta.json``: ``{"format": 2, "type", "dim", "rows", "store_dtype", "shards": [{"path",
 "rows"}], "index_params", ...}``; a shard path is relative to the folder when it lies inside it.
 A ``flat`` index is its shards: nothing is copied, the search streams them.
+
+A multi-vector model's index (``"vectors": "multi"``) holds token shards
+(:mod:`~dpr_cache.retrieval.dense.tokens`): ``rows`` counts passages, ``tokens`` their
+scored tokens, ``dim`` the token vectors' width, and each shard entry its ``tokens`` too. It is
+searched by exact MaxSim (:mod:`~dpr_cache.retrieval.dense.maxsim`), streamed, and scored
+passage by passage where one vector a passage is scored by a dot product
+(:func:`row_scores`).
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ from dpr_cache.retrieval.dense.faiss_index import (
 from dpr_cache.retrieval.dense.layout import (
     FORMAT,
     META_FILE,
+    MULTI,
     index_dir_of,
     meta_passages,
     read_meta,
     recorded_passages,
 )
+from dpr_cache.retrieval.dense.maxsim import maxsim_search, row_maxsim
 from dpr_cache.retrieval.dense.search import (
     Hits,
     exact_search,
@@ -45,6 +54,8 @@ from dpr_cache.retrieval.dense.search import (
     plan_blocks,
 )
 from dpr_cache.retrieval.dense.store import EmbeddingStore, Shard
+from dpr_cache.retrieval.dense.token_ivf import build_token_ivf, check_token_ivf, token_ivf_search
+from dpr_cache.retrieval.dense.tokens import TokenShard, TokenStore
 from dpr_cache.runtime import memory
 from dpr_cache.runtime.atomic import write_json_atomic
 
@@ -61,7 +72,12 @@ __all__ = [
     "finish_index",
     "open_index",
     "search_index",
+    "row_scores",
+    "pair_scores",
     "check_model",
+    "check_token_spec",
+    "refuse_dim",
+    "finish_token_index",
     "encoded_from",
     "passage_rows_of",
     "Corpus",
@@ -77,12 +93,17 @@ class OpenIndex:
 
     path: Path
     meta: dict[str, Any]
-    store: EmbeddingStore
+    store: EmbeddingStore | TokenStore  # TokenStore: a multi-vector index
     faiss: faiss.Index | None  # None for flat
 
     @property
     def type(self) -> str:
         return self.meta["type"]
+
+    @property
+    def multi(self) -> bool:
+        """Whether it holds a multi-vector model's token vectors."""
+        return self.meta.get("vectors") == MULTI
 
 
 def _shard_entry(path: Path, out: Path, rows: int) -> dict[str, Any]:
@@ -93,13 +114,16 @@ def _shard_entry(path: Path, out: Path, rows: int) -> dict[str, Any]:
 
 def finish_index(
     out: Path,
-    store: EmbeddingStore,
+    store: EmbeddingStore | TokenStore,
     spec: IndexConfig,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build what ``spec.type`` needs over ``store`` into ``out`` within ``spec.memory_gb``
     (:func:`~dpr_cache.runtime.memory.memory_limit`, resolved here) and write ``meta.json``
-    last (an index folder without its meta is not an index). Returns the meta."""
+    last (an index folder without its meta is not an index). Returns the meta. A
+    :class:`TokenStore` (a multi-vector model's) is finished by :func:`finish_token_index`."""
+    if isinstance(store, TokenStore):
+        return finish_token_index(out, store, spec, extra)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     check_index_spec(spec, store.rows, store.dim, spec.memory_gb)
@@ -131,6 +155,72 @@ def finish_index(
         "rows": store.rows,
         "store_dtype": str(store.dtype),
         "shards": [_shard_entry(s.path, out, s.rows) for s in store.shards],
+        "index_params": params,
+        **extra,
+    }
+    write_json_atomic(out / META_FILE, meta)
+    return meta
+
+
+MULTI_TYPES = ("flat", "ivf")
+"""The index types of a multi-vector model."""
+
+
+def check_token_spec(spec: IndexConfig) -> None:
+    """InputError for what a multi-vector index is not built as: an ``index.type`` other than
+    flat (exact MaxSim, streamed) or ivf (candidates from an IVF index of the tokens, scored by
+    exact MaxSim), or ``index.dim`` (one vector a passage cut to its first dims)."""
+    if spec.type not in MULTI_TYPES:
+        raise InputError(
+            f"index.type: {spec.type!r}: a multi-vector model's index is flat (exact MaxSim, "
+            "streamed) or ivf (candidates from its tokens' IVF index, scored by MaxSim)"
+        )
+    refuse_dim(spec.dim)
+
+
+def refuse_dim(dim: int | None, flag: str = "index.dim (--dim)") -> None:
+    """InputError when a width (``index.dim``, ``--dim``) is asked of a multi-vector model or
+    index: their token vectors are one width, ``model.multi_dim``."""
+    if dim is not None:
+        raise InputError(
+            f"{flag}: {dim}, but a multi-vector model's token vectors are one width "
+            "(model.multi_dim, recorded by the model): leave it unset"
+        )
+
+
+def finish_token_index(
+    out: Path, store: TokenStore, spec: IndexConfig, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The meta of a multi-vector index over the token shards of ``store`` (``"vectors":
+    "multi"``, its passages as ``rows`` and their ``tokens``), written last into ``out``;
+    for ``ivf``, the tokens' IVF index (:mod:`~dpr_cache.retrieval.dense.token_ivf`) is built
+    first within ``spec.memory_gb``; nothing else is built for flat."""
+    check_token_spec(spec)
+    if spec.type == "ivf":
+        check_token_ivf(spec, store.tokens)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / META_FILE).unlink(missing_ok=True)
+    start = time.perf_counter()
+    params = {}
+    if spec.type == "ivf":
+        limit, used = memory.memory_limit(spec.memory_gb), memory.rss_bytes()
+        itemsize = store.dtype.itemsize
+        plan = plan_blocks(limit, store.dim, itemsize, 1, 1, used=used, share=0.5)
+        params = build_token_ivf(spec, store, out, plan.block_rows)
+    extra = dict(extra or {})
+    seconds = round(time.perf_counter() - start, 3)
+    extra["timings"] = {**extra.get("timings", {}), "build_seconds": seconds}
+    shards = [{**_shard_entry(s.path, out, s.rows), "tokens": s.tokens} for s in store.shards]
+    meta = {
+        "format": FORMAT,
+        "type": spec.type,
+        "vectors": MULTI,
+        "dim": store.dim,
+        "rows": store.rows,
+        "tokens": store.tokens,
+        "store_dtype": str(store.dtype),
+        "shards": shards,
         "index_params": params,
         **extra,
     }
@@ -176,6 +266,11 @@ def open_index(index_dir: str | Path, spec: IndexConfig | None = None) -> OpenIn
     shards changed since it was built. ``spec`` sets the search knobs (nprobe, efSearch)."""
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
+    if meta.get("vectors") == MULTI:
+        store, index = _open_tokens(index_dir, meta), None
+        if meta["type"] != "flat":
+            index = open_faiss_index(index_dir, spec or IndexConfig(type=meta["type"]))
+        return OpenIndex(index_dir, meta, store, index)
     shards = []
     for entry in meta["shards"]:
         shard = Shard.open(index_dir / entry["path"])  # absolute paths stay absolute
@@ -192,6 +287,23 @@ def open_index(index_dir: str | Path, spec: IndexConfig | None = None) -> OpenIn
     return OpenIndex(index_dir, meta, store, index)
 
 
+def _open_tokens(index_dir: Path, meta: dict[str, Any]) -> TokenStore:
+    """The token shards a multi-vector index records, checked against their entries."""
+    if meta.get("type") not in MULTI_TYPES:
+        raise InputError(f"{index_dir}: a multi-vector index of type {meta.get('type')!r}")
+    shards = []
+    for entry in meta["shards"]:
+        shard = TokenShard.open(index_dir / entry["path"])
+        if (shard.rows, shard.tokens) != (entry["rows"], entry.get("tokens")):
+            raise InputError(
+                f"{shard.path}: {shard.rows} passages of {shard.tokens} tokens, but the index "
+                f"at {index_dir} recorded {entry['rows']} of {entry.get('tokens')}: rerun "
+                "`dpr-cache index`"
+            )
+        shards.append(shard)
+    return TokenStore(shards)
+
+
 def search_index(
     opened: OpenIndex,
     queries: np.ndarray,
@@ -201,17 +313,23 @@ def search_index(
     rank: int = 0,
     world_size: int = 1,
 ) -> Hits | None:
-    """Each query's top ``k``. Flat on several ranks: each rank scans the shards
+    """Each query's top ``k`` (``queries`` [n, L, dim] question tokens for a multi-vector
+    index, searched by exact MaxSim). Flat on several ranks: each rank scans the shards
     ``i % world_size == rank`` and rank 0 merges (the other ranks get None)."""
+    if opened.faiss is not None and opened.multi:
+        if rank != 0:
+            return None
+        return token_ivf_search(opened.faiss, opened.store, queries, k, memory_bytes)
     if opened.faiss is not None:
         return index_search(opened.faiss, queries, k) if rank == 0 else None
+    scan = maxsim_search if opened.multi else exact_search
     if world_size == 1:
-        return exact_search(opened.store, queries, k, memory_bytes)
+        return scan(opened.store, queries, k, memory_bytes)
     n_shards = len(opened.store.shards)
     mine = [i for i in range(n_shards) if i % world_size == rank]
     k = max(1, min(k, opened.store.rows))
     if mine:
-        part = exact_search(opened.store, queries, k, memory_bytes, shards=mine)
+        part = scan(opened.store, queries, k, memory_bytes, shards=mine)
     else:
         part = Hits(np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1))
     from dpr_cache.runtime.distributed import rank0_gathers
@@ -220,6 +338,26 @@ def search_index(
     if gathered is None:
         return None
     return merge_hits([Hits(s, r) for s, r in gathered], k)
+
+
+def row_scores(opened: OpenIndex, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """[len(rows)] float32: one question's score against the passages at store ``rows`` (a
+    few), as the search scores them: its vector [dim] times theirs, or, for a multi-vector
+    index, the MaxSim of its tokens [L, dim] with theirs."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if opened.multi:
+        return row_maxsim(opened.store, query, rows)
+    return opened.store.take(rows) @ np.asarray(query, dtype=np.float32)
+
+
+def pair_scores(opened: OpenIndex, queries: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """[n] float32: question i's score against the passage at store row ``rows[i]``."""
+    if opened.multi:
+        scored = [
+            row_scores(opened, q, np.array([r]))[0] for q, r in zip(queries, rows, strict=True)
+        ]
+        return np.array(scored, dtype=np.float32)
+    return (np.asarray(queries, dtype=np.float32) * opened.store.take(rows)).sum(axis=1)
 
 
 def check_model(model_dir: Path, model, opened: OpenIndex) -> None:

@@ -13,6 +13,9 @@ from dpr_cache.errors import InputError
 __all__ = [
     "META_FILE",
     "FORMAT",
+    "MULTI",
+    "check_vectors",
+    "model_vectors",
     "index_dir_of",
     "meta_passages",
     "read_meta",
@@ -21,6 +24,9 @@ __all__ = [
 
 META_FILE = "meta.json"
 FORMAT = 2
+MULTI = "multi"
+"""``meta.json``'s ``"vectors"`` for an index of a multi-vector model's token vectors (absent:
+one vector a passage)."""
 
 
 def index_dir_of(output_dir: Path) -> Path:
@@ -64,3 +70,25 @@ def recorded_passages(index_dir: str | Path | None) -> Path | None:
         return meta_passages(json.loads((Path(index_dir) / META_FILE).read_text()))
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def model_vectors(model_dir: str | Path) -> str:
+    """What the model folder encodes, as it records it: ``multi`` (a vector a token) or
+    ``single`` (one a text)."""
+    from dpr_cache.model.encoding import folder_encoding
+
+    return folder_encoding(model_dir).get("vectors") or "single"
+
+
+def check_vectors(model_dir: str | Path, meta: dict[str, Any], index_dir: str | Path) -> None:
+    """InputError when the model folder and the index (its ``meta``) are of different kinds:
+    a multi-vector model's token vectors against one vector a passage, or the reverse."""
+    model, index = model_vectors(model_dir), meta.get("vectors") or "single"
+    if model == index:
+        return
+    words = {MULTI: "a multi-vector model (a vector a token)", "single": "one vector a text"}
+    held = {MULTI: "token vectors (a multi-vector model's)", "single": "one vector a passage"}
+    raise InputError(
+        f"{model_dir}: {words[model]}, but the index at {index_dir} holds {held[index]}: pass "
+        "the model that built it, or index the passages with this one"
+    )

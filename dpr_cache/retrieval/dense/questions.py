@@ -24,7 +24,8 @@ from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.encoding import RECORDED_KEYS
 from dpr_cache.model.loading import load_settled
 from dpr_cache.retrieval.dense.encode import encode_question_texts
-from dpr_cache.retrieval.dense.index import OpenIndex, check_model, query_encoding
+from dpr_cache.retrieval.dense.index import OpenIndex, check_model, query_encoding, refuse_dim
+from dpr_cache.retrieval.dense.layout import MULTI, check_vectors, model_vectors
 from dpr_cache.runtime.device import resolve_precision
 
 __all__ = [
@@ -92,7 +93,10 @@ def question_tower(
     gave, by config key), ``records`` (an index's) and the model folder's own record, and
     ``fallback`` (None where the folder's own setting applies; the question length
     ``model.max_query_length``'s default); its weights loaded as ``loading`` says
-    (:func:`config_loading`; None: as the folder records)."""
+    (:func:`config_loading`; None: as the folder records). A width asked of a multi-vector
+    model (``dim``) is an InputError."""
+    if model_vectors(model_dir) == MULTI:
+        refuse_dim((asked or {}).get("dim"))
     fallback = {"max_query_length": default_of("model.max_query_length"), **(fallback or {})}
     model = load_settled(
         model_dir, asked or {}, fallback, records, query_only=True, loading=loading
@@ -110,7 +114,10 @@ def query_tower(
 ) -> BiEncoder:
     """The query tower of ``model_dir`` set as the index ``opened`` was encoded (a setting in
     ``asked`` that contradicts it is an InputError naming both; see :func:`question_tower`)
-    and checked to be its model, on ``device``, its weights loaded as ``loading`` says."""
+    and checked to be its model, on ``device``, its weights loaded as ``loading`` says. A
+    model of another kind than the index (a multi-vector model's token vectors, or one vector a
+    text) is an InputError, before it loads."""
+    check_vectors(model_dir, opened.meta, opened.path)
     built = ("the index was built with", query_encoding(opened), "rerun `dpr-cache index`")
     model = question_tower(model_dir, device, asked, fallback, [built], loading)
     check_model(model_dir, model, opened)
@@ -120,7 +127,8 @@ def query_tower(
 def question_vectors(
     model: BiEncoder, questions: Sequence[str], run: QuestionRun, max_length: int | None = None
 ) -> np.ndarray:
-    """The questions' vectors [n, d] float32: each after the model's query prefix, cut at
+    """The questions' vectors [n, d] float32 (a multi-vector model's: their token vectors
+    [n, L, d], padding the zero vector): each after the model's query prefix, cut at
     ``max_length`` (None: the model's question length, as :func:`question_tower` set it)."""
     return encode_question_texts(
         model,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -29,8 +29,9 @@ from dpr_cache.errors import InputError
 from dpr_cache.model.decoders import dtype_name
 from dpr_cache.model.encoding import QueryEncoding
 from dpr_cache.model.loading import load_settled, model_fingerprint
-from dpr_cache.retrieval.dense.encode import encode_corpus
+from dpr_cache.retrieval.dense.encode import encode_corpus, encode_corpus_tokens
 from dpr_cache.retrieval.dense.store import Shard, ids_path
+from dpr_cache.retrieval.dense.tokens import TokenShard
 from dpr_cache.runtime.device import resolve_precision
 
 __all__ = [
@@ -55,18 +56,19 @@ def shard_path(shard_dir: Path, key: str, k: int) -> Path:
     return Path(shard_dir) / f"{key}-{k:05d}.npy"
 
 
-def shard_done(shard_dir: Path, key: str, k: int, rows: int) -> bool:
-    """Whether shard ``k`` is on disk, whole, with ``rows`` rows and its ids."""
+def shard_done(shard_dir: Path, key: str, k: int, rows: int, multi: bool = False) -> bool:
+    """Whether shard ``k`` is on disk, whole, with ``rows`` rows and its ids (``multi``: a
+    token shard of ``rows`` passages, with its offsets)."""
     path = shard_path(shard_dir, key, k)
     if not (path.is_file() and ids_path(path).is_file()):
         return False
     try:
-        return Shard.open(path).rows == rows
+        return (TokenShard.open(path) if multi else Shard.open(path)).rows == rows
     except InputError:
         return False
 
 
-_SHARD_NAME = re.compile(r"[0-9a-f]{16}-\d{5}(\.npy|\.ids\.txt)(\.tmp\d+)?")
+_SHARD_NAME = re.compile(r"[0-9a-f]{16}-\d{5}(\.npy|\.ids\.txt|\.offsets\.npy)(\.tmp\d+)?")
 
 
 def remove_stale(shard_dir: Path, key: str, temporary: bool) -> None:
@@ -105,25 +107,31 @@ def shard_key(
     passage_prefix: str = "",
     weights_dtype: str = "fp32",
     dim: int | None = None,
+    vectors: dict[str, Any] | None = None,
 ) -> str:
     """A hash of all an embedding depends on: weights (and the dtype they were loaded in),
-    passages file, sizes, pooling, normalization and prompt, dtypes, and a width the vectors
-    are cut to (``dim``; None: the full width)."""
+    passages file, sizes, pooling, normalization and prompt, dtypes, a width the vectors
+    are cut to (``dim``; None: the full width), and for a multi-vector model what its token
+    vectors are (``vectors``: ``{"vectors": "multi", "multi_dim", "skiplist"}``)."""
     ident = [fingerprint, passages, shard_size, max_length, pooling, normalize, precision]
     ident += [store_dtype, passage_prefix]
     if weights_dtype != "fp32":  # fp32 weights keep the keys their shards were written under
         ident.append(weights_dtype)
     if dim is not None:  # full-width vectors keep their keys too
         ident.append({"dim": dim})
+    if vectors is not None:  # one vector a passage keeps its keys
+        ident.append(vectors)
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def wait_for_shards(shard_dir: Path, key: str, sizes: list[int]) -> None:
+def wait_for_shards(shard_dir: Path, key: str, sizes: list[int], multi: bool = False) -> None:
     """Rank 0 waits for the other ranks' shards to land on disk (no collective time-out)."""
     from dpr_cache.runtime.distributed import joined
 
     last_note = 0.0
-    while missing := [k for k, r in enumerate(sizes) if not shard_done(shard_dir, key, k, r)]:
+    while missing := [
+        k for k, r in enumerate(sizes) if not shard_done(shard_dir, key, k, r, multi)
+    ]:
         if not joined():
             raise RuntimeError(
                 f"{len(missing)} shard(s) of {shard_dir} are missing (first {missing[0]}): "
@@ -152,6 +160,7 @@ class EncodedShards:
     seconds: float  # its encoding
     open_seconds: float  # its reading of the passages (the TSV into its Arrow cache, or the cache)
     first_batch: tuple[float, int] | None  # seconds to its first batch encoded, and its passages
+    multi: dict[str, Any] | None = None  # a multi-vector model's token vectors (shard_key's)
 
     def settings(self, index: IndexConfig, num_workers: int) -> dict[str, Any]:
         """What the passages were encoded with: ``index``'s stored dtype, shard and batch
@@ -218,25 +227,71 @@ def encode_passage_shards(
     ``k % world_size``'s) into ``shard_dir`` as ``index.*`` says; rank 0 then waits for every
     shard. ``check(rows, dim)`` runs before any encoding (e.g. that the index type suits the
     corpus). ``index.precision`` is resolved for ``device`` first: the shards' key and what is
-    returned hold fp32, bf16 or fp16, never ``auto``."""
+    returned hold fp32, bf16 or fp16, never ``auto``. A multi-vector model's shards are token
+    shards (:mod:`~dpr_cache.retrieval.dense.tokens`)."""
     start = time.perf_counter()
     dataset = load_passages(source.passages, source.cache_dir)
     open_seconds = time.perf_counter() - start
-    n = len(dataset)
-    if n == 0:
+    if (n := len(dataset)) == 0:
         raise InputError(f"{source.passages}: no passages")
-    model = load_settled(
-        source.model_dir, source.asked, source.fallback, loading=source.loading
-    ).to(device)
+    model = load_settled(source.model_dir, source.asked, source.fallback, loading=source.loading)
+    model = model.to(device)
     if check is not None:
         check(n, model.dim)
+    keyed = _keyed(source, model, index, device)
+    key, multi = keyed.key, keyed.multi is not None
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # other ranks only write this key's files; their tmp files must survive
+        remove_stale(shard_dir, key, temporary=world_size == 1)
+    sizes = _shard_sizes(n, index.shard_size)
+    mine = _missing(shard_dir, key, sizes, index.shard_size, multi, rank, world_size)
+    encode = _encoder(model, dataset, mine, keyed, index, device, source.num_workers)
+    todo = sum(rows for _, _, rows in mine)
+    seconds, first_batch = _with_progress(encode, todo, f"encode passages (rank {rank})", progress)
+    if rank == 0:
+        wait_for_shards(shard_dir, key, sizes, multi)
+    return EncodedShards(
+        [shard_path(shard_dir, key, k) for k in range(len(sizes))],
+        key,
+        keyed.fingerprint,
+        keyed.signature,
+        keyed.length,
+        model.query_encoding,
+        model.passage_prefix,
+        keyed.precision,
+        keyed.weights_dtype,
+        todo,
+        seconds,
+        open_seconds,
+        first_batch,
+        keyed.multi,
+    )
+
+
+class _Keyed(NamedTuple):
+    """What a corpus's shards are encoded with, and the key that names them."""
+
+    key: str
+    fingerprint: str
+    signature: dict[str, Any]
+    length: int
+    precision: str
+    weights_dtype: str
+    multi: dict[str, Any] | None  # a multi-vector model's token vectors; None: one a passage
+
+
+def _keyed(source: PassageSource, model, index: IndexConfig, device: torch.device) -> _Keyed:
+    """The settings ``model`` encodes ``source``'s passages with under ``index.*`` on
+    ``device`` (the tokens kept, the precision resolved, the weights' dtype, what a
+    multi-vector model's token vectors are), and their :func:`shard_key`."""
     length = source.max_length or model.max_passage_length or default_of("model.max_passage_length")
     precision = resolve_precision(index.precision, device)
     weights_dtype = dtype_name(model.passage_encoder.dtype)
-    fingerprint, signature = (
-        model_fingerprint(source.model_dir),
-        passages_signature(source.passages),
-    )
+    fingerprint = model_fingerprint(source.model_dir)
+    signature = passages_signature(source.passages)
+    multi = None
+    if model.multi is not None:
+        multi = {"vectors": "multi", **model.multi.record()}
     key = shard_key(
         fingerprint,
         signature,
@@ -248,48 +303,47 @@ def encode_passage_shards(
         normalize=model.normalize,
         passage_prefix=model.passage_prefix,
         weights_dtype=weights_dtype,
-        dim=model.output_dim,
+        dim=None if multi else model.output_dim,
+        vectors=multi,
     )
-    shard_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0:  # other ranks only write this key's files; their tmp files must survive
-        remove_stale(shard_dir, key, temporary=world_size == 1)
-    sizes = _shard_sizes(n, index.shard_size)
-    mine = [
-        (shard_path(shard_dir, key, k), k * index.shard_size, sizes[k])
-        for k in range(rank, len(sizes), world_size)
-        if not shard_done(shard_dir, key, k, sizes[k])
-    ]
-    encode = functools.partial(
-        encode_corpus,
+    return _Keyed(key, fingerprint, signature, length, precision, weights_dtype, multi)
+
+
+def _encoder(
+    model, dataset, mine, keyed: _Keyed, index: IndexConfig, device, num_workers: int
+) -> Callable[..., None]:
+    """The encoding of the shards ``mine`` (one vector a passage, or a multi-vector model's
+    token shards) as ``keyed`` and ``index.*`` say, waiting for its ``on_batch``."""
+    return functools.partial(
+        encode_corpus if keyed.multi is None else encode_corpus_tokens,
         model,
         dataset,
         mine,
-        max_length=length,
+        max_length=keyed.length,
         batch_size=index.batch_size,
         device=device,
-        precision=precision,
+        precision=keyed.precision,
         store_dtype=index.store_dtype,
-        num_workers=source.num_workers,
+        num_workers=num_workers,
     )
-    todo = sum(rows for _, _, rows in mine)
-    seconds, first_batch = _with_progress(encode, todo, f"encode passages (rank {rank})", progress)
-    if rank == 0:
-        wait_for_shards(shard_dir, key, sizes)
-    return EncodedShards(
-        [shard_path(shard_dir, key, k) for k in range(len(sizes))],
-        key,
-        fingerprint,
-        signature,
-        length,
-        model.query_encoding,
-        model.passage_prefix,
-        precision,
-        weights_dtype,
-        todo,
-        seconds,
-        open_seconds,
-        first_batch,
-    )
+
+
+def _missing(
+    shard_dir: Path,
+    key: str,
+    sizes: list[int],
+    shard_size: int,
+    multi: bool,
+    rank: int,
+    world_size: int,
+) -> list[tuple[Path, int, int]]:
+    """This rank's shards (k % world_size == rank) not yet on disk whole: ``(path, first
+    row, rows)`` each."""
+    return [
+        (shard_path(shard_dir, key, k), k * shard_size, sizes[k])
+        for k in range(rank, len(sizes), world_size)
+        if not shard_done(shard_dir, key, k, sizes[k], multi)
+    ]
 
 
 def _shard_sizes(rows: int, shard_size: int) -> list[int]:

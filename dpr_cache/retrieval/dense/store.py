@@ -20,7 +20,15 @@ import numpy as np
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 
-__all__ = ["STORE_DTYPES", "Shard", "EmbeddingStore", "write_shard", "ids_path"]
+__all__ = [
+    "STORE_DTYPES",
+    "Shard",
+    "EmbeddingStore",
+    "write_shard",
+    "ids_path",
+    "read_ids",
+    "check_ids",
+]
 
 STORE_DTYPES = {"float16": np.float16, "float32": np.float32}
 
@@ -174,29 +182,42 @@ class EmbeddingStore:
     def ids_of(self, rows: np.ndarray) -> np.ndarray:
         """The ids of the given global rows (any shape; -1 gives ''), read from the ids files
         line by line: only the ids asked for are kept."""
-        rows = np.asarray(rows, dtype=np.int64)
-        flat = rows.reshape(-1)
-        wanted = np.unique(flat[flat >= 0])
-        found: dict[int, str] = {}
-        shard_of = np.searchsorted(self.starts, wanted, side="right") - 1
-        for k in np.unique(shard_of).tolist():
-            local = set((wanted[shard_of == k] - int(self.starts[k])).tolist())
-            last = max(local)
-            with open(ids_path(self.shards[k].path), encoding="utf-8") as f:
-                for i, line in enumerate(f):
-                    if i in local:
-                        found[int(self.starts[k]) + i] = line.rstrip("\n")
-                    if i == last:
-                        break
-        out = np.array([found.get(r, "") for r in flat.tolist()], dtype=object)
-        return out.reshape(rows.shape)
+        return read_ids([s.path for s in self.shards], self.starts, rows)
+
+
+def read_ids(paths: Sequence[Path], starts: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The ids of the given global rows (any shape; -1 gives '') of shards ``paths`` whose
+    global rows begin at ``starts`` (one more than the shards: the total last), read from
+    their ids files (:func:`ids_path`) line by line: only the ids asked for are kept."""
+    rows = np.asarray(rows, dtype=np.int64)
+    flat = rows.reshape(-1)
+    wanted = np.unique(flat[flat >= 0])
+    found: dict[int, str] = {}
+    shard_of = np.searchsorted(starts, wanted, side="right") - 1
+    for k in np.unique(shard_of).tolist():
+        local = set((wanted[shard_of == k] - int(starts[k])).tolist())
+        last = max(local)
+        with open(ids_path(paths[k]), encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if i in local:
+                    found[int(starts[k]) + i] = line.rstrip("\n")
+                if i == last:
+                    break
+    out = np.array([found.get(r, "") for r in flat.tolist()], dtype=object)
+    return out.reshape(rows.shape)
 
 
 def _check_ids(shard: Shard) -> None:
-    ids = ids_path(shard.path)
+    check_ids(shard.path, shard.rows)
+
+
+def check_ids(npy: Path, rows: int, what: str = "rows") -> None:
+    """InputError unless ``X.ids.txt`` beside ``npy`` holds ``rows`` ids (``what``: what they
+    name, in words)."""
+    ids = ids_path(npy)
     if not ids.is_file():
-        raise InputError(f"{ids}: missing (the ids of {shard.path}, one a line)")
+        raise InputError(f"{ids}: missing (the ids of {npy}, one a line)")
     with open(ids, "rb") as f:
         lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    if lines != shard.rows:
-        raise InputError(f"{ids}: {lines} ids for the {shard.rows} rows of {shard.path}")
+    if lines != rows:
+        raise InputError(f"{ids}: {lines} ids for the {rows} {what} of {npy}")

@@ -17,6 +17,7 @@ from dpr_cache.config import IndexConfig
 from dpr_cache.data.qas import question_ids, read_qas
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
+from dpr_cache.retrieval.dense.layout import MULTI, model_vectors
 from dpr_cache.retrieval.dense.questions import QuestionRun, question_tower, question_vectors
 from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shards
 from dpr_cache.retrieval.dense.store import write_shard
@@ -78,11 +79,13 @@ def encode_file(
     ``pooling`` and ``max_length`` (the passages' or the questions') left None are the model's:
     a dpr-cache folder's record, a sentence-transformers folder's Pooling module, else CLS
     pooling and ``model.max_query_length`` / ``model.max_passage_length``'s defaults (DPR's).
-    Given, they must not contradict what the model folder records.
+    Given, they must not contradict what the model folder records. A multi-vector model is
+    refused (InputError): its vectors are not written as files of their own yet.
     """
     if (passages is None) == (questions is None):
         raise InputError("encode: give one of --passages or --questions")
     model_dir = resolve_model_dir(model_path, Path("."))
+    _refuse_multi(model_dir)
     out = Path(out)
     with output_lock(out):
         if questions is not None:
@@ -113,3 +116,14 @@ def encode_file(
         )
         write_json_atomic(out / "encode.json", record)
         return encoded.paths
+
+
+def _refuse_multi(model_dir: Path) -> None:
+    """InputError for a multi-vector model: its vectors are not written as files of their own
+    yet."""
+    if model_vectors(model_dir) == MULTI:
+        raise InputError(
+            f"encode: {model_dir} is a multi-vector model: encode is not built yet for "
+            "multi-vector models (`dpr-cache index` encodes its passages into token shards, "
+            "and search and eval its questions)"
+        )

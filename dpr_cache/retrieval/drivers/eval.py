@@ -265,6 +265,7 @@ def _measured(
         "index": {
             "dir": str(opened.path.resolve()),
             **{k: opened.meta[k] for k in ("type", "rows", "dim", "store_dtype", "index_params")},
+            **{k: opened.meta[k] for k in ("vectors", "tokens") if opened.multi},
             "shards": len(opened.meta["shards"]),
         },
         "data": {

@@ -6,6 +6,9 @@ Layout of ``output_dir/index/`` when encoding::
 
     shards/<key>-00000.npy      embeddings of passages [0, shard_size), file order (float16 default)
     shards/<key>-00000.ids.txt  their passage ids, one a line
+    shards/<key>-00000.offsets.npy  a multi-vector model's only: where each passage's tokens
+                                begin in the .npy (int64, passages + 1), which then holds
+                                its scored token vectors [tokens, dim]
     meta.json                   type, shards, model fingerprint, passages file, encoding, timings
     faiss.index, faiss.ivfdata  approximate types only
 
@@ -30,10 +33,12 @@ from dpr_cache.config import Config, IndexConfig
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import resolve_model_dir
 from dpr_cache.retrieval.dense.faiss_index import check_index_spec
-from dpr_cache.retrieval.dense.index import finish_index, index_dir_of
+from dpr_cache.retrieval.dense.index import check_token_spec, finish_index, index_dir_of
+from dpr_cache.retrieval.dense.layout import MULTI, model_vectors
 from dpr_cache.retrieval.dense.questions import config_encoding, config_loading
 from dpr_cache.retrieval.dense.shards import PassageSource, encode_passage_shards
 from dpr_cache.retrieval.dense.store import EmbeddingStore, write_shard
+from dpr_cache.retrieval.dense.tokens import TokenStore
 from dpr_cache.retrieval.dense.widths import cut_shards
 from dpr_cache.retrieval.drivers.overrides import refuse_train_keys
 from dpr_cache.runtime import distributed
@@ -94,7 +99,11 @@ def index_passages(
     :func:`~dpr_cache.retrieval.dense.shards.encode_passage_shards`) and, on rank 0, finish the
     ``index.type`` over them within ``index.memory_gb`` (see :func:`finish_index`). meta.json
     records the model's encoding (how its questions must be encoded) and the precision the
-    passages were encoded in (an ``auto`` as resolved on ``device``)."""
+    passages were encoded in (an ``auto`` as resolved on ``device``). A multi-vector model's
+    passages go into token shards, its index flat (:func:`check_token_spec`, checked first)."""
+    multi = model_vectors(source.model_dir) == MULTI
+    if multi:
+        check_token_spec(index)
     encoded = encode_passage_shards(
         source,
         out / "shards",
@@ -103,7 +112,7 @@ def index_passages(
         rank=rank,
         world_size=world_size,
         progress=progress,
-        check=lambda n, dim: check_index_spec(index, n, dim, index.memory_gb),
+        check=None if multi else lambda n, dim: check_index_spec(index, n, dim, index.memory_gb),
     )
     if rank != 0:
         return out
@@ -115,13 +124,15 @@ def index_passages(
             "passage_prefix": encoded.passage_prefix,
             "max_passage_length": encoded.max_length,
             "precision": encoded.precision,
+            **(encoded.multi or {}),
         },
         "passages": encoded.signature,
         "shard_key": encoded.key,
         "encode": encoded.settings(index, source.num_workers),
         "timings": encoded.timings(),  # this run, rank 0
     }
-    finish_index(out, EmbeddingStore.open(encoded.paths), index, extra)
+    opened = TokenStore.open if encoded.multi else EmbeddingStore.open
+    finish_index(out, opened(encoded.paths), index, extra)
     return out
 
 

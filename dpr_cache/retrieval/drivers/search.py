@@ -25,6 +25,7 @@ from dpr_cache.retrieval.dense.index import (
     opened_as,
     passages_file,
     recorded_passages,
+    refuse_dim,
     search_index,
 )
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
@@ -142,7 +143,15 @@ def search(
 def _queries(
     queries: Queries, opened: OpenIndex, run: QuestionRun
 ) -> tuple[np.ndarray, list[str], list[str] | None]:
-    """The query vectors, their ids and (for a questions file) their texts."""
+    """The query vectors, their ids and (for a questions file) their texts. A multi-vector
+    index takes questions only (encoded into token vectors by its model), at its one width."""
+    if opened.multi:
+        refuse_dim(queries.dim, "--dim")
+        if queries.embeddings is not None:
+            raise InputError(
+                f"--query-embeddings: the index at {opened.path} holds a multi-vector model's "
+                "token vectors: give --questions FILE --model DIR (its model encodes them)"
+            )
     if queries.embeddings is not None:
         vectors, qids = read_queries(queries.embeddings)
         return _cut_to(vectors, queries, opened), qids, None

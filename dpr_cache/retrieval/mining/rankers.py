@@ -16,7 +16,13 @@ from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint
 from dpr_cache.retrieval.dense.faiss_index import search_knobs
-from dpr_cache.retrieval.dense.index import OpenIndex, encoded_from, passages_file, search_index
+from dpr_cache.retrieval.dense.index import (
+    OpenIndex,
+    encoded_from,
+    pair_scores,
+    passages_file,
+    search_index,
+)
 from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 from dpr_cache.retrieval.dense.shards import passages_signature
 from dpr_cache.retrieval.lexical import Bm25Index, top_rows
@@ -115,8 +121,7 @@ class ModelRanker:
         positive = np.full(len(questions), np.nan, np.float32)
         has = positive_rows >= 0
         if has.any():
-            vectors = self.opened.store.take(positive_rows[has])  # [m, d] float32
-            positive[has] = (queries[has] * vectors).sum(axis=1)
+            positive[has] = pair_scores(self.opened, queries[has], positive_rows[has])
         return Ranked(hits.rows, hits.scores, positive)
 
     def mined_by(self) -> dict[str, Any]:
