@@ -202,3 +202,24 @@ def test_what_a_multi_vector_model_is_not_is_one_line(trained, tmp_path) -> None
     encode = ["encode", "--model", str(run_dir / "model"), "--questions", str(TOY / "dev.qa.tsv")]
     _refused(run_cli(*encode, "--out", str(tmp_path / "enc"), check=False), "not built yet")
     assert not (tmp_path / "enc").exists()
+
+
+def test_sentence_transformers_ranks_as_our_search(trained, tmp_path) -> None:
+    """The run's towers loaded by sentence-transformers' ``MultiVectorEncoder``, its own
+    encode and MaxSim over every toy passage: the same top-1 as our search for at least 99% of
+    the dev questions (fp16 storage may swap near ties)."""
+    st = pytest.importorskip("sentence_transformers")
+    run_dir, _ = trained
+    out = tmp_path / "ours.trec"
+    run_cli(*_search(run_dir, out, "--k", "1"))
+    ours = {qid: ranked[0][0] for qid, ranked in _run(out).items()}
+    passages = _passages()
+    q_peer = st.MultiVectorEncoder(str(run_dir / "model" / "query_encoder"), device="cpu")
+    p_peer = st.MultiVectorEncoder(str(run_dir / "model" / "passage_encoder"), device="cpu")
+    p_peer.max_seq_length = 128  # the index's passage length (toy.yaml)
+    docs = p_peer.encode_document([[p["title"], p["text"]] for p in passages])
+    questions = [q for q, _ in read_qas(TOY / "dev.qa.tsv")]
+    theirs = q_peer.similarity(q_peer.encode_query(questions), docs).argmax(dim=1)
+    agree = np.mean([ours[str(i)] == passages[int(j)]["id"] for i, j in enumerate(theirs)])
+    print(f"top-1 agreement with sentence-transformers: {agree:.4f}")
+    assert agree >= 0.99, agree
