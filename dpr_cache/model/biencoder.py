@@ -186,54 +186,71 @@ class BiEncoder(nn.Module):
         of ``multi_dim`` dims (None: :func:`~dpr_cache.model.multivector.default_dim`)."""
         path = resolve_model_path(path)
         if dpr_kind(path) is not None:  # HF DPR pair or DPR's .cp: two BERTs, [CLS], no norm
-            query, passage, tokenizer = load_dpr_towers(path, dropout)
-            passage = None if shared else passage
-            multi = None
-            if vectors == "multi":  # a new projection on each tower, equal
-                query = _multi_tower(query, vectors, multi_dim, path)
-                passage = None if passage is None else _projection_like(passage, query)
-                multi = MultiVector(projection_of(query).out_features)
-            _check_multi_dim(vectors, multi_dim)
-            normalize = _multi_normalize(normalize) if multi is not None else False
-            model = cls(
-                query, passage, pooling="cls", tokenizer=tokenizer, normalize=normalize, multi=multi
+            model = cls._from_dpr(path, shared, dropout, normalize, vectors, multi_dim)
+        else:
+            model = cls._from_folder(
+                path,
+                shared,
+                pooling,
+                dropout,
+                normalize,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+                lora=lora,
+                vectors=vectors,
+                multi_dim=multi_dim,
             )
-            if gradient_checkpointing:
-                model.enable_gradient_checkpointing()
-            return model
+        if gradient_checkpointing:
+            model.enable_gradient_checkpointing()
+        return model
+
+    @classmethod
+    def _from_dpr(cls, path, shared, dropout, normalize, vectors, multi_dim) -> BiEncoder:
+        """DPR's two BERTs ([CLS], unnormalized), with equal new projections when multi."""
+        _check_multi_dim(vectors, multi_dim)
+        query, passage, tokenizer = load_dpr_towers(path, dropout)
+        query, passage = _projected(query, None if shared else passage, vectors, multi_dim, path)
+        multi = None if vectors != "multi" else MultiVector(projection_of(query).out_features)
+        normalize = _multi_normalize(normalize) if multi is not None else False
+        return cls(
+            query, passage, pooling="cls", tokenizer=tokenizer, normalize=normalize, multi=multi
+        )
+
+    @classmethod
+    def _from_folder(
+        cls,
+        path,
+        shared,
+        pooling,
+        dropout,
+        normalize,
+        *,
+        dtype,
+        attn_implementation,
+        lora,
+        vectors,
+        multi_dim,
+    ) -> BiEncoder:
+        """A saved BiEncoder folder, or a Hugging Face one for both towers (see
+        :meth:`from_pretrained`)."""
         if not path.is_dir():
             raise FileNotFoundError(2, "no such model folder", str(path))
         saved = (path / "query_encoder").is_dir()
         meta = json.loads((path / _META).read_text()) if (path / _META).is_file() else {}
         dtype = dtype or meta.get("dtype")
-        load = functools.partial(
-            _load_tower,
-            dropout=dropout,
-            dtype=torch_dtype(dtype),
-            attention=attention_of(attn_implementation),
-            lora=lora,
-        )
+        load = _tower_loader(dropout, dtype, attn_implementation, lora)
         vectors = vectors or meta.get("vectors") or _folder_vectors(path, saved)
         _check_multi_dim(vectors, multi_dim)
-        multi = None
         if saved:
             query = _with_lora(load(path / "query_encoder"), lora)
             passage = None if shared else _with_lora(load(path / "passage_encoder"), lora)
-            query = _multi_tower(query, vectors, multi_dim, path / "query_encoder")
-            if passage is not None and is_multi_vector_folder(path / "passage_encoder"):
-                passage = _multi_tower(passage, vectors, multi_dim, path / "passage_encoder")
-            elif passage is not None and vectors == "multi":  # made multi here: start equal
-                passage = _projection_like(passage, query)
             pooling = pooling or meta.get("pooling")
         else:
             query, passage = _plain_towers(load(path), shared, lora)
-            query = _multi_tower(query, vectors, multi_dim, path)
-            if passage is not None and vectors == "multi":
-                passage = _projection_like(passage, query)
             meta = {"normalize": shipped_normalize(path), **shipped_prefixes(path)}
             pooling = pooling or shipped_pooling(path)
-            if vectors == "multi":
-                meta["normalize"] = True  # token vectors are unit length
+        query, passage = _projected(query, passage, vectors, multi_dim, path, saved)
+        multi = None
         if vectors == "multi":
             multi = _multi_spec(path, saved, query, meta)
             normalize = _multi_normalize(normalize)
@@ -254,8 +271,6 @@ class BiEncoder(nn.Module):
         model.source_prompts = {
             k: (v["query"], v["passage"]) for k, v in meta.get("source_prompts", {}).items()
         }
-        if gradient_checkpointing:
-            model.enable_gradient_checkpointing()
         return model
 
     @classmethod
@@ -486,6 +501,17 @@ class BiEncoder(nn.Module):
         return next(self.parameters()).device
 
 
+def _tower_loader(dropout, dtype: str | None, attn_implementation: str | None, lora):
+    """:func:`_load_tower` of a folder with these settings."""
+    return functools.partial(
+        _load_tower,
+        dropout=dropout,
+        dtype=torch_dtype(dtype),
+        attention=attention_of(attn_implementation),
+        lora=lora,
+    )
+
+
 def _load_tower(folder: Path, *, dropout, dtype, attention, lora) -> nn.Module:
     """One tower from ``folder``: a Hugging Face model, or a base with the adapters saved there
     (peft's format): frozen, or, when ``lora`` is given, trainable with ``lora.dropout`` as
@@ -617,3 +643,20 @@ def _multi_normalize(normalize: bool | None) -> bool:
             "(set it to true or null)"
         )
     return True
+
+
+def _projected(query, passage, vectors, multi_dim, path: Path, saved: bool = False):
+    """The towers with their projections when ``vectors`` is multi: each saved tower's own
+    folder's (a saved BiEncoder), the folder's (a multi-vector folder: both towers alike), else
+    a new one on the query tower that the passage tower starts equal to."""
+    if vectors != "multi":
+        return query, passage
+    q_folder, p_folder = (
+        (path / "query_encoder", path / "passage_encoder") if saved else (path, path)
+    )
+    query = _multi_tower(query, vectors, multi_dim, q_folder)
+    if passage is None:
+        return query, None
+    if is_multi_vector_folder(p_folder):
+        return query, _multi_tower(passage, vectors, multi_dim, p_folder)
+    return query, _projection_like(passage, query)
