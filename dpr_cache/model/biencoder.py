@@ -282,7 +282,7 @@ class BiEncoder(nn.Module):
         gradient_checkpointing: bool = False,
         dropout: float | None = None,
         tokenizer=None,
-        normalize: bool = False,
+        normalize: bool | None = None,
         *,
         lora=None,
         dtype: str | None = None,
@@ -294,7 +294,7 @@ class BiEncoder(nn.Module):
         bf16 | fp16``; None: transformers' default), recorded when saved as
         ``from_pretrained``'s are; ``pooling`` None as :class:`BiEncoder` takes it;
         ``multi_dim``: a multi-vector model of token vectors that wide (None: one vector a
-        text)."""
+        text), whose vectors are unit length (``normalize`` None or True)."""
         query = tower_from_config(
             config, dropout, torch_dtype(dtype), attention=attention_of(attn_implementation)
         )
@@ -311,7 +311,7 @@ class BiEncoder(nn.Module):
             passage,
             pooling=pooling,
             tokenizer=prepare_tokenizer(tokenizer, pooling),
-            normalize=normalize,
+            normalize=bool(normalize),
             dtype=dtype,
             multi=multi,
         )
