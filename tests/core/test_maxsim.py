@@ -24,18 +24,12 @@ from dpr_cache.core.inputs import cut_chunks
 from dpr_cache.core.loss import Guide, GuideReps, InfoNCE
 from dpr_cache.core.objective import Matryoshka, Objective, make_loss_fn
 from dpr_cache.core.similarity import EMPTY_SCORE, pair_scores, scores, token_tile
+from tests.core.test_loss_options import DIRECTION_SETS
 from tests.support.fixtures import random_inputs
 
 D = 6
 N_Q, GROUP, LA, LC = 5, 3, 4, 6
 EMPTY_ROW = 1  # question 0's first hard negative has no real token
-DIRECTION_SETS = [
-    ("query_to_passage",),
-    ("query_to_passage", "passage_to_query"),
-    ("query_to_passage", "query_to_query"),
-    ("query_to_passage", "passage_to_passage"),
-    ("query_to_passage", "passage_to_query", "query_to_query", "passage_to_passage"),
-]
 SAME_SIDE = {"query_to_query", "passage_to_passage"}
 LAYOUTS = [
     (dirs, part)

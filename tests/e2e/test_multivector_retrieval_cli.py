@@ -59,8 +59,8 @@ def brute_force(trained) -> tuple[np.ndarray, list[str], np.ndarray]:
     )
     questions = [q for q, _ in read_qas(TOY / "dev.qa.tsv")[:QUESTIONS]]
     with torch.no_grad():
-        p = torch.cat([model.encode_passage(pad(model.tokenizer, feats, rows)) for rows in
-                       np.array_split(np.arange(len(passages)), 8)])  # fmt: skip
+        blocks = np.array_split(np.arange(len(passages)), 8)
+        p = torch.cat([model.encode_passage(pad(model.tokenizer, feats, rows)) for rows in blocks])
         q = model.encode_query(dict(encode_questions(model.tokenizer, questions, 32)))
     assert p.dim() == 3 and p.shape[-1] == 16  # token vectors
     ids = [p["id"] for p in passages]

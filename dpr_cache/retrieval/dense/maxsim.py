@@ -185,15 +185,7 @@ def maxsim_search(
 ) -> Hits:
     """The exact MaxSim top ``k`` of ``queries`` [n, L, dim] (padding zero) over ``store``
     (or the shards given), within ``memory_bytes``."""
-    queries = np.asarray(queries, dtype=np.float32)
-    if queries.ndim != 3 or queries.shape[2] != store.dim:
-        raise InputError(
-            f"question token vectors of shape {tuple(queries.shape)} against {store.dim}-d "
-            "passage tokens"
-        )
-    k = max(1, min(k, store.rows))
-    tokens = QueryTokens.of(queries)
-    plan = plan_token_blocks(memory_bytes, store, tokens, k)
+    tokens, k, plan = prepared(store, queries, k, memory_bytes)
     scores = np.empty((tokens.n, k), np.float32)
     rows = np.empty((tokens.n, k), np.int64)
     for q0, q1 in tokens.groups(plan.query_tokens):
@@ -204,6 +196,22 @@ def maxsim_search(
         hits = _scan(store, part, k, plan, shards)
         scores[q0:q1], rows[q0:q1] = hits.scores, hits.rows
     return Hits(scores, rows)
+
+
+def prepared(
+    store: TokenStore, queries: np.ndarray, k: int, memory_bytes: int
+) -> tuple[QueryTokens, int, TokenPlan]:
+    """The questions' real tokens, ``k`` cut to the passages there are, and the block plan
+    within ``memory_bytes``; InputError for question vectors of another width."""
+    queries = np.asarray(queries, dtype=np.float32)
+    if queries.ndim != 3 or queries.shape[2] != store.dim:
+        raise InputError(
+            f"question token vectors of shape {tuple(queries.shape)} against {store.dim}-d "
+            "passage tokens"
+        )
+    k = max(1, min(k, store.rows))
+    tokens = QueryTokens.of(queries)
+    return tokens, k, plan_token_blocks(memory_bytes, store, tokens, k)
 
 
 def _scan(

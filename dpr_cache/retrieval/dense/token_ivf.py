@@ -30,7 +30,7 @@ from dpr_cache.retrieval.dense.faiss_index import (
     default_nlist,
     write_ivf_on_disk,
 )
-from dpr_cache.retrieval.dense.maxsim import QueryTokens, block_scores, plan_token_blocks
+from dpr_cache.retrieval.dense.maxsim import QueryTokens, block_scores, prepared
 from dpr_cache.retrieval.dense.search import Hits, _marked
 from dpr_cache.retrieval.dense.tokens import TokenStore
 
@@ -80,15 +80,7 @@ def token_ivf_search(
 ) -> Hits:
     """Each question's top ``k`` among its candidates (the passages of its tokens' nearest
     tokens in ``index``), scored by exact MaxSim over ``store`` within ``memory_bytes``."""
-    queries = np.asarray(queries, dtype=np.float32)
-    if queries.ndim != 3 or queries.shape[2] != store.dim:
-        raise InputError(
-            f"question token vectors of shape {tuple(queries.shape)} against {store.dim}-d "
-            "passage tokens"
-        )
-    k = max(1, min(k, store.rows))
-    tokens = QueryTokens.of(queries)
-    plan = plan_token_blocks(memory_bytes, store, tokens, k)
+    tokens, k, plan = prepared(store, queries, k, memory_bytes)
     hits = max(1, min(max(TOKEN_HITS_PER_K * k, MIN_TOKEN_HITS), index.ntotal))
     scores = np.full((tokens.n, k), -np.inf, np.float32)
     rows = np.full((tokens.n, k), -1, np.int64)
