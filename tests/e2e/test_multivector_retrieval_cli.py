@@ -3,7 +3,7 @@
 brute-force MaxSim (:func:`dpr_cache.core.similarity.scores`) of the model's own question and
 passage token vectors computed here; fusion takes the MaxSim scores; ``score --teacher hybrid``'s
 dense part is that MaxSim; and a model or an index of the other kind, a width, an index type
-of one vector a passage (ivfpq), precomputed query vectors and ``encode`` are each refused in
+of one vector a passage only (hnsw), precomputed query vectors and ``encode`` are each refused in
 one line, nothing written."""
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def test_what_a_multi_vector_model_is_not_is_one_line(trained, tmp_path) -> None
     run_dir, args = trained
     other = [*args, "--set", f"output_dir={tmp_path / 'other'}", "--model", str(run_dir / "model")]
     _refused(run_cli("index", *other, "--dim", "8", check=False), "index.dim (--dim): 8")
-    _refused(run_cli("index", *other, "--type", "ivfpq", check=False), "index.type: 'ivfpq'")
+    _refused(run_cli("index", *other, "--type", "hnsw", check=False), "index.type: 'hnsw'")
     sets = {"output_dir": run_dir, "data.cache_dir": run_dir.parent / "cache"}
     evaluate = ["eval", "--config", "configs/toy.yaml", "--out", str(tmp_path / "e")]
     evaluate += [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import shutil
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ __all__ = [
     "MAX_TRAIN_ROWS",
     "check_index_spec",
     "build_faiss_index",
+    "trained_ivf",
     "write_ivf_on_disk",
     "default_nlist",
     "open_faiss_index",
@@ -99,21 +101,35 @@ def _train_sample(store: EmbeddingStore, n_train: int) -> np.ndarray:
     return store.take(rows)
 
 
-def _trained_ivf(spec: IndexConfig, store: EmbeddingStore) -> tuple[faiss.Index, dict[str, Any]]:
-    nlist = spec.ivf_nlist or default_nlist(store.rows)
-    n_train = min(store.rows, max(50 * nlist, 65_536), MAX_TRAIN_ROWS)
-    sample = _train_sample(store, n_train)
-    quantizer = faiss.IndexFlatIP(store.dim)
+def trained_ivf(
+    spec: IndexConfig,
+    rows: int,
+    dim: int,
+    sample: Callable[[int], np.ndarray],
+    *,
+    flat_fp16: bool = False,
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """An empty IVF index of ``spec.type`` (ivf: flat codes, float16 ones with ``flat_fp16``;
+    ivfpq: ``spec.pq_m`` bytes a vector) for ``rows`` vectors of ``dim``, trained on
+    ``sample(n)``'s n vectors, with the parameters it was given."""
+    nlist = spec.ivf_nlist or default_nlist(rows)
+    n_train = min(rows, max(50 * nlist, 65_536), MAX_TRAIN_ROWS)
+    quantizer = faiss.IndexFlatIP(dim)
     params: dict[str, Any] = {"nlist": nlist, "train_rows": n_train}
-    if spec.type == "ivf":
-        index = faiss.IndexIVFFlat(quantizer, store.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+    if spec.type == "ivf" and flat_fp16:
+        index = faiss.IndexIVFScalarQuantizer(
+            quantizer, dim, nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
+        )
+        params["codes"] = "fp16"
+    elif spec.type == "ivf":
+        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
     else:
         nbits = 8 if n_train >= 256 else max(1, int(math.log2(n_train)))
         index = faiss.IndexIVFPQ(
-            quantizer, store.dim, nlist, spec.pq_m, nbits, faiss.METRIC_INNER_PRODUCT
+            quantizer, dim, nlist, spec.pq_m, nbits, faiss.METRIC_INNER_PRODUCT
         )
         params.update(pq_m=spec.pq_m, pq_nbits=nbits)
-    index.train(sample)  # FAISS's Python wrapper keeps ``quantizer`` alive with ``index``
+    index.train(sample(n_train))  # FAISS's Python wrapper keeps ``quantizer`` alive with ``index``
     return index, params
 
 
@@ -129,7 +145,7 @@ def build_faiss_index(
             index.add(block)
         write_atomic(out / INDEX_FILE, lambda tmp: faiss.write_index(index, str(tmp)))
         return {"hnsw_m": spec.hnsw_m, "ef_construction": int(index.hnsw.efConstruction)}
-    trained, params = _trained_ivf(spec, store)
+    trained, params = trained_ivf(spec, store.rows, store.dim, partial(_train_sample, store))
     blocks = (
         (block, np.arange(start, start + len(block), dtype=np.int64))
         for start, block in store.blocks(block_rows)

@@ -162,18 +162,18 @@ def finish_index(
     return meta
 
 
-MULTI_TYPES = ("flat", "ivf")
+MULTI_TYPES = ("flat", "ivf", "ivfpq")
 """The index types of a multi-vector model."""
 
 
 def check_token_spec(spec: IndexConfig) -> None:
     """InputError for what a multi-vector index is not built as: an ``index.type`` other than
-    flat (exact MaxSim, streamed) or ivf (candidates from an IVF index of the tokens, scored by
-    exact MaxSim), or ``index.dim`` (one vector a passage cut to its first dims)."""
+    flat (exact MaxSim, streamed), ivf or ivfpq (candidates from an IVF index of the tokens,
+    scored by exact MaxSim), or ``index.dim`` (one vector a passage cut to its first dims)."""
     if spec.type not in MULTI_TYPES:
         raise InputError(
             f"index.type: {spec.type!r}: a multi-vector model's index is flat (exact MaxSim, "
-            "streamed) or ivf (candidates from its tokens' IVF index, scored by MaxSim)"
+            "streamed), ivf or ivfpq (candidates from its tokens' IVF index, scored by MaxSim)"
         )
     refuse_dim(spec.dim)
 
@@ -196,14 +196,14 @@ def finish_token_index(
     for ``ivf``, the tokens' IVF index (:mod:`~dpr_cache.retrieval.dense.token_ivf`) is built
     first within ``spec.memory_gb``; nothing else is built for flat."""
     check_token_spec(spec)
-    if spec.type == "ivf":
-        check_token_ivf(spec, store.tokens)
+    if spec.type != "flat":
+        check_token_ivf(spec, store.tokens, store.dim)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / META_FILE).unlink(missing_ok=True)
     start = time.perf_counter()
     params = {}
-    if spec.type == "ivf":
+    if spec.type != "flat":
         limit, used = memory.memory_limit(spec.memory_gb), memory.rss_bytes()
         itemsize = store.dtype.itemsize
         plan = plan_blocks(limit, store.dim, itemsize, 1, 1, used=used, share=0.5)

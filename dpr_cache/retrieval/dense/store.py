@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from dpr_cache.errors import InputError
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
@@ -28,6 +29,7 @@ __all__ = [
     "ids_path",
     "read_ids",
     "check_ids",
+    "widen",
 ]
 
 STORE_DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -110,6 +112,13 @@ class Shard:
         return out
 
 
+def widen(raw: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Stored rows ``raw`` (float16) converted into ``out`` (float32, the same shape) by
+    torch's vectorized conversion (several times numpy's on a CPU); returns ``out``."""
+    torch.from_numpy(out).copy_(torch.from_numpy(raw))
+    return out
+
+
 class EmbeddingStore:
     """Shards of one dimension and dtype, in order; global rows run across them."""
 
@@ -158,7 +167,7 @@ class EmbeddingStore:
                 n = min(block_rows, shard.rows - start)
                 shard.read(start, raw[:n])
                 if f32 is not raw:
-                    np.copyto(f32[:n], raw[:n])
+                    widen(raw[:n], f32[:n])
                 yield int(self.starts[k]) + start, f32[:n]
 
     def take(self, rows: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ from dpr_cache.retrieval.dense.store import (
     check_ids,
     ids_path,
     read_ids,
+    widen,
 )
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 
@@ -246,7 +247,7 @@ class TokenStore:
                 t0, t = int(offsets[i]), int(offsets[j] - offsets[i])
                 shard.vectors.read(t0, raw[:t])
                 if f32 is not raw:
-                    np.copyto(f32[:t], raw[:t])
+                    widen(raw[:t], f32[:t])
                 yield int(self.starts[k]) + i, f32[:t], offsets[i : j + 1] - t0
                 i = j
 
@@ -261,16 +262,16 @@ class TokenStore:
             spans[picked] = self._spans(k, rows[picked] - self.starts[k])
         lengths = spans[:, 1] - spans[:, 0]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        out = np.empty((int(offsets[-1]), self.dim), np.float32)
-        raw = np.empty((max(self.longest, 1), self.dim), self.dtype)
+        raw = np.empty((int(offsets[-1]), self.dim), self.dtype)
         for k in np.unique(shard_of).tolist():
             vectors = self.shards[k].vectors
             picked = np.flatnonzero(shard_of == k)
             with open(vectors.path, "rb") as f:  # in file order, the file opened once
                 for i in picked[np.argsort(spans[picked, 0], kind="stable")].tolist():
-                    part = _read_rows(f, vectors, int(spans[i, 0]), raw[: int(lengths[i])])
-                    out[offsets[i] : offsets[i + 1]] = part
-        return out, offsets
+                    _read_rows(f, vectors, int(spans[i, 0]), raw[offsets[i] : offsets[i + 1]])
+        if raw.dtype == np.float32:
+            return raw, offsets
+        return widen(raw, np.empty(raw.shape, np.float32)), offsets
 
     def sample_tokens(self, n: int, seed: int = 0) -> np.ndarray:
         """float32 [n, dim]: ``n`` token vectors drawn at random (without replacement) from
