@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dpr_cache.runtime.atomic import write_json_atomic
-from dpr_cache.runtime.processes import ChildFailed, run_json_child
+from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
+from dpr_cache.runtime.processes import ChildFailed, child_env, run_json_child
 
 if TYPE_CHECKING:
     import torch
@@ -131,6 +131,21 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
             return Measured(wrapper.returncode or 127, seconds, 0, out.read_text(), err.read_text())
         maxrss, code = (int(x) for x in report.read_text().split())
         return Measured(code, seconds, maxrss * 1024, out.read_text(), err.read_text())
+
+
+def cli(command: str, *flags: str, **options) -> list[str]:
+    """``python -m dpr_cache COMMAND --an-option VALUE ... FLAGS`` (``an_option=VALUE``)."""
+    named = {f"--{k.replace('_', '-')}": v for k, v in options.items()}
+    return [sys.executable, "-m", "dpr_cache", command, *option_args(named), *flags]
+
+
+def measured(cmd: list[str], log: Path) -> dict:
+    """Run ``cmd`` in a fresh process: its wall seconds and peak RSS; its output to ``log``."""
+    done = run_measured(cmd, env=child_env())
+    write_text_atomic(log, " ".join(cmd) + "\n" + done.stdout + "\n--- stderr ---\n" + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({done.returncode}); see {log}")
+    return {"seconds": round(done.seconds, 2), "peak_rss_gb": round(done.peak_rss / 1e9, 3)}
 
 
 def run_child_or_error(module: str, payload: dict) -> dict:

@@ -39,8 +39,8 @@ def _small_index(work: Path, model: Path) -> dict:
     model_settings = f"{{pooling: cls, max_query_length: 32, max_passage_length: {INDEX_LENGTH}}}"
     text = f"output_dir: {work / 'small'}\nmodel: {model_settings}\ndata: {data}\n"
     write_text_atomic(config, text + f"index: {{memory_gb: {scale.MEMORY_GB}}}\n")
-    command = scale.cli("index", "-q", config=config, model=model)
-    return scale.measured(command, work / "logs" / "index-small.txt")
+    command = harness.cli("index", "-q", config=config, model=model)
+    return harness.measured(command, work / "logs" / "index-small.txt")
 
 
 def _mine_run(work: Path, model: Path, n: int) -> dict:
@@ -50,8 +50,8 @@ def _mine_run(work: Path, model: Path, n: int) -> dict:
     inputs = {"model": model, "index": work / "small" / "index", "train": train, "out": mined}
     rules = {k: SMALL[k] for k in ("depth", "negatives", "memory_gb")}
     rules |= {"batch": SMALL["part"], "cache_dir": work / "cache"}
-    command = scale.cli("mine", "-q", **inputs, **rules)
-    figures = scale.measured(command, work / "logs" / f"mine-{n}.txt")
+    command = harness.cli("mine", "-q", **inputs, **rules)
+    figures = harness.measured(command, work / "logs" / f"mine-{n}.txt")
     summary = json.loads(mined.with_suffix(".summary.json").read_text())
     figures |= {"questions": n, "train_gb": round(train.stat().st_size / scale.GB, 3)}
     figures["stages"] = summary["seconds_by_stage"]

@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import harness, nq_like
-from benchmarks.scale import cli, measured
 
 TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"  # every step in seconds at toy sizes (CI)
 CONFIG = "configs/toy.yaml" if TINY else "configs/squad_reproduce.yaml"
 PASSAGE_TOKENS = 64 if TINY else 256  # the length SQuAD is indexed at
 SYNTH_ROWS = 4_000 if TINY else 1_000_000
 SHARD_ROWS = 1_000 if TINY else 50_000
+PIECE_ROWS = 500 if TINY else 2_000  # passages generated at once
 TOPICS = 64 if TINY else 8_192
 NLIST = 16 if TINY else 2_048
 PQ_M = 16  # bytes a token in the ivfpq index
@@ -46,8 +46,8 @@ def child(name: str, **args) -> list[str]:
 
 
 def inner(cmd: list[str], log: Path) -> dict:
-    """``measured(cmd)`` with the JSON the child printed last."""
-    figures = measured(cmd, log)
+    """``harness.measured(cmd)`` with the JSON the child printed last."""
+    figures = harness.measured(cmd, log)
     last = Path(log).read_text().split("\n--- stderr ---\n")[0].strip().splitlines()[-1]
     return {**figures, **json.loads(last)}
 
@@ -72,10 +72,10 @@ def squad_index(work: Path, kind: str) -> dict:
     model = ["--model", SINGLE_MODEL]
     if kind == "multi":
         model = ["--model", str(work / "model-multi")]
-        measured(child("model", out=str(work / "model-multi")), work / "logs" / "model.txt")
+        harness.measured(child("model", out=str(work / "model-multi")), work / "logs" / "model.txt")
     flags = [x for s in sets for x in ("--set", s)]
-    cmd = cli("index", *flags, *model, "-q", config=CONFIG)
-    figures = measured(cmd, work / "logs" / f"index-{kind}.txt")
+    cmd = harness.cli("index", *flags, *model, "-q", config=CONFIG)
+    figures = harness.measured(cmd, work / "logs" / f"index-{kind}.txt")
     return {**figures, **_index_figures(out / "index")}
 
 
@@ -85,7 +85,7 @@ def squad_search(work: Path) -> dict:
     logs, found = work / "logs", {}
     for kind in ("single", "multi"):
         args = {"index": str(work / f"squad-{kind}" / "index"), "out": str(work / f"q-{kind}.npy")}
-        measured(child("questions", config=CONFIG, **args), logs / f"questions-{kind}.txt")
+        harness.measured(child("questions", config=CONFIG, **args), logs / f"questions-{kind}.txt")
     flat = str(work / "squad-multi" / "index")
     fast = str(work / "squad-multi-ivfpq")
     build = inner(child("build", shards=flat, out=fast, nlist=None), logs / "build-squad.txt")
@@ -251,9 +251,10 @@ def _child_single(shards: list[str], queries: str) -> dict:
 
 def write_synthetic(folder: str, counts: str) -> dict:
     """``SYNTH_ROWS`` passages whose token counts are resampled from the SQuAD index at
-    ``counts``, each token a unit vector near one of 4 topics of the passage (of
-    ``TOPICS`` about the sphere), in shards of ``SHARD_ROWS``; and ``FAST_QUESTIONS`` questions
-    of ``QUESTION_TOKENS`` noisy tokens of a passage each. Shards there are kept."""
+    ``counts``, each token a unit vector near one of 4 topics of the passage (of ``TOPICS``
+    about the sphere), in shards of ``SHARD_ROWS`` written a piece at a time; and
+    ``FAST_QUESTIONS`` questions of ``QUESTION_TOKENS`` noisy tokens of a passage each. Shards
+    there are kept (a piece is the same whenever it is drawn)."""
     import time
 
     from dpr_cache.retrieval.dense.tokens import TokenStore, write_token_shard
@@ -263,35 +264,32 @@ def write_synthetic(folder: str, counts: str) -> dict:
         sorted((Path(counts) / "shards").glob("*-[0-9][0-9][0-9][0-9][0-9].npy"))
     )
     lengths = np.concatenate([np.diff(s.offsets()) for s in squad.shards])
-    dim = squad.dim
-    sigma = 1.2 / np.sqrt(dim)  # noise as long as a topic's vector, about
-    centers = _unit(np.random.default_rng(1).standard_normal((TOPICS, dim), dtype=np.float32))
+    centers = _unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), np.float32))
+    sigma = 1.2 / np.sqrt(squad.dim)  # noise as long as a topic's vector, about
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(2)
-    chosen = rng.integers(SYNTH_ROWS, size=FAST_QUESTIONS)
-    questions = np.zeros((FAST_QUESTIONS, QUESTION_TOKENS, dim), np.float32)
     for k, first in enumerate(range(0, SYNTH_ROWS, SHARD_ROWS)):
-        n = min(SHARD_ROWS, SYNTH_ROWS - first)
-        shard_rng = np.random.default_rng(100 + k)
-        count = lengths[shard_rng.integers(len(lengths), size=n)]
-        topics = shard_rng.integers(TOPICS, size=(n, 4))
-        pick = topics[np.repeat(np.arange(n), count), shard_rng.integers(4, size=count.sum())]
-        noise = shard_rng.standard_normal((count.sum(), dim), dtype=np.float32)
-        tokens = _unit(centers[pick] + sigma * noise)
-        offsets = np.concatenate([[0], np.cumsum(count)])
-        for i in np.flatnonzero((chosen >= first) & (chosen < first + n)):
-            row = chosen[i] - first
-            own = tokens[offsets[row] : offsets[row + 1]]
-            some = own[
-                shard_rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)
-            ]
-            noisy = some + sigma * shard_rng.standard_normal(some.shape, dtype=np.float32)
-            questions[i, : len(some)] = _unit(noisy)
         path = out / f"synth-{k:05d}.npy"
         if not path.is_file():
-            ids = [str(first + i) for i in range(n)]
-            write_token_shard(path, [(ids, tokens, count)])
+            last = min(first + SHARD_ROWS, SYNTH_ROWS)
+            pieces = (
+                _piece(p, min(PIECE_ROWS, last - p), lengths, centers, sigma)
+                for p in range(first, last, PIECE_ROWS)
+            )
+            write_token_shard(path, pieces)
+    chosen = np.random.default_rng(2).integers(SYNTH_ROWS, size=FAST_QUESTIONS)
+    questions = np.zeros((FAST_QUESTIONS, QUESTION_TOKENS, squad.dim), np.float32)
+    for i, row in enumerate(chosen.tolist()):
+        first = row - row % PIECE_ROWS
+        _, tokens, count = _piece(
+            first, min(PIECE_ROWS, SYNTH_ROWS - first), lengths, centers, sigma
+        )
+        at = int(count[: row - first].sum())
+        own = tokens[at : at + count[row - first]]
+        rng = np.random.default_rng(10**6 + i)
+        some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
+        noisy = some + sigma * rng.standard_normal(some.shape, np.float32)
+        questions[i, : len(some)] = _unit(noisy)
     np.save(out / "questions.npy", questions)
     disk = sum(p.stat().st_size for p in out.glob("synth-*"))
     return {
@@ -301,6 +299,20 @@ def write_synthetic(folder: str, counts: str) -> dict:
         "disk_gb": round(disk / GB, 2),
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def _piece(
+    first: int, n: int, lengths: np.ndarray, centers: np.ndarray, sigma: float
+) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Passages ``first`` to ``first + n`` (their ids, tokens and counts), drawn from a
+    generator seeded by ``first``."""
+    rng = np.random.default_rng(first)
+    count = lengths[rng.integers(len(lengths), size=n)]
+    topics = rng.integers(len(centers), size=(n, 4))
+    pick = topics[np.repeat(np.arange(n), count), rng.integers(4, size=int(count.sum()))]
+    noise = rng.standard_normal((int(count.sum()), centers.shape[1]), np.float32)
+    tokens = _unit(centers[pick] + sigma * noise)
+    return [str(first + i) for i in range(n)], tokens, count
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -327,120 +339,141 @@ STEPS = {
 
 
 def page(results: dict) -> str:
-    """The page: what a passage costs, how fast each search answers, and 21M projected."""
+    """The page: the targets, what a passage costs, how fast each search answers, and 21M
+    projected."""
     machine = harness.cpu_text(results["machines"]["synth_search"])
-    single, multi = results["squad_single"], results["squad_multi"]
-    squad, synth, write = results["squad_search"], results["synth_search"], results["synth_write"]
-    build = results["synth_build"]
-    lines = [
-        "# Late interaction at scale, on a CPU",
-        "",
-        f"Written by `python -m benchmarks.multivector_scale --work runs/multivector_scale --out"
+    intro = (
+        "Written by `python -m benchmarks.multivector_scale --work runs/multivector_scale --out"
         f" docs/bench` (resumable; data: `multivector_scale.json`). {machine}. Searches ask for"
         f" the top {K} within `--memory-gb {MEMORY_GB:g}`, timed inside their process after the"
-        " index and the question vectors are loaded (a batch of questions, so ms a question is"
-        " the batch's seconds over its size); peak RSS is the whole process's (`wait4`).",
-        "",
-        "## A passage's cost (SQuAD's 2,067 passages, all-MiniLM-L6-v2, 256 tokens)",
-        "",
-        "The multi-vector model is all-MiniLM-L6-v2 with a new projection to 128 dims (the",
-        "projection's weights change no cost). Token vectors are fp16, punctuation dropped.",
-        "",
-        *harness.markdown_table(
-            [
-                "model",
-                "bytes a passage",
-                "tokens a passage",
-                "encode passages/s",
-                "index peak RSS GB",
-            ],
-            [
-                [
-                    "single (384-d)",
-                    single["bytes_per_passage"],
-                    "-",
-                    single["passages_per_s"],
-                    single["peak_rss_gb"],
-                ],
-                [
-                    "multi (128-d a token)",
-                    multi["bytes_per_passage"],
-                    round(multi["tokens"] / multi["rows"], 1),
-                    multi["passages_per_s"],
-                    multi["peak_rss_gb"],
-                ],
-            ],
-        ),
-        "",
-        f"## Search at SQuAD's size ({squad['multi flat']['questions']:,} dev questions)",
-        "",
-        *_search_table(squad),
-        "",
-        f"The ivfpq index: {squad['multi ivfpq']['build']['nlist']} lists,"
-        f" {PQ_M} bytes a token, built in {squad['multi ivfpq']['build']['build_seconds']} s.",
-        "",
-        "## Search at 1M synthetic passages",
-        "",
-        f"{write['rows']:,} passages of token vectors (synthetic: no corpus that size can be"
-        " encoded here), their token counts drawn from the SQuAD index's (mean"
-        f" {write['tokens_mean']}), each token a unit vector near one of 4 topics of its passage"
-        f" (of {TOPICS:,}); questions of {QUESTION_TOKENS} noisy tokens of one passage. Token"
-        f" shards: {write['disk_gb']} GB"
-        f" ({write['bytes_per_passage']:,} bytes a passage). The ivfpq index: {build['nlist']}"
-        f" lists, {PQ_M} bytes a token, {build['index_gb']} GB, built in {build['build_seconds']} s"
-        f" (peak RSS {build['peak_rss_gb']} GB). One vector a passage beside it: 1M clustered"
-        " 384-d fp16 vectors, searched exactly.",
-        "",
-        *_search_table(synth),
-        "",
+        " index and the question vectors are loaded, over a batch of questions (ms a question:"
+        " the batch's seconds over its size); peak RSS is the whole process's (`wait4`)."
+    )
+    lines = harness.page_head("Late interaction at scale, on a CPU", [intro], _targets(results))
+    lines += [*_squad_section(results), *_synth_section(results)]
+    lines += [
         "## Projected to 21M passages (DPR's Wikipedia)",
         "",
-        "Disk is linear in passages; exact search reads every token once a batch of questions, so",
-        "its seconds grow linearly; RAM is bounded by `--memory-gb` whatever the corpus (measured",
-        "peaks above). The fast path's latency grows with its lists' length at a fixed number of",
-        "lists (linear, the bound given here), less with more lists.",
+        "Disk is linear in passages. Exact search reads every token once a batch of questions:",
+        "its seconds grow linearly. RAM is bounded by `--memory-gb` whatever the corpus (the",
+        "measured peaks above). The fast path's lists grow with the corpus at a fixed number of",
+        "lists, so its latency is projected linearly too: an upper bound (more lists cut it).",
         "",
-        *harness.markdown_table(["", "disk GB", "RAM GB", "ms a question"], _projection(results)),
+        *harness.format_table(PROJECTION, _projection(results)),
         "",
     ]
     return "\n".join(lines)
 
 
-def _search_table(runs: dict) -> list[str]:
-    exact = runs["multi flat"]["ms_per_question"]
-    rows = [
-        [name, r["questions"], r["ms_per_question"], round(exact / r["ms_per_question"], 1)]
-        + [r["peak_rss_gb"], r.get("recall_at_100", "-")]
-        for name, r in runs.items()
-        if isinstance(r, dict) and "ms_per_question" in r
+PROJECTION = ("at 21M | disk GB | RAM GB | ms a question", "{name} | {disk} | {ram} | {ms}")
+SEARCH = (
+    "search | questions | ms a question | speed-up on exact multi | peak RSS GB"
+    " | recall@100 vs exact",
+    "{name} | {questions} | {ms_per_question} | {speedup} | {peak_rss_gb} | {recall}",
+)
+
+
+def _targets(results: dict) -> list[dict]:
+    fast = results["synth_search"]["multi ivfpq"]
+    speedup = results["synth_search"]["multi flat"]["ms_per_question"] / fast["ms_per_question"]
+    peaks = [r["peak_rss_gb"] for r in results["synth_search"].values()]
+    detail = f"1M synthetic passages, ivfpq against exact MaxSim, top {K}"
+    return [
+        harness.goal_target(
+            "fast path's recall@100 of exact", fast["recall_at_100"], ">= 0.99", detail
+        ),
+        harness.goal_target("fast path's speed-up on exact", speedup, ">= 10", detail),
+        harness.goal_target(
+            "peak RSS of a search, GB", max(peaks), f"<= {MEMORY_GB:g}", "--memory-gb bound"
+        ),
     ]
-    header = ["search", "questions", "ms a question", "speed-up on exact multi", "peak RSS GB"]
-    return harness.markdown_table([*header, "recall@100 vs exact"], rows)
 
 
-def _projection(results: dict) -> list[list]:
+def _squad_section(results: dict) -> list[str]:
+    single, multi, squad = (results[k] for k in ("squad_single", "squad_multi", "squad_search"))
+    build = squad["multi ivfpq"]["build"]
+    rows = [
+        {**single, "name": "single (384-d)", "per": "-"},
+        {
+            **multi,
+            "name": "multi (128-d a token)",
+            "per": round(multi["tokens"] / multi["rows"], 1),
+        },
+    ]
+    cost = (
+        "model | bytes a passage | tokens a passage | encode passages/s | index peak RSS GB",
+        "{name} | {bytes_per_passage:,} | {per} | {passages_per_s} | {peak_rss_gb}",
+    )
+    return [
+        f"## SQuAD: {single['rows']:,} passages, all-MiniLM-L6-v2, {PASSAGE_TOKENS} tokens",
+        "",
+        "The multi-vector model is all-MiniLM-L6-v2 with a new projection to 128 dims (its",
+        "weights change no cost); its token vectors are fp16, every token kept (the model has no",
+        "skiplist), [CLS] and [SEP] included. Encoding is the index command's own rate (fp32,",
+        "the whole box), model loading left out.",
+        "",
+        *harness.format_table(cost, rows),
+        "",
+        *harness.format_table(SEARCH, _search_rows(squad)),
+        "",
+        f"The ivfpq index: {build['nlist']} lists, {PQ_M} bytes a token, {build['index_gb']} GB,"
+        f" built in {build['build_seconds']} s. At this size the exact scan is cheap and the fast"
+        " path only adds work.",
+        "",
+    ]
+
+
+def _synth_section(results: dict) -> list[str]:
+    write, build = results["synth_write"], results["synth_build"]
+    return [
+        f"## {write['rows']:,} synthetic passages",
+        "",
+        f"Token vectors written directly (no corpus that size can be encoded here): each"
+        f" passage's token count drawn from the SQuAD index's (mean {write['tokens_mean']}), each"
+        f" token a unit vector near one of 4 topics of its passage (of {TOPICS:,}); questions of"
+        f" {QUESTION_TOKENS} noisy tokens of one passage. Token shards: {write['disk_gb']} GB"
+        f" ({write['bytes_per_passage']:,} bytes a passage). The ivfpq index: {build['nlist']}"
+        f" lists, {PQ_M} bytes a token, {build['index_gb']} GB, built in"
+        f" {build['build_seconds']} s (peak RSS {build['peak_rss_gb']} GB). Exact search is"
+        f" timed on the first {EXACT_QUESTIONS} questions (the fast path's recall is measured on"
+        " them). One vector a passage beside it: as many clustered 384-d fp16 vectors, searched"
+        " exactly (flat).",
+        "",
+        *harness.format_table(SEARCH, _search_rows(results["synth_search"])),
+        "",
+    ]
+
+
+def _search_rows(runs: dict) -> list[dict]:
+    exact = runs["multi flat"]["ms_per_question"]
+    return [
+        {
+            **r,
+            "name": name,
+            "speedup": round(exact / r["ms_per_question"], 1),
+            "recall": r.get("recall_at_100", "-"),
+        }
+        for name, r in runs.items()
+    ]
+
+
+def _projection(results: dict) -> list[dict]:
     scale = FULL / results["synth_write"]["rows"]
     synth, build = results["synth_search"], results["synth_build"]
     tokens_gb = results["synth_write"]["disk_gb"] * scale
+    disk = {
+        "single flat": 384 * 2 * FULL / GB,
+        "multi flat": tokens_gb,
+        "multi ivfpq": tokens_gb + build["index_gb"] * scale,
+    }
     return [
-        [
-            "single, flat",
-            round(384 * 2 * FULL / GB, 1),
-            MEMORY_GB,
-            round(synth["single flat"]["ms_per_question"] * scale),
-        ],
-        [
-            "multi, flat (exact)",
-            round(tokens_gb),
-            MEMORY_GB,
-            round(synth["multi flat"]["ms_per_question"] * scale),
-        ],
-        [
-            "multi, ivfpq",
-            round(tokens_gb + build["index_gb"] * scale),
-            MEMORY_GB,
-            round(synth["multi ivfpq"]["ms_per_question"] * scale),
-        ],
+        {
+            "name": name,
+            "disk": round(gb),
+            "ram": MEMORY_GB,
+            "ms": round(synth[name]["ms_per_question"] * scale),
+        }
+        for name, gb in disk.items()
     ]
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from benchmarks import harness, nq_like
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
-from dpr_cache.runtime.processes import child_env
 
 TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"  # every step in seconds at toy sizes (CI)
 N_FULL = 20_000 if TINY else 21_015_324  # psgs_w100.tsv
@@ -38,21 +37,6 @@ MEMORY_GB = 2.0
 GB = 1e9
 
 
-def cli(command: str, *flags: str, **options) -> list[str]:
-    """``python -m dpr_cache COMMAND --an-option VALUE ... FLAGS`` (``an_option=VALUE``)."""
-    named = {f"--{k.replace('_', '-')}": v for k, v in options.items()}
-    return [sys.executable, "-m", "dpr_cache", command, *harness.option_args(named), *flags]
-
-
-def measured(cmd: list[str], log: Path) -> dict:
-    """Run ``cmd`` in a fresh process: its wall seconds and peak RSS; its output to ``log``."""
-    done = harness.run_measured(cmd, env=child_env())
-    write_text_atomic(log, " ".join(cmd) + "\n" + done.stdout + "\n--- stderr ---\n" + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({done.returncode}); see {log}")
-    return {"seconds": round(done.seconds, 2), "peak_rss_gb": round(done.peak_rss / GB, 3)}
-
-
 def exact_search(
     work: Path, name: str, pattern: str, queries: Path, n: int, k: int, before_search=dict
 ) -> dict:
@@ -61,12 +45,16 @@ def exact_search(
     and the search."""
     index, logs = work / f"flat-{name}", work / "logs"
     embeddings = work / "vectors" / pattern
-    measured(cli("index", embeddings=embeddings, out=index), logs / f"index-flat-{name}.txt")
+    harness.measured(
+        harness.cli("index", embeddings=embeddings, out=index), logs / f"index-flat-{name}.txt"
+    )
     rows = json.loads((index / "meta.json").read_text())["rows"]
     before = before_search()
     options = {"index": index, "query_embeddings": queries, "k": k, "memory_gb": MEMORY_GB}
     found = work / f"exact-{name}.trec"
-    figures = measured(cli("search", out=found, **options), logs / f"search-flat-{name}.txt")
+    figures = harness.measured(
+        harness.cli("search", out=found, **options), logs / f"search-flat-{name}.txt"
+    )
     gflops = round(2 * n * rows * DIM / figures["seconds"] / 1e9, 1)
     return {**figures, "rows": rows, "gflops": gflops, **before}
 
@@ -110,12 +98,14 @@ def recall(run: Path, exact: Path) -> float:
 def _approximate(work: Path, kind: str, name: str, memory_gb: float, *extra: str) -> dict:
     index, run, logs = work / f"{kind}-{name}", work / f"{kind}-{name}.trec", work / "logs"
     vectors = work / "vectors" / SIZES[name]
-    build = cli("index", *extra, embeddings=vectors, out=index, type=kind, memory_gb=memory_gb)
-    build_figures = measured(build, logs / f"index-{kind}-{name}.txt")
+    build = harness.cli(
+        "index", *extra, embeddings=vectors, out=index, type=kind, memory_gb=memory_gb
+    )
+    build_figures = harness.measured(build, logs / f"index-{kind}-{name}.txt")
     size = sum(p.stat().st_size for p in index.glob("faiss.*"))
     options = {"index": index, "query_embeddings": work / "queries.npy", "k": K, "out": run}
-    search = cli("search", "--nprobe", "64", **options, memory_gb=memory_gb)
-    search_figures = measured(search, logs / f"search-{kind}-{name}.txt")
+    search = harness.cli("search", "--nprobe", "64", **options, memory_gb=memory_gb)
+    search_figures = harness.measured(search, logs / f"search-{kind}-{name}.txt")
     params = json.loads((index / "meta.json").read_text())["index_params"]
     shutil.rmtree(index)  # keep the disk for the next steps
     return {
@@ -131,7 +121,7 @@ def _into_arrow(source: Path, log: Path, size_key: str, module: str, load: str, 
     """``dpr_cache.data.MODULE.LOAD(source, *args)`` in a fresh process: figures, size, rate."""
     paths = ", ".join(f"Path({str(p)!r})" for p in (source, *args))
     code = f"from pathlib import Path; from dpr_cache.data.{module} import {load}; "
-    figures = measured([sys.executable, "-c", code + f"print(len({load}({paths})))"], log)
+    figures = harness.measured([sys.executable, "-c", code + f"print(len({load}({paths})))"], log)
     size = source.stat().st_size
     mb_per_s = round(size / 1e6 / figures["seconds"], 1)
     return {**figures, size_key: round(size / GB, 2), "mb_per_s": mb_per_s}
@@ -179,9 +169,11 @@ def step_eval(work: Path) -> dict:
         harness.write_random_bert(model, hidden=DIM)
     nq_like.write_qas(work / "nq-test.qa.tsv", N_QUERIES, N_FULL)
     vectors = work / "vectors" / "part-*.npy"
-    index = measured(cli("index", embeddings=vectors, out=run / "index"), logs / "eval-index.txt")
-    command = cli("eval", "-q", config=_eval_config(work, run), model=model)
-    figures = measured(command, logs / "eval.txt")
+    index = harness.measured(
+        harness.cli("index", embeddings=vectors, out=run / "index"), logs / "eval-index.txt"
+    )
+    command = harness.cli("eval", "-q", config=_eval_config(work, run), model=model)
+    figures = harness.measured(command, logs / "eval.txt")
     stages = json.loads((run / "eval" / "timings.json").read_text())["seconds"]
     return {"index": index, "eval": figures, "stages": stages, "memory_gb": MEMORY_GB}
 
@@ -236,7 +228,9 @@ def step_tokenize(work: Path) -> dict:
     out = {}
     for workers in (0, 1, 2):
         args = [str(tsv), str(work / "tok-cache"), str(workers)]
-        done = harness.run_measured([sys.executable, "-c", _TOKENIZE, *args], env=child_env())
+        done = harness.run_measured(
+            [sys.executable, "-c", _TOKENIZE, *args], env=harness.child_env()
+        )
         if done.returncode:
             raise RuntimeError(done.stderr[-2000:])
         row = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,5 +1,6 @@
 """A multi-vector model (``model.vectors: multi``) through the real CLI on the toy corpus:
-``train`` (6 steps), ``index`` (token shards), ``eval`` and ``search``, whose rankings equal a
+``train`` (6 steps; its towers load in sentence-transformers' ``MultiVectorEncoder``, giving our
+token vectors), ``index`` (token shards), ``eval`` and ``search``, whose rankings equal a
 brute-force MaxSim (:func:`dpr_cache.core.similarity.scores`) of the model's own question and
 passage token vectors computed here; fusion takes the MaxSim scores; ``score --teacher hybrid``'s
 dense part is that MaxSim; and a model or an index of the other kind, a width, an index type
@@ -40,6 +41,24 @@ def trained(tmp_path_factory) -> tuple[Path, list[str]]:
     run_cli("train", *args)
     run_cli("index", *args)
     return root / "run", args
+
+
+def test_train_saves_what_sentence_transformers_loads(trained) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    saved = trained[0] / "model"
+    assert json.loads((saved / "biencoder.json").read_text())["vectors"] == "multi"
+    ours = BiEncoder.from_pretrained(saved).eval()
+    texts = ["Who wrote Hamlet?", "What is the capital of France?"]
+    peer = st.MultiVectorEncoder(str(saved / "query_encoder"), device="cpu").eval()
+    tok = ours.tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        reps = ours.encode_query(dict(tok))
+    for mine, theirs in zip(reps, peer.encode_query(texts), strict=True):
+        mine = mine[mine.abs().sum(-1) > 0]
+        cos = torch.nn.functional.cosine_similarity(mine, torch.as_tensor(theirs), dim=-1)
+        assert mine.shape[0] == len(theirs) and (1 - cos).max() <= 1e-6
+    meta = json.loads((trained[0] / "index" / "meta.json").read_text())
+    assert (meta["vectors"], meta["dim"], meta["rows"]) == ("multi", 16, 273)
 
 
 def _passages() -> list[dict[str, str]]:

@@ -30,7 +30,12 @@ import numpy as np
 from dpr_cache.config import IndexConfig
 from dpr_cache.errors import InputError
 from dpr_cache.retrieval.dense.faiss_index import trained_ivf, write_ivf_on_disk
-from dpr_cache.retrieval.dense.maxsim import QueryTokens, block_scores, prepared
+from dpr_cache.retrieval.dense.maxsim import (
+    QueryTokens,
+    block_scores,
+    plan_token_blocks,
+    prepared,
+)
 from dpr_cache.retrieval.dense.search import Hits
 from dpr_cache.retrieval.dense.tokens import TokenStore
 
@@ -88,11 +93,15 @@ def token_ivf_search(
     """Each question's top ``k`` among its shortlisted candidates (the passages of its tokens'
     nearest tokens in ``index``), scored by exact MaxSim over ``store`` within
     ``memory_bytes``."""
-    tokens, k, plan = prepared(store, queries, k, memory_bytes)
+    tokens, k, _ = prepared(store, queries, k, memory_bytes)
+    longest = max(tokens.longest, 1)  # one question's candidates scored at a time
+    one = QueryTokens(np.zeros((longest, store.dim), np.float32), np.array([0, longest]))
+    plan = plan_token_blocks(memory_bytes, store, one, k)
     hits = max(1, min(max(TOKEN_HITS_PER_K * k, MIN_TOKEN_HITS), index.ntotal))
     keep = max(CANDIDATES_PER_K * k, MIN_CANDIDATES)
     scores = np.full((tokens.n, k), -np.inf, np.float32)
     rows = np.full((tokens.n, k), -1, np.int64)
+    reader = _Reader(store, plan.block_tokens, tokens.longest)
     for g0 in range(0, tokens.n, QUESTION_GROUP):
         g1 = min(g0 + QUESTION_GROUP, tokens.n)
         first = tokens.starts[g0]
@@ -103,7 +112,7 @@ def token_ivf_search(
                 continue  # a question without a token finds nothing
             candidates = _shortlist(sims[a - first : b - first], found[a - first : b - first], keep)
             mine = QueryTokens(tokens.tokens[a:b], np.array([0, b - a], np.int64))
-            scores[i], rows[i] = _score_candidates(store, mine, candidates, k, plan.block_tokens)
+            scores[i], rows[i] = reader.top(mine, candidates, k)
     return Hits(scores, rows)
 
 
@@ -122,19 +131,33 @@ def _shortlist(sims: np.ndarray, found: np.ndarray, keep: int) -> np.ndarray:
     return np.sort(rows[top])
 
 
-def _score_candidates(
-    store: TokenStore, question: QueryTokens, candidates: np.ndarray, k: int, block_tokens: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """One question's top ``k`` of ``candidates`` (sorted passage rows) by exact MaxSim, their
-    tokens read by offset in runs of about ``block_tokens`` tokens: scores and rows [k], -inf
-    and -1 past the candidates."""
-    chunk = max(1, block_tokens // max(store.longest, 1))
-    found = np.full(len(candidates), -np.inf, np.float32)
-    for start in range(0, len(candidates), chunk):
-        passage_tokens, offsets = store.take(candidates[start : start + chunk])
-        found[start : start + chunk] = block_scores(question, passage_tokens, offsets)[0]
-    best = np.argsort(-found, kind="stable")[:k]
-    scores = np.full(k, -np.inf, np.float32)
-    rows = np.full(k, -1, np.int64)
-    scores[: len(best)], rows[: len(best)] = found[best], candidates[best]
-    return scores, rows
+class _Reader:
+    """Buffers reused by every question of a search: a run of at most ``passages`` candidates'
+    tokens as stored and as float32, and their scores against a question's tokens."""
+
+    def __init__(self, store: TokenStore, block_tokens: int, question_tokens: int) -> None:
+        self.store = store
+        self.passages = max(1, block_tokens // max(store.longest, 1))
+        size = self.passages * max(store.longest, 1)
+        self.buffers = (
+            np.empty((size, store.dim), store.dtype),
+            np.empty((size, store.dim), np.float32),
+        )
+        self.sims = np.empty(max(question_tokens, 1) * size, np.float32)
+
+    def top(
+        self, question: QueryTokens, candidates: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The question's top ``k`` of ``candidates`` (sorted passage rows) by exact MaxSim,
+        their tokens read by offset a run at a time: scores and rows [k], -inf and -1 past the
+        candidates."""
+        found = np.full(len(candidates), -np.inf, np.float32)
+        for start in range(0, len(candidates), self.passages):
+            run = candidates[start : start + self.passages]
+            tokens, offsets = self.store.take(run, self.buffers)
+            found[start : start + len(run)] = block_scores(question, tokens, offsets, self.sims)[0]
+        best = np.argsort(-found, kind="stable")[:k]
+        scores = np.full(k, -np.inf, np.float32)
+        rows = np.full(k, -1, np.int64)
+        scores[: len(best)], rows[: len(best)] = found[best], candidates[best]
+        return scores, rows

@@ -251,9 +251,13 @@ class TokenStore:
                 yield int(self.starts[k]) + i, f32[:t], offsets[i : j + 1] - t0
                 i = j
 
-    def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def take(
+        self, rows: np.ndarray, buffers: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The tokens of the given global rows (a few passages, not a scan), in their order:
-        float32 tokens [t, dim] one passage after another, and offsets [len(rows) + 1]."""
+        float32 tokens [t, dim] one passage after another, and offsets [len(rows) + 1].
+        ``buffers``: [n, dim] arrays of the store's dtype and of float32, reused from call to
+        call (n at least the tokens taken): the tokens are then a view of the second."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         spans = np.zeros((len(rows), 2), np.int64)
         shard_of = np.searchsorted(self.starts, rows, side="right") - 1
@@ -262,7 +266,8 @@ class TokenStore:
             spans[picked] = self._spans(k, rows[picked] - self.starts[k])
         lengths = spans[:, 1] - spans[:, 0]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        raw = np.empty((int(offsets[-1]), self.dim), self.dtype)
+        t = int(offsets[-1])
+        raw = np.empty((t, self.dim), self.dtype) if buffers is None else buffers[0][:t]
         for k in np.unique(shard_of).tolist():
             vectors = self.shards[k].vectors
             picked = np.flatnonzero(shard_of == k)
@@ -271,7 +276,8 @@ class TokenStore:
                     _read_rows(f, vectors, int(spans[i, 0]), raw[offsets[i] : offsets[i + 1]])
         if raw.dtype == np.float32:
             return raw, offsets
-        return widen(raw, np.empty(raw.shape, np.float32)), offsets
+        out = np.empty(raw.shape, np.float32) if buffers is None else buffers[1][:t]
+        return widen(raw, out), offsets
 
     def sample_tokens(self, n: int, seed: int = 0) -> np.ndarray:
         """float32 [n, dim]: ``n`` token vectors drawn at random (without replacement) from
