@@ -214,6 +214,20 @@ def format_table(spec: tuple[str, str], rows: list[dict], align: str = "") -> li
     return [f"| {header} |", rule, *(f"| {template.format(**row)} |" for row in rows)]
 
 
+def step_machines(machines: dict[str, dict]) -> list[str]:
+    """A resumable benchmark's page lines naming the machine each step ran on, where they were
+    not all one (:func:`run_steps` records them); none where they were."""
+    if len({cpu_text(m) for m in machines.values()}) <= 1:
+        return []
+    ran = [[step, cpu_text(m)] for step, m in machines.items()]
+    return [
+        "",
+        "The steps ran on different machines:",
+        "",
+        *markdown_table(["step", "machine"], ran),
+    ]
+
+
 def machine_text(m: dict) -> str:
     """A page's machine line from :func:`machine_info`."""
     torch = f"torch {m['torch']} ({m['threads']} threads), transformers {m['transformers']}"

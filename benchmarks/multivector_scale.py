@@ -33,6 +33,8 @@ PQ_M = 16  # bytes a token in the ivfpq index
 EXACT_QUESTIONS = 4 if TINY else 16  # the exact scan at 1M reads every token once a batch
 FAST_QUESTIONS = 16 if TINY else 256
 QUESTION_TOKENS = 16  # a SQuAD question's tokens, about
+KNOBS = ((2, 10, 16), (20, 10, 16), (20, 30, 16), (100, 30, 16), (100, 60, 32))
+"""The fast path's search knobs tried at 1M: ivf_token_hits, ivf_candidates, ivf_nprobe."""
 K = 100
 MEMORY_GB = 4.0
 FULL = 21_015_324  # passages in DPR's Wikipedia
@@ -147,6 +149,24 @@ def synth_search(work: Path) -> dict:
     return result
 
 
+def synth_tradeoff(work: Path) -> dict:
+    """The fast path at each of :data:`KNOBS` on the questions searched exactly: recall@100
+    against exact and ms a question."""
+    exact, result = np.load(work / "rows-synth-flat.npy"), {}
+    for hits, candidates, nprobe in KNOBS:
+        knobs = {"ivf_token_hits": hits, "ivf_candidates": candidates, "ivf_nprobe": nprobe}
+        rows = work / "rows-synth-knobs.npy"
+        args = {
+            "index": str(work / "synth-ivfpq"),
+            "queries": str(work / "synth" / "questions.npy"),
+        }
+        args |= {"rows": str(rows), "n": len(exact), "knobs": knobs}
+        name = f"{hits}-{candidates}-{nprobe}"
+        run = inner(child("search", **args), work / "logs" / f"knobs-{name}.txt")
+        result[name] = {**knobs, **run, "recall_at_100": _recall(np.load(rows), exact)}
+    return result
+
+
 def _recall(found: np.ndarray, exact: np.ndarray) -> float:
     pairs = zip(found, exact, strict=True)
     hits = [len(set(f[f >= 0]) & set(e[e >= 0])) / max((e >= 0).sum(), 1) for f, e in pairs]
@@ -208,14 +228,17 @@ def _child_build(shards: str, out: str, nlist: int | None = None, type: str = "i
     return {"build_seconds": seconds, "index_gb": round(disk / GB, 3), **meta["index_params"]}
 
 
-def _child_search(index: str, queries: str, rows: str, n: int | None) -> dict:
-    """The first ``n`` questions (all: None) of ``queries`` searched in the index, timed; the
-    rows found saved."""
+def _child_search(
+    index: str, queries: str, rows: str, n: int | None, knobs: dict | None = None
+) -> dict:
+    """The first ``n`` questions (all: None) of ``queries`` searched in the index (its search
+    ``knobs``: ``index.*`` keys), timed; the rows found saved."""
     import time
 
-    from dpr_cache.retrieval.dense.index import open_index, search_index
+    from dpr_cache.config import IndexConfig
+    from dpr_cache.retrieval.dense.index import open_index, opened_as, search_index
 
-    opened = open_index(index)
+    opened = open_index(index, opened_as(IndexConfig(**(knobs or {})), index))
     vectors = np.load(queries, mmap_mode="r")[:n]
     vectors = np.ascontiguousarray(vectors)
     start = time.perf_counter()
@@ -279,17 +302,16 @@ def write_synthetic(folder: str, counts: str) -> dict:
             write_token_shard(path, pieces)
     chosen = np.random.default_rng(2).integers(SYNTH_ROWS, size=FAST_QUESTIONS)
     questions = np.zeros((FAST_QUESTIONS, QUESTION_TOKENS, squad.dim), np.float32)
-    for i, row in enumerate(chosen.tolist()):
-        first = row - row % PIECE_ROWS
-        _, tokens, count = _piece(
-            first, min(PIECE_ROWS, SYNTH_ROWS - first), lengths, centers, sigma
-        )
-        at = int(count[: row - first].sum())
-        own = tokens[at : at + count[row - first]]
-        rng = np.random.default_rng(10**6 + i)
-        some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
-        noisy = some + sigma * rng.standard_normal(some.shape, np.float32)
-        questions[i, : len(some)] = _unit(noisy)
+    for first in np.unique(chosen - chosen % PIECE_ROWS).tolist():  # each piece drawn once
+        n = min(PIECE_ROWS, SYNTH_ROWS - first)
+        _, tokens, count = _piece(first, n, lengths, centers, sigma)
+        starts = np.concatenate([[0], np.cumsum(count)])
+        for i in np.flatnonzero((chosen >= first) & (chosen < first + n)).tolist():
+            own = tokens[starts[chosen[i] - first] : starts[chosen[i] - first + 1]]
+            rng = np.random.default_rng(10**6 + i)
+            some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
+            noisy = some + sigma * rng.standard_normal(some.shape, np.float32)
+            questions[i, : len(some)] = _unit(noisy)
     np.save(out / "questions.npy", questions)
     disk = sum(p.stat().st_size for p in out.glob("synth-*"))
     return {
@@ -335,6 +357,7 @@ STEPS = {
     "synth_write": synth_write,
     "synth_build": synth_build,
     "synth_search": synth_search,
+    "synth_tradeoff": synth_tradeoff,
 }
 
 
@@ -350,6 +373,7 @@ def page(results: dict) -> str:
         " the batch's seconds over its size); peak RSS is the whole process's (`wait4`)."
     )
     lines = harness.page_head("Late interaction at scale, on a CPU", [intro], _targets(results))
+    lines += harness.step_machines(results["machines"])
     lines += [*_squad_section(results), *_synth_section(results)]
     lines += [
         "## Projected to 21M passages (DPR's Wikipedia)",
@@ -441,7 +465,25 @@ def _synth_section(results: dict) -> list[str]:
         "",
         *harness.format_table(SEARCH, _search_rows(results["synth_search"])),
         "",
+        f"The fast path's knobs (`index.ivf_token_hits`, `index.ivf_candidates`, a passage asked"
+        f" for each; `index.ivf_nprobe`) on the {EXACT_QUESTIONS} questions searched exactly:",
+        "",
+        *harness.format_table(TRADEOFF, _tradeoff_rows(results)),
+        "",
     ]
+
+
+TRADEOFF = (
+    "token hits | candidates | nprobe | ms a question | speed-up on exact | recall@100 vs exact",
+    "{ivf_token_hits} | {ivf_candidates} | {ivf_nprobe} | {ms_per_question} | {speedup}"
+    " | {recall_at_100}",
+)
+
+
+def _tradeoff_rows(results: dict) -> list[dict]:
+    exact = results["synth_search"]["multi flat"]["ms_per_question"]
+    runs = results.get("synth_tradeoff", {}).values()
+    return [{**r, "speedup": round(exact / r["ms_per_question"], 1)} for r in runs]
 
 
 def _search_rows(runs: dict) -> list[dict]:

@@ -342,11 +342,7 @@ def _head(results: dict) -> list[str]:
         "",
         f"Machine: {harness.cpu_text(results.get('machine', {}))}.",
     ]
-    machines = results.get("machines", {})
-    if len({harness.cpu_text(v) for v in machines.values()}) > 1:
-        lines += ["", "The steps ran on different machines:", ""]
-        ran = [[k, harness.cpu_text(v)] for k, v in machines.items()]
-        lines += harness.markdown_table(["step", "machine"], ran)
+    lines += harness.step_machines(results.get("machines", {}))
     if targets(results):
         met = {True: "yes", False: "**no**", None: "-"}
         rows = [[t, v, g, met[ok]] for t, v, g, ok in targets(results)]

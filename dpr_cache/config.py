@@ -378,6 +378,10 @@ class IndexConfig(_Section):
     ivf_nlist: int | None = Field(None, ge=1)  # default ~4*sqrt(N)
     pq_m: int = Field(16, ge=1)
     ivf_nprobe: int = Field(16, ge=1)
+    # a multi-vector ivf/ivfpq index's search: nearest tokens each question token asks for, and
+    # passages rescored by exact MaxSim, each per passage asked (k)
+    ivf_token_hits: int = Field(20, ge=1)
+    ivf_candidates: int = Field(10, ge=1)
 
 
 class EvalConfig(_Section):

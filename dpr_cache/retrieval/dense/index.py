@@ -95,6 +95,7 @@ class OpenIndex:
     meta: dict[str, Any]
     store: EmbeddingStore | TokenStore  # TokenStore: a multi-vector index
     faiss: faiss.Index | None  # None for flat
+    spec: IndexConfig | None = None  # the search knobs it was opened with
 
     @property
     def type(self) -> str:
@@ -270,7 +271,7 @@ def open_index(index_dir: str | Path, spec: IndexConfig | None = None) -> OpenIn
         store, index = _open_tokens(index_dir, meta), None
         if meta["type"] != "flat":
             index = open_faiss_index(index_dir, spec or IndexConfig(type=meta["type"]))
-        return OpenIndex(index_dir, meta, store, index)
+        return OpenIndex(index_dir, meta, store, index, spec)
     shards = []
     for entry in meta["shards"]:
         shard = Shard.open(index_dir / entry["path"])  # absolute paths stay absolute
@@ -319,7 +320,8 @@ def search_index(
     if opened.faiss is not None and opened.multi:
         if rank != 0:
             return None
-        return token_ivf_search(opened.faiss, opened.store, queries, k, memory_bytes)
+        spec = opened.spec or IndexConfig(type=opened.type)
+        return token_ivf_search(opened.faiss, opened.store, queries, k, memory_bytes, spec)
     if opened.faiss is not None:
         return index_search(opened.faiss, queries, k) if rank == 0 else None
     scan = maxsim_search if opened.multi else exact_search

@@ -10,8 +10,9 @@ into parts merged into on-disk inverted lists, as an IVF index of one vector a p
 (:func:`~dpr_cache.retrieval.dense.faiss_index.write_ivf_on_disk`); search maps them.
 
 A search sends the tokens of a group of questions to ``index.ivf_nprobe`` lists each, for their
-``max(TOKEN_HITS_PER_K * k, MIN_TOKEN_HITS)`` nearest tokens. A question's candidates are the
-passages of its tokens' hits, shortlisted to the ``max(CANDIDATES_PER_K * k, MIN_CANDIDATES)``
+``max(index.ivf_token_hits * k, MIN_TOKEN_HITS)`` nearest tokens. A question's candidates are
+the passages of its tokens' hits, shortlisted to the ``max(index.ivf_candidates * k,
+MIN_CANDIDATES)``
 of the highest sum of hits (each question token's best hit in the passage, none adding zero),
 whose tokens are read by offset and scored by exact MaxSim; the top k of those are the
 results. It is approximate: a passage none of whose tokens is among a
@@ -40,22 +41,16 @@ from dpr_cache.retrieval.dense.search import Hits
 from dpr_cache.retrieval.dense.tokens import TokenStore
 
 __all__ = [
-    "CANDIDATES_PER_K",
     "MIN_CANDIDATES",
     "MIN_TOKEN_HITS",
     "QUESTION_GROUP",
-    "TOKEN_HITS_PER_K",
     "build_token_ivf",
     "check_token_ivf",
     "token_ivf_search",
 ]
 
-TOKEN_HITS_PER_K = 2
-"""Nearest tokens each question token asks the index for, per passage asked of the search."""
 MIN_TOKEN_HITS = 64
 """The fewest nearest tokens each question token asks the index for."""
-CANDIDATES_PER_K = 10
-"""Passages a question's shortlist keeps for exact MaxSim, per passage asked of the search."""
 MIN_CANDIDATES = 256
 """The fewest passages a question's shortlist keeps."""
 QUESTION_GROUP = 256
@@ -88,17 +83,23 @@ def build_token_ivf(
 
 
 def token_ivf_search(
-    index: faiss.Index, store: TokenStore, queries: np.ndarray, k: int, memory_bytes: int
+    index: faiss.Index,
+    store: TokenStore,
+    queries: np.ndarray,
+    k: int,
+    memory_bytes: int,
+    spec: IndexConfig,
 ) -> Hits:
     """Each question's top ``k`` among its shortlisted candidates (the passages of its tokens'
     nearest tokens in ``index``), scored by exact MaxSim over ``store`` within
-    ``memory_bytes``."""
+    ``memory_bytes``; ``spec.ivf_token_hits`` and ``spec.ivf_candidates`` set how many
+    candidates (module docstring)."""
     tokens, k, _ = prepared(store, queries, k, memory_bytes)
     longest = max(tokens.longest, 1)  # one question's candidates scored at a time
     one = QueryTokens(np.zeros((longest, store.dim), np.float32), np.array([0, longest]))
     plan = plan_token_blocks(memory_bytes, store, one, k)
-    hits = max(1, min(max(TOKEN_HITS_PER_K * k, MIN_TOKEN_HITS), index.ntotal))
-    keep = max(CANDIDATES_PER_K * k, MIN_CANDIDATES)
+    hits = max(1, min(max(spec.ivf_token_hits * k, MIN_TOKEN_HITS), index.ntotal))
+    keep = max(spec.ivf_candidates * k, MIN_CANDIDATES)
     scores = np.full((tokens.n, k), -np.inf, np.float32)
     rows = np.full((tokens.n, k), -1, np.int64)
     reader = _Reader(store, plan.block_tokens, tokens.longest)
