@@ -3,8 +3,9 @@
 # STUDY (the study's folder name), PY and DRY_RUN set. It points PYTHONPATH at CODE when given, and sets BIN, OUT,
 # SEEDS, CFG, BASE, DEV, PASSAGES, DEV_QA, BM25_TRAIN, EXTRA (settings for every dpr-cache run),
 # CACHE (mine's and score's cache option), SUFFIX (the dry run's folder suffix), TABLE (where the
-# page goes), the seeds array and B (the batch). A dry run deletes OUT first, so its name must end
-# in -dry. Its last command succeeds, so sourcing it under `set -e` goes on. It also defines what
+# page goes), the seeds array and B (the batch). A dry run deletes OUT first (not with KEEP_OUT=1:
+# for a caller that adds its runs one call at a time), so its name must end in -dry. Its last
+# command succeeds, so sourcing it under `set -e` goes on. It also defines what
 # the teachers' studies share: done_or (a step's marker there: say so), save_state (the study's
 # finished steps into SAVED by studies/$STUDY/saved.py; nothing when SAVED is empty or unset) and
 # fuse (a trained run fused with BM25 on dev, studies/squad_hard_negatives/hybrid.sh).
@@ -16,7 +17,7 @@ BIN=("$PY" -m dpr_cache)
 if [[ $DRY_RUN == 1 ]]; then
   OUT=${OUT:-runs/$STUDY-dry}
   [[ $OUT == *-dry ]] || { echo "error: DRY_RUN=1 deletes OUT first; name it *-dry" >&2; exit 2; }
-  rm -rf "$OUT"
+  [[ ${KEEP_OUT:-0} == 1 ]] || rm -rf "$OUT"
   SEEDS=${SEEDS:-"1 2"}
   CFG=configs/toy.yaml BASE=data/toy/tiny-bert DEV=""  # the toy's dev questions: no articles
   PASSAGES=data/toy/passages.tsv DEV_QA=data/toy/dev.qa.tsv

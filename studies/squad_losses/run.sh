@@ -9,6 +9,8 @@
 #   guided      negatives the untrained all-MiniLM-L6-v2 scores above the positive leave the rows
 #               (train.guide, GIST's rule, margin 0)
 #   matryoshka  the loss over the leading 384, 256, 128, 64 and 32 dims
+# One more arm, not in the default ARMS nor on this study's page: multi, a vector a token scored
+# by MaxSim (model.vectors multi), trained here for studies/squad_multivector/run.sh.
 # Each student is evaluated alone; the control and Matryoshka arms also at every smaller dim (the
 # stored passage vectors cut and re-normalized, the questions encoded at that dim). Every trained
 # run goes through studies/squad_batch_size/run.sh (its recipe, its independent numbers check).
@@ -20,7 +22,9 @@
 # Knobs (environment): SEEDS, HARD, EPOCHS, CHUNK, PRECISION (train's autocast), ARMS, OUT, CODE
 # (a source tree to run, e.g. a git worktree pinned for the study), PY, CROSSFIT (where the
 # cross-fitted study's state is restored: its training file), SAVED (the folder the study's state
-# is saved in after each student and restored from at the start: saved.py; "" for none).
+# is saved in after each student and restored from at the start: saved.py; "" for none), PAGE=0
+# (the students only, no page: for a study that trains its arms here and writes its own),
+# KEEP_OUT=1 (a dry run keeps the OUT it finds: for a study that calls this one seed at a time).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -29,6 +33,12 @@ EPOCHS=${EPOCHS:-1}
 CHUNK=${CHUNK:-32}
 PRECISION=${PRECISION:-fp32}
 ARMS=${ARMS:-"control symmetric hardness guided matryoshka"}
+# The multi arm: a vector a token (model.multi_dim's default: 128, or the width where smaller),
+# scored by MaxSim, at temperature 1 where the other arms have the batch-size study's 0.05.
+# MaxSim sums a question's tokens' cosines (up to its 32 tokens), so scale 1 gives its logits
+# about the range the control's cosines get at scale 20; PyLate's and sentence-transformers'
+# default for MaxSim. The config's model.pooling (mean) stays: a multi-vector model pools nothing.
+MULTI="model.vectors=multi"
 BATCH_STUDY=studies/squad_batch_size/run.sh
 STUDY=squad_losses
 source studies/setup.sh
@@ -50,8 +60,8 @@ read -r -a dims <<< "$DIMS"
 run_name() { echo "gradcache-b$B-s$1"; }
 
 # One arm of trained runs by the batch-size study's script: its recipe, its numbers check.
-arm() {  # out-folder settings run-names
-  OUT=$1 TRAIN=$TRAIN HARD=$HARD EPOCHS=$EPOCHS SETS=$2 ONLY=$3 CHUNK=$CHUNK \
+arm() {  # out-folder settings run-names temperature
+  OUT=$1 TRAIN=$TRAIN HARD=$HARD EPOCHS=$EPOCHS SETS=$2 ONLY=$3 TEMPERATURE=$4 CHUNK=$CHUNK \
     PRECISION=$PRECISION CODE=${CODE:-} DRY_RUN=$DRY_RUN PY=$PY PAGE=0 SEEDS=$SEEDS \
     SEEDS_DRY=$SEEDS KEEP_OUT=1 bash "$BATCH_STUDY"
 }
@@ -63,8 +73,12 @@ sets_of() {  # arm: the settings that make it (space-separated key=value)
     hardness) echo "train.hardness=all train.hardness_strength=5" ;;
     guided) echo "train.guide=$GUIDE" ;;
     matryoshka) echo "train.matryoshka_dims=[${DIMS// /,}]" ;;
+    multi) echo "$MULTI" ;;
     *) echo "error: ARMS: unknown arm $1" >&2; exit 2 ;;
   esac
+}
+temperature_of() {  # arm: its loss's temperature
+  if [[ $1 == multi ]]; then echo 1; else echo 0.05; fi
 }
 
 # A run at each smaller dim: its stored passage vectors cut to the dim (re-normalized), its
@@ -105,11 +119,12 @@ fi
 # -- the students: every arm at seed 1, then at seed 2, then at seed 3 --------------------------
 for seed in "${seeds[@]}"; do
   for name in $ARMS; do
-    arm "$OUT/$name$SUFFIX" "$(sets_of "$name")" "$(run_name "$seed")"
+    arm "$OUT/$name$SUFFIX" "$(sets_of "$name")" "$(run_name "$seed")" "$(temperature_of "$name")"
     [[ $name != control && $name != matryoshka ]] || at_dims "$OUT/$name$SUFFIX/$(run_name "$seed")"
     save_state
   done
 done
 
 # -- the page ------------------------------------------------------------------------------------
-"$PY" -m studies.squad_losses.table --runs "$OUT" --suffix="$SUFFIX" "${TABLE[@]}"
+[[ ${PAGE:-1} == 0 ]] ||
+  "$PY" -m studies.squad_losses.table --runs "$OUT" --suffix="$SUFFIX" "${TABLE[@]}"

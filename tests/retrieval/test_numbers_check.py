@@ -10,7 +10,8 @@ For an evaluated run folder (``eval/`` with its ``config.yaml``, ``index/``):
   metrics.json;
 - the streamed flat search's top-100 equals a brute-force numpy search over the stored vectors, for
   made-up queries and for real dev questions re-encoded with the run's model, whose brute-force
-  top-100 must be retrieval.json's.
+  top-100 must be retrieval.json's; for a multi-vector run (a vector a token), the real questions'
+  brute-force MaxSim over the stored token vectors, read from the shards' files here.
 
 test_index_eval.py checks metrics.json against the stored flags and the top-20 on the test corpus.
 Set ``DPR_CACHE_CHECK_RUNS=runs/reproduce`` (a folder of run folders) to run every check on real
@@ -33,8 +34,10 @@ import torch
 from dpr_cache.config import Config, load_config
 from dpr_cache.data.passages import read_passages
 from dpr_cache.data.tokenize import encode_questions
+from dpr_cache.model.biencoder import BiEncoder
 from dpr_cache.model.loading import load_encoder
 from dpr_cache.retrieval.dense.index import open_index, search_index
+from dpr_cache.retrieval.drivers.eval import evaluate
 from dpr_cache.retrieval.drivers.index import build_index
 from dpr_cache.runtime.memory import rss_bytes
 from tests.support.dpr_answers import dpr_has_answer
@@ -182,6 +185,58 @@ def check_real_queries(eval_dir: Path, config: Config, n_queries: int = 32) -> N
         assert_exact_top_n(got_rows, got_scores, exact, tol)
 
 
+def token_vectors(index_dir: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """A multi-vector index's stored token vectors (float64 [tokens, dim]), each passage's first
+    token row (the last entry: the token count) and the passages' ids, read straight from the
+    shards' files in meta.json's order (``X.npy``, ``X.offsets.npy``, ``X.ids.txt``)."""
+    meta = json.loads((index_dir / "meta.json").read_text())
+    blocks, starts, ids, done = [], [], [], 0
+    for shard in meta["shards"]:
+        path = index_dir / shard["path"]
+        stem = path.name.removesuffix(".npy")
+        blocks.append(np.load(path).astype(np.float64))
+        starts.append(np.load(path.with_name(stem + ".offsets.npy"))[:-1] + done)
+        ids += path.with_name(stem + ".ids.txt").read_text(encoding="utf-8").splitlines()
+        done += len(blocks[-1])
+    return np.concatenate(blocks), np.append(np.concatenate(starts), done), ids
+
+
+def brute_maxsim(question: np.ndarray, tokens: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """MaxSim of one question's token vectors [L, dim] against every passage: for each question
+    token its best token of the passage, summed (-inf for a passage without a token)."""
+    sims = question @ tokens.T  # [L, tokens]
+    counts = np.diff(offsets)
+    out = np.full(len(counts), -np.inf)
+    real = counts > 0
+    out[real] = np.maximum.reduceat(sims, offsets[:-1][real], axis=1).sum(axis=0)
+    return out
+
+
+def check_real_multi_queries(eval_dir: Path, config: Config, n_queries: int = 32) -> None:
+    """A multi-vector run's dev questions re-encoded with its model (token vectors): their
+    brute-force MaxSim top-k over the stored token vectors is retrieval.json's."""
+    index_dir = eval_dir.parent / "index"
+    meta = open_index(index_dir).meta
+    tokens, offsets, ids = token_vectors(index_dir)
+    entries = json.loads((eval_dir / "retrieval.json").read_text(encoding="utf-8"))
+    picks = np.linspace(0, len(entries) - 1, min(n_queries, len(entries))).round().astype(int)
+    picked = [entries[i] for i in sorted(set(picks.tolist()))]
+    model = load_encoder(Path(meta["model"]["dir"]), query_only=True)
+    with torch.inference_mode():
+        inputs = encode_questions(
+            model.tokenizer, [e["question"] for e in picked], config.model.max_query_length
+        )
+        questions = model.encode_query(inputs).double().numpy()  # [n_queries, L, dim]
+    assert questions.ndim == 3 and questions.shape[-1] == tokens.shape[1]
+    row_of = {pid: r for r, pid in enumerate(ids)}
+    for entry, question in zip(picked, questions, strict=True):
+        exact = brute_maxsim(question, tokens, offsets)
+        tol = 1e-5 * float(np.abs(exact[np.isfinite(exact)]).max()) + 1e-6
+        got_rows = np.array([row_of[ctx["id"]] for ctx in entry["ctxs"]])
+        got_scores = np.array([ctx["score"] for ctx in entry["ctxs"]])
+        assert_exact_top_n(got_rows, got_scores, exact, tol)
+
+
 # -- on the test corpora --------------------------------------------------------------------
 
 
@@ -260,6 +315,40 @@ def large_index(corpus, make_config, tmp_path_factory) -> Path:
     return root / "run" / "index"
 
 
+@pytest.fixture(scope="module")
+def built_multi(corpus, make_config, tmp_path_factory) -> Config:
+    """A flat index and an evaluation of the tiny BERT as a multi-vector model (8-d tokens)."""
+    out = tmp_path_factory.mktemp("multi")
+    BiEncoder.from_pretrained(corpus["tiny"], vectors="multi", multi_dim=8).save_pretrained(
+        out / "model"
+    )
+    config = make_config(corpus, out, with_model=False)
+    build_index(config, progress=False)
+    evaluate(config, progress=False)
+    return config
+
+
+def test_multi_vector_metrics_and_maxsim_recomputed(corpus, built_multi) -> None:
+    eval_dir = built_multi.output_path / "eval"
+    config = eval_config(eval_dir)
+    check_metrics(eval_dir)
+    check_questions(eval_dir, config, corpus["n_passages"])
+    check_real_multi_queries(eval_dir, config)
+
+
+def test_maxsim_check_catches_a_swapped_ctx(built_multi, tmp_path) -> None:
+    """Negative control: two ctxs swapped between ranks far apart fail the MaxSim check."""
+    eval_dir = built_multi.output_path / "eval"
+    entries = json.loads((eval_dir / "retrieval.json").read_text())
+    for entry in entries:
+        entry["ctxs"][0], entry["ctxs"][-1] = entry["ctxs"][-1], entry["ctxs"][0]
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "retrieval.json").write_text(json.dumps(entries))
+    (tmp_path / "index").symlink_to(built_multi.output_path / "index")
+    with pytest.raises(AssertionError):
+        check_real_multi_queries(tmp_path / "eval", eval_config(eval_dir))
+
+
 def test_flat_top100_equals_brute_force(large_index: Path, built) -> None:
     check_flat_top_k(large_index, k=100)
     check_flat_top_k(built.output_path / "index", k=100)  # k above the corpus size: all of it
@@ -289,12 +378,18 @@ def test_real_metrics_recomputed(eval_dir: Path) -> None:
     n_passages = sum(1 for _ in read_passages(passages))
     check_questions(eval_dir, config, n_passages, bm25=not meta.is_file())
     check_ctx_texts(eval_dir, passages)
-    if meta.is_file() and json.loads(meta.read_text())["type"] == "flat":
+    recorded = json.loads(meta.read_text()) if meta.is_file() else {}
+    if recorded.get("type") == "flat" and recorded.get("vectors") == "multi":
+        check_real_multi_queries(eval_dir, config)
+    elif recorded.get("type") == "flat":
         check_real_queries(eval_dir, config)
 
 
 @pytest.mark.parametrize("index_dir", _run_dirs("index/meta.json"))
 def test_real_flat_top100(index_dir: Path) -> None:
-    if json.loads((index_dir / "meta.json").read_text())["type"] != "flat":
+    meta = json.loads((index_dir / "meta.json").read_text())
+    if meta["type"] != "flat":
         pytest.skip("not a flat index")
+    if meta.get("vectors") == "multi":
+        pytest.skip("a vector a token: its real questions' MaxSim is checked instead")
     check_flat_top_k(index_dir, k=100)
