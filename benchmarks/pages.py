@@ -29,6 +29,7 @@ PAGES = {
     "losses.json": "losses",
     "refusals.json": "refusals",
     "sources.json": "sources",
+    "multivector_scale.json": "multivector_scale",
 }
 
 
