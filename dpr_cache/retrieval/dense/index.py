@@ -194,8 +194,9 @@ def finish_token_index(
 ) -> dict[str, Any]:
     """The meta of a multi-vector index over the token shards of ``store`` (``"vectors":
     "multi"``, its passages as ``rows`` and their ``tokens``), written last into ``out``;
-    for ``ivf``, the tokens' IVF index (:mod:`~dpr_cache.retrieval.dense.token_ivf`) is built
-    first within ``spec.memory_gb``; nothing else is built for flat."""
+    for ``ivf`` and ``ivfpq``, the tokens' IVF index
+    (:mod:`~dpr_cache.retrieval.dense.token_ivf`) is built first within ``spec.memory_gb``;
+    nothing else is built for flat."""
     check_token_spec(spec)
     if spec.type != "flat":
         check_token_ivf(spec, store.tokens, store.dim)

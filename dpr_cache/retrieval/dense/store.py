@@ -115,6 +115,8 @@ class Shard:
 def widen(raw: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Stored rows ``raw`` (float16) converted into ``out`` (float32, the same shape) by
     torch's vectorized conversion (several times numpy's on a CPU); returns ``out``."""
+    if raw.shape != out.shape:
+        raise ValueError(f"rows of shape {raw.shape} widened into {out.shape}")
     torch.from_numpy(out).copy_(torch.from_numpy(raw))
     return out
 

@@ -4,20 +4,21 @@ scored by exact MaxSim.
 Every stored token goes into an IVF index whose id is the row of its passage (the
 token-to-passage map is the index's own ids): ``index.type: ivf`` keeps float16 codes (IVF-SQfp16,
 two bytes a dim), ``ivfpq`` product-quantized ones (``index.pq_m`` bytes a token, as PLAID's
-compressed residuals keep a token small). It is trained on a sample of at most
-:data:`~dpr_cache.retrieval.dense.faiss_index.MAX_TRAIN_ROWS` tokens and filled block by block
-into parts merged into on-disk inverted lists, as an IVF index of one vector a passage is
-(:func:`~dpr_cache.retrieval.dense.faiss_index.write_ivf_on_disk`); search maps them.
+compressed residuals keep a token small); each token's id adds 8 bytes. It is trained on a
+sample of at most :data:`~dpr_cache.retrieval.dense.faiss_index.MAX_TRAIN_ROWS` tokens and
+filled block by block into parts merged into on-disk inverted lists, as an IVF index of one
+vector a passage is (:func:`~dpr_cache.retrieval.dense.faiss_index.write_ivf_on_disk`); search
+maps them.
 
 A search sends the tokens of a group of questions to ``index.ivf_nprobe`` lists each, for their
 ``max(index.ivf_token_hits * k, MIN_TOKEN_HITS)`` nearest tokens. A question's candidates are
 the passages of its tokens' hits, shortlisted to the ``max(index.ivf_candidates * k,
-MIN_CANDIDATES)``
-of the highest sum of hits (each question token's best hit in the passage, none adding zero),
-whose tokens are read by offset and scored by exact MaxSim; the top k of those are the
-results. It is approximate: a passage none of whose tokens is among a
-question token's nearest, or whose sum of hits is not in the shortlist, is not found. Searched on
-one rank.
+MIN_CANDIDATES)`` of the highest sum of hits (each question token's best hit in the passage,
+none adding zero), whose tokens are read by offset and scored by exact MaxSim; the top k of
+those are the results. It is approximate: a passage none of whose tokens is among a question
+token's nearest, or whose sum of hits is not in the shortlist, is not found. The group's hits
+and the candidates' blocks come out of the memory budget; the mapped lists' pages do not.
+Searched on one rank.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dpr_cache.retrieval.dense.maxsim import (
 )
 from dpr_cache.retrieval.dense.search import Hits
 from dpr_cache.retrieval.dense.tokens import TokenStore
+from dpr_cache.runtime import memory
 
 __all__ = [
     "MIN_CANDIDATES",
@@ -54,7 +56,10 @@ MIN_TOKEN_HITS = 64
 MIN_CANDIDATES = 256
 """The fewest passages a question's shortlist keeps."""
 QUESTION_GROUP = 256
-"""Questions whose tokens are sent to the index at once (their hits held together)."""
+"""The most questions whose tokens are sent to the index at once (their hits held together;
+fewer where the memory budget asks)."""
+HIT_BYTES = 12
+"""What one hit holds: its score (float32) and its passage row (int64)."""
 
 
 def check_token_ivf(spec: IndexConfig, tokens: int, dim: int) -> None:
@@ -91,20 +96,23 @@ def token_ivf_search(
     spec: IndexConfig,
 ) -> Hits:
     """Each question's top ``k`` among its shortlisted candidates (the passages of its tokens'
-    nearest tokens in ``index``), scored by exact MaxSim over ``store`` within
-    ``memory_bytes``; ``spec.ivf_token_hits`` and ``spec.ivf_candidates`` set how many
+    nearest tokens in ``index``), scored by exact MaxSim over ``store``, its hits and blocks
+    within ``memory_bytes``; ``spec.ivf_token_hits`` and ``spec.ivf_candidates`` set how many
     candidates (module docstring)."""
     tokens, k, _ = prepared(store, queries, k, memory_bytes)
     longest = max(tokens.longest, 1)  # one question's candidates scored at a time
-    one = QueryTokens(np.zeros((longest, store.dim), np.float32), np.array([0, longest]))
-    plan = plan_token_blocks(memory_bytes, store, one, k)
     hits = max(1, min(max(spec.ivf_token_hits * k, MIN_TOKEN_HITS), index.ntotal))
+    per_question = 2 * HIT_BYTES * longest * hits  # its hits, and FAISS's heaps of them
+    free = memory_bytes - memory.rss_bytes()
+    group = int(max(1, min(QUESTION_GROUP, free // 4 // per_question)))
+    one = QueryTokens(np.zeros((longest, store.dim), np.float32), np.array([0, longest]))
+    plan = plan_token_blocks(memory_bytes - group * per_question, store, one, k)
     keep = max(spec.ivf_candidates * k, MIN_CANDIDATES)
     scores = np.full((tokens.n, k), -np.inf, np.float32)
     rows = np.full((tokens.n, k), -1, np.int64)
     reader = _Reader(store, plan.block_tokens, tokens.longest)
-    for g0 in range(0, tokens.n, QUESTION_GROUP):
-        g1 = min(g0 + QUESTION_GROUP, tokens.n)
+    for g0 in range(0, tokens.n, group):
+        g1 = min(g0 + group, tokens.n)
         first = tokens.starts[g0]
         sims, found = index.search(tokens.tokens[first : tokens.starts[g1]], hits)
         for i in range(g0, g1):

@@ -267,6 +267,8 @@ class TokenStore:
         lengths = spans[:, 1] - spans[:, 0]
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         t = int(offsets[-1])
+        if buffers is not None and t > min(len(b) for b in buffers):
+            raise ValueError(f"{t} tokens taken into buffers of {len(buffers[0])} rows")
         raw = np.empty((t, self.dim), self.dtype) if buffers is None else buffers[0][:t]
         for k in np.unique(shard_of).tolist():
             vectors = self.shards[k].vectors

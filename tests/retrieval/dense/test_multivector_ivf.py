@@ -1,9 +1,9 @@
 """The fast paths of a multi-vector index (``index.type: ivf`` and ``ivfpq``) on synthetic
-topical token vectors: their recall@100 against the exact streamed MaxSim, the scores of what
-they return exact (the brute-force MaxSim of those passages), less recall with fewer lists probed
-and fewer token hits, or a shortlist cut short (negative controls: the recall measured is the
-candidates', not a tautology); the shortlist's bound against a brute-force one; their files, and
-what a multi-vector index is not."""
+topical token vectors: their recall@20 against the exact streamed MaxSim (the shortlist a sixth
+of the corpus), the scores of what they return exact (the brute-force MaxSim of those passages),
+less recall with fewer lists probed and fewer token hits, or a shortlist cut short (negative
+controls: the recall measured is the candidates', not a tautology); the shortlist against a
+brute-force one; their files, and what a multi-vector index is not."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dpr_cache.retrieval.dense.index import finish_index, open_index, search_ind
 from dpr_cache.retrieval.dense.maxsim import maxsim_search, row_maxsim
 from dpr_cache.retrieval.dense.tokens import TokenStore, write_token_shard
 
-DIM, TOPICS, PASSAGES, QUESTIONS, K = 16, 128, 1500, 30, 100
+DIM, TOPICS, PASSAGES, QUESTIONS, K = 16, 128, 1500, 30, 20
 BUDGET = 8 * 10**9
 
 
@@ -65,8 +65,8 @@ def exact(topical):
 
 @pytest.mark.parametrize(
     ("kind", "floor", "files"),
-    [("ivf", 0.99, {"codes": "fp16"}), ("ivfpq", 0.99, {"pq_m": 4, "pq_nbits": 8})],
-)  # measured 1.0 (ivf) and 0.999 (ivfpq), the same top-1 for every question
+    [("ivf", 0.97, {"codes": "fp16"}), ("ivfpq", 0.93, {"pq_m": 4, "pq_nbits": 8})],
+)  # recall@20, the shortlist 256 of 1,500: measured 0.983 (ivf), 0.957 (ivfpq); top-1 all
 def test_recall_at_100_against_the_exact_search(topical, exact, kind, floor, files) -> None:
     store, questions, root = topical
     spec = IndexConfig(type=kind, ivf_nlist=64, ivf_nprobe=16, pq_m=4)
@@ -96,9 +96,9 @@ def test_less_recall_with_fewer_probes_hits_or_candidates(topical, exact, monkey
     full = recall()
     monkeypatch.setattr(token_ivf, "MIN_CANDIDATES", 1)
     short = recall(ivf_candidates=3)
-    assert short < full - 0.05, (short, full)  # measured 0.93: the shortlist bounds what is found
+    assert short < full - 0.05, (short, full)  # measured 0.81: the shortlist bounds what is found
     low = recall(ivf_nprobe=1, ivf_token_hits=1, ivf_candidates=1)
-    assert low < full - 0.2, (low, full)  # measured 0.32
+    assert low < full - 0.2, (low, full)  # measured 0.21
 
 
 def test_shortlist_keeps_the_highest_sums_of_hits() -> None:
