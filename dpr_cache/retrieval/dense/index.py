@@ -35,6 +35,7 @@ from dpr_cache.retrieval.dense.faiss_index import (
     check_index_spec,
     hnsw_bytes,
     open_faiss_index,
+    search_knobs,
 )
 from dpr_cache.retrieval.dense.layout import (
     FORMAT,
@@ -105,6 +106,15 @@ class OpenIndex:
     def multi(self) -> bool:
         """Whether it holds a multi-vector model's token vectors."""
         return self.meta.get("vectors") == MULTI
+
+    def knobs(self) -> dict[str, int]:
+        """The search-time knobs its results depend on besides the queries (none for flat):
+        FAISS's, and a multi-vector fast path's depth."""
+        knobs = search_knobs(self.faiss)
+        if self.multi and self.faiss is not None:
+            spec = self.spec or IndexConfig(type=self.type)
+            knobs |= {"token_hits": spec.ivf_token_hits, "candidates": spec.ivf_candidates}
+        return knobs
 
 
 def _shard_entry(path: Path, out: Path, rows: int) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import torch
 from dpr_cache.data.passages import load_passages
 from dpr_cache.errors import InputError
 from dpr_cache.model.loading import model_fingerprint
-from dpr_cache.retrieval.dense.faiss_index import search_knobs
 from dpr_cache.retrieval.dense.index import (
     OpenIndex,
     encoded_from,
@@ -134,7 +133,7 @@ class ModelRanker:
             "type": opened.type,
             "rows": opened.store.rows,
             "shard_key": opened.meta.get("shard_key"),
-            "search": search_knobs(opened.faiss),
+            "search": opened.knobs(),
             "passages": str(self.passages),
             "precision": self.run.precision,
         }
@@ -148,7 +147,7 @@ class ModelRanker:
             opened.type,
             opened.meta.get("model"),
             opened.meta.get("index_params"),
-            search_knobs(opened.faiss),
+            opened.knobs(),
             self.run.precision,
         ]
 

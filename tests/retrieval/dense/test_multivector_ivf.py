@@ -133,3 +133,16 @@ def test_other_types_are_refused(topical, kind) -> None:
     with pytest.raises(InputError, match=f"index.type: '{kind}': a multi-vector model's index"):
         finish_index(root / kind, store, IndexConfig(type=kind))
     assert not (root / kind).exists()
+
+
+def test_the_fast_paths_depth_is_among_its_knobs(topical) -> None:
+    store, _, root = topical
+    spec = IndexConfig(type="ivfpq", ivf_nlist=64, pq_m=4)
+    finish_index(root / "knobs", store, spec)
+    deep = spec.model_copy(update={"ivf_token_hits": 50, "ivf_candidates": 30})
+    assert open_index(root / "knobs", deep).knobs() == {
+        "nprobe": 16,
+        "token_hits": 50,
+        "candidates": 30,
+    }
+    assert open_index(root / "knobs", spec).knobs() != open_index(root / "knobs", deep).knobs()
