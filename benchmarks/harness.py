@@ -30,6 +30,10 @@ _FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
 _THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
+SCALE_TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"
+"""The scale benchmarks' toy rehearsal: every step in seconds at toy sizes (CI)."""
+
+
 def _read(path: str) -> str:
     try:
         return Path(path).read_text()

@@ -13,7 +13,6 @@ question vectors are loaded.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from benchmarks import harness, nq_like
 
-TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"  # every step in seconds at toy sizes (CI)
+TINY = harness.SCALE_TINY
 CONFIG = "configs/toy.yaml" if TINY else "configs/squad_reproduce.yaml"
 PASSAGE_TOKENS = 64 if TINY else 256  # the length SQuAD is indexed at
 SYNTH_ROWS = 4_000 if TINY else 1_000_000
@@ -216,11 +215,8 @@ def _child_build(shards: str, out: str, nlist: int | None = None, type: str = "i
 
     from dpr_cache.config import IndexConfig
     from dpr_cache.retrieval.dense.index import finish_index
-    from dpr_cache.retrieval.dense.tokens import TokenStore
 
-    folder = Path(shards)
-    folder = folder / "shards" if (folder / "shards").is_dir() else folder
-    store = TokenStore.open(sorted(folder.glob("*-[0-9][0-9][0-9][0-9][0-9].npy")))
+    store = _token_store(Path(shards))
     spec = IndexConfig(type=type, ivf_nlist=nlist, pq_m=PQ_M, memory_gb=MEMORY_GB, ivf_nprobe=16)
     start = time.perf_counter()
     meta = finish_index(Path(out), store, spec)
@@ -234,43 +230,47 @@ def _child_search(
 ) -> dict:
     """The first ``n`` questions (all: None) of ``queries`` searched in the index (its search
     ``knobs``: ``index.*`` keys), timed; the rows found saved."""
-    import time
-
     from dpr_cache.config import IndexConfig
     from dpr_cache.retrieval.dense.index import open_index, opened_as, search_index
 
     opened = open_index(index, opened_as(IndexConfig(**(knobs or {})), index))
     vectors = np.load(queries, mmap_mode="r")[:n]
     vectors = np.ascontiguousarray(vectors)
-    start = time.perf_counter()
-    hits = search_index(opened, vectors, K, int(MEMORY_GB * GB))
-    seconds = time.perf_counter() - start
+    hits, figures = _timed(lambda: search_index(opened, vectors, K, int(MEMORY_GB * GB)), vectors)
     np.save(rows, hits.rows)
-    per = seconds / len(vectors)
-    return {
-        "questions": len(vectors),
-        "search_seconds": round(seconds, 2),
-        "ms_per_question": round(1e3 * per, 2),
-    }
+    return figures
 
 
 def _child_single(shards: list[str], queries: str) -> dict:
     """The exact top-100 of the queries over one vector a passage (flat, streamed), timed."""
-    import time
-
     from dpr_cache.retrieval.dense.search import exact_search
     from dpr_cache.retrieval.dense.store import EmbeddingStore
 
     store = EmbeddingStore.open(shards)
     vectors = np.load(queries)
+    return _timed(lambda: exact_search(store, vectors, K, int(MEMORY_GB * GB)), vectors)[1]
+
+
+def _timed(search, vectors: np.ndarray) -> tuple:
+    """``search()``'s result and its figures: the questions, its seconds, ms a question."""
+    import time
+
     start = time.perf_counter()
-    exact_search(store, vectors, K, int(MEMORY_GB * GB))
+    found = search()
     seconds = time.perf_counter() - start
-    return {
+    return found, {
         "questions": len(vectors),
         "search_seconds": round(seconds, 2),
         "ms_per_question": round(1e3 * seconds / len(vectors), 2),
     }
+
+
+def _token_store(folder: Path):
+    """The token shards in ``folder`` (an index's, in its ``shards``), in order."""
+    from dpr_cache.retrieval.dense.tokens import TokenStore
+
+    folder = folder / "shards" if (folder / "shards").is_dir() else folder
+    return TokenStore.open(sorted(folder.glob("*-[0-9][0-9][0-9][0-9][0-9].npy")))
 
 
 def write_synthetic(folder: str, counts: str) -> dict:
@@ -281,12 +281,10 @@ def write_synthetic(folder: str, counts: str) -> dict:
     there are kept (a piece is the same whenever it is drawn)."""
     import time
 
-    from dpr_cache.retrieval.dense.tokens import TokenStore, write_token_shard
+    from dpr_cache.retrieval.dense.tokens import write_token_shard
 
     start = time.perf_counter()
-    squad = TokenStore.open(
-        sorted((Path(counts) / "shards").glob("*-[0-9][0-9][0-9][0-9][0-9].npy"))
-    )
+    squad = _token_store(Path(counts))
     lengths = np.concatenate([np.diff(s.offsets()) for s in squad.shards])
     centers = _unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), np.float32))
     sigma = 1.2 / np.sqrt(squad.dim)  # noise as long as a topic's vector, about

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import os
 import shutil
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from benchmarks import harness, nq_like
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 
-TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"  # every step in seconds at toy sizes (CI)
+TINY = harness.SCALE_TINY
 N_FULL = 20_000 if TINY else 21_015_324  # psgs_w100.tsv
 DIM = 32 if TINY else 768
 SHARD_ROWS = 2_500 if TINY else 500_000

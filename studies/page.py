@@ -59,6 +59,13 @@ def plot_bars(bars: list[Bar], png: Path, bm25_top1: float | None = None) -> Non
     ax.set_xlabel("points (SQuAD dev)")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
+    save_png(fig, png)
+
+
+def save_png(fig, png: Path) -> None:
+    """A study's figure laid out, written to ``png`` atomically and closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     write_atomic(png, functools.partial(fig.savefig, dpi=110, format="png"))
     plt.close(fig)

@@ -7,12 +7,10 @@ every dim), from the runs under runs/squad_losses (or results.json with --kept).
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
-from dpr_cache.runtime.atomic import write_atomic
-from studies.page import build_page
+from studies.page import build_page, save_png
 from studies.squad_crossfit.table import INTERVALS, arms_table
 from studies.squad_hard_negatives.table import NAMES, cell, diff_cell, diffs_table
 from studies.squad_losses.collect import AT_DIMS, TREATMENTS, gather
@@ -144,9 +142,7 @@ def plot(data: dict[str, Any], png: Path) -> None:
         ax.set_ylabel(f"{NAMES[m]} (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    write_atomic(png, functools.partial(fig.savefig, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, png)
 
 
 def readme_block(data: dict[str, Any]) -> list[str]:

@@ -9,12 +9,10 @@ results.json with --kept).
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
-from dpr_cache.runtime.atomic import write_atomic
-from studies.page import build_page
+from studies.page import build_page, save_png
 from studies.squad_crossfit.table import BEFORE, INTERVALS
 from studies.squad_hard_negatives.collect import METRICS
 from studies.squad_hard_negatives.table import (
@@ -261,9 +259,7 @@ def plot(data: dict[str, Any], png: Path) -> None:
     ax.set_ylabel("top-k hit rate (%, SQuAD dev)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    write_atomic(png, functools.partial(fig.savefig, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, png)
 
 
 def readme_block(data: dict[str, Any]) -> list[str]:

@@ -272,17 +272,23 @@ def test_question_check_catches_a_dropped_ctx(corpus, built, tmp_path) -> None:
         check_questions(tmp_path, eval_config(eval_dir), corpus["n_passages"])
 
 
-def test_query_check_catches_a_swapped_ctx(built, tmp_path) -> None:
-    """Negative control: two ctxs swapped between ranks far apart fail check_real_queries."""
-    eval_dir = built.output_path / "eval"
-    entries = json.loads((eval_dir / "retrieval.json").read_text())
+def _swapped_ctxs(run: Path, tmp_path: Path) -> Path:
+    """``tmp_path/eval``: the run's retrieval.json with every question's first and last ctx
+    swapped, beside a link to the run's index."""
+    entries = json.loads((run / "eval" / "retrieval.json").read_text())
     for entry in entries:
         entry["ctxs"][0], entry["ctxs"][-1] = entry["ctxs"][-1], entry["ctxs"][0]
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "retrieval.json").write_text(json.dumps(entries))
-    (tmp_path / "index").symlink_to(built.output_path / "index")
+    (tmp_path / "index").symlink_to(run / "index")
+    return tmp_path / "eval"
+
+
+def test_query_check_catches_a_swapped_ctx(built, tmp_path) -> None:
+    """Negative control: two ctxs swapped between ranks far apart fail check_real_queries."""
+    swapped = _swapped_ctxs(built.output_path, tmp_path)
     with pytest.raises(AssertionError):
-        check_real_queries(tmp_path / "eval", eval_config(eval_dir))
+        check_real_queries(swapped, eval_config(built.output_path / "eval"))
 
 
 def test_recount_disagrees_when_a_text_is_changed(built, tmp_path) -> None:
@@ -338,15 +344,9 @@ def test_multi_vector_metrics_and_maxsim_recomputed(corpus, built_multi) -> None
 
 def test_maxsim_check_catches_a_swapped_ctx(built_multi, tmp_path) -> None:
     """Negative control: two ctxs swapped between ranks far apart fail the MaxSim check."""
-    eval_dir = built_multi.output_path / "eval"
-    entries = json.loads((eval_dir / "retrieval.json").read_text())
-    for entry in entries:
-        entry["ctxs"][0], entry["ctxs"][-1] = entry["ctxs"][-1], entry["ctxs"][0]
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "retrieval.json").write_text(json.dumps(entries))
-    (tmp_path / "index").symlink_to(built_multi.output_path / "index")
+    swapped = _swapped_ctxs(built_multi.output_path, tmp_path)
     with pytest.raises(AssertionError):
-        check_real_multi_queries(tmp_path / "eval", eval_config(eval_dir))
+        check_real_multi_queries(swapped, eval_config(built_multi.output_path / "eval"))
 
 
 def test_flat_top100_equals_brute_force(large_index: Path, built) -> None:
