@@ -2,7 +2,8 @@
 TokenStore` in bounded memory: the score of question q and passage p is the sum over q's real
 tokens t of the max over p's tokens u of ``<q_t, p_u>``, as
 :func:`dpr_cache.core.similarity.scores` defines it (a passage without a token scores
-:data:`~dpr_cache.core.similarity.EMPTY_SCORE`; a question without one scores 0).
+:data:`~dpr_cache.core.similarity.EMPTY_SCORE`). A question without a token finds nothing:
+its rows are -1 and its scores -inf, as on the fast paths (:mod:`.token_ivf`).
 
 Questions are [n, L, dim] token vectors, padding the zero vector. They are scanned in blocks of
 whole questions, and for each block the store is read in blocks of whole passages
@@ -195,6 +196,8 @@ def maxsim_search(
         )
         hits = _scan(store, part, k, plan, shards)
         scores[q0:q1], rows[q0:q1] = hits.scores, hits.rows
+    empty = np.diff(tokens.starts) == 0
+    scores[empty], rows[empty] = -np.inf, -1
     return Hits(scores, rows)
 
 

@@ -101,6 +101,21 @@ def test_less_recall_with_fewer_probes_hits_or_candidates(topical, exact, monkey
     assert low < full - 0.2, (low, full)  # measured 0.21
 
 
+def test_a_question_without_a_token_finds_nothing_on_every_path(topical, exact) -> None:
+    store, questions, root = topical
+    asked = questions[:3].copy()
+    asked[1] = 0  # all padding
+    spec = IndexConfig(type="ivf", ivf_nlist=64, ivf_nprobe=16)
+    finish_index(root / "empty", store, spec)
+    for hits in (
+        maxsim_search(store, asked, K, BUDGET),
+        search_index(open_index(root / "empty", spec), asked, K, BUDGET),
+    ):
+        assert (hits.rows[1] == -1).all() and np.isneginf(hits.scores[1]).all()
+        assert (hits.rows[[0, 2]] >= 0).all()  # the others find their K
+        np.testing.assert_array_equal(hits.rows[[0, 2], 0], exact.rows[[0, 2], 0])
+
+
 def test_shortlist_keeps_the_highest_sums_of_hits() -> None:
     rng = np.random.default_rng(3)
     found = rng.integers(0, 40, size=(5, 12))

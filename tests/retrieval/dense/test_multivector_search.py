@@ -20,6 +20,7 @@ from dpr_cache.retrieval.dense import maxsim as maxsim_module
 from dpr_cache.retrieval.dense.maxsim import (
     PAIR_BYTES,
     QueryTokens,
+    block_scores,
     maxsim_search,
     plan_token_blocks,
     row_maxsim,
@@ -151,14 +152,22 @@ def test_shards_merge_into_the_whole_and_single_rows_score_alike(corpus) -> None
     assert got[0] == got[3] == EMPTY_SCORE
 
 
-def test_a_question_without_tokens_scores_as_the_reference(corpus) -> None:
+def test_a_question_without_tokens_finds_nothing_and_scores_as_the_reference(corpus) -> None:
     store, stored, questions, _ = corpus
     questions = questions.copy()
     questions[2] = 0.0
     hits = maxsim_search(store, questions, N_PASSAGES, _budget(store, questions, 10**9))
+    assert (hits.rows[2] == -1).all() and np.isneginf(hits.scores[2]).all()
     reference = _reference(questions, stored)
-    np.testing.assert_allclose(np.sort(hits.scores[2]), np.sort(reference[2]), rtol=1e-5, atol=1e-5)
-    assert set(np.unique(hits.scores[2]).tolist()) == {0.0, EMPTY_SCORE}
+    assert set(np.unique(reference[2]).tolist()) == {0.0, EMPTY_SCORE}  # every passage ties
+    np.testing.assert_allclose(
+        block_scores(QueryTokens.of(questions[2:3]), *store.take(np.arange(N_PASSAGES)))[0],
+        reference[2],
+    )
+    for i in (0, 1, 3):  # the others rank every passage as the reference does
+        np.testing.assert_allclose(
+            np.sort(hits.scores[i]), np.sort(reference[i]), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_token_shards_round_trip(corpus, tmp_path) -> None:
