@@ -11,27 +11,26 @@ variant is one more entry: ``Engine(functools.partial(dpr_cache_stepper, length_
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
 import gc
 import random
-import shlex
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.harness import cpu_text, load_average, machine_info, markdown_table, run_text
+from benchmarks import point
+from benchmarks.harness import cpu_text, markdown_table, record_run, run_text
+from benchmarks.peers import make_peer, peer_available
 from dpr_cache.core.engine import RELEASE_EVERY
-from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
+from dpr_cache.runtime.atomic import write_text_atomic
 
 RESULT_FILE, PAGE = "chunk_cost.json", "chunk_cost.md"
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "toy" / "tiny-bert"
@@ -41,26 +40,24 @@ TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "toy" / "tiny-ber
 class CostPlan:
     """The model, the batch and the timing of one run (JSON-serialisable)."""
 
-    layers: int = 12
+    layers: int = point.opt(12, "Encoder layers.")
     hidden: int = 64
     heads: int = 2
     intermediate: int = 256
     dropout: float = 0.1
-    questions: int = 64  # B: questions a step
+    questions: int = point.opt(64, "B, questions a step.")
     hard_negatives: int = 1  # passages a step: questions x (1 + hard_negatives)
     q_len: int = 16  # mean question tokens (each row drawn from half to 1.5 times this)
     p_len: int = 32  # mean passage tokens (likewise)
-    chunks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # question chunks
-    rounds: int = 9
-    threads: int = 1
-    device: str = "cpu"
+    chunks: list[int] = point.opt([1, 2, 4, 8, 16], "Question chunks a step.")
+    rounds: int = point.opt(9, "Timed steps of every case.")
+    threads: int = point.opt(1, "torch threads.")
+    device: str = point.opt("cpu", "cpu | cuda.")
     seed: int = 0
-    dry_run: bool = False
+    dry_run: bool = point.opt(False, "Seconds: a small model, two rounds.")
 
 
 DRY_RUN = {"layers": 2, "questions": 16, "chunks": [1, 2, 4], "rounds": 2}
-INT_OPTIONS = {"rounds": "Timed steps of every case.", "layers": "Encoder layers."}
-INT_OPTIONS["questions"] = "B, questions a step."
 
 
 @dataclass(frozen=True)
@@ -75,26 +72,12 @@ class Engine:
 
 
 def dpr_cache_stepper(model, chunk: int, group_size: int, **options):
-    """dpr-cache's GradCache step as the trainer builds it (``release_memory`` included),
-    ``chunk`` rows in both towers; ``options`` (a variant's settings) go to ``make_stepper``."""
-    from dpr_cache.core.loss import InfoNCE
-    from dpr_cache.core.objective import Objective, make_loss_fn
-    from dpr_cache.core.steppers import Towers, make_stepper
-    from dpr_cache.runtime.memory import trim
-
-    loss_fn = make_loss_fn(Objective(group_size, InfoNCE(1.0)))
-    towers = Towers(model.encode_query, model.encode_passage)
-    options = {"release_memory": trim, **options}
-    return make_stepper("gradcache", towers, loss_fn, chunk_size=chunk, **options)
+    """dpr-cache's GradCache step as the trainer builds it, ``chunk`` rows in both towers."""
+    return point.own_stepper(model, "gradcache", chunk, group_size, **options)
 
 
 def _peer(name: str) -> Engine:
-    def make(model, chunk: int, group_size: int):
-        from benchmarks.peers import make_peer
-
-        return make_peer(name, model, chunk)
-
-    return Engine(make, fast_dropout=False, peer=name)
+    return Engine(lambda model, chunk, group: make_peer(name, model, chunk), False, name)
 
 
 COMPILED_WIDTH = 64  # the compiled variant's length bucket: one graph a chunk count and tower
@@ -110,8 +93,6 @@ ENGINES: dict[str, Engine] = {
 
 def available_engines(names: list[str]) -> tuple[list[str], list[dict]]:
     """The engines of ``names`` that can run here, and the skipped ones with why."""
-    from benchmarks.peers import peer_available
-
     if unknown := [n for n in names if n not in ENGINES]:
         raise SystemExit(f"error: unknown engine(s) {unknown}; known: {list(ENGINES)}")
     peers = {n: ENGINES[n].peer for n in names}
@@ -138,13 +119,7 @@ def build_model_dir(plan: CostPlan, folder: Path) -> Path:
 
 def load_model(folder: Path, engine: Engine, device: torch.device):
     """The saved BERT as a shared-tower BiEncoder in train mode, with the engine's dropout."""
-    from dpr_cache.model.biencoder import BiEncoder
-
-    model = BiEncoder.from_pretrained(folder, shared=True, pooling="cls").to(device).train()
-    if engine.fast_dropout and device.type == "cpu":  # as the trainer: fast dropout on CPU only
-        from dpr_cache.model.fast_dropout import use_fast_dropout
-
-        use_fast_dropout([model.query_encoder])
+    model = point.load_model(folder, device, engine.fast_dropout, shared=True, pooling="cls")
     if engine.compiled:
         from dpr_cache.model.compiled import compile_mode_for, compile_towers
 
@@ -193,20 +168,14 @@ class Case:
 
 
 def warm_up(case: Case, batch: tuple) -> None:
-    """One untimed step counting the forwards and their tokens (a hook on the embeddings: a
-    peer may call the tower's forward directly); compiled towers take a second, hook-less one."""
-    sizes: list[int] = []
-
-    def count(module, args, kwargs) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        sizes.append(0 if ids is None else ids.numel())
-
-    tower = case.model.query_encoder
-    hook = getattr(tower, "embeddings", tower).register_forward_pre_hook(count, with_kwargs=True)
+    """One untimed step counting the forwards and their tokens; compiled towers take a second,
+    hook-less one."""
+    sizes, hooks = point.count_tokens(case.model)
     try:
         case.run(batch)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     case.forwards, case.tokens = len(sizes), sum(sizes)
     if ENGINES[case.engine].compiled:
         case.run(batch)
@@ -302,62 +271,35 @@ def run_chunk_cost(plan: CostPlan, names: list[str], out: Path, command: str = "
         )
     plan.chunks = sorted(set(plan.chunks))
     torch.set_num_threads(plan.threads)
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    clock, load_start = time.time(), load_average()
-    with tempfile.TemporaryDirectory(prefix="chunk-cost-") as tmp:
-        engines, lengths = measure(plan, names, build_model_dir(plan, Path(tmp)))
-    b = {n: e["fit"]["b_s"] for n, e in engines.items()}
-    own, peers = ([n for n in b if (ENGINES[n].peer is None) == mine] for mine in (True, False))
-    result = {
-        "command": command,
-        "started": started,
-        "seconds": time.time() - clock,
-        "load_average_at_start": load_start,
-        "machine": machine_info(plan.device, plan.threads),
-        "plan": asdict(plan),
-        "batch": lengths,
-        "engines": engines,
-        "ratios": [
-            {"engine": o, "peer": p, "ratio": b[o] / b[p]} for o in own for p in peers if b[p] > 0
-        ],
-        "skipped": skipped,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / RESULT_FILE, result)
-    render(result, out)
-    return result
+
+    def figures(_: Path) -> dict:
+        with tempfile.TemporaryDirectory(prefix="chunk-cost-") as tmp:
+            engines, lengths = measure(plan, names, build_model_dir(plan, Path(tmp)))
+        b = {n: e["fit"]["b_s"] for n, e in engines.items()}
+        own, peers = ([n for n in b if (ENGINES[n].peer is None) == m] for m in (True, False))
+        ratios = [{"engine": o, "peer": p, "ratio": b[o] / b[p]} for o in own for p in peers]
+        ratios = [r for r in ratios if b[r["peer"]] > 0]
+        return {"batch": lengths, "engines": engines, "ratios": ratios, "skipped": skipped}
+
+    return record_run(out, "chunk_cost", plan, command, figures, render)
 
 
-def parse_args(argv: list[str]) -> tuple[CostPlan, list[str], Path]:
+def parse_args(argv: list[str] | None) -> tuple[CostPlan, list[str], Path]:
     """The plan, the engines and the output folder from the command line."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="Folder for the json and page.")
+    parser = point.plan_parser(CostPlan, __doc__.splitlines()[0], reuse=False)
     engines = f"Of {', '.join(ENGINES)} (default: all; a dry run leaves out compiled ones)."
-    parser.add_argument("--engines", default=None, help=engines)
-    parser.add_argument("--chunks", default=None, help="Question chunks a step, e.g. 1,2,4,8,16.")
-    for key, text in INT_OPTIONS.items():
-        parser.add_argument(f"--{key}", type=int, default=None, help=text)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads.")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda.")
-    parser.add_argument("--dry-run", action="store_true", help=f"Seconds: {DRY_RUN}.")
+    parser.add_argument("--engines", type=point.comma_list(str), default=None, help=engines)
+    if "--dry-run" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**DRY_RUN)
     args = parser.parse_args(argv)
-    values = dict(DRY_RUN) if args.dry_run else {}
-    values |= {k: getattr(args, k) for k in INT_OPTIONS if getattr(args, k) is not None}
-    if args.chunks:
-        values["chunks"] = [int(n) for n in args.chunks.split(",")]
-    plan = CostPlan(**values, threads=args.threads, device=args.device, dry_run=args.dry_run)
-    if args.engines is None:
-        names = [n for n, e in ENGINES.items() if not (args.dry_run and e.compiled)]
-    else:
-        names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    return plan, names, args.out
+    plan = point.plan_of(CostPlan, args)
+    names = [n for n, e in ENGINES.items() if not (plan.dry_run and e.compiled)]
+    return plan, args.engines or names, args.out
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
     plan, names, out = parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.chunk_cost", *argv])
-    result = run_chunk_cost(plan, names, out, command)
+    result = run_chunk_cost(plan, names, out, point.command_line("benchmarks.chunk_cost", argv))
     for name, engine in result["engines"].items():
         print(f"{name}: {1e3 * engine['fit']['b_s']:.2f} ms a chunk")
     print(f"written to {out / RESULT_FILE} and {out / PAGE}")
@@ -385,19 +327,6 @@ def setup_text(result: dict) -> str:
     )
 
 
-def _crossings(result: dict, counts: list[int]) -> list[str]:
-    """Where each own engine's fitted line crosses each peer's."""
-    out = []
-    for r in result["ratios"]:
-        fa, fb = (result["engines"][r[k]]["fit"] for k in ("engine", "peer"))
-        cross = (fb["a_s"] - fa["a_s"]) / (fa["b_s"] - fb["b_s"]) if fa["b_s"] != fb["b_s"] else 0
-        where = "inside" if counts and counts[0] <= cross <= counts[-1] else "outside"
-        if cross > 0:
-            out.append(f"- `{r['engine']}` and `{r['peer']}`: near {cross:.0f} chunks, {where}")
-    intro = "Where the fitted lines cross (an extrapolation where outside the counts):"
-    return ["", intro, "", *out] if out else []
-
-
 def equal_chunks_lines(result: dict) -> list[str]:
     """Each engine's step at every chunk count all ran, own engines' over peers' alongside."""
     engines, pairs = result["engines"], [(r["engine"], r["peer"]) for r in result["ratios"]]
@@ -411,7 +340,7 @@ def equal_chunks_lines(result: dict) -> list[str]:
         for n in counts
     ]
     intro = "Median step seconds at equal chunk counts, and own engine over peer at each:"
-    return [intro, "", *markdown_table(header, rows), *_crossings(result, counts)]
+    return [intro, "", *markdown_table(header, rows)]
 
 
 def fit_lines(result: dict) -> list[str]:
@@ -421,12 +350,10 @@ def fit_lines(result: dict) -> list[str]:
         f, first, last = e["fit"], e["points"][0]["tokens"], e["points"][-1]["tokens"]
         se = "" if f["b_stderr_s"] is None else f" ± {1e3 * f['b_stderr_s']:.2f}"
         rows.append([f"`{name}`", f"**{1e3 * f['b_s']:.2f}**{se}", f"{f['a_s']:.3f}"])
-        rows[-1] += [f"{1e3 * f['residual_rms_s']:.2f}", f"{100 * f['max_relative_residual']:.1f}%"]
         rows[-1].append(f"{first:,} → {last:,} ({last / first:.2f})")
         if last < first:
             falling.append(f" `{name}`'s fall {100 * (1 - last / first):.0f}% as chunks grow.")
-    header = ["engine", "b (ms) ± standard error", "a (s)", "residual RMS (ms)"]
-    header += ["largest residual", "tokens a step, fewest → most chunks"]
+    header = ["engine", "b (ms) ± standard error", "a (s)", "tokens a step, fewest → most chunks"]
     points = len(e["points"]) if rows else 0
     ratios = [f"- `{r['engine']}` / `{r['peer']}`: **{r['ratio']:.2f}**" for r in result["ratios"]]
     return [
@@ -441,20 +368,6 @@ def fit_lines(result: dict) -> list[str]:
         " engines at equal chunk counts (above) first.",
         *(["", "Ratios of the cost of a chunk:", "", *ratios] if ratios else []),
     ]
-
-
-POINT_HEADER = ["question chunks", "rows a chunk", "chunks a step", "encoder forwards"]
-POINT_HEADER += ["tokens encoded", "step s (median)", "min – max", "fitted s"]
-
-
-def points_table(engine: dict) -> list[str]:
-    rows = [
-        [pt["question_chunks"], pt["chunk_rows"], pt["chunks"], pt["forwards"], f"{pt['tokens']:,}"]
-        + [f"{pt['step_s']:.3f}", f"{min(pt['times_s']):.3f} – {max(pt['times_s']):.3f}"]
-        + [f"{pt['fitted_s']:.3f}"]
-        for pt in engine["points"]
-    ]
-    return markdown_table(POINT_HEADER, rows)
 
 
 def markdown(result: dict) -> str:
@@ -479,9 +392,6 @@ def markdown(result: dict) -> str:
         *fit_lines(result),
     ]
     out += [f"\nNot run: `{s['engine']}`, {s['why']}." for s in result.get("skipped") or []]
-    out += ["", "## Step seconds by chunk count"]
-    for name, engine in result["engines"].items():
-        out += ["", f"`{name}`:", "", *points_table(engine)]
     return "\n".join([*out, ""])
 
 

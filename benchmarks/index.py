@@ -16,14 +16,7 @@ import torch
 
 
 def run_index_bench(
-    model: str,
-    passages: str | Path,
-    *,
-    pooling: str = "mean",
-    max_length: int = 256,
-    batch_size: int = 64,
-    limit: int | None = None,
-    threads: int | None = None,
+    model: str, passages, *, pooling="mean", max_length=256, batch_size=64, limit=None, threads=None
 ) -> dict:
     from dpr_cache.data.passages import read_passages
     from dpr_cache.data.tokenize import tokenize_passages

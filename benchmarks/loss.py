@@ -5,7 +5,7 @@
     python -m benchmarks.loss --batch 16384 --direct                # the untiled loss
     python -m benchmarks.loss --batch 4096 --dim 128 --tokens 32,256 --tile 64   # MaxSim
 
-``python -m benchmarks.synthetic --loss-sweep`` sweeps the batch size with these.
+The sweep saved in ``docs/bench/loss.jsonl`` is rows of this command.
 """
 
 from __future__ import annotations
@@ -13,37 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterable
 
-from dpr_cache.runtime.memory import available_bytes, peak_rss_bytes, rss_bytes
+from dpr_cache.runtime.memory import peak_rss_bytes, rss_bytes
 from dpr_cache.runtime.processes import run_json_child
 
 DEFAULT_TILE = 4096  # a 64 MB block buffer at fp32 (8192's: 256 MB); docs/bench/loss_memory.md
-
-
-def estimated_peak_bytes(batch: int, dim: int, tile: int | None) -> int:
-    """Rough peak RSS of one forward + backward: ~0.4 GB for torch, eight fp32 [B, d] buffers,
-    and three tile x tile blocks (tiled) or five [B, B] matrices (direct)."""
-    blocks = 5 * batch * batch if tile is None else 3 * tile * tile
-    return 400 * 2**20 + 4 * (blocks + 8 * batch * dim)
-
-
-def loss_mode(tile: int | None) -> str:
-    return "direct" if tile is None else "tiled"
-
-
-def sweep_points(batches: Iterable[int], tile: int, direct_max: int) -> list[tuple]:
-    """(batch, tile) in sweep order: per batch the direct loss (tile None, only up to
-    ``direct_max``), then the tiled one."""
-    return [(b, t) for b in batches for t in ([None] if b <= direct_max else []) + [tile]]
-
-
-def memory_shortfall(batch: int, dim: int, tile: int | None) -> str | None:
-    """Why to skip the point; None where its estimate is within 80% of the memory available."""
-    need, free = estimated_peak_bytes(batch, dim, tile), available_bytes()
-    if free is None or need <= 0.8 * free:
-        return None
-    return f"needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"
 
 
 def _inputs(batch: int, dim: int, tokens: tuple[int, int] | None, seed: int):
@@ -78,7 +52,8 @@ def _run_child(
         loss.backward()
         backward_s, backward_cpu_s = time.perf_counter() - t1, time.process_time() - c1
     peak = peak_rss_bytes()
-    row = dict(batch=batch, dim=dim, tile=tile, mode=loss_mode(tile), backward=backward)
+    mode = "direct" if tile is None else "tiled"
+    row = dict(batch=batch, dim=dim, tile=tile, mode=mode, backward=backward)
     row["tokens"] = list(tokens) if tokens is not None else None
     row.update(threads=torch.get_num_threads(), torch=torch.__version__, loss=float(loss))
     row.update(rss_after_import=rss_import, peak_after_import=peak_import)
@@ -108,21 +83,6 @@ def measure_loss_memory(
     args += ["--tokens", ",".join(map(str, tokens))] if tokens is not None else []
     args += ["--direct"] if tile is None else ["--tile", str(tile)]
     return run_json_child("benchmarks.loss", args + ([] if backward else ["--no-backward"]))
-
-
-def sweep_table(rows: list[dict]) -> str:
-    lines = [
-        "| B | mode | peak RSS GB | over inputs GB | forward s | backward s | ns / score |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        mode = "direct" if r["tile"] is None else f"tiled ({r['tile']})"
-        lines.append(
-            f"| {r['batch']} | {mode} | {r['peak_rss'] / 1e9:.2f} | "
-            f"{r['peak_over_inputs'] / 1e9:.2f} | {r['forward_s']:.2f} | "
-            f"{r['backward_s'] or 0.0:.2f} | {r['ns_per_score']:.2f} |"
-        )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -209,7 +209,7 @@ def _peer(plan: Plan, point: LossPoint, model, batch):
         CachedMultipleNegativesRankingLoss,
     )
 
-    from benchmarks.peers import st_model_over
+    from benchmarks.peers import cmnrl_features, st_model_over
 
     loss = CachedMultipleNegativesRankingLoss(
         st_model_over(model, plan.model),
@@ -217,9 +217,7 @@ def _peer(plan: Plan, point: LossPoint, model, batch):
         mini_batch_size=point.peer_rows or plan.batch,
         mini_batch_num_tokens=point.peer_tokens,
     )
-    g = batch.group_size
-    features = [batch.q_inputs]
-    features += [{k: v[h::g] for k, v in batch.p_inputs.items()} for h in range(g)]
+    features = cmnrl_features(batch.q_inputs, batch.p_inputs)
     return lambda: loss([dict(f) for f in features], None).backward()
 
 
@@ -309,7 +307,7 @@ def page(summary: dict, machine: dict, date: str, command: str = COMMAND) -> str
     plan, points, loss_ms = summary["plan"], summary["points"], summary.get("loss_ms") or {}
     fields = {**plan, "machine": harness.machine_text(machine), "date": date, "command": command}
     options = [
-        {**p, "name": name[8:], "ms": f"{loss_ms[name[8:]]:.1f}" if name[8:] in loss_ms else "–"}
+        {**p, "name": name[8:], "ms": _or_dash(loss_ms.get(name[8:]), ".1f")}
         for name, p in points.items()
         if name.startswith("option: ")
     ]
@@ -324,17 +322,17 @@ def page(summary: dict, machine: dict, date: str, command: str = COMMAND) -> str
         ]
     lines += [LOSS_NOTE] if loss_ms else []
     budgets = [
-        {
-            **p,
-            "name": name,
-            "ratio": f"{p['speedup_vs_cmnrl']:.2f}" if "speedup_vs_cmnrl" in p else "–",
-        }
+        {**p, "name": name, "ratio": _or_dash(p.get("speedup_vs_cmnrl"), ".2f")}
         for name, p in points.items()
         if name.startswith(("rows ", "tokens ", "cmnrl "))
     ]
     lines += [BUDGETS, *harness.format_table(BUDGET_TABLE, budgets)]
     lines += ["", "Failed: " + "; ".join(summary["errors"])] if summary["errors"] else []
     return "\n".join(lines) + "\n"
+
+
+def _or_dash(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
@@ -349,11 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="Where the points and pages go.")
     parser.add_argument("--dry-run", action="store_true", help="The toy set and model, one round.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default all).")
-    parser.add_argument(
-        "--fresh",
-        action="store_true",
-        help="Measure every point again (losses_points.jsonl emptied first).",
-    )
+    fresh = f"Measure every point again ({POINTS} emptied first)."
+    parser.add_argument("--fresh", action="store_true", help=fresh)
     args = parser.parse_args(argv)
     plan = dataclasses.replace(DRY if args.dry_run else Plan(), threads=args.threads)
     summary = run(plan, args.out, reuse=not args.fresh)
@@ -365,16 +360,16 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def child(payload: dict) -> None:
+def child(payload: dict) -> dict:
+    """A point measured (or, with ``loss_only``, the loss alone) in this process."""
     plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["plan"].items()})
     if payload.get("loss_only"):
-        print(json.dumps(loss_only(plan)), flush=True)
-    else:
-        print(json.dumps(measure(plan, LossPoint(**payload["point"]))), flush=True)
+        return loss_only(plan)
+    return measure(plan, LossPoint(**payload["point"]))
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1].startswith("{"):
-        child(json.loads(sys.argv[1]))
+        print(json.dumps(child(json.loads(sys.argv[1]))), flush=True)
     else:
         main()

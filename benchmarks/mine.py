@@ -15,32 +15,27 @@ import math
 import shutil
 from pathlib import Path
 
-from benchmarks import harness, nq_like, scale
+from benchmarks import harness, nq_like
+from benchmarks.harness import DIM, GB, MEMORY_GB, N_FULL, NQ_PASSAGES, SCALE_TINY, SHARD_ROWS
 from dpr_cache.runtime.atomic import write_text_atomic
 from dpr_cache.runtime.memory import HEADROOM_GB
 
 SMALL = {  # the small run's settings, saved with its figures
-    "passages": 300 if scale.TINY else 5_000,
-    "dim": scale.DIM,
-    "layers": 2 if scale.TINY else 12,  # BERT-base's depth: the question encoder's cost
-    "part": 64 if scale.TINY else 2_048,  # mine's default --batch
+    "passages": 300 if SCALE_TINY else 5_000,
+    "dim": DIM,
+    "layers": 2 if SCALE_TINY else 12,  # BERT-base's depth: the question encoder's cost
+    "part": 64 if SCALE_TINY else 2_048,  # mine's default --batch
     "depth": 100,
     "negatives": 30,
-    "contexts": 10 if scale.TINY else 100,  # NQ's training records hold 100 contexts
-    "memory_gb": scale.MEMORY_GB,
+    "contexts": 10 if SCALE_TINY else 100,  # NQ's training records hold 100 contexts
+    "memory_gb": MEMORY_GB,
 }
-QUESTIONS = (64, 256) if scale.TINY else (2_048, 8_192)
+QUESTIONS = (64, 256) if SCALE_TINY else (2_048, 8_192)
 INDEX_LENGTH = 64  # the passages' encoding is not part of mining; kept short
-
-
-def _small_index(work: Path, model: Path) -> dict:
-    config = work / "small.yaml"
-    data = f"{{passages: {work / 'passages.tsv'}, cache_dir: {work / 'cache'}}}"
-    model_settings = f"{{pooling: cls, max_query_length: 32, max_passage_length: {INDEX_LENGTH}}}"
-    text = f"output_dir: {work / 'small'}\nmodel: {model_settings}\ndata: {data}\n"
-    write_text_atomic(config, text + f"index: {{memory_gb: {scale.MEMORY_GB}}}\n")
-    command = harness.cli("index", "-q", config=config, model=model)
-    return harness.measured(command, work / "logs" / "index-small.txt")
+NQ_QUESTIONS = 58_880  # biencoder-nq-train.json
+ID_TABLE_BYTES = 16  # a passage's id hash and row, the table that finds the positives
+EVAL_QUESTIONS = 3_610  # the scale page's eval: NQ test's questions, top 100 each
+EVAL_READ = "read passages, match answers, write retrieval.json"
 
 
 def _mine_run(work: Path, model: Path, n: int) -> dict:
@@ -50,10 +45,11 @@ def _mine_run(work: Path, model: Path, n: int) -> dict:
     inputs = {"model": model, "index": work / "small" / "index", "train": train, "out": mined}
     rules = {k: SMALL[k] for k in ("depth", "negatives", "memory_gb")}
     rules |= {"batch": SMALL["part"], "cache_dir": work / "cache"}
-    command = harness.cli("mine", "-q", **inputs, **rules)
-    figures = harness.measured(command, work / "logs" / f"mine-{n}.txt")
+    figures = harness.measured(
+        harness.cli("mine", "-q", **inputs, **rules), work / "logs" / f"mine-{n}.txt"
+    )
     summary = json.loads(mined.with_suffix(".summary.json").read_text())
-    figures |= {"questions": n, "train_gb": round(train.stat().st_size / scale.GB, 3)}
+    figures |= {"questions": n, "train_gb": round(train.stat().st_size / GB, 3)}
     figures["stages"] = summary["seconds_by_stage"]
     figures |= {k: summary[k] for k in ("negatives", "candidates", "dropped")}
     train.unlink()
@@ -61,58 +57,47 @@ def _mine_run(work: Path, model: Path, n: int) -> dict:
     return figures
 
 
+SMALL_CONFIG = """output_dir: {work}/small
+model: {{pooling: cls, max_query_length: 32, max_passage_length: {length}}}
+data: {{passages: {work}/passages.tsv, cache_dir: {work}/cache}}
+index: {{memory_gb: {memory_gb}}}
+"""
+
+
 def step_small(work: Path) -> dict:
     if not (work / "passages.tsv").is_file():
         nq_like.write_passages_tsv(work / "passages.tsv", SMALL["passages"])
-    model = work / "bert-base-random"
+    model, config = work / "bert-base-random", work / "small.yaml"
     if not model.is_dir():
-        harness.write_random_bert(model, hidden=scale.DIM, layers=SMALL["layers"])
-    out = {**SMALL, "index": _small_index(work, model), "load_average": harness.load_average()}
+        harness.write_random_bert(model, hidden=DIM, layers=SMALL["layers"])
+    write_text_atomic(
+        config, SMALL_CONFIG.format(work=work, length=INDEX_LENGTH, memory_gb=MEMORY_GB)
+    )
+    command = harness.cli("index", "-q", config=config, model=model)
+    index = harness.measured(command, work / "logs" / "index-small.txt")
+    out = {**SMALL, "index": index, "load_average": harness.load_average()}
     return out | {"runs": {str(n): _mine_run(work, model, n) for n in QUESTIONS}}
 
 
 def step_scan(work: Path) -> dict:
     part, depth = SMALL["part"], SMALL["depth"]
-    paths = nq_like.write_vectors(work / "vectors", scale.N_FULL, scale.DIM, scale.SHARD_ROWS)
-    queries = nq_like.write_queries(work / "part-queries.npy", part, scale.DIM)
+    paths = nq_like.write_vectors(work / "vectors", N_FULL, DIM, SHARD_ROWS)
+    queries = nq_like.write_queries(work / "part-queries.npy", part, DIM)
 
     def before_search() -> dict:
-        seconds = 1.0 if scale.TINY else 20.0
-        rate = round(harness.matmul_gflops(part, scale.DIM, seconds=seconds), 1)
-        return {"matmul_gflops": rate, "load_average": harness.load_average()}
+        rate = harness.matmul_gflops(part, DIM, seconds=1.0 if SCALE_TINY else 20.0)
+        return {"matmul_gflops": round(rate, 1), "load_average": harness.load_average()}
 
-    figures = scale.exact_search(work, "21M", "part-*.npy", queries, part, depth, before_search)
-    disk = round(sum(p.stat().st_size for p in paths) / scale.GB, 2)
+    figures = harness.exact_search(work, "21M", "part-*.npy", queries, part, depth, before_search)
+    disk = round(sum(p.stat().st_size for p in paths) / GB, 2)
     shutil.rmtree(work / "flat-21M")
     shutil.rmtree(work / "vectors")  # 32 GB
-    settings = {"queries": part, "k": depth, "memory_gb": scale.MEMORY_GB, "disk_gb": disk}
-    return figures | settings
-
-
-STEPS = {"small": step_small, "scan": step_scan}
+    return figures | {"queries": part, "k": depth, "memory_gb": MEMORY_GB, "disk_gb": disk}
 
 
 def main(argv: list[str] | None = None) -> None:
-    description = __doc__.splitlines()[0]
-    harness.run_steps(argv, description, STEPS, Path("runs/mine-bench"), "mine.json", render)
-
-
-NQ_QUESTIONS = 58_880  # biencoder-nq-train.json
-NQ_PASSAGES = 21_015_324  # psgs_w100.tsv
-ID_TABLE_BYTES = 16  # a passage's id hash and row, the table that finds the positives
-EVAL_QUESTIONS = 3_610  # the scale page's eval: NQ test's questions, top 100 each
-EVAL_READ = "read passages, match answers, write retrieval.json"
-
-
-def _read_rate(seconds: float, n: int, depth: int, evals: dict | None) -> tuple[float, str]:
-    """Seconds a candidate read, and how: the slower of here and the 21M eval's reading."""
-    here = seconds / (n * depth)
-    there = evals["stages"][EVAL_READ] / (EVAL_QUESTIONS * 100) if evals else 0
-    how = f"{NQ_QUESTIONS:,} x {depth} at {1e6 * max(here, there):.1f} us a candidate"
-    if there <= here:
-        return here, f"{how} (here)"
-    why = "slower than here; its stage also matched answers and wrote its file"
-    return there, f"{how} (the scale page's eval at 21M, {why})"
+    steps, work = {"small": step_small, "scan": step_scan}, Path("runs/mine-bench")
+    harness.run_steps(argv, __doc__.splitlines()[0], steps, work, "mine.json", render)
 
 
 def _projected(stage: str, seconds: float, run: dict, small: dict, scan: dict, evals) -> tuple:
@@ -124,9 +109,13 @@ def _projected(stage: str, seconds: float, run: dict, small: dict, scan: dict, e
         last = NQ_QUESTIONS - (parts - 1) * part
         how = f"one part at 21M; the last, {last:,} questions, counted whole"
         return parts * scan["seconds"], f"{parts} parts x {scan['seconds']:.1f} s ({how})"
-    if stage == "read the candidates":
-        each, how = _read_rate(seconds, n, depth, evals)
-        return NQ_QUESTIONS * depth * each, how
+    if stage == "read the candidates":  # the slower of here and the 21M eval's reading
+        here = seconds / (n * depth)
+        there = evals["stages"][EVAL_READ] / (EVAL_QUESTIONS * 100) if evals else 0
+        how = f"{NQ_QUESTIONS:,} x {depth} at {1e6 * max(here, there):.1f} us a candidate"
+        why = "slower than here; its stage also matched answers and wrote its file"
+        how += " (here)" if there <= here else f" (the scale page's eval at 21M, {why})"
+        return NQ_QUESTIONS * depth * max(here, there), how
     if stage == "apply the rules":  # the synthetic answers never match: ~30 looked at
         each, looked = seconds / run["candidates"], run["candidates"] / n
         how = f"{1e6 * each:.1f} us a candidate, all {depth} a question looked at (here"
@@ -173,22 +162,20 @@ def render(results: dict, out: Path, source: Path | None = None) -> Path:
     """``out/mine.md``, with ``source/scale.json`` (default ``out``) for the 21M read rate."""
     scale_path = (out if source is None else source) / "scale.json"
     scale = json.loads(scale_path.read_text()) if scale_path.is_file() else None
-    lines = _mine_head(results) + _mine_small(results.get("small"))
-    lines += _mine_scan(results) + _mine_projection(results, scale)
-    return write_text_atomic(out / "mine.md", "\n".join(lines) + "\n")
-
-
-def _mine_head(results: dict) -> list[str]:
-    machines = results.get("machines", {})
-    return [
-        "# `dpr-cache mine` at NQ's size, projected from measured rates",
-        "",
+    machines = results.get("machines", {}).items()
+    return harness.write_page(
+        out / "mine.md",
+        "`dpr-cache mine` at NQ's size, projected from measured rates",
         "Written by `python -m benchmarks.mine --work runs/mine-bench --out docs/bench` (resumable;"
         " each command a fresh process measured by `wait4`). All data is **synthetic**, in NQ's"
         " structure: no NQ file can be downloaded here.",
-        "",
-        *(f"Machine ({step}): {harness.cpu_text(m)}." for step, m in machines.items()),
-    ]
+        [
+            *(f"Machine ({step}): {harness.cpu_text(m)}." for step, m in machines),
+            *_mine_small(results.get("small")),
+            *_mine_scan(results),
+            *_mine_projection(results, scale),
+        ],
+    )
 
 
 def _mine_small(small: dict | None) -> list[str]:
@@ -202,35 +189,30 @@ def _mine_small(small: dict | None) -> list[str]:
         + [r["stages"].get(s, "-") for s in stages]
         for r in runs
     ]
-    return [
-        "",
+    return harness.blocks(
         "## Measured: the whole command over a small corpus",
-        "",
         f"A random BERT ({small['layers']} layers, {small['dim']}-d, CLS pooling; BERT-base has"
         f" 12 and 768) indexed {small['passages']:,} passages (`dpr-cache index`, not part of the"
         f" figures); `dpr-cache mine --depth {small['depth']} --negatives {small['negatives']}"
         f" --batch {small['part']} --memory-gb {small['memory_gb']}` over training files in NQ's"
         f" structure ({small['contexts']} contexts a question, the positive among the passages)."
         f" {_load(small)}.",
-        "",
-        *harness.markdown_table(header, rows),
-    ]
+        harness.markdown_table(header, rows),
+    )
 
 
 def _mine_scan(results: dict) -> list[str]:
     small, scan = results.get("small"), results.get("scan")
     if not scan:
         return []
-    return [
-        "",
+    return harness.blocks(
         "## Measured: one part's search at 21M",
-        "",
         f"Exact top-{scan['k']} of {scan['queries']:,} queries over {scan['rows']:,} synthetic"
         f" {small['dim'] if small else 768}-d float16 vectors ({scan['disk_gb']} GB, streamed"
         f" from disk), `--memory-gb {scan['memory_gb']}`: {scan['seconds']} s, peak RSS"
         f" {scan['peak_rss_gb']} GB, {scan['gflops']} GFLOP/s (plain float32 matmul here:"
         f" {scan['matmul_gflops']}). {_load(scan)}.",
-    ]
+    )
 
 
 def _mine_projection(results: dict, scale: dict | None) -> list[str]:
@@ -242,17 +224,13 @@ def _mine_projection(results: dict, scale: dict | None) -> list[str]:
     peaks = " and ".join(f"{r['peak_rss_gb']:.2f}" for r in runs)
     counts = " and ".join(f"{r['questions']:,}" for r in runs)
     table = [[a, f"{s:,.0f}", b] for a, s, b in rows]
-    return [
-        "",
+    total_row = f"| **total** | **{total:,.0f}** ({total / 3600:.1f} h) | |"
+    return harness.blocks(
         f"## Projected: {NQ_QUESTIONS:,} questions over {NQ_PASSAGES:,} passages",
-        "",
         "Stages that grow with the questions are scaled from the larger run above, the search"
         " from one part at 21M; where NQ would cost more than the synthetic data, the dearer case"
         " is taken: the total is an upper bound.",
-        "",
-        *harness.markdown_table(["stage", "projected s", "from"], table),
-        f"| **total** | **{total:,.0f}** ({total / 3600:.1f} h) | |",
-        "",
+        [*harness.markdown_table(["stage", "projected s", "from"], table), total_row],
         f"Peak memory: `--memory-gb` bounds the whole process (unset, {HEADROOM_GB:g} GB over what"
         " it holds at its first search), so at NQ's size the peak stays within it. What mine"
         f" holds does not grow with the questions: {peaks} GB at {counts} questions here, in"
@@ -261,7 +239,7 @@ def _mine_projection(results: dict, scale: dict | None) -> list[str]:
         f" ({ID_TABLE_BYTES} bytes a passage; about as much again while first built). The 21M"
         f" scan above ran in {scan['peak_rss_gb']:.2f} GB under `--memory-gb"
         f" {scan['memory_gb']}`, with less room than mine has by default.",
-    ]
+    )
 
 
 if __name__ == "__main__":

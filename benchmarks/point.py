@@ -1,7 +1,8 @@
-"""One benchmark point in a fresh process: a model, a mode, a batch; and the sweeps' command
-lines and resumable rows. Inputs are synthetic (random ids, rows exactly ``q_len`` / ``p_len``)
-or, with ``text`` a DPR training file, the trainer's step-0 batch, padded as the trainer does.
-A step is ``zero_grad`` and ``.step`` (forward, loss, backward), no optimizer, train mode::
+"""One benchmark point in a fresh process (a model, a mode, a batch), and what the CPU training
+benchmarks share: plans as command lines, resumable rows, steppers, token counts, plots.
+Inputs are synthetic (random ids, rows exactly ``q_len`` / ``p_len``) or, with ``text`` a DPR
+training file, the trainer's step-0 batch. A step is ``zero_grad`` and ``.step`` (forward, loss,
+backward), no optimizer, train mode::
 
     python -m benchmarks.point '{"mode": "gradcache", "batch": 128, "chunk": 32, ...}'
 
@@ -18,13 +19,12 @@ import statistics
 import sys
 import time
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from benchmarks.harness import run_child_or_error
+from benchmarks.harness import goal_target, run_child_or_error
 from dpr_cache.data.batches import EPOCH_ORDER
 from dpr_cache.runtime.atomic import append_line, read_lines, write_text_atomic
 from dpr_cache.runtime.device import autocast
@@ -34,9 +34,9 @@ OWN_MODES = ("full", "accumulate", "gradcache", "gradcache-tiled", "gradcache-na
 MODES = OWN_MODES + ("st-cmnrl", "gradcache-lib")
 
 
-def opt(default, help_: str, flag: str | None = None):
+def opt(default, help_: str):
     """A plan's field that is also an option of its command line (see :func:`plan_parser`)."""
-    meta = {"help": help_, "flag": flag}
+    meta = {"help": help_}
     if isinstance(default, list):
         return field(default_factory=functools.partial(list, default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -77,15 +77,13 @@ class PointSpec(StepSettings):
 
     @classmethod
     def from_row(cls, row: dict) -> PointSpec | None:
-        """The spec a saved row was measured with; None when the row lacks a field (measured
-        before that setting existed, so what it measured is not known)."""
+        """The spec a saved row was measured with; None where it lacks a field (older row)."""
         names = [f.name for f in dataclasses.fields(cls)]
         if any(name not in row for name in names):
             return None
         return cls(**{name: row[name] for name in names})
 
     def key(self) -> str:
-        """A stable id of the point, to reuse earlier results of the same spec."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
@@ -93,7 +91,7 @@ def _option_fields(plan_cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(plan_cls) if "help" in f.metadata]
 
 
-def plan_parser(plan_cls, description: str) -> argparse.ArgumentParser:
+def plan_parser(plan_cls, description: str, reuse: bool = True) -> argparse.ArgumentParser:
     """A parser with an option per :func:`opt` field of ``plan_cls`` (``--name``, of the field's
     type; a list comma-separated; a bool ``--name/--no-name``), ``--out`` and ``--reuse``."""
     parser = argparse.ArgumentParser(description=description)
@@ -108,10 +106,11 @@ def plan_parser(plan_cls, description: str) -> argparse.ArgumentParser:
             kw["type"] = comma_list(typing.get_args(hint)[0])
         else:
             kw["type"] = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-        parser.add_argument(f.metadata["flag"] or "--" + f.name.replace("_", "-"), **kw)
+        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
     parser.add_argument("--out", type=Path, default=Path("docs/bench"), help="Output folder.")
-    reuse = "Keep the finished rows of an earlier run in OUT."
-    parser.add_argument("--reuse", action="store_true", help=reuse)
+    if reuse:
+        text = "Keep the finished rows of an earlier run in OUT."
+        parser.add_argument("--reuse", action="store_true", help=text)
     return parser
 
 
@@ -132,11 +131,11 @@ def plan_of(plan_cls, args: argparse.Namespace, **more):
     return plan_cls(**{f.name: getattr(args, f.name) for f in _option_fields(plan_cls)}, **more)
 
 
-def command_line(module: str) -> str:
-    """This process's command, as a page prints it."""
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """This process's command (or ``module`` with ``argv``), as a page prints it."""
     import shlex
 
-    return shlex.join(["python", "-m", module, *sys.argv[1:]])
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def run_points(path: Path, jobs: list, reuse: bool, key_of, echo, run=None) -> tuple[list, int]:
@@ -164,47 +163,76 @@ def run_points(path: Path, jobs: list, reuse: bool, key_of, echo, run=None) -> t
     return rows, kept
 
 
-def point_stepper(spec: PointSpec, model):
+def pick(rows: list[dict], by: str = "", **want) -> dict | None:
+    """The last row with ``want``'s values (with ``by``, the one of the largest ``row[by]``)."""
+    found = [r for r in rows if all(r.get(k) == v for k, v in want.items())]
+    return max(found, key=lambda r: r[by], default=None) if by else (found or [None])[-1]
+
+
+def ratio_target(name: str, num: dict | None, den: dict | None, goal: str, key="pairs_per_s"):
+    """A page's target: ``num[key] / den[key]`` (two rows) against ``goal``."""
+    if num is None or den is None:
+        return goal_target(name, None, goal, "not measured in this run")
+    labels = [row.get("label") or f"{row['mode']} B={row['batch']}" for row in (num, den)]
+    detail = f"{num[key]:.4g} / {den[key]:.4g} ({labels[0]} vs {labels[1]})"
+    return goal_target(name, num[key] / den[key], goal, detail)
+
+
+def own_stepper(model, mode: str, chunk: int, group: int, tile: int | None = None, **options):
+    """dpr-cache's step of ``mode`` (full, accumulate or gradcache) as the trainer builds it
+    (``release_memory`` included); ``options`` go to ``make_stepper``."""
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
     from dpr_cache.core.steppers import Towers, make_stepper
     from dpr_cache.runtime.memory import trim
 
+    loss_fn = make_loss_fn(Objective(group, InfoNCE(1.0, tile)))
+    towers = Towers(model.encode_query, model.encode_passage)
+    options = {"release_memory": trim, **options}
+    return make_stepper(mode, towers, loss_fn, chunk_size=chunk, **options)
+
+
+def point_stepper(spec: PointSpec, model):
     if spec.mode in ("st-cmnrl", "gradcache-lib"):
         from benchmarks.peers import make_peer
 
         return make_peer(spec.mode, model, spec.chunk)
     if spec.mode not in OWN_MODES:
         raise ValueError(f"unknown mode {spec.mode!r}; expected one of {MODES}")
-    tile = spec.tile if spec.mode == "gradcache-tiled" else None
-    loss_fn = make_loss_fn(Objective(1 + spec.hard_negatives, InfoNCE(1.0, tile)))
     exact = spec.mode != "gradcache-naive"
-    return make_stepper(
+    return own_stepper(
+        model,
         "gradcache" if spec.mode.startswith("gradcache") else spec.mode,
-        Towers(model.encode_query, model.encode_passage),
-        loss_fn,
-        chunk_size=spec.chunk,
+        spec.chunk,
+        1 + spec.hard_negatives,
+        spec.tile if spec.mode == "gradcache-tiled" else None,
         keep_last_graph=exact,
         length_order=spec.length_order and exact,
-        release_memory=trim,  # as the trainer runs it
     )
+
+
+def load_model(path, device: torch.device, fast_dropout: bool, **kw):
+    """A BiEncoder (``kw``: ``from_pretrained``'s) in train mode on ``device``, with dpr-cache's
+    fast dropout where asked and on the CPU (as the trainer)."""
+    from dpr_cache.model.biencoder import BiEncoder
+
+    model = BiEncoder.from_pretrained(path, **kw).to(device).train()
+    if fast_dropout and device.type == "cpu":
+        from dpr_cache.model.fast_dropout import use_fast_dropout
+
+        use_fast_dropout([model.query_encoder, model.passage_encoder])
+    return model
 
 
 def load_point(spec: PointSpec):
     """(model in train mode, question inputs, passage inputs, passage ids, collate seconds or
     None) of ``spec``, on its device."""
     from dpr_cache.data.synthetic import synthetic_batch
-    from dpr_cache.model.biencoder import BiEncoder
 
     device = torch.device(spec.device)
-    model = BiEncoder.from_pretrained(
-        spec.model, shared=spec.shared, pooling=spec.pooling, dropout=spec.dropout
-    )
-    model = model.to(device).train()
-    if spec.fast_dropout and spec.mode in OWN_MODES and device.type == "cpu":
-        from dpr_cache.model.fast_dropout import use_fast_dropout
-
-        use_fast_dropout([model.query_encoder, model.passage_encoder])
+    fast = spec.fast_dropout and spec.mode in OWN_MODES
+    kw = {"shared": spec.shared, "pooling": spec.pooling, "dropout": spec.dropout}
+    model = load_model(spec.model, device, fast, **kw)
     collate_s = None
     if spec.text == "synthetic":
         vocab = int(model.query_encoder.config.vocab_size)
@@ -231,7 +259,7 @@ def run_point(spec: PointSpec) -> dict:
     model, q, p, ids, collate_s = load_point(spec)
     device = torch.device(spec.device)
     real_tokens = int(q["attention_mask"].sum() + p["attention_mask"].sum())
-    encoded = _count_tokens(model)
+    encoded, _ = count_tokens(model)
     stepper = point_stepper(spec, model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
@@ -240,7 +268,7 @@ def run_point(spec: PointSpec) -> dict:
     times, losses = [], []
     for _ in range(spec.warmup + spec.repeats):
         model.zero_grad(set_to_none=True)
-        encoded[0] = 0
+        encoded.clear()
         sync()
         start = time.perf_counter()
         with autocast(device, spec.precision):
@@ -257,7 +285,7 @@ def run_point(spec: PointSpec) -> dict:
     }
     out |= {"loss": losses[-1], "collate_s": collate_s, "real_tokens": real_tokens}
     # encoded tokens: of the last step, padding and every pass included
-    out |= {"encoded_tokens": encoded[0], "real_tokens_per_s": real_tokens / step_s}
+    out |= {"encoded_tokens": sum(encoded), "real_tokens_per_s": real_tokens / step_s}
     return out | {"threads_used": torch.get_num_threads(), "torch": torch.__version__}
 
 
@@ -286,34 +314,49 @@ def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, f
     return batch.q_inputs, batch.p_inputs, batch.p_ids, time.perf_counter() - start
 
 
-def _count_tokens(model) -> list[int]:
-    """A one-item list counting the token positions (padding included) every forward of the
-    encoders is given, whoever calls them (a peer may call a tower directly): a hook on each
-    tower's embeddings."""
-    count = [0]
+def count_tokens(model) -> tuple[list[int], list]:
+    """The token positions (padding included) of every forward of ``model``'s towers, whoever
+    calls them (a peer may call a tower directly), by a hook on each tower's embeddings; and the
+    hooks' handles."""
+    sizes: list[int] = []
 
     def hook(module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        count[0] += 0 if ids is None else ids.numel()
+        sizes.append(0 if ids is None else ids.numel())
 
-    for tower in {id(t): t for t in (model.query_encoder, model.passage_encoder)}.values():
-        getattr(tower, "embeddings", tower).register_forward_pre_hook(hook, with_kwargs=True)
-    return count
+    towers = {id(t): t for t in (model.query_encoder, model.passage_encoder)}.values()
+    embeddings = [getattr(tower, "embeddings", tower) for tower in towers]
+    return sizes, [e.register_forward_pre_hook(hook, with_kwargs=True) for e in embeddings]
 
 
-def child_main(module: str, run: Callable[[PointSpec], dict], argv: list[str] | None) -> None:
-    """Run ``run`` on the point given as one JSON argument; print its result as one JSON line."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit(f"usage: python -m {module} '<json PointSpec>'")
-    from dpr_cache.runtime.quiet import quiet_libraries
+def pyplot():
+    """matplotlib's pyplot, drawing off screen."""
+    import matplotlib
 
-    quiet_libraries()
-    print(json.dumps(run(PointSpec(**json.loads(argv[0])))), flush=True)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> Path:
+    """``fig`` saved as a PNG at ``path`` (whole or not at all), then closed."""
+    from dpr_cache.runtime.atomic import write_atomic
+
+    write_atomic(path, functools.partial(fig.savefig, dpi=110, format="png"))
+    pyplot().close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
-    child_main("benchmarks.point", run_point, argv)
+    """Run the point given as one JSON argument; print its result as one JSON line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m benchmarks.point '<json PointSpec>'")
+    from dpr_cache.runtime.quiet import quiet_libraries
+
+    quiet_libraries()
+    print(json.dumps(run_point(PointSpec(**json.loads(argv[0])))), flush=True)
 
 
 if __name__ == "__main__":

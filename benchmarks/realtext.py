@@ -8,7 +8,6 @@ interleaved over ``rounds`` (a slow spell spreads over all) and taken at its med
 
 from __future__ import annotations
 
-import functools
 import operator
 import statistics
 from dataclasses import asdict, dataclass
@@ -16,10 +15,9 @@ from pathlib import Path
 
 from benchmarks import harness, point
 from benchmarks.point import PointSpec, opt
-from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
+from dpr_cache.runtime.atomic import write_text_atomic
 
 POINTS_FILE = "realtext_points.jsonl"
-PROFILE_FILE = "realtext_profile.json"
 
 
 @dataclass(kw_only=True)
@@ -45,7 +43,6 @@ class RealTextPlan:
     bf16: bool = opt(True, "Also CPU bf16 rows.")
     batch_order: bool = opt(True, "Also ours in batch order, at the first batch.")
     peers: bool = opt(True, "st-cmnrl, gradcache-lib.")
-    profile: bool = opt(True, "Phase times of ours at the first batch (dropout on, off).")
     threads: int | None = opt(None, "torch threads.")
     cache_dir: str | None = opt(None, "Arrow cache of --text.")
 
@@ -107,36 +104,22 @@ def summarize(rows: list[dict], budget_gb: float) -> list[dict]:
     return out
 
 
-def _find(summaries: list[dict], **want) -> dict | None:
-    found = [s for s in summaries if all(s.get(k) == v for k, v in want.items()) and s["rounds"]]
-    return found[0] if found else None
-
-
 def targets(summaries: list[dict], plan: RealTextPlan) -> list[dict]:
     """Ours over the best full batch and each peer at the first batch (fp32), and the memory
     point's peak over the full batch of one chunk."""
-    batch = plan.batches[0]
-    ours = _find(summaries, mode="gradcache", batch=batch, precision="fp32", length_order=True)
-    fulls = [_find([s], mode="full", precision="fp32", within_budget=True) for s in summaries]
-    best = max(filter(None, fulls), key=lambda s: s["pairs_per_s"], default=None)
-    others = [(f"ours B={batch} vs the best full batch in {plan.budget_gb:g} GB", best, 1.0)]
-    for peer, goal in (("st-cmnrl", 1.3), ("gradcache-lib", 1.2)):
-        found = _find(summaries, mode=peer, batch=batch)
-        others.append((f"ours vs {peer}, B={batch}", found, goal))
-    out = []
-    for name, other, goal in others:
-        if ours is None or other is None:
-            out.append(harness.goal_target(name, None, f">= {goal}", "not measured"))
-            continue
-        mine, theirs = ours["pairs_per_s"], other["pairs_per_s"]
-        detail = f"{mine:.3g} / {theirs:.3g} pairs/s ({other['label']})"
-        out.append(harness.goal_target(name, mine / theirs, f">= {goal}", detail))
-    mem = _find(summaries, mode="gradcache", batch=plan.memory_batch or -1)
-    full = _find(summaries, mode="full", batch=plan.chunk, precision="fp32")
+    batch, pick, done = plan.batches[0], point.pick, [s for s in summaries if s["rounds"]]
+    ours = pick(done, mode="gradcache", batch=batch, precision="fp32", length_order=True)
+    best = pick(done, "pairs_per_s", mode="full", precision="fp32", within_budget=True)
+    name = f"ours B={batch} vs the best full batch in {plan.budget_gb:g} GB"
+    out = [point.ratio_target(name, ours, best, ">= 1.0")]
+    for peer, goal in (("st-cmnrl", ">= 1.3"), ("gradcache-lib", ">= 1.2")):
+        found = pick(done, mode=peer, batch=batch)
+        out.append(point.ratio_target(f"ours vs {peer}, B={batch}", ours, found, goal))
+    mem = pick(done, mode="gradcache", batch=plan.memory_batch or -1)
+    full = pick(done, mode="full", batch=plan.chunk, precision="fp32")
     if mem and full:
         name = f"ours B={mem['batch']} peak vs full B={plan.chunk}"
-        detail = f"{mem['peak_gb']:.2f} / {full['peak_gb']:.2f} GB"
-        out.append(harness.goal_target(name, mem["peak_gb"] / full["peak_gb"], "<= 1.1", detail))
+        out.append(point.ratio_target(name, mem, full, "<= 1.1", "peak_gb"))
     return out
 
 
@@ -154,18 +137,15 @@ def run_realtext(
         ]
         key_of = operator.itemgetter("key", "round")
         rows, kept = point.run_points(out / POINTS_FILE, jobs, reuse, key_of, echo)
-        profile_args = ("benchmarks.profile", asdict(timed[0]), out / PROFILE_FILE, reuse, echo)
-        profile = harness.cached_child_result(*profile_args) if plan.profile else None
         summaries = summarize(rows, plan.budget_gb)
         figures = {"rows_measured": len(jobs) - kept, "rows_kept": kept, "configs": summaries}
-        return {**figures, "targets": targets(summaries, plan), "profile": profile}
+        return {**figures, "targets": targets(summaries, plan)}
 
     return harness.record_run(out_dir, "realtext", plan, command, measure, render)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Our GradCache against full batches and the peers on real, ragged text: writes
-    realtext.json, realtext.md and realtext.png under --out."""
+    """Our GradCache against full batches and the peers on real text: realtext.json, .md, .png."""
     args = point.plan_parser(RealTextPlan, main.__doc__).parse_args(argv)
     if not Path(args.text).is_file():
         why = "no training file (run `dpr-cache data squad` and `mine --ranker bm25`)"
@@ -194,42 +174,6 @@ CONFIG_TABLE = (
     " | {encoded_tokens:,} ({times:.2f} x real) | {real_tokens:,} | {peak_gb:.2f}{over}",
 )
 
-PROFILE_TEXT = """\
-## Where the time goes
-
-Ours at B={batch}, chunk {chunk}, fp32: each phase of the engine timed by wrapping its method, \
-median of {repeats} step(s) after {warmup} warm-up, in one fresh process; then in eval mode (no \
-dropout): dropout's cost is the difference.
-"""
-PROFILE_TABLE = (
-    "phase | seconds, dropout on | share of step + optimizer | seconds, dropout off"
-    " | dropout's cost",
-    "{name} | {on:.3f} | {share} | {off:.3f} | {cost}",
-)
-PHASE_NAMES = {
-    "split": "order by length and chunk",
-    "forward_no_grad": "graph-less forward, all chunks but the kept last",
-    "forward_last": "forward of the kept last chunks, with graph",
-    "build_cache": "loss and d(loss)/d(reps)",
-    "forward_backward": "re-forward with graph + backward",
-    "optimizer": "optimizer (AdamW step)",
-    "total": "**step + optimizer**",
-}
-DROPOUT = ("dropout_on", "dropout_off")
-COLLATE = "collate (tokenize the batch; off the step, in a loader worker when training)"
-
-
-def _profile_rows(profile: dict) -> list[dict]:
-    on, off = (
-        {**profile[k], "total": profile[k]["step"] + profile[k]["optimizer"]} for k in DROPOUT
-    )
-    collate = profile.get("collate_s")
-    rows = [{"name": COLLATE, "on": collate, "off": collate, "share": "–", "cost": "–"}]
-    for key, name in PHASE_NAMES.items():
-        share, cost = f"{on[key] / on['total']:.0%}", f"{on[key] - off[key]:+.3f}"
-        rows.append({"name": name, "on": on[key], "off": off[key], "share": share, "cost": cost})
-    return rows[collate is None :]
-
 
 def _config_row(c: dict) -> dict:
     each = " / ".join(f"{s:.1f}" for s in c["step_s_each"])
@@ -238,7 +182,7 @@ def _config_row(c: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
-    """realtext.md: machine, command, recipe, targets, every configuration, the profile."""
+    """realtext.md: machine, command, recipe, targets, every configuration."""
     measured, kept = result.get("rows_measured", 0), result.get("rows_kept", 0)
     when = harness.run_text(result)
     if kept and not measured:
@@ -261,9 +205,6 @@ def markdown(result: dict) -> str:
         "![pairs per second and tokens encoded per configuration](realtext.png)",
         "",
     ]
-    if profile := result.get("profile"):
-        table = harness.format_table(PROFILE_TABLE, _profile_rows(profile))
-        lines += [PROFILE_TEXT.format(**profile), *table, ""]
     return "\n".join(lines)
 
 
@@ -276,11 +217,7 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
 
 def plot(result: dict, path: Path) -> Path:
     """Pairs per second (every round a dot, the median a bar) and tokens encoded per pair."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = point.pyplot()
     configs = [c for c in result["configs"] if c["rounds"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.45 * len(configs) + 2.2))
     ys = list(range(len(configs)))[::-1]
@@ -299,9 +236,7 @@ def plot(result: dict, path: Path) -> Path:
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(f"{result['machine']['cpu']}: training step on real text")
     fig.tight_layout()
-    write_atomic(path, functools.partial(fig.savefig, dpi=110, format="png"))
-    plt.close(fig)
-    return path
+    return point.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ from typing import Annotated
 
 import typer
 
-from benchmarks.harness import load_text, machine_info, markdown_table, save_result
-from dpr_cache.runtime.atomic import write_text_atomic
+from benchmarks.harness import load_text, machine_info, markdown_table, save_result, write_page
 from dpr_cache.runtime.processes import child_env
 
 GOAL = 1.5  # a refusal's time over --help's
@@ -117,23 +116,19 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
         for name, r in result["rows"].items()
     ]
     met = "met" if result["worst_vs_help"] <= GOAL else "not met"
-    lines = [
-        "# How fast each command refuses",
-        "",
+    return write_page(
+        folder / "refusals.md",
+        "How fast each command refuses",
         f"Measured {result['date']} with `python -m benchmarks.refusals --out docs/bench` (data: "
         f"`refusals.json`). Machine: {machine['cpu']}, {machine['cores']} cores, "
         f"{machine['ram_gb']} GB RAM; load average {load_text(machine['load_average'])}.",
-        "",
         f"Each refusal a whole process (`python -m dpr_cache ...`), interleaved over {rounds}"
         " rounds; each figure the median. Every refusal comes before torch, transformers and FAISS"
         f" are imported (`tests/cli/test_refusals_before_imports.py`). Goal: at most {GOAL}x"
         " `--help`.",
-        "",
-        *markdown_table(["command", "seconds", "x --help", "exit", "what it said"], rows),
-        "",
+        markdown_table(["command", "seconds", "x --help", "exit", "what it said"], rows),
         f"The slowest refusal: {result['worst_vs_help']:.2f}x `--help`: **{met}**.",
-    ]
-    return write_text_atomic(folder / "refusals.md", "\n".join(lines) + "\n")
+    )
 
 
 def main(

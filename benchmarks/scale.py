@@ -18,12 +18,10 @@ import time
 from pathlib import Path
 
 from benchmarks import harness, nq_like
+from benchmarks.harness import DIM, GB, MEMORY_GB, N_FULL, SHARD_ROWS
 from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
 
 TINY = harness.SCALE_TINY
-N_FULL = 20_000 if TINY else 21_015_324  # psgs_w100.tsv
-DIM = 32 if TINY else 768
-SHARD_ROWS = 2_500 if TINY else 500_000
 N_QUERIES = 50 if TINY else 3_610  # nq-test
 K = 100
 SIZES = {"1M": "part-0000[0-1].npy", "4M": "part-0000[0-7].npy", "21M": "part-*.npy"}
@@ -32,30 +30,6 @@ JSON_GB = (0.001, 0.002, 0.004) if TINY else (1, 2, 4)
 IVF = ["--nlist", "64", "--pq-m", "8"] if TINY else ["--nlist", "4096", "--pq-m", "64"]
 TOKENIZE_ROWS = 2_000 if TINY else 40_000
 MATMUL_SECONDS = 1.0 if TINY else 20.0
-MEMORY_GB = 2.0
-GB = 1e9
-
-
-def exact_search(
-    work: Path, name: str, pattern: str, queries: Path, n: int, k: int, before_search=dict
-) -> dict:
-    """``work/vectors/pattern`` indexed flat, searched exactly for ``queries``: the search's
-    figures, the rows, the scan's GFLOP/s and what ``before_search()`` reads between the index
-    and the search."""
-    index, logs = work / f"flat-{name}", work / "logs"
-    embeddings = work / "vectors" / pattern
-    harness.measured(
-        harness.cli("index", embeddings=embeddings, out=index), logs / f"index-flat-{name}.txt"
-    )
-    rows = json.loads((index / "meta.json").read_text())["rows"]
-    before = before_search()
-    options = {"index": index, "query_embeddings": queries, "k": k, "memory_gb": MEMORY_GB}
-    found = work / f"exact-{name}.trec"
-    figures = harness.measured(
-        harness.cli("search", out=found, **options), logs / f"search-flat-{name}.txt"
-    )
-    gflops = round(2 * n * rows * DIM / figures["seconds"] / 1e9, 1)
-    return {**figures, "rows": rows, "gflops": gflops, **before}
 
 
 def step_vectors(work: Path) -> dict:
@@ -63,33 +37,24 @@ def step_vectors(work: Path) -> dict:
     paths = nq_like.write_vectors(work / "vectors", N_FULL, DIM, SHARD_ROWS)
     nq_like.write_queries(work / "queries.npy", N_QUERIES, DIM)
     size = sum(p.stat().st_size for p in paths)
-    seconds = round(time.perf_counter() - start, 1)
     shape = {"rows": N_FULL, "dim": DIM, "dtype": "float16", "shards": len(paths)}
-    return {**shape, "disk_gb": round(size / GB, 2), "seconds": seconds}
+    return {**shape, "disk_gb": round(size / GB, 2), "seconds": _since(start)}
 
 
 def step_exact(work: Path) -> dict:
-    out = {"memory_gb": MEMORY_GB, "queries": N_QUERIES, "k": K, "sizes": {}}
-    out["matmul_gflops"] = round(harness.matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1)
-    for name, pattern in SIZES.items():
-        queries = work / "queries.npy"
-        out["sizes"][name] = exact_search(work, name, pattern, queries, N_QUERIES, K)
-    out["matmul_gflops_after"] = round(
-        harness.matmul_gflops(N_QUERIES, DIM, seconds=MATMUL_SECONDS), 1
-    )
-    return out
-
-
-def _top(path: Path) -> dict[str, set[str]]:
-    found: dict[str, set[str]] = {}
-    for qid, _, pid, *_ in map(str.split, path.read_text().splitlines()):
-        found.setdefault(qid, set()).add(pid)
-    return found
+    rate = functools.partial(harness.matmul_gflops, N_QUERIES, DIM, seconds=MATMUL_SECONDS)
+    out = {"memory_gb": MEMORY_GB, "queries": N_QUERIES, "k": K, "matmul_gflops": round(rate(), 1)}
+    queries = work / "queries.npy"
+    sizes = {n: harness.exact_search(work, n, p, queries, N_QUERIES, K) for n, p in SIZES.items()}
+    return out | {"sizes": sizes, "matmul_gflops_after": round(rate(), 1)}
 
 
 def recall(run: Path, exact: Path) -> float:
     """Mean share of each query's exact top k that the run found."""
-    got, want = _top(run), _top(exact)
+    got, want = {}, {}
+    for found, path in ((got, run), (want, exact)):
+        for qid, _, pid, *_ in map(str.split, path.read_text().splitlines()):
+            found.setdefault(qid, set()).add(pid)
     shares = [len(got.get(q, set()) & w) / len(w) for q, w in want.items()]
     return round(sum(shares) / len(shares), 4)
 
@@ -107,13 +72,8 @@ def _approximate(work: Path, kind: str, name: str, memory_gb: float, *extra: str
     search_figures = harness.measured(search, logs / f"search-{kind}-{name}.txt")
     params = json.loads((index / "meta.json").read_text())["index_params"]
     shutil.rmtree(index)  # keep the disk for the next steps
-    return {
-        "build": build_figures,
-        "search": search_figures,
-        "index_gb": round(size / GB, 3),
-        "recall_at_100": recall(run, work / f"exact-{name}.trec"),
-        "params": params,
-    }
+    figures = {"build": build_figures, "search": search_figures, "index_gb": round(size / GB, 3)}
+    return figures | {"recall_at_100": recall(run, work / f"exact-{name}.trec"), "params": params}
 
 
 def _into_arrow(source: Path, log: Path, size_key: str, module: str, load: str, *args) -> dict:
@@ -128,11 +88,10 @@ def _into_arrow(source: Path, log: Path, size_key: str, module: str, load: str, 
 
 def step_tsv(work: Path) -> dict:
     """A 21M-row passages TSV (and its first 1M and 4M rows) streamed into Arrow caches."""
-    full = work / "passages-21M.tsv"
-    start = time.perf_counter()
+    full, start = work / "passages-21M.tsv", time.perf_counter()
     if not full.is_file():
         nq_like.write_passages_tsv(full, N_FULL)
-    out = {"write_seconds": round(time.perf_counter() - start, 1), "sizes": {}}
+    out = {"write_seconds": _since(start), "sizes": {}}
     for name, rows in TSV_ROWS.items():
         whole = rows == N_FULL  # only the full file and its cache are needed later
         tsv = full if whole else work / f"passages-{name}.tsv"
@@ -143,21 +102,16 @@ def step_tsv(work: Path) -> dict:
         log = work / "logs" / f"arrow-tsv-{name}.txt"
         out["sizes"][name] = _into_arrow(tsv, log, "tsv_gb", "passages", "load_passages", cache)
         if not whole:
-            tsv.unlink()
-            shutil.rmtree(cache, ignore_errors=True)
+            _remove(tsv, cache)
     return out
 
 
-def _eval_config(work: Path, run: Path) -> Path:
-    data = f"passages: {work / 'passages-21M.tsv'}, dev_qa: {work / 'nq-test.qa.tsv'}"
-    config = f"""output_dir: {run}
+EVAL_CONFIG = """output_dir: {run}
 model: {{pooling: cls, max_query_length: 32}}
-data: {{{data}, cache_dir: {work / "cache"}}}
-index: {{memory_gb: {MEMORY_GB}}}
+data: {{passages: {work}/passages-21M.tsv, dev_qa: {work}/nq-test.qa.tsv, cache_dir: {work}/cache}}
+index: {{memory_gb: {memory_gb}}}
 eval: {{top_k: [1, 5, 20, 100]}}
 """
-    write_text_atomic(work / "eval.yaml", config)
-    return work / "eval.yaml"
 
 
 def step_eval(work: Path) -> dict:
@@ -171,22 +125,29 @@ def step_eval(work: Path) -> dict:
     index = harness.measured(
         harness.cli("index", embeddings=vectors, out=run / "index"), logs / "eval-index.txt"
     )
-    command = harness.cli("eval", "-q", config=_eval_config(work, run), model=model)
+    config = EVAL_CONFIG.format(run=run, work=work, memory_gb=MEMORY_GB)
+    write_text_atomic(work / "eval.yaml", config)
+    command = harness.cli("eval", "-q", config=work / "eval.yaml", model=model)
     figures = harness.measured(command, logs / "eval.txt")
     stages = json.loads((run / "eval" / "timings.json").read_text())["seconds"]
     return {"index": index, "eval": figures, "stages": stages, "memory_gb": MEMORY_GB}
 
 
-def step_cleanup(work: Path) -> dict:
+def _remove(*paths: Path) -> int:
+    """Bytes freed by deleting ``paths`` (files or folders; a missing one frees none)."""
     freed = 0
-    for path in [work / "passages-21M.tsv", work / "cache", work / "vectors", work / "eval-run"]:
-        if path.is_file():
-            freed += path.stat().st_size
-            path.unlink()
-        elif path.is_dir():
-            freed += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    for path in paths:
+        files = [path] if path.is_file() else path.rglob("*") if path.is_dir() else []
+        freed += sum(p.stat().st_size for p in files if p.is_file())
+        if path.is_dir():
             shutil.rmtree(path)
-    return {"freed_gb": round(freed / GB, 1)}
+        path.unlink(missing_ok=True)
+    return freed
+
+
+def step_cleanup(work: Path) -> dict:
+    names = ("passages-21M.tsv", "cache", "vectors", "eval-run")
+    return {"freed_gb": round(_remove(*(work / n for n in names)) / GB, 1)}
 
 
 def step_json(work: Path) -> dict:
@@ -197,8 +158,7 @@ def step_json(work: Path) -> dict:
         log = work / "logs" / f"arrow-json-{gb}GB.txt"
         figures = _into_arrow(path, log, "json_gb", "training", "load_training_set", cache)
         out[f"{gb}GB"] = {**figures, "questions": questions}
-        path.unlink()
-        shutil.rmtree(cache, ignore_errors=True)
+        _remove(path, cache)
     return out
 
 
@@ -226,15 +186,14 @@ def step_tokenize(work: Path) -> dict:
         nq_like.write_passages_tsv(tsv, TOKENIZE_ROWS, words=220)  # ~256 tokens after truncation
     out = {}
     for workers in (0, 1, 2):
-        args = [str(tsv), str(work / "tok-cache"), str(workers)]
-        done = harness.run_measured(
-            [sys.executable, "-c", _TOKENIZE, *args], env=harness.child_env()
-        )
-        if done.returncode:
-            raise RuntimeError(done.stderr[-2000:])
-        row = json.loads(done.stdout.strip().splitlines()[-1])
+        cmd = [sys.executable, "-c", _TOKENIZE, str(tsv), str(work / "tok-cache"), str(workers)]
+        row = harness.measured(cmd, work / "logs" / f"tokenize-{workers}.txt", printed=True)
         out[f"{workers} workers"] = {"passages_per_s": round(row["passages"] / row["seconds"], 1)}
     return out
+
+
+def _since(start: float) -> float:
+    return round(time.perf_counter() - start, 1)
 
 
 STEPS = {
@@ -250,26 +209,22 @@ STEPS = {
 }
 
 
-def _this_machine(results: dict) -> None:
-    results["machine"] = harness.cpu_info()  # the page's
-
-
 def main(argv: list[str] | None = None) -> None:
-    description = __doc__.splitlines()[0]
+    work, page_machine = Path("runs/scale"), lambda r: r.update(machine=harness.cpu_info())
     harness.run_steps(
-        argv, description, STEPS, Path("runs/scale"), "scale.json", render, _this_machine
+        argv, __doc__.splitlines()[0], STEPS, work, "scale.json", render, page_machine
     )
 
 
-def _target(name: str, goal: str, value, shown: str, bound: float, above: bool = False) -> tuple:
-    """(target, measured, goal, met): ``value`` at most ``bound`` (``above``: at least)."""
-    if value is None:
-        return (name, "-", goal, None)
-    return (name, shown.format(value), goal, value >= bound if above else value <= bound)
+def _target(name: str, goal: str, value, shown: str, bound: float, above: bool = False) -> dict:
+    """A page's target: ``value`` at most ``bound`` (``above``: at least); "-" if unmeasured."""
+    met = None if value is None else value >= bound if above else value <= bound
+    shown = "-" if value is None else shown.format(value)
+    return {"target": name, "shown": shown, "goal": goal, "met": met}
 
 
-def targets(results: dict) -> list[tuple[str, str, str, bool | None]]:
-    """(target, measured, goal, met) of the exact search at 1M, 4M and 21M vectors."""
+def targets(results: dict) -> list[dict]:
+    """The exact search's targets at 1M, 4M and 21M vectors."""
     exact = results.get("exact")
     if not exact:
         return []
@@ -312,17 +267,16 @@ def _plot(results: dict, path: Path) -> None:
 
 
 def render(results: dict, out: Path, source: Path | None = None) -> Path:
-    """``out/scale.md`` (and ``scale.png``) from the figures so far, ``scale_notes.md`` (of
-    ``source``, else ``out``) appended."""
+    """``out/scale.md`` and ``scale.png``, ``scale_notes.md`` (of ``source``, else ``out``) last."""
     lines = _head(results)
-    for key, title in SECTIONS.items():
-        if not results.get(key):
-            continue
-        intro, header, rows = _section(key, results[key])
-        lines += ["", f"## {title}", "", *intro, *harness.markdown_table(header, rows)]
-        if key == "exact":
+    for key, (title, header, template) in SECTIONS.items():
+        if results.get(key):
+            intro, rows = _section(key, results[key])
+            table = harness.format_table((header, template), rows, "l" * (header.count("|") + 1))
+            lines += harness.blocks(f"## {title}", *intro, table)
+        if key == "exact" and results.get(key):
             _plot(results, out / "scale.png")
-            lines += ["", "![memory and time against the corpus size](scale.png)"]
+            lines += harness.blocks("![memory and time against the corpus size](scale.png)")
     text = "\n".join(lines) + "\n"
     notes = (source or out) / "scale_notes.md"
     if notes.is_file():
@@ -340,62 +294,64 @@ def _head(results: dict) -> list[str]:
         " structure and size: no NQ file can be downloaded here.",
         "",
         f"Machine: {harness.cpu_text(results.get('machine', {}))}.",
+        *harness.step_machines(results.get("machines", {})),
     ]
-    lines += harness.step_machines(results.get("machines", {}))
     if targets(results):
         met = {True: "yes", False: "**no**", None: "-"}
-        rows = [[t, v, g, met[ok]] for t, v, g, ok in targets(results)]
-        lines += ["", "## Targets (exact search)", ""]
-        lines += harness.markdown_table(["target", "measured", "goal", "met"], rows)
+        rows = [{**t, "met": met[t["met"]]} for t in targets(results)]
+        spec = ("target | measured | goal | met", "{target} | {shown} | {goal} | {met}")
+        lines += harness.blocks(
+            "## Targets (exact search)", harness.format_table(spec, rows, "llll")
+        )
     return lines
 
 
-SECTIONS = {
-    "exact": "Exact search, streamed from disk",
-    "ivfpq": "IVFPQ",
-    "hnsw": "HNSW",
-    "tsv": "Passages TSV -> Arrow",
-    "json": "Training JSON -> Arrow",
-    "eval": "`dpr-cache eval` at full size",
-    "tokenize": "Tokenization (256-token (title, text) pairs, fast tokenizer)",
+APPROXIMATE = (
+    "vectors | recall@100 vs exact | build s | build peak GB | search s | search peak GB"
+    " | index GB | params",
+    "{name} | {recall_at_100} | {build[seconds]} | {build[peak_rss_gb]} | {search[seconds]}"
+    " | {search[peak_rss_gb]} | {index_gb} | {params}",
+)
+ARROW = (
+    "file | GB | peak RSS GB | wall s | MB/s",
+    "{name} | {gb} | {peak_rss_gb} | {seconds} | {mb_per_s}",
+)
+SECTIONS = {  # key: the section's title, its table's header and row template
+    "exact": (
+        "Exact search, streamed from disk",
+        "vectors | on disk GB | peak RSS GB | wall s | GFLOP/s",
+        "{rows:,} | {disk:.1f} | {peak_rss_gb} | {seconds} | {gflops}",
+    ),
+    "ivfpq": ("IVFPQ", *APPROXIMATE),
+    "hnsw": ("HNSW", *APPROXIMATE),
+    "tsv": ("Passages TSV -> Arrow", *ARROW),
+    "json": ("Training JSON -> Arrow", *ARROW),
+    "eval": ("`dpr-cache eval` at full size", "stage | s", "{name} | {s}"),
+    "tokenize": (
+        "Tokenization (256-token (title, text) pairs, fast tokenizer)",
+        "loader | passages/s",
+        "{name} | {passages_per_s}",
+    ),
 }
 
 
-def _section(key: str, r: dict) -> tuple[list[str], list[str], list[list]]:
+def _section(key: str, r: dict) -> tuple[list[str], list[dict]]:
+    """A section's paragraph (or none) and its table's rows."""
     if key == "exact":
-        rows = [
-            [f"{s['rows']:,}", f"{s['rows'] * 768 * 2 / 1e9:.1f}", s["peak_rss_gb"], s["seconds"]]
-            + [s["gflops"]]
-            for s in r["sizes"].values()
-        ]
         text = (
             f"Top-{r['k']} of {r['queries']:,} unit queries over clustered unit vectors (768-d,"
             " float16 shards of 500,000 rows, read block by block into reused buffers; float32"
             f" scores), `--memory-gb {r['memory_gb']}`. Plain float32 matmul on this machine:"
             f" {r['matmul_gflops']} GFLOP/s before, {r.get('matmul_gflops_after', '-')} after."
         )
-        return [text, ""], ["vectors", "on disk GB", "peak RSS GB", "wall s", "GFLOP/s"], rows
-    if key in ("ivfpq", "hnsw"):
-        header = ["vectors", "recall@100 vs exact", "build s", "build peak GB", "search s"]
-        header += ["search peak GB", "index GB", "params"]
-        rows = [
-            [n, a["recall_at_100"], a["build"]["seconds"], a["build"]["peak_rss_gb"]]
-            + [a["search"]["seconds"], a["search"]["peak_rss_gb"], a["index_gb"], a["params"]]
-            for n, a in r.items()
-        ]
-        return [], header, rows
-    if key in ("tsv", "json"):
-        sizes = r["sizes"] if key == "tsv" else r
-        rows = [
-            [n, s.get("tsv_gb", s.get("json_gb")), s["peak_rss_gb"], s["seconds"], s["mb_per_s"]]
-            for n, s in sizes.items()
-        ]
-        return [], ["file", "GB", "peak RSS GB", "wall s", "MB/s"], rows
+        return [text], [{**s, "disk": s["rows"] * 768 * 2 / 1e9} for s in r["sizes"].values()]
     if key == "eval":
         whole = f"Whole command: {r['eval']['seconds']} s, peak RSS {r['eval']['peak_rss_gb']} GB"
-        intro = [f"{whole} (`index.memory_gb: {r['memory_gb']}`). Stages:", ""]
-        return intro, ["stage", "s"], [[k, v] for k, v in r["stages"].items()]
-    return [], ["loader", "passages/s"], [[k, v["passages_per_s"]] for k, v in r.items()]
+        intro = f"{whole} (`index.memory_gb: {r['memory_gb']}`). Stages:"
+        return [intro], [{"name": k, "s": v} for k, v in r["stages"].items()]
+    sizes = r["sizes"] if key == "tsv" else r
+    rows = [{"name": n, **s, "gb": s.get("tsv_gb", s.get("json_gb"))} for n, s in sizes.items()]
+    return [], rows
 
 
 if __name__ == "__main__":

@@ -21,14 +21,12 @@ from pathlib import Path
 import torch
 
 from benchmarks import harness
-from dpr_cache.runtime.atomic import write_text_atomic
 
 TINY_LLAMA = Path(__file__).resolve().parents[1] / "data" / "toy" / "tiny-llama"
 SHARDS = ("none", "fsdp")
 KINDS = ("parameters", "trainable_parameters", "gradients", "optimizer_state", "held", "peak_rss")
 SPAWN_TIMEOUT = 600
 TEMPERATURE = 0.5
-PAGE, FIGURES = "sharding.md", "sharding.json"
 
 
 @dataclass(frozen=True)
@@ -107,8 +105,7 @@ def _slice(inputs, rank: int, world: int):
 
 
 def relative_gap(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    """The largest difference over every tensor, relative to the largest magnitude of ``want``;
-    infinite where the names differ."""
+    """The largest difference over the largest magnitude of ``want`` (names differ: infinite)."""
     if got.keys() != want.keys():
         return float("inf")
     scale = max(v.abs().max().item() for v in want.values())
@@ -164,10 +161,11 @@ def run_case(name: str, shard: str, plan: Plan, env) -> tuple[dict, dict]:
 
 def _rank_main(rank: int, world: int, port: int, out: str, plan: Plan, cases: list) -> None:
     """A spawned rank: run ``cases``, write ``rank{r}.json`` (and rank 0 each ``{case}.pt``)."""
+    from dpr_cache.runtime import distributed
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    from dpr_cache.runtime import distributed
 
     env = distributed.setup("cpu")
     float64_norms()
@@ -210,8 +208,7 @@ def run(plan: Plan, work: Path) -> dict:
     for world in plan.worlds:
         cases = [(m, s) for m in plan.models for s in SHARDS]
         for batch in [cases] if plan.one_group_a_world else [[c] for c in cases]:
-            folder = work / f"w{world}-{len(runs)}"
-            begun = time.monotonic()
+            folder, begun = work / f"w{world}-{len(runs)}", time.monotonic()
             ranks = _spawn(world, plan, batch, folder)
             seconds = round(time.monotonic() - begun, 1)
             for name, shard in batch:
@@ -231,13 +228,10 @@ def run(plan: Plan, work: Path) -> dict:
             none = runs[(name, r["world"], "none")]["max"]
             r["ratio"] = {k: r["max"][k] / none[k] for k in KINDS if none[k]}
         whole = build_model(name, plan)
-        models[name] = {
-            "parameters": sum(p.numel() for p in whole.parameters()),
-            "trainable": sum(p.numel() for p in whole.parameters() if p.requires_grad),
-            "towers": "shared" if whole.shared else "separate",
-            "pooling": whole.pooling,
-            "runs": rows,
-        }
+        trained = sum(p.numel() for p in whole.parameters() if p.requires_grad)
+        counts = {"parameters": sum(p.numel() for p in whole.parameters()), "trainable": trained}
+        towers = "shared" if whole.shared else "separate"
+        models[name] = {**counts, "towers": towers, "pooling": whole.pooling, "runs": rows}
     return {"models": models, "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -252,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m benchmarks.sharding" + (" --dry-run" if args.dry_run else "")
     result |= {"command": f"{command} --out {args.out}", "dry_run": args.dry_run}
     result["plan"] = asdict(plan)
-    harness.save_result(args.out / FIGURES, result, harness.machine_info("cpu", 1), render)
+    harness.save_result(args.out / "sharding.json", result, harness.machine_info("cpu", 1), render)
 
 
 NAMES = {"bert": "BERT", "llama": "tiny Llama, fully trained", "llama-lora": "tiny Llama with LoRA"}
@@ -273,31 +267,27 @@ def _row(r: dict) -> list:
     ]
 
 
-def _model_lines(name: str, m: dict) -> list[str]:
+def _model_parts(name: str, m: dict) -> list:
     trained = "all of them" if m["trainable"] == m["parameters"] else f"{m['trainable']:,}"
-    lines = [
-        "",
+    parts = [
         f"### {NAMES.get(name, name)}",
-        "",
         f"{m['parameters']:,} parameters, {trained} trained; {m['towers']} towers, "
         f"{m['pooling']} pooling. MB (10^6 bytes) the fullest rank holds; ratios to `none` at "
         "the same W; 1/W is what FSDP promises.",
-        "",
-        *harness.markdown_table(HEADER, [_row(r) for r in m["runs"]]),
+        harness.markdown_table(HEADER, [_row(r) for r in m["runs"]]),
     ]
     if "lora" in name:
         fsdp = [r for r in m["runs"] if r["shard"] == "fsdp"]
         held = [f"{r['max']['trainable_parameters'] / 1e6:.3f} MB at W={r['world']}" for r in fsdp]
-        lines += [
-            "",
+        parts.append(
             f"The trained parameters (the adapters): {', '.join(held)} under fsdp; the frozen "
-            "base is sharded with them.",
-        ]
-    return lines
+            "base is sharded with them."
+        )
+    return parts
 
 
 def _findings(result: dict) -> list[str]:
-    out = ["", "## Findings", ""]
+    out = []
     for name, m in result["models"].items():
         fsdp = [r for r in m["runs"] if r["shard"] == "fsdp" and r["world"] > 1]
         ratios = ", ".join(
@@ -311,21 +301,23 @@ def _findings(result: dict) -> list[str]:
     return out
 
 
-def markdown(result: dict) -> str:
-    """The page: machine, command, what is counted, the findings, a table for each model."""
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``folder/sharding.md``: machine, command, what is counted, the findings, each model's."""
     plan, machine = result["plan"], result["machine"]
-    lines = ["# What a rank holds: `train.shard` none (DDP) against fsdp (FSDP2), on the CPU", ""]
-    if result.get("dry_run"):
-        lines += ["**Dry run**: toy sizes, to rehearse the benchmark; not the page's figures.", ""]
+    dry = "**Dry run**: toy sizes, to rehearse the benchmark; not the page's figures."
     per_rank = ", ".join(f"{plan['n_q'] // w} at W={w}" for w in plan["worlds"])
     groups = "every case of a world size in one group, so a rank's peak RSS is all its cases'"
     if not plan.get("one_group_a_world"):
         groups = "each (model, W, sharding) in a process group of its own"
-    lines += [
-        f"`{result['command']}` ({result['date']}, {result['seconds']:.0f} s).",
-        f"Machine: {harness.cpu_text(machine)}; torch {machine['torch']}, transformers "
-        f"{machine['transformers']}, one thread a rank.",
-        "",
+    return harness.write_page(
+        Path(folder) / "sharding.md",
+        "What a rank holds: `train.shard` none (DDP) against fsdp (FSDP2), on the CPU",
+        *([dry] if result.get("dry_run") else []),
+        [
+            f"`{result['command']}` ({result['date']}, {result['seconds']:.0f} s).",
+            f"Machine: {harness.cpu_text(machine)}; torch {machine['torch']}, transformers "
+            f"{machine['transformers']}, one thread a rank.",
+        ],
         f"Each rank (gloo, on 127.0.0.1; {groups}) runs one GradCache step on its slice of a"
         f" global batch of {plan['n_q']} questions ({per_rank}; {plan['group'] - 1} hard"
         f" negative a question, chunk {plan['chunk']}, every rank's passages as negatives) and"
@@ -334,24 +326,17 @@ def markdown(result: dict) -> str:
         " `fully_shard` on each block and tower, `train.shard_sync: step`). Then it counts the"
         " bytes it holds, each DTensor by its local shard: parameters (frozen ones too),"
         " gradients, AdamW's state. The tables give the fullest rank's: counts, not timings.",
-        "",
         "Not counted: DDP's gradient buckets (a second copy of the gradients, so `none` holds"
         " more than its row at W > 1), FSDP's blocks gathered whole for their forward and"
         " backward (one at a time), the activations and GradCache's cache (alike for both).",
-        "",
         "Gradient gap: the step's gradient (gathered whole) against the W = 1 unsharded run's,"
         " the largest difference over the largest gradient: a sanity column. Peak RSS: each"
         " rank's `ru_maxrss`, dominated by the libraries (some hundreds of MB) against a model"
         " of a few MB, so it does not show the division; the counted bytes do.",
-        *_findings(result),
-    ]
-    for name, m in result["models"].items():
-        lines += _model_lines(name, m)
-    return "\n".join(lines) + "\n"
-
-
-def render(result: dict, folder: Path, source: Path | None = None) -> Path:
-    return write_text_atomic(Path(folder) / PAGE, markdown(result))
+        "## Findings",
+        _findings(result),
+        *(part for name, m in result["models"].items() for part in _model_parts(name, m)),
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ The file is kept under ``--work`` for a rerun with the same row count.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -20,31 +19,28 @@ import numpy as np
 import typer
 
 from benchmarks import harness
-from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
-from dpr_cache.runtime.processes import child_env
+from dpr_cache.runtime.atomic import write_atomic
 
 GOAL_GB = 1.0
 LENGTHS = {"anchor": 35, "positive": 330, "negative": 330}  # characters, about
 _BATCH = 100_000
+LOADS = (
+    "load | rows | seconds | rows a second | peak RSS (GB) | passes over the file",
+    "{load} | {rows:,} | {wall_s:.1f} | {rate} | {peak_rss_gb:.3f} | {passes}",
+)
 WORK = Path("runs/bench-sources")
 
 _CHILD = """
 import json, sys, time
 import pyarrow.parquet as pq
-passes = 0
-_iter = pq.ParquetFile.iter_batches
-def counted(self, *a, **k):
-    global passes
-    passes += 1
-    return _iter(self, *a, **k)
-pq.ParquetFile.iter_batches = counted
+passes, _iter = [], pq.ParquetFile.iter_batches
+pq.ParquetFile.iter_batches = lambda self, *a, **k: passes.append(1) or _iter(self, *a, **k)
 from pathlib import Path
 from dpr_cache.data.training import load_training_set
-start = time.perf_counter()
-stats = {}
+start, stats = time.perf_counter(), {}
 data = load_training_set(Path(sys.argv[1]), Path(sys.argv[2]), stats=stats)
 seconds = time.perf_counter() - start
-print(json.dumps({"rows": len(data), "seconds": seconds, "passes": passes,
+print(json.dumps({"rows": len(data), "load_seconds": seconds, "passes": len(passes),
                   "from_cache": stats["from_cache"], "first": data[0]["question"]}))
 """
 
@@ -81,61 +77,40 @@ def synthetic_parquet(path: Path, rows: int, seed: int = 0) -> Path:
     return path
 
 
-def measure(source: Path, cache: Path) -> dict:
-    command = [sys.executable, "-c", _CHILD, str(source), str(cache)]
-    done = harness.run_measured(command, env=child_env())
-    if done.returncode != 0:
-        raise SystemExit(f"the load failed:\n{done.stderr[-2000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**result, "wall_s": done.seconds, "peak_rss_gb": done.peak_rss / 1e9}
-
-
 def run(rows: int, work: Path) -> dict:
     source = synthetic_parquet(work / f"st-{rows}.parquet", rows)
     cache = work / "cache"
+    command = [sys.executable, "-c", _CHILD, str(source), str(cache)]
     shutil.rmtree(cache, ignore_errors=True)
-    first, again = measure(source, cache), measure(source, cache)
+    first, again = (harness.measured(command, work / f"load-{n}.txt", True) for n in (1, 2))
+    first["wall_s"], again["wall_s"] = first["seconds"], again["seconds"]
     arrow = sum(p.stat().st_size for p in cache.glob("*.arrow"))
-    return {
-        "rows": rows,
-        "parquet_gb": source.stat().st_size / 1e9,
-        "arrow_gb": arrow / 1e9,
-        "first": first,
-        "from_cache": again,
-        "goal_gb": GOAL_GB,
-        "met": first["peak_rss_gb"] < GOAL_GB and first["passes"] == 1 and first["rows"] == rows,
-    }
+    sizes = {"rows": rows, "parquet_gb": source.stat().st_size / 1e9, "arrow_gb": arrow / 1e9}
+    met = first["peak_rss_gb"] < GOAL_GB and first["passes"] == 1 and first["rows"] == rows
+    return sizes | {"first": first, "from_cache": again, "goal_gb": GOAL_GB, "met": met}
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``sources.md`` in ``folder`` from the saved ``sources.json``."""
     first, again, machine = result["first"], result["from_cache"], result["machine"]
-    lines = [
-        "# Reading a large source in another layout",
-        "",
+    rate = f"{first['rows'] / first['wall_s']:,.0f}"
+    rows = [{**first, "load": "first (parse into the cache)", "rate": rate}]
+    rows.append({**again, "load": "again (from the cache)", "rate": "-"})
+    return harness.write_page(
+        folder / "sources.md",
+        "Reading a large source in another layout",
         f"Measured {result['date']} with `python -m benchmarks.sources --out docs/bench --rows "
         f"{result['rows']}` (data: `sources.json`). Machine: {harness.cpu_text(machine)}; load "
         f"average {machine['load_average']}.",
-        "",
         f"A synthetic sentence-transformers Parquet file of {result['rows']:,} rows (`anchor`,"
         f" `positive`, `negative`: random words of about {', '.join(map(str, LENGTHS.values()))}"
         f" characters; {result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow"
         f" cache ({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: the"
         " kernel's `ru_maxrss`; passes: the Parquet reader's batch iterations, counted).",
-        "",
-        "| load | rows | seconds | rows a second | peak RSS (GB) | passes over the file |",
-        "|---|--:|--:|--:|--:|--:|",
-        f"| first (parse into the cache) | {first['rows']:,} | {first['wall_s']:.1f} | "
-        f"{first['rows'] / first['wall_s']:,.0f} | {first['peak_rss_gb']:.3f} | "
-        f"{first['passes']} |",
-        f"| again (from the cache) | {again['rows']:,} | {again['wall_s']:.1f} | - | "
-        f"{again['peak_rss_gb']:.3f} | {again['passes']} |",
-        "",
+        harness.format_table(LOADS, rows),
         f"The goal (peak RSS under {GOAL_GB:g} GB, one pass): "
         f"**{'met' if result['met'] else 'not met'}**.",
-        "",
-    ]
-    return write_text_atomic(folder / "sources.md", "\n".join(lines))
+    )
 
 
 def main(

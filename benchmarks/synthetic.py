@@ -1,16 +1,13 @@
-"""Time and memory sweeps of the training step (full, accumulate, gradcache, peers), the loss
-alone (direct and tiled) and corpus encoding, every point in a fresh process (its peak its own),
-appended to ``points.jsonl`` as it ends (``--reuse`` resumes); bench.json, bench.md, two plots::
+"""Time and memory sweeps of the training step (full, accumulate, gradcache, peers), every
+point in a fresh process (its peak its own), appended to ``points.jsonl`` as it ends (``--reuse``
+resumes); bench.json, bench.md, two plots::
 
-    python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench
+    python -m benchmarks.synthetic --peers --out docs/bench
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks import harness, point
@@ -31,13 +28,6 @@ class BenchPlan(StepSettings):
     focus_batch: int = opt(128, "Batch for the tiled / no-kept-graph / peer comparisons.")
     memory_batches: list[int] = opt([2048], "One-step gradcache points.")
     peers: bool = opt(False, "Also st-cmnrl and gradcache-lib (bench extra).")
-    loss_batches: list[int] = field(default_factory=list)  # the loss sweep's sizes; none: no sweep
-    loss_dim: int = opt(768, "Loss sweep rep dim.")
-    loss_direct_max: int = opt(16384, "Largest untiled loss B.")
-    index_passages: str | None = None  # passages to encode, sorted and padded; None: none
-    index_limit: int | None = opt(None, "First N passages only.")
-    index_batch_size: int = opt(64, "Encoding batch.")
-    index_max_length: int = opt(256, "Max passage tokens.", "--index-length")
 
 
 def plan_points(plan: BenchPlan) -> list[PointSpec]:
@@ -67,35 +57,6 @@ def spec_key(row: dict) -> str | None:
     return spec.key() if spec else None
 
 
-def _loss_sweep(
-    plan: BenchPlan, path: Path, reuse: bool, echo: Callable[[str], None]
-) -> tuple[list[dict], list[dict]]:
-    """Direct (up to ``loss_direct_max``) and tiled loss per batch, each in a fresh process.
-    Returns (rows, skipped): a point the machine's free memory cannot hold is not run but listed
-    in ``skipped`` with the reason."""
-    from benchmarks.loss import loss_mode, measure_loss_memory, memory_shortfall, sweep_points
-
-    if not reuse:
-        atomic.write_text_atomic(path, "")
-    rows = [json.loads(line) for line in atomic.read_lines(path)]
-    done = {(row["batch"], row["dim"], row["tile"]): row for row in rows}
-    rows, skipped = [], []
-    for b, tile in sweep_points(sorted(plan.loss_batches), plan.tile, plan.loss_direct_max):
-        name = f"{'loss ' + loss_mode(tile):>16} B={b:<6}"
-        row = done.get((b, plan.loss_dim, tile))
-        if row is None:
-            if why := memory_shortfall(b, plan.loss_dim, tile):  # "where memory allows"
-                skipped.append({"batch": b, "dim": plan.loss_dim, "tile": tile, "why": why})
-                echo(f"{name} skipped: {why}")
-                continue
-            row = measure_loss_memory(b, plan.loss_dim, tile)
-            with path.open("a", encoding="utf-8") as f:
-                atomic.append_line(f, json.dumps(row))
-        rows.append(row)
-        echo(f"{name} {row['ns_per_score']:.3f} ns/score, peak {row['peak_rss'] / GB:.2f} GB")
-    return rows, skipped
-
-
 def run_bench(
     plan: BenchPlan, out_dir: Path, *, command: str = "", reuse: bool = False, echo=harness.echo
 ) -> dict:
@@ -104,16 +65,7 @@ def run_bench(
     def measure(out: Path) -> dict:
         jobs = [(f"{s.mode:>16} B={s.batch:<6}", s, {}) for s in plan_points(plan)]
         points, _ = point.run_points(out / POINTS_FILE, jobs, reuse, spec_key, echo)
-        loss, loss_skipped = _loss_sweep(plan, out / "loss.jsonl", reuse, echo)
-        index = None
-        if plan.index_passages:
-            args = {n: getattr(plan, n) for n in ("model", "pooling", "threads")}
-            args.update(passages=plan.index_passages, max_length=plan.index_max_length)
-            args.update(batch_size=plan.index_batch_size, limit=plan.index_limit)
-            index_args = ("benchmarks.index", args, out / "index.json", reuse, echo)
-            index = harness.cached_child_result(*index_args)
-        figures = {"points": points, "loss": loss, "loss_skipped": loss_skipped, "index": index}
-        return {**figures, "targets": targets({**figures, "plan": asdict(plan)})}
+        return {"points": points, "targets": targets({"points": points, "plan": asdict(plan)})}
 
     return harness.record_run(out_dir, "bench", plan, command, measure, render)
 
@@ -122,74 +74,37 @@ def main(argv: list[str] | None = None) -> None:
     """Time and memory sweeps: writes bench.json, bench.md and two plots under --out."""
     parser = point.plan_parser(BenchPlan, main.__doc__)
     parser.add_argument("--separate", dest="shared", action="store_false", help="Two towers.")
-    parser.add_argument("--loss-sweep", action="store_true", help="Loss only sweep.")
-    sizes = "Loss sweep sizes (a size RAM cannot hold is skipped)."
-    batches = point.comma_list(int)
-    parser.add_argument(
-        "--loss-batches", type=batches, default="1024,4096,16384,65536,262144", help=sizes
-    )
-    parser.add_argument("--index-sweep", action="store_true", help="Sorted vs padded encoding.")
-    passages = Path("data/squad/passages.tsv")
-    parser.add_argument("--passages", type=Path, default=passages, help="For --index-sweep.")
     args = parser.parse_args(argv)
-    if args.index_sweep and not args.passages.is_file():
-        raise SystemExit(f"error: {args.passages}: no passages file (run `dpr-cache data squad`)")
-    loss_batches = args.loss_batches if args.loss_sweep else []
-    index_passages = str(args.passages) if args.index_sweep else None
-    plan = point.plan_of(BenchPlan, args, loss_batches=loss_batches, index_passages=index_passages)
     command = point.command_line("benchmarks.synthetic")
     try:
-        result = run_bench(plan, args.out, command=command, reuse=args.reuse)
+        result = run_bench(
+            point.plan_of(BenchPlan, args), args.out, command=command, reuse=args.reuse
+        )
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     harness.print_targets(result["targets"], args.out)
 
 
-def _vs(name: str, num: dict | None, den: dict | None, goal: str, key="pairs_per_s") -> dict:
-    if num is None or den is None:
-        return harness.goal_target(name, None, goal, "not measured in this run")
-    detail = f"{num[key]:.4g} / {den[key]:.4g} ({num['mode']} B={num['batch']} vs "
-    detail += f"{den['mode']} B={den['batch']})"
-    return harness.goal_target(name, num[key] / den[key], goal, detail)
-
-
 def targets(result: dict) -> list[dict]:
     """The performance targets as ratios measured within this run (``met`` None = not measured)."""
     plan, points = result["plan"], [p for p in result["points"] if "error" not in p]
-    focus, chunk = plan["focus_batch"], plan["chunk"]
-
-    def find(mode: str, batch: int | None = None, by: str = "") -> dict | None:
-        found = [p for p in points if p["mode"] == mode and batch in (None, p["batch"])]
-        return max(found, key=lambda p: p[by], default=None) if by else (found or [None])[-1]
-
-    gc, biggest = find("gradcache", focus), find("gradcache", by="batch")
-    best_full = find("full", by="pairs_per_s")
-    out = [_vs(f"gradcache B={focus} vs best full batch", gc, best_full, ">= 0.80")]
+    focus, chunk, pick = plan["focus_batch"], plan["chunk"], point.pick
+    gc, biggest = (
+        pick(points, mode="gradcache", batch=focus),
+        pick(points, "batch", mode="gradcache"),
+    )
+    best_full = pick(points, "pairs_per_s", mode="full")
+    out = [point.ratio_target(f"gradcache B={focus} vs best full batch", gc, best_full, ">= 0.80")]
     for peer, goal in (("st-cmnrl", ">= 1.3"), ("gradcache-lib", ">= 1.15")):
-        out.append(_vs(f"gradcache vs {peer}, B={focus}", gc, find(peer, focus), goal))
+        name, found = f"gradcache vs {peer}, B={focus}", pick(points, mode=peer, batch=focus)
+        out.append(point.ratio_target(name, gc, found, goal))
     name = f"gradcache B={biggest['batch'] if biggest else '?'} peak vs full B={chunk}"
-    out.append(_vs(name, biggest, find("full", chunk), "<= 1.10", "peak_bytes"))
-    loss, big = result.get("loss") or [], 65536
-    tiled = ([r for r in loss if r["tile"] is not None and r["batch"] == big] or [None])[-1]
-    direct = max((r for r in loss if r["tile"] is None), key=lambda r: r["batch"], default=None)
-    if tiled:
-        detail = f"peak RSS of the whole process, d={tiled['dim']}"
-        peak = tiled["peak_rss"] / GB
-        out.append(harness.goal_target(f"tiled loss peak at B={big}", peak, "< 2.5 GB", detail))
-    if tiled and direct:
-        name = f"tiled time/score at B={big} vs direct at B={direct['batch']}"
-        ns = (tiled["ns_per_score"], direct["ns_per_score"])
-        detail = f"{ns[0]:.3f} / {ns[1]:.3f} ns per score"
-        out.append(harness.goal_target(name, ns[0] / ns[1], "<= 1.3", detail))
-    if index := result.get("index"):
-        detail = f"{index['padded_s']:.1f} s / {index['sorted_s']:.1f} s, "
-        detail += f"{index['passages']} passages, max {index['max_length']} tokens"
-        name = "index: sorted vs padded batches"
-        out.append(harness.goal_target(name, index["speedup"], ">= 1.3", detail))
+    full = pick(points, mode="full", batch=chunk)
+    out.append(point.ratio_target(name, biggest, full, "<= 1.10", "peak_bytes"))
     return out
 
 
-TITLE = "Benchmark: the training step on synthetic text, the loss, corpus encoding"
+TITLE = "Benchmark: the training step on synthetic text"
 RECIPE = """\
 Model `{model}` (shared={shared}, pooling={pooling}, train mode, dropout {dropout}), fp32 on \
 {device}; synthetic batches: random token ids, questions exactly {q_len} and passages exactly \
@@ -201,12 +116,6 @@ POINTS_TABLE = (
     "{mode} | {batch} | {chunk} | {step_s:.2f} | {repeats} | {pairs_per_s:.2f} | {peak:.3f}"
     " | {over:.3f}",
 )
-INDEX_TABLE = (
-    "passages | mean tokens | max length | batch | padded, file order s | sorted by length s"
-    " | speed-up",
-    "{passages} | {mean_tokens:.0f} | {max_length} | {batch_size} | {padded_s:.1f}"
-    " | {sorted_s:.1f} | {speedup:.2f}",
-)
 
 
 def _point_row(p: dict) -> dict:
@@ -216,9 +125,7 @@ def _point_row(p: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
-    """bench.md: machine, command, targets, the step sweep, the loss sweep, the index run."""
-    from benchmarks.loss import sweep_table
-
+    """bench.md: machine, command, targets, the step sweep."""
     plan = result["plan"]
     dropout = plan["dropout"] if plan["dropout"] is not None else "as saved"
     points = sorted(result["points"], key=lambda p: (p["mode"], p["batch"]))
@@ -230,17 +137,6 @@ def markdown(result: dict) -> str:
     parts += harness.format_table(POINTS_TABLE, rows, "lrrrrrrr")
     for p in points:
         parts += ["", f"Failed: {p['mode']} B={p['batch']}: {p['error']}"] if "error" in p else []
-    if result.get("loss"):
-        parts += ["", "## Loss only (random fp32 reps, forward + backward)", ""]
-        parts += [sweep_table(result["loss"])]
-    for skip in result.get("loss_skipped") or []:
-        mode = "direct" if skip["tile"] is None else f"tiled ({skip['tile']})"
-        parts += [
-            "",
-            f"Not run, too big for this machine's memory: B={skip['batch']} {mode}, {skip['why']}.",
-        ]
-    if index := result.get("index"):
-        parts += ["", "## Index encoding", "", *harness.format_table(INDEX_TABLE, [index], "r" * 7)]
     parts += ["", "![memory](memory_vs_batch.png)", "", "![time](time_vs_batch.png)", ""]
     return "\n".join(parts)
 
@@ -252,51 +148,34 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     return folder / "bench.md"
 
 
-def _panel(ax, series: dict[str, list[dict]], y, title: str, xlabel: str, ylabel: str) -> None:
-    """Log-log axes, a line a series, ticked at the measured batch sizes as plain numbers."""
-    for name, rows in series.items():
-        xs, style = [r["batch"] for r in rows], "-" if len(rows) > 1 else "none"
-        ax.plot(xs, [y(r) for r in rows], marker="o", linestyle=style, label=name)
-    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
-    if ticks := sorted({r["batch"] for rows in series.values() for r in rows}):
-        ax.set_xticks(ticks, [f"{b:,}" for b in ticks], fontsize=7)
-        ax.minorticks_off()
-        ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-
-
 def plot(result: dict, out_dir: Path) -> list[Path]:
-    """memory_vs_batch.png and time_vs_batch.png (log-log; encoder steps left, loss right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """memory_vs_batch.png and time_vs_batch.png: log-log, a line a mode, ticked at each B."""
+    plt = point.pyplot()
     points = sorted((p for p in result["points"] if "error" not in p), key=lambda p: p["batch"])
-    modes = {m: [p for p in points if p["mode"] == m] for m in sorted({p["mode"] for p in points})}
-    loss = sorted(result.get("loss") or [], key=lambda r: r["batch"])
-    kinds = {
-        f"loss {k}": [r for r in loss if (r["tile"] is None) == (k == "direct")]
-        for k in ("direct", "tiled")
-    }
     model = Path(result["plan"]["model"].split(":")[-1]).name
-    loss_title = f"contrastive loss only, d={loss[0]['dim'] if loss else '?'}"
     files = []
     for memory, name in ((True, "memory_vs_batch.png"), (False, "time_vs_batch.png")):
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        for mode in sorted({p["mode"] for p in points}):
+            rows = [p for p in points if p["mode"] == mode]
+            ys = [p["peak_bytes"] / GB if memory else p["step_s"] for p in rows]
+            style = "-" if len(rows) > 1 else "none"
+            ax.plot([p["batch"] for p in rows], ys, marker="o", linestyle=style, label=mode)
         ylabel = "peak memory (GB)" if memory else "seconds per step"
-        step_y = (lambda p: p["peak_bytes"] / GB) if memory else (lambda p: p["step_s"])
-        loss_y = (
-            (lambda r: r["peak_rss"] / GB)
-            if memory
-            else (lambda r: r["forward_s"] + (r["backward_s"] or 0.0))
+        title = f"encoder step, {model}"
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="batch size B (questions)",
+            ylabel=ylabel,
+            title=title,
         )
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-        _panel(left, modes, step_y, f"encoder step, {model}", "batch size B (questions)", ylabel)
-        _panel(right, kinds, loss_y, loss_title, "batch size B", ylabel)
-        fig.tight_layout()
-        save = functools.partial(fig.savefig, dpi=110, format="png")
-        files.append(atomic.write_atomic(out_dir / name, save))
-        plt.close(fig)
+        if ticks := sorted({p["batch"] for p in points}):
+            ax.set_xticks(ticks, [f"{b:,}" for b in ticks], fontsize=7)
+            ax.minorticks_off()
+            ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        files.append(point.save_figure(fig, out_dir / name))
     return files
 
 

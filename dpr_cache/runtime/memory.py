@@ -2,9 +2,8 @@
 handing freed heap back to the operating system.
 
 ``rss_bytes`` / ``peak_rss_bytes`` read the current and peak resident set size;
-``peak_memory_bytes`` is the one device-aware reading (trainer's log, benchmarks, probes);
-``available_bytes`` is the memory a new process could get (the loss sweep
-skips what does not fit). ``memory_limit`` turns a memory budget (``index.memory_gb``, given or
+``peak_memory_bytes`` is the one device-aware reading (trainer's log, benchmarks, probes).
+``memory_limit`` turns a memory budget (``index.memory_gb``, given or
 unset) into the bound on this process's resident memory that searches and index builds plan
 under. ``trim`` calls glibc's ``malloc_trim``: on CPU, glibc keeps the pages
 of freed tensors that sit below live ones; GradCache's graph-less first pass frees many such
@@ -29,7 +28,6 @@ __all__ = [
     "rss_bytes",
     "peak_rss_bytes",
     "peak_memory_bytes",
-    "available_bytes",
     "memory_limit",
 ]
 
@@ -80,18 +78,6 @@ def peak_memory_bytes(device=None) -> int:
         if device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(device))
     return peak_rss_bytes()
-
-
-def available_bytes() -> int | None:
-    """Memory the kernel could give a new process now (``MemAvailable``); None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def memory_limit(memory_gb: float | None) -> int:

@@ -52,7 +52,7 @@ def test_dry_run_writes_a_fit_for_every_engine(tmp_path, run_benchmark) -> None:
     assert page == markdown(result)  # the page is written from the json alone
     assert "A dry run" in page and "vector flags:" in page and result["command"] in page
     for name in AVAILABLE:
-        assert f"`{name}`:" in page
+        assert f"| `{name}` |" in page
     assert "`malloc_trim`" in page and "± " in page  # the disclosure, the slope's error
 
 

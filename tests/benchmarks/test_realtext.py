@@ -1,5 +1,5 @@
 """``python -m benchmarks.realtext``: real batches and their token counts, the plan, the summaries
-and targets, the profile, and a tiny end-to-end run."""
+and targets, and a tiny end-to-end run."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import pytest
 
 from benchmarks import point, realtext
 from benchmarks.point import PointSpec, run_point
-from benchmarks.profile import PHASES, profile_point
-from benchmarks.realtext import markdown
 from tests.support.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
@@ -120,47 +118,6 @@ def test_plan_summaries_and_targets():
     assert len(got) == 3  # the memory point failed: no memory target
 
 
-def test_profile_phases_add_up_to_the_step(tmp_path):
-    prof = profile_point(
-        PointSpec(
-            **{
-                **REAL,
-                "mode": "gradcache",
-                "batch": 8,
-                "repeats": 1,
-                "dropout": None,
-                "cache_dir": str(tmp_path),
-            }
-        )
-    )
-    for setting in ("dropout_on", "dropout_off"):
-        phases = prof[setting]
-        assert all(phases[p] > 0 for p in PHASES if p != "forward_last")
-        assert sum(phases[p] for p in PHASES) <= phases["step"] * 1.01
-        assert sum(phases[p] for p in PHASES) >= phases["step"] * 0.5  # the phases are the step
-    text = markdown(
-        {
-            "machine": {
-                "cpu": "x",
-                "cores": 2,
-                "ram_gb": 1,
-                "flags": [],
-                "torch": "t",
-                "threads": 2,
-                "transformers": "t",
-            },
-            "started": "now",
-            "seconds": 60,
-            "command": "c",
-            "plan": dataclasses.asdict(realtext.RealTextPlan()),
-            "targets": [],
-            "configs": [],
-            "profile": prof,
-        }
-    )
-    assert "| re-forward with graph + backward |" in text and "dropout's cost" in text
-
-
 def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path, run_benchmark):
     out = tmp_path / "rt"
     args = [
@@ -192,14 +149,12 @@ def test_cli_tiny_run_writes_the_page_and_resumes(tmp_path, run_benchmark):
     lines = (out / realtext.POINTS_FILE).read_text().splitlines()
     assert len(lines) == 3 * 2  # ours, ours in batch order, full B=4; two rounds each
     page = (out / "realtext.md").read_text()
-    assert "| ours (gradcache) B=8 chunk 4 | 2 |" in page and "## Where the time goes" in page
+    assert "| ours (gradcache) B=8 chunk 4 | 2 |" in page
     _assert_this_machine(json.loads((out / "realtext.json").read_text())["machine"], page)
     assert "kept from earlier runs" not in page
-    profile = (out / realtext.PROFILE_FILE).read_text()
     again = run_benchmark("realtext", *args, "--reuse")  # all done: nothing is run again
     assert again.returncode == 0
     assert (out / realtext.POINTS_FILE).read_text().splitlines() == lines
-    assert (out / realtext.PROFILE_FILE).read_text() == profile
     assert "this run measured 0 of the 6 rows" in (out / "realtext.md").read_text()
 
 
@@ -212,7 +167,6 @@ def test_reuse_reads_only_this_plan_rows_and_retries_failed_rounds(tmp_path, mon
         rounds=2,
         bf16=False,
         peers=False,
-        profile=False,
     )
     timed, _ = realtext.plan_configs(plan)  # ours, ours in batch order, full B=4
 

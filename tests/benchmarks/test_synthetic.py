@@ -27,9 +27,6 @@ def test_smoke_run_writes_json_markdown_and_plots(tmp_path, run_benchmark):
     args = ["--model", TINY, "--pooling", "cls", "--dropout", "0", "--batches", "4"]
     args += ["--modes", "full,gradcache", "--chunk", "2", "--focus-batch", "4"]
     args += ["--memory-batches", "8", "--q-len", "8", "--p-len", "16", "--repeats", "2"]
-    args += ["--loss-sweep", "--loss-batches", "64", "--loss-dim", "16", "--tile", "16"]
-    args += ["--loss-direct-max", "64", "--index-sweep", "--passages", str(TOY / "passages.tsv")]
-    args += ["--index-limit", "12", "--index-batch-size", "4", "--index-length", "32"]
     args += ["--out", str(out)] + (["--peers"] if len(PEERS) == 2 else [])
     proc = run_benchmark("synthetic", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -37,7 +34,7 @@ def test_smoke_run_writes_json_markdown_and_plots(tmp_path, run_benchmark):
     for name in ("bench.json", "bench.md", "memory_vs_batch.png", "time_vs_batch.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     result = json.loads((out / "bench.json").read_text())
-    assert {"machine", "plan", "points", "loss", "index", "targets", "command"} <= set(result)
+    assert {"machine", "plan", "points", "targets", "command"} <= set(result)
     modes = {(p["mode"], p["batch"]) for p in result["points"]}
     assert {("full", 4), ("gradcache", 4), ("gradcache-tiled", 4), ("gradcache", 8)} <= modes
     for p in result["points"]:
@@ -46,8 +43,6 @@ def test_smoke_run_writes_json_markdown_and_plots(tmp_path, run_benchmark):
         assert p["step_s"] > 0 and p["pairs_per_s"] > 0 and p["peak_bytes"] > 0
     losses = {p["loss"] for p in result["points"] if p["batch"] == 4}
     assert max(losses) - min(losses) < 1e-4  # dropout off: every mode computes the same loss
-    assert {r["mode"] for r in result["loss"]} == {"direct", "tiled"}
-    assert result["index"]["passages"] == 12 and result["index"]["max_abs_diff"] < 1e-4
     names = [t["target"] for t in result["targets"]]
     assert any("best full batch" in n for n in names) and any("peak vs full" in n for n in names)
     page = (out / "bench.md").read_text()
@@ -77,14 +72,6 @@ def test_targets_are_ratios_of_points():
             point("st-cmnrl", 128, 5.0, 1.3e9),
             point("gradcache", 2048, 8.0, 1.3e9),
         ],
-        "loss": [],
-        "index": {
-            "padded_s": 30.0,
-            "sorted_s": 20.0,
-            "speedup": 1.5,
-            "passages": 9,
-            "max_length": 256,
-        },
     }
     got = {t["target"]: t for t in targets(result)}
     assert got["gradcache B=128 vs best full batch"]["value"] == 0.85
@@ -92,7 +79,6 @@ def test_targets_are_ratios_of_points():
     assert got["gradcache vs st-cmnrl, B=128"]["value"] == 1.7
     assert got["gradcache vs gradcache-lib, B=128"]["met"] is None  # not measured
     assert got["gradcache B=2048 peak vs full B=32"]["value"] == pytest.approx(1.083, abs=1e-3)
-    assert got["index: sorted vs padded batches"]["met"] is True
 
 
 @pytest.mark.parametrize("peer", PEERS or [pytest.param("none", marks=pytest.mark.skip)])
@@ -115,40 +101,6 @@ def test_peer_computes_our_loss_and_gradient(peer):
     assert len(grads_peer) == len(grads_ours)
     for a, b in zip(grads_ours, grads_peer, strict=True):  # key biases: 0 up to rounding
         assert (a - b).norm() <= 1e-4 * a.norm() + 1e-8
-
-
-def test_loss_sweep_skips_a_size_the_memory_cannot_hold(tmp_path, monkeypatch):
-    """ "Where memory allows": a size whose estimate exceeds the free memory is skipped, not run."""
-    from benchmarks import loss as bench_loss
-    from benchmarks import synthetic as bench
-
-    ran = []
-    monkeypatch.setattr(
-        bench_loss,
-        "measure_loss_memory",
-        lambda b, d, t: (
-            ran.append(b)
-            or {
-                "batch": b,
-                "dim": d,
-                "tile": t,
-                "mode": "tiled",
-                "ns_per_score": 1.0,
-                "peak_rss": 1,
-            }
-        ),
-    )
-    small = bench_loss.estimated_peak_bytes(1024, 768, 4096)
-    big = bench_loss.estimated_peak_bytes(262144, 768, 4096)
-    assert big > 6e9 and small < 1e9
-    monkeypatch.setattr(bench_loss, "available_bytes", lambda: 2 * small)
-    plan = BenchPlan(loss_batches=[1024, 262144], loss_direct_max=0, tile=4096)
-    rows, skipped = bench._loss_sweep(plan, tmp_path / "loss.jsonl", False, lambda line: None)
-    assert ran == [1024] and [r["batch"] for r in rows] == [1024]
-    assert [s["batch"] for s in skipped] == [262144] and "GB available" in skipped[0]["why"]
-    monkeypatch.setattr(bench_loss, "available_bytes", lambda: 2 * big)  # control: room for both
-    rows, skipped = bench._loss_sweep(plan, tmp_path / "loss2.jsonl", False, lambda line: None)
-    assert ran == [1024, 1024, 262144] and skipped == []
 
 
 def test_reuse_takes_only_a_row_of_the_same_spec(tmp_path, monkeypatch):
@@ -199,23 +151,3 @@ def test_machine_line_names_the_cpu_its_flags_and_ram():
     assert cpu_text({**info, "flags": [], "ram_gb": None}).endswith(
         "unknown RAM; vector flags: none listed"
     )
-
-
-def test_cached_child_result_keeps_same_args_and_remeasures_otherwise(tmp_path, monkeypatch):
-    from benchmarks import harness as sweep
-
-    calls = []
-    monkeypatch.setattr(sweep, "run_child_or_error", lambda m, a: calls.append(a) or {"v": 1})
-    path, said = tmp_path / "r.json", []
-    run = functools.partial(sweep.cached_child_result, "m", path=path, echo=said.append)
-    assert run({"a": 1}, reuse=True) == {"v": 1} and len(calls) == 1  # nothing saved yet
-    assert run({"a": 1}, reuse=True) == {"v": 1} and len(calls) == 1  # kept
-    assert run({"a": 1}, reuse=False) == {"v": 1} and len(calls) == 2  # not asked to reuse
-    assert run({"a": 2}, reuse=True) == {"v": 1} and len(calls) == 3  # other args
-    for text in ("{not json", '{"key": "an older format"}'):
-        path.write_text(text)
-        assert run({"a": 2}, reuse=True) == {"v": 1}
-    assert len(calls) == 5 and sum("measuring again" in line for line in said) == 2
-    monkeypatch.setattr(sweep, "run_child_or_error", lambda m, a: {"error": "exit 1: boom"})
-    path.unlink()
-    assert run({"a": 3}, reuse=True) is None and not path.exists()  # a failure is not saved

@@ -40,7 +40,7 @@ LONG = {  # on the pages they moved to: each is rehearsed at toy size by the tes
         "docs/performance.md",
         "tests/benchmarks/test_realtext.py",
     ),
-    "python -m benchmarks.synthetic --peers --loss-sweep --index-sweep --out docs/bench": (
+    "python -m benchmarks.synthetic --peers --out docs/bench": (
         "docs/performance.md",
         "tests/benchmarks/test_synthetic.py",
     ),
