@@ -23,7 +23,7 @@ PAGES = {
     "recheck/realtext.json": "realtext",
     "scale.json": "scale",
     "mine.json": "mine",
-    "gpu.json": "gpu_report",
+    "gpu.json": "gpu.report",
     "chunk_cost.json": "chunk_cost",
     "sharding.json": "sharding",
     "losses.json": "losses",

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from benchmarks.gpu_llm import linear_prediction, search_largest
-from benchmarks.gpu_report import goals, markdown
+from benchmarks.gpu.llm import linear_prediction, search_largest
+from benchmarks.gpu.report import goals, markdown
 from tests.support.cli import run_benchmark
 
 
@@ -72,14 +72,13 @@ def test_the_page_states_the_goals_beside_the_figures(dry_llm):
     judged = [g for g in report["goals"] if g["goal"].startswith("tiny (Mistral family) shape")]
     assert [g["target"] for g in judged] == ["<= 80 GB", "<= 1.2x", ">= 1.3x", ">= 0.8x"]
     assert all("measured" in g and g["measured"] != "not measured" for g in judged), judged
-    section = page.split("## Llm\n")[1]
-    assert "| goal (issue 57) | measured | target | met |" in section
+    table, section = page.split("## Goals\n")[1].split("## Llm\n")
+    assert all(f"| {g['goal']} | {g['measured']} | {g['target']} |" in table for g in judged)
     assert "### tiny (Mistral family) (2 layers x 32" in section
     assert "### tiny (Qwen2 family)" in section
     assert "| CachedMNRL rows 2 |" in section and "| dpr-cache chunk 2 |" in section
-    assert "largest full batch B=10 (the search's trainer step)" in section
-    assert "Largest full batch (`train.mode: full`) that fits: **10** questions" in section
-    assert "pretended out of memory" in section
+    assert "largest full batch: batch 10; first too large 12;" in section
+    assert "largest full batch, tried:" in section and "pretended limit 11" in section
 
 
 def _fits_below(limit: int, calls: list[int]):
@@ -235,6 +234,6 @@ def test_a_section_cut_short_shows_and_judges_what_it_measured():
     report = _report({"error": "SectionTimeout: stopped", "seconds": 500.0, "partial": result})
     page = markdown({**report, "goals": goals(report)})
     assert "What it measured before it stopped:" in page
-    assert "| 1,024 | 32 | out of time: about 90 s needed | |" in page
+    assert "| 1,024 | 32 | – | – | – | out of time: about 90 s needed |" in page
     assert "not measured (out of time: about 90 s needed)" in page
-    assert "| full batch B=128 | 12.00 | 10.67 |" in page
+    assert "| full batch B=128 | full batch | 12 | 10.667 | – |" in page

@@ -6,34 +6,34 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import gpu_exact
+from benchmarks.gpu import exact
 
-CASES = gpu_exact.exact_cases(["tiny", "base"])
+CASES = exact.exact_cases(["tiny", "base"])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_fp64_gradcache_equals_full_batch(case, cuda):
-    row = gpu_exact.fp64_exactness(case, cuda)
-    assert row["relative_error"] <= gpu_exact.FP64_BOUND, row
+    row = exact.fp64_exactness(case, cuda)
+    assert row["relative_error"] <= exact.FP64_BOUND, row
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("size", ["tiny", "base"])
 def test_replayed_reforward_is_bitwise_equal_and_the_control_is_not(size, precision, cuda):
-    row = gpu_exact.replay_bitwise(size, cuda, precision)
+    row = exact.replay_bitwise(size, cuda, precision)
     assert row["replayed"]["bitwise_equal"] == row["replayed"]["chunks"], row
     assert row["control_without_replay"]["bitwise_equal"] == 0, row
 
 
 def test_dropout_gradient_matches_finite_difference(cuda):
-    row = gpu_exact.dropout_finite_difference("tiny", cuda)
-    assert row["error"] <= gpu_exact.FD_BOUND, row
+    row = exact.dropout_finite_difference("tiny", cuda)
+    assert row["error"] <= exact.FD_BOUND, row
     assert row["control_error"] > 1e-2, row
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("size", ["small", "base"])
 def test_mixed_precision_within_its_bound_with_fp32_cache_and_loss(size, precision, cuda):
-    row = gpu_exact.mixed_precision(size, cuda, precision)
+    row = exact.mixed_precision(size, cuda, precision)
     assert row["dtypes"] == {k: "torch.float32" for k in ("reps", "loss", "cache")}, row
     assert row["ok"], row

@@ -9,24 +9,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_cli, gpu_perf
-from benchmarks.gpu import default_tokenizer
+from benchmarks.gpu import cli, perf
+from benchmarks.gpu.suite import default_tokenizer
 from benchmarks.harness import write_random_bert
 
 
 def test_fp16_overflow_steps_are_skipped_and_counted(cuda):
-    row = gpu_cli.fp16_overflow(cuda)
+    row = cli.fp16_overflow(cuda)
     assert row["ok"], row
 
 
 def test_toy_pipeline_on_cuda(tmp_path):
-    row = gpu_cli.toy_pipeline(tmp_path, "cuda")
+    row = cli.toy_pipeline(tmp_path, "cuda")
     assert row["ok"], row["commands"]
     assert row["logged_steps"] == 12
 
 
 def test_resume_after_a_kill_is_bit_exact_with_deterministic_kernels(tmp_path):
-    rows = gpu_cli.resume_equality(tmp_path, "cuda")
+    rows = cli.resume_equality(tmp_path, "cuda")
     det = rows["deterministic"]
     assert det["killed_mid_run"], rows
     assert det["resumed_vs_unbroken"]["bitwise_equal"], rows
@@ -39,12 +39,12 @@ def base_model(tmp_path_factory) -> Path:
 
 
 def test_a_chunk_too_large_for_the_gpu_is_one_line(tmp_path, base_model):
-    row = gpu_cli.chunk_too_large(tmp_path, base_model, "cuda")
+    row = cli.chunk_too_large(tmp_path, base_model, "cuda")
     assert row["ok"], row
 
 
 def test_nccl_runs_the_gather_and_its_gradient():
-    row = gpu_cli.nccl_collectives()
+    row = cli.nccl_collectives()
     assert row["ok"], row
 
 
@@ -52,9 +52,9 @@ def test_host_waits_are_counted_where_they_happen(cuda):
     """A step that reads a device value back waits for the device; one that only queues work
     does not (the negative control)."""
     x = torch.ones(64, 64, device=cuda)
-    waits = gpu_perf.count_syncs(lambda: (x @ x).sum().item(), cuda, "fp32")
+    waits = perf.count_syncs(lambda: (x @ x).sum().item(), cuda, "fp32")
     assert waits["count"] >= 1 and any(w.startswith("test_training.py:") for w in waits["top"])
-    assert gpu_perf.count_syncs(lambda: (x @ x).sum(), cuda, "fp32")["count"] == 0
+    assert perf.count_syncs(lambda: (x @ x).sum(), cuda, "fp32")["count"] == 0
 
 
 def test_a_command_out_of_gpu_memory_ends_in_one_line(tmp_path):

@@ -1,6 +1,5 @@
-"""GradCache's exactness on a device: float64 against full-batch autograd, the RNG replay of each
-chunk's dropout, a finite difference with dropout on, and mixed precision against the full batch
-under the same autocast, each on a random BERT of its own, with its bound."""
+"""GradCache's exactness on a device, each on a random BERT with its bound: float64 against the
+full batch, the dropout replay, a finite difference, mixed precision."""
 
 from __future__ import annotations
 
@@ -18,17 +17,10 @@ from dpr_cache.runtime.device import autocast
 
 FP64_BOUND = 1e-10  # float64 GradCache vs full batch: largest gradient gap over largest gradient
 FD_BOUND = 1e-6  # central finite difference vs GradCache, dropout on, float64 (truncation ~1e-8)
+# GradCache vs the full batch under the same autocast (relative norm): ~25x and 40x a rounding
 MIXED_BOUNDS = {"bf16": 1e-1, "fp16": 2e-2}
-"""Ceilings of GradCache's gradient vs the full batch's under the same autocast (relative norm):
-about 25x and 40x a single rounding of the format, room for a whole BERT's accumulated rounding."""
-MIXED_RATIO = 1.5
-"""The defended bound: GradCache's distance to the float64 gradient at most this times the full
-batch's own under the same autocast. Chunks change the matrix products' shapes, hence their
-rounding, but add no error of their own: a wrong gradient (a chunk's dropout not replayed, a
-chunk dropped) lands far above."""
-# added to the engine's defaults by the replay, finite-difference and mixed-precision checks:
-# chunk widths rounded up to a multiple of 4, between their longest row's and the batch's
-SAVINGS = {"length_bucket": 4}
+MIXED_RATIO = 1.5  # GradCache's gap to float64 at most this times the full batch's own
+SAVINGS = {"length_bucket": 4}  # the replay, finite-difference and mixed checks' widths
 
 Shape = namedtuple("Shape", "hidden layers heads vocab q_len p_len intermediate", defaults=[None])
 SIZES = {  # base: BERT-base (110M parameters); tiny: a 2-layer toy
@@ -49,9 +41,7 @@ def bert_config(s: Shape, dropout: float, **extra):
 
 
 def make_model(size, device, dtype, *, shared=False, checkpointing=False, dropout=0.0, seed=0):
-    """A random BiEncoder of ``SIZES[size]`` (or the Shape ``size``) in train mode, made on
-    ``device``; separate towers start different. On CUDA its attention builds padding masks
-    without host waits."""
+    """A random BiEncoder of ``SIZES[size]`` (or the Shape ``size``) in train mode on ``device``."""
     config = bert_config(SIZES[size] if isinstance(size, str) else size, dropout)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -78,8 +68,7 @@ def random_inputs(rows: int, length: int, vocab: int, device: torch.device, seed
 
 
 def make_batch(size: str, n_q: int, hard_negatives: int, device: torch.device, seed: int = 1):
-    """Questions, passage groups and ids; question 1's first hard negative repeats question 0's
-    positive (a false negative the loss masks by id)."""
+    """Questions, passages and ids, question 1's first hard negative question 0's positive."""
     shape, group = SIZES[size], 1 + hard_negatives
     q = random_inputs(n_q, shape.q_len, shape.vocab, device, seed)
     p = random_inputs(n_q * group, shape.p_len, shape.vocab, device, seed + 1)
@@ -95,12 +84,14 @@ def _grads(model: torch.nn.Module, scale: float = 1.0) -> dict[str, Tensor]:
     return {n: p.grad.detach() / scale for n, p in model.named_parameters() if p.grad is not None}
 
 
-def max_relative_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> float:
-    """Largest absolute difference over the largest reference gradient."""
-    if got.keys() != want.keys():
-        return float("inf")
-    scale = max(w.abs().max().item() for w in want.values())
-    return max((got[k] - want[k]).abs().max().item() for k in want) / scale
+def max_relative_error(got: dict | list[Tensor], want: dict | list[Tensor]) -> float:
+    """Largest absolute difference over the largest reference value (dicts matched by key)."""
+    if isinstance(want, dict):
+        if got.keys() != want.keys():
+            return float("inf")
+        got, want = [got[k] for k in want], list(want.values())
+    scale = max(w.abs().max().item() for w in want)
+    return max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
 
 
 def norm_relative_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> float:
@@ -113,8 +104,7 @@ def norm_relative_error(got: dict[str, Tensor], want: dict[str, Tensor]) -> floa
 
 
 def full_batch_grads(model: BiEncoder, q, p, ids, precision: str = "fp32", scale: float = 1.0):
-    """The reference: one forward of the whole batch (under ``precision``'s autocast), the loss
-    in fp32 on fp32 reps, one backward."""
+    """The reference: one forward and backward of the whole batch, the loss in fp32."""
     model.zero_grad(set_to_none=True)
     with autocast(model.device, precision):
         reps = [model.encode_query(q), model.encode_passage(p)]
@@ -141,25 +131,15 @@ class ExactCase:
         towers = "shared" if self.shared else "separate"
         ckpt = ", checkpointing" if self.checkpointing else ""
         even = "divides" if self.n_q % self.chunk == 0 else "uneven last chunk"
-        return (
-            f"{self.size}: B={self.n_q}, chunk {self.chunk} ({even}), "
-            f"H={self.hard_negatives}, {towers}{ckpt}"
-        )
+        head = f"{self.size}: B={self.n_q}, chunk {self.chunk} ({even})"
+        return f"{head}, H={self.hard_negatives}, {towers}{ckpt}"
 
 
 def exact_cases(sizes: list[str], n_q: int = 8) -> list[ExactCase]:
-    """Per size: a chunk that divides the batch, one that does not, hard negatives, shared and
-    separate towers, gradient checkpointing."""
-    return [
-        case
-        for size in sizes
-        for case in (
-            ExactCase(size, n_q, n_q // 2, 1),
-            ExactCase(size, n_q - 1, 3, 2),
-            ExactCase(size, n_q, 3, 1, shared=True),
-            ExactCase(size, n_q - 1, 2, 1, checkpointing=True),
-        )
-    ]
+    """Per size: chunks that divide and do not, hard negatives, shared towers, checkpointing."""
+    cases = [((n_q, n_q // 2, 1), {}), ((n_q - 1, 3, 2), {}), ((n_q, 3, 1), {"shared": True})]
+    cases.append(((n_q - 1, 2, 1), {"checkpointing": True}))
+    return [ExactCase(size, *sizes_of, **towers) for size in sizes for sizes_of, towers in cases]
 
 
 def fp64_exactness(case: ExactCase, device: torch.device) -> dict:
@@ -177,8 +157,7 @@ def fp64_exactness(case: ExactCase, device: torch.device) -> dict:
 
 
 def recorded_step(model, batch, precision: str = "fp32", **engine) -> list:
-    """One GradCache step (chunk 3, dropout's RNG seeded 7, every chunk re-encoded) on
-    ``model``'s towers, each output recorded: every chunk's (first pass, re-forward) reps."""
+    """One GradCache step (chunk 3): every chunk's (first pass, re-forward) reps."""
     q, p, ids = batch
     outputs = ([], [])
     encoders = (model.encode_query, model.encode_passage)
@@ -204,8 +183,7 @@ def _recorded(encode, outputs: list):
 
 
 def replay_bitwise(size: str, device, precision: str = "fp32", dropout: float = 0.1) -> dict:
-    """Dropout on: every chunk's re-forward reps equal its first pass's bit for bit with the RNG
-    replayed; without the replay (the negative control) they differ."""
+    """Dropout on: re-forward reps equal the first pass's bitwise, replayed; the control differs."""
     result = {"size": size, "precision": precision, "dropout": dropout}
     for replay, key in ((True, "replayed"), (False, "control_without_replay")):
         model = make_model(size, device, torch.float32, dropout=dropout)
@@ -240,8 +218,7 @@ def _nudge(params: list[Tensor], direction: list[Tensor], by: float) -> None:
 
 
 def dropout_finite_difference(size: str, device: torch.device, dropout: float = 0.3) -> dict:
-    """GradCache's gradient with dropout on, along a random direction, against a central finite
-    difference of its own loss (same seed each call); the control skips the RNG replay."""
+    """GradCache's gradient with dropout on against a central finite difference of its loss."""
     out = {"size": size, "dropout": dropout, "bound": FD_BOUND}
     for replay in (True, False):
         model = make_model(size, device, torch.float64, dropout=dropout)
@@ -260,8 +237,7 @@ def dropout_finite_difference(size: str, device: torch.device, dropout: float = 
 
 
 def mixed_precision(size: str, device: torch.device, precision: str, n_q: int = 16) -> dict:
-    """GradCache under ``precision``'s autocast (fp16 with a GradScaler) against the full batch
-    under the same autocast, both against float64; the dtypes the loss and the cache see."""
+    """GradCache against the full batch under ``precision``'s autocast, both against float64."""
     model = make_model(size, device, torch.float32)
     q, p, ids = make_batch(size, n_q, 1, device)
     scale = 2.0**12 if precision == "fp16" else 1.0

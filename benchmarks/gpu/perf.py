@@ -1,8 +1,5 @@
-"""What a GPU gives a user of dpr-cache: a training step's peak memory by batch, pairs per second
-against the full batch and the peers (interleaved in one process), which savings pay, and the rates
-of ``encode`` and of the teacher's scoring, each from the product's own code (``Trainer.step``,
-the steppers' ``.step``, the ``dpr-cache encode`` command).
-"""
+"""A step's peak memory by batch, pairs per second against the full batch and the peers
+(interleaved), which savings pay, the rates of ``encode`` and of the teacher's scoring."""
 
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_cli import child
+from benchmarks.gpu.cli import child
 from benchmarks.harness import option_args
 from dpr_cache.data.collate import Batch
 
@@ -50,66 +47,68 @@ def _timed(run: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def trainer_step_peak(model_dir: Path, work: Path, device: torch.device, **train) -> dict:
-    """Peak memory and seconds of the first ``Trainer.step`` (AdamW included) of a config for
-    ``model_dir`` (CLS pooling, 32 + 256 full-length tokens)."""
-    from dpr_cache.config import load_config
+def synthetic_pairs(vocab: int, n_q: int, q_len: int, p_len: int, tokenizer=None) -> Batch:
+    """``n_q`` questions of random full-length tokens, a positive and a hard negative each."""
     from dpr_cache.data.synthetic import synthetic_batch
-    from dpr_cache.runtime.distributed import DistEnv
+
+    return Batch(*synthetic_batch(tokenizer, vocab, n_q, 2 * n_q, q_len, p_len, seed=0), n_q, 2)
+
+
+def step_row(trainer, batch: Batch, device: torch.device) -> dict:
+    """Peak memory and seconds of one ``Trainer.step`` (AdamW included), or that it ran out."""
     from dpr_cache.runtime.memory import peak_memory_bytes
+
+    try:
+        result = trainer.step(batch)
+    except torch.OutOfMemoryError:
+        return {"peak_bytes": None, "step_s": None, "fits": False}
+    return {"peak_bytes": peak_memory_bytes(device), "step_s": result.seconds, "fits": True}
+
+
+def trainer_step_peak(model_dir: Path, work: Path, device: torch.device, **train) -> dict:
+    """:func:`step_row` for ``model_dir``: CLS pooling, one hard negative, 32 + 256 tokens."""
+    from dpr_cache.config import load_config
+    from dpr_cache.runtime.distributed import DistEnv
     from dpr_cache.train.trainer import build_trainer
 
     sets = [f"output_dir={work}", f"model.name_or_path={model_dir}", "model.pooling=cls"]
     sets += ["model.max_query_length=32", "model.max_passage_length=256", "train.lr=1e-5"]
-    train["device"] = device
+    train |= {"device": device, "hard_negatives": 1}
     config = load_config(None, sets + [f"train.{k}={v}" for k, v in train.items()])
     free_device(device)
     trainer = build_trainer(config, DistEnv(device=device), total_steps=10)
-    n, group = config.train.batch_size, 1 + config.train.hard_negatives
-    vocab = int(trainer.model.query_encoder.config.vocab_size)
-    tok = trainer.model.tokenizer
-    batch = Batch(*synthetic_batch(tok, vocab, n, n * group, 32, 256, seed=0), n, group)
-    try:
-        result = trainer.step(batch)
-        row = {"peak_bytes": peak_memory_bytes(device), "step_s": result.seconds, "fits": True}
-    except torch.OutOfMemoryError:
-        row = {"peak_bytes": None, "step_s": None, "fits": False}
-    del trainer, batch
+    vocab, tok = int(trainer.model.query_encoder.config.vocab_size), trainer.model.tokenizer
+    row = step_row(trainer, synthetic_pairs(vocab, config.train.batch_size, 32, 256, tok), device)
+    del trainer
     free_device(device)
     return row
 
 
 def memory_by_batch(model_dir, work, device, batches, *, chunk=32, precision="bf16", tile=4096):
     """One GradCache step's peak at each batch size (one hard negative, tiled loss)."""
-    train = {"hard_negatives": 1, "precision": precision, "loss_tile_size": tile}
-    return [
-        {"batch": b, "chunk": min(chunk, b), "precision": precision}
-        | trainer_step_peak(
-            model_dir, work, device, batch_size=b, chunk_size=min(chunk, b), **train
-        )
-        for b in batches
-    ]
+    train = {"precision": precision, "loss_tile_size": tile}
+    peak = functools.partial(trainer_step_peak, model_dir, work, device, **train)
+    rows = [{"batch": b, "chunk": min(chunk, b), "precision": precision} for b in batches]
+    return [row | peak(batch_size=row["batch"], chunk_size=row["chunk"]) for row in rows]
 
 
 def largest_full_batch(model_dir, work, device, *, precision="bf16", start=64) -> dict:
     """The largest full batch (``train.mode: full``) whose step fits, to 16 questions."""
-    train = {"mode": "full", "hard_negatives": 1, "precision": precision}
-    found = search_largest(
-        lambda b: trainer_step_peak(model_dir, work, device, batch_size=b, **train),
-        start,
-        16,
-        time_ok=lambda b, tried: "past 65,536" if b > 1 << 16 else None,
-    )
-    tried = sorted(found["tried"].items(), key=lambda kv: int(kv[0]))
+    train = {"mode": "full", "precision": precision}
+    peak = functools.partial(trainer_step_peak, model_dir, work, device, **train)
+    found = search_largest(lambda b: peak(batch_size=b), start, 16, time_ok=_past_65536)
+    tried = {k: v["fits"] for k, v in sorted(found["tried"].items(), key=lambda kv: int(kv[0]))}
     peak = found["tried"].get(str(found["batch"]), {}).get("peak_bytes")
-    row = {"batch": found["batch"], "peak_bytes": peak, "precision": precision}
-    return row | {"tried": {k: v["fits"] for k, v in tried}}
+    return {"batch": found["batch"], "peak_bytes": peak, "precision": precision, "tried": tried}
+
+
+def _past_65536(batch: int, tried: dict) -> str | None:
+    return "past 65,536" if batch > 1 << 16 else None
 
 
 def search_largest(fits, start: int, granularity: int, *, predict=None, time_ok=None) -> dict:
     """The largest batch ``fits(b)["fits"]``, to ``granularity``: doubling from ``start``, then
-    bisection. ``predict(tried)`` (the largest batch the tries say fits) caps a doubling and is
-    tried inside the bisection's interval; ``time_ok(b, tried)``: why ``b`` is not tried."""
+    bisection, ``predict(tried)`` capping a doubling; ``time_ok(b, tried)``: why ``b`` is not."""
     tried: dict[int, dict] = {}
     good = bad = stopped = None
     b: int | None = start
@@ -143,8 +142,7 @@ def _next_try(good: int | None, bad: int | None, step: int, predicted: int | Non
 
 
 def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: int = 1):
-    """The trainer's step-0 batch of SQuAD's training questions (questions cut at 32 tokens,
-    passages at 256), as ``train`` builds it."""
+    """``train``'s step-0 batch of SQuAD's training questions (32 + 256 tokens)."""
     from dpr_cache.data.batches import TrainBatches
     from dpr_cache.data.collate import build_batch
     from dpr_cache.data.squad import build_squad
@@ -161,8 +159,7 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
 
 
 def _own_stepper(model, chunk, p_chunk=None, *, length_bucket=None, towers=None, **savings):
-    """dpr-cache's GradCache (``chunk`` questions and ``p_chunk`` passages a chunk, ``savings``
-    turned off by name) or the full batch (``chunk`` None), on ``towers`` (default ``model``)."""
+    """dpr-cache's GradCache (``savings`` turned off by name) or the full batch (``chunk`` None)."""
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
     from dpr_cache.core.steppers import Towers, make_stepper
@@ -183,8 +180,7 @@ def _own_stepper(model, chunk, p_chunk=None, *, length_bucket=None, towers=None,
 
 
 def _cmnrl(model, rows: int | None = None, tokens: int | None = None, folder: str | None = None):
-    """sentence-transformers' CachedMNRL, mini-batches of ``rows`` or of a ``tokens`` budget
-    (None where the installed version has none), its module loaded from ``folder``."""
+    """CachedMNRL by ``rows`` or a ``tokens`` budget (None where this version has none)."""
     from benchmarks.peers import CachedMNRLStep
 
     step = CachedMNRLStep(model, rows or 32, folder)
@@ -195,15 +191,8 @@ def _cmnrl(model, rows: int | None = None, tokens: int | None = None, folder: st
     return step
 
 
-def _gradcache_lib(model, chunk: int | list[int]):
-    from benchmarks.peers import GradCacheLibStep
-
-    return GradCacheLibStep(model, chunk)
-
-
 def count_syncs(step: Callable[[], object], device, precision: str) -> dict:
-    """One call of ``step`` with CUDA's sync warnings on: how often the host waited for the
-    device, and the three source lines that made it wait most often."""
+    """How often one call of ``step`` made the host wait for the device, and the top 3 lines."""
     from dpr_cache.runtime.device import autocast
 
     previous = torch.cuda.get_sync_debug_mode()
@@ -225,24 +214,17 @@ def count_syncs(step: Callable[[], object], device, precision: str) -> dict:
 STEP_ERRORS = (RuntimeError, ValueError, TypeError, NotImplementedError, AssertionError)
 """What a setting's step may raise, reported in its row (out of memory, a compiler's error)."""
 
-# the CUDA allocator's flushes after a failed cudaMalloc, its cudaMalloc and cudaFree calls
-_ALLOCATOR_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
-
-
-def _allocator_counts(device) -> collections.Counter:
-    if device.type != "cuda":
-        return collections.Counter()
-    stats = torch.cuda.memory_stats(device)
-    return collections.Counter({k: int(stats.get(k, 0)) for k in _ALLOCATOR_COUNTS})
-
 
 def _interleave(steppers, batch, model, precision, rounds, host_waits=True, *, warmups=1, **more):
     """Each stepper's step timed once a round, rounds interleaved, after its ``warmups`` (a count,
-    or by name); one that fails is dropped with the reason. On CUDA the allocator's counts a step
-    and, for ``host_waits``' names (True: all), the host's waits in one more step. ``others``:
-    more models whose gradients are reset with ``model``'s; ``fresh_cache``: CUDA's emptied."""
+    or by name); one that fails is dropped with the reason; on CUDA ``host_waits`` counted."""
     device, cuda = model.device, model.device.type == "cuda"
-    zero_grad = functools.partial(_zero_grad, (model, *more.get("others", ())))
+    models = (model, *more.get("others", ()))
+
+    def zero_grad() -> None:
+        for m in models:
+            m.zero_grad(set_to_none=True)
+
     zero_grad()
     if more.get("fresh_cache", True):
         free_device(device)
@@ -250,7 +232,7 @@ def _interleave(steppers, batch, model, precision, rounds, host_waits=True, *, w
     warm = {n: warmups.get(n, 1) if isinstance(warmups, dict) else warmups for n in steppers}
     first = max(warm.values(), default=0)
     waits = set(steppers) if host_waits is True else set(host_waits or ())
-    runs = {n: {"times": [], "warmup_s": [], "allocator": collections.Counter()} for n in steppers}
+    runs = {n: {"times": [], "warmup_s": []} for n in steppers}
     for r in range(first + rounds):
         for name, stepper in steppers.items():
             run = runs[name]
@@ -264,33 +246,22 @@ def _interleave(steppers, batch, model, precision, rounds, host_waits=True, *, w
                 zero_grad()
                 free_device(device)
                 continue
-            if "syncs" in step:
-                run["syncs"] = step["syncs"]
-            if r >= first:
-                run["allocator"].update(step["allocator"])
+            run.update({"syncs": step["syncs"]} if "syncs" in step else {})
             run["times" if r >= first else "warmup_s"].append(step["seconds"])
             if r < first:
                 print(f"    {name}: warm-up {step['seconds']:.1f} s", flush=True)
-    known = torch.cuda.memory_stats(device) if cuda else None
-    return {n: _timed_row(run, batch, known) for n, run in runs.items()}
-
-
-def _zero_grad(models) -> None:
-    for m in models:
-        m.zero_grad(set_to_none=True)
+    return {n: _timed_row(run, batch) for n, run in runs.items()}
 
 
 def _attempt(stepper, b: Batch, precision: str, count_waits: bool) -> dict:
-    """One step's seconds and allocator counts (and host waits); or why it failed."""
+    """One step's seconds (and host waits); or why it failed."""
     from dpr_cache.runtime.device import autocast
 
     device = b.q_inputs["input_ids"].device
     step = functools.partial(stepper.step, b.q_inputs, b.p_inputs, p_ids=b.p_ids)
-    before = _allocator_counts(device)
     try:
         with autocast(device, precision):
             out = {"seconds": _timed(step, device)}
-        out["allocator"] = _allocator_counts(device) - before
         if count_waits:
             out["syncs"] = count_syncs(step, device, precision)
         return out
@@ -299,27 +270,22 @@ def _attempt(stepper, b: Batch, precision: str, count_waits: bool) -> dict:
         return {"failed": "out of memory" if oom else f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def _timed_row(run: dict, batch: Batch, known: dict | None) -> dict:
-    """One stepper's median step, rate, times, warm-ups and allocator counts; or why none."""
+def _timed_row(run: dict, batch: Batch) -> dict:
+    """One stepper's median step, rate, times and warm-ups; or why none."""
     ts, warmup_s = run["times"], run["warmup_s"]
     if "failed" in run or not ts:
         row = {"failed": run.get("failed", "not timed")}
         return row | {"warmup_s": warmup_s} if warmup_s else row
     median = statistics.median(ts)
     row = {"step_s": median, "pairs_per_s": batch.n_questions / median, "times_s": ts}
-    row |= {"warmup_s": warmup_s} | ({"syncs": run["syncs"]} if "syncs" in run else {})
-    if known is not None:
-        c = run["allocator"]
-        row["allocator"] = {k: c[k] / len(ts) if k in known else None for k in _ALLOCATOR_COUNTS}
-    return row
+    return row | {"warmup_s": warmup_s} | ({"syncs": run["syncs"]} if "syncs" in run else {})
 
 
 Chunk = int | tuple[int, int]  # rows of both towers, or (questions, passages) a chunk
 
 
 def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> dict[str, tuple]:
-    """Each chunk's name and its (questions, passages) a chunk at this batch, in order, without
-    those equal at this batch to one before (a chunk past a tower's rows is all of them)."""
+    """Each chunk's name and (questions, passages) a chunk at this batch, repeats left out."""
     out: dict[str, tuple[int, int]] = {}
     for c in chunks:
         q, p = c if isinstance(c, tuple) else (c, c)
@@ -331,8 +297,7 @@ def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> di
 
 @dataclass(frozen=True)
 class Variant:
-    """dpr-cache at one chunk with an option beyond its defaults: chunk widths rounded up to a
-    multiple of ``length_bucket``, the towers compiled in ``compile_mode``."""
+    """dpr-cache at one chunk, widths rounded up to ``length_bucket``, compiled or not."""
 
     chunk: int
     length_bucket: int | None = None
@@ -359,32 +324,32 @@ def chunk_counts(n_q: int, n_p: int, q: int, p: int) -> list[int]:
     return [-(-n_q // q), -(-n_p // p)]
 
 
-def speed_comparison(
-    model, batch, precision, *, rounds=3, warmups=1, host_waits=True, fresh_cache=True, **settings
-) -> dict:
-    """At one batch and precision, interleaved on one shared-tower model: dpr-cache at each of
-    ``chunks`` (``(q, p)``: q questions, p passages a chunk) and ``variants`` (a compiled one on
-    ``compiled``, with :data:`COMPILED_WARMUPS` warm-ups), the ``full_batch`` (default on),
-    CachedMNRL at each of ``cmnrl_rows`` and ``cmnrl_tokens`` (dpr-cache too at the budgets; its
-    module from ``cmnrl_folder``), the GradCache library at each of ``lib_chunks``. Each row names
-    its engine, chunk and chunks a step (None where a token budget decides); ``others``,
-    ``host_waits`` and ``fresh_cache`` as :func:`_interleave` takes them."""
+def speed_comparison(model, batch, precision, *, rounds=3, warmups=1, batch_of=None, **settings):
+    """dpr-cache, the full batch and the peers interleaved at one batch and precision (the
+    settings as :func:`_comparison_specs` reads them); each row names its engine and chunk. With
+    ``batch_of``, a full batch out of memory is timed at the largest half that fits."""
     specs = _comparison_specs(model, batch, settings)
     rows = {name: {"engine": e, "chunk": c, "chunks": n} for name, _, e, c, n in specs}
     steppers = {name: make() for name, make, *_ in specs}
     compiled = {v.name for v in settings.get("variants", ()) if v.compile_mode}
     warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled else warmups for n in steppers}
-    options = {"warmups": warm, "fresh_cache": fresh_cache, "others": settings.get("others", ())}
-    timed = _interleave(steppers, batch, model, precision, rounds, host_waits, **options)
+    options = {k: settings[k] for k in ("fresh_cache", "others") if k in settings}
+    waits = settings.get("host_waits", True)
+    timed = _interleave(steppers, batch, model, precision, rounds, waits, warmups=warm, **options)
     for name, row in timed.items():
         rows[name].update(row)
     sizes = {"batch": batch.n_questions, "precision": precision, "rounds": rounds}
     best = {family: _best(rows, family) for family in _FAMILIES}
-    return sizes | {"warmups": warmups, "rows": rows, "best": best}
+    out = sizes | {"warmups": warmups, "rows": rows, "best": best}
+    if batch_of is None or not settings.get("full_batch", True):
+        return out
+    return add_fitting_full_batch(model, out, batch_of, rounds, host_waits=False)
 
 
 def _comparison_specs(model, batch, s: dict) -> list[tuple]:
     """(name, make, engine, chunk, chunks a step) of each setting :func:`speed_comparison` times."""
+    from benchmarks.peers import GradCacheLibStep
+
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
     part, counts = functools.partial, functools.partial(chunk_counts, n_q, n_p)
     cmnrl = part(_cmnrl, model, folder=s.get("cmnrl_folder"))
@@ -409,7 +374,7 @@ def _comparison_specs(model, batch, s: dict) -> list[tuple]:
         make = part(_own_stepper, model, n_q, n_p, chunk_tokens=t)
         specs.append((f"dpr-cache tokens {t}", make, "dpr-cache tokens", None, None))
     for name, (q, p) in chunk_settings(s["lib_chunks"], n_q, n_p).items():
-        make, made = part(_gradcache_lib, model, [q, p]), counts(q, p)
+        make, made = part(GradCacheLibStep, model, [q, p]), counts(q, p)
         specs.append((f"GradCache library {name}", make, "GradCache library", name[6:], made))
     return specs
 
@@ -423,8 +388,7 @@ def _variant_stepper(model, variant: Variant, compiled=None):
 
 
 def add_fitting_full_batch(model, comparison, batch_of, rounds=3, host_waits=True) -> dict:
-    """Where the full batch ran out of memory at the comparison's batch: the full batch at the
-    largest half, quarter, ... of it that fits, timed on its own and added to the rows."""
+    """Where the full batch ran out of memory: the largest half, quarter, ... that fits, added."""
     if "pairs_per_s" in comparison["rows"].get("full batch", {}):
         return comparison
     size = comparison["batch"] // 2
@@ -449,16 +413,12 @@ def _best(timed: dict[str, dict], family: str) -> dict | None:
     return {"setting": name, "pairs_per_s": row["pairs_per_s"]}
 
 
-_SAVINGS = {
-    "without length order": "length_order",
-    "without padding trim": "trim_padding",
-    "without kept last graph": "keep_last_graph",
-}
+_SAVINGS = {"without length order": "length_order", "without padding trim": "trim_padding"}
+_SAVINGS |= {"without kept last graph": "keep_last_graph"}
 
 
 def savings(model, batch: Batch, precision: str, chunk: int, rounds: int = 3) -> dict:
-    """dpr-cache with every saving on, then each one off in turn (interleaved); fast dropout (a
-    CPU saving) last, on the same model, since it patches its dropout modules."""
+    """dpr-cache with every saving on, then each one off in turn; fast dropout last (it patches)."""
     from dpr_cache.model.fast_dropout import use_fast_dropout
 
     steppers = {"all savings": _own_stepper(model, chunk)}
@@ -482,8 +442,7 @@ PASSAGE_WORDS = 100  # words a passage, as DPR cut Wikipedia for NQ's 21,015,324
 
 
 def _passages_tsv(squad_dir: Path, out: Path, rows: int) -> Path:
-    """``rows`` passages of 100 words (each SQuAD article cut every 100 words, a shorter tail left
-    out), repeated with fresh ids."""
+    """``rows`` passages of SQuAD's articles cut every 100 words, repeated with fresh ids."""
     articles: dict[str, list[str]] = {}
     with open(squad_dir / "passages.tsv", newline="") as f:
         for row in csv.DictReader(f, delimiter="\t"):
@@ -511,8 +470,7 @@ def _read_passages(tsv: Path, rows: int | None = None) -> list[tuple[str, str]]:
 def encode_rate(
     model_dir, squad_dir, work, device, rows, *, precision="fp16", batch_size=512, workers=4
 ) -> dict:
-    """``dpr-cache encode`` on ``rows`` passages (150 s at most) and its rate after start-up from
-    its ``encode.json``: reading (a passage's share) plus the encoding past its first batch."""
+    """``dpr-cache encode``'s rate past start-up (``encode.json``): reading plus encoding."""
     tsv = _passages_tsv(squad_dir, work / f"passages_{rows}.tsv", rows)
     out = work / f"vectors_{rows}"
     options = {"--model": model_dir, "--passages": tsv, "--out": out, "--device": device}
@@ -535,8 +493,7 @@ def encode_rate(
 
 
 def model_encode_rate(model, feats_source, device, precision, batch_size=512, rows=20000) -> dict:
-    """The encoder alone on pre-tokenized passages (length-sorted batches, the second of two runs
-    timed): passages per second and their mean length in tokens and in words."""
+    """The encoder alone on pre-tokenized passages (the second of two runs timed)."""
     from dpr_cache.data.tokenize import tokenize_passages
     from dpr_cache.retrieval.dense.encode import encode_tokenized
 
@@ -554,8 +511,7 @@ def model_encode_rate(model, feats_source, device, precision, batch_size=512, ro
 
 
 def passage_flops(model, tokens: float) -> float:
-    """Forward FLOPs of one passage of ``tokens`` tokens: 2 per weight per token in the encoder's
-    matrices, plus attention's two products (4 * tokens^2 * hidden a layer)."""
+    """Forward FLOPs of a passage: 2 a weight a token, plus attention's 4 * tokens^2 * hidden."""
     config = model.passage_encoder.config
     h, layers = config.hidden_size, config.num_hidden_layers
     per_layer = 4 * h * h + 2 * h * config.intermediate_size
@@ -577,15 +533,13 @@ NQ_SCORE_PAIRS = 58_880 * (1 + 30)  # DPR's NQ training questions, a positive an
 def teacher_score_rate(
     tokenizer, squad_dir, work, device, n_pairs, precisions, batch_size, rounds, into, shape
 ) -> dict:
-    """``score``'s cross-encoder loop (a random one of ``shape``: layers, width) on ``n_pairs``
-    SQuAD dev pairs at each precision over ``rounds`` alternating rounds, projected to NQ; the
-    tokenization alone; the model alone. Filled into ``into`` as measured."""
+    """``score``'s loop on a random cross-encoder of ``shape`` (layers, width) at each precision,
+    projected to NQ; the tokenization alone; the model alone; into ``into`` as measured."""
     from dpr_cache.data.tokenize import pad
     from dpr_cache.model.cross_encoder import load_cross_encoder, score_pairs, tokenize_pairs
 
-    encoder = load_cross_encoder(
-        _random_cross_encoder(tokenizer, work, shape), max_length=256, device=device
-    )
+    folder = _random_cross_encoder(tokenizer, work, shape)
+    encoder = load_cross_encoder(folder, max_length=256, device=device)
     pairs, start = _score_sample(squad_dir, work, n_pairs), time.perf_counter()
     features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
     out = into
@@ -594,24 +548,18 @@ def teacher_score_rate(
     out.update(mean_tokens=sum(lengths) / n_pairs, batch_size=batch_size, max_length=256)
     out.update(model={"layers": shape[0], "hidden": shape[1]}, nq_pairs=NQ_SCORE_PAIRS, rows=[])
     order = sorted(range(n_pairs), key=lambda i: -lengths[i])
-    batches = [
-        {
-            k: v.to(device)
-            for k, v in pad(encoder.tokenizer, features, order[s : s + batch_size]).items()
-        }
-        for s in range(0, n_pairs, batch_size)
-    ]
+    starts = range(0, n_pairs, batch_size)
+    padded = (pad(encoder.tokenizer, features, order[s : s + batch_size]) for s in starts)
+    batches = [{k: v.to(device) for k, v in batch.items()} for batch in padded]
     alone = functools.partial(_alone, encoder, device)
     _first_pass(out, alone, batches, precisions)
     for r, precision in _alternating(precisions, rounds):
         run = functools.partial(score_pairs, encoder, pairs, batch_size=batch_size)
         seconds = _timed(functools.partial(run, precision=precision), device)
-        rate = n_pairs / seconds
-        out["rows"].append(
-            {"round": r + 1, "precision": precision, "pairs": n_pairs, "seconds": seconds}
-            | {"pairs_a_second": rate, "nq_hours": NQ_SCORE_PAIRS / rate / 3600}
-        )
-    _model_alone(out, alone, batches, precisions, rounds, device)
+        row = {"round": r + 1, "precision": precision, "pairs": n_pairs, "seconds": seconds}
+        rate = row["pairs_a_second"] = n_pairs / seconds
+        out["rows"].append(row | {"nq_hours": NQ_SCORE_PAIRS / rate / 3600})
+    _model_alone(out, alone, batches, precisions, rounds)
     return out
 
 
@@ -628,17 +576,13 @@ def _alone(encoder, device: torch.device, precision: str, batches: list[dict]) -
 
 
 def _first_pass(out: dict, alone, batches: list[dict], precisions: list[str]) -> None:
-    """Each precision's one-time start on the longest batch (the most memory), then its first
-    pass over every other batch (shapes not yet run), in the rounds' order reversed."""
+    """Each precision's start on the longest batch, then its first pass over the others."""
     longest, rest = batches[:1], batches[1:]
     new = {b["input_ids"].shape[1] for b in rest} - {longest[0]["input_ids"].shape[1]}
     pairs = sum(len(b["input_ids"]) for b in rest)
     first = {"order": precisions[::-1], "batches": len(rest), "pairs": pairs}
-    first = out["first_pass"] = first | {
-        "new_lengths": len(new),
-        "seconds": {},
-        "again_seconds": {},
-    }
+    first |= {"new_lengths": len(new), "seconds": {}, "again_seconds": {}}
+    out["first_pass"] = first
     for precision in precisions:
         alone(precision, longest)
     for precision in first["order"]:
@@ -647,9 +591,8 @@ def _first_pass(out: dict, alone, batches: list[dict], precisions: list[str]) ->
             first["seconds"][precision] = seconds
 
 
-def _model_alone(out: dict, alone, batches: list[dict], precisions: list[str], rounds, device):
-    """The model alone: the best of ``rounds`` alternating rounds at each precision, the first
-    pass's batches again, and the longest batch under torch's profiler at each precision."""
+def _model_alone(out: dict, alone, batches: list[dict], precisions: list[str], rounds) -> None:
+    """The model alone, best of ``rounds`` at each precision; the first pass's batches again."""
     best: dict[str, float] = {}
     for _, precision in _alternating(precisions, rounds):
         seconds = alone(precision, batches)
@@ -661,17 +604,13 @@ def _model_alone(out: dict, alone, batches: list[dict], precisions: list[str], r
     first = out["first_pass"]
     for precision in first["seconds"]:
         first["again_seconds"][precision] = alone(precision, batches[1:])
-    _profiled(lambda: alone(precisions[0], batches[:1]), device)  # the profiler's own start
-    out["profiles"] = {
-        p: _profiled(functools.partial(alone, p, batches[:1]), device) for p in precisions
-    }
 
 
 def _random_cross_encoder(tokenizer_dir: str, work: Path, shape: tuple[int, int]) -> Path:
     """A BERT cross-encoder of ``shape`` (layers, width) with random weights, written once."""
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from benchmarks.gpu_exact import Shape, bert_config
+    from benchmarks.gpu.exact import Shape, bert_config
 
     layers, width = shape
     folder = work / f"cross-encoder-{layers}x{width}"
@@ -691,10 +630,8 @@ def _score_sample(squad_dir: Path, work: Path, n_pairs: int) -> list:
 
     questions = [q for q, _ in read_qas(squad_dir / "dev.qa.tsv")]
     passages = _read_passages(_passages_tsv(squad_dir, work / "score_passages.tsv", 5_000))
-    return [
-        Pair(questions[i % len(questions)], *passages[(i * 7) % len(passages)])
-        for i in range(n_pairs)
-    ]
+    n_q, n_p = len(questions), len(passages)
+    return [Pair(questions[i % n_q], *passages[(i * 7) % n_p]) for i in range(n_pairs)]
 
 
 def _alternating(items: list[str], rounds: int) -> Iterator[tuple[int, str]]:
@@ -702,49 +639,3 @@ def _alternating(items: list[str], rounds: int) -> Iterator[tuple[int, str]]:
     for r in range(rounds):
         for item in items if r % 2 == 0 else items[::-1]:
             yield r, item
-
-
-def _profiled(run: Callable[[], None], device: torch.device, top: int = 6) -> dict:
-    """``run`` once under torch's profiler: its wall time, the device's (else the CPU's) operator
-    time and its ``top`` operators; the profiler's own failure returned as the error."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device.type == "cuda"
-    try:
-        prof = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda)
-        prof.start()
-    except (RuntimeError, AttributeError) as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-    failed = None
-    try:
-        start = time.perf_counter()
-        run()  # ends with a sync
-        wall_ms = (time.perf_counter() - start) * 1e3
-    finally:
-        try:
-            prof.stop()
-            times = operator_times(prof.key_averages(), cuda)
-        except (RuntimeError, AttributeError) as e:
-            failed = f"{type(e).__name__}: {e}"
-    on = "device" if cuda else "cpu"
-    if failed or not times:
-        return {"error": failed or f"the profiler recorded no time on the {on}"}
-    top_ops = [{"op": key, "calls": n, "ms": us / 1e3} for key, n, us in times[:top]]
-    self_ms = sum(us for _, _, us in times) / 1e3
-    return {"on": on, "wall_ms": wall_ms, "self_ms": self_ms, "top": top_ops}
-
-
-def operator_times(events, cuda: bool) -> list[tuple[str, int, float]]:
-    """(name, calls, microseconds) of each kernel on the device (operators timed there without
-    CUPTI), else each CPU operator's own time, longest first, user annotations left out."""
-    from torch.autograd import DeviceType
-
-    kept = []
-    for e in events:
-        if getattr(e, "is_user_annotation", False):
-            continue
-        if not cuda:
-            kept.append((e.key, e.count, e.self_cpu_time_total))
-        elif e.device_type == DeviceType.CUDA or getattr(e, "is_legacy", False):
-            kept.append((e.key, e.count, e.self_device_time_total))
-    return sorted(kept, key=lambda t: t[2], reverse=True)

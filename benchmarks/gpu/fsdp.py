@@ -1,21 +1,16 @@
-"""The GPU suite's ``fsdp`` section (issue 58): FSDP2 on one GPU, in a process group of one (the
-trainer's own ``shard_towers``): the float64 gap of the sharded GradCache gradient (``verify``'s
-``sharded_step``) to the unsharded full batch, the sync once a step and once a chunk; and one
-GradCache step and AdamW update of a BERT-base-shaped model, ``train.shard`` none against fsdp:
-the peak and the bytes held. With one GPU there is nothing to divide: fsdp / none is FSDP's own
-overhead. The dry run runs both on the CPU at toy size (gloo), the peak then the process's RSS.
-"""
+"""The ``fsdp`` section (issue 58): FSDP2 in a process group of one: the sharded GradCache
+gradient's float64 gap to the full batch, and a BERT-base step's peak and bytes held under
+``train.shard`` none and fsdp (fsdp / none: FSDP's own overhead). The dry run: the CPU, gloo."""
 
 from __future__ import annotations
 
-import resource
 import time
 from collections import namedtuple
 
 import torch
 
-from benchmarks.gpu_exact import Shape, make_model
-from benchmarks.gpu_perf import free_device
+from benchmarks.gpu.exact import Shape, make_model
+from benchmarks.gpu.perf import free_device, synthetic_pairs
 
 # the exactness case's float64 BERT and batch, then the memory rows' (on a GPU BERT-base's shape)
 _FIELDS = "exact_hidden exact_layers exact_batch exact_chunk hidden layers heads intermediate vocab"
@@ -30,24 +25,15 @@ def _model(device: torch.device, dtype: torch.dtype, hidden, layers, heads, inte
     return make_model(shape, device, dtype)
 
 
-def _batch(vocab: int, n_q: int, q_len: int, p_len: int, device: torch.device):
-    from dpr_cache.data.collate import Batch
-    from dpr_cache.data.synthetic import synthetic_batch
-
-    q, p, ids = synthetic_batch(None, vocab, n_q, 2 * n_q, q_len, p_len, seed=0)
-    return Batch(q, p, ids, n_q, 2).to(device)
-
-
 def exactness(plan: FsdpPlan, device: torch.device) -> dict:
-    """The float64 gap of the sharded GradCache gradient to the unsharded full batch, the sync
-    once a step and once a chunk."""
+    """The sharded GradCache gradient's float64 gap to the full batch, each sync."""
     from dpr_cache.config import Config
     from dpr_cache.runtime.distributed import DistEnv
     from dpr_cache.train.step import Chunking
     from dpr_cache.train.verify import BOUNDS, compare_steps, sharded_step
 
     shape = (plan.exact_hidden, plan.exact_layers, 2, 2 * plan.exact_hidden, 97)
-    batch = _batch(97, plan.exact_batch, 12, 16, device)
+    batch = synthetic_pairs(97, plan.exact_batch, 12, 16).to(device)
     train = {"temperature": 0.5, "hard_negatives": 1, "chunk_size": plan.exact_chunk}
     run, chunking = Config.model_validate({"train": train}), Chunking(plan.exact_chunk)
     model = _model(device, torch.float64, *shape)
@@ -66,17 +52,8 @@ def exactness(plan: FsdpPlan, device: torch.device) -> dict:
     return sizes | {"layers": plan.exact_layers, "rows": rows}
 
 
-def _memory(device: torch.device) -> tuple[int, int | None]:
-    """The peak (on the CPU the process's RSS) and the bytes allocated now (CUDA only)."""
-    if device.type != "cuda":
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, None
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device)
-
-
 def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
-    """One GradCache step and AdamW update of the memory rows' BERT under ``shard``: the peak,
-    the memory held before and after, the bytes of parameters, gradients and AdamW's state."""
+    """One GradCache step and AdamW update under ``shard``: the peak and the bytes held."""
     from benchmarks.harness import held_bytes
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
@@ -84,7 +61,7 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
     from dpr_cache.model.fsdp import shard_towers
     from dpr_cache.runtime.device import autocast
     from dpr_cache.runtime.distributed import DistEnv
-    from dpr_cache.runtime.memory import trim
+    from dpr_cache.runtime.memory import peak_memory_bytes, trim
 
     free_device(device)
     shape = (plan.hidden, plan.layers, plan.heads, plan.intermediate, plan.vocab)
@@ -96,15 +73,18 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
     loss_fn = make_loss_fn(Objective(2, InfoNCE(0.05)))
     stepper = make_stepper("gradcache", towers, loss_fn, chunk_size=plan.chunk, release_memory=trim)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    batch = _batch(plan.vocab, plan.batch, plan.q_len, plan.p_len, device)
+    batch = synthetic_pairs(plan.vocab, plan.batch, plan.q_len, plan.p_len).to(device)
     free_device(device)  # the peak from here
-    _, before = _memory(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     start = time.monotonic()
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, plan.precision):
         stepper.step(batch.q_inputs, batch.p_inputs, **batch.loss_inputs())
     optimizer.step()
-    peak, after = _memory(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    after = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    peak = peak_memory_bytes(device)
     row = {"shard": shard, "seconds": round(time.monotonic() - start, 2), "peak_bytes": peak}
     row |= {"resident_before": before, "resident_after": after, **held_bytes(model, optimizer)}
     row["held"] = row["parameters"] + row["gradients"] + row["optimizer_state"]
@@ -114,8 +94,7 @@ def memory_row(plan: FsdpPlan, device: torch.device, shard: str) -> dict:
 
 
 def fsdp_figures(plan: FsdpPlan, device: torch.device, into: dict) -> dict:
-    """The section's figures, put into ``into`` as measured; the process group of one that
-    sharding joins is left again at the end where the section made it."""
+    """The section's figures into ``into`` as measured; a process group it made left again."""
     from dpr_cache.runtime import distributed
 
     ours = not distributed.joined()

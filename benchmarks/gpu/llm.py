@@ -1,11 +1,7 @@
-"""The GPU suite's ``llm`` section (issue 57): decoders of Mistral-7B's and Qwen2-0.5B's shapes
-(random bf16 weights) trained as ``configs/llm_lora.yaml`` trains them (LoRA on every linear layer,
-gradient checkpointing, last-token pooling, one shared tower): a GradCache step's peak memory by
-batch, the 7B's largest full batch, and pairs per second of dpr-cache, the full batch and
-CachedMNRL on the same peft module. Each step is ``Trainer.step`` of ``build_trainer``'s trainer;
-what would not fit in the time left is recorded as skipped. The dry run runs it all on two tiny
-decoders of the same families, a full batch above a pretended limit "out of memory".
-"""
+"""The ``llm`` section (issue 57): random decoders of Mistral-7B's and Qwen2-0.5B's shapes trained
+as ``configs/llm_lora.yaml`` trains them: a step's peak memory by batch, the 7B's largest full
+batch, and pairs per second against the full batch and CachedMNRL; what would not fit in the time
+left is skipped. The dry run uses two tiny decoders, a pretended limit its "out of memory"."""
 
 from __future__ import annotations
 
@@ -19,11 +15,11 @@ from unittest import mock
 
 import torch
 
-from benchmarks import gpu_perf
-from benchmarks.gpu_perf import search_largest
+from benchmarks.gpu import perf
+from benchmarks.gpu.perf import search_largest
 from dpr_cache.data.collate import Batch
 
-TOY = Path(__file__).resolve().parents[1] / "data" / "toy"
+TOY = Path(__file__).resolve().parents[2] / "data" / "toy"
 LLAMA, QWEN = str(TOY / "tiny-llama"), str(TOY / "tiny-qwen2")
 
 # family: transformers' model_type; eos: the id ending every text (read by last-token pooling);
@@ -33,9 +29,8 @@ DecoderShape = namedtuple(
 )
 MISTRAL_7B = DecoderShape("Mistral-7B", "mistral", 32, 4096, 32, 8, 14336, 32000, 2, False, LLAMA)
 QWEN2_05B = DecoderShape("Qwen2-0.5B", "qwen2", 24, 896, 14, 2, 4864, 151936, 151643, True, QWEN)
-TINY_MISTRAL = DecoderShape(
-    "tiny (Mistral family)", "mistral", 2, 32, 4, 2, 64, 512, 2, False, LLAMA
-)
+TINY_MISTRAL = MISTRAL_7B._replace(name="tiny (Mistral family)", layers=2, hidden=32, heads=4)
+TINY_MISTRAL = TINY_MISTRAL._replace(kv_heads=2, intermediate=64, vocab=512)
 TINY_QWEN2 = DecoderShape("tiny (Qwen2 family)", "qwen2", 2, 32, 4, 2, 64, 512, 0, True, QWEN)
 LORA = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": "all-linear"}
 
@@ -80,8 +75,7 @@ def _decoder_config(shape: DecoderShape, dtype: torch.dtype):
 
 
 def build_decoder(shape: DecoderShape, plan: LlmPlan, device: torch.device):
-    """A shared-tower BiEncoder of ``shape``, random weights made on ``device`` in ``plan.dtype``,
-    ``plan.lora``'s adapters, gradient checkpointing, last-token pooling, dot product."""
+    """A shared-tower BiEncoder of ``shape`` on ``device``, as ``plan`` describes it."""
     from dpr_cache.config import LoraConfig
     from dpr_cache.model.biencoder import BiEncoder
     from dpr_cache.model.decoders import torch_dtype
@@ -98,21 +92,17 @@ def build_decoder(shape: DecoderShape, plan: LlmPlan, device: torch.device):
     return model.train()
 
 
-def decoder_batch(shape: DecoderShape, n_q: int, q_len: int, p_len: int, seed: int = 0) -> Batch:
-    """``n_q`` questions of random tokens with a positive and a hard negative each, every position
-    attended and each row ending in the EOS last-token pooling reads."""
-    from dpr_cache.data.synthetic import synthetic_batch
-
-    q, p, ids = synthetic_batch(None, shape.vocab, n_q, 2 * n_q, q_len, p_len, seed)
-    for rows in (q, p):
-        del rows["token_type_ids"]  # a decoder takes none
+def decoder_batch(shape: DecoderShape, n_q: int, q_len: int, p_len: int) -> Batch:
+    """:func:`~benchmarks.gpu.perf.synthetic_pairs` for a decoder: no token types, EOS last."""
+    batch = perf.synthetic_pairs(shape.vocab, n_q, q_len, p_len)
+    for rows in (batch.q_inputs, batch.p_inputs):
+        del rows["token_type_ids"]
         rows["input_ids"][:, -1] = shape.eos
-    return Batch(q, p, ids, n_q, 2)
+    return batch
 
 
 def _config(plan: LlmPlan, shape: DecoderShape, work: Path, device: torch.device, **train):
-    """The run config a user would write for this model (``configs/llm_lora.yaml``'s model
-    section, at this shape), with ``train`` keys."""
+    """The run config a user would write for this model, with ``train`` keys."""
     from dpr_cache.config import load_config
 
     lora = ", ".join(f"{k}: {v}" for k, v in plan.lora.items())
@@ -127,9 +117,8 @@ def _config(plan: LlmPlan, shape: DecoderShape, work: Path, device: torch.device
 
 @contextlib.contextmanager
 def _prebuilt(model, asked: dict):
-    """``build_trainer``'s loading of the model answered with ``model`` (a 7B's folder would be
-    14.5 GB to write and read back); what it asked for goes into ``asked``, and a setting the
-    model was not built with is an error."""
+    """``build_trainer``'s loading answered with ``model`` (a 7B's folder would be 14.5 GB); what
+    it asked for into ``asked``, a setting the model was not built with an error."""
     import dpr_cache.train.trainer as trainer_module
 
     def load(path, **kwargs):
@@ -149,38 +138,32 @@ def _prebuilt(model, asked: dict):
 
 
 def trainer_step(model, plan, shape, batch: Batch, work: Path, device, asked: dict, **train):
-    """Peak memory and seconds of one ``Trainer.step`` (AdamW's first update included) of the
-    trainer ``build_trainer`` makes from the config ``train`` describes, on ``model``."""
+    """Peak memory and seconds of one ``Trainer.step`` from the config ``train`` describes."""
     from dpr_cache.runtime.distributed import DistEnv
-    from dpr_cache.runtime.memory import peak_memory_bytes
     from dpr_cache.train.trainer import build_trainer
 
     config = _config(plan, shape, work, device, batch_size=batch.n_questions, **train)
     model.zero_grad(set_to_none=True)
-    gpu_perf.free_device(device)
+    perf.free_device(device)
     base = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     with _prebuilt(model, asked):
         trainer = build_trainer(config, DistEnv(device=device), total_steps=10)
+    limit = plan.pretend_limit if train.get("mode") == "full" else None
     try:
-        limit = plan.pretend_limit if train.get("mode") == "full" else None
-        if limit is not None and batch.n_questions > limit:
-            raise torch.OutOfMemoryError(f"dry run: a batch above {limit} questions is pretended")
-        result = trainer.step(batch)
-        row = {"fits": True, "peak_bytes": peak_memory_bytes(device), "step_s": result.seconds}
-        row["loss"] = result.loss
-    except torch.OutOfMemoryError:
-        row = {"fits": False, "peak_bytes": None, "step_s": None}
+        if limit is not None and batch.n_questions > limit:  # the dry run's pretended OOM
+            row = {"peak_bytes": None, "step_s": None, "fits": False}
+        else:
+            row = perf.step_row(trainer, batch, device)
     finally:
         del trainer
         model.zero_grad(set_to_none=True)
-        gpu_perf.free_device(device)
+        perf.free_device(device)
     return {**row, "resident_bytes": base}
 
 
 def linear_prediction(capacity: int, margin: float = 0.97):
-    """``predict`` for :func:`search_largest`: the batch at which a line through the fitting
-    tries' peaks (or through the one and the memory resident before it) reaches ``margin`` of
-    ``capacity`` bytes; None with no fitting try that measured its peak."""
+    """``predict`` for :func:`search_largest`: where a line through the fitting tries' peaks (or
+    one and the memory resident before it) reaches ``margin`` of ``capacity``."""
 
     def predict(tried: dict[int, dict]) -> int | None:
         points = sorted((b, r["peak_bytes"]) for b, r in tried.items() if r.get("peak_bytes"))
@@ -197,8 +180,7 @@ def linear_prediction(capacity: int, margin: float = 0.97):
 
 
 class _Clock:
-    """What is left of the section less ``reserve`` seconds, and the seconds a measurement is
-    expected to take from the step rates measured so far."""
+    """The section's seconds left less ``reserve``, against a measurement's expected seconds."""
 
     def __init__(self, time_left, reserve: float) -> None:
         self.time_left, self.reserve = time_left, reserve
@@ -219,8 +201,8 @@ class _Clock:
 
 
 def _measure(shape, plan: LlmPlan, device, work: Path, clock: _Clock, out: dict, big: bool) -> None:
-    """One decoder's rows into ``out``: memory by batch around the speed comparison (the rows up
-    to its batch first, which warm its kernels), then (``big``) the largest full batch."""
+    """One decoder's rows into ``out``: memory by batch around the speed comparison, then
+    (``big``) the largest full batch."""
     start = time.monotonic()
     model = build_decoder(shape, plan, device)
     params = list(model.parameters())
@@ -251,9 +233,7 @@ def _measure(shape, plan: LlmPlan, device, work: Path, clock: _Clock, out: dict,
 
 
 def _speed(model, shape, plan: LlmPlan, batch_of, clock: _Clock, big: bool) -> dict:
-    """At ``plan.speed_batch``: dpr-cache at ``plan.chunk``, the full batch and CachedMNRL at the
-    same mini-batch on the same module, interleaved; the full batch at the largest half that fits
-    where it runs out of memory."""
+    """dpr-cache, the full batch and CachedMNRL interleaved at ``plan.speed_batch``."""
     rounds, warmups = plan.rounds[not big], plan.warmups[not big]
     # the full batch and CachedMNRL cost about the GradCache step's each
     why = clock.why_not("gradcache", plan.speed_batch, 3 * (rounds + warmups))
@@ -261,24 +241,16 @@ def _speed(model, shape, plan: LlmPlan, batch_of, clock: _Clock, big: bool) -> d
         return {"batch": plan.speed_batch, "skipped": why}
     c, peers = plan.chunk, {"cmnrl_tokens": [], "lib_chunks": [], "cmnrl_folder": shape.st_folder}
     batch, timing = batch_of(plan.speed_batch), {"rounds": rounds, "warmups": warmups}
-    comparison = gpu_perf.speed_comparison(
-        model,
-        batch,
-        plan.precision,
-        chunks=[c],
-        cmnrl_rows=[c],
-        **peers,
-        **timing,
-        host_waits=False,
+    peers |= {"chunks": [c], "cmnrl_rows": [c], "host_waits": False}
+    speed = perf.speed_comparison(
+        model, batch, plan.precision, batch_of=batch_of, **peers, **timing
     )
-    speed = gpu_perf.add_fitting_full_batch(model, comparison, batch_of, rounds, host_waits=False)
     print(f"  {shape.name} speed B={plan.speed_batch}: {speed['best']}", flush=True)
     return speed
 
 
 def _largest_full(plan: LlmPlan, device, clock: _Clock, step, batch_of) -> dict:
-    """The largest full batch that fits and its step's pairs per second (the search's own trainer
-    step at that batch); on a device each try placed by :func:`linear_prediction`."""
+    """The largest full batch that fits and its pairs per second (on a device predicted)."""
 
     def fits(b: int) -> dict:
         row = step(batch_of(b), mode="full")
@@ -288,13 +260,8 @@ def _largest_full(plan: LlmPlan, device, clock: _Clock, step, batch_of) -> dict:
 
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
     predict = linear_prediction(capacity) if capacity else None
-    found = search_largest(
-        fits,
-        plan.full_start,
-        plan.full_granularity,
-        predict=predict,
-        time_ok=lambda b, tried: clock.why_not("full", b),
-    )
+    options = {"predict": predict, "time_ok": lambda b, tried: clock.why_not("full", b)}
+    found = search_largest(fits, plan.full_start, plan.full_granularity, **options)
     best = found["tried"].get(str(found["batch"])) if found["batch"] else None
     if best and best.get("step_s"):
         found |= {"pairs_per_s": found["batch"] / best["step_s"], "peak_bytes": best["peak_bytes"]}
@@ -305,25 +272,12 @@ def _largest_full(plan: LlmPlan, device, clock: _Clock, step, batch_of) -> dict:
 
 
 def _row_text(row: dict) -> str:
-    if "skipped" in row:
-        return row["skipped"]
-    return (
-        f"{row['peak_bytes'] / 1e9:.2f} GB, {row['step_s']:.2f} s"
-        if row["fits"]
-        else "out of memory"
-    )
+    if "skipped" in row or not row["fits"]:
+        return row.get("skipped", "out of memory")
+    return f"{row['peak_bytes'] / 1e9:.2f} GB, {row['step_s']:.2f} s"
 
 
-_PLAN_KEYS = (
-    "q_len",
-    "p_len",
-    "chunk",
-    "speed_batch",
-    "memory_batches",
-    "dtype",
-    "precision",
-    "lora",
-)
+_PLAN_KEYS = "q_len p_len chunk speed_batch memory_batches dtype precision lora".split()
 
 
 def llm_figures(plan: LlmPlan, device, work: Path, time_left=lambda: math.inf, into=None) -> dict:
@@ -338,8 +292,8 @@ def llm_figures(plan: LlmPlan, device, work: Path, time_left=lambda: math.inf, i
         clock = _Clock(time_left, plan.small_reserve_s if big else 0.0)
         try:
             _measure(shape, plan, device, work, clock, row, big)
-        except (*gpu_perf.STEP_ERRORS, ImportError, OSError) as exc:  # the next decoder runs
+        except (*perf.STEP_ERRORS, ImportError, OSError) as exc:  # the next decoder runs
             row["error"] = f"{type(exc).__name__}: {exc}"[:500]
             print(f"  {shape.name}: {row['error']}", flush=True)
-        gpu_perf.free_device(device)  # this decoder's weights gone before the next is built
+        perf.free_device(device)  # this decoder's weights gone before the next is built
     return out

@@ -1,13 +1,12 @@
-"""The command line on a device (the toy config's ``train`` in fp16, a kill and ``--resume``,
-``index``, ``eval``, ``verify``; bit-exact reruns; an fp16 overflow; a chunk too large; NCCL's
-collectives), each command a fresh process as a user runs it, those independent of each other at
-the same time (:func:`in_parallel`); and the watch of the device's memory while the suite runs."""
+"""The command line on a device (the toy pipeline, a kill and ``--resume``, bit-exact reruns, an
+fp16 overflow, a chunk too large, NCCL), each command a fresh process, independent ones at once."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,8 +19,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import proc_field
-
 TOY = "configs/toy.yaml"
 clock_zero = time.monotonic()  # the suite's start (run_suite sets it): children's start times
 _WORKERS = max(1, len(os.sched_getaffinity(0)) // 2)  # tasks at a time: 1 on 2 cores, 8 on 16
@@ -30,18 +27,11 @@ _lock = threading.Lock()
 _stopped = threading.Event()
 
 
-def child(
-    cmd: list[str],
-    timeout: float,
-    env: dict | None = None,
-    on_start: Callable[[subprocess.Popen], object] | None = None,
-) -> dict:
-    """Run ``cmd`` to its end or for ``timeout`` seconds: its exit code (None: out of time, sent
-    SIGABRT, which the child's fault handler answers with every thread's stack), start (s from
-    :data:`clock_zero`), seconds, stdout and stderr; killed where its caller is interrupted."""
-    started_s = round(time.monotonic() - clock_zero, 1)
-    start = time.perf_counter()
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
+def child(cmd: list[str], timeout: float, on_start: Callable | None = None) -> dict:
+    """``cmd``'s exit code (None: out of time, sent SIGABRT for its stacks), start, seconds and
+    output; killed where its caller is interrupted."""
+    started_s, start = round(time.monotonic() - clock_zero, 1), time.perf_counter()
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     proc = _start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if on_start is not None:
         on_start(proc)
@@ -63,18 +53,12 @@ def child(
         raise
     finally:
         _forget(proc)
-    seconds = round(time.perf_counter() - start, 2)
-    return {
-        "rc": rc,
-        "started_s": started_s,
-        "seconds": seconds,
-        "stdout": stdout,
-        "stderr": stderr,
-    }
+    run = {"rc": rc, "started_s": started_s, "stdout": stdout, "stderr": stderr}
+    return run | {"seconds": round(time.perf_counter() - start, 2)}
 
 
 def _start(cmd: list[str], **popen) -> subprocess.Popen:
-    """A child in a process group of its own, known to :func:`stop_all` until :func:`_forget`."""
+    """A child in a process group of its own, known to :func:`stop_all`."""
     with _lock:
         if _stopped.is_set() and threading.current_thread() is not threading.main_thread():
             raise RuntimeError("stopped: the section's time is up")
@@ -105,8 +89,7 @@ def stop_all() -> None:
 
 
 def in_parallel(tasks: dict[str, Callable[[], Any]], into: dict[str, Any]) -> dict[str, Any]:
-    """Each task in a thread, its result put in ``into`` as it ends; interrupted, every child
-    still running killed and no other started."""
+    """Each task in a thread, its result into ``into``; interrupted, every child killed."""
     if threading.current_thread() is threading.main_thread():
         _stopped.clear()
     pool = ThreadPoolExecutor(max_workers=min(len(tasks), _WORKERS))
@@ -130,8 +113,7 @@ def in_parallel(tasks: dict[str, Callable[[], Any]], into: dict[str, Any]) -> di
 
 
 class Started:
-    """``task(on_start)`` (``on_start`` passed to :func:`child`) run in a thread, collected with
-    :meth:`result`; a wait interrupted stops it (its own children killed, no other)."""
+    """``task(on_start)`` run in a thread, collected with :meth:`result` (interrupted: stopped)."""
 
     def __init__(self, task: Callable[[Callable[[subprocess.Popen], object]], Any], start=True):
         self._task, self._procs, self._out = task, [], {}
@@ -161,8 +143,7 @@ class Started:
         return self._done.is_set()
 
     def result(self) -> Any:
-        """The task's result (its error raised), waited for in short waits, so that a signal's
-        handler runs between them."""
+        """The task's result, waited for in short waits (a signal's handler runs between)."""
         if not self.started:
             self.start()
         try:
@@ -182,16 +163,14 @@ class Started:
 
 
 class Beside(Started):
-    """Commands (:func:`in_parallel`) started with the suite on a device, beside sections that
-    neither time anything nor fill the GPU, and awaited in their own section's place."""
+    """Commands started with the suite beside sections that neither time nor fill the GPU."""
 
     def __init__(self, tasks: dict[str, Callable[[], Any]], into: dict[str, Any]):
         super().__init__(lambda on_start: in_parallel(tasks, into), start=False)
         self.tasks, self.into = tasks, into
         self.ran_beside: list[str] = []  # the sections that ran while they did
 
-    def wait(self) -> dict[str, Any]:
-        return self.result()
+    wait = Started.result
 
     def stop(self) -> None:
         if self.started:
@@ -200,8 +179,7 @@ class Beside(Started):
 
 
 def cli(*args: str, timeout: float = 300) -> dict:
-    """``python -m dpr_cache ARGS``: exit code (None: out of time, with its stack), start,
-    seconds, last stderr line, stdout's last lines."""
+    """``python -m dpr_cache ARGS``: :func:`child`'s row with its output's last lines."""
     run = child([sys.executable, "-m", "dpr_cache", *args], timeout)
     lines = run["stderr"].strip().splitlines()
     row = {"command": "dpr-cache " + " ".join(args), "rc": run["rc"]}
@@ -225,8 +203,7 @@ def _command(out: Path, command: str, device: str, **extra) -> list[str]:
 
 
 def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 12) -> dict:
-    """train -> index -> eval on the toy config, and beside them ``verify`` (float64, and on a
-    GPU float32), every command on ``device``."""
+    """train -> index -> eval on the toy config, ``verify`` beside them, on ``device``."""
     out = work / "pipeline"
 
     def train_index_eval() -> list[dict]:
@@ -246,12 +223,9 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
     done = in_parallel(tasks, {})
     rows = [row for name in tasks for row in done[name]]
     metrics, log = out / "eval" / "metrics.json", out / "train_log.jsonl"
-    out = {
-        "commands": rows,
-        "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
-    }
-    out["logged_steps"] = len(log.read_text().splitlines()) if log.exists() else 0
-    return out | {"ok": all(r["rc"] == 0 for r in rows)}
+    result = {"commands": rows, "ok": all(r["rc"] == 0 for r in rows)}
+    result["metrics"] = json.loads(metrics.read_text()) if metrics.exists() else None
+    return result | {"logged_steps": len(log.read_text().splitlines()) if log.exists() else 0}
 
 
 def _difference(a: Path, b: Path) -> dict:
@@ -287,21 +261,17 @@ def _train_killed_then_resumed(out: Path, sets: list[str], kill_after: int) -> d
 def resume_equality(
     work: Path, device: str, steps: int = 8, every: int = 3, settings=(False, True)
 ) -> dict:
-    """Per setting of ``train.deterministic`` in ``settings``: two unbroken runs and one killed
-    after step ``every`` and resumed (dropout on, fp32), compared bit for bit. The three runs
-    of every setting run at the same time."""
+    """Per ``train.deterministic`` setting: two unbroken runs and one killed after step ``every``
+    and resumed, compared bit for bit, all at once."""
     tasks: dict[str, Callable[[], dict]] = {}
-    for det in settings:
+    for det, name in itertools.product(settings, ("a", "b", "killed")):
         sets = {"train.max_steps": steps, "train.checkpoint_every": every}
-        sets["train.deterministic"] = str(det).lower()
-        for name in ("a", "b", "killed"):
-            folder = work / f"resume-{det}-{name}"
-            args = _sets(folder, "train", device, **sets)
-            tasks[f"{det} {name}"] = (
-                (lambda f=folder, a=args: _train_killed_then_resumed(f, a, every))
-                if name == "killed"
-                else (lambda a=args: cli("train", "--config", TOY, *a, "-q"))
-            )
+        folder, sets["train.deterministic"] = work / f"resume-{det}-{name}", str(det).lower()
+        args, key = _sets(folder, "train", device, **sets), f"{det} {name}"
+        if name == "killed":
+            tasks[key] = functools.partial(_train_killed_then_resumed, folder, args, every)
+        else:
+            tasks[key] = functools.partial(cli, "train", "--config", TOY, *args, "-q")
     done = in_parallel(tasks, {})
     out = {}
     for det in settings:
@@ -319,8 +289,7 @@ def resume_equality(
 
 
 def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict:
-    """The toy trainer in fp16 at a loss scale of 2^40: GradScaler skips the steps that overflow
-    (weights untouched), backing off by 2^-16 a skip, and the trainer reports each."""
+    """The toy trainer in fp16 at a loss scale of 2^40: the overflowing steps skipped."""
     from dpr_cache.config import load_config
     from dpr_cache.runtime.distributed import DistEnv
     from dpr_cache.train.trainer import batch_recipe, build_trainer, training_data
@@ -349,8 +318,7 @@ def fp16_overflow(device: torch.device, steps: int = 8, batch: int = 64) -> dict
 
 
 def chunk_too_large(work: Path, model_dir: Path, device: str, batch: int = 2048) -> dict:
-    """``train`` with ``batch`` questions of 256-token passages in one chunk (on BERT-base's shape
-    some hundred GB): one ``error:`` line naming a chunk that fits, exit 2; stopped after 100 s."""
+    """``train`` with a chunk of some hundred GB: one ``error:`` line naming one that fits."""
     settings = {"model.name_or_path": model_dir, "train.batch_size": batch}
     settings |= {"train.chunk_size": batch, "train.max_steps": 1, "train.precision": "bf16"}
     settings |= {"model.max_passage_length": 256, "train.loss_tile_size": min(batch, 4096)}
@@ -371,9 +339,8 @@ def chunk_too_large(work: Path, model_dir: Path, device: str, batch: int = 2048)
 
 
 def nccl_collectives(timeout: float = 120) -> dict:
-    """NCCL in a process group of one (two ranks need two GPUs) in a fresh process: the gather of
-    the passage reps with its gradient and the loss's mean over ranks."""
-    run = child([sys.executable, "-m", "benchmarks.gpu_cli", "nccl-child"], timeout)
+    """NCCL in a process group of one in a fresh process: the gather and the mean over ranks."""
+    run = child([sys.executable, "-m", "benchmarks.gpu.cli", "nccl-child"], timeout)
     lines = run["stdout"].strip().splitlines()
     if run["rc"] != 0 or not lines:
         return {"ok": False, "error": (run["stderr"].strip().splitlines() or ["failed"])[-1]}
@@ -401,134 +368,6 @@ def _nccl_child() -> None:
     row["ok"] = row["gather_equal"] and row["gradient_equal"] and mean == 2.5
     dist.destroy_process_group()
     print(json.dumps(row), flush=True)
-
-
-GB = 1e9
-FULL_BYTES = 2**30  # under this much free, a moment is counted as the device being full
-SMI_TIMEOUT_S = 5
-
-
-class DeviceWatch:
-    """A thread that reads the device's memory in use (every process) and this process's reserved
-    share under the section running; every 3 s the processes ``nvidia-smi`` names."""
-
-    def __init__(self, device: torch.device, start: float, every_s: float = 0.5):
-        self.device, self.start, self.every_s = device, start, every_s
-        self.section = "start"
-        self.samples: list[tuple[float, str, int, int]] = []
-        self.processes: dict[int, dict] = {}
-        self.total = torch.cuda.mem_get_info(device)[1]
-        self._stop = threading.Event()
-        self._lock = threading.Lock()  # the samples and processes, read while written
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._smi = shutil.which("nvidia-smi")
-
-    @classmethod
-    def begin_on(cls, device: torch.device, start: float, every_s: float = 0.5):
-        """A watch of ``device`` started now; None where it is no CUDA device here."""
-        if device.type != "cuda" or not torch.cuda.is_available():
-            return None
-        watch = cls(device, start, every_s)
-        watch._thread.start()
-        return watch
-
-    def summary(self) -> dict:
-        with self._lock:
-            return summarize(self.samples, self.total, self.processes)
-
-    def end(self) -> dict:
-        self._stop.set()
-        self._thread.join(SMI_TIMEOUT_S + 5)
-        return self.summary()
-
-    def _run(self) -> None:
-        polls = 0
-        while not self._stop.wait(self.every_s):
-            try:
-                free, _ = torch.cuda.mem_get_info(self.device)
-                mine = torch.cuda.memory_reserved(self.device)
-            except RuntimeError:
-                continue
-            t = round(time.monotonic() - self.start, 1)
-            with self._lock:
-                self.samples.append((t, self.section, self.total - free, mine))
-            polls += 1
-            if self._smi and polls % 6 == 1:
-                self._poll_processes(t)
-
-    def _poll_processes(self, t: float) -> None:
-        query = [self._smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
-        try:
-            run = subprocess.run(query, capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
-        except (OSError, subprocess.SubprocessError):
-            return
-        for pid, used in parse_compute_apps(run.stdout):
-            command = _command_line(pid) if pid not in self.processes else None
-            with self._lock:
-                seen = self.processes.setdefault(pid, {"peak_bytes": 0, "first_s": t})
-                seen["last_s"] = t
-                if used > seen["peak_bytes"]:
-                    seen.update(peak_bytes=used, peak_s=t, section=self.section)
-                seen.setdefault("command", command)
-
-
-def parse_compute_apps(text: str) -> list[tuple[int, int]]:
-    """``(pid, bytes)`` from ``nvidia-smi --query-compute-apps=pid,used_memory
-    --format=csv,noheader`` (lines ``1234, 5678 MiB``); lines it cannot read are left out."""
-    rows = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 2 or not parts[0].isdigit():
-            continue
-        value, _, unit = parts[1].partition(" ")
-        scale = {"MiB": 2**20, "GiB": 2**30, "KiB": 2**10}.get(unit)
-        if scale is not None and value.replace(".", "", 1).isdigit():
-            rows.append((int(parts[0]), int(float(value) * scale)))
-    return rows
-
-
-def _command_line(pid: int) -> str | None:
-    """The command line of ``pid`` where it is this process or descends from it (``nvidia-smi``
-    may report another namespace's ids, which name some other process here); else None."""
-    me, seen = os.getpid(), pid
-    for _ in range(64):
-        if seen == me:
-            try:
-                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                return None
-            return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200] or None
-        parent = proc_field(f"/proc/{seen}/status", "PPid:") if seen > 1 else None
-        if parent is None:
-            return None
-        seen = int(parent)
-    return None
-
-
-def summarize(samples: list[tuple[float, str, int, int]], total: int, processes: dict) -> dict:
-    """Per section the most memory in use (and this process's share then) and the moments under
-    ``FULL_BYTES`` free; a reading a second; each process named, largest first."""
-    sections: dict[str, dict] = {}
-    full: dict[str, int] = {}
-    series, second = [], None  # the first reading of each whole second
-    for t, section, used, mine in samples:
-        row = sections.setdefault(section, {"samples": 0, "peak_used_gb": -1.0})
-        row["samples"] += 1
-        if used / GB > row["peak_used_gb"]:
-            row.update(peak_used_gb=round(used / GB, 2), own_gb=round(mine / GB, 2), at_s=t)
-        if total - used < FULL_BYTES:
-            full[section] = full.get(section, 0) + 1
-        if int(t) != second:
-            second = int(t)
-            series.append([t, round(used / GB, 2), round(mine / GB, 2)])
-    named = sorted(processes.items(), key=lambda item: -item[1]["peak_bytes"])
-    named = [
-        {"pid": pid, **{k: v for k, v in p.items() if k != "peak_bytes"}}
-        | {"peak_gb": round(p["peak_bytes"] / GB, 2)}
-        for pid, p in named
-    ]
-    out = {"total_gb": round(total / GB, 2), "series": series}  # [s, GB in use, the suite's GB]
-    return out | {"sections": sections, "full_samples": full, "processes": named}
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["nccl-child"]:

@@ -1,10 +1,9 @@
-"""The GPU suite: exactness, mixed precision, memory, speed, encoding and the command line on CUDA
-in one command that fits a short lease (``python -m benchmarks.gpu --out docs/bench``), writing
-``gpu.json`` and ``gpu.md`` after each section, each section within what is left of
-``--budget-s``. Without CUDA a dry run: the CPU-capable parts at toy size (CI runs it)."""
+"""The GPU suite's sections and their run within ``--budget-s``, ``gpu.json`` and ``gpu.md``
+written after each; without CUDA a dry run of the CPU-capable parts at toy size (CI runs it)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -16,6 +15,7 @@ import subprocess
 import tempfile
 import time
 import traceback
+from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,26 +25,20 @@ from typing import Annotated, NamedTuple
 import torch
 import typer
 
-from benchmarks import gpu_cli, gpu_compiled, gpu_exact, gpu_fsdp, gpu_llm, gpu_perf, harness
-from benchmarks.gpu_perf import Variant
-from benchmarks.gpu_report import write_page
+from benchmarks import harness
+from benchmarks.gpu import cli, compiled, exact, fsdp, llm, perf
+from benchmarks.gpu.perf import Variant
+from benchmarks.gpu.report import NQ_PASSAGES, write_page
 
-NQ_PASSAGES = 21_015_324
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SQUAD = REPO / "data" / "squad" / "dev-v1.1.json.gz"
 TINY = REPO / "data" / "toy" / "tiny-bert"
 
 
-@dataclass(frozen=True)
-class SpeedGroup:
-    """One interleaved group of the speed section: its batch and how it is timed."""
-
-    batch: int
-    rounds: int  # timed rounds of each setting (interleaved)
-    warmups: int  # 0: after a group that ran the same chunk sizes, whose CUDA cache it keeps
-    peer_min_chunk: int = 0  # the peers' chunks below it left out: their slowest rows
-    full_batch: bool = False  # the full batch too (or the largest half of it that fits)
-    variants: bool = False  # dpr-cache's variants (speed_variants) too
+# One interleaved group of the speed section: warm-ups 0 after a group of the same chunks (its
+# CUDA cache kept), the peers' chunks below peer_min_chunk left out (their slowest rows).
+_GROUP_FIELDS = "batch rounds warmups peer_min_chunk full_batch variants"
+SpeedGroup = namedtuple("SpeedGroup", _GROUP_FIELDS, defaults=[0, False, False])
 
 
 _COMPILED = "reduce-overhead"  # CUDA graphs: a chunk's launches replayed at once
@@ -86,8 +80,8 @@ _PLANS = {
     "score_batch":       (256, 16),
     "score_rounds":      (2, 2),  # timed rounds of each precision, the order alternating
     "score_shape":       ((6, 384), (2, 64)),  # layers, width: all-MiniLM-L6-v2's on a device
-    "llm":               (gpu_llm.GPU_LLM, gpu_llm.DRY_LLM),
-    "fsdp":              (gpu_fsdp.GPU_FSDP, gpu_fsdp.DRY_FSDP),
+    "llm":               (llm.GPU_LLM, llm.DRY_LLM),
+    "fsdp":              (fsdp.GPU_FSDP, fsdp.DRY_FSDP),
 }  # fmt: skip
 GPU_PLAN = SimpleNamespace(**{name: gpu for name, (gpu, _) in _PLANS.items()})
 DRY_PLAN = SimpleNamespace(**{name: dry for name, (_, dry) in _PLANS.items()})
@@ -99,29 +93,28 @@ def environment(device: torch.device) -> dict:
     env = {"date": now, "torch": torch.__version__, "cuda": torch.version.cuda}
     env |= {"python": platform.python_version(), "host": harness.machine_info(str(device), None)}
     env["device"] = str(device)
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env |= {"device_name": props.name, "memory_bytes": props.total_memory, "driver": None}
-        env["multiprocessors"] = props.multi_processor_count
-        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-        try:
-            run = subprocess.run(query, capture_output=True, text=True, timeout=30)
-            env["driver"] = run.stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            pass
+    if device.type != "cuda":
+        return env
+    props = torch.cuda.get_device_properties(device)
+    env |= {"device_name": props.name, "memory_bytes": props.total_memory, "driver": None}
+    env["multiprocessors"] = props.multi_processor_count
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        run = subprocess.run(query, capture_output=True, text=True, timeout=30)
+        env["driver"] = run.stdout.strip() or None
     return env
 
 
 @dataclass
 class Suite:
-    """What every section's function is given: the plan, the device and the run's state."""
+    """What every section's function is given."""
 
     plan: SimpleNamespace
     device: torch.device
     work: Path
     tokenizer: str
     partial: dict  # the longer sections' figures so far, by section name
-    beside: gpu_cli.Beside | None = None  # the command-line section's commands
+    beside: cli.Beside | None = None  # the command-line section's commands
 
     @property
     def cuda(self) -> bool:
@@ -147,53 +140,44 @@ class Suite:
         return self.work / "squad"
 
     def freed(self) -> Suite:
-        """This suite, once what a section stopped before may have left on the device is freed."""
-        gpu_perf.free_device(self.device)
+        """This suite, what a stopped section left on the device freed."""
+        perf.free_device(self.device)
         return self
 
 
 def _exactness(s: Suite) -> dict:
     on, mode = str(s.device), s.plan.compile_mode  # compiled checks in a child, beside the rest
-    run = functools.partial(gpu_compiled.exactness_in_child, on, mode)
-    compiled = gpu_cli.Started(lambda on_start: run(on_start=on_start)) if mode else None
+    run = functools.partial(compiled.exactness_in_child, on, mode)
+    in_child = cli.Started(lambda on_start: run(on_start=on_start)) if mode else None
     try:
-        sizes, cases = s.plan.exact_sizes, gpu_exact.exact_cases(s.plan.exact_sizes)
-        out = {"fp64": [_clocked(gpu_exact.fp64_exactness, c, s.device) for c in cases]}
-        replay = [
-            _clocked(gpu_exact.replay_bitwise, sizes[-1], s.device, p)
-            for p in ["fp32", *s.plan.precisions]
-        ]
-        out |= {
-            "replay": replay,
-            "finite_difference": _clocked(gpu_exact.dropout_finite_difference, "tiny", s.device),
-        }
-        out["compiled"] = (
-            compiled.result() if compiled else {"not_run": "a dry run compiles nothing"}
-        )
-        return out
+        cases, size = exact.exact_cases(s.plan.exact_sizes), s.plan.exact_sizes[-1]
+        out = {"fp64": [_clocked(exact.fp64_exactness, c, s.device) for c in cases]}
+        replay = functools.partial(_clocked, exact.replay_bitwise, size, s.device)
+        out["replay"] = [replay(p) for p in ["fp32", *s.plan.precisions]]
+        out["finite_difference"] = _clocked(exact.dropout_finite_difference, "tiny", s.device)
+        not_run = {"not_run": "a dry run compiles nothing"}
+        return out | {"compiled": in_child.result() if in_child else not_run}
     finally:
-        if compiled is not None:  # a check that failed leaves no child running
-            compiled.stop()
+        if in_child is not None:  # a check that failed leaves no child running
+            in_child.stop()
 
 
 def _mixed(s: Suite) -> dict:
-    rows = [
-        _clocked(gpu_exact.mixed_precision, s.plan.mixed_size, s.device, p)
-        for p in s.plan.precisions
-    ]
-    overflow = _clocked(gpu_cli.fp16_overflow, s.device, batch=64 if s.cuda else 8)
+    size, device = s.plan.mixed_size, s.device
+    rows = [_clocked(exact.mixed_precision, size, device, p) for p in s.plan.precisions]
+    overflow = _clocked(cli.fp16_overflow, device, batch=64 if s.cuda else 8)
     return {"rows": rows, "fp16_overflow": overflow}
 
 
 def _memory(s: Suite) -> dict:
     ran_beside = s.beside.started and not s.beside.done  # the toy commands, still running
-    plan, where = s.plan, (s.base_model(), s.work / "mem", s.device)
-    rows = gpu_perf.memory_by_batch(*where, plan.memory_batches, chunk=plan.memory_chunk)
+    where, plan = (s.base_model(), s.work / "mem", s.device), s.plan
+    rows = perf.memory_by_batch(*where, plan.memory_batches, chunk=plan.memory_chunk)
     return {"rows": rows, "beside_commands": ran_beside}
 
 
 def _full_batch(s: Suite) -> dict:  # alone, once the commands beside have ended: it fills the GPU
-    return gpu_perf.largest_full_batch(s.freed().base_model(), s.work / "mem", s.device)
+    return perf.largest_full_batch(s.freed().base_model(), s.work / "mem", s.device)
 
 
 def _speed(s: Suite) -> dict:
@@ -202,7 +186,7 @@ def _speed(s: Suite) -> dict:
     model = BiEncoder.from_pretrained(s.base_model(), shared=True, pooling="cls")
     model = model.to(s.device).train()
     out = s.partial["speed"] = {"comparisons": [], "tokens": []}
-    squad_batch = functools.partial(gpu_perf.squad_batch, model, SQUAD, s.work / "squad")
+    squad_batch = functools.partial(perf.squad_batch, model, SQUAD, s.work / "squad")
     precision, first = s.plan.speed_precision if s.cuda else "fp32", None
     for group in s.plan.speed_groups:  # the goals' batch first: a section cut short keeps it
         batch = squad_batch(group.batch)
@@ -210,40 +194,30 @@ def _speed(s: Suite) -> dict:
         q, p = (int(x["attention_mask"].sum()) for x in (batch.q_inputs, batch.p_inputs))
         out["tokens"].append({"batch": batch.n_questions, "questions": q, "passages": p})
         waits = first is batch and {f"dpr-cache chunk {c}" for c in s.plan.host_wait_chunks}
-        row = _speed_group(s, model, batch, group, precision, waits or False)
-        if group.full_batch:
-            row = gpu_perf.add_fitting_full_batch(model, row, squad_batch, group.rounds, False)
+        row = _speed_group(s, model, batch, group, precision, waits or False, squad_batch)
         out["comparisons"].append(row | {"peer_min_chunk": group.peer_min_chunk})
         print(f"  speed B={group.batch} {precision}: {row['best']}", flush=True)
-    plan = s.plan
-    out["savings"] = gpu_perf.savings(
-        model, first, precision, plan.savings_chunk, plan.savings_rounds
-    )
-    return out
+    sizes = (s.plan.savings_chunk, s.plan.savings_rounds)
+    return out | {"savings": perf.savings(model, first, precision, *sizes)}
 
 
-def _speed_group(s: Suite, model, batch, group: SpeedGroup, precision: str, waits) -> dict:
-    """One batch's interleaved comparison: our chunks and variants, the peers', the full batch
-    (the peers' chunks whose smaller side is below the group's least left out)."""
+def _speed_group(s: Suite, model, batch, group: SpeedGroup, precision: str, waits, batch_of):
+    """One batch's interleaved comparison (the peers' chunks below the group's least left out)."""
     least, plan = group.peer_min_chunk, s.plan
-    peers = {
-        "cmnrl_rows": [m for m in plan.cmnrl_rows if m >= least],
-        "lib_chunks": [
-            c for c in plan.lib_chunks if (min(c) if isinstance(c, tuple) else c) >= least
-        ],
-        "variants": plan.speed_variants if group.variants else [],
-    }
+    lib = [c for c in plan.lib_chunks if (min(c) if isinstance(c, tuple) else c) >= least]
+    peers = {"cmnrl_rows": [m for m in plan.cmnrl_rows if m >= least], "lib_chunks": lib}
+    peers |= {"variants": plan.speed_variants if group.variants else []}
     peers |= {"chunks": plan.speed_chunks, "cmnrl_tokens": plan.cmnrl_tokens}
     peers |= {"full_batch": group.full_batch, "host_waits": waits, "rounds": group.rounds}
     peers |= {"warmups": group.warmups, "fresh_cache": group.warmups > 0}
-    return gpu_perf.speed_comparison(model, batch, precision, **peers)
+    return perf.speed_comparison(model, batch, precision, batch_of=batch_of, **peers)
 
 
 def _compilation(s: Suite) -> dict:
     plan, timeout = s.plan, max(30.0, _time_left(600) - 20)  # its figures printed before
     where = (s.base_model(), SQUAD, s.work / "squad", str(s.device), plan.compiled_variants)
     batch = plan.speed_groups[0].batch
-    return gpu_compiled.speed_in_child(*where, batch, plan.compile_rounds, timeout=timeout)
+    return compiled.speed_in_child(*where, batch, plan.compile_rounds, timeout=timeout)
 
 
 def _encoding(s: Suite) -> dict:
@@ -252,39 +226,36 @@ def _encoding(s: Suite) -> dict:
     plan, precision = s.plan, "fp16" if s.cuda else "fp32"
     sizes = {"batch_size": plan.encode_batch, "workers": plan.encode_workers}
     where = (s.base_model(), s.squad(), s.work, s.where, plan.encode_rows)
-    rate = gpu_perf.encode_rate(*where, precision=precision, **sizes)
+    rate = perf.encode_rate(*where, precision=precision, **sizes)
     model = BiEncoder.from_pretrained(s.base_model(), pooling="cls").to(s.device)
     passages, rows = s.work / f"passages_{plan.encode_rows}.tsv", plan.model_rows
-    alone = gpu_perf.model_encode_rate(
-        model, passages, s.device, precision, plan.encode_batch, rows
-    )
-    flops = gpu_perf.passage_flops(model, alone["mean_tokens"])
+    alone = perf.model_encode_rate(model, passages, s.device, precision, plan.encode_batch, rows)
+    flops = perf.passage_flops(model, alone["mean_tokens"])
     dtype = torch.float16 if s.cuda else torch.float32
-    peak = gpu_perf.matmul_tflops(s.device, dtype, n=8192 if s.cuda else 512)
+    peak = perf.matmul_tflops(s.device, dtype, n=8192 if s.cuda else 512)
     limit_s = NQ_PASSAGES * flops / (peak * 1e12)
     projected = NQ_PASSAGES / rate["passages_per_s"] if "error" not in rate else None
     out = {"command": rate, "encoder_alone": alone, "flops_per_passage": flops}
-    out |= {"matmul_tflops": peak, "nq_passages": NQ_PASSAGES}
-    out |= {"passage_words": gpu_perf.PASSAGE_WORDS, "nq_projected_s": projected}  # NQ's words
-    share = limit_s / projected if projected else None
-    return out | {"nq_limit_s": limit_s, "share_of_limit": share}
+    out |= {"matmul_tflops": peak, "nq_passages": NQ_PASSAGES, "nq_limit_s": limit_s}
+    out |= {"passage_words": perf.PASSAGE_WORDS, "nq_projected_s": projected}  # NQ's words
+    return out | {"share_of_limit": limit_s / projected if projected else None}
 
 
 def _teacher_scoring(s: Suite) -> dict:
     p, into = s.plan, s.partial.setdefault("teacher_scoring", {})
     sizes = (p.score_pairs, p.score_precisions, p.score_batch, p.score_rounds)
     where = (s.tokenizer, s.squad(), s.work, s.device)
-    return gpu_perf.teacher_score_rate(*where, *sizes, into=into, shape=p.score_shape)
+    return perf.teacher_score_rate(*where, *sizes, into=into, shape=p.score_shape)
 
 
 def _command_tasks(s: Suite) -> dict[str, Callable[[], dict]]:
-    """The command-line section's commands, run beside the first sections on a device."""
-    cli, precision = s.work / "cli", "fp16" if s.cuda else "fp32"
+    """The command-line section's commands."""
+    folder, precision = s.work / "cli", "fp16" if s.cuda else "fp32"
     tasks = {
-        "pipeline": lambda: gpu_cli.toy_pipeline(cli, s.where, precision, s.plan.cli_steps),
-        "resume": lambda: gpu_cli.resume_equality(cli, s.where, 8, settings=s.plan.determinism),
+        "pipeline": lambda: cli.toy_pipeline(folder, s.where, precision, s.plan.cli_steps),
+        "resume": lambda: cli.resume_equality(folder, s.where, 8, settings=s.plan.determinism),
     }
-    return tasks | ({"nccl": gpu_cli.nccl_collectives} if s.cuda else {})
+    return tasks | ({"nccl": cli.nccl_collectives} if s.cuda else {})
 
 
 def _command_line(s: Suite) -> dict:
@@ -297,15 +268,15 @@ def _command_line(s: Suite) -> dict:
 
 def _llm(s: Suite) -> dict:  # alone, last: it fills the GPU; a 7B step at B=1,024 takes a minute
     into = s.freed().partial.setdefault("llm", {})
-    return gpu_llm.llm_figures(s.plan.llm, s.device, s.work / "llm", _seconds_left, into)
+    return llm.llm_figures(s.plan.llm, s.device, s.work / "llm", _time_left, into)
 
 
 def _fsdp(s: Suite) -> dict:  # last: it joins a process group of one, left again at its end
-    return gpu_fsdp.fsdp_figures(s.plan.fsdp, s.freed().device, s.partial.setdefault("fsdp", {}))
+    return fsdp.fsdp_figures(s.plan.fsdp, s.freed().device, s.partial.setdefault("fsdp", {}))
 
 
 def _too_large(s: Suite) -> dict:  # alone, once the commands beside have ended: it fills the GPU
-    return gpu_cli.chunk_too_large(s.work / "cli", s.freed().base_model(), s.where)
+    return cli.chunk_too_large(s.work / "cli", s.freed().base_model(), s.where)
 
 
 class Section(NamedTuple):
@@ -315,13 +286,12 @@ class Section(NamedTuple):
     needs: str | None  # why it needs CUDA (None: it runs on the CPU too)
     estimate: float  # seconds expected on an H200 (docs/bench/gpu_history.md)
     run: Callable[[], dict]
-    beside: gpu_cli.Beside | None = None  # commands, on a device started with the suite ...
+    beside: cli.Beside | None = None  # commands, on a device started with the suite ...
     hosts_commands: bool = False  # ... when every section before runs well beside them
 
 
 # name, H200 estimate (s), function, why it needs CUDA, whether it runs well beside the commands
-# (those before theirs neither time anything nor hold much of the GPU). Compilation comes late: a
-# compile's cost is not yet known; llm takes most of a 600 s call; fsdp is FSDP2 on one GPU.
+# (it neither times anything nor holds much of the GPU); llm takes most of a 600 s call.
 COMPILE_NEEDS = "needs a GPU (a CPU compile takes minutes)"
 SECTIONS = [
     ("exactness",          60,  _exactness,        None, True),
@@ -340,34 +310,23 @@ SECTIONS = [
 
 
 def _sections(plan, device: torch.device, work: Path, tokenizer: str, partial: dict):
-    """:data:`SECTIONS` bound to this run; the longer sections put what they have measured so
-    far in ``partial[name]`` as they go."""
-    suite = Suite(plan, device, work, tokenizer, partial)
-    suite.beside = gpu_cli.Beside(_command_tasks(suite), partial.setdefault("command_line", {}))
-    return [
-        Section(
-            name,
-            needs,
-            estimate,
-            functools.partial(run, suite),
-            suite.beside if run is _command_line else None,
-            hosts,
-        )
-        for name, estimate, run, needs, hosts in SECTIONS
-    ]
+    """:data:`SECTIONS` bound to this run (the longer ones fill ``partial[name]`` as they go)."""
+    s = Suite(plan, device, work, tokenizer, partial)
+    s.beside = cli.Beside(_command_tasks(s), partial.setdefault("command_line", {}))
+    bound = []
+    for name, estimate, run, needs, hosts in SECTIONS:
+        beside = s.beside if run is _command_line else None
+        bound.append(Section(name, needs, estimate, functools.partial(run, s), beside, hosts))
+    return bound
 
 
 SECTION_CAP = 3  # a section on a device stops at this many times its estimate
 _deadline: float | None = None  # when the running section stops (monotonic), on a device
 
 
-def _time_left(default: float) -> float:
+def _time_left(default: float = math.inf) -> float:
     """Seconds until the running section stops, or ``default`` where it has no limit."""
     return default if _deadline is None else _deadline - time.monotonic()
-
-
-def _seconds_left() -> float:
-    return _time_left(math.inf)
 
 
 def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
@@ -379,21 +338,13 @@ def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
     return row
 
 
-def run_suite(
-    out: Path, *, budget_s: float, tokenizer: str, dry: bool | None = None, only=None
-) -> dict:
-    """Every section that fits the budget; ``gpu.json`` and ``gpu.md`` after each.
-
-    With ``only``, just those sections run, in its order; the others keep their results from
-    the ``gpu.json`` already in ``out``, each with its date. On a device a section stops at the
-    budget or at :data:`SECTION_CAP` times its estimate, and commands that run beside other
-    sections start with the suite where every section before theirs hosts them.
-    """
+def run_suite(out: Path, *, budget_s: float, tokenizer: str, dry=None, only=None) -> dict:
+    """Every section that fits the budget, or those of ``only`` (the others kept from gpu.json)."""
     cuda = torch.cuda.is_available() if dry is None else not dry
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if not cuda:
         torch.set_num_threads(1)  # a rehearsal: one thread, so that it costs a shared CPU little
-    started = gpu_cli.clock_zero = time.monotonic()
+    started = cli.clock_zero = time.monotonic()
     report = {"dry_run": not cuda, "environment": environment(device), "only": only}
     report |= {"planned": None, "sections": {}}
     out.mkdir(parents=True, exist_ok=True)
@@ -408,41 +359,28 @@ def run_suite(
 
 
 def _run_planned(sections, names, report: dict, out: Path, budget_s, partial, device) -> None:
-    """Run ``sections`` in order within ``budget_s``, the page written after each (the sections
-    in ``names``' order), the device's memory watched where it is CUDA. On a device, commands
-    start now where every section before theirs hosts them."""
+    """Run ``sections`` within ``budget_s``, the page after each; on a device commands start now
+    where every section before theirs hosts them."""
     started, cuda = time.monotonic(), device.type == "cuda"
-    watch = gpu_cli.DeviceWatch.begin_on(device, gpu_cli.clock_zero)
     for i, section in enumerate(sections):
         if cuda and section.beside is not None and all(s.hosts_commands for s in sections[:i]):
             section.beside.ran_beside = [s.name for s in sections[:i]]
             section.beside.start()
     try:
         for section in sections:
-            if watch is not None:
-                watch.section = section.name
             left, done = budget_s - (time.monotonic() - started), report["sections"]
             done[section.name] = _run_section(section, cuda, left, report, partial)
             report["sections"] = {n: done[n] for n in names if n in done}
-            report["seconds"] = round(time.monotonic() - gpu_cli.clock_zero, 1)
-            if watch is not None:  # so far: a suite cut off from outside keeps them
-                report["device_memory"] = watch.summary()
+            report["seconds"] = round(time.monotonic() - cli.clock_zero, 1)
             write_page(report, out)
     finally:
         for section in sections:
             if section.beside is not None:
                 section.beside.stop()
-        if watch is not None:  # its failure is a finding, not the suite's end
-            try:
-                report["device_memory"] = watch.end()
-            except Exception as exc:
-                report["device_memory"] = {"error": f"{type(exc).__name__}: {exc}"}
-            write_page(report, out)
 
 
 def _planned(sections: list[Section], report: dict, out: Path) -> list[Section]:
-    """The sections this run runs, in order: all, or those of ``report["only"]`` (the others'
-    results kept from ``out/gpu.json``, with their date). The page is written once, before."""
+    """All sections, or those of ``report["only"]`` in its order (the others kept, dated)."""
     names, only = [s.name for s in sections], report["only"]
     unknown = sorted(set(only or []) - set(names))
     if unknown:
@@ -460,8 +398,7 @@ def _planned(sections: list[Section], report: dict, out: Path) -> list[Section]:
 
 
 def _run_section(section: Section, cuda: bool, left: float, report: dict, partial: dict) -> dict:
-    """One section's figures, error or the reason it was skipped. On a device it stops at the
-    budget left or its cap (what it measured so far kept as ``partial``)."""
+    """One section's figures, error or why skipped; on a device stopped at the budget or cap."""
     global _deadline
     if section.needs and not cuda:
         return {"skipped": section.needs}
@@ -487,7 +424,7 @@ def _run_section(section: Section, cuda: bool, left: float, report: dict, partia
 
 
 def _earlier_sections(path: Path, report: dict, names: set[str]) -> dict:
-    """The named sections of an earlier run's ``gpu.json``, each with its date and device."""
+    """The named sections of an earlier run's ``gpu.json``, dated."""
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
@@ -530,8 +467,7 @@ def _timed(run: Callable[[], dict], environment: dict, limit_s: float | None = N
 
 
 def default_tokenizer() -> str:
-    """A 30,522-word WordPiece tokenizer: ``.gpu/tokenizer`` where it was carried to a device,
-    else all-MiniLM-L6-v2's (bert-base-uncased's vocabulary) from its package."""
+    """``.gpu/tokenizer`` where it was carried to a device, else all-MiniLM-L6-v2's (30,522)."""
     carried = REPO / ".gpu" / "tokenizer"
     if carried.exists():
         return str(carried)
@@ -559,7 +495,3 @@ def main(
     print((out / "gpu.md").read_text().split("\n## ", 2)[1][:4000])
     if any("error" in s for s in report["sections"].values()):
         raise typer.Exit(1)
-
-
-if __name__ == "__main__":
-    typer.run(main)

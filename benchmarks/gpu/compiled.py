@@ -1,9 +1,5 @@
-"""dpr-cache with its towers compiled (``compile_towers``): GradCache's exactness under compilation
-and the training step's rate, the compile's one-time cost apart. Each runs in a child process
-(``python -m benchmarks.gpu_compiled exact|speed``), so that what compiling leaves stays out of the
-suite's other figures and a compile that hangs is stopped; the child prints each figure as a JSON
-line as soon as it is measured, so a child stopped part way keeps those.
-"""
+"""dpr-cache with its towers compiled: GradCache's exactness and the step's rate, each in a child
+(``python -m benchmarks.gpu.compiled exact|speed``) that prints each figure as a JSON line."""
 
 from __future__ import annotations
 
@@ -18,16 +14,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import gpu_exact, gpu_perf
-from benchmarks.gpu_cli import child
-from benchmarks.gpu_perf import Variant
+from benchmarks.gpu import exact, perf
+from benchmarks.gpu.cli import child
+from benchmarks.gpu.perf import Variant
 from benchmarks.harness import option_args
 from dpr_cache.model.compiled import compile_towers
 
+# compiled, dropout on, fp32: re-forward vs first pass (their graphs' roundings differ: ~1e-6)
 COMPILED_REPLAY_BOUND = 1e-4
-"""Compiled towers, dropout on, fp32: a chunk's re-forward reps against its first pass's (largest
-difference over the largest rep). The passes run different compiled graphs whose roundings differ:
-the same masks land near 1e-6, new masks near 1e-1."""
 EXACT_BUCKET = 16  # the checks' length bucket: the tiny BERT's rows take one width a tower
 STEPS = 3  # under CUDA graphs the first step warms up, the second records, the third replays
 
@@ -36,22 +30,15 @@ def _compile(model, mode: str) -> None:
     compile_towers([model.query_encoder, model.passage_encoder], mode)
 
 
-def _relative(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
-    """Largest difference over the largest reference value."""
-    scale = max(w.abs().max().item() for w in want)
-    return max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
-
-
 def fp64_check(device: torch.device, mode: str, size: str = "tiny") -> dict:
-    """float64, no dropout: GradCache's gradient on compiled towers at each of :data:`STEPS`
-    steps against one eager forward and backward of the whole batch."""
+    """float64: GradCache's gradient on compiled towers at each step against the full batch."""
     from dpr_cache.core.engine import GradCache
     from dpr_cache.core.loss import contrastive_loss
 
-    case = gpu_exact.ExactCase(size, 8, 3, 1)
-    model = gpu_exact.make_model(size, device, torch.float64)
-    q, p, ids = gpu_exact.make_batch(size, case.n_q, case.hard_negatives, device)
-    gpu_exact.full_batch_grads(model, q, p, ids)
+    case = exact.ExactCase(size, 8, 3, 1)
+    model = exact.make_model(size, device, torch.float64)
+    q, p, ids = exact.make_batch(size, case.n_q, case.hard_negatives, device)
+    exact.full_batch_grads(model, q, p, ids)
     params = list(model.parameters())  # by the parameter: a compiled module renames them
 
     def grads() -> list[torch.Tensor]:
@@ -65,24 +52,20 @@ def fp64_check(device: torch.device, mode: str, size: str = "tiny") -> dict:
     for _ in range(STEPS):
         model.zero_grad(set_to_none=True)
         engine.step(q, p, p_ids=ids)
-        errors.append(_relative(grads(), want))
+        errors.append(exact.max_relative_error(grads(), want))
         seconds.append(round(time.perf_counter() - start, 2))
         start = time.perf_counter()
     row = {"case": case.name, "mode": mode, "length_bucket": engine.length_bucket}
-    row |= {"errors": errors, "relative_error": max(errors), "bound": gpu_exact.FP64_BOUND}
-    return row | {"step_s": seconds, "ok": max(errors) <= gpu_exact.FP64_BOUND}
+    row |= {"errors": errors, "relative_error": max(errors), "bound": exact.FP64_BOUND}
+    return row | {"step_s": seconds, "ok": max(errors) <= exact.FP64_BOUND}
 
 
 def replay_check(device: torch.device, mode: str, size: str = "tiny", dropout: float = 0.1) -> dict:
-    """Dropout on, fp32, compiled towers, at the last of :data:`STEPS` steps: each chunk's
-    re-forward reps against its first pass's with the RNG replayed (within
-    :data:`COMPILED_REPLAY_BOUND`) and without (the control: far apart); and the compiled first
-    pass against the eager towers' under the same seed."""
-    batch = gpu_exact.make_batch(size, 8, 1, device)
-    recorded = functools.partial(gpu_exact.recorded_step, batch=batch, length_bucket=EXACT_BUCKET)
-    new_model = functools.partial(
-        gpu_exact.make_model, size, device, torch.float32, dropout=dropout
-    )
+    """Dropout on, fp32, compiled: each chunk's re-forward against its first pass, replayed and
+    not (the control), at the last step; and the first pass against the eager towers'."""
+    batch = exact.make_batch(size, 8, 1, device)
+    recorded = functools.partial(exact.recorded_step, batch=batch, length_bucket=EXACT_BUCKET)
+    new_model = functools.partial(exact.make_model, size, device, torch.float32, dropout=dropout)
     eager_pairs = recorded(new_model(), replay_rng=True)
     model = new_model()
     _compile(model, mode)
@@ -90,20 +73,21 @@ def replay_check(device: torch.device, mode: str, size: str = "tiny", dropout: f
     for replay, key in ((True, "replayed"), (False, "control_without_replay")):
         for _ in range(STEPS):
             pairs = recorded(model, replay_rng=replay)
-        gaps = [_relative([b], [a]) for a, b in pairs]
+        gaps = [exact.max_relative_error([b], [a]) for a, b in pairs]
         within = sum(g <= COMPILED_REPLAY_BOUND for g in gaps)
         result[key] = {"chunks": len(gaps), "within_bound": within, "largest": max(gaps)}
         if replay:
             firsts = zip(pairs, eager_pairs, strict=True)
-            result["vs_eager_first_pass"] = max(_relative([c], [e]) for (c, _), (e, _) in firsts)
+            result["vs_eager_first_pass"] = max(
+                exact.max_relative_error([c], [e]) for (c, _), (e, _) in firsts
+            )
     replayed, control = result["replayed"], result["control_without_replay"]
     result["ok"] = replayed["within_bound"] == replayed["chunks"] and control["largest"] > 1e-2
     return result
 
 
 def exactness(device: torch.device, mode: str):
-    """The two checks, each yielded as it ends (an error is that check's result), then the
-    compiler's counters."""
+    """The two checks, each yielded as it ends (an error is that check's result)."""
     for name, check in (("fp64", fp64_check), ("replay", replay_check)):
         start = time.perf_counter()
         try:
@@ -112,46 +96,33 @@ def exactness(device: torch.device, mode: str):
             row = {"error": f"{type(exc).__name__}: {exc}"[:500], "ok": False}
         row["seconds"] = round(time.perf_counter() - start, 1)
         yield name, row
-    yield "compiler", _compiler_counters()
 
 
 def speed(model_dir, squad_gz, squad_dir, device, variants, batch_size, rounds, precision="fp16"):
-    """Each compiled variant in a group of its own beside the same setting eager and the full batch
-    (on an eager model of its own), interleaved at ``batch_size``, the towers compiled once in the
-    first variant's mode; each group yielded as it ends (``comparisons``: all so far), then the
-    compiler's counters. The compile's one-time cost is in the compiled rows' warm-ups."""
+    """Each compiled variant beside the same eager and the full batch, interleaved, the towers
+    compiled once; each group yielded as it ends (the compile's cost in the warm-ups)."""
     from dpr_cache.model.biencoder import BiEncoder
 
     def load():
         return BiEncoder.from_pretrained(model_dir, shared=True, pooling="cls").to(device).train()
 
     eager = load()
-    batch_of = functools.partial(gpu_perf.squad_batch, eager, squad_gz, squad_dir)
+    batch_of = functools.partial(perf.squad_batch, eager, squad_gz, squad_dir)
     batch, to_compile, start = batch_of(batch_size), load(), time.perf_counter()
     _compile(to_compile, variants[0].compile_mode)
     yield "compile_call_s", round(time.perf_counter() - start, 2)
     done = []
     peers = {"chunks": [], "cmnrl_rows": [], "cmnrl_tokens": [], "lib_chunks": []}
+    peers |= {"compiled": to_compile, "rounds": rounds, "host_waits": False, "others": [to_compile]}
+    peers["batch_of"] = batch_of
     for v in variants:
-        comparison = gpu_perf.speed_comparison(
-            eager,
-            batch,
-            precision,
-            **peers,
-            variants=[v, replace(v, compile_mode=None)],  # compiled, and the same eager
-            compiled=to_compile,
-            rounds=rounds,
-            host_waits=False,
-            others=[to_compile],
-        )
-        done.append(gpu_perf.add_fitting_full_batch(eager, comparison, batch_of, rounds, False))
+        pair = [v, replace(v, compile_mode=None)]  # compiled, and the same eager
+        done.append(perf.speed_comparison(eager, batch, precision, variants=pair, **peers))
         yield "comparisons", done
-        yield "compiler", _compiler_counters()
 
 
 def _print_each_compile() -> None:
-    """A line printed as each compilation ends (its seconds, the count so far), where this torch
-    has compile callbacks: a child stopped mid-compile still says what it compiled."""
+    """A line printed as each compilation ends, where this torch has compile callbacks."""
     try:
         from torch._dynamo.callback import callback_handler
     except ImportError:
@@ -167,33 +138,13 @@ def _print_each_compile() -> None:
     callback_handler.register_end_callback(ended)
 
 
-def _compiler_counters() -> dict:
-    """torch.compile's counts in this process (graphs captured, recompiles, graph breaks) and its
-    recompile limit (a frame recompiled that often runs eager from then on)."""
-    try:
-        import torch._dynamo.config as dynamo_config
-        from torch._dynamo.utils import counters
-    except ImportError:
-        return {}
-    limit = getattr(dynamo_config, "recompile_limit", None)
-    return {
-        "stats": {k: int(v) for k, v in counters.get("stats", {}).items()},
-        "recompiles": int(sum(counters.get("recompiles", {}).values())),
-        "graph_breaks": int(sum(counters.get("graph_break", {}).values())),
-        "recompile_limit": getattr(dynamo_config, "cache_size_limit", None)
-        if limit is None
-        else limit,
-    }
-
-
 _COMPILE_ENDED = re.compile(r"^compile \d+ ended: ([\d.]+) s$")
 
 
 def _in_child(args: list[str], timeout: float, on_start=None) -> dict:
-    """``python -m benchmarks.gpu_compiled ARGS`` for ``timeout`` seconds at most: the figures it
-    printed, each compilation's seconds, and where it failed or ran out of time its exit, last
-    lines and last progress lines. ``on_start`` as :func:`child` takes it."""
-    cmd = [sys.executable, "-m", "benchmarks.gpu_compiled", *args]
+    """``python -m benchmarks.gpu.compiled ARGS``: the figures it printed, each compile's seconds,
+    and where it failed its exit and last lines."""
+    cmd = [sys.executable, "-m", "benchmarks.gpu.compiled", *args]
     run = child(cmd, timeout, on_start=on_start)
     found, progress, compiles = {}, [], []
     for line in run["stdout"].splitlines():
@@ -215,10 +166,8 @@ def _in_child(args: list[str], timeout: float, on_start=None) -> dict:
 
 
 def exactness_in_child(device: str, mode: str, timeout: float = 150, on_start=None) -> dict:
-    return {
-        "mode": mode,
-        **_in_child(["exact", "--device", device, "--mode", mode], timeout, on_start),
-    }
+    args = ["exact", "--device", device, "--mode", mode]
+    return {"mode": mode, **_in_child(args, timeout, on_start)}
 
 
 def speed_in_child(model_dir, squad_gz, squad_dir, device, variants, batch_size, rounds, timeout):
@@ -226,10 +175,8 @@ def speed_in_child(model_dir, squad_gz, squad_dir, device, variants, batch_size,
     paths = {"--model": model_dir, "--squad-gz": squad_gz, "--squad-dir": squad_dir}
     options = {"--device": device, **paths, "--variants": spec}
     options |= {"--batch": batch_size, "--rounds": rounds}
-    return {
-        "mode": variants[0].compile_mode,
-        **_in_child(["speed", *option_args(options)], timeout),
-    }
+    found = _in_child(["speed", *option_args(options)], timeout)
+    return {"mode": variants[0].compile_mode, **found}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,5 @@
+import typer
+
+from benchmarks.gpu.suite import main
+
+typer.run(main)
