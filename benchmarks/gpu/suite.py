@@ -28,7 +28,7 @@ import typer
 from benchmarks import harness
 from benchmarks.gpu import cli, compiled, exact, fsdp, llm, perf
 from benchmarks.gpu.perf import Variant
-from benchmarks.gpu.report import NQ_PASSAGES, write_page
+from benchmarks.gpu.report import write_page
 
 REPO = Path(__file__).resolve().parents[2]
 SQUAD = REPO / "data" / "squad" / "dev-v1.1.json.gz"
@@ -233,10 +233,10 @@ def _encoding(s: Suite) -> dict:
     flops = perf.passage_flops(model, alone["mean_tokens"])
     dtype = torch.float16 if s.cuda else torch.float32
     peak = perf.matmul_tflops(s.device, dtype, n=8192 if s.cuda else 512)
-    limit_s = NQ_PASSAGES * flops / (peak * 1e12)
-    projected = NQ_PASSAGES / rate["passages_per_s"] if "error" not in rate else None
+    limit_s = harness.NQ_PASSAGES * flops / (peak * 1e12)
+    projected = harness.NQ_PASSAGES / rate["passages_per_s"] if "error" not in rate else None
     out = {"command": rate, "encoder_alone": alone, "flops_per_passage": flops}
-    out |= {"matmul_tflops": peak, "nq_passages": NQ_PASSAGES, "nq_limit_s": limit_s}
+    out |= {"matmul_tflops": peak, "nq_passages": harness.NQ_PASSAGES, "nq_limit_s": limit_s}
     out |= {"passage_words": perf.PASSAGE_WORDS, "nq_projected_s": projected}  # NQ's words
     return out | {"share_of_limit": limit_s / projected if projected else None}
 
