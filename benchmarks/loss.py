@@ -70,9 +70,9 @@ def measure_loss_memory(
     dim: int = 768,
     tile: int | None = DEFAULT_TILE,
     *,
-    backward: bool = True,
+    backward=True,
     seed=0,
-    tokens: tuple[int, int] | None = None,
+    tokens=None,
 ) -> dict:
     """``contrastive_loss`` on random fp32 [batch, dim] inputs in a fresh subprocess (``tile``
     None: the direct loss): memory in bytes (``peak_rss``, ``peak_over_inputs`` = peak minus the
@@ -93,24 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--direct", action="store_true", help="untiled loss (full score matrix)")
     ap.add_argument("--no-backward", dest="backward", action="store_false")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tokens", type=comma_pair, help="Q,P: MaxSim over token vectors")
+    pair = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    ap.add_argument("--tokens", type=pair, help="Q,P: MaxSim over token vectors")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    tile = None if args.direct else args.tile
     run = _run_child if args.child else measure_loss_memory
-    row = run(
-        args.batch, args.dim, tile, backward=args.backward, seed=args.seed, tokens=args.tokens
-    )
-    print(json.dumps(row))
-
-
-def comma_pair(text: str) -> tuple[int, int]:
-    """``"32,256"`` as (32, 256): a question's and a passage's tokens."""
-    try:
-        q, p = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected two integers Q,P, got {text!r}") from None
-    return q, p
+    tile = None if args.direct else args.tile
+    kw = {"backward": args.backward, "seed": args.seed, "tokens": args.tokens}
+    print(json.dumps(run(args.batch, args.dim, tile, **kw)))
 
 
 if __name__ == "__main__":

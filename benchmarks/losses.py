@@ -1,8 +1,7 @@
-"""Each loss option's step (``build_step``'s) against the plain loss, token-budget chunks against
-row chunks, and CachedMultipleNegativesRankingLoss's ``mini_batch_num_tokens`` at the same budgets
-(scale 20 over cosines: our temperature 0.05) on the same tower and batch: SQuAD text, the CPU,
-every configuration a fresh process, interleaved over rounds; rows go to ``losses_points.jsonl``
-(a cut run resumes), then ``losses.json`` and ``losses.md``::
+"""Each loss option's step against the plain loss, token-budget chunks against row chunks and
+CachedMNRL's ``mini_batch_num_tokens`` (scale 20 over cosines: our temperature 0.05) on one tower
+and SQuAD batch, the CPU, every configuration a fresh process over interleaved rounds; rows go to
+``losses_points.jsonl`` (a cut run resumes), then ``losses.json`` and ``losses.md``::
 
     python -m benchmarks.losses --out docs/bench            # about an hour on 2 cores
     python -m benchmarks.losses --out /tmp/l --dry-run      # the toy set and model, seconds
@@ -270,32 +269,22 @@ def summarize(plan: Plan, rows: list[dict]) -> dict:
 
 
 HEAD = """\
-# Loss options and token-budget chunks (CPU)
-
 Measured {date} with `{command}` (data: `losses.json`). {machine}
 
 A step of `{model}` (shared tower, fp32, dropout off) on the training set's step-0 batch of \
 `{text}`: B = {batch} questions (cut at {q_len} tokens) and {passages} passages (cut at {p_len}), \
-one filler hard negative a question. Each figure is the median over {rounds} interleaved rounds of \
-a fresh process, each round the median of {steps} timed steps after {warmup} untimed; peak: the \
-process's peak resident memory.
-
-## Each option against the plain loss (chunk {chunk})
-"""
+one filler hard negative a question. Each figure: the median over {rounds} interleaved rounds of \
+a fresh process, each the median of {steps} timed steps after {warmup} untimed; peak: the \
+process's peak resident memory."""
 OPTION_TABLE = (
     "step | seconds | peak GB | x plain | the loss and its gradient alone (ms)",
     "{name} | {step_s:.2f} | {peak_gb:.2f} | {vs_plain:.3f} | {ms}",
 )
-LOSS_NOTE = """
-The last column times what an option changes: the loss and its gradient on the batch's cached \
-representations (the median of 20), the encoders' work left out."""
-BUDGETS = """
-## Token-budget chunks, row chunks and CachedMNRL (real (attended) tokens a chunk)
-
-Ours with `train.chunk_tokens` (rows uncapped), ours with row chunks (`train.chunk_size`), and \
-CachedMNRL with `mini_batch_num_tokens` at the same budgets. Equal peak memory: read the peaks \
-across.
-"""
+LOSS_NOTE = """The last column: the loss and its gradient alone on the batch's cached \
+representations (the median of 20): what an option changes."""
+BUDGETS = """Ours with `train.chunk_tokens` (rows uncapped), ours with row chunks \
+(`train.chunk_size`), and CachedMNRL with `mini_batch_num_tokens` at the same budgets (real \
+tokens a chunk). Equal peak memory: read the peaks across."""
 BUDGET_TABLE = (
     "step | seconds | peak GB | CachedMNRL at this budget / ours",
     "{name} | {step_s:.2f} | {peak_gb:.2f} | {ratio}",
@@ -306,40 +295,40 @@ def page(summary: dict, machine: dict, date: str, command: str = COMMAND) -> str
     """``losses.md`` from the summary."""
     plan, points, loss_ms = summary["plan"], summary["points"], summary.get("loss_ms") or {}
     fields = {**plan, "machine": harness.machine_text(machine), "date": date, "command": command}
+    dash = lambda value, spec: "–" if value is None else format(value, spec)  # noqa: E731
     options = [
-        {**p, "name": name[8:], "ms": _or_dash(loss_ms.get(name[8:]), ".1f")}
+        {**p, "name": name[8:], "ms": dash(loss_ms.get(name[8:]), ".1f")}
         for name, p in points.items()
         if name.startswith("option: ")
     ]
-    lines = [HEAD.format(**fields, passages=2 * plan["batch"])]
-    lines += harness.format_table(OPTION_TABLE, options)
-    if "added_vs_graph_less_forward" in points.get("option: guided", {}) and GRAPH_LESS in points:
-        added = points["option: guided"]["added_vs_graph_less_forward"]
-        lines += [
-            "",
-            f"A {GRAPH_LESS} by the model (chunk {plan['chunk']}): "
-            f"{points[GRAPH_LESS]['step_s']:.2f} s; the guide adds {added:.2f} of it to a step.",
-        ]
-    lines += [LOSS_NOTE] if loss_ms else []
     budgets = [
-        {**p, "name": name, "ratio": _or_dash(p.get("speedup_vs_cmnrl"), ".2f")}
+        {**p, "name": name, "ratio": dash(p.get("speedup_vs_cmnrl"), ".2f")}
         for name, p in points.items()
         if name.startswith(("rows ", "tokens ", "cmnrl "))
     ]
-    lines += [BUDGETS, *harness.format_table(BUDGET_TABLE, budgets)]
-    lines += ["", "Failed: " + "; ".join(summary["errors"])] if summary["errors"] else []
-    return "\n".join(lines) + "\n"
-
-
-def _or_dash(value: float | None, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
+    guided, forward = points.get("option: guided", {}), points.get(GRAPH_LESS)
+    notes = [LOSS_NOTE] if loss_ms else []
+    if forward and "added_vs_graph_less_forward" in guided:
+        added = guided["added_vs_graph_less_forward"]
+        notes.insert(0, f"A {GRAPH_LESS} by the model (chunk {plan['chunk']}):")
+        notes[0] += f" {forward['step_s']:.2f} s; the guide adds {added:.2f} of it to a step."
+    return harness.page(
+        "Loss options and token-budget chunks (CPU)",
+        HEAD.format(**fields, passages=2 * plan["batch"]),
+        f"## Each option against the plain loss (chunk {plan['chunk']})",
+        harness.format_table(OPTION_TABLE, options),
+        *notes,
+        "## Token-budget chunks, row chunks and CachedMNRL",
+        BUDGETS,
+        harness.format_table(BUDGET_TABLE, budgets),
+        *(["Failed: " + "; ".join(summary["errors"])] if summary["errors"] else []),
+    )
 
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``losses.md`` in ``folder`` from the saved ``losses.json``."""
     text = page(result, result["machine"], result["date"], result.get("command", COMMAND))
-    write_text_atomic(folder / "losses.md", text)
-    return folder / "losses.md"
+    return write_text_atomic(folder / "losses.md", text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -355,9 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     payload = {"loss_only": True, "plan": dataclasses.asdict(plan)}
     summary["loss_ms"] = run_child_or_error("benchmarks.losses", payload)
     summary["command"] = command_line("benchmarks.losses")
-    harness.save_result(
-        args.out / "losses.json", summary, machine_info("cpu", args.threads), render
-    )
+    machine = machine_info("cpu", args.threads)
+    harness.save_result(args.out / "losses.json", summary, machine, render)
 
 
 def child(payload: dict) -> dict:

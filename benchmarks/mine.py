@@ -45,9 +45,7 @@ def _mine_run(work: Path, model: Path, n: int) -> dict:
     inputs = {"model": model, "index": work / "small" / "index", "train": train, "out": mined}
     rules = {k: SMALL[k] for k in ("depth", "negatives", "memory_gb")}
     rules |= {"batch": SMALL["part"], "cache_dir": work / "cache"}
-    figures = harness.measured(
-        harness.cli("mine", "-q", **inputs, **rules), work / "logs" / f"mine-{n}.txt"
-    )
+    figures = harness.run_cli(work, f"mine-{n}", "mine", "-q", **inputs, **rules)
     summary = json.loads(mined.with_suffix(".summary.json").read_text())
     figures |= {"questions": n, "train_gb": round(train.stat().st_size / GB, 3)}
     figures["stages"] = summary["seconds_by_stage"]
@@ -73,8 +71,7 @@ def step_small(work: Path) -> dict:
     write_text_atomic(
         config, SMALL_CONFIG.format(work=work, length=INDEX_LENGTH, memory_gb=MEMORY_GB)
     )
-    command = harness.cli("index", "-q", config=config, model=model)
-    index = harness.measured(command, work / "logs" / "index-small.txt")
+    index = harness.run_cli(work, "index-small", "index", "-q", config=config, model=model)
     out = {**SMALL, "index": index, "load_average": harness.load_average()}
     return out | {"runs": {str(n): _mine_run(work, model, n) for n in QUESTIONS}}
 
@@ -150,12 +147,10 @@ def projected_hours(results: dict, scale: dict | None) -> float:
 
 
 def _load(step: dict) -> str:
-    """The load average a step recorded before it ran (or, failing that, after)."""
-    for key, when in (("load_average", "at the start"), ("load_average_after", "at the end")):
-        if step.get(key):
-            loads = " / ".join(f"{x:.2f}" for x in step[key])
-            return f"Load average {when}: {loads} (1, 5, 15 min)"
-    return "Load average: not recorded"
+    """The load average a step recorded before it ran (earlier runs: after)."""
+    when = "at the start" if step.get("load_average") else "at the end"
+    loads = " / ".join(f"{x:.2f}" for x in step.get("load_average") or step["load_average_after"])
+    return f"Load average {when}: {loads} (1, 5, 15 min)"
 
 
 def render(results: dict, out: Path, source: Path | None = None) -> Path:
@@ -191,12 +186,11 @@ def _mine_small(small: dict | None) -> list[str]:
     ]
     return harness.blocks(
         "## Measured: the whole command over a small corpus",
-        f"A random BERT ({small['layers']} layers, {small['dim']}-d, CLS pooling; BERT-base has"
-        f" 12 and 768) indexed {small['passages']:,} passages (`dpr-cache index`, not part of the"
-        f" figures); `dpr-cache mine --depth {small['depth']} --negatives {small['negatives']}"
-        f" --batch {small['part']} --memory-gb {small['memory_gb']}` over training files in NQ's"
-        f" structure ({small['contexts']} contexts a question, the positive among the passages)."
-        f" {_load(small)}.",
+        f"A random BERT ({small['layers']} layers, {small['dim']}-d, CLS pooling) indexed"
+        f" {small['passages']:,} passages (`dpr-cache index`, not in the figures); `dpr-cache mine"
+        f" --depth {small['depth']} --negatives {small['negatives']} --batch {small['part']}"
+        f" --memory-gb {small['memory_gb']}` over training files in NQ's structure"
+        f" ({small['contexts']} contexts a question). {_load(small)}.",
         harness.markdown_table(header, rows),
     )
 
@@ -227,18 +221,15 @@ def _mine_projection(results: dict, scale: dict | None) -> list[str]:
     total_row = f"| **total** | **{total:,.0f}** ({total / 3600:.1f} h) | |"
     return harness.blocks(
         f"## Projected: {NQ_QUESTIONS:,} questions over {NQ_PASSAGES:,} passages",
-        "Stages that grow with the questions are scaled from the larger run above, the search"
-        " from one part at 21M; where NQ would cost more than the synthetic data, the dearer case"
-        " is taken: the total is an upper bound.",
+        "Per-question stages scaled from the larger run, the search from one part at 21M; where NQ"
+        " would cost more than the synthetic data, the dearer case: the total is an upper bound.",
         [*harness.markdown_table(["stage", "projected s", "from"], table), total_row],
         f"Peak memory: `--memory-gb` bounds the whole process (unset, {HEADROOM_GB:g} GB over what"
-        " it holds at its first search), so at NQ's size the peak stays within it. What mine"
-        f" holds does not grow with the questions: {peaks} GB at {counts} questions here, in"
-        f" parts of {results['small']['part']:,}; at 21M the id table that finds the positives"
+        f" it holds at its first search). It does not grow with the questions: {peaks} GB at"
+        f" {counts} questions here, in parts of {results['small']['part']:,}; at 21M the id table"
         f" adds at most {NQ_PASSAGES * ID_TABLE_BYTES / 1e9:.2f} GB of mapped pages"
-        f" ({ID_TABLE_BYTES} bytes a passage; about as much again while first built). The 21M"
-        f" scan above ran in {scan['peak_rss_gb']:.2f} GB under `--memory-gb"
-        f" {scan['memory_gb']}`, with less room than mine has by default.",
+        f" ({ID_TABLE_BYTES} bytes a passage; as much again while built). The 21M scan above ran"
+        f" in {scan['peak_rss_gb']:.2f} GB under `--memory-gb {scan['memory_gb']}`.",
     )
 
 

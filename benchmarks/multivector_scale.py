@@ -1,11 +1,8 @@
 """Late interaction's cost on one small box, beside one vector a passage: bytes a passage, encode
-rate, and the latency of exact and fast search, on SQuAD (the real model and text) and on 1M
-synthetic passages of SQuAD's token counts; then the projection to 21M::
+rate, exact and fast search latency, on SQuAD and on 1M synthetic passages of SQuAD's token
+counts, projected to 21M; resumable, each step a fresh process measured by ``wait4``::
 
     python -m benchmarks.multivector_scale --work runs/multivector_scale --out docs/bench
-
-Resumable (``--steps``, ``--redo``; ``report`` writes the page); each step a fresh process
-measured by ``wait4``, a search's own seconds timed inside it after its inputs are loaded.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import harness, nq_like
-from dpr_cache.runtime.atomic import write_text_atomic
 
 TINY = harness.SCALE_TINY
 CONFIG = "configs/toy.yaml" if TINY else "configs/squad_reproduce.yaml"
@@ -63,8 +59,9 @@ def squad_index(work: Path, kind: str) -> dict:
         _run(work, "model.txt", "model", out=model)
     sets = [f"output_dir={out}", f"model.max_passage_length={PASSAGE_TOKENS}"]
     flags = [x for s in sets for x in ("--set", s)]
-    cmd = harness.cli("index", *flags, "-q", config=CONFIG, model=model)
-    figures = harness.measured(cmd, work / "logs" / f"index-{kind}.txt")
+    figures = harness.run_cli(
+        work, f"index-{kind}", "index", *flags, "-q", config=CONFIG, model=model
+    )
     meta = json.loads((out / "index" / "meta.json").read_text())
     disk = sum(p.stat().st_size for p in (out / "index" / "shards").iterdir())
     return {
@@ -281,26 +278,26 @@ def render(results: dict, out: Path, source: Path | None = None) -> Path:
     machine = harness.cpu_text(results["machines"]["synth_search"])
     intro = (
         "Written by `python -m benchmarks.multivector_scale --work runs/multivector_scale --out"
-        f" docs/bench` (resumable; data: `multivector_scale.json`). {machine}. Searches ask for"
-        f" the top {K} within `--memory-gb {MEMORY_GB:g}`, timed inside their process after the"
-        " index and the question vectors are loaded, over a batch of questions (ms a question:"
-        " the batch's seconds over its size); peak RSS is the whole process's (`wait4`)."
+        f" docs/bench` (resumable; data: `multivector_scale.json`). {machine}. Searches: top {K}"
+        f" within `--memory-gb {MEMORY_GB:g}`, a batch timed once loaded (ms a question: its"
+        " seconds over its size); peak RSS: the whole process's (`wait4`)."
     )
-    lines = harness.page_head("Late interaction at scale, on a CPU", [intro], _targets(results))
-    lines = lines[:-1] + harness.step_machines(results["machines"])
-    lines += [*_squad_section(results), *_synth_section(results)]
-    lines += harness.blocks(
+    return harness.write_page(
+        Path(out) / "multivector_scale.md",
+        "Late interaction at scale, on a CPU",
+        intro,
+        "## Targets",
+        harness.targets_table(_targets(results)),
+        *harness.step_machines(results["machines"]),
+        *_squad_section(results),
+        *_synth_section(results),
         "## Projected to 21M passages (DPR's Wikipedia)",
-        "Disk is linear in passages. Exact search reads every token once a batch of questions: its"
-        " seconds grow linearly, and its memory is the budget's whatever the corpus. The fast"
-        " path's peak RSS counts the pages of its memory-mapped inverted lists it touched (file"
-        " pages the kernel can drop, not heap), which grow to the IVF index's size: the budget"
-        " does not bound them. Its lists grow with the corpus at a fixed number of lists, so its"
-        " latency is projected linearly too: an estimate (at 21M the shards and the lists outgrow"
-        " RAM, and its rescoring reads from disk).",
+        "Linear in passages: disk; exact search's seconds (it reads every token once a batch; its"
+        " memory is the budget's); the fast path's latency, an estimate (its lists grow with the"
+        " corpus; at 21M they and the shards outgrow RAM). Its peak RSS counts the touched pages"
+        " of its memory-mapped lists (droppable file pages, growing to the index's size).",
         harness.format_table(PROJECTION, _projection(results)),
     )
-    return write_text_atomic(Path(out) / "multivector_scale.md", "\n".join(lines) + "\n")
 
 
 PROJECTION = ("at 21M | disk GB | RAM GB | ms a question", "{name} | {disk} | {ram} | {ms}")
@@ -335,52 +332,45 @@ def _targets(results: dict) -> list[dict]:
     return [harness.goal_target(*target) for target in targets]
 
 
-def _squad_section(results: dict) -> list[str]:
+def _squad_section(results: dict) -> list:
     single, multi, squad = (results[k] for k in ("squad_single", "squad_multi", "squad_search"))
     build = squad["multi ivfpq"]["build"]
     per = round(multi["tokens"] / multi["rows"], 1)
     rows = [{**single, "name": "single (384-d)", "per": "-"}]
     rows.append({**multi, "name": "multi (128-d a token)", "per": per})
-    return harness.blocks(
+    return [
         f"## SQuAD: {single['rows']:,} passages, all-MiniLM-L6-v2, {PASSAGE_TOKENS} tokens",
-        "The multi-vector model is all-MiniLM-L6-v2 with a new projection to 128 dims (its weights"
-        " change no cost); its token vectors are fp16, every token kept (the model has no"
-        " skiplist), [CLS] and [SEP] included. Encoding is the index command's own rate (fp32, the"
-        " whole box), model loading left out.",
+        "Multi-vector: all-MiniLM-L6-v2 with a new projection to 128 dims; fp16 token vectors,"
+        " every token kept ([CLS], [SEP] too). Encoding: the index command's rate (fp32, model"
+        " loading left out).",
         harness.format_table(COST, rows),
         harness.format_table(SEARCH, _speedups(squad, squad)),
         f"The ivfpq index: {build['nlist']} lists, {PQ_M}-byte codes and an 8-byte id a token,"
-        f" {build['index_gb']} GB, built in {build['build_seconds']} s. At this size the exact"
-        " scan is cheap and the fast path only adds work; its shortlist (1,000 passages at the"
-        " defaults) is half the corpus, so its recall here says little.",
-    )
+        f" {build['index_gb']} GB, built in {build['build_seconds']} s. At this size the fast path"
+        " only adds work, its shortlist half the corpus: its recall here says little.",
+    ]
 
 
-def _synth_section(results: dict) -> list[str]:
+def _synth_section(results: dict) -> list:
     write, build, synth = results["synth_write"], results["synth_build"], results["synth_search"]
-    return harness.blocks(
+    return [
         f"## {write['rows']:,} synthetic passages",
-        f"Token vectors written directly (no corpus that size can be encoded here): each"
-        f" passage's token count drawn from the SQuAD index's (mean {write['tokens_mean']}), each"
-        f" token a unit vector near one of 4 topics of its passage (of {TOPICS:,}); questions of"
-        f" {QUESTION_TOKENS} noisy tokens of one passage. Token shards: {write['disk_gb']} GB"
+        f"Token vectors written directly: token counts drawn from the SQuAD index's (mean"
+        f" {write['tokens_mean']}), each token near one of 4 topics of its passage (of {TOPICS:,});"
+        f" questions: {QUESTION_TOKENS} noisy tokens of one passage. Shards: {write['disk_gb']} GB"
         f" ({write['bytes_per_passage']:,} bytes a passage). The ivfpq index: {build['nlist']}"
         f" lists, {PQ_M}-byte codes and an 8-byte id a token, {build['index_gb']} GB, built in"
-        f" {build['build_seconds']} s (peak RSS {build['peak_rss_gb']} GB). Exact search is"
-        f" timed on the first {EXACT_QUESTIONS} questions, one pass over the tokens for the batch"
-        " (its ms a question falls as the batch grows); the fast path's recall is measured on"
-        " them, so a few points either way. One vector a passage beside it: as many clustered"
-        " 384-d fp16 vectors, searched exactly (flat).",
+        f" {build['build_seconds']} s (peak RSS {build['peak_rss_gb']} GB, the merged lists"
+        f" mapped). Exact search: the first {EXACT_QUESTIONS} questions in one pass (the fast"
+        " path's recall on them: a few points either way). One vector a passage: as many"
+        " clustered 384-d fp16 vectors, searched flat.",
         harness.format_table(SEARCH, _speedups(synth, synth)),
         f"The fast path's knobs (`index.ivf_token_hits`, `index.ivf_candidates`, a passage asked"
         f" for each; `index.ivf_nprobe`) on the {EXACT_QUESTIONS} questions searched exactly:",
         harness.format_table(TRADEOFF, _speedups(results.get("synth_tradeoff", {}), synth)),
-        "On this corpus the ranks below the first are passages sharing a topic with the"
-        " question's, ordered by noise: a candidate set reproduces them only when it is near"
-        " the whole topic, so recall@100 climbs slowly with depth, and no setting tried reaches"
-        " 0.99 at 10x. The build's peak RSS includes the parts and the merged lists it maps"
-        " while merging them.",
-    )
+        "Here the ranks below the first share a topic, ordered by noise: recall@100 climbs slowly"
+        " with depth, and no setting tried reaches 0.99 at 10x.",
+    ]
 
 
 def _speedups(runs: dict, searches: dict) -> list[dict]:

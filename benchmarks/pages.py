@@ -36,13 +36,11 @@ PAGES = {
 def write_pages(source: Path, out: Path) -> list[Path]:
     """The page (and plots) of every saved result under ``source``, written into ``out``."""
     written = []
-    for name, module in PAGES.items():
-        path = source / name
-        if path.is_file():
-            folder = (out / name).parent
-            folder.mkdir(parents=True, exist_ok=True)
-            render = importlib.import_module(f"benchmarks.{module}").render
-            written.append(render(json.loads(path.read_text()), folder, path.parent))
+    for name, module in ((n, m) for n, m in PAGES.items() if (source / n).is_file()):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        render = importlib.import_module(f"benchmarks.{module}").render
+        result = json.loads((source / name).read_text())
+        written.append(render(result, (out / name).parent, (source / name).parent))
     return written
 
 

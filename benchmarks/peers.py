@@ -20,23 +20,24 @@ PEERS = ("st-cmnrl", "gradcache-lib")
 def import_gradcache_lib() -> ModuleType:
     """The GradCache library as ``grad_cache``: the PyPI package ``gradcache`` installs a folder
     ``gradcache`` whose modules import ``grad_cache.*``, so it is loaded under that name."""
-    if "grad_cache" in sys.modules:
-        return sys.modules["grad_cache"]
-    spec = importlib.util.find_spec("grad_cache") or importlib.util.find_spec("gradcache")
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("the GradCache library is not installed (pip install gradcache)")
-    if spec.name != "grad_cache":
+    if "grad_cache" not in sys.modules:
+        found = importlib.util.find_spec("grad_cache") or importlib.util.find_spec("gradcache")
+        if found is None or found.origin is None:
+            raise ModuleNotFoundError(
+                "the GradCache library is not installed (pip install gradcache)"
+            )
+        where = found.submodule_search_locations
         spec = importlib.util.spec_from_file_location(
-            "grad_cache", spec.origin, submodule_search_locations=spec.submodule_search_locations
+            "grad_cache", found.origin, submodule_search_locations=where
         )
-    sys.modules["grad_cache"] = module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        importlib.import_module("grad_cache.grad_cache")
-    except Exception:
-        del sys.modules["grad_cache"]
-        raise
-    return module
+        sys.modules["grad_cache"] = module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+            importlib.import_module("grad_cache.grad_cache")
+        except Exception:
+            del sys.modules["grad_cache"]
+            raise
+    return sys.modules["grad_cache"]
 
 
 def peer_available(name: str) -> bool:
@@ -45,7 +46,7 @@ def peer_available(name: str) -> bool:
         if name == "gradcache-lib":
             import_gradcache_lib()
         else:
-            importlib.import_module({"st-cmnrl": "sentence_transformers"}[name])
+            importlib.import_module("sentence_transformers")
     except Exception:
         return False
     return True
@@ -134,7 +135,4 @@ def st_model_over(model: BiEncoder, folder: str):
 
 def make_peer(name: str, model: BiEncoder, chunk_size: int):
     """A step object for peer ``name`` (one of :data:`PEERS`) on ``model``."""
-    steps = {"st-cmnrl": CachedMNRLStep, "gradcache-lib": GradCacheLibStep}
-    if name not in steps:
-        raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")
-    return steps[name](model, chunk_size)
+    return {"st-cmnrl": CachedMNRLStep, "gradcache-lib": GradCacheLibStep}[name](model, chunk_size)

@@ -1,8 +1,6 @@
-"""One benchmark point in a fresh process (a model, a mode, a batch), and what the CPU training
-benchmarks share: plans as command lines, resumable rows, steppers, token counts, plots.
-Inputs are synthetic (random ids, rows exactly ``q_len`` / ``p_len``) or, with ``text`` a DPR
-training file, the trainer's step-0 batch. A step is ``zero_grad`` and ``.step`` (forward, loss,
-backward), no optimizer, train mode::
+"""One benchmark point in a fresh process (a model, a mode, a batch: synthetic ids or a DPR
+training file's step-0 batch; ``zero_grad`` and ``.step``, no optimizer, train mode), and what
+the CPU training benchmarks share: plans as command lines, resumable rows, steppers::
 
     python -m benchmarks.point '{"mode": "gradcache", "batch": 128, "chunk": 32, ...}'
 
@@ -118,17 +116,14 @@ def comma_list(item):
     """An argparse type: comma-separated ``item``s (empty ones skipped)."""
 
     def parse(text: str) -> list:
-        try:
-            return [item(x.strip()) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {item.__name__}s") from None
+        return [item(x.strip()) for x in text.split(",") if x.strip()]
 
     return parse
 
 
-def plan_of(plan_cls, args: argparse.Namespace, **more):
-    """The plan the parsed options of :func:`plan_parser` ask for, with ``more`` set."""
-    return plan_cls(**{f.name: getattr(args, f.name) for f in _option_fields(plan_cls)}, **more)
+def plan_of(plan_cls, args: argparse.Namespace):
+    """The plan the parsed options of :func:`plan_parser` ask for."""
+    return plan_cls(**{f.name: getattr(args, f.name) for f in _option_fields(plan_cls)})
 
 
 def command_line(module: str, argv: list[str] | None = None) -> str:
@@ -277,16 +272,16 @@ def run_point(spec: PointSpec) -> dict:
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
     step_s, peak = statistics.median(times[spec.warmup :]), peak_memory_bytes(device)
-    out = {**dataclasses.asdict(spec), "times_s": times, "step_s": step_s}
-    out |= {"pairs_per_s": spec.batch / step_s, "peak_bytes": peak, "ready_rss_bytes": ready_rss}
-    out |= {
-        "ready_peak_bytes": ready_peak,
+    return {
+        **dataclasses.asdict(spec),
+        **{"times_s": times, "step_s": step_s, "pairs_per_s": spec.batch / step_s},
+        **{"peak_bytes": peak, "ready_rss_bytes": ready_rss, "ready_peak_bytes": ready_peak},
         "step_peak_over_ready_bytes": peak - (ready_rss or ready_peak),
+        **{"loss": losses[-1], "collate_s": collate_s, "real_tokens": real_tokens},
+        "encoded_tokens": sum(encoded),  # of the last step, padding and every pass included
+        **{"real_tokens_per_s": real_tokens / step_s, "threads_used": torch.get_num_threads()},
+        "torch": torch.__version__,
     }
-    out |= {"loss": losses[-1], "collate_s": collate_s, "real_tokens": real_tokens}
-    # encoded tokens: of the last step, padding and every pass included
-    out |= {"encoded_tokens": sum(encoded), "real_tokens_per_s": real_tokens / step_s}
-    return out | {"threads_used": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def _real_batch(spec: PointSpec, tokenizer) -> tuple[dict, dict, torch.Tensor, float]:
@@ -329,34 +324,13 @@ def count_tokens(model) -> tuple[list[int], list]:
     return sizes, [e.register_forward_pre_hook(hook, with_kwargs=True) for e in embeddings]
 
 
-def pyplot():
-    """matplotlib's pyplot, drawing off screen."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: Path) -> Path:
-    """``fig`` saved as a PNG at ``path`` (whole or not at all), then closed."""
-    from dpr_cache.runtime.atomic import write_atomic
-
-    write_atomic(path, functools.partial(fig.savefig, dpi=110, format="png"))
-    pyplot().close(fig)
-    return path
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the point given as one JSON argument; print its result as one JSON line."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m benchmarks.point '<json PointSpec>'")
     from dpr_cache.runtime.quiet import quiet_libraries
 
     quiet_libraries()
-    print(json.dumps(run_point(PointSpec(**json.loads(argv[0])))), flush=True)
+    [spec] = sys.argv[1:] if argv is None else argv
+    print(json.dumps(run_point(PointSpec(**json.loads(spec)))), flush=True)
 
 
 if __name__ == "__main__":

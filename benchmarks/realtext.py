@@ -1,7 +1,7 @@
 """The training step on real, ragged text: our GradCache against full batches and the peers, each
-configuration a :class:`~benchmarks.point.PointSpec` on one DPR training file in a fresh process,
-interleaved over ``rounds`` (a slow spell spreads over all) and taken at its median. Rows go to
-``realtext_points.jsonl`` as they finish (``--reuse`` resumes), then realtext.json, .md, .png::
+configuration a fresh process on one DPR training file, interleaved over ``rounds`` and taken at
+its median; rows go to ``realtext_points.jsonl`` (``--reuse`` resumes), then realtext.json, .md,
+.png::
 
     python -m benchmarks.realtext --out docs/bench
 """
@@ -15,7 +15,6 @@ from pathlib import Path
 
 from benchmarks import harness, point
 from benchmarks.point import PointSpec, opt
-from dpr_cache.runtime.atomic import write_text_atomic
 
 POINTS_FILE = "realtext_points.jsonl"
 
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     result = run_realtext(
         point.plan_of(RealTextPlan, args), args.out, command=command, reuse=args.reuse
     )
-    harness.print_targets(result["targets"], args.out)
+    harness.print_targets(result["targets"])
 
 
 RECIPE = """\
@@ -181,8 +180,8 @@ def _config_row(c: dict) -> dict:
     return {**c, "each": each, "times": c["encoded_tokens"] / c["real_tokens"], "over": over}
 
 
-def markdown(result: dict) -> str:
-    """realtext.md: machine, command, recipe, targets, every configuration."""
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``realtext.md`` (machine, command, recipe, targets, every configuration) and its plot."""
     measured, kept = result.get("rows_measured", 0), result.get("rows_kept", 0)
     when = harness.run_text(result)
     if kept and not measured:
@@ -191,33 +190,27 @@ def markdown(result: dict) -> str:
     if kept:
         command += f" (this run measured {measured} of the {measured + kept} rows; the other"
         command += f" {kept} were kept from earlier runs with the same settings)"
-    machine = f"{harness.machine_text(result['machine'])} {when}"
-    head = [machine, command, RECIPE.format(**result["plan"])]
     configs = result["configs"]
     failed = [f"{c['label']}: {'; '.join(c['errors'])[:160]}" for c in configs if not c["rounds"]]
-    lines = [
-        *harness.page_head("Benchmark: the training step on real text", head, result["targets"]),
-        "## Configurations",
-        "",
-        *harness.format_table(CONFIG_TABLE, [_config_row(c) for c in configs if c["rounds"]]),
-        *(["", "Failed: " + "; ".join(failed)] if failed else []),
-        "",
-        "![pairs per second and tokens encoded per configuration](realtext.png)",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def render(result: dict, folder: Path, source: Path | None = None) -> Path:
-    """``realtext.md`` and ``realtext.png`` in ``folder``."""
-    write_text_atomic(folder / "realtext.md", markdown(result))
     plot(result, folder / "realtext.png")
-    return folder / "realtext.md"
+    return harness.write_page(
+        folder / "realtext.md",
+        "Benchmark: the training step on real text",
+        f"{harness.machine_text(result['machine'])} {when}",
+        command,
+        RECIPE.format(**result["plan"]),
+        "## Targets",
+        harness.targets_table(result["targets"]),
+        "## Configurations",
+        harness.format_table(CONFIG_TABLE, [_config_row(c) for c in configs if c["rounds"]]),
+        *(["Failed: " + "; ".join(failed)] if failed else []),
+        "![pairs per second and tokens encoded per configuration](realtext.png)",
+    )
 
 
 def plot(result: dict, path: Path) -> Path:
     """Pairs per second (every round a dot, the median a bar) and tokens encoded per pair."""
-    plt = point.pyplot()
+    plt = harness.pyplot()
     configs = [c for c in result["configs"] if c["rounds"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.45 * len(configs) + 2.2))
     ys = list(range(len(configs)))[::-1]
@@ -236,7 +229,7 @@ def plot(result: dict, path: Path) -> Path:
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(f"{result['machine']['cpu']}: training step on real text")
     fig.tight_layout()
-    return point.save_figure(fig, path)
+    return harness.save_figure(fig, path)
 
 
 if __name__ == "__main__":

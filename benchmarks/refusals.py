@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from benchmarks.harness import load_text, machine_info, markdown_table, save_result, write_page
+from benchmarks.harness import cpu_info, markdown_table, measured_text, save_result, write_page
 from dpr_cache.runtime.processes import child_env
 
 GOAL = 1.5  # a refusal's time over --help's
@@ -109,7 +109,7 @@ def run(rounds: int) -> dict:
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``refusals.md`` in ``folder`` from the saved ``refusals.json``."""
-    machine, rounds = result["machine"], len(next(iter(result["rows"].values()))["rounds"])
+    rounds = len(next(iter(result["rows"].values()))["rounds"])
     rows = [
         [name, f"{r['seconds']:.2f}", f"{r['vs_help']:.2f}", r["exit"]]
         + [r["line"].replace("|", "\\|")[:110]]
@@ -119,13 +119,10 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     return write_page(
         folder / "refusals.md",
         "How fast each command refuses",
-        f"Measured {result['date']} with `python -m benchmarks.refusals --out docs/bench` (data: "
-        f"`refusals.json`). Machine: {machine['cpu']}, {machine['cores']} cores, "
-        f"{machine['ram_gb']} GB RAM; load average {load_text(machine['load_average'])}.",
-        f"Each refusal a whole process (`python -m dpr_cache ...`), interleaved over {rounds}"
-        " rounds; each figure the median. Every refusal comes before torch, transformers and FAISS"
-        f" are imported (`tests/cli/test_refusals_before_imports.py`). Goal: at most {GOAL}x"
-        " `--help`.",
+        measured_text(result, "python -m benchmarks.refusals --out docs/bench"),
+        f"Each refusal a whole process (`python -m dpr_cache ...`), the median of {rounds}"
+        " interleaved rounds; each before torch, transformers and FAISS are imported"
+        f" (`tests/cli/test_refusals_before_imports.py`). Goal: at most {GOAL}x `--help`.",
         markdown_table(["command", "seconds", "x --help", "exit", "what it said"], rows),
         f"The slowest refusal: {result['worst_vs_help']:.2f}x `--help`: **{met}**.",
     )
@@ -135,8 +132,7 @@ def main(
     out: Annotated[Path, typer.Option(help="Where refusals.json and refusals.md go.")],
     rounds: Annotated[int, typer.Option(help="Times each command runs.")] = 5,
 ) -> None:
-    result = run(rounds)
-    save_result(out / "refusals.json", result, machine_info("cpu", None), render)
+    save_result(out / "refusals.json", run(rounds), cpu_info(), render)
 
 
 if __name__ == "__main__":

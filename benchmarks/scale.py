@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks import harness, nq_like
 from benchmarks.harness import DIM, GB, MEMORY_GB, N_FULL, SHARD_ROWS
-from dpr_cache.runtime.atomic import write_atomic, write_text_atomic
+from dpr_cache.runtime.atomic import write_text_atomic
 
 TINY = harness.SCALE_TINY
 N_QUERIES = 50 if TINY else 3_610  # nq-test
@@ -60,19 +60,16 @@ def recall(run: Path, exact: Path) -> float:
 
 
 def _approximate(work: Path, kind: str, name: str, memory_gb: float, *extra: str) -> dict:
-    index, run, logs = work / f"{kind}-{name}", work / f"{kind}-{name}.trec", work / "logs"
-    vectors = work / "vectors" / SIZES[name]
-    build = harness.cli(
-        "index", *extra, embeddings=vectors, out=index, type=kind, memory_gb=memory_gb
-    )
-    build_figures = harness.measured(build, logs / f"index-{kind}-{name}.txt")
+    index, run, tag = work / f"{kind}-{name}", work / f"{kind}-{name}.trec", f"{kind}-{name}"
+    built = {"embeddings": work / "vectors" / SIZES[name], "out": index, "type": kind}
+    build = harness.run_cli(work, f"index-{tag}", "index", *extra, **built, memory_gb=memory_gb)
     size = sum(p.stat().st_size for p in index.glob("faiss.*"))
     options = {"index": index, "query_embeddings": work / "queries.npy", "k": K, "out": run}
-    search = harness.cli("search", "--nprobe", "64", **options, memory_gb=memory_gb)
-    search_figures = harness.measured(search, logs / f"search-{kind}-{name}.txt")
+    options |= {"memory_gb": memory_gb}
+    search = harness.run_cli(work, f"search-{tag}", "search", "--nprobe", "64", **options)
     params = json.loads((index / "meta.json").read_text())["index_params"]
     shutil.rmtree(index)  # keep the disk for the next steps
-    figures = {"build": build_figures, "search": search_figures, "index_gb": round(size / GB, 3)}
+    figures = {"build": build, "search": search, "index_gb": round(size / GB, 3)}
     return figures | {"recall_at_100": recall(run, work / f"exact-{name}.trec"), "params": params}
 
 
@@ -117,18 +114,15 @@ eval: {{top_k: [1, 5, 20, 100]}}
 def step_eval(work: Path) -> dict:
     """``dpr-cache eval`` at full size: the 21M TSV, the 21M vectors standing in for a random
     768-d BERT's encoding (the model encodes the questions), DPR's answer matching."""
-    model, run, logs = work / "model768", work / "eval-run", work / "logs"
+    model, run = work / "model768", work / "eval-run"
     if not model.is_dir():
         harness.write_random_bert(model, hidden=DIM)
     nq_like.write_qas(work / "nq-test.qa.tsv", N_QUERIES, N_FULL)
     vectors = work / "vectors" / "part-*.npy"
-    index = harness.measured(
-        harness.cli("index", embeddings=vectors, out=run / "index"), logs / "eval-index.txt"
-    )
+    index = harness.run_cli(work, "eval-index", "index", embeddings=vectors, out=run / "index")
     config = EVAL_CONFIG.format(run=run, work=work, memory_gb=MEMORY_GB)
     write_text_atomic(work / "eval.yaml", config)
-    command = harness.cli("eval", "-q", config=work / "eval.yaml", model=model)
-    figures = harness.measured(command, logs / "eval.txt")
+    figures = harness.run_cli(work, "eval", "eval", "-q", config=work / "eval.yaml", model=model)
     stages = json.loads((run / "eval" / "timings.json").read_text())["seconds"]
     return {"index": index, "eval": figures, "stages": stages, "memory_gb": MEMORY_GB}
 
@@ -216,39 +210,27 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def _target(name: str, goal: str, value, shown: str, bound: float, above: bool = False) -> dict:
-    """A page's target: ``value`` at most ``bound`` (``above``: at least); "-" if unmeasured."""
-    met = None if value is None else value >= bound if above else value <= bound
-    shown = "-" if value is None else shown.format(value)
-    return {"target": name, "shown": shown, "goal": goal, "met": met}
-
-
 def targets(results: dict) -> list[dict]:
     """The exact search's targets at 1M, 4M and 21M vectors."""
     exact = results.get("exact")
     if not exact:
         return []
     sizes, full = exact["sizes"].values(), exact["sizes"].get("21M")
-    peak = full["peak_rss_gb"] if full else None
-    rate = full["gflops"] / exact["matmul_gflops"] if full else None
     rss = [s["peak_rss_gb"] for s in sizes]
     per_row = [s["seconds"] / s["rows"] for s in sizes]
-    linear, spread = max(per_row) / min(per_row) - 1, "spread over 1M, 4M, 21M"
-    return [
-        _target("peak RSS at 21M, --memory-gb 2", "<= 3 GB", peak, "{:.2f} GB", 3),
-        _target(f"peak RSS {spread}", "<= 10%", max(rss) / min(rss) - 1, "{:.1%}", 0.10),
-        _target(f"time per vector, {spread}", "linear in N (<= 15%)", linear, "{:.1%}", 0.15),
-        _target("scan rate / matmul rate", ">= 0.50", rate, "{:.2f}", 0.5, above=True),
-    ]
+    rss_spread, time_spread = (max(x) / min(x) - 1 for x in (rss, per_row))
+    over, rate = "max / min - 1, over 1M, 4M, 21M", full and full["gflops"] / exact["matmul_gflops"]
+    rows = (
+        ("peak RSS at 21M, --memory-gb 2 (GB)", full and full["peak_rss_gb"], "<= 3", "21M"),
+        ("peak RSS's spread", rss_spread, "<= 0.10", over),
+        ("time a vector's spread", time_spread, "<= 0.15", f"linear in N: {over}"),
+        ("scan rate / matmul rate", rate, ">= 0.50", "21M"),
+    )
+    return [harness.goal_target(*row) for row in rows]
 
 
 def _plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = results["exact"]["sizes"].values()
+    plt, sizes = harness.pyplot(), results["exact"]["sizes"].values()
     rows = [s["rows"] / 1e6 for s in sizes]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.plot(rows, [s["peak_rss_gb"] for s in sizes], marker="o", label="peak RSS")
@@ -262,50 +244,36 @@ def _plot(results: dict, path: Path) -> None:
     for ax in (left, right):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    write_atomic(path, functools.partial(fig.savefig, dpi=110, format="png"))
-    plt.close(fig)
+    harness.save_figure(fig, path)
 
 
 def render(results: dict, out: Path, source: Path | None = None) -> Path:
     """``out/scale.md`` and ``scale.png``, ``scale_notes.md`` (of ``source``, else ``out``) last."""
-    lines = _head(results)
+    parts = [INTRO, f"Machine: {harness.cpu_text(results.get('machine', {}))}."]
+    parts += harness.step_machines(results.get("machines", {}))
+    if targets(results):
+        parts += ["## Targets (exact search)", harness.targets_table(targets(results))]
     for key, (title, header, template) in SECTIONS.items():
         if results.get(key):
             intro, rows = _section(key, results[key])
             table = harness.format_table((header, template), rows, "l" * (header.count("|") + 1))
-            lines += harness.blocks(f"## {title}", *intro, table)
+            parts += [f"## {title}", *intro, table]
         if key == "exact" and results.get(key):
             _plot(results, out / "scale.png")
-            lines += harness.blocks("![memory and time against the corpus size](scale.png)")
-    text = "\n".join(lines) + "\n"
+            parts.append("![memory and time against the corpus size](scale.png)")
     notes = (source or out) / "scale_notes.md"
-    if notes.is_file():
-        text += "\n" + notes.read_text()
-    return write_text_atomic(out / "scale.md", text)
+    text = harness.page("dpr-cache at NQ's scale, on one small box", *parts)
+    return write_text_atomic(
+        out / "scale.md", text + ("\n" + notes.read_text() if notes.is_file() else "")
+    )
 
 
-def _head(results: dict) -> list[str]:
-    lines = [
-        "# dpr-cache at NQ's scale, on one small box",
-        "",
-        "Written by `python -m benchmarks.scale --work runs/scale --out docs/bench`"
-        " (resumable; each step a fresh process measured by `wait4`: wall time and peak RSS as"
-        " the kernel counts it, memory-mapped pages included). All data is **synthetic**, in NQ's"
-        " structure and size: no NQ file can be downloaded here.",
-        "",
-        f"Machine: {harness.cpu_text(results.get('machine', {}))}.",
-        *harness.step_machines(results.get("machines", {})),
-    ]
-    if targets(results):
-        met = {True: "yes", False: "**no**", None: "-"}
-        rows = [{**t, "met": met[t["met"]]} for t in targets(results)]
-        spec = ("target | measured | goal | met", "{target} | {shown} | {goal} | {met}")
-        lines += harness.blocks(
-            "## Targets (exact search)", harness.format_table(spec, rows, "llll")
-        )
-    return lines
-
-
+INTRO = (
+    "Written by `python -m benchmarks.scale --work runs/scale --out docs/bench` (resumable; each"
+    " step a fresh process measured by `wait4`: wall time and peak RSS as the kernel counts it,"
+    " memory-mapped pages included). All data is **synthetic**, in NQ's structure and size: no"
+    " NQ file can be downloaded here."
+)
 APPROXIMATE = (
     "vectors | recall@100 vs exact | build s | build peak GB | search s | search peak GB"
     " | index GB | params",

@@ -78,6 +78,7 @@ def synthetic_parquet(path: Path, rows: int, seed: int = 0) -> Path:
 
 
 def run(rows: int, work: Path) -> dict:
+    """The file read into a fresh cache, then again from it, each in a process of its own."""
     source = synthetic_parquet(work / f"st-{rows}.parquet", rows)
     cache = work / "cache"
     command = [sys.executable, "-c", _CHILD, str(source), str(cache)]
@@ -92,21 +93,19 @@ def run(rows: int, work: Path) -> dict:
 
 def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     """``sources.md`` in ``folder`` from the saved ``sources.json``."""
-    first, again, machine = result["first"], result["from_cache"], result["machine"]
+    first, again, n = result["first"], result["from_cache"], result["rows"]
     rate = f"{first['rows'] / first['wall_s']:,.0f}"
     rows = [{**first, "load": "first (parse into the cache)", "rate": rate}]
     rows.append({**again, "load": "again (from the cache)", "rate": "-"})
     return harness.write_page(
         folder / "sources.md",
         "Reading a large source in another layout",
-        f"Measured {result['date']} with `python -m benchmarks.sources --out docs/bench --rows "
-        f"{result['rows']}` (data: `sources.json`). Machine: {harness.cpu_text(machine)}; load "
-        f"average {machine['load_average']}.",
-        f"A synthetic sentence-transformers Parquet file of {result['rows']:,} rows (`anchor`,"
-        f" `positive`, `negative`: random words of about {', '.join(map(str, LENGTHS.values()))}"
-        f" characters; {result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow"
-        f" cache ({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: the"
-        " kernel's `ru_maxrss`; passes: the Parquet reader's batch iterations, counted).",
+        harness.measured_text(result, f"python -m benchmarks.sources --out docs/bench --rows {n}"),
+        f"A synthetic sentence-transformers Parquet file of {n:,} rows (`anchor`, `positive`,"
+        f" `negative`: random words of about {', '.join(map(str, LENGTHS.values()))} characters;"
+        f" {result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow cache"
+        f" ({result['arrow_gb']:.2f} GB), each load a process of its own (peak RSS: `ru_maxrss`;"
+        " passes: the Parquet reader's batch iterations).",
         harness.format_table(LOADS, rows),
         f"The goal (peak RSS under {GOAL_GB:g} GB, one pass): "
         f"**{'met' if result['met'] else 'not met'}**.",
@@ -118,10 +117,7 @@ def main(
     rows: Annotated[int, typer.Option(help="Rows of the synthetic source.")] = 10_000_000,
     work: Annotated[Path, typer.Option(help="The synthetic file and cache.")] = WORK,
 ) -> None:
-    result = run(rows, work)
-    load = harness.load_average()
-    machine = {**harness.cpu_info(), "load_average": [round(x, 2) for x in load] if load else None}
-    harness.save_result(out / "sources.json", result, machine, render)
+    harness.save_result(out / "sources.json", run(rows, work), harness.cpu_info(), render)
 
 
 if __name__ == "__main__":

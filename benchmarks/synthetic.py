@@ -12,7 +12,6 @@ from pathlib import Path
 
 from benchmarks import harness, point
 from benchmarks.point import PointSpec, StepSettings, opt
-from dpr_cache.runtime import atomic
 
 POINTS_FILE = "points.jsonl"
 GB = 1e9
@@ -34,12 +33,11 @@ def plan_points(plan: BenchPlan) -> list[PointSpec]:
     """The encoder-step points of ``plan``, cheapest sweep first, memory points last."""
     timed = {f: getattr(plan, f) for f in StepSettings.__dataclass_fields__}
     specs = []
-    for mode in plan.modes:
-        if mode not in point.OWN_MODES:
-            raise ValueError(f"unknown mode {mode!r}; expected some of {point.OWN_MODES}")
-        for b in sorted(plan.batches):
-            if mode == "full" or b >= plan.chunk:
-                specs.append(PointSpec(mode=mode, batch=b, **timed))
+    if unknown := set(plan.modes) - set(point.OWN_MODES):
+        raise ValueError(f"unknown modes {unknown}; expected some of {point.OWN_MODES}")
+    for mode, b in ((m, b) for m in plan.modes for b in sorted(plan.batches)):
+        if mode == "full" or b >= plan.chunk:
+            specs.append(PointSpec(mode=mode, batch=b, **timed))
     focus = ["gradcache", "gradcache-tiled", "gradcache-naive"]
     for mode in focus + (["st-cmnrl", "gradcache-lib"] if plan.peers else []):
         spec = PointSpec(mode=mode, batch=plan.focus_batch, **timed)
@@ -57,42 +55,32 @@ def spec_key(row: dict) -> str | None:
     return spec.key() if spec else None
 
 
-def run_bench(
-    plan: BenchPlan, out_dir: Path, *, command: str = "", reuse: bool = False, echo=harness.echo
-) -> dict:
-    """Run every point of ``plan``; write bench.json, bench.md and the plots into ``out_dir``."""
-
-    def measure(out: Path) -> dict:
-        jobs = [(f"{s.mode:>16} B={s.batch:<6}", s, {}) for s in plan_points(plan)]
-        points, _ = point.run_points(out / POINTS_FILE, jobs, reuse, spec_key, echo)
-        return {"points": points, "targets": targets({"points": points, "plan": asdict(plan)})}
-
-    return harness.record_run(out_dir, "bench", plan, command, measure, render)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Time and memory sweeps: writes bench.json, bench.md and two plots under --out."""
     parser = point.plan_parser(BenchPlan, main.__doc__)
     parser.add_argument("--separate", dest="shared", action="store_false", help="Two towers.")
     args = parser.parse_args(argv)
-    command = point.command_line("benchmarks.synthetic")
+    plan = point.plan_of(BenchPlan, args)
     try:
-        result = run_bench(
-            point.plan_of(BenchPlan, args), args.out, command=command, reuse=args.reuse
-        )
+        jobs = [(f"{s.mode:>16} B={s.batch:<6}", s, {}) for s in plan_points(plan)]
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    harness.print_targets(result["targets"], args.out)
+
+    def measure(out: Path) -> dict:
+        points, _ = point.run_points(out / POINTS_FILE, jobs, args.reuse, spec_key, harness.echo)
+        return {"points": points, "targets": targets({"points": points, "plan": asdict(plan)})}
+
+    command = point.command_line("benchmarks.synthetic")
+    result = harness.record_run(args.out, "bench", plan, command, measure, render)
+    harness.print_targets(result["targets"])
 
 
 def targets(result: dict) -> list[dict]:
     """The performance targets as ratios measured within this run (``met`` None = not measured)."""
     plan, points = result["plan"], [p for p in result["points"] if "error" not in p]
     focus, chunk, pick = plan["focus_batch"], plan["chunk"], point.pick
-    gc, biggest = (
-        pick(points, mode="gradcache", batch=focus),
-        pick(points, "batch", mode="gradcache"),
-    )
+    gc = pick(points, mode="gradcache", batch=focus)
+    biggest = pick(points, "batch", mode="gradcache")
     best_full = pick(points, "pairs_per_s", mode="full")
     out = [point.ratio_target(f"gradcache B={focus} vs best full batch", gc, best_full, ">= 0.80")]
     for peer, goal in (("st-cmnrl", ">= 1.3"), ("gradcache-lib", ">= 1.15")):
@@ -104,7 +92,6 @@ def targets(result: dict) -> list[dict]:
     return out
 
 
-TITLE = "Benchmark: the training step on synthetic text"
 RECIPE = """\
 Model `{model}` (shared={shared}, pooling={pooling}, train mode, dropout {dropout}), fp32 on \
 {device}; synthetic batches: random token ids, questions exactly {q_len} and passages exactly \
@@ -124,59 +111,49 @@ def _point_row(p: dict) -> dict:
     return {**p, "chunk": chunk, "peak": p["peak_bytes"] / GB, "over": over}
 
 
-def markdown(result: dict) -> str:
-    """bench.md: machine, command, targets, the step sweep."""
+def render(result: dict, folder: Path, source: Path | None = None) -> Path:
+    """``bench.md`` (machine, command, targets, the step sweep) and its plots in ``folder``."""
     plan = result["plan"]
     dropout = plan["dropout"] if plan["dropout"] is not None else "as saved"
     points = sorted(result["points"], key=lambda p: (p["mode"], p["batch"]))
-    machine = f"{harness.machine_text(result['machine'])} {harness.run_text(result)}"
-    recipe = RECIPE.format(**{**plan, "dropout": dropout})
-    head = [machine, f"Command: `{result['command']}`", recipe]
-    rows = [_point_row(p) for p in points if "error" not in p]
-    parts = [*harness.page_head(TITLE, head, result["targets"]), "## Encoder steps", ""]
-    parts += harness.format_table(POINTS_TABLE, rows, "lrrrrrrr")
-    for p in points:
-        parts += ["", f"Failed: {p['mode']} B={p['batch']}: {p['error']}"] if "error" in p else []
-    parts += ["", "![memory](memory_vs_batch.png)", "", "![time](time_vs_batch.png)", ""]
-    return "\n".join(parts)
-
-
-def render(result: dict, folder: Path, source: Path | None = None) -> Path:
-    """``bench.md`` and its plots in ``folder``."""
-    atomic.write_text_atomic(folder / "bench.md", markdown(result))
+    failed = [f"Failed: {p['mode']} B={p['batch']}: {p['error']}" for p in points if "error" in p]
     plot(result, folder)
-    return folder / "bench.md"
+    return harness.write_page(
+        folder / "bench.md",
+        "Benchmark: the training step on synthetic text",
+        f"{harness.machine_text(result['machine'])} {harness.run_text(result)}",
+        f"Command: `{result['command']}`",
+        RECIPE.format(**{**plan, "dropout": dropout}),
+        "## Targets",
+        harness.targets_table(result["targets"]),
+        "## Encoder steps",
+        harness.format_table(POINTS_TABLE, [_point_row(p) for p in points if "error" not in p]),
+        *failed,
+        "![memory](memory_vs_batch.png)",
+        "![time](time_vs_batch.png)",
+    )
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
+def plot(result: dict, out_dir: Path) -> None:
     """memory_vs_batch.png and time_vs_batch.png: log-log, a line a mode, ticked at each B."""
-    plt = point.pyplot()
+    plt = harness.pyplot()
     points = sorted((p for p in result["points"] if "error" not in p), key=lambda p: p["batch"])
-    model = Path(result["plan"]["model"].split(":")[-1]).name
-    files = []
-    for memory, name in ((True, "memory_vs_batch.png"), (False, "time_vs_batch.png")):
+    title = f"encoder step, {Path(result['plan']['model'].split(':')[-1]).name}"
+    for ylabel, name in (("peak memory (GB)", "memory"), ("seconds per step", "time")):
         fig, ax = plt.subplots(figsize=(6, 4.2))
         for mode in sorted({p["mode"] for p in points}):
             rows = [p for p in points if p["mode"] == mode]
-            ys = [p["peak_bytes"] / GB if memory else p["step_s"] for p in rows]
+            ys = [p["peak_bytes"] / GB if name == "memory" else p["step_s"] for p in rows]
             style = "-" if len(rows) > 1 else "none"
             ax.plot([p["batch"] for p in rows], ys, marker="o", linestyle=style, label=mode)
-        ylabel = "peak memory (GB)" if memory else "seconds per step"
-        title = f"encoder step, {model}"
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="batch size B (questions)",
-            ylabel=ylabel,
-            title=title,
-        )
+        ax.set(xscale="log", yscale="log", xlabel="batch size B (questions)", ylabel=ylabel)
+        ax.set_title(title)
         if ticks := sorted({p["batch"] for p in points}):
             ax.set_xticks(ticks, [f"{b:,}" for b in ticks], fontsize=7)
             ax.minorticks_off()
             ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
-        files.append(point.save_figure(fig, out_dir / name))
-    return files
+        harness.save_figure(fig, out_dir / f"{name}_vs_batch.png")
 
 
 if __name__ == "__main__":

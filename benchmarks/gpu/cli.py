@@ -52,7 +52,8 @@ def child(cmd: list[str], timeout: float, on_start: Callable | None = None) -> d
         proc.communicate()
         raise
     finally:
-        _forget(proc)
+        with _lock:
+            _running.discard(proc)
     run = {"rc": rc, "started_s": started_s, "stdout": stdout, "stderr": stderr}
     return run | {"seconds": round(time.perf_counter() - start, 2)}
 
@@ -73,11 +74,6 @@ def _kill(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
-
-
-def _forget(proc: subprocess.Popen) -> None:
-    with _lock:
-        _running.discard(proc)
 
 
 def stop_all() -> None:
@@ -167,7 +163,7 @@ class Beside(Started):
 
     def __init__(self, tasks: dict[str, Callable[[], Any]], into: dict[str, Any]):
         super().__init__(lambda on_start: in_parallel(tasks, into), start=False)
-        self.tasks, self.into = tasks, into
+        self.tasks = tasks
         self.ran_beside: list[str] = []  # the sections that ran while they did
 
     wait = Started.result
@@ -181,25 +177,22 @@ class Beside(Started):
 def cli(*args: str, timeout: float = 300) -> dict:
     """``python -m dpr_cache ARGS``: :func:`child`'s row with its output's last lines."""
     run = child([sys.executable, "-m", "dpr_cache", *args], timeout)
-    lines = run["stderr"].strip().splitlines()
-    row = {"command": "dpr-cache " + " ".join(args), "rc": run["rc"]}
-    row |= {k: run[k] for k in ("started_s", "seconds")}
-    row["last_line"] = lines[-1] if lines else ""
+    lines = run["stderr"].strip().splitlines() or [""]
+    row = {"command": "dpr-cache " + " ".join(args), "rc": run["rc"], "started_s": run["started_s"]}
+    row |= {"seconds": run["seconds"], "last_line": lines[-1]}
     row["stdout"] = run["stdout"].strip().splitlines()[-12:]
     if run["rc"] is None:  # its stderr ends with the stack the fault handler printed
         row.update(last_line=f"out of time after {timeout:.0f} s", stack=lines[-40:])
     return row
 
 
-def _sets(out: Path, section: str, device: str, **extra) -> list[str]:
-    """``--set`` pairs: the run's folders (a data cache of its own) and its section's device."""
+def _command(out: Path, command: str, device: str, section: str = "", **extra) -> list[str]:
+    """``command`` on the toy config, its folders (a data cache of its own) and device set."""
+    section = section or command
     values = {"output_dir": out, "data.cache_dir": out / "cache", f"{section}.device": device}
     values |= {"train.num_threads": "null"} if section == "train" else {}
-    return [arg for k, v in {**values, **extra}.items() for arg in ("--set", f"{k}={v}")]
-
-
-def _command(out: Path, command: str, device: str, **extra) -> list[str]:
-    return [command, "--config", TOY, *_sets(out, command, device, **extra)]
+    sets = [arg for k, v in {**values, **extra}.items() for arg in ("--set", f"{k}={v}")]
+    return [command, "--config", TOY, *sets]
 
 
 def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 12) -> dict:
@@ -215,7 +208,7 @@ def toy_pipeline(work: Path, device: str, precision: str = "fp16", steps: int = 
 
     def verify(*flags: str) -> Callable[[], list[dict]]:
         folder = work / f"verify{''.join(flags).replace('-', '_')}"
-        return lambda: [cli("verify", "--config", TOY, *_sets(folder, "train", device), *flags)]
+        return lambda: [cli(*_command(folder, "verify", device, "train"), *flags)]
 
     tasks = {"train": train_index_eval, "verify double": verify("--double")}
     if device == "cuda":  # fp32 on the GPU: matrix products of other shapes, the bound 1e-4
@@ -241,50 +234,47 @@ def _difference(a: Path, b: Path) -> dict:
     return {"bitwise_equal": all(torch.equal(x, y) for x, y in pairs), "max_abs_diff": worst}
 
 
-def _train_killed_then_resumed(out: Path, sets: list[str], kill_after: int) -> dict:
-    """Train until checkpoint ``kill_after`` is on disk, SIGKILL, then ``--resume``."""
-    cmd = [sys.executable, "-m", "dpr_cache", "train", "--config", TOY, *sets, "-q"]
+def _train_killed_then_resumed(out: Path, train: list[str], kill_after: int) -> dict:
+    """``train`` until checkpoint ``kill_after`` is on disk, SIGKILL, then ``--resume``."""
+    cmd = [sys.executable, "-m", "dpr_cache", *train, "-q"]
     proc = _start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = out / "checkpoints" / f"step-{kill_after:08d}" / "state.pt"
     deadline = time.time() + 300
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     killed = proc.poll() is None
-    proc.send_signal(signal.SIGKILL)
+    _kill(proc)
     proc.wait()
-    _forget(proc)
+    with _lock:
+        _running.discard(proc)
     killed_mid_run = killed and marker.exists() and not (out / "model").exists()
-    resumed = cli("train", "--config", TOY, *sets, "--resume", "-q")
-    return {"killed_mid_run": killed_mid_run, "resume": resumed}
+    resumed = cli(*train, "--resume", "-q")
+    return resumed | {"killed_mid_run": killed_mid_run}
 
 
-def resume_equality(
-    work: Path, device: str, steps: int = 8, every: int = 3, settings=(False, True)
-) -> dict:
-    """Per ``train.deterministic`` setting: two unbroken runs and one killed after step ``every``
-    and resumed, compared bit for bit, all at once."""
+def resume_equality(work: Path, device: str, settings=(False, True), steps=8, every=3) -> dict:
+    """Per ``train.deterministic``: two unbroken runs and one killed and resumed, bit for bit."""
     tasks: dict[str, Callable[[], dict]] = {}
     for det, name in itertools.product(settings, ("a", "b", "killed")):
         sets = {"train.max_steps": steps, "train.checkpoint_every": every}
         folder, sets["train.deterministic"] = work / f"resume-{det}-{name}", str(det).lower()
-        args, key = _sets(folder, "train", device, **sets), f"{det} {name}"
+        args, key = _command(folder, "train", device, **sets), f"{det} {name}"
         if name == "killed":
             tasks[key] = functools.partial(_train_killed_then_resumed, folder, args, every)
         else:
-            tasks[key] = functools.partial(cli, "train", "--config", TOY, *args, "-q")
+            tasks[key] = functools.partial(cli, *args, "-q")
     done = in_parallel(tasks, {})
     out = {}
     for det in settings:
-        key = "deterministic" if det else "default kernels"
-        broken = done[f"{det} killed"]
-        codes = [done[f"{det} a"], done[f"{det} b"], broken["resume"]]
-        if any(c["rc"] != 0 for c in codes):
-            out[key] = {"error": [c["last_line"] for c in codes if c["rc"] != 0]}
+        key, runs = "deterministic" if det else "default kernels", ("a", "b", "killed")
+        rows = {name: done[f"{det} {name}"] for name in runs}
+        if any(row["rc"] != 0 for row in rows.values()):
+            out[key] = {"error": [row["last_line"] for row in rows.values() if row["rc"] != 0]}
             continue
-        model = {name: work / f"resume-{det}-{name}" / "model" for name in ("a", "b", "killed")}
+        model = {name: work / f"resume-{det}-{name}" / "model" for name in runs}
         out[key] = {"two_unbroken_runs": _difference(model["a"], model["b"])}
         out[key]["resumed_vs_unbroken"] = _difference(model["killed"], model["a"])
-        out[key]["killed_mid_run"] = broken["killed_mid_run"]
+        out[key]["killed_mid_run"] = rows["killed"]["killed_mid_run"]
     return out
 
 
@@ -322,15 +312,12 @@ def chunk_too_large(work: Path, model_dir: Path, device: str, batch: int = 2048)
     settings = {"model.name_or_path": model_dir, "train.batch_size": batch}
     settings |= {"train.chunk_size": batch, "train.max_steps": 1, "train.precision": "bf16"}
     settings |= {"model.max_passage_length": 256, "train.loss_tile_size": min(batch, 4096)}
-    data = work / "long.jsonl"
-    words = " ".join(f"word{i % 97}" for i in range(400))  # passages that fill 256 tokens
+    data, words = work / "long.jsonl", " ".join(f"word{i % 97}" for i in range(400))  # 256 tokens
     with open(data, "w") as f:
         for i in range(batch):
-            ctx = {"title": f"t{i}", "text": words, "passage_id": str(i)}
-            neg = {"title": f"n{i}", "text": words, "passage_id": f"n{i}"}
-            record = {"question": f"question {i} " * 8, "answers": ["x"]}
-            f.write(json.dumps({**record, "positive_ctxs": [ctx], "hard_negative_ctxs": [neg]}))
-            f.write("\n")
+            ctx, neg = ({"title": f"{t}{i}", "text": words, "passage_id": f"{t}{i}"} for t in "tn")
+            record = {"question": f"question {i} " * 8, "answers": ["x"], "positive_ctxs": [ctx]}
+            f.write(json.dumps({**record, "hard_negative_ctxs": [neg]}) + "\n")
     args = _command(work / "too-large", "train", device, **settings)
     row = cli(*args, "--set", f"data.train={data}", "-q", timeout=100)
     last = row["last_line"]

@@ -1,15 +1,13 @@
 """dpr-cache with its towers compiled: GradCache's exactness and the step's rate, each in a child
-(``python -m benchmarks.gpu.compiled exact|speed``) that prints each figure as a JSON line."""
+(``python -m benchmarks.gpu.compiled exact|speed JSON``) printing each figure as a JSON line."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import re
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,7 +15,6 @@ import torch
 from benchmarks.gpu import exact, perf
 from benchmarks.gpu.cli import child
 from benchmarks.gpu.perf import Variant
-from benchmarks.harness import option_args
 from dpr_cache.model.compiled import compile_towers
 
 # compiled, dropout on, fp32: re-forward vs first pass (their graphs' roundings differ: ~1e-6)
@@ -78,9 +75,8 @@ def replay_check(device: torch.device, mode: str, size: str = "tiny", dropout: f
         result[key] = {"chunks": len(gaps), "within_bound": within, "largest": max(gaps)}
         if replay:
             firsts = zip(pairs, eager_pairs, strict=True)
-            result["vs_eager_first_pass"] = max(
-                exact.max_relative_error([c], [e]) for (c, _), (e, _) in firsts
-            )
+            gaps = [exact.max_relative_error([c], [e]) for (c, _), (e, _) in firsts]
+            result["vs_eager_first_pass"] = max(gaps)
     replayed, control = result["replayed"], result["control_without_replay"]
     result["ok"] = replayed["within_bound"] == replayed["chunks"] and control["largest"] > 1e-2
     return result
@@ -112,11 +108,9 @@ def speed(model_dir, squad_gz, squad_dir, device, variants, batch_size, rounds, 
     _compile(to_compile, variants[0].compile_mode)
     yield "compile_call_s", round(time.perf_counter() - start, 2)
     done = []
-    peers = {"chunks": [], "cmnrl_rows": [], "cmnrl_tokens": [], "lib_chunks": []}
-    peers |= {"compiled": to_compile, "rounds": rounds, "host_waits": False, "others": [to_compile]}
-    peers["batch_of"] = batch_of
+    peers = {"compiled": to_compile, "others": [to_compile], "batch_of": batch_of, "rounds": rounds}
     for v in variants:
-        pair = [v, replace(v, compile_mode=None)]  # compiled, and the same eager
+        pair = [v, v._replace(compile_mode=None)]  # compiled, and the same eager
         done.append(perf.speed_comparison(eager, batch, precision, variants=pair, **peers))
         yield "comparisons", done
 
@@ -141,10 +135,9 @@ def _print_each_compile() -> None:
 _COMPILE_ENDED = re.compile(r"^compile \d+ ended: ([\d.]+) s$")
 
 
-def _in_child(args: list[str], timeout: float, on_start=None) -> dict:
-    """``python -m benchmarks.gpu.compiled ARGS``: the figures it printed, each compile's seconds,
-    and where it failed its exit and last lines."""
-    cmd = [sys.executable, "-m", "benchmarks.gpu.compiled", *args]
+def _in_child(kind: str, options: dict, timeout: float, on_start=None) -> dict:
+    """The child's printed figures, each compile's seconds, and where it failed why."""
+    cmd = [sys.executable, "-m", "benchmarks.gpu.compiled", kind, json.dumps(options, default=str)]
     run = child(cmd, timeout, on_start=on_start)
     found, progress, compiles = {}, [], []
     for line in run["stdout"].splitlines():
@@ -166,41 +159,30 @@ def _in_child(args: list[str], timeout: float, on_start=None) -> dict:
 
 
 def exactness_in_child(device: str, mode: str, timeout: float = 150, on_start=None) -> dict:
-    args = ["exact", "--device", device, "--mode", mode]
-    return {"mode": mode, **_in_child(args, timeout, on_start)}
+    return {"mode": mode, **_in_child("exact", {"mode": mode, "device": device}, timeout, on_start)}
 
 
 def speed_in_child(model_dir, squad_gz, squad_dir, device, variants, batch_size, rounds, timeout):
-    spec = json.dumps([[v.chunk, v.length_bucket, v.compile_mode] for v in variants])
-    paths = {"--model": model_dir, "--squad-gz": squad_gz, "--squad-dir": squad_dir}
-    options = {"--device": device, **paths, "--variants": spec}
-    options |= {"--batch": batch_size, "--rounds": rounds}
-    found = _in_child(["speed", *option_args(options)], timeout)
-    return {"mode": variants[0].compile_mode, **found}
+    paths = {"model_dir": model_dir, "squad_gz": squad_gz, "squad_dir": squad_dir}
+    options = {**paths, "device": device, "batch_size": batch_size, "rounds": rounds}
+    options["variants"] = variants
+    return {"mode": variants[0].compile_mode, **_in_child("speed", options, timeout)}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["exact", "speed"])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--mode", default="reduce-overhead")
-    for path in ("--model", "--squad-gz", "--squad-dir"):
-        parser.add_argument(path, type=Path)
-    parser.add_argument("--variants", default="[]", help="JSON: [[chunk, bucket, mode], ...]")
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args(argv)
-    device = torch.device(args.device)
+def main(kind: str, options: str) -> None:
+    """The child: ``exact`` or ``speed`` with ``options`` (JSON), each figure a JSON line."""
+    args = json.loads(options)
+    device = torch.device(args.pop("device"))
     _print_each_compile()
-    if args.kind == "exact":
-        found = exactness(device, args.mode)
+    if kind == "exact":
+        found = exactness(device, args["mode"])
     else:
-        variants = [Variant(c, b, m) for c, b, m in json.loads(args.variants)]
-        paths = (args.model, args.squad_gz, args.squad_dir)
-        found = speed(*paths, device, variants, args.batch, args.rounds)
+        paths = [Path(args.pop(k)) for k in ("model_dir", "squad_gz", "squad_dir")]
+        variants = [Variant(*v) for v in args.pop("variants")]
+        found = speed(*paths, device, variants, **args)
     for key, value in found:
         print(json.dumps({"key": key, "value": value}), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:])

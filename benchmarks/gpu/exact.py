@@ -4,10 +4,11 @@ full batch, the dropout replay, a finite difference, mixed precision."""
 from __future__ import annotations
 
 from collections import namedtuple
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from dpr_cache.core.engine import GradCache
 from dpr_cache.core.loss import contrastive_loss
@@ -108,15 +109,13 @@ def full_batch_grads(model: BiEncoder, q, p, ids, precision: str = "fp32", scale
     model.zero_grad(set_to_none=True)
     with autocast(model.device, precision):
         reps = [model.encode_query(q), model.encode_passage(p)]
-    loss = contrastive_loss(
-        *(r if r.dtype == torch.float64 else r.float() for r in reps), p_ids=ids
-    )
+    reps = [r if r.dtype == torch.float64 else r.float() for r in reps]
+    loss = contrastive_loss(*reps, p_ids=ids)
     (loss * scale).backward()
     return float(loss.detach()), _grads(model, scale)
 
 
-@dataclass(frozen=True)
-class ExactCase:
+class ExactCase(NamedTuple):
     """One float64 comparison: model size, questions, chunk, hard negatives, towers."""
 
     size: str
@@ -129,17 +128,15 @@ class ExactCase:
     @property
     def name(self) -> str:
         towers = "shared" if self.shared else "separate"
-        ckpt = ", checkpointing" if self.checkpointing else ""
         even = "divides" if self.n_q % self.chunk == 0 else "uneven last chunk"
-        head = f"{self.size}: B={self.n_q}, chunk {self.chunk} ({even})"
-        return f"{head}, H={self.hard_negatives}, {towers}{ckpt}"
+        head = f"{self.size}: B={self.n_q}, chunk {self.chunk} ({even}), H={self.hard_negatives}"
+        return f"{head}, {towers}" + (", checkpointing" if self.checkpointing else "")
 
 
 def exact_cases(sizes: list[str], n_q: int = 8) -> list[ExactCase]:
     """Per size: chunks that divide and do not, hard negatives, shared towers, checkpointing."""
-    cases = [((n_q, n_q // 2, 1), {}), ((n_q - 1, 3, 2), {}), ((n_q, 3, 1), {"shared": True})]
-    cases.append(((n_q - 1, 2, 1), {"checkpointing": True}))
-    return [ExactCase(size, *sizes_of, **towers) for size in sizes for sizes_of, towers in cases]
+    cases = [(n_q, n_q // 2, 1), (n_q - 1, 3, 2), (n_q, 3, 1, True), (n_q - 1, 2, 1, False, True)]
+    return [ExactCase(size, *case) for size in sizes for case in cases]
 
 
 def fp64_exactness(case: ExactCase, device: torch.device) -> dict:
@@ -203,18 +200,12 @@ def _directional(model: BiEncoder, run) -> float:
     gen = torch.Generator().manual_seed(5)
     direction = [torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device) for p in params]
     analytic = sum((p.grad * d).sum() for p, d in zip(params, direction, strict=True)).item()
-    eps, values = 1e-6, []
-    for sign in (eps, -eps):
-        _nudge(params, direction, sign)
+    base, step, values = parameters_to_vector(params), 1e-6 * parameters_to_vector(direction), []
+    for nudged in (base + step, base - step):
+        vector_to_parameters(nudged, params)
         values.append(float(run()))
-        _nudge(params, direction, -sign)
-    return abs((values[0] - values[1]) / (2 * eps) - analytic) / abs(analytic)
-
-
-def _nudge(params: list[Tensor], direction: list[Tensor], by: float) -> None:
-    with torch.no_grad():
-        for p, d in zip(params, direction, strict=True):
-            p.add_(by * d)
+    vector_to_parameters(base, params)
+    return abs((values[0] - values[1]) / 2e-6 - analytic) / abs(analytic)
 
 
 def dropout_finite_difference(size: str, device: torch.device, dropout: float = 0.3) -> dict:

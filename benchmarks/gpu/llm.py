@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections import namedtuple
 from pathlib import Path
@@ -82,11 +81,9 @@ def build_decoder(shape: DecoderShape, plan: LlmPlan, device: torch.device):
 
     torch.manual_seed(0)
     options = {"shared": True, "pooling": "last", "gradient_checkpointing": True}
-    config = _decoder_config(shape, torch_dtype(plan.dtype))
+    config, lora = _decoder_config(shape, torch_dtype(plan.dtype)), LoraConfig(**plan.lora)
     with torch.device(device):
-        model = BiEncoder.from_config(
-            config, normalize=False, lora=LoraConfig(**plan.lora), **options
-        )
+        model = BiEncoder.from_config(config, normalize=False, lora=lora, **options)
     model.weights_dtype = plan.dtype
     model.max_query_length, model.max_passage_length = plan.q_len, plan.p_len
     return model.train()
@@ -239,12 +236,9 @@ def _speed(model, shape, plan: LlmPlan, batch_of, clock: _Clock, big: bool) -> d
     why = clock.why_not("gradcache", plan.speed_batch, 3 * (rounds + warmups))
     if why:
         return {"batch": plan.speed_batch, "skipped": why}
-    c, peers = plan.chunk, {"cmnrl_tokens": [], "lib_chunks": [], "cmnrl_folder": shape.st_folder}
-    batch, timing = batch_of(plan.speed_batch), {"rounds": rounds, "warmups": warmups}
-    peers |= {"chunks": [c], "cmnrl_rows": [c], "host_waits": False}
-    speed = perf.speed_comparison(
-        model, batch, plan.precision, batch_of=batch_of, **peers, **timing
-    )
+    peers = {"chunks": [plan.chunk], "cmnrl_rows": [plan.chunk], "cmnrl_folder": shape.st_folder}
+    peers |= {"rounds": rounds, "warmups": warmups, "batch_of": batch_of}
+    speed = perf.speed_comparison(model, batch_of(plan.speed_batch), plan.precision, **peers)
     print(f"  {shape.name} speed B={plan.speed_batch}: {speed['best']}", flush=True)
     return speed
 
@@ -280,9 +274,8 @@ def _row_text(row: dict) -> str:
 _PLAN_KEYS = "q_len p_len chunk speed_batch memory_batches dtype precision lora".split()
 
 
-def llm_figures(plan: LlmPlan, device, work: Path, time_left=lambda: math.inf, into=None) -> dict:
-    """The section's figures (see the module's docstring), put into ``into`` as measured."""
-    out = {} if into is None else into
+def llm_figures(plan: LlmPlan, device, work: Path, time_left, out: dict) -> dict:
+    """The section's figures (see the module's docstring), put into ``out`` as measured."""
     out["plan"] = {k: getattr(plan, k) for k in _PLAN_KEYS} | {"hard_negatives": 1}
     out["plan"] |= {"gradient_checkpointing": True, "pooling": "last"}
     out["models"] = []

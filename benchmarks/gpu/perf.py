@@ -15,8 +15,8 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -33,17 +33,14 @@ def free_device(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _timed(run: Callable[[], object], device: torch.device) -> float:
     """Seconds of ``run``, the device synchronized before and after."""
-    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     start = time.perf_counter()
     run()
-    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -96,14 +93,12 @@ def largest_full_batch(model_dir, work, device, *, precision="bf16", start=64) -
     """The largest full batch (``train.mode: full``) whose step fits, to 16 questions."""
     train = {"mode": "full", "precision": precision}
     peak = functools.partial(trainer_step_peak, model_dir, work, device, **train)
-    found = search_largest(lambda b: peak(batch_size=b), start, 16, time_ok=_past_65536)
+    found = search_largest(
+        lambda b: peak(batch_size=b), start, 16, time_ok=lambda b, _: b > 1 << 16 and "past 65,536"
+    )
     tried = {k: v["fits"] for k, v in sorted(found["tried"].items(), key=lambda kv: int(kv[0]))}
     peak = found["tried"].get(str(found["batch"]), {}).get("peak_bytes")
     return {"batch": found["batch"], "peak_bytes": peak, "precision": precision, "tried": tried}
-
-
-def _past_65536(batch: int, tried: dict) -> str | None:
-    return "past 65,536" if batch > 1 << 16 else None
 
 
 def search_largest(fits, start: int, granularity: int, *, predict=None, time_ok=None) -> dict:
@@ -158,24 +153,20 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
     return build_batch(rows, tokenizer=model.tokenizer, **lengths, **options)
 
 
-def _own_stepper(model, chunk, p_chunk=None, *, length_bucket=None, towers=None, **savings):
-    """dpr-cache's GradCache (``savings`` turned off by name) or the full batch (``chunk`` None)."""
+def _own_stepper(model, chunk, p_chunk=None, *, towers=None, trim_padding=True, **options):
+    """dpr-cache's GradCache (``make_stepper``'s ``options``) or the full batch (``chunk`` None)."""
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
     from dpr_cache.core.steppers import Towers, make_stepper
 
-    loss_fn = make_loss_fn(Objective(2, InfoNCE(1.0)))
-    on = model if towers is None else towers
+    loss_fn, on = make_loss_fn(Objective(2, InfoNCE(1.0))), model if towers is None else towers
     encoders = Towers(on.encode_query, on.encode_passage)
     if chunk is None:
         return make_stepper("full", encoders, loss_fn, chunk_size=1)
-    options = {k: savings.get(k, True) for k in ("keep_last_graph", "length_order")}
-    options |= {"length_bucket": length_bucket, "chunk_tokens": savings.get("chunk_tokens")}
     stepper = make_stepper(
         "gradcache", encoders, loss_fn, chunk_size=chunk, p_chunk_size=p_chunk, **options
     )
-    if "trim_padding" in savings:
-        stepper.trim_padding = savings["trim_padding"]
+    stepper.trim_padding = trim_padding
     return stepper
 
 
@@ -205,9 +196,8 @@ def count_syncs(step: Callable[[], object], device, precision: str) -> dict:
             torch.cuda.synchronize()
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    sources = collections.Counter(
-        f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
-    )
+    waits = [w for w in caught if "synchroniz" in str(w.message)]
+    sources = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in waits)
     return {"count": sum(sources.values()), "top": dict(sources.most_common(3))}
 
 
@@ -215,23 +205,20 @@ STEP_ERRORS = (RuntimeError, ValueError, TypeError, NotImplementedError, Asserti
 """What a setting's step may raise, reported in its row (out of memory, a compiler's error)."""
 
 
-def _interleave(steppers, batch, model, precision, rounds, host_waits=True, *, warmups=1, **more):
-    """Each stepper's step timed once a round, rounds interleaved, after its ``warmups`` (a count,
-    or by name); one that fails is dropped with the reason; on CUDA ``host_waits`` counted."""
-    device, cuda = model.device, model.device.type == "cuda"
-    models = (model, *more.get("others", ()))
+def _interleave(steppers, batch, model, precision, rounds, host_waits=(), *, warmups=None, **more):
+    """Each stepper's step timed once a round, rounds interleaved, after its warm-ups (by name, 1
+    if not named); one that fails is dropped with the reason; on CUDA ``host_waits`` counted."""
+    device, warmups = model.device, warmups or {}
 
     def zero_grad() -> None:
-        for m in models:
+        for m in (model, *more.get("others", ())):
             m.zero_grad(set_to_none=True)
 
     zero_grad()
     if more.get("fresh_cache", True):
         free_device(device)
-    b = batch.to(device)
-    warm = {n: warmups.get(n, 1) if isinstance(warmups, dict) else warmups for n in steppers}
+    b, warm = batch.to(device), {n: warmups.get(n, 1) for n in steppers}
     first = max(warm.values(), default=0)
-    waits = set(steppers) if host_waits is True else set(host_waits or ())
     runs = {n: {"times": [], "warmup_s": []} for n in steppers}
     for r in range(first + rounds):
         for name, stepper in steppers.items():
@@ -239,7 +226,8 @@ def _interleave(steppers, batch, model, precision, rounds, host_waits=True, *, w
             if "failed" in run or r < first - warm[name]:
                 continue
             zero_grad()
-            step = _attempt(stepper, b, precision, r == first - 1 and cuda and name in waits)
+            waits = r == first - 1 and device.type == "cuda" and name in host_waits
+            step = _attempt(stepper, b, precision, waits)
             if "failed" in step:
                 run["failed"] = step["failed"]
                 print(f"    {name}: {step['failed']}", flush=True)
@@ -295,8 +283,7 @@ def chunk_settings(chunks: list[Chunk], n_questions: int, n_passages: int) -> di
     return out
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):
     """dpr-cache at one chunk, widths rounded up to ``length_bucket``, compiled or not."""
 
     chunk: int
@@ -319,31 +306,24 @@ COMPILED_WARMUPS = 2  # a compiled setting's: the first compiles, the second rec
 _FAMILIES = ("dpr-cache", "full batch", "CachedMNRL", "GradCache library")
 
 
-def chunk_counts(n_q: int, n_p: int, q: int, p: int) -> list[int]:
-    """Chunks a step: of questions and of passages, ``q`` and ``p`` rows a chunk."""
-    return [-(-n_q // q), -(-n_p // p)]
-
-
 def speed_comparison(model, batch, precision, *, rounds=3, warmups=1, batch_of=None, **settings):
-    """dpr-cache, the full batch and the peers interleaved at one batch and precision (the
-    settings as :func:`_comparison_specs` reads them); each row names its engine and chunk. With
+    """dpr-cache, the full batch and the peers (:func:`_comparison_specs`) interleaved; with
     ``batch_of``, a full batch out of memory is timed at the largest half that fits."""
     specs = _comparison_specs(model, batch, settings)
     rows = {name: {"engine": e, "chunk": c, "chunks": n} for name, _, e, c, n in specs}
-    steppers = {name: make() for name, make, *_ in specs}
     compiled = {v.name for v in settings.get("variants", ()) if v.compile_mode}
-    warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled else warmups for n in steppers}
-    options = {k: settings[k] for k in ("fresh_cache", "others") if k in settings}
-    waits = settings.get("host_waits", True)
-    timed = _interleave(steppers, batch, model, precision, rounds, waits, warmups=warm, **options)
+    warm = {n: max(warmups, COMPILED_WARMUPS) if n in compiled else warmups for n in rows}
+    options = {k: settings[k] for k in ("fresh_cache", "others", "host_waits") if k in settings}
+    steppers = {name: make() for name, make, *_ in specs}
+    timed = _interleave(steppers, batch, model, precision, rounds, warmups=warm, **options)
     for name, row in timed.items():
         rows[name].update(row)
-    sizes = {"batch": batch.n_questions, "precision": precision, "rounds": rounds}
-    best = {family: _best(rows, family) for family in _FAMILIES}
-    out = sizes | {"warmups": warmups, "rows": rows, "best": best}
+    out = {"batch": batch.n_questions, "precision": precision, "rounds": rounds, "warmups": warmups}
+    out |= {"rows": rows, "best": {family: _best(rows, family) for family in _FAMILIES}}
+    out |= {"peer_min_chunk": settings["peer_min_chunk"]} if "peer_min_chunk" in settings else {}
     if batch_of is None or not settings.get("full_batch", True):
         return out
-    return add_fitting_full_batch(model, out, batch_of, rounds, host_waits=False)
+    return add_fitting_full_batch(model, out, batch_of, rounds)
 
 
 def _comparison_specs(model, batch, s: dict) -> list[tuple]:
@@ -351,29 +331,34 @@ def _comparison_specs(model, batch, s: dict) -> list[tuple]:
     from benchmarks.peers import GradCacheLibStep
 
     n_q, n_p = batch.n_questions, int(batch.p_inputs["input_ids"].shape[0])
-    part, counts = functools.partial, functools.partial(chunk_counts, n_q, n_p)
-    cmnrl = part(_cmnrl, model, folder=s.get("cmnrl_folder"))
+    part, cmnrl = functools.partial, functools.partial(_cmnrl, model, folder=s.get("cmnrl_folder"))
+
+    def counts(q: int, p: int) -> list[int]:  # chunks a step: of questions, of passages
+        return [-(-n_q // q), -(-n_p // p)]
+
     specs = [
         (f"dpr-cache {name}", part(_own_stepper, model, q, p), "dpr-cache", name[6:], counts(q, p))
-        for name, (q, p) in chunk_settings(s["chunks"], n_q, n_p).items()
+        for name, (q, p) in chunk_settings(s.get("chunks", ()), n_q, n_p).items()
     ]
     for v in s.get("variants", ()):
         make = part(_variant_stepper, model, v, s.get("compiled"))
         specs.append((v.name, make, v.engine, str(v.chunk), counts(v.chunk, v.chunk)))
     if s.get("full_batch", True):
         specs.append(("full batch", part(_own_stepper, model, None), "full batch", None, [1, 1]))
-    for m in [m for m in s["cmnrl_rows"] if m <= n_p]:
+    least = s.get("peer_min_chunk") or 0  # the peers' chunks below it left out
+    for m in [m for m in s.get("cmnrl_rows", ()) if least <= m <= n_p]:
         per_column = -(-n_q // m)  # questions, positives, each hard negative: a column each
         made = [per_column, n_p // n_q * per_column]
         specs.append((f"CachedMNRL rows {m}", part(cmnrl, rows=m), "CachedMNRL", str(m), made))
-    for t in s["cmnrl_tokens"]:
+    for t in s.get("cmnrl_tokens", ()):
         step = cmnrl(tokens=t)
         if step is not None:  # where this version has a token budget
             name = f"CachedMNRL tokens {t}"
             specs.append((name, lambda made=step: made, "CachedMNRL tokens", None, None))
         make = part(_own_stepper, model, n_q, n_p, chunk_tokens=t)
         specs.append((f"dpr-cache tokens {t}", make, "dpr-cache tokens", None, None))
-    for name, (q, p) in chunk_settings(s["lib_chunks"], n_q, n_p).items():
+    lib = [c for c in s.get("lib_chunks", ()) if min(c if isinstance(c, tuple) else [c]) >= least]
+    for name, (q, p) in chunk_settings(lib, n_q, n_p).items():
         make, made = part(GradCacheLibStep, model, [q, p]), counts(q, p)
         specs.append((f"GradCache library {name}", make, "GradCache library", name[6:], made))
     return specs
@@ -387,16 +372,15 @@ def _variant_stepper(model, variant: Variant, compiled=None):
     return _own_stepper(model, variant.chunk, length_bucket=variant.length_bucket, towers=towers)
 
 
-def add_fitting_full_batch(model, comparison, batch_of, rounds=3, host_waits=True) -> dict:
+def add_fitting_full_batch(model, comparison, batch_of, rounds=3) -> dict:
     """Where the full batch ran out of memory: the largest half, quarter, ... that fits, added."""
     if "pairs_per_s" in comparison["rows"].get("full batch", {}):
         return comparison
     size = comparison["batch"] // 2
     while size >= 1:
-        name = f"full batch B={size}"
+        name, precision = f"full batch B={size}", comparison["precision"]
         stepper = {name: _own_stepper(model, None)}
-        batch, precision = batch_of(size), comparison["precision"]
-        timed = _interleave(stepper, batch, model, precision, rounds, host_waits)
+        timed = _interleave(stepper, batch_of(size), model, precision, rounds, ())
         comparison["rows"][name] = {**timed[name], "engine": "full batch", "chunks": [1, 1]}
         if "pairs_per_s" in timed[name]:
             break
@@ -423,10 +407,10 @@ def savings(model, batch: Batch, precision: str, chunk: int, rounds: int = 3) ->
 
     steppers = {"all savings": _own_stepper(model, chunk)}
     steppers |= {name: _own_stepper(model, chunk, **{s: False}) for name, s in _SAVINGS.items()}
-    timed = _interleave(steppers, batch, model, precision, rounds, host_waits=False)
+    timed = _interleave(steppers, batch, model, precision, rounds)
     use_fast_dropout([model.query_encoder, model.passage_encoder])
     fast = {"with fast dropout": _own_stepper(model, chunk)}
-    timed |= _interleave(fast, batch, model, precision, rounds, host_waits=False)
+    timed |= _interleave(fast, batch, model, precision, rounds)
     rate = {name: row.get("pairs_per_s") for name, row in timed.items()}
     pays = {s: _ratio(rate["all savings"], rate[name]) for name, s in _SAVINGS.items()}
     pays["fast_dropout"] = _ratio(rate["with fast dropout"], rate["all savings"])
@@ -467,9 +451,7 @@ def _read_passages(tsv: Path, rows: int | None = None) -> list[tuple[str, str]]:
         return [(r["title"], r["text"]) for r in read]
 
 
-def encode_rate(
-    model_dir, squad_dir, work, device, rows, *, precision="fp16", batch_size=512, workers=4
-) -> dict:
+def encode_rate(model_dir, squad_dir, work, device, rows, *, precision, batch_size, workers):
     """``dpr-cache encode``'s rate past start-up (``encode.json``): reading plus encoding."""
     tsv = _passages_tsv(squad_dir, work / f"passages_{rows}.tsv", rows)
     out = work / f"vectors_{rows}"
@@ -480,13 +462,10 @@ def encode_rate(
     if run["rc"] != 0:
         lines = run["stderr"].strip().splitlines()
         return {"error": lines[-40:] if run["rc"] is None else lines[-1:] or ["failed"]}
-    try:
-        t = json.loads((out / "encode.json").read_text())["timings"]
-        n, first = t["encoded_passages"], t["first_batch_passages"]
-        past_first = (t["encode_seconds"] - t["first_batch_seconds"]) / (n - first)
-        seconds_a_passage = t["open_seconds"] / n + past_first
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
-        return {"error": [f"encode.json's timings: {type(exc).__name__}: {exc}"]}
+    t = json.loads((out / "encode.json").read_text())["timings"]
+    n, first = t["encoded_passages"], t["first_batch_passages"]
+    past_first = (t["encode_seconds"] - t["first_batch_seconds"]) / (n - first)
+    seconds_a_passage = t["open_seconds"] / n + past_first
     rate = {"passages": n, "seconds": run["seconds"], "timings": t}
     rate |= {"passages_per_s": 1 / seconds_a_passage, "precision": precision}
     return rate | {"batch_size": batch_size, "max_length": 256, "length_sorted": True}
@@ -530,19 +509,18 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192, reps:
 NQ_SCORE_PAIRS = 58_880 * (1 + 30)  # DPR's NQ training questions, a positive and 30 negatives
 
 
-def teacher_score_rate(
-    tokenizer, squad_dir, work, device, n_pairs, precisions, batch_size, rounds, into, shape
-) -> dict:
-    """``score``'s loop on a random cross-encoder of ``shape`` (layers, width) at each precision,
-    projected to NQ; the tokenization alone; the model alone; into ``into`` as measured."""
+def teacher_score_rate(plan, tokenizer, squad_dir, work, device, out: dict) -> dict:
+    """``score``'s loop on a random cross-encoder of ``plan.score_shape`` (layers, width) at each
+    precision, projected to NQ; the tokenization alone; the model alone; into ``out``."""
     from dpr_cache.data.tokenize import pad
     from dpr_cache.model.cross_encoder import load_cross_encoder, score_pairs, tokenize_pairs
 
+    n_pairs, batch_size, shape = plan.score_pairs, plan.score_batch, plan.score_shape
+    precisions = plan.score_precisions
     folder = _random_cross_encoder(tokenizer, work, shape)
     encoder = load_cross_encoder(folder, max_length=256, device=device)
     pairs, start = _score_sample(squad_dir, work, n_pairs), time.perf_counter()
     features = tokenize_pairs(encoder.tokenizer, pairs, encoder.max_length)
-    out = into
     out["tokenize_s"] = time.perf_counter() - start
     lengths = [len(ids) for ids in features["input_ids"]]
     out.update(mean_tokens=sum(lengths) / n_pairs, batch_size=batch_size, max_length=256)
@@ -553,13 +531,13 @@ def teacher_score_rate(
     batches = [{k: v.to(device) for k, v in batch.items()} for batch in padded]
     alone = functools.partial(_alone, encoder, device)
     _first_pass(out, alone, batches, precisions)
-    for r, precision in _alternating(precisions, rounds):
+    for r, precision in _alternating(precisions, plan.score_rounds):
         run = functools.partial(score_pairs, encoder, pairs, batch_size=batch_size)
         seconds = _timed(functools.partial(run, precision=precision), device)
         row = {"round": r + 1, "precision": precision, "pairs": n_pairs, "seconds": seconds}
         rate = row["pairs_a_second"] = n_pairs / seconds
         out["rows"].append(row | {"nq_hours": NQ_SCORE_PAIRS / rate / 3600})
-    _model_alone(out, alone, batches, precisions, rounds)
+    _model_alone(out, alone, batches, precisions, plan.score_rounds)
     return out
 
 
@@ -567,12 +545,12 @@ def _alone(encoder, device: torch.device, precision: str, batches: list[dict]) -
     """Seconds of the cross-encoder alone on ``batches``, already padded on the device."""
     from dpr_cache.runtime.device import autocast
 
-    start = time.perf_counter()
-    with torch.inference_mode(), autocast(device, precision):
-        for batch in batches:
-            encoder.model(**batch).logits.float()
-    _sync(device)
-    return time.perf_counter() - start
+    def run() -> None:
+        with torch.inference_mode(), autocast(device, precision):
+            for batch in batches:
+                encoder.model(**batch).logits.float()
+
+    return _timed(run, device)
 
 
 def _first_pass(out: dict, alone, batches: list[dict], precisions: list[str]) -> None:
@@ -580,15 +558,12 @@ def _first_pass(out: dict, alone, batches: list[dict], precisions: list[str]) ->
     longest, rest = batches[:1], batches[1:]
     new = {b["input_ids"].shape[1] for b in rest} - {longest[0]["input_ids"].shape[1]}
     pairs = sum(len(b["input_ids"]) for b in rest)
-    first = {"order": precisions[::-1], "batches": len(rest), "pairs": pairs}
+    first = out["first_pass"] = {"order": precisions[::-1], "batches": len(rest), "pairs": pairs}
     first |= {"new_lengths": len(new), "seconds": {}, "again_seconds": {}}
-    out["first_pass"] = first
     for precision in precisions:
         alone(precision, longest)
-    for precision in first["order"]:
-        seconds = alone(precision, rest)
-        if rest:
-            first["seconds"][precision] = seconds
+    for precision in first["order"]:  # each figure kept as it is measured
+        first["seconds"][precision] = alone(precision, rest)
 
 
 def _model_alone(out: dict, alone, batches: list[dict], precisions: list[str], rounds) -> None:
@@ -601,9 +576,8 @@ def _model_alone(out: dict, alone, batches: list[dict], precisions: list[str], r
     out["model_alone"] = [
         {"precision": p, "seconds": best[p], "pairs_a_second": n / best[p]} for p in precisions
     ]
-    first = out["first_pass"]
-    for precision in first["seconds"]:
-        first["again_seconds"][precision] = alone(precision, batches[1:])
+    for precision in out["first_pass"]["order"]:
+        out["first_pass"]["again_seconds"][precision] = alone(precision, batches[1:])
 
 
 def _random_cross_encoder(tokenizer_dir: str, work: Path, shape: tuple[int, int]) -> Path:

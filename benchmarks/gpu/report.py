@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from pathlib import Path
@@ -40,16 +41,15 @@ _NOTES = {
 }
 
 
-def render(report: dict, folder: Path, source: Path | None = None) -> Path:
-    """``gpu.md`` (and ``gpu.json`` with its goals) in ``folder``."""
-    write_page(report, folder)
-    return folder / "gpu.md"
-
-
-def write_page(report: dict, out: Path) -> None:
+def write_page(report: dict, out: Path, source: Path | None = None) -> Path:
+    """``gpu.md`` (and ``gpu.json`` with its goals) in ``out``."""
     report["goals"] = goals(report)
     write_json_atomic(out / "gpu.json", report)
     write_text_atomic(out / "gpu.md", markdown(report))
+    return out / "gpu.md"
+
+
+render = write_page  # the name benchmarks.pages calls
 
 
 def _result(report: dict, name: str) -> dict | None:
@@ -305,14 +305,11 @@ def _llm_goals(r: dict | None) -> list[dict]:
     by_batch = {row["batch"]: row for row in model.get("memory", [])}
     first, last = plan["memory_batches"][0], plan["memory_batches"][-1]
     top, low = by_batch.get(last, {}), by_batch.get(first, {})
-    name, want, fits = f"{head}: B={last:,} in one step", f"<= {LLM_GOAL_GB} GB", top.get("fits")
-    if fits:
-        gb = top["peak_bytes"] / 1e9
-        out = [_goal(name, f"{gb:.1f} GB", want, gb <= LLM_GOAL_GB)]
-    else:
-        why = top.get("skipped") or (model.get("error") or "")[:100]
-        why = f"not measured ({why})" if why else "not measured"
-        out = [_goal(name, "out of memory" if fits is False else why, want, fits)]
+    fits, why = top.get("fits"), top.get("skipped") or (model.get("error") or "")[:100]
+    why = "out of memory" if fits is False else f"not measured ({why})" if why else "not measured"
+    gb = top["peak_bytes"] / 1e9 if fits else None
+    measured, met = (f"{gb:.1f} GB", gb <= LLM_GOAL_GB) if fits else (why, fits)
+    out = [_goal(f"{head}: B={last:,} in one step", measured, f"<= {LLM_GOAL_GB} GB", met)]
     name, want = f"{head}: memory at B={last:,} over B={first}", f"<= {LLM_MEMORY_RATIO}x"
     ratio = top["peak_bytes"] / low["peak_bytes"] if fits and low.get("fits") else None
     measured = "not measured" if ratio is None else f"{ratio:.2f}x"
@@ -469,18 +466,15 @@ def _grid(rows: list[dict] | dict[str, dict], first: str) -> list[str]:
     return _table(head, [" | ".join(_cell(r.get(c), c) for c in cols) for r in rows])
 
 
-def render_speed(r: dict) -> list[str]:
-    """Each comparison's settings and fitted cost of a chunk, then the rest of its figures."""
-    lines = [line for comp in r["comparisons"] for line in _settings(comp) + _fits(comp)]
-    return lines + _figures({k: v for k, v in r.items() if k != "comparisons"})
-
-
-def render_compilation(r: dict) -> list[str]:
-    """The compiled groups' settings, their joined fits, then the child's figures."""
+def render_speed(r: dict, joined: bool = False) -> list[str]:
+    """Each comparison's settings and chunk cost (``joined``: one fit of all), then the rest."""
     comps = r.get("comparisons", [])
-    lines = [line for comp in comps for line in _settings(comp)]
-    lines += _fits(_joined(comps)) if len(comps) > 1 else []
+    lines = [line for comp in comps for line in _settings(comp) + ([] if joined else _fits(comp))]
+    lines += _fits(_joined(comps)) if joined and len(comps) > 1 else []
     return lines + _figures({k: v for k, v in r.items() if k != "comparisons"})
+
+
+render_compilation = functools.partial(render_speed, joined=True)
 
 
 def _settings(comp: dict) -> list[str]:

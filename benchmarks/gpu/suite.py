@@ -120,10 +120,6 @@ class Suite:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    @property
-    def where(self) -> str:
-        return "cuda" if self.cuda else "cpu"
-
     def base_model(self) -> Path:
         """BERT-base's shape on a device (written once), the tiny BERT on the CPU."""
         model_dir = self.work / "bert-base"
@@ -184,33 +180,26 @@ def _speed(s: Suite) -> dict:
     from dpr_cache.model.biencoder import BiEncoder
 
     model = BiEncoder.from_pretrained(s.base_model(), shared=True, pooling="cls")
-    model = model.to(s.device).train()
+    model, plan = model.to(s.device).train(), s.plan
     out = s.partial["speed"] = {"comparisons": [], "tokens": []}
     squad_batch = functools.partial(perf.squad_batch, model, SQUAD, s.work / "squad")
-    precision, first = s.plan.speed_precision if s.cuda else "fp32", None
-    for group in s.plan.speed_groups:  # the goals' batch first: a section cut short keeps it
+    precision, first = plan.speed_precision if s.cuda else "fp32", None
+    peers = {"chunks": plan.speed_chunks, "cmnrl_rows": plan.cmnrl_rows, "batch_of": squad_batch}
+    peers |= {"cmnrl_tokens": plan.cmnrl_tokens, "lib_chunks": plan.lib_chunks}
+    for group in plan.speed_groups:  # the goals' batch first: a section cut short keeps it
         batch = squad_batch(group.batch)
         first = first or batch
         q, p = (int(x["attention_mask"].sum()) for x in (batch.q_inputs, batch.p_inputs))
         out["tokens"].append({"batch": batch.n_questions, "questions": q, "passages": p})
-        waits = first is batch and {f"dpr-cache chunk {c}" for c in s.plan.host_wait_chunks}
-        row = _speed_group(s, model, batch, group, precision, waits or False, squad_batch)
-        out["comparisons"].append(row | {"peer_min_chunk": group.peer_min_chunk})
+        timing = group._asdict() | {"fresh_cache": group.warmups > 0}
+        waits = {f"dpr-cache chunk {c}" for c in plan.host_wait_chunks} if first is batch else ()
+        timing |= {"host_waits": waits, "variants": plan.speed_variants if group.variants else []}
+        del timing["batch"]
+        row = perf.speed_comparison(model, batch, precision, **peers, **timing)
+        out["comparisons"].append(row)
         print(f"  speed B={group.batch} {precision}: {row['best']}", flush=True)
     sizes = (s.plan.savings_chunk, s.plan.savings_rounds)
     return out | {"savings": perf.savings(model, first, precision, *sizes)}
-
-
-def _speed_group(s: Suite, model, batch, group: SpeedGroup, precision: str, waits, batch_of):
-    """One batch's interleaved comparison (the peers' chunks below the group's least left out)."""
-    least, plan = group.peer_min_chunk, s.plan
-    lib = [c for c in plan.lib_chunks if (min(c) if isinstance(c, tuple) else c) >= least]
-    peers = {"cmnrl_rows": [m for m in plan.cmnrl_rows if m >= least], "lib_chunks": lib}
-    peers |= {"variants": plan.speed_variants if group.variants else []}
-    peers |= {"chunks": plan.speed_chunks, "cmnrl_tokens": plan.cmnrl_tokens}
-    peers |= {"full_batch": group.full_batch, "host_waits": waits, "rounds": group.rounds}
-    peers |= {"warmups": group.warmups, "fresh_cache": group.warmups > 0}
-    return perf.speed_comparison(model, batch, precision, batch_of=batch_of, **peers)
 
 
 def _compilation(s: Suite) -> dict:
@@ -225,7 +214,7 @@ def _encoding(s: Suite) -> dict:
 
     plan, precision = s.plan, "fp16" if s.cuda else "fp32"
     sizes = {"batch_size": plan.encode_batch, "workers": plan.encode_workers}
-    where = (s.base_model(), s.squad(), s.work, s.where, plan.encode_rows)
+    where = (s.base_model(), s.squad(), s.work, s.device.type, plan.encode_rows)
     rate = perf.encode_rate(*where, precision=precision, **sizes)
     model = BiEncoder.from_pretrained(s.base_model(), pooling="cls").to(s.device)
     passages, rows = s.work / f"passages_{plan.encode_rows}.tsv", plan.model_rows
@@ -242,18 +231,16 @@ def _encoding(s: Suite) -> dict:
 
 
 def _teacher_scoring(s: Suite) -> dict:
-    p, into = s.plan, s.partial.setdefault("teacher_scoring", {})
-    sizes = (p.score_pairs, p.score_precisions, p.score_batch, p.score_rounds)
-    where = (s.tokenizer, s.squad(), s.work, s.device)
-    return perf.teacher_score_rate(*where, *sizes, into=into, shape=p.score_shape)
+    into = s.partial.setdefault("teacher_scoring", {})
+    return perf.teacher_score_rate(s.plan, s.tokenizer, s.squad(), s.work, s.device, into)
 
 
 def _command_tasks(s: Suite) -> dict[str, Callable[[], dict]]:
     """The command-line section's commands."""
-    folder, precision = s.work / "cli", "fp16" if s.cuda else "fp32"
+    folder, on, precision = s.work / "cli", s.device.type, "fp16" if s.cuda else "fp32"
     tasks = {
-        "pipeline": lambda: cli.toy_pipeline(folder, s.where, precision, s.plan.cli_steps),
-        "resume": lambda: cli.resume_equality(folder, s.where, 8, settings=s.plan.determinism),
+        "pipeline": lambda: cli.toy_pipeline(folder, on, precision, s.plan.cli_steps),
+        "resume": lambda: cli.resume_equality(folder, on, s.plan.determinism),
     }
     return tasks | ({"nccl": cli.nccl_collectives} if s.cuda else {})
 
@@ -276,7 +263,7 @@ def _fsdp(s: Suite) -> dict:  # last: it joins a process group of one, left agai
 
 
 def _too_large(s: Suite) -> dict:  # alone, once the commands beside have ended: it fills the GPU
-    return cli.chunk_too_large(s.work / "cli", s.freed().base_model(), s.where)
+    return cli.chunk_too_large(s.work / "cli", s.freed().base_model(), s.device.type)
 
 
 class Section(NamedTuple):
@@ -290,22 +277,20 @@ class Section(NamedTuple):
     hosts_commands: bool = False  # ... when every section before runs well beside them
 
 
-# name, H200 estimate (s), function, why it needs CUDA, whether it runs well beside the commands
-# (it neither times anything nor holds much of the GPU); llm takes most of a 600 s call.
-COMPILE_NEEDS = "needs a GPU (a CPU compile takes minutes)"
-SECTIONS = [
-    ("exactness",          60,  _exactness,        None, True),
-    ("mixed_precision",    45,  _mixed,            None, True),
-    ("command_line",       125, _command_line,     None, False),
-    ("memory",             25,  _memory,           None, False),
-    ("chunk_too_large",    35,  _too_large,        "needs a GPU to run out of",  False),
-    ("largest_full_batch", 21,  _full_batch,       "needs a GPU to fill",        False),
-    ("speed",              145, _speed,            None, False),
-    ("encoding",           50,  _encoding,         None, False),
-    ("teacher_scoring",    35,  _teacher_scoring,  None, False),
-    ("compilation",        120, _compilation,      COMPILE_NEEDS,                False),
-    ("llm",                380, _llm,              None, False),
-    ("fsdp",               45,  _fsdp,             None, False),
+_COMPILE_NEEDS = "needs a GPU (a CPU compile takes minutes)"
+SECTIONS = [  # llm takes most of a 600 s call
+    Section("exactness",          None, 60,  _exactness, hosts_commands=True),
+    Section("mixed_precision",    None, 45,  _mixed, hosts_commands=True),
+    Section("command_line",       None, 125, _command_line),
+    Section("memory",             None, 25,  _memory),
+    Section("chunk_too_large",    "needs a GPU to run out of", 35, _too_large),
+    Section("largest_full_batch", "needs a GPU to fill", 21, _full_batch),
+    Section("speed",              None, 145, _speed),
+    Section("encoding",           None, 50,  _encoding),
+    Section("teacher_scoring",    None, 35,  _teacher_scoring),
+    Section("compilation",        _COMPILE_NEEDS, 120, _compilation),
+    Section("llm",                None, 380, _llm),
+    Section("fsdp",               None, 45,  _fsdp),
 ]  # fmt: skip
 
 
@@ -314,9 +299,9 @@ def _sections(plan, device: torch.device, work: Path, tokenizer: str, partial: d
     s = Suite(plan, device, work, tokenizer, partial)
     s.beside = cli.Beside(_command_tasks(s), partial.setdefault("command_line", {}))
     bound = []
-    for name, estimate, run, needs, hosts in SECTIONS:
-        beside = s.beside if run is _command_line else None
-        bound.append(Section(name, needs, estimate, functools.partial(run, s), beside, hosts))
+    for section in SECTIONS:
+        beside = s.beside if section.run is _command_line else None
+        bound.append(section._replace(run=functools.partial(section.run, s), beside=beside))
     return bound
 
 
@@ -339,12 +324,14 @@ def _clocked(measure: Callable[..., dict], *args, **kwargs) -> dict:
 
 
 def run_suite(out: Path, *, budget_s: float, tokenizer: str, dry=None, only=None) -> dict:
-    """Every section that fits the budget, or those of ``only`` (the others kept from gpu.json)."""
+    """Every section that fits the budget, or those of ``only`` (the others kept from gpu.json),
+    the page after each; on a device the commands start with the suite where they may."""
     cuda = torch.cuda.is_available() if dry is None else not dry
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if not cuda:
         torch.set_num_threads(1)  # a rehearsal: one thread, so that it costs a shared CPU little
-    started = cli.clock_zero = time.monotonic()
+    cli.clock_zero = time.monotonic()
+    deadline = cli.clock_zero + budget_s
     report = {"dry_run": not cuda, "environment": environment(device), "only": only}
     report |= {"planned": None, "sections": {}}
     out.mkdir(parents=True, exist_ok=True)
@@ -353,44 +340,37 @@ def run_suite(out: Path, *, budget_s: float, tokenizer: str, dry=None, only=None
         every = _sections(GPU_PLAN if cuda else DRY_PLAN, device, Path(tmp), tokenizer, partial)
         sections = _planned(every, report, out)
         report["planned"] = [s.name for s in sections]
-        left = budget_s - (time.monotonic() - started)
-        _run_planned(sections, [s.name for s in every], report, out, left, partial, device)
+        for i, section in enumerate(sections):
+            if cuda and section.beside and all(s.hosts_commands for s in sections[:i]):
+                section.beside.ran_beside = [s.name for s in sections[:i]]
+                section.beside.start()
+        try:
+            for section in sections:
+                left, done = deadline - time.monotonic(), report["sections"]
+                done[section.name] = _run_section(section, cuda, left, report, partial)
+                report["sections"] = {s.name: done[s.name] for s in every if s.name in done}
+                report["seconds"] = round(time.monotonic() - cli.clock_zero, 1)
+                write_page(report, out)
+        finally:
+            for section in sections:
+                if section.beside is not None:
+                    section.beside.stop()
     return report
-
-
-def _run_planned(sections, names, report: dict, out: Path, budget_s, partial, device) -> None:
-    """Run ``sections`` within ``budget_s``, the page after each; on a device commands start now
-    where every section before theirs hosts them."""
-    started, cuda = time.monotonic(), device.type == "cuda"
-    for i, section in enumerate(sections):
-        if cuda and section.beside is not None and all(s.hosts_commands for s in sections[:i]):
-            section.beside.ran_beside = [s.name for s in sections[:i]]
-            section.beside.start()
-    try:
-        for section in sections:
-            left, done = budget_s - (time.monotonic() - started), report["sections"]
-            done[section.name] = _run_section(section, cuda, left, report, partial)
-            report["sections"] = {n: done[n] for n in names if n in done}
-            report["seconds"] = round(time.monotonic() - cli.clock_zero, 1)
-            write_page(report, out)
-    finally:
-        for section in sections:
-            if section.beside is not None:
-                section.beside.stop()
 
 
 def _planned(sections: list[Section], report: dict, out: Path) -> list[Section]:
     """All sections, or those of ``report["only"]`` in its order (the others kept, dated)."""
-    names, only = [s.name for s in sections], report["only"]
+    names, only, path = [s.name for s in sections], report["only"], out / "gpu.json"
     unknown = sorted(set(only or []) - set(names))
     if unknown:
         raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
-    kept = _earlier_sections(out / "gpu.json", report, set(names) - set(only)) if only else {}
-    for name in names:
-        if name in kept:
-            report["sections"][name] = kept[name]
-        elif only and name not in only:
-            report["sections"][name] = {"skipped": "not asked for (--only), none in gpu.json"}
+    earlier = json.loads(path.read_text()) if only and path.exists() else {"sections": {}}
+    if earlier.get("dry_run", report["dry_run"]) != report["dry_run"]:
+        raise typer.BadParameter(f"{path} is a {'dry' if earlier['dry_run'] else 'GPU'} run's")
+    for name in [n for n in names if only and n not in only]:
+        kept = earlier["sections"].get(name)
+        none = {"skipped": "not asked for (--only), none in gpu.json"}
+        report["sections"][name] = {**_stamp(earlier["environment"]), **kept} if kept else none
     write_page(report, out)
     if not only:
         return sections
@@ -421,17 +401,6 @@ def _run_section(section: Section, cuda: bool, left: float, report: dict, partia
         result["partial"] = partial[section.name]
     print(f"{section.name}: {result['seconds']:.0f} s", flush=True)
     return result
-
-
-def _earlier_sections(path: Path, report: dict, names: set[str]) -> dict:
-    """The named sections of an earlier run's ``gpu.json``, dated."""
-    if not path.exists():
-        return {}
-    earlier = json.loads(path.read_text())
-    if earlier.get("dry_run") != report["dry_run"]:
-        raise typer.BadParameter(f"{path} is a {'dry' if earlier['dry_run'] else 'GPU'} run's")
-    stamp = _stamp(earlier["environment"])
-    return {n: {**stamp, **section} for n, section in earlier["sections"].items() if n in names}
 
 
 def _stamp(environment: dict) -> dict:

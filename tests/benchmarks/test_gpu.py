@@ -756,9 +756,9 @@ def test_a_full_batch_out_of_memory_is_timed_at_the_largest_half_that_fits(monke
         "full batch": {"failed": "out of memory"},
     }
     comparison = {"batch": 512, "precision": "fp16", "rows": rows, "best": {"full batch": None}}
-    out = perf.add_fitting_full_batch(None, comparison, batch_of=lambda n: n, host_waits=False)
+    out = perf.add_fitting_full_batch(None, comparison, batch_of=lambda n: n)
     assert tried == [256, 128]  # halved until it fits, each a batch of that size
-    assert waits == [False, False]  # the comparison's choice, passed on
+    assert waits == [(), ()]  # no host waits counted
     full = {"engine": "full batch", "chunks": [1, 1]}
     assert out["rows"]["full batch B=256"] == {"failed": "out of memory", **full}
     assert out["best"]["full batch"] == {"setting": "full batch B=128", "pairs_per_s": 128.0}
@@ -969,7 +969,7 @@ def test_a_compiled_childs_figures_and_compilations_are_kept_when_it_stops(monke
     )
     run = {"rc": None, "seconds": 150.0, "stdout": stdout, "stderr": "a\nThread 0x1 (most"}
     monkeypatch.setattr(compiled, "child", lambda cmd, timeout, on_start=None: run)
-    found = compiled._in_child(["exact"], 150)
+    found = compiled._in_child("exact", {}, 150)
     assert found["fp64"] == {"relative_error": 1e-14} and found["compiles_s"] == [12.5, 3.0]
     assert found["error"]["why"] == "out of time after 150 s"
     assert "dpr-cache chunk 128 compiled: warm-up 80.0 s" in found["error"]["progress"]

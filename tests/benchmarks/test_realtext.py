@@ -15,17 +15,8 @@ from benchmarks.point import PointSpec, run_point
 from tests.support.fixtures import TOY
 
 TINY = str(TOY / "tiny-bert")
-REAL = dict(
-    model=TINY,
-    text=str(TOY / "train.jsonl"),
-    q_len=64,
-    p_len=256,
-    hard_negatives=1,
-    chunk=4,
-    warmup=0,
-    repeats=1,
-    dropout=0.0,
-)
+REAL = {"model": TINY, "text": str(TOY / "train.jsonl"), "q_len": 64, "p_len": 256}
+REAL |= {"hard_negatives": 1, "chunk": 4, "warmup": 0, "repeats": 1, "dropout": 0.0}
 
 
 def _point(tmp_path, **kw) -> dict:
