@@ -30,8 +30,9 @@ TRAINED = ("full", "accumulate", "gradcache")
 
 
 def _read_log(path: Path) -> dict[str, Any]:
-    """Peak memory, summed and median step seconds, step count, per-step batch digests and each
-    step's (loss, gradient norm before clipping) by step, of a train_log.jsonl (empty if none)."""
+    """Peak memory, summed, median and fastest step seconds, step count, per-step batch digests
+    and each step's (loss, gradient norm before clipping) by step, of a train_log.jsonl (empty
+    if none)."""
     lines = [json.loads(line) for line in read_lines(path)]
     if not lines:
         return {}
@@ -39,6 +40,7 @@ def _read_log(path: Path) -> dict[str, Any]:
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in lines),
         "train_seconds": sum(r["seconds"] for r in lines),
         "median_step_seconds": statistics.median(r["seconds"] for r in lines),
+        "fastest_step_seconds": min(r["seconds"] for r in lines),
         "steps": lines[-1]["step"],
         "negatives_per_question": lines[-1]["negatives_per_question"],
         "digests": [r.get("batch_digest") for r in lines],

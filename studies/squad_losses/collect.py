@@ -6,6 +6,7 @@ part cost. A study cut part way gives the part it has."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,14 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     bm25 = json.loads(bm25_file.read_text()) if bm25_file.is_file() and not suffix else None
     dims = at_dims(out, suffix, runs_of)
     costs = {row["folder"]: row["hours"] for row in rows}
+    steps = {
+        row["folder"]: {
+            "median_s": statistics.median(r["median_step_seconds"] for r in runs_of[row["folder"]]),
+            "fastest_s": min(r["fastest_step_seconds"] for r in runs_of[row["folder"]]),
+        }
+        for row in rows
+        if all(r.get("fastest_step_seconds") for r in runs_of[row["folder"]])
+    }
     costs["the control and Matryoshka at the smaller dims"] = dims["eval_hours"]
     questions = next(iter(per_q.values()), None)
     return {
@@ -103,6 +112,7 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
         "diffs": diffs,
         "dims": dims,
         "costs": costs,
+        "steps": steps,
         "hours": sum(costs.values()),
         "questions": len(questions["top1"]) if questions else 0,
     }

@@ -58,9 +58,16 @@ def _figure(row: dict[str, Any] | None, m: str) -> tuple[float | None, float | N
 
 
 def cost_lines(data: dict[str, Any]) -> list[str]:
-    lines = ["| part | machine hours |", "|---|--:|"]
-    lines += [f"| {part} | {hours:.2f} |" for part, hours in data["costs"].items()]
-    return lines + [f"| all | {data['hours']:.2f} |"]
+    """Each part's hours and, for an arm, its step's median and fastest seconds over its runs: a
+    step timed while other work shared the 2 cores is slower, so the fastest says more of what the
+    option itself costs than the median of an arm that mostly ran beside other work."""
+    steps = data.get("steps", {})
+    lines = ["| part | machine hours | median step (s) | fastest step (s) |", "|---|--:|--:|--:|"]
+    for part, hours in data["costs"].items():
+        step = steps.get(part)
+        times = f"{step['median_s']:.1f} | {step['fastest_s']:.1f}" if step else "– | –"
+        lines.append(f"| {part} | {hours:.2f} | {times} |")
+    return lines + [f"| all | {data['hours']:.2f} | | |"]
 
 
 def goals(data: dict[str, Any]) -> list[str]:
@@ -79,7 +86,9 @@ def markdown(data: dict[str, Any], png: str, reading: str | None) -> str:
         f"SQuAD v1.1 dev, {data['questions']:,} questions (the method, what was run and how: "
         f"[README.md](README.md), [run.sh](run.sh)). {INTERVALS} Machine time of the runs and "
         f"their evaluations on this page: {data['hours']:.1f} h. A run's training time is "
-        "estimated as its updates at its median step time.",
+        "estimated as its updates at its median step time; an arm that ran mostly beside other "
+        "work has a slow median, and its fastest step (the cost table) says more of what its "
+        "option costs.",
         "",
         "## Retrievers",
         "",

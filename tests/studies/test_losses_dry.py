@@ -6,6 +6,7 @@ the dims, and a fresh start from the saved state trains nothing again."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -50,6 +51,13 @@ def test_dry_run_writes_the_page_and_resumes_from_the_saved_state(tmp_path: Path
     for row in ("| guided - control, seed 1 |", "| matryoshka - control, seed 1 |", "| 64 |"):
         assert row in page, row
     assert "| 16 |" in page and (out / "plot.png").is_file()
+    steps = json.loads((out / "results.json").read_text())["steps"]
+    for arm, folder in runs.items():  # each arm's step times, read from its train log
+        lines = (folder / "train_log.jsonl").read_text().splitlines()
+        seconds = [json.loads(line)["seconds"] for line in lines]
+        assert steps[arm] == {"median_s": statistics.median(seconds), "fastest_s": min(seconds)}
+        row = page.split(f"\n| {arm} | ", 1)[1].split("\n", 1)[0]
+        assert row.endswith(f" | {steps[arm]['median_s']:.1f} | {min(seconds):.1f} |"), row
 
     # a fresh machine with only the saved state: nothing trained or evaluated again
     again = tmp_path / "again-dry"
