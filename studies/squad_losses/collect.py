@@ -95,12 +95,12 @@ def gather(out: Path, suffix: str = "") -> dict[str, Any]:
     dims = at_dims(out, suffix, runs_of)
     costs = {row["folder"]: row["hours"] for row in rows}
     steps = {
-        row["folder"]: {
-            "median_s": statistics.median(r["median_step_seconds"] for r in runs_of[row["folder"]]),
-            "fastest_s": min(r["fastest_step_seconds"] for r in runs_of[row["folder"]]),
+        folder: {
+            "median_s": statistics.median(r["median_step_seconds"] for r in runs),
+            "fastest_s": min(r["fastest_step_seconds"] for r in runs),
         }
-        for row in rows
-        if all(r.get("fastest_step_seconds") for r in runs_of[row["folder"]])
+        for folder, runs in runs_of.items()
+        if all(r.get("fastest_step_seconds") for r in runs)
     }
     costs["the control and Matryoshka at the smaller dims"] = dims["eval_hours"]
     questions = next(iter(per_q.values()), None)
