@@ -275,8 +275,9 @@ def run_chunk_cost(plan: CostPlan, names: list[str], out: Path, command: str = "
             engines, lengths = measure(plan, names, build_model_dir(plan, Path(tmp)))
         b = {n: e["fit"]["b_s"] for n, e in engines.items()}
         own, peers = ([n for n in b if (ENGINES[n].peer is None) == m] for m in (True, False))
-        ratios = [{"engine": o, "peer": p, "ratio": b[o] / b[p]} for o in own for p in peers]
-        ratios = [r for r in ratios if b[r["peer"]] > 0]
+        ratios = [
+            {"engine": o, "peer": p, "ratio": b[o] / b[p]} for o in own for p in peers if b[p] > 0
+        ]
         return {"batch": lengths, "engines": engines, "ratios": ratios, "skipped": skipped}
 
     return record_run(out, "chunk_cost", plan, command, figures, render)
@@ -284,7 +285,7 @@ def run_chunk_cost(plan: CostPlan, names: list[str], out: Path, command: str = "
 
 def parse_args(argv: list[str] | None) -> tuple[CostPlan, list[str], Path]:
     """The plan, the engines and the output folder from the command line."""
-    parser = point.plan_parser(CostPlan, __doc__.splitlines()[0], reuse=False)
+    parser = point.plan_parser(CostPlan, __doc__.splitlines()[0], reuse=False, out=None)
     engines = f"Of {', '.join(ENGINES)} (default: all; a dry run leaves out compiled ones)."
     parser.add_argument("--engines", type=point.comma_list(str), default=None, help=engines)
     if "--dry-run" in (sys.argv[1:] if argv is None else argv):

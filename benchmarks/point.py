@@ -89,9 +89,12 @@ def _option_fields(plan_cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(plan_cls) if "help" in f.metadata]
 
 
-def plan_parser(plan_cls, description: str, reuse: bool = True) -> argparse.ArgumentParser:
+def plan_parser(
+    plan_cls, description: str, reuse: bool = True, out: Path | None = Path("docs/bench")
+) -> argparse.ArgumentParser:
     """A parser with an option per :func:`opt` field of ``plan_cls`` (``--name``, of the field's
-    type; a list comma-separated; a bool ``--name/--no-name``), ``--out`` and ``--reuse``."""
+    type; a list comma-separated; a bool ``--name/--no-name``), ``--out`` (``out`` its default;
+    None: required) and ``--reuse``."""
     parser = argparse.ArgumentParser(description=description)
     hints = typing.get_type_hints(plan_cls)
     for f in _option_fields(plan_cls):
@@ -105,7 +108,9 @@ def plan_parser(plan_cls, description: str, reuse: bool = True) -> argparse.Argu
         else:
             kw["type"] = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
         parser.add_argument("--" + f.name.replace("_", "-"), **kw)
-    parser.add_argument("--out", type=Path, default=Path("docs/bench"), help="Output folder.")
+    parser.add_argument(
+        "--out", type=Path, default=out, required=out is None, help="Output folder."
+    )
     if reuse:
         text = "Keep the finished rows of an earlier run in OUT."
         parser.add_argument("--reuse", action="store_true", help=text)
@@ -158,10 +163,13 @@ def run_points(path: Path, jobs: list, reuse: bool, key_of, echo, run=None) -> t
     return rows, kept
 
 
-def pick(rows: list[dict], by: str = "", **want) -> dict | None:
-    """The last row with ``want``'s values (with ``by``, the one of the largest ``row[by]``)."""
+def pick(rows: list[dict], by: str = "", *, first: bool = False, **want) -> dict | None:
+    """The last (``first``: the first) row with ``want``'s values (with ``by``, the one of the
+    largest ``row[by]``)."""
     found = [r for r in rows if all(r.get(k) == v for k, v in want.items())]
-    return max(found, key=lambda r: r[by], default=None) if by else (found or [None])[-1]
+    return (
+        max(found, key=lambda r: r[by], default=None) if by else (found or [None])[-int(not first)]
+    )
 
 
 def ratio_target(name: str, num: dict | None, den: dict | None, goal: str, key="pairs_per_s"):

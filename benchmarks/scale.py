@@ -251,8 +251,8 @@ def render(results: dict, out: Path, source: Path | None = None) -> Path:
     """``out/scale.md`` and ``scale.png``, ``scale_notes.md`` (of ``source``, else ``out``) last."""
     parts = [INTRO, f"Machine: {harness.cpu_text(results.get('machine', {}))}."]
     parts += harness.step_machines(results.get("machines", {}))
-    if targets(results):
-        parts += ["## Targets (exact search)", harness.targets_table(targets(results))]
+    if found := targets(results):
+        parts += ["## Targets (exact search)", harness.targets_table(found)]
     for key, (title, header, template) in SECTIONS.items():
         if results.get(key):
             intro, rows = _section(key, results[key])

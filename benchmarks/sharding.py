@@ -104,7 +104,10 @@ def _slice(inputs, rank: int, world: int):
 
 
 def relative_gap(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    """The largest difference over the largest magnitude of ``want``."""
+    """The largest difference over the largest magnitude of ``want`` (inf where the gradients
+    named differ)."""
+    if got.keys() != want.keys():
+        return float("inf")
     scale = max(v.abs().max().item() for v in want.values())
     return max((got[k] - want[k]).abs().max().item() for k in want) / scale
 
