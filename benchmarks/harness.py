@@ -69,8 +69,9 @@ def cpu_text(info: dict) -> str:
     return f"{info.get('cpu')}, {info.get('cores')} cores, {ram} RAM; vector flags: {flags}"
 
 
-def load_average() -> tuple[float, float, float]:
-    return os.getloadavg()
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages (other jobs distort timings), where the OS has them."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
 
 
 def machine_info(device: str, threads: int | None) -> dict:
@@ -210,9 +211,10 @@ def run_text(result: dict) -> str:
     )
 
 
-def measured_text(result: dict, command: str) -> str:
-    """A saved result's page line (:func:`save_result`): its date, command, data and machine."""
-    m, data = result["machine"], command.split()[2].split(".")[1] + ".json"
+def measured_text(result: dict, command: str, data: str) -> str:
+    """A saved result's page line (:func:`save_result`): its date, ``command``, ``data`` (the
+    JSON file's name) and machine."""
+    m = result["machine"]
     return (
         f"Measured {result['date']} with `{command}` (data: `{data}`). Machine: {cpu_text(m)};"
         f" load average {load_text(m.get('load_average'))}."

@@ -260,6 +260,15 @@ def _piece(first: int, n: int, lengths: np.ndarray, centers: np.ndarray, sigma: 
     return [str(first + i) for i in range(n)], tokens, count
 
 
+CHILDREN = {
+    "model": _child_model,
+    "questions": _child_questions,
+    "build": _child_build,
+    "search": _child_search,
+    "synth": _child_synth,
+}
+"""What :func:`_run` runs in a child process, by name."""
+
 STEPS = {
     "squad_single": lambda work: squad_index(work, "single"),
     "squad_multi": lambda work: squad_index(work, "multi"),
@@ -401,7 +410,7 @@ def _projection(results: dict) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["child"]:
-        print(json.dumps(globals()[f"_child_{argv[1]}"](**json.loads(argv[2]))), flush=True)
+        print(json.dumps(CHILDREN[argv[1]](**json.loads(argv[2]))), flush=True)
         return
     work = Path("runs/multivector_scale")
     harness.run_steps(argv, __doc__.split("\n")[0], STEPS, work, "multivector_scale.json", render)

@@ -119,7 +119,7 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     return write_page(
         folder / "refusals.md",
         "How fast each command refuses",
-        measured_text(result, "python -m benchmarks.refusals --out docs/bench"),
+        measured_text(result, "python -m benchmarks.refusals --out docs/bench", "refusals.json"),
         f"Each refusal a whole process (`python -m dpr_cache ...`), the median of {rounds}"
         " interleaved rounds; each before torch, transformers and FAISS are imported"
         f" (`tests/cli/test_refusals_before_imports.py`). Goal: at most {GOAL}x `--help`.",

@@ -100,7 +100,9 @@ def render(result: dict, folder: Path, source: Path | None = None) -> Path:
     return harness.write_page(
         folder / "sources.md",
         "Reading a large source in another layout",
-        harness.measured_text(result, f"python -m benchmarks.sources --out docs/bench --rows {n}"),
+        harness.measured_text(
+            result, f"python -m benchmarks.sources --out docs/bench --rows {n}", "sources.json"
+        ),
         f"A synthetic sentence-transformers Parquet file of {n:,} rows (`anchor`, `positive`,"
         f" `negative`: random words of about {', '.join(map(str, LENGTHS.values()))} characters;"
         f" {result['parquet_gb']:.2f} GB) read by `load_training_set` into the Arrow cache"

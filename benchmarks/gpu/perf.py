@@ -155,7 +155,7 @@ def squad_batch(model, squad_gz: Path, work: Path, batch: int, hard_negatives: i
     return build_batch(rows, tokenizer=model.tokenizer, **lengths, **options)
 
 
-def _own_stepper(model, chunk, p_chunk=None, *, towers=None, trim_padding=True, **options):
+def _own_stepper(model, chunk, p_chunk=None, *, towers=None, **options):
     """dpr-cache's GradCache (``make_stepper``'s ``options``) or the full batch (``chunk`` None)."""
     from dpr_cache.core.loss import InfoNCE
     from dpr_cache.core.objective import Objective, make_loss_fn
@@ -165,11 +165,9 @@ def _own_stepper(model, chunk, p_chunk=None, *, towers=None, trim_padding=True, 
     encoders = Towers(on.encode_query, on.encode_passage)
     if chunk is None:
         return make_stepper("full", encoders, loss_fn, chunk_size=1)
-    stepper = make_stepper(
+    return make_stepper(
         "gradcache", encoders, loss_fn, chunk_size=chunk, p_chunk_size=p_chunk, **options
     )
-    stepper.trim_padding = trim_padding
-    return stepper
 
 
 def _cmnrl(model, rows: int | None = None, tokens: int | None = None, folder: str | None = None):

@@ -47,9 +47,10 @@ def make_stepper(
     length_order: bool = True,
     length_bucket: int | None = None,
     release_memory: Callable[[], object] | None = None,
+    trim_padding: bool = True,
 ):
     """The step object of ``mode`` (``train.mode``: gradcache, full or accumulate) over
-    ``towers``."""
+    ``towers``; ``trim_padding`` cuts each chunk to its longest row (GradCache, accumulate)."""
     if mode == "gradcache":
         return GradCache(
             towers.encode_q,
@@ -64,6 +65,7 @@ def make_stepper(
             length_order=length_order,
             length_bucket=length_bucket,
             release_memory=release_memory,
+            trim_padding=trim_padding,
         )
     if chunk_tokens is not None:
         raise ValueError(f"chunk_tokens packs GradCache's chunks; train.mode {mode} has none")
@@ -77,5 +79,6 @@ def make_stepper(
             chunk_size,
             scaler=scaler,
             no_sync=towers.no_sync_all,
+            trim_padding=trim_padding,
         )
     raise ValueError(f"unknown train.mode {mode!r}")

@@ -282,3 +282,29 @@ def test_token_chunk_sizes_take_rows_while_they_fit():
     assert token_chunk_sizes([9, 9, 5, 5, 5, 2], 14, 10) == [1, 2, 3]
     assert token_chunk_sizes([40, 3, 3], 10, 10) == [1, 2]  # a longer row alone
     assert token_chunk_sizes([1] * 7, 100, 3) == [3, 3, 1]  # the rows' cap
+
+
+@pytest.mark.parametrize("mode", ["gradcache", "accumulate"])
+def test_make_stepper_passes_trim_padding_on(mode):
+    """``make_stepper(trim_padding=False)`` reaches the engine (the default trims): the widths
+    each encoder sees are the batch's, not each chunk's longest row."""
+    from dpr_cache.core.steppers import Towers, make_stepper
+
+    torch.manual_seed(0)
+    model = BiEncoder.from_config(bert_config(), shared=False)
+    q, p = random_inputs(4, 12, seed=1), random_inputs(8, 12, seed=2)
+    for inputs in (q, p):
+        inputs["attention_mask"][:, 6:] = 0
+        inputs["input_ids"] *= inputs["attention_mask"]
+    widths = {}
+    for trim in (True, False):
+        seen: list[int] = []
+
+        def encoder(encode, seen=seen):
+            return lambda inputs: (seen.append(inputs["input_ids"].shape[1]), encode(inputs))[1]
+
+        towers = Towers(encoder(model.encode_query), encoder(model.encode_passage))
+        step = make_stepper(mode, towers, contrastive_loss, chunk_size=2, trim_padding=trim)
+        step.step(q, p)
+        widths[trim] = set(seen)
+    assert widths == {True: {6}, False: {12}}
