@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from benchmarks.multivector_scale import _recall
+from benchmarks.multivector_scale import _meeting, _recall
 
 STEPS = (
     "squad_single",
@@ -27,6 +27,20 @@ def test_recall_counts_the_exact_rows_found() -> None:
     found = np.array([[4, 3, 9, 8], [6, 7, 8, 9]])  # half of the first, half of the second's two
     assert _recall(found, exact) == 0.5
     assert _recall(np.full_like(exact, -1), exact) == 0.0
+
+
+def test_the_page_names_only_the_settings_at_the_goal() -> None:
+    """A setting is named when its recall@100 is at least 0.99 and it is at least 10x faster than
+    exact; one short of either is not."""
+    synth = {"multi flat": {"ms_per_question": 1000.0}}
+    runs = {
+        "a": {"recall_at_100": 0.99, "ms_per_question": 100.0},
+        "b": {"recall_at_100": 0.989, "ms_per_question": 50.0},
+        "c": {"recall_at_100": 1.0, "ms_per_question": 101.0},
+    }
+    assert _meeting(runs, synth) == "a reach 0.99 at 10x"
+    del runs["a"]
+    assert _meeting(runs, synth) == "no setting tried reaches 0.99 at 10x"
 
 
 def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
