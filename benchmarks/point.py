@@ -167,9 +167,11 @@ def pick(rows: list[dict], by: str = "", *, first: bool = False, **want) -> dict
     """The last (``first``: the first) row with ``want``'s values (with ``by``, the one of the
     largest ``row[by]``)."""
     found = [r for r in rows if all(r.get(k) == v for k, v in want.items())]
-    return (
-        max(found, key=lambda r: r[by], default=None) if by else (found or [None])[-int(not first)]
-    )
+    if not found:
+        return None
+    if by:
+        return max(found, key=lambda r: r[by])
+    return found[0] if first else found[-1]
 
 
 def ratio_target(name: str, num: dict | None, den: dict | None, goal: str, key="pairs_per_s"):

@@ -17,6 +17,11 @@ from dpr_cache.runtime import memory
 from tests.support.fixtures import bert_config, random_inputs
 
 
+def _widths_into(seen: list[int], encode):
+    """``encode``, appending the width of each input it is given to ``seen``."""
+    return lambda inputs: (seen.append(inputs["input_ids"].shape[1]), encode(inputs))[1]
+
+
 def test_trim_drops_only_columns_no_row_attends_to():
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
     chunk = {"input_ids": mask * 7, "attention_mask": mask, "extra": torch.arange(2)}
@@ -194,13 +199,9 @@ def test_accumulate_trims_each_micro_batch_and_changes_no_gradient(float64):
     result = {}
     for trim in (True, False):
         seen: list[int] = []
-
-        def encoder(encode, seen=seen):
-            return lambda inputs: (seen.append(inputs["input_ids"].shape[1]), encode(inputs))[1]
-
         step = Accumulate(
-            encoder(model.encode_query),
-            encoder(model.encode_passage),
+            _widths_into(seen, model.encode_query),
+            _widths_into(seen, model.encode_passage),
             contrastive_loss,
             3,
             trim_padding=trim,
@@ -299,11 +300,9 @@ def test_make_stepper_passes_trim_padding_on(mode):
     widths = {}
     for trim in (True, False):
         seen: list[int] = []
-
-        def encoder(encode, seen=seen):
-            return lambda inputs: (seen.append(inputs["input_ids"].shape[1]), encode(inputs))[1]
-
-        towers = Towers(encoder(model.encode_query), encoder(model.encode_passage))
+        towers = Towers(
+            _widths_into(seen, model.encode_query), _widths_into(seen, model.encode_passage)
+        )
         step = make_stepper(mode, towers, contrastive_loss, chunk_size=2, trim_padding=trim)
         step.step(q, p)
         widths[trim] = set(seen)
