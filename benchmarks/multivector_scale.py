@@ -28,6 +28,7 @@ NLIST = 16 if TINY else 2_048
 PQ_M = 16  # bytes a token in the ivfpq index
 EXACT_QUESTIONS = 4 if TINY else 16  # the exact scan at 1M reads every token once a batch
 FAST_QUESTIONS = 16 if TINY else 256
+TAIL_QUESTIONS = 16 if TINY else 500  # questions whose exact top scores' spread is measured
 QUESTION_TOKENS = 16  # a SQuAD question's tokens, about
 KNOBS = (
     (2, 10, 16), (20, 10, 16), (20, 30, 16), (100, 30, 16), (100, 60, 32),
@@ -240,16 +241,76 @@ def _child_synth(folder: str, counts: str) -> dict:
     for i, row in enumerate(chosen.tolist()):  # its piece drawn again
         first = row - row % PIECE_ROWS
         _, tokens, count = piece(first, min(PIECE_ROWS, SYNTH_ROWS - first))
-        own = np.split(tokens, np.cumsum(count)[:-1])[row - first]
-        rng = np.random.default_rng(10**6 + i)
-        some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
-        noisy = some + sigma * rng.standard_normal(some.shape, np.float32)
-        questions[i, : len(some)] = nq_like.unit(noisy)
+        _question(np.split(tokens, np.cumsum(count)[:-1])[row - first], i, sigma, questions[i])
     np.save(out / "questions.npy", questions)
     disk = sum(p.stat().st_size for p in out.glob("synth-*"))
     shape = {"rows": SYNTH_ROWS, "tokens_mean": round(float(lengths.mean()), 1)}
     sizes = {"bytes_per_passage": round(disk / SYNTH_ROWS), "disk_gb": round(disk / GB, 2)}
     return shape | sizes | {"seconds": round(time.perf_counter() - start, 1)}
+
+
+def _question(own: np.ndarray, i: int, sigma: float, out: np.ndarray) -> None:
+    """Question ``i`` into ``out`` [QUESTION_TOKENS, dim] (zero past its tokens): tokens of its
+    passage (``own``) drawn without replacement, each with noise of ``sigma`` a dim."""
+    rng = np.random.default_rng(10**6 + i)
+    some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
+    out[: len(some)] = nq_like.unit(some + sigma * rng.standard_normal(some.shape, np.float32))
+
+
+def score_tails(work: Path) -> dict:
+    """How far apart exact MaxSim's top scores lie: SQuAD's dev questions over its real token
+    vectors; the 1M synthetic passages' exact questions; and synthetic passages as many as
+    SQuAD's, with questions drawn from them as the 1M's are."""
+    from dpr_cache.retrieval.dense.maxsim import (
+        QueryTokens,
+        block_scores,
+        maxsim_search,
+        row_maxsim,
+    )
+
+    squad, budget = _token_store(work / "squad-multi" / "index"), int(MEMORY_GB * GB)
+    real = np.load(work / "q-multi.npy", mmap_mode="r")[:TAIL_QUESTIONS]
+    synth, exact = _token_store(work / "synth"), np.load(work / "rows-synth-multi-flat.npy")
+    made = np.load(work / "synth" / "questions.npy", mmap_mode="r")
+    lengths = np.concatenate([np.diff(s.offsets()) for s in squad.shards])
+    centers = nq_like.unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), "f4"))
+    sigma = 1.2 / np.sqrt(squad.dim)
+    _, tokens, count = _piece(0, squad.rows, lengths, centers, sigma)
+    own = np.split(tokens, np.cumsum(count)[:-1])
+    questions = np.zeros((TAIL_QUESTIONS, QUESTION_TOKENS, squad.dim), np.float32)
+    for i, row in enumerate(np.random.default_rng(2).integers(squad.rows, size=TAIL_QUESTIONS)):
+        _question(own[row], i, sigma, questions[i])
+    offsets = np.concatenate([[0], np.cumsum(count)])
+    small = [  # a few questions at a time: their token scores against every token held
+        block_scores(QueryTokens.of(questions[i : i + 16]), tokens, offsets)
+        for i in range(0, TAIL_QUESTIONS, 16)
+    ]
+    tops = {
+        "squad": maxsim_search(squad, np.asarray(real), K, budget).scores,
+        "synth 1M": np.stack([row_maxsim(synth, q, r) for q, r in zip(made, exact, strict=False)]),
+        "synth squad-size": np.concatenate(small),
+    }
+    sizes = {"squad": squad.rows, "synth 1M": synth.rows, "synth squad-size": squad.rows}
+    return {name: _tail(scores) | {"passages": sizes[name]} for name, scores in tops.items()}
+
+
+def _tail(scores: np.ndarray) -> dict:
+    """Medians over questions (rows of ``scores``) of their exact top scores' spread: the 2nd
+    and the last of the top ``K`` over the 1st, and the gap from the 90th to the 100th over the
+    100th."""
+    top = -np.sort(-np.asarray(scores, np.float64), axis=1)[:, :K]
+    last = top.shape[1] - 1
+    tenth = last - max(1, top.shape[1] // 10)
+
+    def median(values: np.ndarray) -> float:
+        return round(float(np.median(values)), 4)
+
+    return {
+        "questions": len(top),
+        "second_over_first": median(top[:, 1] / top[:, 0]),
+        "last_over_first": median(top[:, last] / top[:, 0]),
+        "gap_90_100": median((top[:, tenth] - top[:, last]) / top[:, last]),
+    }
 
 
 def _piece(first: int, n: int, lengths: np.ndarray, centers: np.ndarray, sigma: float) -> tuple:
@@ -283,6 +344,7 @@ STEPS = {
     "synth_build": synth_build,
     "synth_search": synth_search,
     "synth_tradeoff": synth_tradeoff,
+    "score_tails": score_tails,
 }
 
 
@@ -381,9 +443,28 @@ def _synth_section(results: dict) -> list:
         f"The fast path's knobs (`index.ivf_token_hits`, `index.ivf_candidates`, a passage asked"
         f" for each; `index.ivf_nprobe`) on the {EXACT_QUESTIONS} questions searched exactly:",
         harness.format_table(TRADEOFF, _speedups(results.get("synth_tradeoff", {}), synth)),
-        "Here the ranks below the first share a topic, ordered by noise: recall@100 climbs slowly"
-        f" with depth, and {_meeting(results.get('synth_tradeoff', {}), synth)}.",
+        f"{_tails_text(results['score_tails'])} Recall@100 of exact here measures the order of"
+        " near-ties: it climbs slowly with depth, and"
+        f" {_meeting(results.get('synth_tradeoff', {}), synth)}.",
     ]
+
+
+def _tails_text(tails: dict) -> str:
+    """What the exact top scores' spread says of the synthetic ranks, beside SQuAD's."""
+    synth, small, squad = (tails[k] for k in ("synth 1M", "synth squad-size", "squad"))
+
+    def spread(t: dict) -> str:
+        return (
+            f"the 2nd {t['second_over_first']} of the 1st, the 100th {t['last_over_first']}, the"
+            f" 90th {100 * t['gap_90_100']:.2f}% above the 100th"
+        )
+
+    return (
+        f"Exact's top scores (medians over questions; data: `score_tails`): here {spread(synth)}"
+        f" ({100 * small['gap_90_100']:.2f}% over {small['passages']:,} passages drawn the same"
+        f" way): below the first, the ranks are ordered by noise. On SQuAD's real token vectors"
+        f" ({squad['questions']} dev questions, {squad['passages']:,} passages) {spread(squad)}."
+    )
 
 
 def _meeting(tradeoff: dict, synth: dict) -> str:

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from benchmarks.multivector_scale import _meeting, _recall
+from benchmarks.multivector_scale import _meeting, _recall, _tail
 
 STEPS = (
     "squad_single",
@@ -18,6 +18,7 @@ STEPS = (
     "synth_build",
     "synth_search",
     "synth_tradeoff",
+    "score_tails",
 )
 
 
@@ -43,6 +44,26 @@ def test_the_page_names_only_the_settings_at_the_goal() -> None:
     assert _meeting(runs, synth) == "no setting tried reaches 0.99 at 10x"
 
 
+def test_tail_reads_each_questions_spread_against_a_hand_made_ranking() -> None:
+    """Scores 100 down to 1: the 2nd is 0.99 of the 1st, the 100th 0.01, the 90th (11) ten
+    times the 100th (1) above it; the rows come unsorted, and the median is over questions."""
+    ranked = np.arange(100, 0, -1, dtype=np.float32)
+    flat = np.full(100, 5.0, np.float32)  # every score tied: no spread
+    scores = np.stack([np.random.default_rng(0).permutation(ranked), ranked, flat])
+    assert _tail(scores) == {
+        "questions": 3,
+        "second_over_first": 0.99,
+        "last_over_first": 0.01,
+        "gap_90_100": 10.0,
+    }
+    assert _tail(flat[None]) == {
+        "questions": 1,
+        "second_over_first": 1.0,
+        "last_over_first": 1.0,
+        "gap_90_100": 0.0,
+    }
+
+
 def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
     done = rehearse("multivector_scale")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -56,6 +77,12 @@ def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
         assert {"single flat", "multi flat", "multi ivfpq"} <= set(search)
         assert 0.9 <= search["multi ivfpq"]["recall_at_100"] <= 1.0
         assert all(run["ms_per_question"] > 0 for run in search.values())
+    tails = results["score_tails"]
+    assert set(tails) == {"squad", "synth 1M", "synth squad-size"}
+    for tail in tails.values():
+        assert 0 < tail["last_over_first"] <= tail["second_over_first"] <= 1
+        assert tail["gap_90_100"] >= 0 and tail["questions"] > 0
+    assert tails["synth 1M"]["passages"] == 4_000
     write = results["synth_write"]
     assert write["rows"] == 4_000 and write["bytes_per_passage"] > 128 * 2 * 10
     page = (out / "multivector_scale.md").read_text()
