@@ -136,6 +136,24 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
         return Measured(code, seconds, maxrss * 1024, out.read_text(), err.read_text())
 
 
+def drop_cached(paths) -> None:
+    """Drop the files ``paths`` from the page cache (their clean pages): a search timed next
+    reads them from disk, as it does where they outgrow RAM."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_through(path: Path, block: int = 1 << 24) -> None:
+    """Read ``path`` once, end to end, into the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(block):
+            pass
+
+
 def option_args(options: dict) -> list[str]:
     """A command line's options, ``{"--out": path}`` as ``["--out", "path"]``."""
     return [str(x) for pair in options.items() for x in pair]

@@ -49,10 +49,10 @@ def _run(work: Path, log: str, name: str, **args) -> dict:
     return harness.measured([*cmd, json.dumps(args, default=str)], work / "logs" / log, True)
 
 
-def _search(work: Path, tag: str, index: Path, queries: Path, n=None, knobs=None) -> tuple:
+def _search(work: Path, tag: str, index: Path, queries: Path, n=None, knobs=None, cold=False):
     """:func:`_child_search` in a fresh process: its figures and the rows it found."""
     rows = work / f"rows-{tag}.npy"
-    args = {"index": index, "queries": queries, "rows": rows, "n": n, "knobs": knobs}
+    args = {"index": index, "queries": queries, "rows": rows, "n": n, "knobs": knobs, "cold": cold}
     return _run(work, f"search-{tag}.txt", "search", **args), np.load(rows)
 
 
@@ -111,13 +111,14 @@ def synth_search(work: Path) -> dict:
     queries, result, found = work / "synth" / "questions.npy", {}, {}
     for name, n in (("multi flat", EXACT_QUESTIONS), ("multi ivfpq", FAST_QUESTIONS)):
         index, tag = work / f"synth-{name.split()[1]}", f"synth-{name.replace(' ', '-')}"
-        result[name], found[name] = _search(work, tag, index, queries, n)
+        result[name], found[name] = _search(work, tag, index, queries, n, cold=True)
     exact = found["multi flat"]
     result["multi ivfpq"]["recall_at_100"] = _recall(found["multi ivfpq"][: len(exact)], exact)
     single = work / "synth-single"
     paths = nq_like.write_vectors(single / "vectors", SYNTH_ROWS, 384, SHARD_ROWS * 4)
     questions = nq_like.write_queries(single / "queries.npy", FAST_QUESTIONS, 384)
-    flat = _run(work, "search-synth-single.txt", "search", shards=paths, queries=questions)
+    args = {"shards": paths, "queries": questions, "cold": True}
+    flat = _run(work, "search-synth-single.txt", "search", **args)
     result["single flat"] = {**flat, "bytes_per_passage": 384 * 2}
     return result
 
@@ -129,7 +130,7 @@ def synth_tradeoff(work: Path) -> dict:
     for hits, candidates, nprobe in KNOBS:
         knobs = {"ivf_token_hits": hits, "ivf_candidates": candidates, "ivf_nprobe": nprobe}
         name = f"{hits}-{candidates}-{nprobe}"
-        run, rows = _search(work, f"knobs-{name}", index, queries, len(exact), knobs)
+        run, rows = _search(work, f"knobs-{name}", index, queries, len(exact), knobs, True)
         result[name] = {**knobs, **run, "recall_at_100": _recall(rows, exact)}
     return result
 
@@ -186,10 +187,13 @@ def _child_build(shards: str, out: str, nlist: int | None = None, type: str = "i
     return {"build_seconds": seconds, "index_gb": round(disk / GB, 3), **meta["index_params"]}
 
 
-def _child_search(queries: str, n=None, index=None, rows=None, knobs=None, shards=None) -> dict:
+def _child_search(
+    queries: str, n=None, index=None, rows=None, knobs=None, shards=None, cold=False
+) -> dict:
     """The first ``n`` questions (all: None) of ``queries`` searched, timed after loading: in
     ``index`` (its search ``knobs``: ``index.*`` keys; the rows found saved to ``rows``), or
-    exactly over one vector a passage (``shards``, flat, streamed)."""
+    exactly over one vector a passage (``shards``, flat, streamed). ``cold``: the shards
+    dropped from the page cache first, an index's inverted lists read into it."""
     from dpr_cache.config import IndexConfig
     from dpr_cache.retrieval.dense.index import open_index, opened_as, search_index
     from dpr_cache.retrieval.dense.search import exact_search
@@ -198,8 +202,12 @@ def _child_search(queries: str, n=None, index=None, rows=None, knobs=None, shard
     vectors = np.ascontiguousarray(np.load(queries, mmap_mode="r")[:n])
     if shards:
         store = EmbeddingStore.open(shards)
+        if cold:
+            harness.drop_cached(shards)
     else:
         opened = open_index(index, opened_as(IndexConfig(**(knobs or {})), index))
+        if cold:
+            _cold_store(opened)
     start, args = time.perf_counter(), (vectors, K, int(MEMORY_GB * GB))
     found = exact_search(store, *args) if shards else search_index(opened, *args)
     seconds = time.perf_counter() - start
@@ -207,6 +215,18 @@ def _child_search(queries: str, n=None, index=None, rows=None, knobs=None, shard
         np.save(rows, found.rows)
     figures = {"questions": len(vectors), "search_seconds": round(seconds, 2)}
     return figures | {"ms_per_question": round(1e3 * seconds / len(vectors), 2)}
+
+
+def _cold_store(opened) -> None:
+    """A search's steady state where the token shards outgrow RAM and the lists do not: the
+    shards (tokens and offsets) dropped from the page cache, the inverted lists read into it."""
+    from dpr_cache.retrieval.dense.faiss_index import IVF_DATA_FILE
+    from dpr_cache.retrieval.dense.tokens import offsets_path
+
+    shards = [s.path for s in opened.store.shards]
+    harness.drop_cached([*shards, *map(offsets_path, shards)])
+    if (opened.path / IVF_DATA_FILE).is_file():
+        harness.read_through(opened.path / IVF_DATA_FILE)
 
 
 def _token_store(folder: Path):
@@ -438,7 +458,10 @@ def _synth_section(results: dict) -> list:
         f" {build['build_seconds']} s (peak RSS {build['peak_rss_gb']} GB, the merged lists"
         f" mapped). Exact search: the first {EXACT_QUESTIONS} questions in one pass (the fast"
         " path's recall on them: a few points either way). One vector a passage: as many"
-        " clustered 384-d fp16 vectors, searched flat.",
+        " clustered 384-d fp16 vectors, searched flat. Before each timed search the shards it"
+        " reads are dropped from the page cache (`posix_fadvise`; the token shards outgrow this"
+        " machine's RAM, so a question's candidates come from disk) and the ivfpq index's lists"
+        " are read into it (as a running search service holds them).",
         harness.format_table(SEARCH, _speedups(synth, synth)),
         f"The fast path's knobs (`index.ivf_token_hits`, `index.ivf_candidates`, a passage asked"
         f" for each; `index.ivf_nprobe`) on the {EXACT_QUESTIONS} questions searched exactly:",

@@ -24,3 +24,27 @@ def test_pick_takes_the_last_match_or_the_first_when_asked() -> None:
     assert point.pick(rows, mode="gradcache", batch=128)["n"] == 3
     assert point.pick(rows, first=True, mode="gradcache", batch=128)["n"] == 1
     assert point.pick(rows, first=True, mode="gradcache", batch=64) is None
+
+
+def test_drop_cached_advises_the_kernel_to_drop_each_whole_file(tmp_path, monkeypatch) -> None:
+    """Each file given is advised DONTNEED from its first byte to its end (0, 0) by a descriptor
+    on that file; a file that is not there is an error, not skipped."""
+    import os
+
+    import pytest
+
+    from benchmarks.harness import drop_cached
+
+    files = [tmp_path / "a.npy", tmp_path / "a.offsets.npy"]
+    for f, size in zip(files, (4096, 10), strict=True):
+        f.write_bytes(b"x" * size)
+    advised = []
+
+    def spy(fd, offset, length, advice):
+        advised.append((os.fstat(fd).st_size, offset, length, advice))
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    drop_cached(files)
+    assert advised == [(4096, 0, 0, os.POSIX_FADV_DONTNEED), (10, 0, 0, os.POSIX_FADV_DONTNEED)]
+    with pytest.raises(FileNotFoundError):
+        drop_cached([tmp_path / "missing.npy"])
