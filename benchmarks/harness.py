@@ -137,11 +137,12 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Measured:
 
 
 def drop_cached(paths) -> None:
-    """Drop the files ``paths`` from the page cache (their clean pages): a search timed next
-    reads them from disk, as it does where they outgrow RAM."""
+    """Drop the files ``paths`` from the page cache (written back first, so that every page
+    can go): a search timed next reads them from disk, as it does where they outgrow RAM."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
+            os.fdatasync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

@@ -1,6 +1,6 @@
 """Late interaction's cost on one small box, beside one vector a passage: bytes a passage, encode
 rate, exact and fast search latency, on SQuAD and on 1M synthetic passages of SQuAD's token
-counts, projected to 21M; resumable, each step a fresh process measured by ``wait4``::
+counts, projected to 21M; resumable, each measurement a fresh process measured by ``wait4``::
 
     python -m benchmarks.multivector_scale --work runs/multivector_scale --out docs/bench
 """
@@ -130,7 +130,7 @@ def synth_tradeoff(work: Path) -> dict:
     for hits, candidates, nprobe in KNOBS:
         knobs = {"ivf_token_hits": hits, "ivf_candidates": candidates, "ivf_nprobe": nprobe}
         name = f"{hits}-{candidates}-{nprobe}"
-        run, rows = _search(work, f"knobs-{name}", index, queries, len(exact), knobs, True)
+        run, rows = _search(work, f"knobs-{name}", index, queries, len(exact), knobs, cold=True)
         result[name] = {**knobs, **run, "recall_at_100": _recall(rows, exact)}
     return result
 
@@ -192,8 +192,8 @@ def _child_search(
 ) -> dict:
     """The first ``n`` questions (all: None) of ``queries`` searched, timed after loading: in
     ``index`` (its search ``knobs``: ``index.*`` keys; the rows found saved to ``rows``), or
-    exactly over one vector a passage (``shards``, flat, streamed). ``cold``: the shards
-    dropped from the page cache first, an index's inverted lists read into it."""
+    exactly over one vector a passage (``shards``, flat, streamed). ``cold``: as where the
+    token vectors outgrow RAM (:func:`_cold_store`; one vector a passage held in the cache)."""
     from dpr_cache.config import IndexConfig
     from dpr_cache.retrieval.dense.index import open_index, opened_as, search_index
     from dpr_cache.retrieval.dense.search import exact_search
@@ -202,8 +202,9 @@ def _child_search(
     vectors = np.ascontiguousarray(np.load(queries, mmap_mode="r")[:n])
     if shards:
         store = EmbeddingStore.open(shards)
-        if cold:
-            harness.drop_cached(shards)
+        if cold:  # one vector a passage fits in RAM: held in the page cache
+            for path in shards:
+                harness.read_through(Path(path))
     else:
         opened = open_index(index, opened_as(IndexConfig(**(knobs or {})), index))
         if cold:
@@ -218,15 +219,17 @@ def _child_search(
 
 
 def _cold_store(opened) -> None:
-    """A search's steady state where the token shards outgrow RAM and the lists do not: the
-    shards (tokens and offsets) dropped from the page cache, the inverted lists read into it."""
+    """A search's steady state where the token vectors outgrow RAM and the rest does not: the
+    token shards dropped from the page cache; their offsets and an index's inverted lists read
+    into it."""
     from dpr_cache.retrieval.dense.faiss_index import IVF_DATA_FILE
     from dpr_cache.retrieval.dense.tokens import offsets_path
 
     shards = [s.path for s in opened.store.shards]
-    harness.drop_cached([*shards, *map(offsets_path, shards)])
-    if (opened.path / IVF_DATA_FILE).is_file():
-        harness.read_through(opened.path / IVF_DATA_FILE)
+    harness.drop_cached(shards)
+    held = [*map(offsets_path, shards), *([opened.path / IVF_DATA_FILE] if opened.faiss else [])]
+    for path in held:
+        harness.read_through(path)
 
 
 def _token_store(folder: Path):
@@ -245,10 +248,7 @@ def _child_synth(folder: str, counts: str) -> dict:
 
     start = time.perf_counter()
     squad = _token_store(Path(counts))
-    lengths = np.concatenate([np.diff(s.offsets()) for s in squad.shards])
-    centers = nq_like.unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), "f4"))
-    sigma = 1.2 / np.sqrt(squad.dim)  # noise as long as a topic's vector, about
-    piece = functools.partial(_piece, lengths=lengths, centers=centers, sigma=sigma)
+    piece, sigma = _synth_draw(squad)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     for k, first in enumerate(range(0, SYNTH_ROWS, SHARD_ROWS)):
@@ -256,62 +256,84 @@ def _child_synth(folder: str, counts: str) -> dict:
         if not (out / f"synth-{k:05d}.npy").is_file():
             pieces = (piece(p, min(PIECE_ROWS, last - p)) for p in range(first, last, PIECE_ROWS))
             write_token_shard(out / f"synth-{k:05d}.npy", pieces)
-    chosen = np.random.default_rng(2).integers(SYNTH_ROWS, size=FAST_QUESTIONS)
-    questions = np.zeros((FAST_QUESTIONS, QUESTION_TOKENS, squad.dim), np.float32)
-    for i, row in enumerate(chosen.tolist()):  # its piece drawn again
+
+    def own(row: int) -> np.ndarray:  # its piece drawn again
         first = row - row % PIECE_ROWS
         _, tokens, count = piece(first, min(PIECE_ROWS, SYNTH_ROWS - first))
-        _question(np.split(tokens, np.cumsum(count)[:-1])[row - first], i, sigma, questions[i])
+        return np.split(tokens, np.cumsum(count)[:-1])[row - first]
+
+    questions = _questions(SYNTH_ROWS, FAST_QUESTIONS, own, sigma, squad.dim)
     np.save(out / "questions.npy", questions)
     disk = sum(p.stat().st_size for p in out.glob("synth-*"))
+    lengths = piece.keywords["lengths"]
     shape = {"rows": SYNTH_ROWS, "tokens_mean": round(float(lengths.mean()), 1)}
     sizes = {"bytes_per_passage": round(disk / SYNTH_ROWS), "disk_gb": round(disk / GB, 2)}
     return shape | sizes | {"seconds": round(time.perf_counter() - start, 1)}
 
 
-def _question(own: np.ndarray, i: int, sigma: float, out: np.ndarray) -> None:
-    """Question ``i`` into ``out`` [QUESTION_TOKENS, dim] (zero past its tokens): tokens of its
-    passage (``own``) drawn without replacement, each with noise of ``sigma`` a dim."""
-    rng = np.random.default_rng(10**6 + i)
-    some = own[rng.choice(len(own), size=min(QUESTION_TOKENS, len(own)), replace=False)]
-    out[: len(some)] = nq_like.unit(some + sigma * rng.standard_normal(some.shape, np.float32))
+def _synth_draw(squad) -> tuple:
+    """How synthetic passages are drawn: :func:`_piece` given the SQuAD token store's passage
+    lengths and the topics' vectors, and the noise a dim (``sigma``)."""
+    lengths = np.concatenate([np.diff(s.offsets()) for s in squad.shards])
+    centers = nq_like.unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), "f4"))
+    sigma = 1.2 / np.sqrt(squad.dim)  # noise as long as a topic's vector, about
+    return functools.partial(_piece, lengths=lengths, centers=centers, sigma=sigma), sigma
+
+
+def _questions(passages: int, n: int, own, sigma: float, dim: int) -> np.ndarray:
+    """[n, QUESTION_TOKENS, dim] questions (zero past their tokens), each from a passage drawn
+    among ``passages``: tokens of it (``own(row)``) drawn without replacement, each with noise
+    of ``sigma`` a dim."""
+    questions = np.zeros((n, QUESTION_TOKENS, dim), np.float32)
+    for i, row in enumerate(np.random.default_rng(2).integers(passages, size=n).tolist()):
+        tokens, rng = own(row), np.random.default_rng(10**6 + i)
+        some = tokens[
+            rng.choice(len(tokens), size=min(QUESTION_TOKENS, len(tokens)), replace=False)
+        ]
+        noisy = some + sigma * rng.standard_normal(some.shape, np.float32)
+        questions[i, : len(some)] = nq_like.unit(noisy)
+    return questions
 
 
 def score_tails(work: Path) -> dict:
     """How far apart exact MaxSim's top scores lie: SQuAD's dev questions over its real token
     vectors; the 1M synthetic passages' exact questions; and synthetic passages as many as
     SQuAD's, with questions drawn from them as the 1M's are."""
-    from dpr_cache.retrieval.dense.maxsim import (
-        QueryTokens,
-        block_scores,
-        maxsim_search,
-        row_maxsim,
-    )
+    from dpr_cache.retrieval.dense.maxsim import maxsim_search, row_maxsim
 
     squad, budget = _token_store(work / "squad-multi" / "index"), int(MEMORY_GB * GB)
     real = np.load(work / "q-multi.npy", mmap_mode="r")[:TAIL_QUESTIONS]
     synth, exact = _token_store(work / "synth"), np.load(work / "rows-synth-multi-flat.npy")
-    made = np.load(work / "synth" / "questions.npy", mmap_mode="r")
-    lengths = np.concatenate([np.diff(s.offsets()) for s in squad.shards])
-    centers = nq_like.unit(np.random.default_rng(1).standard_normal((TOPICS, squad.dim), "f4"))
-    sigma = 1.2 / np.sqrt(squad.dim)
-    _, tokens, count = _piece(0, squad.rows, lengths, centers, sigma)
-    own = np.split(tokens, np.cumsum(count)[:-1])
-    questions = np.zeros((TAIL_QUESTIONS, QUESTION_TOKENS, squad.dim), np.float32)
-    for i, row in enumerate(np.random.default_rng(2).integers(squad.rows, size=TAIL_QUESTIONS)):
-        _question(own[row], i, sigma, questions[i])
-    offsets = np.concatenate([[0], np.cumsum(count)])
-    small = [  # a few questions at a time: their token scores against every token held
-        block_scores(QueryTokens.of(questions[i : i + 16]), tokens, offsets)
-        for i in range(0, TAIL_QUESTIONS, 16)
-    ]
+    made = np.load(work / "synth" / "questions.npy", mmap_mode="r")[: len(exact)]
     tops = {
         "squad": maxsim_search(squad, np.asarray(real), K, budget).scores,
-        "synth 1M": np.stack([row_maxsim(synth, q, r) for q, r in zip(made, exact, strict=False)]),
-        "synth squad-size": np.concatenate(small),
+        "synth 1M": np.stack([row_maxsim(synth, q, r) for q, r in zip(made, exact, strict=True)]),
+        "synth squad-size": _small_synth_scores(squad),
     }
     sizes = {"squad": squad.rows, "synth 1M": synth.rows, "synth squad-size": squad.rows}
     return {name: _tail(scores) | {"passages": sizes[name]} for name, scores in tops.items()}
+
+
+TAIL_BATCH = 16
+"""Questions scored at once against every token of the SQuAD-size synthetic corpus."""
+
+
+def _small_synth_scores(squad) -> np.ndarray:
+    """[TAIL_QUESTIONS, passages] exact MaxSim over as many synthetic passages as ``squad``
+    holds, drawn as the 1M's are, of questions drawn from them as the 1M's are."""
+    from dpr_cache.retrieval.dense.maxsim import QueryTokens, block_scores
+
+    piece, sigma = _synth_draw(squad)
+    _, tokens, count = piece(0, squad.rows)
+    own = np.split(tokens, np.cumsum(count)[:-1])
+    questions = _questions(squad.rows, TAIL_QUESTIONS, own.__getitem__, sigma, squad.dim)
+    offsets = np.concatenate([[0], np.cumsum(count)])
+    return np.concatenate(
+        [
+            block_scores(QueryTokens.of(questions[i : i + TAIL_BATCH]), tokens, offsets)
+            for i in range(0, TAIL_QUESTIONS, TAIL_BATCH)
+        ]
+    )
 
 
 def _tail(scores: np.ndarray) -> dict:
@@ -442,7 +464,8 @@ def _squad_section(results: dict) -> list:
         harness.format_table(SEARCH, _speedups(squad, squad)),
         f"The ivfpq index: {build['nlist']} lists, {PQ_M}-byte codes and an 8-byte id a token,"
         f" {build['index_gb']} GB, built in {build['build_seconds']} s. At this size the fast path"
-        " only adds work, its shortlist half the corpus: its recall here says little.",
+        " only adds work, its shortlist half the corpus: its recall here says little. The shards"
+        " here are held in the page cache (they fit in RAM).",
     ]
 
 
@@ -458,10 +481,11 @@ def _synth_section(results: dict) -> list:
         f" {build['build_seconds']} s (peak RSS {build['peak_rss_gb']} GB, the merged lists"
         f" mapped). Exact search: the first {EXACT_QUESTIONS} questions in one pass (the fast"
         " path's recall on them: a few points either way). One vector a passage: as many"
-        " clustered 384-d fp16 vectors, searched flat. Before each timed search the shards it"
-        " reads are dropped from the page cache (`posix_fadvise`; the token shards outgrow this"
-        " machine's RAM, so a question's candidates come from disk) and the ivfpq index's lists"
-        " are read into it (as a running search service holds them).",
+        " clustered 384-d fp16 vectors, searched flat. Before each timed search the token shards"
+        " are dropped from the page cache (`posix_fadvise`: they outgrow this machine's RAM, so a"
+        " question's candidates come from disk) and what fits is read into it, as a running"
+        " search service holds it: the token offsets, the ivfpq index's lists, the shards of one"
+        " vector a passage. One timing each.",
         harness.format_table(SEARCH, _speedups(synth, synth)),
         f"The fast path's knobs (`index.ivf_token_hits`, `index.ivf_candidates`, a passage asked"
         f" for each; `index.ivf_nprobe`) on the {EXACT_QUESTIONS} questions searched exactly:",
@@ -483,9 +507,11 @@ def _tails_text(tails: dict) -> str:
         )
 
     return (
-        f"Exact's top scores (medians over questions; data: `score_tails`): here {spread(synth)}"
-        f" ({100 * small['gap_90_100']:.2f}% over {small['passages']:,} passages drawn the same"
-        f" way): below the first, the ranks are ordered by noise. On SQuAD's real token vectors"
+        f"Exact's top scores (medians over questions; data: `score_tails`): here"
+        f" ({synth['questions']} questions) {spread(synth)} ({100 * small['gap_90_100']:.2f}% over"
+        f" {small['passages']:,} passages drawn the same way, where the ranks below the first"
+        " share no topic): below the first, the ranks are ordered by noise. On SQuAD's real"
+        " token vectors"
         f" ({squad['questions']} dev questions, {squad['passages']:,} passages) {spread(squad)}."
     )
 

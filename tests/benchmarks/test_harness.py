@@ -38,13 +38,19 @@ def test_drop_cached_advises_the_kernel_to_drop_each_whole_file(tmp_path, monkey
     files = [tmp_path / "a.npy", tmp_path / "a.offsets.npy"]
     for f, size in zip(files, (4096, 10), strict=True):
         f.write_bytes(b"x" * size)
-    advised = []
+    advised, synced = [], []
 
     def spy(fd, offset, length, advice):
-        advised.append((os.fstat(fd).st_size, offset, length, advice))
+        advised.append((fd, os.fstat(fd).st_size, offset, length, advice))
 
     monkeypatch.setattr(os, "posix_fadvise", spy)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd))
     drop_cached(files)
-    assert advised == [(4096, 0, 0, os.POSIX_FADV_DONTNEED), (10, 0, 0, os.POSIX_FADV_DONTNEED)]
+    dropped = os.POSIX_FADV_DONTNEED
+    assert [a[1:] for a in advised] == [(4096, 0, 0, dropped), (10, 0, 0, dropped)]
+    assert synced == [a[0] for a in advised]  # each written back before it is dropped
+    for fd, *_ in advised:  # and closed
+        with pytest.raises(OSError):
+            os.fstat(fd)
     with pytest.raises(FileNotFoundError):
         drop_cached([tmp_path / "missing.npy"])
