@@ -16,13 +16,20 @@
 # squad_losses-dry in a dry run), CODE (a source tree to run, e.g. a git worktree pinned for the
 # study), PY, SAVED (the folder this study's state is saved in after each seed and restored from
 # at the start: saved.py; "" for none), LOSSES_SAVED (the loss study's, for the students: its
-# SAVED), CROSSFIT (where the loss study restores its training file from); HARD, EPOCHS, CHUNK and
-# PRECISION reach the loss study as they are.
+# SAVED), CROSSFIT (where the loss study restores its training file from), ARMS (default
+# "control multi"; ARMS=control SEEDS=N fuses the control the loss study has just trained at seed
+# N, on the machine that trained it, while its model is there), KEEP_OUT=1 (a dry run keeps the
+# OUT and the students it finds: for a test that calls it one arm at a time); HARD, EPOCHS, CHUNK
+# and PRECISION reach the loss study as they are.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 DRY_RUN=${DRY_RUN:-0}
-ARMS="control multi"
+ARMS=${ARMS:-"control multi"}
+for name in $ARMS; do
+  [[ $name == control || $name == multi ]] ||
+    { echo "error: ARMS: unknown arm $name (control, multi)" >&2; exit 2; }
+done
 LOSSES_STUDY=studies/squad_losses/run.sh
 STUDY=squad_multivector
 source studies/setup.sh
@@ -30,7 +37,7 @@ LOSSES=$(dirname "$OUT")/squad_losses$SUFFIX  # the loss study's OUT: where tabl
 if [[ $DRY_RUN == 1 ]]; then
   SAVED=${SAVED:-}
   LOSSES_SAVED=${LOSSES_SAVED:-}
-  rm -rf "$LOSSES"  # a dry run starts afresh; the loss study keeps it from one seed to the next
+  [[ ${KEEP_OUT:-0} == 1 ]] || rm -rf "$LOSSES"  # afresh; the loss study keeps it seed to seed
 else
   SAVED=${SAVED-studies/squad_multivector/saved}
   LOSSES_SAVED=${LOSSES_SAVED-studies/squad_losses/saved}

@@ -3,7 +3,8 @@ steps a run, one seed): the loss study's script trains the control and the multi
 token, at temperature 1) on the same batches, each is fused with BM25, the page shows the five
 systems, their differences and the split by BM25's top-1, its block of docs/studies.md renders,
 the loss study's page leaves the multi arm out, and a fresh start from the saved states trains
-and fuses nothing again."""
+and fuses nothing again. The study runs as it is run beside the loss study: the control alone
+first (ARMS=control, fused while its model is there), then both arms."""
 
 from __future__ import annotations
 
@@ -40,9 +41,33 @@ def study(tmp_path_factory) -> dict:
         "SAVED": str(root / "saved"),
         "LOSSES_SAVED": str(root / "losses-saved"),
     }
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, **RUN_KW)
+    first = subprocess.run(["bash", str(SCRIPT)], env={**env, "ARMS": "control"}, **RUN_KW)
+    assert first.returncode == 0, first.stderr[-3000:]
+    control = {
+        "arms": sorted(p.name for p in (root / "squad_losses-dry").iterdir() if p.is_dir()),
+        "fused": sorted(p.parent.parent.name for p in out.glob(f"*/{RUN}/run.json")),
+        "model": (root / "squad_losses-dry" / "control-dry" / RUN / "model").stat().st_mtime_ns,
+    }
+    done = subprocess.run(["bash", str(SCRIPT)], env={**env, "KEEP_OUT": "1"}, **RUN_KW)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {"root": root, "out": out, "losses": root / "squad_losses-dry", "env": env}
+    losses = root / "squad_losses-dry"
+    return {"root": root, "out": out, "losses": losses, "env": env, "control first": control}
+
+
+def test_the_control_alone_first_then_the_multi_arm_beside_it(study: dict) -> None:
+    first = study["control first"]
+    assert first["arms"] == ["control-dry"] and first["fused"] == ["control-dry"]
+    model = study["losses"] / "control-dry" / RUN / "model"
+    assert model.stat().st_mtime_ns == first["model"], "the control trained again"
+
+
+def test_an_unknown_arm_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    env = {**child_env(), "DRY_RUN": "1", "OUT": str(tmp_path / "x-dry"), "ARMS": "control mult"}
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, **RUN_KW)
+    assert (
+        done.returncode == 2 and done.stderr == "error: ARMS: unknown arm mult (control, multi)\n"
+    )
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_arms_train_on_the_same_batches_and_are_fused(study: dict) -> None:
