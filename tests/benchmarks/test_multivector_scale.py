@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from benchmarks.multivector_scale import _cold_store, _meeting, _recall, _tail
+from benchmarks.multivector_scale import _cold_store, _meeting, _own_shares, _recall, _tail
 
 STEPS = (
     "squad_single",
@@ -19,6 +19,7 @@ STEPS = (
     "synth_search",
     "synth_tradeoff",
     "score_tails",
+    "squad_articles",
 )
 
 
@@ -72,6 +73,25 @@ def test_tail_keeps_the_top_100_of_longer_rows() -> None:
     assert tail["gap_90_100"] == round((61 - 51) / 51, 4)
 
 
+def test_own_shares_read_each_questions_article_against_a_hand_made_ranking() -> None:
+    """Question a: its article fills ranks 1 to 95 (95 of its top 100; 6 of its ranks 90 to
+    100); b: ranks 1 to 50 only (none of 90 to 100). Their 90th-to-100th gaps (scores 100 down
+    to 1, and 200 down to 101) fall on the straddling and the outside side."""
+    a = ["A"] * 95 + ["X"] * 5
+    b = ["B"] * 50 + ["Y"] * 50
+    scores = np.stack([np.arange(100, 0, -1), np.arange(200, 100, -1)]).astype(np.float32)
+    shares = _own_shares([a, b], ["A", "B"], scores)
+    assert shares == {
+        "questions": 2,
+        "own_share_top_100": round((0.95 + 0.5) / 2, 4),
+        "own_share_90_100": round(6 / 22, 4),
+        "outside_questions": 1,
+        "gap_90_100_outside": round((111 - 101) / 101, 4),
+        "gap_90_100_straddling": round((11 - 1) / 1, 4),
+    }
+    assert _own_shares([b, a], ["A", "B"], scores)["own_share_top_100"] == 0.0  # a negative control
+
+
 def test_cold_store_drops_the_token_shards_and_holds_the_rest(tmp_path, monkeypatch) -> None:
     """The token shards are dropped from the page cache; their offsets, and an ivf index's lists
     (none for flat), are read into it."""
@@ -113,6 +133,7 @@ def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
         assert tail["questions"] > 0
     assert tails["synth 1M"]["passages"] == 4_000
     assert tails["squad"]["passages"] == tails["synth squad-size"]["passages"] == multi["rows"]
+    assert results["squad_articles"] == {"questions": 0}  # the toy's questions name no article
     write = results["synth_write"]
     assert write["rows"] == 4_000 and write["bytes_per_passage"] > 128 * 2 * 10
     page = (out / "multivector_scale.md").read_text()
