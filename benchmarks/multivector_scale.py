@@ -318,8 +318,9 @@ def score_tails(work: Path) -> dict:
 
 
 def squad_articles(work: Path) -> dict:
-    """Where exact MaxSim's top 100 on SQuAD lies against each question's own article (its
-    positive passage's title): the share of the top 100 in it, and of ranks 90 to 100."""
+    """Exact MaxSim's top 100 on SQuAD against each question's own article (its positive
+    passage's title), for ``TAIL_QUESTIONS`` dev questions spread evenly over all of them (so
+    over every dev article): their spread as :func:`_tail` reads it, and :func:`_own_shares`."""
     from collections import Counter
 
     from dpr_cache.config import load_config
@@ -332,42 +333,50 @@ def squad_articles(work: Path) -> dict:
     if DEV_RECORDS is None:
         return {"questions": 0}
     data, dev = load_config(CONFIG).data, Path(DEV_RECORDS)
-    records = [r for _, r in zip(range(TAIL_QUESTIONS), iter_rows(dev), strict=False)]
-    asked = [q for q, _ in read_qas(data.dev_qa)][:TAIL_QUESTIONS]
-    if asked != [r["question"] for _, r in records]:
+    records = list(iter_rows(dev))
+    if [q for q, _ in read_qas(data.dev_qa)] != [r["question"] for _, r in records]:
         raise ValueError(f"{dev}: not the questions of {data.dev_qa}, in order")
+    picked = np.linspace(0, len(records) - 1, min(TAIL_QUESTIONS, len(records))).astype(int)
     squad = _token_store(work / "squad-multi" / "index")
-    questions = np.load(work / "q-multi.npy", mmap_mode="r")[: len(records)]
+    questions = np.load(work / "q-multi.npy", mmap_mode="r")[picked]
     top = maxsim_search(squad, np.asarray(questions), K, int(MEMORY_GB * GB))
     titles = {pid: title for pid, _, title in read_passages(data.passages)}
-    found = [[titles[p] for p in squad.ids_of(row)] for row in top.rows]
-    own = [article(r, where, dev) for where, r in records]
-    sizes = sorted(Counter(titles.values()).values())
-    shares = _own_shares(found, own, top.scores)
-    return shares | {"articles": len(sizes), "article_paragraphs": [sizes[0], sizes[-1]]}
+    found = [[titles.get(p, "") for p in squad.ids_of(row)] for row in top.rows]
+    own = [article(records[i][1], records[i][0], dev) for i in picked.tolist()]
+    sizes = Counter(titles.values())
+    asked = sorted(sizes[t] for t in set(own))
+    first = {article(r, where, dev) for where, r in records[:TAIL_QUESTIONS]}  # score_tails'
+    return (
+        _tail(top.scores)
+        | _own_shares(found, own, top.scores)
+        | {"articles": len(asked), "article_paragraphs": [asked[0], asked[-1]]}
+        | {"first_questions_paragraphs": sorted(sizes[t] for t in first)}
+    )
 
 
 def _own_shares(found: list[list[str]], own: list[str], scores: np.ndarray) -> dict:
     """Of each question's ranked titles (``found``, their scores descending), the share in its
-    own article (``own``): the median over questions in the top ``K``, and every question's
-    ranks 90 to 100 together; and the 90th score's median gap over the 100th (as :func:`_tail`)
-    where those ranks hold none of the question's article and where they hold some."""
-    inside = np.array([[t == mine for t in row[:K]] for row, mine in zip(found, own, strict=True)])
-    tenth = K - 1 - K // 10
-    top = np.asarray(scores, np.float64)[:, :K]
-    gap = (top[:, tenth] - top[:, K - 1]) / top[:, K - 1]
-    outside = ~inside[:, tenth:].any(axis=1)
+    own article (``own``): the median over questions in its top ``K``, and pooled over every
+    question's ranks 90 to 100; and, as :func:`_tail` reads it, the 90th score's median gap over
+    the 100th where those ranks hold none of the question's article and where they hold some."""
+    width = min(K, np.shape(scores)[1])
+    inside = np.array(
+        [[t == mine for t in row[:width]] for row, mine in zip(found, own, strict=True)]
+    )
+    tenth = width - 1 - max(1, width // 10)
+    top = np.asarray(scores, np.float64)[:, :width]
+    gap = (top[:, tenth] - top[:, -1]) / top[:, -1]
+    none = ~inside[:, tenth:].any(axis=1)
 
     def median(values: np.ndarray) -> float | None:
         return round(float(np.median(values)), 4) if len(values) else None
 
     return {
-        "questions": len(inside),
         "own_share_top_100": median(inside.mean(axis=1)),
-        "own_share_90_100": round(float(inside[:, tenth:].mean()), 4),
-        "outside_questions": int(outside.sum()),
-        "gap_90_100_outside": median(gap[outside]),
-        "gap_90_100_straddling": median(gap[~outside]),
+        "own_share_90_100_pooled": round(float(inside[:, tenth:].mean()), 4),
+        "none_of_it_questions": int(none.sum()),
+        "gap_90_100_none_of_it": median(gap[none]),
+        "gap_90_100_some_of_it": median(gap[~none]),
     }
 
 
@@ -555,44 +564,53 @@ def _synth_section(results: dict) -> list:
     ]
 
 
+def _spread(t: dict) -> str:
+    """A :func:`_tail` record in words."""
+    return (
+        f"the 2nd {t['second_over_first']} of the 1st, the 100th {t['last_over_first']}, the"
+        f" 90th {100 * t['gap_90_100']:.2f}% above the 100th"
+    )
+
+
 def _tails_text(tails: dict, articles: dict | None) -> str:
     """What the exact top scores' spread says of the synthetic ranks, beside SQuAD's (and where
     SQuAD's top 100 lies against the questions' own articles, when measured)."""
     synth, small, squad = (tails[k] for k in ("synth 1M", "synth squad-size", "squad"))
-
-    def spread(t: dict) -> str:
-        return (
-            f"the 2nd {t['second_over_first']} of the 1st, the 100th {t['last_over_first']}, the"
-            f" 90th {100 * t['gap_90_100']:.2f}% above the 100th"
-        )
-
     return (
         f"Exact's top scores (medians over questions; data: `score_tails`): here"
-        f" ({synth['questions']} questions) {spread(synth)} ({100 * small['gap_90_100']:.2f}% over"
+        f" ({synth['questions']} questions) {_spread(synth)} ({100 * small['gap_90_100']:.2f}% over"
         f" {small['passages']:,} passages drawn the same way, where the ranks below the first"
         " share no topic): below the first, the ranks are ordered by noise. On SQuAD's real"
         " token vectors"
-        f" ({squad['questions']} dev questions, {squad['passages']:,} passages) {spread(squad)}."
+        f" ({squad['questions']} dev questions, {squad['passages']:,} passages) {_spread(squad)}."
         + _articles_text(articles)
     )
 
 
 def _articles_text(articles: dict | None) -> str:
-    """Where SQuAD's top 100 lies against the questions' own articles (nothing if unmeasured)."""
+    """SQuAD's spread over questions of every dev article, and against each question's own
+    article (nothing if unmeasured)."""
     if not articles or not articles["questions"]:
         return ""
-    a = articles
+    a, first = articles, articles["first_questions_paragraphs"]
     low, high = a["article_paragraphs"]
+    where = {
+        "some": "hold some of it",
+        "none": f"hold none ({a['none_of_it_questions']} questions)",
+    }
+    split = " and ".join(
+        f"{100 * a[f'gap_90_100_{k}_of_it']:.2f}% where they {text}"
+        for k, text in where.items()
+        if a[f"gap_90_100_{k}_of_it"] is not None
+    )
     return (
-        f" But a median {100 * a['own_share_top_100']:.0f}% of a SQuAD question's top 100 lie in"
-        f" its own article ({a['articles']} articles of {low} to {high} paragraphs; data:"
-        f" `squad_articles`), and {100 * a['own_share_90_100']:.0f}% of its ranks 90 to 100: there"
-        " the scores step down from the question's article to the others. Where ranks 90 to 100"
-        f" hold none of it ({a['outside_questions']} of {a['questions']} questions) the 90th lies"
-        f" {100 * a['gap_90_100_outside']:.2f}% above the 100th; where they straddle its end,"
-        f" {100 * a['gap_90_100_straddling']:.2f}%. Much of SQuAD's wider spread is its corpus's"
-        " shape (few, long articles), which a 1M corpus would not share; past its article, real"
-        " token vectors spread wider than the synthetic draw, but still under 1%."
+        f" Those {TAIL_QUESTIONS} are the first dev questions, from {len(first)} of its articles"
+        f" ({', '.join(map(str, first))} paragraphs). Over {a['questions']} questions spread"
+        f" evenly over all {a['articles']} dev articles ({low} to {high} paragraphs; data:"
+        f" `squad_articles`): {_spread(a)}. A median {100 * a['own_share_top_100']:.0f}% of a"
+        " question's top 100 lie in its own article, and"
+        f" {100 * a['own_share_90_100_pooled']:.0f}% of all their ranks 90 to 100; the 90th's"
+        f" gap over the 100th: {split}."
     )
 
 

@@ -26,6 +26,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 DRY_RUN=${DRY_RUN:-0}
 ARMS=${ARMS:-"control multi"}
+[[ -n ${ARMS// /} ]] || { echo "error: ARMS: no arm named (control, multi)" >&2; exit 2; }
 for name in $ARMS; do
   [[ $name == control || $name == multi ]] ||
     { echo "error: ARMS: unknown arm $name (control, multi)" >&2; exit 2; }

@@ -7,8 +7,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
-from benchmarks.multivector_scale import _cold_store, _meeting, _own_shares, _recall, _tail
+from benchmarks.multivector_scale import (
+    _articles_text,
+    _cold_store,
+    _meeting,
+    _own_shares,
+    _recall,
+    _tail,
+)
+from tests.support.fixtures import REPO
 
 STEPS = (
     "squad_single",
@@ -76,20 +85,85 @@ def test_tail_keeps_the_top_100_of_longer_rows() -> None:
 def test_own_shares_read_each_questions_article_against_a_hand_made_ranking() -> None:
     """Question a: its article fills ranks 1 to 95 (95 of its top 100; 6 of its ranks 90 to
     100); b: ranks 1 to 50 only (none of 90 to 100). Their 90th-to-100th gaps (scores 100 down
-    to 1, and 200 down to 101) fall on the straddling and the outside side."""
+    to 1, and 200 down to 101) fall on the some-of-it and the none-of-it side."""
     a = ["A"] * 95 + ["X"] * 5
     b = ["B"] * 50 + ["Y"] * 50
     scores = np.stack([np.arange(100, 0, -1), np.arange(200, 100, -1)]).astype(np.float32)
     shares = _own_shares([a, b], ["A", "B"], scores)
     assert shares == {
-        "questions": 2,
         "own_share_top_100": round((0.95 + 0.5) / 2, 4),
-        "own_share_90_100": round(6 / 22, 4),
-        "outside_questions": 1,
-        "gap_90_100_outside": round((111 - 101) / 101, 4),
-        "gap_90_100_straddling": round((11 - 1) / 1, 4),
+        "own_share_90_100_pooled": round(6 / 22, 4),
+        "none_of_it_questions": 1,
+        "gap_90_100_none_of_it": round((111 - 101) / 101, 4),
+        "gap_90_100_some_of_it": round((11 - 1) / 1, 4),
     }
     assert _own_shares([b, a], ["A", "B"], scores)["own_share_top_100"] == 0.0  # a negative control
+    assert _own_shares([b], ["B"], scores[1:])["gap_90_100_some_of_it"] is None
+
+
+def test_articles_text_leaves_out_a_side_no_question_is_on() -> None:
+    record = {
+        "questions": 4,
+        "second_over_first": 0.9,
+        "last_over_first": 0.5,
+        "gap_90_100": 0.0125,
+        "own_share_top_100": 0.36,
+        "own_share_90_100_pooled": 0.12,
+        "none_of_it_questions": 4,
+        "gap_90_100_none_of_it": 0.0122,
+        "gap_90_100_some_of_it": None,
+        "articles": 2,
+        "article_paragraphs": [23, 92],
+        "first_questions_paragraphs": [92],
+    }
+    text = _articles_text(record)
+    assert "the 90th 1.25% above the 100th" in text and "from 1 of its articles (92" in text
+    assert text.endswith("gap over the 100th: 1.22% where they hold none (4 questions).")
+    assert _articles_text({"questions": 0}) == ""
+
+
+def _toy_dev_records(path, qa, titles) -> None:
+    """A DPR dev file of the toy's dev questions, given ``titles`` in equal blocks in order (as
+    SQuAD's dev questions come, an article at a time)."""
+    from dpr_cache.data.qas import read_qas
+
+    asked = list(read_qas(qa))
+    with open(path, "w") as f:
+        for k, (question, answers) in enumerate(asked):
+            title = titles[k * len(titles) // len(asked)]
+            positive = {"passage_id": "1", "title": title, "text": "t"}
+            record = {"question": question, "answers": answers, "positive_ctxs": [positive]}
+            f.write(json.dumps(record) + "\n")
+
+
+def _squad_articles_on_the_toy(work, tmp_path, monkeypatch) -> None:
+    """The step on the rehearsal's toy index and questions, its dev records made up (the toy
+    names no article): questions picked across all of them (so every article, where the first
+    14 are of one), each article's size counted, and records that are not the questions file's
+    refused."""
+    from collections import Counter
+
+    from benchmarks import multivector_scale as mvs
+    from dpr_cache.data.passages import read_passages
+
+    titles = [t for _, _, t in read_passages(REPO / "data/toy/passages.tsv")]
+    names = sorted(set(titles))
+    dev = tmp_path / "dev.jsonl"
+    _toy_dev_records(dev, REPO / "data/toy/dev.qa.tsv", names)
+    for name, value in (("CONFIG", str(REPO / "configs/toy.yaml")), ("DEV_RECORDS", str(dev))):
+        monkeypatch.setattr(mvs, name, value)
+    monkeypatch.setattr(mvs, "TAIL_QUESTIONS", 14)
+    monkeypatch.chdir(REPO)
+    got = mvs.squad_articles(work)
+    sizes = Counter(titles)
+    assert got["questions"] == 14 and got["articles"] == len(names)
+    assert got["article_paragraphs"] == [min(sizes.values()), max(sizes.values())]
+    assert got["first_questions_paragraphs"] == [sizes[names[0]]]
+    assert 0 <= got["own_share_90_100_pooled"] <= 1 and got["gap_90_100"] >= 0
+    lines = dev.read_text().splitlines()
+    dev.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match="not the questions of"):
+        mvs.squad_articles(work)
 
 
 def test_cold_store_drops_the_token_shards_and_holds_the_rest(tmp_path, monkeypatch) -> None:
@@ -113,7 +187,7 @@ def test_cold_store_drops_the_token_shards_and_holds_the_rest(tmp_path, monkeypa
     assert calls == [drop, *offsets]
 
 
-def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
+def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse, monkeypatch) -> None:
     done = rehearse("multivector_scale")
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "out"
@@ -147,3 +221,4 @@ def test_tiny_rehearsal_runs_every_step_and_resumes(tmp_path, rehearse) -> None:
     again = rehearse("multivector_scale", timeout=300)
     assert again.returncode == 0 and again.stdout.count("done, skipped") == len(STEPS)
     assert (out / "multivector_scale.md").read_text() == page
+    _squad_articles_on_the_toy(tmp_path / "w", tmp_path, monkeypatch)

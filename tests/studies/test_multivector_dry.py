@@ -47,6 +47,7 @@ def study(tmp_path_factory) -> dict:
         "arms": sorted(p.name for p in (root / "squad_losses-dry").iterdir() if p.is_dir()),
         "fused": sorted(p.parent.parent.name for p in out.glob(f"*/{RUN}/run.json")),
         "model": (root / "squad_losses-dry" / "control-dry" / RUN / "model").stat().st_mtime_ns,
+        "record": (out / "control-dry" / RUN / "run.json").read_bytes(),
     }
     done = subprocess.run(["bash", str(SCRIPT)], env={**env, "KEEP_OUT": "1"}, **RUN_KW)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -59,14 +60,21 @@ def test_the_control_alone_first_then_the_multi_arm_beside_it(study: dict) -> No
     assert first["arms"] == ["control-dry"] and first["fused"] == ["control-dry"]
     model = study["losses"] / "control-dry" / RUN / "model"
     assert model.stat().st_mtime_ns == first["model"], "the control trained again"
+    record = study["out"] / "control-dry" / RUN / "run.json"
+    assert record.read_bytes() == first["record"], "the control fused again"
 
 
-def test_an_unknown_arm_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
-    env = {**child_env(), "DRY_RUN": "1", "OUT": str(tmp_path / "x-dry"), "ARMS": "control mult"}
+@pytest.mark.parametrize(
+    ("arms", "said"),
+    [
+        ("control mult", "unknown arm mult (control, multi)"),
+        ("  ", "no arm named (control, multi)"),
+    ],
+)
+def test_a_wrong_arm_is_one_line_and_writes_nothing(tmp_path: Path, arms: str, said: str) -> None:
+    env = {**child_env(), "DRY_RUN": "1", "OUT": str(tmp_path / "x-dry"), "ARMS": arms}
     done = subprocess.run(["bash", str(SCRIPT)], env=env, **RUN_KW)
-    assert (
-        done.returncode == 2 and done.stderr == "error: ARMS: unknown arm mult (control, multi)\n"
-    )
+    assert done.returncode == 2 and done.stderr == f"error: ARMS: {said}\n"
     assert not list(tmp_path.iterdir())
 
 
