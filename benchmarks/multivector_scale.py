@@ -19,9 +19,8 @@ from benchmarks import harness, nq_like
 
 TINY = harness.SCALE_TINY
 CONFIG = "configs/toy.yaml" if TINY else "configs/squad_reproduce.yaml"
-DEV_RECORDS = (
-    None if TINY else "data/squad/dev.jsonl"
-)  # the dev questions' positives (the toy's: none)
+# The dev questions' records, their positives' titles naming their articles (the toy has none).
+DEV_RECORDS = None if TINY else "data/squad/dev.jsonl"
 PASSAGE_TOKENS = 64 if TINY else 256  # the length SQuAD is indexed at
 SYNTH_ROWS = 4_000 if TINY else 1_000_000
 SHARD_ROWS = 1_000 if TINY else 50_000
@@ -364,19 +363,18 @@ def _own_shares(found: list[list[str]], own: list[str], scores: np.ndarray) -> d
         [[t == mine for t in row[:width]] for row, mine in zip(found, own, strict=True)]
     )
     tenth = width - 1 - max(1, width // 10)
-    top = np.asarray(scores, np.float64)[:, :width]
-    gap = (top[:, tenth] - top[:, -1]) / top[:, -1]
     none = ~inside[:, tenth:].any(axis=1)
+    scores = np.asarray(scores)
 
-    def median(values: np.ndarray) -> float | None:
-        return round(float(np.median(values)), 4) if len(values) else None
+    def gap(rows: np.ndarray) -> float | None:
+        return _tail(scores[rows])["gap_90_100"] if rows.any() else None
 
     return {
-        "own_share_top_100": median(inside.mean(axis=1)),
+        "own_share_top_100": round(float(np.median(inside.mean(axis=1))), 4),
         "own_share_90_100_pooled": round(float(inside[:, tenth:].mean()), 4),
         "none_of_it_questions": int(none.sum()),
-        "gap_90_100_none_of_it": median(gap[none]),
-        "gap_90_100_some_of_it": median(gap[~none]),
+        "gap_90_100_none_of_it": gap(none),
+        "gap_90_100_some_of_it": gap(~none),
     }
 
 
@@ -583,13 +581,13 @@ def _tails_text(tails: dict, articles: dict | None) -> str:
         " share no topic): below the first, the ranks are ordered by noise. On SQuAD's real"
         " token vectors"
         f" ({squad['questions']} dev questions, {squad['passages']:,} passages) {_spread(squad)}."
-        + _articles_text(articles)
+        + _articles_text(articles, squad["questions"])
     )
 
 
-def _articles_text(articles: dict | None) -> str:
-    """SQuAD's spread over questions of every dev article, and against each question's own
-    article (nothing if unmeasured)."""
+def _articles_text(articles: dict | None, first_asked: int) -> str:
+    """SQuAD's spread over questions of every dev article, beside that of the ``first_asked``
+    dev questions, and against each question's own article (nothing if unmeasured)."""
     if not articles or not articles["questions"]:
         return ""
     a, first = articles, articles["first_questions_paragraphs"]
@@ -604,7 +602,7 @@ def _articles_text(articles: dict | None) -> str:
         if a[f"gap_90_100_{k}_of_it"] is not None
     )
     return (
-        f" Those {TAIL_QUESTIONS} are the first dev questions, from {len(first)} of its articles"
+        f" Those {first_asked} are the first dev questions, from {len(first)} of its articles"
         f" ({', '.join(map(str, first))} paragraphs). Over {a['questions']} questions spread"
         f" evenly over all {a['articles']} dev articles ({low} to {high} paragraphs; data:"
         f" `squad_articles`): {_spread(a)}. A median {100 * a['own_share_top_100']:.0f}% of a"

@@ -116,10 +116,10 @@ def test_articles_text_leaves_out_a_side_no_question_is_on() -> None:
         "article_paragraphs": [23, 92],
         "first_questions_paragraphs": [92],
     }
-    text = _articles_text(record)
+    text = _articles_text(record, 500)
     assert "the 90th 1.25% above the 100th" in text and "from 1 of its articles (92" in text
     assert text.endswith("gap over the 100th: 1.22% where they hold none (4 questions).")
-    assert _articles_text({"questions": 0}) == ""
+    assert _articles_text({"questions": 0}, 500) == ""
 
 
 def _toy_dev_records(path, qa, titles) -> None:
